@@ -1,0 +1,31 @@
+// One table of every error the gateway returns to a client, with its HTTP status.
+// Clients match on `error` (the stable code), never on the message.
+
+export const ERRORS = Object.freeze({
+  GW_ERR_NOT_FOUND: { status: 404, message: 'no route matches this request' },
+  GW_ERR_BAD_PATH: { status: 400, message: 'the request path is malformed' },
+  GW_ERR_BAD_REQUEST: { status: 400, message: 'the request is malformed' },
+  GW_ERR_BODY_TOO_LARGE: { status: 413, message: 'the request body exceeds the route limit' },
+  GW_ERR_HEADERS_TOO_LARGE: { status: 431, message: 'the request headers are too large' },
+  GW_ERR_UNAUTHORIZED: { status: 401, message: 'missing or invalid credentials' },
+  GW_ERR_RATE_LIMITED: { status: 429, message: 'rate limit exceeded' },
+  GW_ERR_LIMITER_UNAVAILABLE: { status: 503, message: 'the rate limiter is unavailable' },
+  GW_ERR_UPSTREAM_UNAVAILABLE: { status: 502, message: 'the upstream refused or reset the connection' },
+  GW_ERR_UPSTREAM_TIMEOUT: { status: 504, message: 'the upstream did not answer in time' },
+  GW_ERR_NO_HEALTHY_UPSTREAM: { status: 503, message: 'no healthy upstream target' },
+  GW_ERR_SHUTTING_DOWN: { status: 503, message: 'the gateway is shutting down' },
+  GW_ERR_CONFIG_INVALID: { status: 500, message: 'the configuration is invalid' }
+} as const)
+
+export type ErrorCode = keyof typeof ERRORS
+
+/** An error with a stable code; `cause` keeps the underlying (undici, ioredis) error. */
+export class GatewayError extends Error {
+  readonly code: ErrorCode
+  readonly status: number
+  constructor (code: ErrorCode, message?: string, options?: { cause?: unknown }) {
+    super(message ?? ERRORS[code].message, options)
+    this.code = code
+    this.status = ERRORS[code].status
+  }
+}
