@@ -1,3 +1,5 @@
+import type { ServerResponse } from 'node:http'
+
 // One table of every error the gateway returns to a client, with its HTTP status.
 // Clients match on `error` (the stable code), never on the message.
 
@@ -28,4 +30,30 @@ export class GatewayError extends Error {
     this.code = code
     this.status = ERRORS[code].status
   }
+}
+
+/**
+ * Answers a client with the JSON error body every gateway error uses:
+ * `{ error, message, requestId, ...extra }`. Never throws, even when headers were already sent
+ * (then the response is cut, which is all that can honestly be done mid-stream).
+ */
+export function sendError (
+  res: ServerResponse,
+  code: ErrorCode,
+  requestId: string,
+  extra?: Readonly<Record<string, unknown>>,
+  headers?: Readonly<Record<string, string>>
+): void {
+  if (res.headersSent || res.destroyed) {
+    res.destroy()
+    return
+  }
+  const { status, message } = ERRORS[code]
+  const body = JSON.stringify({ error: code, message, requestId, ...extra })
+  res.statusCode = status
+  res.setHeader('content-type', 'application/json; charset=utf-8')
+  res.setHeader('content-length', Buffer.byteLength(body))
+  res.setHeader('x-request-id', requestId)
+  if (headers !== undefined) for (const name in headers) res.setHeader(name, headers[name] as string)
+  res.end(body)
 }
