@@ -1,0 +1,128 @@
+import t from 'tap'
+import { normalizePath } from '../src/router/normalize-path.js'
+
+t.test('already normal paths are returned as the same string', async (t) => {
+  for (const p of ['/', '/api', '/api/', '/api/v1/users/42', '/a.b/c.json', '/x;y=1', '/caf\u00e9', '/a-b_c~d']) {
+    const r = normalizePath(p)
+    t.same(r, { ok: true, path: p }, p)
+  }
+})
+
+t.test('normalization (RFC 3986 §6.2.2, §5.2.4)', async (t) => {
+  const cases: Array<[string, string]> = [
+    ['/api/../admin', '/admin'],
+    ['/a/./b', '/a/b'],
+    ['/a/b/..', '/a/'],
+    ['/a/b/.', '/a/b/'],
+    ['/a/..', '/'],
+    ['/.', '/'],
+    ['//', '/'],
+    ['//a//b///c', '/a/b/c'],
+    ['/a//', '/a/'],
+    ['/a//..', '/'],
+    ['/a/../b/../c/', '/c/'],
+    ['/%41%62%63', '/Abc'],
+    ['/%7e%2D%5f%2E', '/~-_.'],
+    ['/caf%c3%a9', '/caf%C3%A9'],
+    ['/a%3ab', '/a%3Ab'],
+    ['/%25', '/%25'],
+    // Decoding happens once: "%252e" is the literal "%25" followed by "2e".
+    ['/%252e%252e/x', '/%252e%252e/x'],
+    ['/a/%2e%2e/b', '/b'],
+    ['/a/%2E./b', '/b'],
+    ['/a/.%2e/b', '/b'],
+    ['/a/%2e/b', '/a/b'],
+    ['/.well-known/acme', '/.well-known/acme'],
+    ['/a/...', '/a/...'],
+    ['/a/..b', '/a/..b'],
+    ['/a/b..', '/a/b..'],
+    ['/a/b;..', '/a/b;..']
+  ]
+  for (const [input, expected] of cases) {
+    t.same(normalizePath(input), { ok: true, path: expected }, input)
+  }
+})
+
+t.test('attack strings are rejected', async (t) => {
+  const attacks = [
+    'api',
+    '',
+    '*',
+    'http://evil/',
+    '/..',
+    '/../etc/passwd',
+    '/a/../../etc/passwd',
+    '/%2e%2e/etc/passwd',
+    '/%2E%2E',
+    '/a/%2e%2e/%2e%2e/x',
+    '/.%2e/x',
+    '/%2e./x',
+    '/api/..%2fadmin',
+    '/api/..%2Fadmin',
+    '/api%2f..%2fadmin',
+    '/api/..%5cadmin',
+    '/api/..%5Cadmin',
+    '/api/..\\admin',
+    '/api\\admin',
+    '/file%00.png',
+    '/a%0',
+    '/a%',
+    '/a%zz',
+    '/a%4',
+    '/a%4g',
+    '/a%g4',
+    '/a%%41',
+    '/a\u0000b',
+    '/a\rb',
+    '/a\nb',
+    '/a\tb',
+    '/a b',
+    '/a\u007fb',
+    '/api/..;/admin',
+    '/api/.;/admin',
+    '/api/..;jsessionid=1/admin',
+    '/api/%2e%2e;/admin',
+    '/api/%2e;x/admin'
+  ]
+  for (const p of attacks) {
+    const r = normalizePath(p)
+    t.equal(r.ok, false, JSON.stringify(p))
+    if (!r.ok) t.type(r.reason, 'string')
+  }
+})
+
+t.test('errors name the cause', async (t) => {
+  const reason = (p: string): string => {
+    const r = normalizePath(p)
+    return r.ok ? 'ok' : r.reason
+  }
+  t.match(reason('x'), /start with/)
+  t.match(reason('/..'), /above the root/)
+  t.match(reason('/%zz'), /percent-encoding/)
+  t.match(reason('/%2f'), /encoded/)
+  t.match(reason('/a\\b'), /backslash/)
+  t.match(reason('/a\u0001'), /control/)
+  t.match(reason('/..;/'), /parameters/)
+})
+
+t.test('the result is idempotent and never contains a dot segment or "//"', async (t) => {
+  const alphabet = ['/', '.', 'a', '%2e', '%2E', '%41', '%2f', ';', '%c3', '..', '//']
+  let seed = 42
+  const rand = (n: number): number => {
+    seed = (seed * 1103515245 + 12345) % 2147483648
+    return seed % n
+  }
+  let checked = 0
+  for (let n = 0; n < 5000; n++) {
+    let p = '/'
+    const parts = 1 + rand(8)
+    for (let k = 0; k < parts; k++) p += alphabet[rand(alphabet.length)]
+    const r = normalizePath(p)
+    if (!r.ok) continue
+    checked++
+    const again = normalizePath(r.path)
+    if (!again.ok || again.path !== r.path) t.fail(`not idempotent: ${p} -> ${r.path} -> ${JSON.stringify(again)}`)
+    if (/\/\.\.?(\/|$)/.test(r.path) || r.path.includes('//') || /%2e/i.test(r.path)) t.fail(`not normal: ${p} -> ${r.path}`)
+  }
+  t.ok(checked > 1000, `checked ${checked} normal outputs`)
+})
