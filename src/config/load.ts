@@ -1,0 +1,239 @@
+// Reads gateway.yaml and turns every problem into a located message:
+//   gateway.yaml:14:7 routes[1].upstream: unknown upstream "backend2"
+// The YAML document keeps node positions, so zod issues (which carry a key path) and our own
+// cross-reference checks can both be pointed back at the text.
+import { readFile } from 'node:fs/promises'
+import { createHash } from 'node:crypto'
+import { LineCounter, parseDocument, isMap, isSeq, isScalar, type Document, type Node as YamlNode } from 'yaml'
+import { configSchema, BUCKET_ALGORITHMS, type GatewayConfig, type LimitConfig } from './schema.js'
+
+export type KeyPath = ReadonlyArray<string | number>
+
+export interface ConfigProblem {
+  readonly file: string
+  readonly line: number
+  readonly column: number
+  readonly path: string
+  readonly message: string
+}
+
+export class ConfigError extends Error {
+  readonly code = 'GW_ERR_CONFIG_INVALID'
+  readonly problems: readonly ConfigProblem[]
+  constructor (problems: readonly ConfigProblem[]) {
+    super(problems.map(formatProblem).join('\n'))
+    this.problems = problems
+  }
+}
+
+export interface LoadedConfig {
+  readonly file: string
+  readonly config: GatewayConfig
+  /** sha256 of the file text: shown on /config so operators can tell which file is live. */
+  readonly hash: string
+}
+
+export function formatProblem (p: ConfigProblem): string {
+  return `${p.file}:${p.line}:${p.column}${p.path === '' ? '' : ' ' + p.path}: ${p.message}`
+}
+
+export function formatKeyPath (path: KeyPath): string {
+  let out = ''
+  for (const seg of path) {
+    if (typeof seg === 'number') out += `[${seg}]`
+    else out += out === '' ? seg : `.${seg}`
+  }
+  return out
+}
+
+export async function loadConfigFile (file: string, env: NodeJS.ProcessEnv = process.env): Promise<LoadedConfig> {
+  let text: string
+  try {
+    text = await readFile(file, 'utf8')
+  } catch (err) {
+    const reason = (err as NodeJS.ErrnoException).code === 'ENOENT' ? 'file not found' : (err as Error).message
+    throw new ConfigError([{ file, line: 0, column: 0, path: '', message: reason }])
+  }
+  return parseConfigText(text, file, env)
+}
+
+export function parseConfigText (text: string, file: string, env: NodeJS.ProcessEnv = process.env): LoadedConfig {
+  const name = file
+  const lineCounter = new LineCounter()
+  const doc = parseDocument(text, { lineCounter, prettyErrors: false, uniqueKeys: true })
+  const at = (offset: number | undefined, path: KeyPath, message: string): ConfigProblem => {
+    const pos = lineCounter.linePos(offset ?? 0)
+    return { file: name, line: pos.line, column: pos.col, path: formatKeyPath(path), message }
+  }
+
+  if (doc.errors.length > 0) {
+    throw new ConfigError(doc.errors.map(e => at(e.pos[0], [], e.message.split('\n')[0] ?? e.message)))
+  }
+
+  const problems: ConfigProblem[] = []
+  const raw: unknown = substituteEnv(doc.toJS({ maxAliasCount: 100 }), [], env, (path, msg) => {
+    problems.push(at(locate(doc, path), path, msg))
+  })
+  if (problems.length > 0) throw new ConfigError(problems)
+
+  const parsed = configSchema.safeParse(raw ?? {})
+  if (!parsed.success) {
+    for (const issue of parsed.error.issues) {
+      const path = issue.path.filter((p): p is string | number => typeof p !== 'symbol')
+      if (issue.code === 'unrecognized_keys') {
+        for (const key of issue.keys) {
+          const keyPath = [...path, key]
+          problems.push(at(locateKey(doc, keyPath), keyPath, `unknown key "${key}"`))
+        }
+      } else {
+        problems.push(at(locate(doc, path), path, issue.message))
+      }
+    }
+    throw new ConfigError(problems)
+  }
+
+  const config = parsed.data
+  for (const [path, message] of crossChecks(config)) problems.push(at(locate(doc, path), path, message))
+  if (problems.length > 0) throw new ConfigError(problems)
+
+  return { file, config, hash: createHash('sha256').update(text).digest('hex') }
+}
+
+// `${VAR}` and `${VAR:-default}` in string values only: substitution happens after YAML parsing,
+// so a value can never inject YAML structure.
+const ENV_RE = /\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}/g
+
+function substituteEnv (value: unknown, path: KeyPath, env: NodeJS.ProcessEnv, fail: (path: KeyPath, msg: string) => void): unknown {
+  if (typeof value === 'string') {
+    if (!value.includes('${')) return value
+    return value.replace(ENV_RE, (_m, name: string, fallback: string | undefined) => {
+      const v = env[name]
+      if (v !== undefined && v !== '') return v
+      if (fallback !== undefined) return fallback
+      fail(path, `environment variable ${name} is not set and has no default (use \${${name}:-default})`)
+      return ''
+    })
+  }
+  if (Array.isArray(value)) return value.map((v, i) => substituteEnv(v, [...path, i], env, fail))
+  if (value !== null && typeof value === 'object') {
+    const out: Record<string, unknown> = {}
+    for (const [k, v] of Object.entries(value)) out[k] = substituteEnv(v, [...path, k], env, fail)
+    return out
+  }
+  return value
+}
+
+/** Offset of the value at `path`, or of the deepest existing ancestor when it is missing. */
+function locate (doc: Document, path: KeyPath): number | undefined {
+  let node: unknown = doc.contents
+  let offset = rangeStart(node)
+  for (const seg of path) {
+    let next: unknown
+    if (isMap(node)) next = node.items.find(p => isScalar(p.key) && String(p.key.value) === String(seg))?.value
+    else if (isSeq(node) && typeof seg === 'number') next = node.items[seg]
+    if (next === undefined || next === null) return offset
+    node = next
+    offset = rangeStart(node) ?? offset
+  }
+  return offset
+}
+
+/** Offset of the key itself (for unknown keys, the key is what the operator must fix). */
+function locateKey (doc: Document, path: KeyPath): number | undefined {
+  const parentPath = path.slice(0, -1)
+  const key = path[path.length - 1]
+  let node: unknown = doc.contents
+  for (const seg of parentPath) {
+    if (isMap(node)) node = node.items.find(p => isScalar(p.key) && String(p.key.value) === String(seg))?.value
+    else if (isSeq(node) && typeof seg === 'number') node = node.items[seg]
+  }
+  if (isMap(node)) {
+    const pair = node.items.find(p => isScalar(p.key) && String(p.key.value) === String(key))
+    if (pair !== undefined) return rangeStart(pair.key)
+  }
+  return locate(doc, parentPath)
+}
+
+function rangeStart (node: unknown): number | undefined {
+  return (node as YamlNode | null)?.range?.[0]
+}
+
+/** Checks zod cannot express per field: references, uniqueness, combinations. */
+function crossChecks (config: GatewayConfig): Array<[KeyPath, string]> {
+  const out: Array<[KeyPath, string]> = []
+  const names = new Map<string, number>()
+  config.routes.forEach((route, i) => {
+    const prev = names.get(route.name)
+    if (prev !== undefined) out.push([['routes', i, 'name'], `duplicate route name "${route.name}" (also routes[${prev}])`])
+    names.set(route.name, i)
+    if (config.upstreams[route.upstream] === undefined) {
+      out.push([['routes', i, 'upstream'], `unknown upstream "${route.upstream}"`])
+    }
+    if ((route.path === undefined) === (route.pathPrefix === undefined)) {
+      out.push([['routes', i], 'a route needs exactly one of "path" (exact) or "pathPrefix"'])
+    }
+    if (route.stripPrefix !== undefined) {
+      const matched = route.pathPrefix ?? route.path ?? ''
+      if (!matched.startsWith(route.stripPrefix)) {
+        out.push([['routes', i, 'stripPrefix'], `"${route.stripPrefix}" is not a prefix of the route's path "${matched}"`])
+      }
+    }
+    for (const dim of ['api', 'ip', 'user'] as const) {
+      const limit = route.limits?.[dim]
+      if (limit !== undefined) out.push(...checkLimit(limit, ['routes', i, 'limits', dim]))
+    }
+  })
+  for (const dim of ['global', 'ip', 'user'] as const) {
+    const limit = config.limits?.[dim]
+    if (limit !== undefined) out.push(...checkLimit(limit, ['limits', dim]))
+  }
+  const hasUserLimit = config.limits?.user !== undefined || config.routes.some(r => r.limits?.user !== undefined)
+  if (hasUserLimit && config.identity === undefined) {
+    out.push([['identity'], 'a "user" limit is configured but no identity: add identity.header, identity.apiKeys or identity.jwt'])
+  }
+  const jwt = config.identity !== undefined && 'jwt' in config.identity ? config.identity.jwt : undefined
+  if (jwt !== undefined) {
+    const sources = [jwt.secret, jwt.publicKey, jwt.jwksUrl].filter(v => v !== undefined).length
+    if (sources !== 1) out.push([['identity', 'jwt'], 'give exactly one of "secret", "publicKey" or "jwksUrl"'])
+  }
+  const redis = config.redis
+  if (redis !== undefined) {
+    const modes = [redis.url, redis.cluster, redis.sentinels].filter(v => v !== undefined).length
+    if (modes !== 1) out.push([['redis'], 'give exactly one of "url", "cluster" or "sentinels"'])
+    if (redis.sentinels !== undefined && redis.name === undefined) out.push([['redis', 'name'], 'sentinels need the master "name"'])
+  }
+  for (const [name, up] of Object.entries(config.upstreams)) {
+    up.targets.forEach((t, i) => {
+      const url = typeof t === 'string' ? t : t.url
+      try {
+        const u = new URL(url)
+        if (u.pathname !== '/' || u.search !== '') out.push([['upstreams', name, 'targets', i], 'a target is an origin (scheme, host, port) without a path'])
+      } catch {
+        out.push([['upstreams', name, 'targets', i], `invalid URL "${url}"`])
+      }
+    })
+  }
+  return out
+}
+
+function checkLimit (limit: LimitConfig, path: KeyPath): Array<[KeyPath, string]> {
+  const out: Array<[KeyPath, string]> = []
+  const algorithm = limit.algorithm ?? 'gcra'
+  if (limit.burst !== undefined && !BUCKET_ALGORITHMS.has(algorithm)) {
+    out.push([[...path, 'burst'], `"burst" applies to gcra, token-bucket and leaky-bucket, not ${algorithm}`])
+  }
+  if (limit.onLimit === 'delay' && algorithm !== 'leaky-bucket') {
+    out.push([[...path, 'onLimit'], '"onLimit: delay" applies to leaky-bucket only'])
+  }
+  if (limit.maxDelay !== undefined && limit.onLimit !== 'delay') {
+    out.push([[...path, 'maxDelay'], '"maxDelay" needs "onLimit: delay"'])
+  }
+  if (limit.onLimit === 'delay' && limit.maxDelay === undefined) {
+    out.push([[...path, 'maxDelay'], '"onLimit: delay" needs "maxDelay" (the longest a request may wait)'])
+  }
+  const capacity = BUCKET_ALGORITHMS.has(algorithm) ? (limit.burst ?? limit.limit) : limit.limit
+  if (limit.cost !== undefined && limit.cost > capacity) {
+    out.push([[...path, 'cost'], `cost ${limit.cost} is above the capacity ${capacity}: every request would be rejected`])
+  }
+  return out
+}

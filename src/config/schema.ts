@@ -1,0 +1,136 @@
+// The gateway.yaml contract. The schema only validates (no transforms) so that the same object
+// yields the JSON Schema editors use (`gateway schema`); conversion to runtime values happens in
+// compile.ts. Every object is strict: a typo must never silently disable a limit.
+import { z } from 'zod'
+
+export const DURATION_RE = /^(\d+)(ms|s|m|h)$/
+export const SIZE_RE = /^(\d+)(b|kb|mb|gb)$/i
+
+const duration = z.string().regex(DURATION_RE, 'expected a duration like "250ms", "1s", "1m" or "1h"')
+const size = z.union([
+  z.int().nonnegative(),
+  z.string().regex(SIZE_RE, 'expected a size like 1048576, "512kb", "10mb" or "1gb"')
+])
+const hostPort = z.string().regex(/^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$/, 'expected "host:port", e.g. "0.0.0.0:8080"')
+const httpUrl = z.string().regex(/^https?:\/\/[^\s/]+(\/[^\s]*)?$/, 'expected an http:// or https:// URL')
+
+export const ALGORITHMS = ['gcra', 'token-bucket', 'leaky-bucket', 'sliding-window-log', 'sliding-window', 'fixed-window'] as const
+export const BUCKET_ALGORITHMS: ReadonlySet<string> = new Set(['gcra', 'token-bucket', 'leaky-bucket'])
+export const ON_ERROR = ['local', 'allow', 'deny'] as const
+
+export const limitSchema = z.strictObject({
+  algorithm: z.enum(ALGORITHMS).optional().describe('default gcra'),
+  limit: z.int().positive().describe('at most `limit` (in cost units) per window'),
+  window: duration,
+  burst: z.int().positive().optional().describe('bucket capacity (gcra, token-bucket, leaky-bucket); default = limit'),
+  cost: z.int().positive().optional().describe('what one request takes; default 1'),
+  mode: z.enum(['enforce', 'shadow']).optional().describe('shadow: count and report, never reject'),
+  status: z.int().min(400).max(599).optional().describe('status of a rejection; default 429'),
+  onLimit: z.enum(['reject', 'delay']).optional().describe('leaky-bucket only: delay holds the request until its slot'),
+  maxDelay: duration.optional().describe('with onLimit: delay, the longest wait before rejecting'),
+  onError: z.enum(ON_ERROR).optional().describe('when Redis fails; default redis.onError')
+})
+
+const headerRules = z.strictObject({
+  set: z.record(z.string(), z.string()).optional(),
+  remove: z.array(z.string()).optional()
+})
+
+const target = z.union([httpUrl, z.strictObject({ url: httpUrl, weight: z.int().min(1).max(1000).optional() })])
+
+export const upstreamSchema = z.strictObject({
+  targets: z.array(target).min(1),
+  timeouts: z.strictObject({ connect: duration.optional(), response: duration.optional() }).optional(),
+  ejectFor: duration.optional().describe('passive health: how long a failing target is left out; default 10s'),
+  maxConnections: z.int().positive().optional().describe('per target; default 256')
+})
+
+export const routeSchema = z.strictObject({
+  name: z.string().regex(/^[A-Za-z0-9_.-]+$/, 'expected a name of letters, digits, "_", "." or "-"'),
+  host: z.string().regex(/^(\*\.)?[A-Za-z0-9.-]+$/, 'expected a host name, optionally "*.example.com"').optional(),
+  path: z.string().startsWith('/').optional(),
+  pathPrefix: z.string().startsWith('/').optional(),
+  methods: z.array(z.string().regex(/^[A-Za-z]+$/)).min(1).optional(),
+  upstream: z.string(),
+  stripPrefix: z.string().startsWith('/').optional(),
+  websocket: z.boolean().optional(),
+  timeouts: z.strictObject({ response: duration.optional() }).optional(),
+  maxBodySize: size.optional(),
+  headers: z.strictObject({ request: headerRules.optional(), response: headerRules.optional() }).optional(),
+  limits: z.strictObject({ api: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional()
+})
+
+const identitySchema = z.union([
+  z.strictObject({ header: z.string().min(1), required: z.boolean().optional() }),
+  z.strictObject({
+    apiKeys: z.strictObject({ header: z.string().min(1), keys: z.record(z.string(), z.string()) }),
+    required: z.boolean().optional()
+  }),
+  z.strictObject({
+    jwt: z.strictObject({
+      secret: z.string().min(1).optional(),
+      publicKey: z.string().min(1).optional(),
+      jwksUrl: httpUrl.optional(),
+      claim: z.string().optional(),
+      header: z.string().optional(),
+      issuer: z.string().optional(),
+      audience: z.string().optional(),
+      algorithms: z.array(z.string()).optional()
+    }),
+    required: z.boolean().optional()
+  })
+])
+
+export const redisSchema = z.strictObject({
+  url: z.string().regex(/^rediss?:\/\//, 'expected a redis:// or rediss:// URL').optional(),
+  cluster: z.array(z.string().regex(/^rediss?:\/\//, 'expected a redis:// URL')).min(1).optional(),
+  sentinels: z.array(z.string().regex(/^[^:\s]+:\d+$/, 'expected "host:port"')).min(1).optional(),
+  name: z.string().optional().describe('sentinel master name'),
+  password: z.string().optional(),
+  tls: z.boolean().optional(),
+  keyPrefix: z.string().regex(/^[A-Za-z0-9_.:-]+$/).optional().describe('default "gw"'),
+  timeout: duration.optional().describe('bound on every Redis call; default 50ms'),
+  onError: z.enum(ON_ERROR).optional().describe('default local'),
+  autoPipelining: z.boolean().optional()
+})
+
+export const configSchema = z.strictObject({
+  $schema: z.string().optional(),
+  listen: hostPort.optional().describe('default 0.0.0.0:8080'),
+  admin: hostPort.optional().describe('default 127.0.0.1:9901; /healthz /readyz /metrics /config'),
+  workers: z.int().min(1).max(256).optional(),
+  trustedProxies: z.array(z.string()).optional().describe('CIDRs whose X-Forwarded-For is believed'),
+  ipv6Prefix: z.int().min(1).max(128).optional().describe('IPv6 clients are limited per prefix; default 64'),
+  legacyHeaders: z.boolean().optional().describe('also send X-RateLimit-Limit/Remaining/Reset'),
+  log: z.strictObject({ level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).optional() }).optional(),
+  server: z.strictObject({
+    headersTimeout: duration.optional(),
+    requestTimeout: duration.optional(),
+    keepAliveTimeout: duration.optional(),
+    maxHeaderSize: z.int().min(1024).max(1048576).optional(),
+    shutdownTimeout: duration.optional()
+  }).optional(),
+  tls: z.strictObject({ cert: z.string(), key: z.string() }).optional(),
+  redis: redisSchema.optional(),
+  identity: identitySchema.optional(),
+  local: z.strictObject({
+    limit: z.int().positive(),
+    window: duration,
+    burst: z.int().positive().optional(),
+    maxKeys: z.int().positive().optional()
+  }).optional(),
+  limits: z.strictObject({ global: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional(),
+  upstreams: z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/), upstreamSchema),
+  routes: z.array(routeSchema).min(1)
+})
+
+export type GatewayConfig = z.infer<typeof configSchema>
+export type LimitConfig = z.infer<typeof limitSchema>
+export type RouteConfig = z.infer<typeof routeSchema>
+export type UpstreamConfigInput = z.infer<typeof upstreamSchema>
+export type RedisConfig = z.infer<typeof redisSchema>
+
+/** The JSON Schema editors use to autocomplete gateway.yaml (committed as gateway.schema.json). */
+export function gatewayJsonSchema (): Record<string, unknown> {
+  return z.toJSONSchema(configSchema, { io: 'input', unrepresentable: 'any' }) as Record<string, unknown>
+}

@@ -1,0 +1,50 @@
+// Each instance announces itself every `intervalMs`; the live count is remembered so that it is
+// still known (last value seen) while Redis is unreachable, which is exactly when it is needed.
+import { readFileSync } from 'node:fs'
+import { randomUUID } from 'node:crypto'
+import type { Cluster, Redis } from 'ioredis'
+
+const SCRIPT = readFileSync(new URL('../../lua/heartbeat.lua', import.meta.url), 'utf8')
+
+export class InstanceHeartbeat {
+  readonly id = randomUUID()
+  private count = 1
+  private timer: NodeJS.Timeout | null = null
+
+  constructor (
+    private readonly client: Redis | Cluster,
+    private readonly key: string,
+    private readonly intervalMs = 2000
+  ) {}
+
+  start (): void {
+    if (this.timer !== null) return
+    void this.beat()
+    this.timer = setInterval(() => { void this.beat() }, this.intervalMs)
+    this.timer.unref()
+  }
+
+  /** Live instances at the last successful heartbeat (1 before the first). */
+  get instances (): number {
+    return this.count
+  }
+
+  async beat (): Promise<void> {
+    try {
+      const n = await this.client.eval(SCRIPT, 1, this.key, this.id, String(this.intervalMs * 3))
+      if (typeof n === 'number' && n > 0) this.count = n
+    } catch {
+      // Redis away: keep the last known count (see RedisGuard).
+    }
+  }
+
+  async stop (): Promise<void> {
+    if (this.timer !== null) clearInterval(this.timer)
+    this.timer = null
+    try {
+      await this.client.zrem(this.key, this.id)
+    } catch {
+      // best effort: the entry expires by itself
+    }
+  }
+}

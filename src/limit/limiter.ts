@@ -1,0 +1,177 @@
+// The limiting pipeline of one request, in order: the local level (in-process token bucket per
+// client), the deny cache (keys the shared level already rejected), then every shared limit that
+// applies, decided all-or-nothing in one store call.
+import type { LimitCheck, LimitDecision, LimitStore } from './types.js'
+import type { OnError, PlannedLimit, RouteLimitPlan } from './plan.js'
+import { DenyCache, type LocalLevel } from './local-level.js'
+import type { RedisGuard } from './redis-guard.js'
+import { limitKey } from './keys.js'
+import type { LimitLevel, Telemetry } from '../telemetry.js'
+
+export type HeaderList = Array<[string, string]>
+
+export type LimitVerdict =
+  | { readonly kind: 'allow', readonly headers: HeaderList | null, readonly delayMs: number }
+  | { readonly kind: 'reject', readonly status: number, readonly body: RejectBody, readonly headers: HeaderList }
+  | { readonly kind: 'unavailable' }
+
+export interface RejectBody {
+  readonly error: 'rate_limited'
+  readonly dimension: string
+  readonly limit: string
+  readonly retryAfterMs: number
+}
+
+export interface LimitRequest {
+  readonly route: string
+  readonly plan: RouteLimitPlan
+  /** Client address key (IPv6 grouped by prefix). */
+  readonly ipKey: string
+  readonly user: string | null
+  readonly requestId: string
+}
+
+export interface LimiterOptions {
+  readonly local: LocalLevel | null
+  readonly deny: DenyCache
+  /** Memory store (no Redis configured) or null when `guard` is set. */
+  readonly memory: LimitStore | null
+  readonly guard: RedisGuard | null
+  readonly legacyHeaders: boolean
+  readonly telemetry: Telemetry
+}
+
+const LOCAL_LIMIT = 'local'
+
+export class Limiter {
+  constructor (private readonly options: LimiterOptions) {}
+
+  get local (): LocalLevel | null {
+    return this.options.local
+  }
+
+  get deny (): DenyCache {
+    return this.options.deny
+  }
+
+  async check (req: LimitRequest): Promise<LimitVerdict> {
+    const { local, deny, telemetry } = this.options
+    const now = Date.now()
+
+    if (local !== null) {
+      const wait = local.take(req.user ?? req.ipKey, now)
+      if (wait > 0) {
+        telemetry.limitDecision(req.route, 'local', 'local', 'rejected')
+        const { limit, windowMs } = local.options
+        return this.reject(429, 'local', LOCAL_LIMIT, wait, `"${LOCAL_LIMIT}";q=${limit};w=${Math.max(1, Math.ceil(windowMs / 1000))}`, 0, wait)
+      }
+    }
+    const plan = req.plan
+    if (plan.all.length === 0) return ALLOW_NO_HEADERS
+
+    const { checks, limits } = buildChecks(plan.enforced, req)
+    for (let i = 0; i < checks.length; i++) {
+      const left = deny.remaining((checks[i] as LimitCheck).key, now)
+      if (left > 0) {
+        const l = limits[i] as PlannedLimit
+        telemetry.limitDecision(req.route, l.dimension, 'local', 'rejected')
+        return this.reject(l.status, l.dimension, l.name, left, l.policy, 0, left)
+      }
+    }
+    if (plan.shadow.length > 0) void this.decideShadow(req)
+    if (checks.length === 0) return ALLOW_NO_HEADERS
+
+    const { decision, level, unavailable } = await this.decide(checks, limits, req.requestId)
+    if (unavailable) return UNAVAILABLE
+    const deciding = limits[decision.limitingIndex]
+    if (!decision.allowed) {
+      const l = deciding as PlannedLimit
+      telemetry.limitDecision(req.route, l.dimension, level, 'rejected')
+      if (decision.retryAfterMs > 0) deny.add((checks[decision.limitingIndex] as LimitCheck).key, now + decision.retryAfterMs)
+      // -1 ("never": the cost is above what the limit can ever hold, e.g. a fallback share):
+      // a whole window is the most honest wait to advertise.
+      const retry = decision.retryAfterMs > 0 ? decision.retryAfterMs : l.spec.windowMs
+      return this.reject(l.status, l.dimension, l.name, retry, l.policy, decision.remaining, decision.resetMs)
+    }
+    for (let i = 0; i < limits.length; i++) telemetry.limitDecision(req.route, (limits[i] as PlannedLimit).dimension, level, 'allowed')
+    const headers = deciding === undefined ? null : this.headers(deciding.policy, deciding.name, deciding.spec.limit, decision.remaining, decision.resetMs)
+    return { kind: 'allow', headers, delayMs: decision.delayMs }
+  }
+
+  private async decide (checks: LimitCheck[], limits: PlannedLimit[], requestId: string): Promise<{ decision: LimitDecision, level: LimitLevel, unavailable: boolean }> {
+    const { memory, guard } = this.options
+    if (guard !== null) {
+      const onError: OnError[] = new Array(limits.length)
+      for (let i = 0; i < limits.length; i++) onError[i] = (limits[i] as PlannedLimit).onError
+      return guard.decide(checks, onError, requestId)
+    }
+    const decision = await (memory as LimitStore).decide(checks, requestId)
+    return { decision, level: 'memory', unavailable: false }
+  }
+
+  // Shadow limits are counted and reported, never enforced; decided on their own so that one
+  // of them running out cannot roll back the enforced limits' consumption.
+  private async decideShadow (req: LimitRequest): Promise<void> {
+    const { checks, limits } = buildChecks(req.plan.shadow, req)
+    if (checks.length === 0) return
+    try {
+      const { decision, level } = await this.decide(checks, limits, req.requestId + ':shadow')
+      for (const l of limits) this.options.telemetry.limitDecision(req.route, l.dimension, level, decision.allowed ? 'allowed' : 'shadow')
+    } catch {
+      // a shadow limit never affects the request
+    }
+  }
+
+  private reject (status: number, dimension: string, name: string, retryAfterMs: number, policy: string, remaining: number, resetMs: number): LimitVerdict {
+    const headers = this.headers(policy, name, 0, remaining, resetMs)
+    headers.push(['retry-after', String(Math.max(1, Math.ceil(retryAfterMs / 1000)))])
+    return { kind: 'reject', status, body: { error: 'rate_limited', dimension, limit: name, retryAfterMs }, headers }
+  }
+
+  // draft-ietf-httpapi-ratelimit-headers: RateLimit-Policy names the quota, RateLimit carries the
+  // remaining units (r) and seconds until the quota resets (t) for the tightest applying limit.
+  private headers (policy: string, name: string, limit: number, remaining: number, resetMs: number): HeaderList {
+    const r = Math.max(0, remaining)
+    const t = Math.max(0, Math.ceil(resetMs / 1000))
+    const headers: HeaderList = [
+      ['ratelimit-policy', policy],
+      ['ratelimit', `"${name}";r=${r};t=${t}`]
+    ]
+    if (this.options.legacyHeaders) {
+      headers.push(['x-ratelimit-limit', String(limit > 0 ? limit : policyQuota(policy))], ['x-ratelimit-remaining', String(r)], ['x-ratelimit-reset', String(t)])
+    }
+    return headers
+  }
+}
+
+const ALLOW_NO_HEADERS: LimitVerdict = Object.freeze({ kind: 'allow', headers: null, delayMs: 0 })
+const UNAVAILABLE: LimitVerdict = Object.freeze({ kind: 'unavailable' })
+
+function policyQuota (policy: string): number {
+  const m = /;q=(\d+)/.exec(policy)
+  return m === null ? 0 : Number(m[1])
+}
+
+function dimensionValue (l: PlannedLimit, req: LimitRequest): string | null {
+  switch (l.dimension) {
+    case 'global': return '_'
+    case 'api': return '_'
+    case 'ip': return req.ipKey
+    case 'user': return req.user
+  }
+}
+
+/** The checks that apply to this request: a `user` limit is skipped for anonymous requests. */
+function buildChecks (planned: readonly PlannedLimit[], req: LimitRequest): { checks: LimitCheck[], limits: PlannedLimit[] } {
+  const checks: LimitCheck[] = []
+  const limits: PlannedLimit[] = []
+  for (const l of planned) {
+    const value = dimensionValue(l, req)
+    if (value === null) continue
+    checks.push({ key: limitKey(l.keyBase, value), spec: l.spec, cost: l.cost })
+    limits.push(l)
+  }
+  return { checks, limits }
+}
+
+export { DenyCache }

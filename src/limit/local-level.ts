@@ -1,0 +1,97 @@
+// Level 1 of the limiter: in process, no I/O. It sheds floods before they cost a Redis call.
+// It can only reject: whatever it lets through still has to pass the shared level.
+import { LRUCache } from 'lru-cache'
+
+/**
+ * A token bucket refilled continuously: `rate` tokens per ms up to `capacity`.
+ * Floats are fine here (nothing leaves the process); the shared level keeps integers for Lua.
+ */
+export class TokenBucket {
+  tokens: number
+  updatedAt: number
+  constructor (capacity: number, nowMs: number) {
+    this.tokens = capacity
+    this.updatedAt = nowMs
+  }
+
+  /** Takes `cost` tokens; returns 0 when taken, else the ms until they will be there. */
+  take (cost: number, capacity: number, ratePerMs: number, nowMs: number): number {
+    const elapsed = nowMs - this.updatedAt
+    if (elapsed > 0) {
+      this.tokens = Math.min(capacity, this.tokens + elapsed * ratePerMs)
+      this.updatedAt = nowMs
+    }
+    if (this.tokens >= cost) {
+      this.tokens -= cost
+      return 0
+    }
+    return Math.max(1, Math.ceil((cost - this.tokens) / ratePerMs))
+  }
+}
+
+export interface LocalLevelOptions {
+  readonly limit: number
+  readonly windowMs: number
+  readonly burst: number
+  readonly maxKeys: number
+}
+
+export class LocalLevel {
+  readonly options: LocalLevelOptions
+  private readonly buckets: LRUCache<string, TokenBucket>
+  private readonly ratePerMs: number
+
+  constructor (options: LocalLevelOptions) {
+    this.options = options
+    this.ratePerMs = options.limit / options.windowMs
+    // A bucket idle for as long as it takes to refill completely is indistinguishable from a
+    // fresh one, so it may be dropped: that TTL keeps the cache small without changing decisions.
+    const ttl = Math.max(1000, Math.ceil(options.burst / this.ratePerMs))
+    this.buckets = new LRUCache({ max: options.maxKeys, ttl, ttlAutopurge: false, updateAgeOnGet: true })
+  }
+
+  /** 0 = pass on to the shared level; otherwise the ms after which this client may retry. */
+  take (clientKey: string, nowMs: number): number {
+    let bucket = this.buckets.get(clientKey)
+    if (bucket === undefined) {
+      bucket = new TokenBucket(this.options.burst, nowMs)
+      this.buckets.set(clientKey, bucket)
+    }
+    return bucket.take(1, this.options.burst, this.ratePerMs, nowMs)
+  }
+
+  get size (): number {
+    return this.buckets.size
+  }
+}
+
+/**
+ * Keys the shared level rejected, with the time until which they stay rejected. Consulted before
+ * Redis so a client hammering a key it is locked out of costs no round trip (envoy's
+ * "over_limit_with_local_cache"). It can only reject, never grant.
+ */
+export class DenyCache {
+  private readonly until: LRUCache<string, number>
+  constructor (maxKeys: number) {
+    this.until = new LRUCache({ max: maxKeys })
+  }
+
+  /** ms left on the deny for this key, or 0. */
+  remaining (key: string, nowMs: number): number {
+    const until = this.until.get(key)
+    if (until === undefined) return 0
+    if (until <= nowMs) {
+      this.until.delete(key)
+      return 0
+    }
+    return until - nowMs
+  }
+
+  add (key: string, untilMs: number): void {
+    this.until.set(key, untilMs)
+  }
+
+  get size (): number {
+    return this.until.size
+  }
+}

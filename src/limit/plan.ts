@@ -1,0 +1,89 @@
+// Turns the limits of gateway.yaml into per-route plans at load time, so a request only has to
+// append its dimension value to a precomputed key base.
+import { createHash } from 'node:crypto'
+import type { LimitConfig, GatewayConfig, RouteConfig } from '../config/schema.js'
+import { BUCKET_ALGORITHMS } from '../config/schema.js'
+import { parseDuration } from '../config/units.js'
+import type { AlgorithmName, LimitSpec } from './types.js'
+
+export type Dimension = 'global' | 'api' | 'ip' | 'user'
+export type OnError = 'local' | 'allow' | 'deny'
+
+export interface PlannedLimit {
+  /** What the 429 body and headers call this limit: "ip" (gateway-wide) or "login.ip" (route). */
+  readonly name: string
+  readonly dimension: Dimension
+  readonly spec: LimitSpec
+  readonly cost: number
+  readonly shadow: boolean
+  readonly status: number
+  readonly onError: OnError
+  /** `<keyPrefix>:<limit id>:`: the dimension value is appended per request. */
+  readonly keyBase: string
+  /** `"ip";q=100;w=60` for the RateLimit-Policy header (draft-ietf-httpapi-ratelimit-headers). */
+  readonly policy: string
+}
+
+export interface RouteLimitPlan {
+  readonly enforced: readonly PlannedLimit[]
+  /** Shadow limits are decided apart so that, failing, they cannot veto the enforced ones. */
+  readonly shadow: readonly PlannedLimit[]
+  readonly all: readonly PlannedLimit[]
+}
+
+export const EMPTY_PLAN: RouteLimitPlan = Object.freeze({ enforced: [], shadow: [], all: [] })
+
+export function compileLimitSpec (scope: string, dimension: Dimension, limit: LimitConfig): LimitSpec {
+  const algorithm: AlgorithmName = limit.algorithm ?? 'gcra'
+  const windowMs = parseDuration(limit.window)
+  const burst = BUCKET_ALGORITHMS.has(algorithm) ? (limit.burst ?? limit.limit) : limit.limit
+  const maxDelayMs = limit.onLimit === 'delay' && limit.maxDelay !== undefined ? parseDuration(limit.maxDelay) : 0
+  // The id changes exactly when the state's meaning changes: a reload that keeps a limit keeps
+  // its keys (and so its budget); a changed limit starts fresh under new keys.
+  const digest = createHash('sha256')
+    .update(`${algorithm}|${limit.limit}|${windowMs}|${burst}|${maxDelayMs}`)
+    .digest('base64url')
+    .slice(0, 8)
+  return Object.freeze({ id: `${scope}.${dimension}.${digest}`, algorithm, limit: limit.limit, windowMs, burst, maxDelayMs })
+}
+
+function planLimit (
+  config: GatewayConfig,
+  scope: string,
+  dimension: Dimension,
+  limit: LimitConfig,
+  keyPrefix: string
+): PlannedLimit {
+  const spec = compileLimitSpec(scope, dimension, limit)
+  const name = scope === 'gw' ? dimension : `${scope}.${dimension}`
+  const onError = limit.onError ?? config.redis?.onError ?? 'local'
+  return Object.freeze({
+    name,
+    dimension,
+    spec,
+    cost: limit.cost ?? 1,
+    shadow: limit.mode === 'shadow',
+    status: limit.status ?? 429,
+    onError,
+    keyBase: `${keyPrefix}:${spec.id}:`,
+    policy: `"${name}";q=${spec.limit};w=${Math.max(1, Math.ceil(spec.windowMs / 1000))}`
+  })
+}
+
+export function compileRouteLimitPlan (config: GatewayConfig, route: RouteConfig): RouteLimitPlan {
+  const keyPrefix = config.redis?.keyPrefix ?? 'gw'
+  const all: PlannedLimit[] = []
+  const top = config.limits
+  if (top?.global !== undefined) all.push(planLimit(config, 'gw', 'global', top.global, keyPrefix))
+  if (route.limits?.api !== undefined) all.push(planLimit(config, route.name, 'api', route.limits.api, keyPrefix))
+  if (top?.ip !== undefined) all.push(planLimit(config, 'gw', 'ip', top.ip, keyPrefix))
+  if (route.limits?.ip !== undefined) all.push(planLimit(config, route.name, 'ip', route.limits.ip, keyPrefix))
+  if (top?.user !== undefined) all.push(planLimit(config, 'gw', 'user', top.user, keyPrefix))
+  if (route.limits?.user !== undefined) all.push(planLimit(config, route.name, 'user', route.limits.user, keyPrefix))
+  if (all.length === 0) return EMPTY_PLAN
+  return Object.freeze({
+    enforced: Object.freeze(all.filter(l => !l.shadow)),
+    shadow: Object.freeze(all.filter(l => l.shadow)),
+    all: Object.freeze(all)
+  })
+}

@@ -1,0 +1,23 @@
+// What the stages report. Only src/admin/metrics.ts turns these into Prometheus series, so the
+// request path never imports prom-client and tests can run stages without a registry.
+
+export type LimitLevel = 'local' | 'redis' | 'fallback' | 'memory'
+export type LimitResult = 'allowed' | 'rejected' | 'shadow'
+
+export interface Telemetry {
+  request (route: string, method: string, status: number, seconds: number): void
+  upstreamError (upstream: string, kind: string): void
+  limitDecision (route: string, dimension: string, level: LimitLevel, result: LimitResult): void
+  redisCall (seconds: number, ok: boolean, errorKind: string | null): void
+  breakerState (state: 0 | 1 | 2): void
+  reload (result: 'success' | 'failure'): void
+}
+
+export const NOOP_TELEMETRY: Telemetry = Object.freeze({
+  request () {},
+  upstreamError () {},
+  limitDecision () {},
+  redisCall () {},
+  breakerState () {},
+  reload () {}
+})
