@@ -1,0 +1,215 @@
+import { GatewayError } from '../errors.js'
+import { normalizePath } from './normalize-path.js'
+
+// Routes are compiled once into indexes (host -> exact-path Map + prefix radix tree) so a lookup
+// costs a few Map hits and one walk down the path, whatever the number of routes. Precedence is
+// still "first route in file order wins": every index keeps routes sorted by their file index and
+// the lookup keeps the lowest index found across all candidate indexes.
+
+/** What the router needs from a route in the config; the table returns the caller's own object. */
+export interface RoutePattern {
+  readonly name: string
+  /** Exact host (`api.example.com`) or wildcard (`*.example.com`: any subdomain, not the apex). */
+  readonly host?: string
+  /** Exact path match, in normalized form (see `normalizePath`). */
+  readonly path?: string
+  /**
+   * Plain string prefix, like Envoy's `prefix`: `/api` matches `/api`, `/api/x` and `/apix`.
+   * Write `/api/` to match only below `/api/`.
+   */
+  readonly pathPrefix?: string
+  /** Uppercase method names; absent = any method. HEAD does not match a route listing only GET. */
+  readonly methods?: readonly string[]
+}
+
+export interface RouteTable<R extends RoutePattern> {
+  /** `host` as returned by `normalizeHost`, `path` as returned by `normalizePath`. */
+  match(host: string, method: string, path: string): R | null
+}
+
+interface Entry<R> {
+  readonly index: number
+  readonly methods: readonly string[] | null
+  readonly route: R
+}
+
+// A radix tree keyed on char codes: each edge carries a label, so a walk costs one Map hit per
+// branching point rather than one per character.
+interface PrefixNode<R> {
+  label: string
+  children: Map<number, PrefixNode<R>> | null
+  entries: Entry<R>[] | null
+}
+
+interface HostBucket<R> {
+  readonly minIndex: number
+  readonly exact: Map<string, Entry<R>[]>
+  readonly prefixes: PrefixNode<R>
+}
+
+const DOT = 0x2e
+// RFC 9110 §9.1: method is a case-sensitive token; config methods are conventionally uppercase.
+const METHOD = /^[!#$%&'*+.^_`|~0-9A-Z-]+$/
+const HOST_PATTERN = /^(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*$|^\[[0-9a-f:.]+\]$/
+
+/** Lowercases, strips the port (`[::1]:8080` aware) and a trailing dot; '' when absent. */
+export function normalizeHost (hostHeader: string | undefined): string {
+  if (hostHeader === undefined) return ''
+  let end = hostHeader.length
+  if (hostHeader.charCodeAt(0) === 0x5b) {
+    // RFC 3986 §3.2.2: an IPv6 literal is bracketed; its colons are not a port separator.
+    const close = hostHeader.indexOf(']')
+    if (close !== -1) end = close + 1
+  } else {
+    const colon = hostHeader.indexOf(':')
+    if (colon !== -1) end = colon
+  }
+  // "example.com." is the same fully qualified name as "example.com" (RFC 1034 §3.1).
+  if (end > 0 && hostHeader.charCodeAt(end - 1) === DOT) end--
+  const host = end === hostHeader.length ? hostHeader : hostHeader.slice(0, end)
+  for (let i = 0; i < host.length; i++) {
+    const c = host.charCodeAt(i)
+    if (c >= 0x41 && c <= 0x5a) return host.toLowerCase()
+  }
+  return host
+}
+
+export function compileRouteTable<R extends RoutePattern> (routes: readonly R[]): RouteTable<R> {
+  const exactHosts = new Map<string, HostBucket<R>>()
+  // Keyed by the suffix including its dot: "*.example.com" -> ".example.com".
+  const wildcardHosts = new Map<string, HostBucket<R>>()
+  let anyHost: HostBucket<R> | null = null
+
+  routes.forEach((route, index) => {
+    const where = `routes[${index}] (${route.name})`
+    const invalid = (message: string): GatewayError =>
+      new GatewayError('GW_ERR_CONFIG_INVALID', `${where}: ${message}`)
+
+    let methods: readonly string[] | null = null
+    if (route.methods !== undefined) {
+      if (route.methods.length === 0) throw invalid('methods is empty, the route would never match')
+      for (const m of route.methods) {
+        if (!METHOD.test(m)) throw invalid(`method "${m}" must be an uppercase token like "GET"`)
+      }
+      methods = Object.freeze([...route.methods])
+    }
+    if (route.path !== undefined && route.pathPrefix !== undefined) {
+      throw invalid('set path or pathPrefix, not both')
+    }
+    const pathText = route.path ?? route.pathPrefix
+    if (pathText !== undefined) {
+      // Requests are normalized before lookup, so a pattern that is not normal could never match.
+      const n = normalizePath(pathText)
+      if (!n.ok) throw invalid(`path "${pathText}": ${n.reason}`)
+      if (n.path !== pathText) throw invalid(`path "${pathText}" is not in normal form, write "${n.path}"`)
+    }
+
+    let bucket: HostBucket<R>
+    const host = route.host === undefined ? '*' : stripTrailingDot(route.host.toLowerCase())
+    if (host === '*') {
+      bucket = anyHost ??= newBucket(index)
+    } else {
+      if (!HOST_PATTERN.test(host)) throw invalid(`host "${route.host}" must be a host name, "*.domain" or "[ipv6]", without port`)
+      const wildcard = host.startsWith('*.')
+      const map = wildcard ? wildcardHosts : exactHosts
+      const key = wildcard ? host.slice(1) : host
+      let b = map.get(key)
+      if (b === undefined) map.set(key, b = newBucket(index))
+      bucket = b
+    }
+
+    const entry: Entry<R> = { index, methods, route }
+    if (route.path !== undefined) {
+      const list = bucket.exact.get(route.path)
+      if (list === undefined) bucket.exact.set(route.path, [entry])
+      else list.push(entry)
+    } else {
+      insertPrefix(bucket.prefixes, route.pathPrefix ?? '', entry)
+    }
+  })
+
+  // Distinct wildcard suffix lengths: a lookup slices the host only where a suffix could start.
+  const wildcardLengths = [...new Set([...wildcardHosts.keys()].map(k => k.length))].sort((a, b) => a - b)
+
+  return {
+    match (host: string, method: string, path: string): R | null {
+      let best: Entry<R> | null = null
+      const exact = exactHosts.get(host)
+      if (exact !== undefined) best = searchBucket(exact, method, path, best)
+      for (let i = 0; i < wildcardLengths.length; i++) {
+        const len = wildcardLengths[i] as number
+        // ">" not ">=": "*.example.com" needs at least one label before ".example.com".
+        if (host.length > len && host.charCodeAt(host.length - len) === DOT) {
+          const b = wildcardHosts.get(host.slice(host.length - len))
+          if (b !== undefined) best = searchBucket(b, method, path, best)
+        }
+      }
+      if (anyHost !== null) best = searchBucket(anyHost, method, path, best)
+      return best === null ? null : best.route
+    }
+  }
+}
+
+function stripTrailingDot (host: string): string {
+  return host.length > 1 && host.charCodeAt(host.length - 1) === DOT ? host.slice(0, -1) : host
+}
+
+function newBucket<R> (minIndex: number): HostBucket<R> {
+  return { minIndex, exact: new Map(), prefixes: { label: '', children: null, entries: null } }
+}
+
+function insertPrefix<R> (root: PrefixNode<R>, key: string, entry: Entry<R>): void {
+  let node = root
+  let pos = 0
+  while (pos < key.length) {
+    const first = key.charCodeAt(pos)
+    const child = node.children?.get(first)
+    if (child === undefined) {
+      const leaf: PrefixNode<R> = { label: key.slice(pos), children: null, entries: [entry] }
+      ;(node.children ??= new Map()).set(first, leaf)
+      return
+    }
+    let common = 0
+    const max = Math.min(child.label.length, key.length - pos)
+    while (common < max && child.label.charCodeAt(common) === key.charCodeAt(pos + common)) common++
+    if (common < child.label.length) {
+      // Split the edge: the new middle node ends where the keys diverge.
+      const mid: PrefixNode<R> = { label: child.label.slice(0, common), children: new Map(), entries: null }
+      child.label = child.label.slice(common)
+      mid.children?.set(child.label.charCodeAt(0), child)
+      node.children?.set(first, mid)
+      node = mid
+    } else {
+      node = child
+    }
+    pos += common
+  }
+  // Routes are inserted in file order, so each list stays sorted by index.
+  ;(node.entries ??= []).push(entry)
+}
+
+// The lowest-index entry of a sorted list that allows `method`, if it beats `best`.
+function firstAllowed<R> (list: Entry<R>[], method: string, best: Entry<R> | null): Entry<R> | null {
+  for (let i = 0; i < list.length; i++) {
+    const e = list[i] as Entry<R>
+    if (best !== null && e.index >= best.index) return best
+    if (e.methods === null || e.methods.includes(method)) return e
+  }
+  return best
+}
+
+function searchBucket<R> (bucket: HostBucket<R>, method: string, path: string, best: Entry<R> | null): Entry<R> | null {
+  if (best !== null && bucket.minIndex >= best.index) return best
+  const list = bucket.exact.get(path)
+  if (list !== undefined) best = firstAllowed(list, method, best)
+  let node = bucket.prefixes
+  let pos = 0
+  for (;;) {
+    if (node.entries !== null) best = firstAllowed(node.entries, method, best)
+    if (node.children === null || pos >= path.length) return best
+    const child = node.children.get(path.charCodeAt(pos))
+    if (child === undefined || !path.startsWith(child.label, pos)) return best
+    pos += child.label.length
+    node = child
+  }
+}

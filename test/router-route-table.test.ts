@@ -1,0 +1,180 @@
+import t from 'tap'
+import { compileRouteTable, normalizeHost, type RoutePattern } from '../src/router/route-table.js'
+
+interface Route extends RoutePattern { readonly upstream?: string }
+
+// The reference: a linear scan, obviously correct, that the indexed table must agree with.
+function naiveMatch (routes: readonly Route[], host: string, method: string, path: string): Route | null {
+  for (const r of routes) {
+    if (r.host !== undefined) {
+      if (r.host.startsWith('*.')) {
+        const suffix = r.host.slice(1)
+        if (!(host.endsWith(suffix) && host.length > suffix.length)) continue
+      } else if (r.host !== host) continue
+    }
+    if (r.path !== undefined && r.path !== path) continue
+    if (r.pathPrefix !== undefined && !path.startsWith(r.pathPrefix)) continue
+    if (r.methods !== undefined && !r.methods.includes(method)) continue
+    return r
+  }
+  return null
+}
+
+t.test('normalizeHost', async (t) => {
+  const cases: Array<[string | undefined, string]> = [
+    [undefined, ''],
+    ['', ''],
+    ['API.Example.COM', 'api.example.com'],
+    ['api.example.com:8080', 'api.example.com'],
+    ['api.example.com.', 'api.example.com'],
+    ['Api.Example.Com.:443', 'api.example.com'],
+    ['[::1]:8080', '[::1]'],
+    ['[2001:DB8::1]', '[2001:db8::1]'],
+    ['127.0.0.1:3000', '127.0.0.1'],
+    ['localhost', 'localhost']
+  ]
+  for (const [input, expected] of cases) t.equal(normalizeHost(input), expected, String(input))
+  const already = 'api.example.com'
+  t.equal(normalizeHost(already), already, 'already-normal host returned as is')
+})
+
+t.test('pathPrefix is a plain string prefix (like Envoy prefix)', async (t) => {
+  const api: Route = { name: 'api', pathPrefix: '/api' }
+  const table = compileRouteTable([api])
+  t.equal(table.match('', 'GET', '/api'), api)
+  t.equal(table.match('', 'GET', '/api/x'), api)
+  t.equal(table.match('', 'GET', '/apix'), api)
+  t.equal(table.match('', 'GET', '/ap'), null)
+  t.equal(table.match('', 'GET', '/'), null)
+  const slash: Route = { name: 'slash', pathPrefix: '/api/' }
+  const t2 = compileRouteTable([slash])
+  t.equal(t2.match('', 'GET', '/api/x'), slash)
+  t.equal(t2.match('', 'GET', '/api/'), slash)
+  t.equal(t2.match('', 'GET', '/api'), null)
+  t.equal(t2.match('', 'GET', '/apix'), null)
+})
+
+t.test('precedence: first route in file order wins', async (t) => {
+  const routes: Route[] = [
+    { name: 'admin-exact', host: 'api.example.com', path: '/admin' },
+    { name: 'wild-users', host: '*.example.com', pathPrefix: '/users' },
+    { name: 'api-get-only', host: 'api.example.com', pathPrefix: '/', methods: ['GET'] },
+    { name: 'any-host-users', pathPrefix: '/users/' },
+    { name: 'api-post', host: 'api.example.com', pathPrefix: '/', methods: ['POST', 'PUT'] },
+    { name: 'catch-all' }
+  ]
+  const table = compileRouteTable(routes)
+  const name = (host: string, method: string, path: string): string | undefined =>
+    table.match(host, method, path)?.name
+  t.equal(name('api.example.com', 'DELETE', '/admin'), 'admin-exact')
+  t.equal(name('api.example.com', 'GET', '/users/1'), 'wild-users', 'wildcard route earlier than exact-host route')
+  t.equal(name('api.example.com', 'GET', '/orders'), 'api-get-only')
+  t.equal(name('api.example.com', 'HEAD', '/orders'), 'catch-all', 'HEAD does not match a GET-only route')
+  t.equal(name('api.example.com', 'POST', '/orders'), 'api-post')
+  t.equal(name('other.org', 'GET', '/users/1'), 'any-host-users')
+  t.equal(name('other.org', 'GET', '/users'), 'catch-all')
+  t.equal(name('a.b.example.com', 'GET', '/users'), 'wild-users', 'wildcard matches deeper subdomains')
+  t.equal(name('example.com', 'GET', '/users'), 'catch-all', 'wildcard does not match the apex')
+  t.equal(name('', 'GET', '/admin'), 'catch-all', 'no Host header: only host-less routes')
+  t.equal(name('xexample.com', 'GET', '/users'), 'catch-all', 'suffix must start at a label boundary')
+})
+
+t.test('exact path beats a later prefix, a prefix beats a later exact path', async (t) => {
+  const a: Route = { name: 'exact', path: '/v1/items' }
+  const b: Route = { name: 'prefix', pathPrefix: '/v1/' }
+  t.equal(compileRouteTable([a, b]).match('', 'GET', '/v1/items'), a)
+  t.equal(compileRouteTable([b, a]).match('', 'GET', '/v1/items'), b)
+  t.equal(compileRouteTable([a, b]).match('', 'GET', '/v1/items/2'), b)
+  t.equal(compileRouteTable([a]).match('', 'GET', '/v1/items/'), null, 'exact means exact')
+})
+
+t.test('patterns are normalized or refused at compile time', async (t) => {
+  const upper: Route = { name: 'u', host: 'API.Example.com.' }
+  t.equal(compileRouteTable([upper]).match('api.example.com', 'GET', '/'), upper)
+  const refused: Array<[Route, RegExp]> = [
+    [{ name: 'a', path: '/x', pathPrefix: '/y' }, /not both/],
+    [{ name: 'b', path: '/a/../b' }, /normal form, write "\/b"/],
+    [{ name: 'c', pathPrefix: 'api' }, /start with/],
+    [{ name: 'd', methods: ['get'] }, /uppercase/],
+    [{ name: 'e', methods: [] }, /never match/],
+    [{ name: 'f', host: 'api.example.com:8080' }, /without port/],
+    [{ name: 'g', host: 'a.*.example.com' }, /host/],
+    [{ name: 'h', path: '/caf%c3%a9' }, /write "\/caf%C3%A9"/]
+  ]
+  for (const [route, message] of refused) {
+    t.throws(() => compileRouteTable([route]), { code: 'GW_ERR_CONFIG_INVALID', message }, route.name)
+  }
+  t.throws(() => compileRouteTable([{ name: 'ok' }, { name: 'bad', methods: ['get'] }]), { message: /routes\[1\] \(bad\)/ })
+})
+
+t.test('radix tree splits shared prefixes correctly', async (t) => {
+  const routes: Route[] = [
+    { name: 'abcd', pathPrefix: '/abcd' },
+    { name: 'abce', pathPrefix: '/abce' },
+    { name: 'ab', pathPrefix: '/ab' },
+    { name: 'a', pathPrefix: '/a' },
+    { name: 'root', pathPrefix: '/' }
+  ]
+  const table = compileRouteTable(routes)
+  const name = (p: string): string | undefined => table.match('', 'GET', p)?.name
+  t.equal(name('/abcdef'), 'abcd')
+  t.equal(name('/abce'), 'abce')
+  t.equal(name('/abcf'), 'ab')
+  t.equal(name('/ab'), 'ab')
+  t.equal(name('/a'), 'a')
+  t.equal(name('/b'), 'root')
+})
+
+t.test('1000 random routes agree with a linear reference matcher', async (t) => {
+  let seed = 7
+  const rand = (n: number): number => {
+    seed = (seed * 1103515245 + 12345) % 2147483648
+    return Math.floor((seed / 2147483648) * n)
+  }
+  const pick = <T>(xs: readonly T[]): T => xs[rand(xs.length)] as T
+  const hosts = ['api.example.com', 'www.example.com', 'a.b.example.com', 'example.com', 'shop.test', 'x.shop.test', 'other.org', '']
+  const hostPatterns = ['api.example.com', 'www.example.com', '*.example.com', '*.b.example.com', 'example.com', 'shop.test', '*.shop.test', 'other.org']
+  const segments = ['api', 'v1', 'v2', 'users', 'u', 'orders', 'o', 'x', 'static', 'a.css']
+  const methods = ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS']
+  const randomPath = (): string => {
+    let p = ''
+    const depth = rand(4)
+    for (let i = 0; i <= depth; i++) p += '/' + pick(segments)
+    return p
+  }
+  const routes: Route[] = []
+  for (let i = 0; i < 1000; i++) {
+    const r: { -readonly [K in keyof Route]: Route[K] } = { name: `r${i}` }
+    if (rand(4) !== 0) r.host = pick(hostPatterns)
+    const kind = rand(200)
+    if (kind < 100) r.path = randomPath()
+    else if (kind < 199) {
+      // Prefixes that end inside a segment, at a "/" and at a segment end.
+      const p = randomPath()
+      const cut = rand(3)
+      r.pathPrefix = cut === 0 ? p : cut === 1 ? p + '/' : p.slice(0, Math.max(2, p.length - 1 - rand(3)))
+    }
+    if (rand(3) === 0) r.methods = methods.filter(() => rand(3) === 0).concat(pick(methods))
+    // A route without path, host or methods would answer every request left: keep those rare.
+    if (r.path === undefined && r.pathPrefix === undefined) r.host ??= pick(hostPatterns)
+    routes.push(r)
+  }
+  const table = compileRouteTable(routes)
+  let matched = 0
+  let mismatches = 0
+  for (let n = 0; n < 20000; n++) {
+    const host = pick(hosts)
+    const method = pick(methods)
+    // "/miss..." only matches routes without a path pattern.
+    let path = rand(3) === 0 ? '/miss' + randomPath() : randomPath()
+    if (rand(5) === 0) path += pick(['/', 'x', '.json'])
+    const expected = naiveMatch(routes, host, method, path)
+    const actual = table.match(host, method, path)
+    if (actual !== expected) {
+      if (mismatches++ < 5) t.fail(`${method} ${host}${path}: expected ${expected?.name}, got ${actual?.name}`)
+    }
+    if (expected !== null) matched++
+  }
+  t.equal(mismatches, 0, 'no mismatch against the reference')
+  t.ok(matched > 5000 && matched < 20000, `a healthy mix of hits and misses (${matched} hits)`)
+})
