@@ -95,4 +95,5 @@ t.test('looksLikeMisconfiguredProxy', async (t) => {
   t.equal(looksLikeMisconfiguredProxy('203.0.113.7', '1.2.3.4', []), false, 'public peer')
   t.equal(looksLikeMisconfiguredProxy('10.0.0.5', '1.2.3.4', ['10.0.0.0/8']), false, 'proxies configured')
   t.equal(looksLikeMisconfiguredProxy(undefined, '1.2.3.4', []), false)
+  t.equal(looksLikeMisconfiguredProxy('10.0.0.5', '1.2.3.4'), true, 'trustedProxies defaults to none')
 })

@@ -76,11 +76,12 @@ export function compileClientIpResolver (opts: ClientIpOptions): ClientIpResolve
 /**
  * True when no proxy is trusted but a private, loopback or link-local peer sends X-Forwarded-For:
  * the gateway probably sits behind a proxy, and every client would share that proxy's address.
+ * Pass the configured `trustedProxies`, or call it only when that list is empty.
  */
 export function looksLikeMisconfiguredProxy (
   socketAddress: string | undefined,
   xForwardedFor: string | string[] | undefined,
-  trustedProxies: readonly string[]
+  trustedProxies: readonly string[] = []
 ): boolean {
   if (trustedProxies.length > 0 || xForwardedFor === undefined || socketAddress === undefined) return false
   const peer = parseSocketAddress(socketAddress)
