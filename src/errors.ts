@@ -1,4 +1,4 @@
-import type { ServerResponse } from 'node:http'
+import { STATUS_CODES, type ServerResponse } from 'node:http'
 
 // One table of every error the gateway returns to a client, with its HTTP status.
 // Clients match on `error` (the stable code), never on the message.
@@ -42,18 +42,45 @@ export function sendError (
   code: ErrorCode,
   requestId: string,
   extra?: Readonly<Record<string, unknown>>,
-  headers?: Readonly<Record<string, string>>
+  headers?: ReadonlyArray<readonly [string, string]>,
+  status?: number
+): void {
+  const { message } = ERRORS[code]
+  sendJson(res, status ?? ERRORS[code].status, { error: code, message, requestId, ...extra }, requestId, headers)
+}
+
+export function sendJson (
+  res: ServerResponse,
+  status: number,
+  payload: unknown,
+  requestId: string,
+  headers?: ReadonlyArray<readonly [string, string]>
 ): void {
   if (res.headersSent || res.destroyed) {
     res.destroy()
     return
   }
-  const { status, message } = ERRORS[code]
-  const body = JSON.stringify({ error: code, message, requestId, ...extra })
+  const body = JSON.stringify(payload)
   res.statusCode = status
   res.setHeader('content-type', 'application/json; charset=utf-8')
   res.setHeader('content-length', Buffer.byteLength(body))
   res.setHeader('x-request-id', requestId)
-  if (headers !== undefined) for (const name in headers) res.setHeader(name, headers[name] as string)
+  if (headers !== undefined) for (const [name, value] of headers) res.setHeader(name, value)
   res.end(body)
+}
+
+/** The same JSON answer written raw on a socket, for requests that asked for an Upgrade. */
+export function writeRawError (
+  socket: { write: (s: string) => unknown, end: () => unknown, destroyed: boolean },
+  status: number,
+  payload: unknown,
+  requestId: string,
+  headers?: ReadonlyArray<readonly [string, string]>
+): void {
+  if (socket.destroyed) return
+  const body = JSON.stringify(payload)
+  let head = `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nx-request-id: ${requestId}\r\nconnection: close\r\n`
+  if (headers !== undefined) for (const [name, value] of headers) head += `${name}: ${value}\r\n`
+  socket.write(head + '\r\n' + body)
+  socket.end()
 }

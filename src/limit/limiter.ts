@@ -2,10 +2,9 @@
 // client), the deny cache (keys the shared level already rejected), then every shared limit that
 // applies, decided all-or-nothing in one store call.
 import type { LimitCheck, LimitDecision, LimitStore } from './types.js'
-import type { OnError, PlannedLimit, RouteLimitPlan } from './plan.js'
+import { dimensionValue, limitKey, type OnError, type PlannedLimit, type RouteLimitPlan } from './plan.js'
 import { DenyCache, type LocalLevel } from './local-level.js'
 import type { RedisGuard } from './redis-guard.js'
-import { limitKey } from './keys.js'
 import type { LimitLevel, Telemetry } from '../telemetry.js'
 
 export type HeaderList = Array<[string, string]>
@@ -152,21 +151,12 @@ function policyQuota (policy: string): number {
   return m === null ? 0 : Number(m[1])
 }
 
-function dimensionValue (l: PlannedLimit, req: LimitRequest): string | null {
-  switch (l.dimension) {
-    case 'global': return '_'
-    case 'api': return '_'
-    case 'ip': return req.ipKey
-    case 'user': return req.user
-  }
-}
-
 /** The checks that apply to this request: a `user` limit is skipped for anonymous requests. */
 function buildChecks (planned: readonly PlannedLimit[], req: LimitRequest): { checks: LimitCheck[], limits: PlannedLimit[] } {
   const checks: LimitCheck[] = []
   const limits: PlannedLimit[] = []
   for (const l of planned) {
-    const value = dimensionValue(l, req)
+    const value = dimensionValue(l.dimension, req.ipKey, req.user)
     if (value === null) continue
     checks.push({ key: limitKey(l.keyBase, value), spec: l.spec, cost: l.cost })
     limits.push(l)

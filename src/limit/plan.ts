@@ -33,6 +33,27 @@ export interface RouteLimitPlan {
 
 export const EMPTY_PLAN: RouteLimitPlan = Object.freeze({ enforced: [], shadow: [], all: [] })
 
+// Keys carry no hash tag on purpose: each (limit, client) key hashes to its own Redis Cluster
+// slot, so load spreads over the cluster. Braces in client-supplied values are percent-encoded so
+// a client cannot pick a slot (or pile everyone onto one) by sending "{tag}" in its identity.
+const BRACES = /[{}%]/g
+const BRACE_ESCAPES: Readonly<Record<string, string>> = { '{': '%7B', '}': '%7D', '%': '%25' }
+
+/** `<keyPrefix>:<limit id>:<dimension value>` from the precomputed key base. */
+export function limitKey (keyBase: string, value: string): string {
+  return keyBase + (value.includes('{') || value.includes('}') || value.includes('%') ? value.replace(BRACES, c => BRACE_ESCAPES[c] as string) : value)
+}
+
+/** The value a limit is keyed by for one request; null = the limit does not apply (anonymous). */
+export function dimensionValue (dimension: Dimension, ipKey: string, user: string | null): string | null {
+  switch (dimension) {
+    case 'ip': return ipKey
+    case 'user': return user
+    // global and api budgets are single keys: the limit id already names the route
+    default: return '_'
+  }
+}
+
 export function compileLimitSpec (scope: string, dimension: Dimension, limit: LimitConfig): LimitSpec {
   const algorithm: AlgorithmName = limit.algorithm ?? 'gcra'
   const windowMs = parseDuration(limit.window)

@@ -1,0 +1,100 @@
+// The only module that knows Prometheus. Label children are cached so the request path does a
+// couple of Map lookups instead of prom-client's per-call label hashing.
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client'
+import type { LimitLevel, LimitResult, Telemetry } from '../telemetry.js'
+
+type CounterChild = ReturnType<Counter['labels']>
+type HistogramChild = ReturnType<Histogram['labels']>
+
+const STATUS_CLASSES = ['1xx', '2xx', '3xx', '4xx', '5xx'] as const
+
+export interface MetricsSources {
+  localKeys: () => number
+}
+
+export class GatewayMetrics implements Telemetry {
+  readonly registry = new Registry()
+  private readonly requests: Counter
+  private readonly duration: Histogram
+  private readonly upstreamErrors: Counter
+  private readonly reloads: Counter
+  private readonly decisions: Counter
+  private readonly redisDuration: Histogram
+  private readonly redisErrors: Counter
+  private readonly breaker: Gauge
+  readonly generation: Gauge
+  private readonly requestChildren = new Map<string, Map<string, CounterChild[]>>()
+  private readonly durationChildren = new Map<string, HistogramChild>()
+  private readonly decisionChildren = new Map<string, CounterChild>()
+
+  constructor (sources: MetricsSources) {
+    const registers = [this.registry]
+    collectDefaultMetrics({ register: this.registry })
+    this.requests = new Counter({ name: 'gateway_requests_total', help: 'Requests answered, by route, method and status class', labelNames: ['route', 'method', 'status_class'], registers })
+    this.duration = new Histogram({
+      name: 'gateway_request_duration_seconds',
+      help: 'Time from request to response end, by route',
+      labelNames: ['route'],
+      buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+      registers
+    })
+    this.upstreamErrors = new Counter({ name: 'gateway_upstream_errors_total', help: 'Upstream failures by upstream and kind', labelNames: ['upstream', 'kind'], registers })
+    this.reloads = new Counter({ name: 'gateway_config_reloads_total', help: 'Configuration reloads by result', labelNames: ['result'], registers })
+    this.decisions = new Counter({ name: 'gateway_ratelimit_decisions_total', help: 'Rate-limit decisions', labelNames: ['route', 'dimension', 'level', 'result'], registers })
+    this.redisDuration = new Histogram({
+      name: 'gateway_redis_duration_seconds',
+      help: 'Duration of limiter calls to Redis',
+      buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1],
+      registers
+    })
+    this.redisErrors = new Counter({ name: 'gateway_redis_errors_total', help: 'Failed limiter calls to Redis by kind', labelNames: ['kind'], registers })
+    this.breaker = new Gauge({ name: 'gateway_redis_breaker_state', help: 'Redis circuit breaker: 0 closed, 1 open, 2 half-open', registers })
+    this.generation = new Gauge({ name: 'gateway_config_generation', help: 'Generation of the running configuration', registers })
+    new Gauge({ // eslint-disable-line no-new
+      name: 'gateway_ratelimit_local_keys',
+      help: 'Client keys held by the local level',
+      registers,
+      collect () { this.set(sources.localKeys()) }
+    })
+    for (const result of ['success', 'failure']) this.reloads.labels(result).inc(0)
+  }
+
+  request (route: string, method: string, status: number, seconds: number): void {
+    let byMethod = this.requestChildren.get(route)
+    if (byMethod === undefined) this.requestChildren.set(route, byMethod = new Map())
+    let byClass = byMethod.get(method)
+    if (byClass === undefined) {
+      byClass = STATUS_CLASSES.map(c => this.requests.labels(route, method, c))
+      byMethod.set(method, byClass)
+    }
+    const cls = Math.min(4, Math.max(0, Math.floor(status / 100) - 1))
+    ;(byClass[cls] as CounterChild).inc()
+    let d = this.durationChildren.get(route)
+    if (d === undefined) this.durationChildren.set(route, d = this.duration.labels(route))
+    d.observe(seconds)
+  }
+
+  upstreamError (upstream: string, kind: string): void {
+    this.upstreamErrors.labels(upstream, kind).inc()
+  }
+
+  limitDecision (route: string, dimension: string, level: LimitLevel, result: LimitResult): void {
+    const key = route + '\0' + dimension + '\0' + level + '\0' + result
+    let c = this.decisionChildren.get(key)
+    if (c === undefined) this.decisionChildren.set(key, c = this.decisions.labels(route, dimension, level, result))
+    c.inc()
+  }
+
+  redisCall (seconds: number, ok: boolean, errorKind: string | null): void {
+    this.redisDuration.observe(seconds)
+    if (!ok) this.redisErrors.labels(errorKind ?? 'other').inc()
+  }
+
+  breakerState (state: 0 | 1 | 2): void {
+    this.breaker.set(state)
+  }
+
+  reload (result: 'success' | 'failure'): void {
+    this.reloads.labels(result).inc()
+  }
+}

@@ -1,0 +1,151 @@
+// Builds the frozen runtime a request looks things up in: route table, forward plans, limiter
+// plans, upstream pools. Long-lived resources (pools, stores, the Redis client, local buckets)
+// come from a ResourceCache so a reload that leaves them unchanged keeps them: no reconnect
+// storm, no fresh budget for everyone.
+import type { GatewayConfig, RouteConfig } from './schema.js'
+import type { LoadedConfig } from './load.js'
+import { durationOr, parseDuration, parseSize } from './units.js'
+import { compileRouteTable, type RouteTable } from '../router/route-table.js'
+import { compileClientIpResolver } from '../identify/client-ip.js'
+import { compileIdentity, type IdentityResolver } from '../identify/identity.js'
+import { UpstreamPool, type UpstreamConfig } from '../proxy/upstream-pool.js'
+import type { ForwardPlan, HeaderRules } from '../proxy/forward.js'
+import { compileRouteLimitPlan, type RouteLimitPlan } from '../limit/plan.js'
+import { Limiter } from '../limit/limiter.js'
+import type { ResourceCache } from './resources.js'
+import type { Telemetry } from '../telemetry.js'
+
+export interface CompiledRoute {
+  readonly name: string
+  readonly host?: string
+  readonly path?: string
+  readonly pathPrefix?: string
+  readonly methods?: readonly string[]
+  readonly websocket: boolean
+  readonly upstream: string
+  readonly forward: ForwardPlan
+  readonly limits: RouteLimitPlan
+}
+
+export interface ServerSettings {
+  readonly headersTimeoutMs: number
+  readonly requestTimeoutMs: number
+  readonly keepAliveTimeoutMs: number
+  readonly maxHeaderSize: number
+  readonly shutdownTimeoutMs: number
+}
+
+export interface Runtime {
+  readonly generation: number
+  readonly file: string
+  readonly hash: string
+  readonly loadedAt: string
+  readonly config: GatewayConfig
+  readonly routes: RouteTable<CompiledRoute>
+  readonly routeList: readonly CompiledRoute[]
+  readonly pools: ReadonlyMap<string, UpstreamPool>
+  readonly limiter: Limiter
+  readonly resolveClientIp: ReturnType<typeof compileClientIpResolver>
+  readonly identity: IdentityResolver
+  readonly server: ServerSettings
+  readonly trustedProxiesEmpty: boolean
+}
+
+export function serverSettings (config: GatewayConfig): ServerSettings {
+  const s = config.server
+  return Object.freeze({
+    headersTimeoutMs: durationOr(s?.headersTimeout, 10_000),
+    requestTimeoutMs: durationOr(s?.requestTimeout, 300_000),
+    keepAliveTimeoutMs: durationOr(s?.keepAliveTimeout, 5_000),
+    maxHeaderSize: s?.maxHeaderSize ?? 16_384,
+    shutdownTimeoutMs: durationOr(s?.shutdownTimeout, 10_000)
+  })
+}
+
+export function upstreamConfigs (config: GatewayConfig): Map<string, UpstreamConfig> {
+  const out = new Map<string, UpstreamConfig>()
+  for (const [name, up] of Object.entries(config.upstreams)) {
+    out.set(name, Object.freeze({
+      name,
+      targets: Object.freeze(up.targets.map(t => typeof t === 'string'
+        ? { url: new URL(t).origin, weight: 1 }
+        : { url: new URL(t.url).origin, weight: t.weight ?? 1 })),
+      connectTimeoutMs: durationOr(up.timeouts?.connect, 2_000),
+      responseTimeoutMs: durationOr(up.timeouts?.response, 30_000),
+      ejectMs: durationOr(up.ejectFor, 10_000),
+      maxConnectionsPerTarget: up.maxConnections ?? 256,
+      keepAliveTimeoutMs: 4_000
+    }))
+  }
+  return out
+}
+
+function headerRules (rules: { set?: Record<string, string>, remove?: string[] } | undefined): HeaderRules {
+  return Object.freeze({
+    set: Object.freeze(Object.entries(rules?.set ?? {}).map(([k, v]) => Object.freeze([k.toLowerCase(), v] as const))),
+    remove: Object.freeze((rules?.remove ?? []).map(h => h.toLowerCase()))
+  })
+}
+
+function compileRoute (config: GatewayConfig, route: RouteConfig, pool: UpstreamPool, upstream: UpstreamConfig): CompiledRoute {
+  const forward: ForwardPlan = Object.freeze({
+    pool,
+    stripPrefix: route.stripPrefix ?? null,
+    responseTimeoutMs: route.timeouts?.response !== undefined ? parseDuration(route.timeouts.response) : upstream.responseTimeoutMs,
+    maxBodySize: route.maxBodySize !== undefined ? parseSize(route.maxBodySize) : Infinity,
+    requestHeaders: headerRules(route.headers?.request),
+    responseHeaders: headerRules(route.headers?.response)
+  })
+  return Object.freeze({
+    name: route.name,
+    ...(route.host !== undefined ? { host: route.host.toLowerCase() } : {}),
+    ...(route.path !== undefined ? { path: route.path } : {}),
+    ...(route.pathPrefix !== undefined ? { pathPrefix: route.pathPrefix } : {}),
+    ...(route.methods !== undefined ? { methods: Object.freeze(route.methods.map(m => m.toUpperCase())) } : {}),
+    websocket: route.websocket === true,
+    upstream: route.upstream,
+    forward,
+    limits: compileRouteLimitPlan(config, route)
+  })
+}
+
+export async function compileRuntime (
+  loaded: LoadedConfig,
+  generation: number,
+  resources: ResourceCache,
+  telemetry: Telemetry
+): Promise<Runtime> {
+  const { config } = loaded
+  const upstreams = upstreamConfigs(config)
+  const pools = new Map<string, UpstreamPool>()
+  for (const [name, up] of upstreams) pools.set(name, resources.pool(up))
+
+  const routeList = config.routes.map(r => {
+    const up = upstreams.get(r.upstream) as UpstreamConfig
+    return compileRoute(config, r, pools.get(r.upstream) as UpstreamPool, up)
+  })
+  const limiter = new Limiter({
+    local: resources.localLevel(config),
+    deny: resources.denyCache(config),
+    memory: config.redis === undefined ? resources.memoryStore(config) : null,
+    guard: config.redis === undefined ? null : resources.redisGuard(config, telemetry),
+    legacyHeaders: config.legacyHeaders === true,
+    telemetry
+  })
+  const identity = await compileIdentity(config.identity)
+  return Object.freeze({
+    generation,
+    file: loaded.file,
+    hash: loaded.hash,
+    loadedAt: new Date().toISOString(),
+    config,
+    routes: compileRouteTable(routeList),
+    routeList: Object.freeze(routeList),
+    pools,
+    limiter,
+    resolveClientIp: compileClientIpResolver({ trustedProxies: config.trustedProxies ?? [], ipv6Prefix: config.ipv6Prefix ?? 64 }),
+    identity,
+    server: serverSettings(config),
+    trustedProxiesEmpty: (config.trustedProxies ?? []).length === 0
+  })
+}

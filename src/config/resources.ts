@@ -1,0 +1,170 @@
+// Long-lived things a runtime uses, keyed by the config that shapes them. A reload asks for them
+// again; whatever config did not change comes back as the same object (connections and limiter
+// state survive), and `sweep` closes what the live runtime no longer uses.
+import type { GatewayConfig } from './schema.js'
+import { parseDuration } from './units.js'
+import { UpstreamPool, type UpstreamConfig } from '../proxy/upstream-pool.js'
+import { LocalLevel, DenyCache } from '../limit/local-level.js'
+import { createMemoryStore } from '../limit/memory-store.js'
+import { createRedisStore } from '../limit/redis-store.js'
+import { createRedisClient } from '../limit/redis-client.js'
+import { InstanceHeartbeat } from '../limit/heartbeat.js'
+import { RedisGuard, type BreakerState } from '../limit/redis-guard.js'
+import type { LimitStore } from '../limit/types.js'
+import type { Telemetry } from '../telemetry.js'
+import type { Logger } from '../log.js'
+import type { Cluster, Redis } from 'ioredis'
+
+const DEFAULT_MAX_KEYS = 100_000
+
+interface RedisBundle {
+  readonly client: Redis | Cluster
+  readonly store: LimitStore
+  readonly heartbeat: InstanceHeartbeat
+  readonly guard: RedisGuard
+}
+
+export interface RedisStatus {
+  readonly configured: boolean
+  readonly breaker: BreakerState | null
+  readonly instances: number
+}
+
+export class ResourceCache {
+  private readonly pools = new Map<string, UpstreamPool>()
+  private readonly locals = new Map<string, LocalLevel>()
+  private readonly memories = new Map<number, LimitStore>()
+  private readonly denies = new Map<number, DenyCache>()
+  private readonly redis = new Map<string, RedisBundle>()
+
+  constructor (private readonly logger: Logger) {}
+
+  pool (config: UpstreamConfig): UpstreamPool {
+    const key = JSON.stringify(config)
+    let pool = this.pools.get(key)
+    if (pool === undefined) this.pools.set(key, pool = new UpstreamPool(config))
+    return pool
+  }
+
+  localLevel (config: GatewayConfig): LocalLevel | null {
+    const l = config.local
+    if (l === undefined) return null
+    const options = { limit: l.limit, windowMs: parseDuration(l.window), burst: l.burst ?? l.limit, maxKeys: l.maxKeys ?? DEFAULT_MAX_KEYS }
+    const key = JSON.stringify(options)
+    let level = this.locals.get(key)
+    if (level === undefined) this.locals.set(key, level = new LocalLevel(options))
+    return level
+  }
+
+  denyCache (config: GatewayConfig): DenyCache {
+    const max = config.local?.maxKeys ?? DEFAULT_MAX_KEYS
+    let deny = this.denies.get(max)
+    if (deny === undefined) this.denies.set(max, deny = new DenyCache(max))
+    return deny
+  }
+
+  memoryStore (config: GatewayConfig): LimitStore {
+    const max = config.local?.maxKeys ?? DEFAULT_MAX_KEYS
+    const existing = this.memories.get(max)
+    if (existing !== undefined) return existing
+    const store = createMemoryStore({ maxKeys: max })
+    this.memories.set(max, store)
+    return store
+  }
+
+  redisGuard (config: GatewayConfig, telemetry: Telemetry): RedisGuard {
+    const r = config.redis
+    if (r === undefined) throw new Error('redisGuard without redis config')
+    const key = JSON.stringify(r)
+    let bundle = this.redis.get(key)
+    if (bundle === undefined) {
+      const keyPrefix = r.keyPrefix ?? 'gw'
+      const client = createRedisClient({
+        ...(r.url !== undefined ? { url: r.url } : {}),
+        ...(r.cluster !== undefined ? { cluster: r.cluster } : {}),
+        ...(r.sentinels !== undefined ? { sentinels: r.sentinels.map(hp => ({ host: hp.slice(0, hp.lastIndexOf(':')), port: Number(hp.slice(hp.lastIndexOf(':') + 1)) })) } : {}),
+        ...(r.name !== undefined ? { name: r.name } : {}),
+        ...(r.password !== undefined ? { password: r.password } : {}),
+        ...(r.tls !== undefined ? { tls: r.tls } : {}),
+        ...(r.autoPipelining !== undefined ? { enableAutoPipelining: r.autoPipelining } : {}),
+        onError: (err: Error) => { this.logger.debug({ err: err.message }, 'redis client error') }
+      })
+      const heartbeat = new InstanceHeartbeat(client, `${keyPrefix}:instances`)
+      heartbeat.start()
+      const store = createRedisStore({ client })
+      const guard = new RedisGuard({
+        store,
+        fallback: createMemoryStore({ maxKeys: config.local?.maxKeys ?? DEFAULT_MAX_KEYS }),
+        timeoutMs: r.timeout !== undefined ? parseDuration(r.timeout) : 50,
+        instances: () => heartbeat.instances,
+        telemetry,
+        onStateChange: (state, reason) => {
+          // logged once per switch, not per request
+          if (state === 'closed') this.logger.info({ breaker: state, reason }, 'rate limiter back on Redis')
+          else this.logger.warn({ breaker: state, reason, instances: heartbeat.instances }, 'rate limiter falling back: Redis unavailable')
+        }
+      })
+      this.redis.set(key, bundle = { client, store, heartbeat, guard })
+    }
+    return bundle.guard
+  }
+
+  redisStatus (config: GatewayConfig): RedisStatus {
+    if (config.redis === undefined) return { configured: false, breaker: null, instances: 1 }
+    const bundle = this.redis.get(JSON.stringify(config.redis))
+    return { configured: true, breaker: bundle?.guard.breaker ?? null, instances: bundle?.heartbeat.instances ?? 1 }
+  }
+
+  localKeys (): number {
+    let n = 0
+    for (const l of this.locals.values()) n += l.size
+    return n
+  }
+
+  /** Closes whatever `config` no longer uses (pools drain their in-flight requests first). */
+  async sweep (config: GatewayConfig, livePools: Iterable<UpstreamPool>): Promise<void> {
+    const keep = new Set(livePools)
+    const closing: Promise<unknown>[] = []
+    for (const [key, pool] of this.pools) {
+      if (!keep.has(pool)) {
+        this.pools.delete(key)
+        closing.push(pool.close())
+      }
+    }
+    const liveLocal = this.localLevel(config)
+    for (const [key, level] of this.locals) if (level !== liveLocal) this.locals.delete(key)
+    const liveMax = config.local?.maxKeys ?? DEFAULT_MAX_KEYS
+    for (const key of this.denies.keys()) if (key !== liveMax) this.denies.delete(key)
+    for (const [key, store] of this.memories) {
+      if (key !== liveMax || config.redis !== undefined) {
+        this.memories.delete(key)
+        closing.push(store.close())
+      }
+    }
+    const liveRedis = config.redis === undefined ? null : JSON.stringify(config.redis)
+    for (const [key, bundle] of this.redis) {
+      if (key !== liveRedis) {
+        this.redis.delete(key)
+        closing.push(closeRedis(bundle))
+      }
+    }
+    await Promise.allSettled(closing)
+  }
+
+  async closeAll (): Promise<void> {
+    const closing: Promise<unknown>[] = []
+    for (const pool of this.pools.values()) closing.push(pool.close())
+    for (const store of this.memories.values()) closing.push(store.close())
+    for (const bundle of this.redis.values()) closing.push(closeRedis(bundle))
+    this.pools.clear()
+    this.memories.clear()
+    this.redis.clear()
+    await Promise.allSettled(closing)
+  }
+}
+
+async function closeRedis (bundle: RedisBundle): Promise<void> {
+  await bundle.heartbeat.stop()
+  await bundle.store.close()
+  bundle.client.disconnect()
+}

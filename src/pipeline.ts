@@ -1,0 +1,205 @@
+// The order of stages a request goes through, defined here and nowhere else:
+//   normalize path -> route -> client IP -> identity -> limiter -> forward (HTTP or WebSocket)
+// Every stage only looks things up in the runtime compiled at load time.
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import type { Duplex } from 'node:stream'
+import { randomUUID } from 'node:crypto'
+import { normalizePath } from './router/normalize-path.js'
+import { normalizeHost } from './router/route-table.js'
+import { looksLikeMisconfiguredProxy } from './identify/client-ip.js'
+import { forwardRequest, type ForwardContext, type ForwardResult } from './proxy/forward.js'
+import type { createWebSocketProxy } from './proxy/websocket.js'
+import { ERRORS, sendError, sendJson, writeRawError, type ErrorCode } from './errors.js'
+import type { CompiledRoute, Runtime } from './config/compile.js'
+import type { LimitVerdict } from './limit/limiter.js'
+import type { IdentityResult } from './identify/identity.js'
+import type { Telemetry } from './telemetry.js'
+import type { Logger } from './log.js'
+
+export interface PipelineState {
+  /** The live runtime; read once per request so a reload never changes a request mid-way. */
+  runtime: Runtime
+  readonly telemetry: Telemetry
+  readonly logger: Logger
+  readonly proto: 'http' | 'https'
+  readonly ws: ReturnType<typeof createWebSocketProxy>
+  warnedProxyMisconfig: boolean
+}
+
+const REQUEST_ID_RE = /^[A-Za-z0-9._:@/+=-]{1,128}$/
+
+function requestIdOf (req: IncomingMessage): string {
+  const given = req.headers['x-request-id']
+  return typeof given === 'string' && REQUEST_ID_RE.test(given) ? given : randomUUID()
+}
+
+/** What the early stages found, or the error that ended the request. */
+interface Admission {
+  route: CompiledRoute
+  path: string
+  clientIp: string
+  ipKey: string
+  user: string | null
+}
+
+type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown> }
+
+function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage): Early {
+  const url = req.url ?? '/'
+  let rawPath = url
+  let query = ''
+  const q = url.indexOf('?')
+  if (q !== -1) {
+    rawPath = url.slice(0, q)
+    query = url.slice(q)
+  }
+  if (rawPath.charCodeAt(0) !== 47 /* / */) {
+    // absolute-form (RFC 9112 §3.2.2) is accepted; anything else (e.g. "*") is not routable
+    if (!/^https?:\/\//i.test(rawPath)) return { ok: false, code: 'GW_ERR_BAD_PATH' }
+    const slash = rawPath.indexOf('/', rawPath.indexOf('//') + 2)
+    rawPath = slash === -1 ? '/' : rawPath.slice(slash)
+  }
+  const normalized = normalizePath(rawPath)
+  if (!normalized.ok) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: normalized.reason } }
+  const route = rt.routes.match(normalizeHost(req.headers.host), req.method ?? 'GET', normalized.path)
+  if (route === null) return { ok: false, code: 'GW_ERR_NOT_FOUND' }
+  const xff = req.headers['x-forwarded-for']
+  const client = rt.resolveClientIp(req.socket.remoteAddress, xff)
+  if (!state.warnedProxyMisconfig && xff !== undefined && rt.trustedProxiesEmpty && looksLikeMisconfiguredProxy(req.socket.remoteAddress, xff)) {
+    state.warnedProxyMisconfig = true
+    state.logger.warn({ peer: req.socket.remoteAddress }, 'requests arrive with X-Forwarded-For from a private address but trustedProxies is empty: every client behind that proxy shares one IP limit')
+  }
+  return { ok: true, admission: { route, path: normalized.path + query, clientIp: client.ip, ipKey: client.key, user: null } }
+}
+
+async function identifyAndLimit (rt: Runtime, req: IncomingMessage, a: Admission, requestId: string): Promise<{ identity: IdentityResult, verdict: LimitVerdict | null }> {
+  const found = rt.identity.resolve(req.headers)
+  const identity = found instanceof Promise ? await found : found
+  if (!identity.ok) return { identity, verdict: null }
+  a.user = identity.user
+  const verdict = await rt.limiter.check({ route: a.route.name, plan: a.route.limits, ipKey: a.ipKey, user: a.user, requestId })
+  return { identity, verdict }
+}
+
+export function createRequestHandler (state: PipelineState): (req: IncomingMessage, res: ServerResponse) => void {
+  return (req, res) => {
+    const started = process.hrtime.bigint()
+    const rt = state.runtime
+    const requestId = requestIdOf(req)
+    const early = routeRequest(state, rt, req)
+    if (!early.ok) {
+      sendError(res, early.code, requestId, early.extra)
+      finish(state, req, requestId, started, null, null, ERRORS[early.code].status, null)
+      return
+    }
+    const a = early.admission
+    identifyAndLimit(rt, req, a, requestId).then(({ identity, verdict }) => {
+      if (!identity.ok) {
+        sendError(res, 'GW_ERR_UNAUTHORIZED', requestId, { reason: identity.reason }, [['www-authenticate', 'Bearer']])
+        finish(state, req, requestId, started, a, null, 401, 'unauthorized')
+        return
+      }
+      const v = verdict as LimitVerdict
+      if (v.kind === 'reject') {
+        sendJson(res, v.status, { ...v.body, requestId }, requestId, v.headers)
+        finish(state, req, requestId, started, a, null, v.status, `rejected:${v.body.limit}`)
+        return
+      }
+      if (v.kind === 'unavailable') {
+        sendError(res, 'GW_ERR_LIMITER_UNAVAILABLE', requestId)
+        finish(state, req, requestId, started, a, null, 503, 'limiter_unavailable')
+        return
+      }
+      const ctx: ForwardContext = {
+        requestId,
+        clientIp: a.clientIp,
+        proto: state.proto,
+        path: a.path,
+        ...(v.headers !== null ? { extraResponseHeaders: v.headers } : {})
+      }
+      const go = (): void => forwardRequest(req, res, a.route.forward, ctx, (result) => {
+        if (result.errorKind !== null && result.errorKind !== 'client_abort') state.telemetry.upstreamError(a.route.upstream, result.errorKind)
+        finish(state, req, requestId, started, a, result, result.status, null)
+      })
+      if (v.delayMs > 0) {
+        // leaky-bucket delay mode: hold the request until its slot (nginx limit_req without nodelay)
+        const timer = setTimeout(go, v.delayMs)
+        res.once('close', () => clearTimeout(timer))
+      } else {
+        go()
+      }
+    }).catch((err: unknown) => {
+      // A stage failing must never become a crash: log it with the request id and answer 503.
+      state.logger.error({ err, requestId }, 'request pipeline failed')
+      sendError(res, 'GW_ERR_LIMITER_UNAVAILABLE', requestId)
+      finish(state, req, requestId, started, a, null, 503, 'pipeline_error')
+    })
+  }
+}
+
+export function createUpgradeHandler (state: PipelineState): (req: IncomingMessage, socket: Duplex, head: Buffer) => void {
+  return (req, socket, head) => {
+    const started = process.hrtime.bigint()
+    const rt = state.runtime
+    const requestId = requestIdOf(req)
+    socket.on('error', () => socket.destroy())
+    const fail = (status: number, payload: Record<string, unknown>, a: Admission | null, headers?: ReadonlyArray<readonly [string, string]>): void => {
+      writeRawError(socket, status, { ...payload, requestId }, requestId, headers)
+      finish(state, req, requestId, started, a, null, status, null)
+    }
+    const early = routeRequest(state, rt, req)
+    if (!early.ok) {
+      fail(ERRORS[early.code].status, { error: early.code, message: ERRORS[early.code].message, ...early.extra }, null)
+      return
+    }
+    const a = early.admission
+    if (!a.route.websocket || (req.headers.upgrade ?? '').toLowerCase() !== 'websocket') {
+      fail(400, { error: 'GW_ERR_BAD_REQUEST', message: 'this route does not accept WebSocket upgrades' }, a)
+      return
+    }
+    identifyAndLimit(rt, req, a, requestId).then(({ identity, verdict }) => {
+      if (!identity.ok) return fail(401, { error: 'GW_ERR_UNAUTHORIZED', message: identity.reason }, a)
+      const v = verdict as LimitVerdict
+      if (v.kind === 'reject') return fail(v.status, { ...v.body }, a, v.headers)
+      if (v.kind === 'unavailable') return fail(503, { error: 'GW_ERR_LIMITER_UNAVAILABLE', message: ERRORS.GW_ERR_LIMITER_UNAVAILABLE.message }, a)
+      state.ws.upgrade(req, socket, head, a.route.forward, { requestId, clientIp: a.clientIp, proto: state.proto, path: a.path })
+      finish(state, req, requestId, started, a, null, 101, null)
+    }).catch((err: unknown) => {
+      state.logger.error({ err, requestId }, 'upgrade pipeline failed')
+      fail(503, { error: 'GW_ERR_LIMITER_UNAVAILABLE', message: ERRORS.GW_ERR_LIMITER_UNAVAILABLE.message }, a)
+    })
+  }
+}
+
+/** One access-log line and the request metrics, whatever way the request ended. */
+function finish (
+  state: PipelineState,
+  req: IncomingMessage,
+  requestId: string,
+  started: bigint,
+  a: Admission | null,
+  result: ForwardResult | null,
+  status: number,
+  limit: string | null
+): void {
+  const seconds = Number(process.hrtime.bigint() - started) / 1e9
+  const route = a?.route.name ?? '-'
+  state.telemetry.request(route, req.method ?? 'GET', status, seconds)
+  if (state.logger.isLevelEnabled('info')) {
+    state.logger.info({
+      requestId,
+      ip: a?.clientIp ?? req.socket.remoteAddress,
+      user: a?.user ?? undefined,
+      method: req.method,
+      path: a?.path ?? req.url,
+      route,
+      target: result?.target ?? undefined,
+      status,
+      durationMs: Math.round(seconds * 1e6) / 1e3,
+      bytesIn: result?.bytesIn ?? 0,
+      bytesOut: result?.bytesOut ?? 0,
+      error: result?.errorKind ?? undefined,
+      limit: limit ?? undefined
+    }, 'request')
+  }
+}

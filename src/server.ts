@@ -1,0 +1,228 @@
+// Wires the stages: config -> runtime, the public listener (HTTP or TLS), the admin listener,
+// reload (SIGHUP) and graceful shutdown. The per-request order lives in pipeline.ts.
+import { createServer as createHttpServer, type Server } from 'node:http'
+import { createServer as createHttpsServer, type Server as HttpsServer } from 'node:https'
+import { readFileSync } from 'node:fs'
+import type { AddressInfo, Socket } from 'node:net'
+import { loadConfigFile, ConfigError, type LoadedConfig } from './config/load.js'
+import { compileRuntime, type Runtime } from './config/compile.js'
+import { ResourceCache, type RedisStatus } from './config/resources.js'
+import { createRequestHandler, createUpgradeHandler, type PipelineState } from './pipeline.js'
+import { createWebSocketProxy } from './proxy/websocket.js'
+import { GatewayMetrics } from './admin/metrics.js'
+import { createAdminServer } from './admin/admin-server.js'
+import { redactConfig } from './admin/redact.js'
+import { createLogger, type Logger, type LogLevel } from './log.js'
+
+export interface GatewayOptions {
+  readonly configFile: string
+  /** Overrides `log.level` from the file (the CLI's --log-level). */
+  readonly logLevel?: LogLevel
+  readonly logger?: Logger
+  readonly env?: NodeJS.ProcessEnv
+}
+
+export type ReloadResult = { ok: true, generation: number } | { ok: false, error: string }
+
+function splitHostPort (hp: string): { host: string, port: number } {
+  const i = hp.lastIndexOf(':')
+  return { host: hp.slice(0, i).replace(/^\[|\]$/g, '') || '0.0.0.0', port: Number(hp.slice(i + 1)) }
+}
+
+function listen (server: Server | HttpsServer, address: string): Promise<AddressInfo> {
+  const { host, port } = splitHostPort(address)
+  return new Promise((resolve, reject) => {
+    server.once('error', reject)
+    server.listen(port, host, () => {
+      server.off('error', reject)
+      resolve(server.address() as AddressInfo)
+    })
+  })
+}
+
+export class Gateway {
+  readonly logger: Logger
+  readonly metrics: GatewayMetrics
+  private readonly resources: ResourceCache
+  private state: PipelineState | null = null
+  private server: Server | HttpsServer | null = null
+  private admin: Server | null = null
+  private generation = 0
+  private reloading: Promise<ReloadResult> | null = null
+  private shuttingDown = false
+  private readonly sockets = new Set<Socket>()
+  private listenAddress = ''
+  port = 0
+  adminPort = 0
+
+  private constructor (private readonly options: GatewayOptions, logger: Logger) {
+    this.logger = logger
+    this.resources = new ResourceCache(logger)
+    this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys() })
+  }
+
+  /** Loads the file, starts both listeners; throws ConfigError with located problems. */
+  static async start (options: GatewayOptions): Promise<Gateway> {
+    const loaded = await loadConfigFile(options.configFile, options.env)
+    const logger = options.logger ?? createLogger(options.logLevel ?? loaded.config.log?.level ?? 'info')
+    const gw = new Gateway(options, logger)
+    try {
+      await gw.boot(loaded)
+    } catch (err) {
+      await gw.close()
+      throw err
+    }
+    return gw
+  }
+
+  get runtime (): Runtime | null {
+    return this.state?.runtime ?? null
+  }
+
+  get url (): string {
+    return `${this.state?.proto ?? 'http'}://127.0.0.1:${this.port}`
+  }
+
+  get adminUrl (): string {
+    return `http://127.0.0.1:${this.adminPort}`
+  }
+
+  redisStatus (): RedisStatus {
+    const rt = this.runtime
+    return rt === null ? { configured: false, breaker: null, instances: 1 } : this.resources.redisStatus(rt.config)
+  }
+
+  private async boot (loaded: LoadedConfig): Promise<void> {
+    const runtime = await compileRuntime(loaded, ++this.generation, this.resources, this.metrics)
+    this.metrics.generation.set(runtime.generation)
+    const tls = runtime.config.tls
+    const proto = tls === undefined ? 'http' : 'https'
+    this.state = {
+      runtime,
+      telemetry: this.metrics,
+      logger: this.logger,
+      proto,
+      ws: createWebSocketProxy(),
+      warnedProxyMisconfig: false
+    }
+    const s = runtime.server
+    const serverOptions = {
+      headersTimeout: s.headersTimeoutMs,
+      requestTimeout: s.requestTimeoutMs,
+      keepAliveTimeout: s.keepAliveTimeoutMs,
+      maxHeaderSize: s.maxHeaderSize
+    }
+    const server = tls === undefined
+      ? createHttpServer(serverOptions)
+      : createHttpsServer({ ...serverOptions, cert: readFileSync(tls.cert), key: readFileSync(tls.key) })
+    server.on('request', createRequestHandler(this.state))
+    server.on('upgrade', createUpgradeHandler(this.state))
+    server.on('connection', (socket: Socket) => {
+      this.sockets.add(socket)
+      socket.once('close', () => this.sockets.delete(socket))
+    })
+    server.on('clientError', (err: NodeJS.ErrnoException, socket: Socket) => {
+      if (!socket.writable) return socket.destroy()
+      // 431 for oversized headers (RFC 6585 §5), 408 for a header timeout, else 400; always JSON
+      const code = err.code ?? ''
+      const [status, error] = code === 'HPE_HEADER_OVERFLOW'
+        ? [431, 'GW_ERR_HEADERS_TOO_LARGE']
+        : code === 'ERR_HTTP_REQUEST_TIMEOUT' ? [408, 'GW_ERR_BAD_REQUEST'] : [400, 'GW_ERR_BAD_REQUEST']
+      const body = JSON.stringify({ error, message: code === '' ? 'bad request' : code })
+      socket.end(`HTTP/1.1 ${status} ${status === 431 ? 'Request Header Fields Too Large' : status === 408 ? 'Request Timeout' : 'Bad Request'}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`)
+    })
+    this.server = server
+    this.listenAddress = runtime.config.listen ?? '0.0.0.0:8080'
+    this.port = (await listen(server, this.listenAddress)).port
+
+    const self = this // eslint-disable-line @typescript-eslint/no-this-alias
+    const admin = createAdminServer({
+      get runtime () { return self.runtime },
+      get shuttingDown () { return self.shuttingDown },
+      metrics: this.metrics,
+      redisStatus: () => this.redisStatus()
+    })
+    this.admin = admin
+    this.adminPort = (await listen(admin, runtime.config.admin ?? '127.0.0.1:9901')).port
+    this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, adminPort: this.adminPort, generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
+  }
+
+  /**
+   * Re-reads the file. A valid config is compiled aside and swapped in with one assignment:
+   * requests in flight finish on the runtime they started with. An invalid one is logged with
+   * its located problems and the old config keeps serving.
+   */
+  reload (): Promise<ReloadResult> {
+    // concurrent SIGHUPs coalesce into the reload already running
+    if (this.reloading !== null) return this.reloading
+    this.reloading = this.doReload().finally(() => { this.reloading = null })
+    return this.reloading
+  }
+
+  private async doReload (): Promise<ReloadResult> {
+    const state = this.state
+    if (state === null || this.shuttingDown) return { ok: false, error: 'gateway not running' }
+    let runtime: Runtime
+    try {
+      const loaded = await loadConfigFile(this.options.configFile, this.options.env)
+      runtime = await compileRuntime(loaded, this.generation + 1, this.resources, this.metrics)
+      this.refreshTls(runtime)
+    } catch (err) {
+      this.metrics.reload('failure')
+      const problems = err instanceof ConfigError ? err.problems.map(p => `${p.file}:${p.line}:${p.column} ${p.path}: ${p.message}`) : [(err as Error).message]
+      this.logger.error({ problems, generation: state.runtime.generation }, 'reload rejected; the running configuration keeps serving')
+      // anything the failed compile created but the live runtime does not use is released
+      await this.resources.sweep(state.runtime.config, state.runtime.pools.values())
+      return { ok: false, error: problems.join('\n') }
+    }
+    this.generation = runtime.generation
+    const previous = state.runtime
+    state.runtime = runtime
+    this.metrics.generation.set(runtime.generation)
+    this.metrics.reload('success')
+    const newListen = runtime.config.listen ?? '0.0.0.0:8080'
+    if (newListen !== this.listenAddress) this.logger.warn({ listen: newListen, current: this.listenAddress }, 'listen address changes need a restart; still listening on the old one')
+    this.logger.info({ generation: runtime.generation, previous: previous.generation, hash: runtime.hash }, 'configuration reloaded')
+    await this.resources.sweep(runtime.config, runtime.pools.values())
+    return { ok: true, generation: runtime.generation }
+  }
+
+  // A renewed certificate is picked up by SIGHUP without a restart.
+  private refreshTls (runtime: Runtime): void {
+    const tls = runtime.config.tls
+    if (tls === undefined || this.server === null || !('setSecureContext' in this.server)) return
+    this.server.setSecureContext({ cert: readFileSync(tls.cert), key: readFileSync(tls.key) })
+  }
+
+  /** Stops accepting, lets in-flight requests finish (up to server.shutdownTimeout), then closes everything. */
+  async close (): Promise<void> {
+    if (this.shuttingDown) return
+    this.shuttingDown = true
+    const timeoutMs = this.runtime?.server.shutdownTimeoutMs ?? 10_000
+    const server = this.server
+    if (server !== null) {
+      const closed = new Promise<void>(resolve => server.close(() => resolve()))
+      server.closeIdleConnections()
+      // keep-alive connections that finish their request become idle: close them as they do
+      const idle = setInterval(() => server.closeIdleConnections(), 50)
+      const deadline = new Promise<void>(resolve => setTimeout(resolve, timeoutMs).unref())
+      await Promise.race([closed, deadline])
+      clearInterval(idle)
+      server.closeAllConnections()
+      for (const s of this.sockets) s.destroy()
+    }
+    this.state?.ws.close()
+    await this.resources.closeAll()
+    if (this.admin !== null) {
+      const admin = this.admin
+      await new Promise<void>(resolve => { admin.close(() => resolve()); admin.closeAllConnections() })
+    }
+    this.logger.info('gateway stopped')
+    this.logger.flush()
+  }
+
+  /** The effective config, secrets redacted (also served on /config). */
+  redactedConfig (): unknown {
+    return this.runtime === null ? null : redactConfig(this.runtime.config)
+  }
+}
