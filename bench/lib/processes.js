@@ -1,0 +1,101 @@
+// Starting the bench's own child processes, waiting until they answer, and stopping exactly those.
+import { spawn } from 'node:child_process'
+import { createServer } from 'node:net'
+import { request } from 'undici'
+
+/** A free TCP port on 127.0.0.1 (bound then released: the usual small race, fine on a bench box). */
+export function freePort () {
+  return new Promise((resolve, reject) => {
+    const srv = createServer()
+    srv.unref()
+    srv.on('error', reject)
+    srv.listen(0, '127.0.0.1', () => {
+      const addr = srv.address()
+      const port = typeof addr === 'object' && addr !== null ? addr.port : 0
+      srv.close(() => resolve(port))
+    })
+  })
+}
+
+/**
+ * @typedef {object} Child
+ * @property {string} name
+ * @property {number} pid
+ * @property {import('node:child_process').ChildProcess} proc
+ * @property {() => string} output  last few kB of stdout+stderr, for error messages
+ * @property {() => boolean} alive
+ */
+
+/** @type {Set<Child>} */
+const started = new Set()
+
+/**
+ * Spawn a long-lived child and wait until `ready()` resolves true.
+ * @param {string} name
+ * @param {string} command
+ * @param {string[]} args
+ * @param {{ ready: () => Promise<boolean>, cwd?: string, env?: NodeJS.ProcessEnv, timeoutMs?: number }} opts
+ * @returns {Promise<Child>}
+ */
+export async function startProcess (name, command, args, opts) {
+  const proc = spawn(command, args, { cwd: opts.cwd, env: opts.env ?? process.env, stdio: ['ignore', 'pipe', 'pipe'] })
+  let tail = ''
+  let exited = false
+  /** @param {Buffer} chunk */
+  const keep = (chunk) => { tail = (tail + chunk.toString()).slice(-4000) }
+  proc.stdout?.on('data', keep)
+  proc.stderr?.on('data', keep)
+  proc.on('exit', (code, signal) => { exited = true; tail += `\n[${name} exited code=${code} signal=${signal}]` })
+  proc.on('error', (err) => { exited = true; tail += `\n[${name} spawn error: ${err.message}]` })
+  /** @type {Child} */
+  const child = { name, pid: proc.pid ?? -1, proc, output: () => tail, alive: () => !exited }
+  started.add(child)
+
+  const deadline = Date.now() + (opts.timeoutMs ?? 15_000)
+  while (Date.now() < deadline) {
+    if (exited) throw new Error(`${name} exited before it was ready:\n${tail}`)
+    if (await opts.ready().catch(() => false)) return child
+    await sleep(100)
+  }
+  await stopProcess(child)
+  throw new Error(`${name} not ready after ${opts.timeoutMs ?? 15_000} ms:\n${tail}`)
+}
+
+/**
+ * True once GET <url> answers 200.
+ * @param {string} url
+ */
+export async function answers200 (url) {
+  const res = await request(url, { headersTimeout: 1000, bodyTimeout: 1000 })
+  await res.body.dump()
+  return res.statusCode === 200
+}
+
+/**
+ * SIGTERM, then SIGKILL after a grace period. Only ever signals the pid we spawned.
+ * @param {Child} child
+ */
+export async function stopProcess (child) {
+  started.delete(child)
+  if (!child.alive()) return
+  const gone = new Promise((resolve) => child.proc.once('exit', resolve))
+  child.proc.kill('SIGTERM')
+  const timer = setTimeout(() => { if (child.alive()) child.proc.kill('SIGKILL') }, 3000)
+  await gone
+  clearTimeout(timer)
+}
+
+/** Stop every child this module started, newest first (proxies before their upstream). */
+export async function stopAll () {
+  for (const child of [...started].reverse()) await stopProcess(child)
+}
+
+/** Synchronous last resort for process 'exit': signal our own children only. */
+export function killAllSync () {
+  for (const child of started) if (child.alive()) child.proc.kill('SIGKILL')
+}
+
+/** @param {number} ms */
+export function sleep (ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms))
+}

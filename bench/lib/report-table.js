@@ -1,0 +1,75 @@
+// The stdout report: one row per contender (CPU per request first), then the ratios, then the flood.
+import { fmt, fmtSpread } from './summary.js'
+
+/**
+ * @param {string[]} header
+ * @param {string[][]} rows
+ */
+function table (header, rows) {
+  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)))
+  /** @param {string[]} cells */
+  const line = (cells) => cells.map((cell, i) => i < 2 ? cell.padEnd(/** @type {number} */ (widths[i])) : cell.padStart(/** @type {number} */ (widths[i]))).join('  ').trimEnd()
+  return [line(header), line(widths.map((w) => '-'.repeat(w))), ...rows.map(line)].join('\n')
+}
+
+/**
+ * @typedef {import('./summary.js').Spread} Spread
+ * @typedef {{ id: string, letter: string, label: string, skipped: string | null, notes: string[], summary: Record<string, Spread | null> | null }} ContenderReport
+ * @typedef {{ name: string, skipped?: string, cpuPerReq?: Spread | null, totalServerCpuPerReq?: Spread | null, rps?: Spread | null, positionsApart?: number }} RatioReport
+ */
+
+/**
+ * @param {{ settings: { rounds: number, durationS: number, connections: number }, contenders: ContenderReport[], ratios: RatioReport[] }} report
+ */
+export function printReport (report) {
+  const { settings } = report
+  console.log(`\nMedians over ${settings.rounds} rounds of ${settings.durationS} s, [min-max]; ${settings.connections} connections.`)
+  console.log('CPU µs/req: the contender process tree only; server total adds upstream and redis-server.\n')
+  const measured = report.contenders.filter((c) => c.summary)
+  console.log(table(
+    ['', 'contender', 'CPU µs/req', 'server µs/req', 'req/s', 'p50 ms', 'p99 ms', 'peak RSS MB', 'Redis calls/req', 'load-gen µs/req', 'load-gen core%', 'non-2xx'],
+    measured.map((c) => {
+      const s = /** @type {Record<string, Spread | null>} */ (c.summary)
+      return [`(${c.letter})`, c.label, fmtSpread(s.cpuPerReq), fmt(s.totalServerCpuPerReq?.median), fmtSpread(s.rps), fmt(s.p50Ms?.median), fmtSpread(s.p99Ms),
+        fmt(s.peakRssMb?.max), fmt(s.redisCallsPerReq?.median), fmt(s.loadgenCpuPerReq?.median), fmt(s.loadgenCorePct?.median), fmt(s.non2xx?.max)]
+    })
+  ))
+
+  console.log('\nRatios, each pair from the same round (median [min-max] over rounds):\n')
+  console.log(table(
+    ['ratio', '', 'CPU/req', 'server CPU/req', 'req/s', 'positions apart'],
+    report.ratios.map((r) => r.skipped
+      ? [r.name, '', 'skipped', '', '', r.skipped.split('\n')[0]?.slice(0, 60) ?? '']
+      : [r.name, '', fmtSpread(r.cpuPerReq), fmtSpread(r.totalServerCpuPerReq), fmtSpread(r.rps), String(r.positionsApart ?? '-')])
+  ))
+
+  const flood = report.contenders.find((c) => c.id === 'flood' && c.summary)
+  if (flood) {
+    const s = /** @type {Record<string, Spread | null>} */ (flood.summary)
+    const f = (/** @type {string} */ k) => s[`flood.${k}`]
+    console.log('\nFlood (g): well-behaved clients alone, then beside the abusive client\n')
+    console.log(table(['', 'figure', 'value'], [
+      ['', 'well-behaved req/s alone', fmtSpread(f('goodAloneRps'))],
+      ['', 'well-behaved req/s in flood', fmtSpread(f('goodRps'))],
+      ['', 'well-behaved throughput kept', fmtSpread(f('goodThroughputKept'))],
+      ['', 'well-behaved p99 ms alone / in flood', `${fmt(f('goodAloneP99Ms')?.median)} / ${fmt(f('goodP99Ms')?.median)}`],
+      ['', 'well-behaved non-2xx in flood', fmt(f('goodNon2xx')?.max)],
+      ['', 'abusive req/s', fmtSpread(f('abusiveRps'))],
+      ['', 'abusive share of requests', fmtSpread(f('abusiveShare'))],
+      ['', 'abusive rejected (429) per run', fmtSpread(f('abusiveRejected'))],
+      ['', 'abusive p50 / p99 ms', `${fmt(f('abusiveP50Ms')?.median)} / ${fmt(f('abusiveP99Ms')?.median)}`],
+      ['', 'CPU µs per rejected request', fmtSpread(f('rejectionCpuPerReq'))],
+      ['', 'CPU µs per admitted request', fmtSpread(f('goodAloneCpuPerReq'))],
+      ['', 'Redis calls per rejected request', fmtSpread(f('rejectionRedisCallsPerReq'))]
+    ]))
+  }
+
+  const notes = report.contenders.filter((c) => c.skipped || c.notes.length)
+  if (notes.length) {
+    console.log('')
+    for (const c of notes) {
+      if (c.skipped) console.log(`(${c.letter}) ${c.id} skipped: ${c.skipped.split('\n').slice(0, 4).join(' | ')}`)
+      for (const n of c.notes) console.log(`(${c.letter}) ${c.id}: ${n}`)
+    }
+  }
+}
