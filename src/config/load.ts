@@ -85,6 +85,8 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
           const keyPath = [...path, key]
           problems.push(at(locateKey(doc, keyPath), keyPath, `unknown key "${key}"`))
         }
+      } else if (issue.code === 'invalid_type' && valueAt(raw, path) === undefined) {
+        problems.push(at(locate(doc, path), path, 'required key is missing'))
       } else {
         problems.push(at(locate(doc, path), path, issue.message))
       }
@@ -121,6 +123,15 @@ function substituteEnv (value: unknown, path: KeyPath, env: NodeJS.ProcessEnv, f
     return out
   }
   return value
+}
+
+function valueAt (root: unknown, path: KeyPath): unknown {
+  let v = root
+  for (const seg of path) {
+    if (v === null || typeof v !== 'object') return undefined
+    v = (v as Record<string | number, unknown>)[seg]
+  }
+  return v
 }
 
 /** Offset of the value at `path`, or of the deepest existing ancestor when it is missing. */
