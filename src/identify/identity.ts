@@ -1,0 +1,285 @@
+import type { IncomingHttpHeaders } from 'node:http'
+import { createPublicKey } from 'node:crypto'
+import { createRemoteJWKSet, importSPKI, jwtVerify, type CryptoKey, type JWTPayload, type JWTVerifyGetKey, type JWTVerifyOptions } from 'jose'
+import { LRUCache } from 'lru-cache'
+import { GatewayError } from '../errors.js'
+
+// Who is the user? Compiled once per config into a resolver. `compileIdentity` is async because
+// importing a PEM key is (WebCrypto); the resolver it returns answers synchronously for the header
+// and API-key modes and for cached tokens, and returns a Promise only when it must verify a JWT.
+
+export type IdentityConfig =
+  | { header: string; required?: boolean }
+  | { apiKeys: { header: string; keys: Readonly<Record<string, string>> }; required?: boolean }
+  | {
+    jwt: {
+      secret?: string
+      publicKey?: string
+      jwksUrl?: string
+      /** Claim naming the user; default `sub`. */
+      claim?: string
+      /** Default `authorization`, with the Bearer scheme (RFC 6750 §2.1). */
+      header?: string
+      issuer?: string
+      audience?: string
+      algorithms?: string[]
+    }
+    required?: boolean
+  }
+
+/** `ok: false` -> the caller answers 401. `reason` never contains a credential. */
+export type IdentityResult = { ok: true; user: string | null } | { ok: false; reason: string }
+
+export interface IdentityResolver {
+  resolve(headers: IncomingHttpHeaders): IdentityResult | Promise<IdentityResult>
+}
+
+/** Longest user name taken from a header or a claim: it becomes part of limiter keys. */
+export const MAX_USER_LENGTH = 256
+// Real tokens are well under this; bigger ones are refused before any crypto work.
+const MAX_TOKEN_LENGTH = 8192
+const CACHE_MAX_TTL_MS = 60_000
+
+const ANONYMOUS: IdentityResult = Object.freeze({ ok: true, user: null })
+const failure = (reason: string): IdentityResult => Object.freeze({ ok: false, reason })
+const MISSING = failure('missing credentials')
+const NO_IDENTITY: IdentityResolver = Object.freeze({ resolve: () => ANONYMOUS })
+
+const HMAC_ALGS = ['HS256', 'HS384', 'HS512']
+const ASYMMETRIC_ALGS = ['RS256', 'RS384', 'RS512', 'PS256', 'PS384', 'PS512', 'ES256', 'ES384', 'ES512', 'EdDSA', 'Ed25519']
+// RFC 7518 §3.2: an HMAC key MUST be at least as long as the hash output.
+const HMAC_MIN_BYTES: Readonly<Record<string, number>> = { HS256: 32, HS384: 48, HS512: 64 }
+
+const invalid = (message: string, cause?: unknown): GatewayError =>
+  new GatewayError('GW_ERR_CONFIG_INVALID', `identity: ${message}`, cause === undefined ? undefined : { cause })
+
+export async function compileIdentity (config: IdentityConfig | undefined): Promise<IdentityResolver> {
+  if (config === undefined) return NO_IDENTITY
+  const absent = config.required === true ? MISSING : ANONYMOUS
+  if ('header' in config) return compileHeaderIdentity(config.header, absent)
+  if ('apiKeys' in config) return compileApiKeys(config.apiKeys, absent)
+  if ('jwt' in config) return await compileJwt(config.jwt, absent)
+  throw invalid('expected one of "header", "apiKeys" or "jwt"')
+}
+
+// Node lowercases incoming header names; a repeated custom header arrives joined with ", ", only a
+// few (set-cookie) arrive as arrays. An array here means a credential was sent twice: refuse it.
+function headerName (name: string): string {
+  const lower = name.trim().toLowerCase()
+  if (!/^[!#$%&'*+.^_`|~0-9a-z-]+$/.test(lower)) throw invalid(`"${name}" is not a header name`)
+  return lower
+}
+
+function compileHeaderIdentity (header: string, absent: IdentityResult): IdentityResolver {
+  const name = headerName(header)
+  const tooLong = failure('identity header too long')
+  const repeated = failure('identity header repeated')
+  return {
+    resolve (headers) {
+      const raw = headers[name]
+      if (raw === undefined) return absent
+      if (typeof raw !== 'string') return repeated
+      const user = raw.trim()
+      if (user.length === 0) return absent
+      if (user.length > MAX_USER_LENGTH) return tooLong
+      return { ok: true, user }
+    }
+  }
+}
+
+function compileApiKeys (apiKeys: { header: string; keys: Readonly<Record<string, string>> }, absent: IdentityResult): IdentityResolver {
+  const name = headerName(apiKeys.header)
+  // A Map, not the config object: a key named "constructor" or "__proto__" must not find
+  // Object.prototype. Results are built once so a lookup allocates nothing.
+  const users = new Map<string, IdentityResult>()
+  for (const [key, user] of Object.entries(apiKeys.keys)) {
+    if (key.trim() !== key || key.length === 0) throw invalid('API keys must be non-empty without surrounding spaces')
+    if (user.length === 0 || user.length > MAX_USER_LENGTH) throw invalid(`API key user names must have 1 to ${MAX_USER_LENGTH} characters`)
+    users.set(key, Object.freeze({ ok: true, user }))
+  }
+  const unknown = failure('unknown API key')
+  const repeated = failure('API key header repeated')
+  return {
+    resolve (headers) {
+      const raw = headers[name]
+      if (raw === undefined) return absent
+      if (typeof raw !== 'string') return repeated
+      const key = raw.trim()
+      if (key.length === 0) return absent
+      return users.get(key) ?? unknown
+    }
+  }
+}
+
+type JwtConfig = Extract<IdentityConfig, { jwt: unknown }>['jwt']
+
+async function compileJwt (jwt: JwtConfig, absent: IdentityResult): Promise<IdentityResolver> {
+  const sources = [jwt.secret, jwt.publicKey, jwt.jwksUrl].filter(s => s !== undefined).length
+  if (sources !== 1) throw invalid('jwt needs exactly one of "secret", "publicKey" or "jwksUrl"')
+  const { key, algorithms } = await compileJwtKey(jwt)
+  const claim = jwt.claim ?? 'sub'
+  const options: JWTVerifyOptions = { algorithms }
+  if (jwt.issuer !== undefined) options.issuer = jwt.issuer
+  if (jwt.audience !== undefined) options.audience = jwt.audience
+
+  const name = headerName(jwt.header ?? 'authorization')
+  // With the Authorization header another scheme (Basic, ...) is someone else's credential, not a
+  // bad token; a custom header may also carry the bare token.
+  const bareTokenAllowed = name !== 'authorization'
+  const tooLarge = failure('token too large')
+  const repeated = failure('token header repeated')
+  const noUser = failure(`token has no usable "${claim}" claim`)
+
+  // Verified tokens, until min(exp, 60 s): a cached entry can never outlive the token, and the
+  // bound keeps key rotation and revocation delays short. Size-bounded since keys are whole tokens.
+  const verified = new LRUCache<string, IdentityResult>({
+    max: 10_000,
+    maxSize: 16 * 1024 * 1024,
+    sizeCalculation: (_value, token) => token.length + 64
+  })
+
+  const verify = async (token: string): Promise<IdentityResult> => {
+    let payload: JWTPayload
+    try {
+      payload = (await jwtVerify(token, key, options)).payload
+    } catch (err) {
+      return joseFailure(err)
+    }
+    const value = payload[claim]
+    const user = typeof value === 'string' ? value : typeof value === 'number' && Number.isFinite(value) ? String(value) : ''
+    if (user.length === 0 || user.length > MAX_USER_LENGTH) return noUser
+    const result: IdentityResult = Object.freeze({ ok: true, user })
+    const ttl = payload.exp === undefined ? CACHE_MAX_TTL_MS : Math.min(CACHE_MAX_TTL_MS, payload.exp * 1000 - Date.now())
+    if (ttl >= 1) verified.set(token, result, { ttl: Math.floor(ttl) })
+    return result
+  }
+
+  return {
+    resolve (headers) {
+      const raw = headers[name]
+      if (raw === undefined) return absent
+      if (typeof raw !== 'string') return repeated
+      const token = bearerToken(raw, bareTokenAllowed)
+      if (token === null) return absent
+      if (token.length > MAX_TOKEN_LENGTH) return tooLarge
+      return verified.get(token) ?? verify(token)
+    }
+  }
+}
+
+// RFC 6750 §2.1: "Bearer" 1*SP token; RFC 9110 §11.1: the scheme is case-insensitive.
+function bearerToken (value: string, bareTokenAllowed: boolean): string | null {
+  const v = value.trim()
+  if (v.length > 7 && v.charCodeAt(6) === 0x20 && v.slice(0, 6).toLowerCase() === 'bearer') {
+    const token = v.slice(7).trimStart()
+    return token.length === 0 ? null : token
+  }
+  if (!bareTokenAllowed || v.length === 0 || v.includes(' ')) return null
+  return v
+}
+
+async function compileJwtKey (jwt: JwtConfig): Promise<{ key: Uint8Array | JWTVerifyGetKey; algorithms: string[] }> {
+  const listed = jwt.algorithms
+  if (listed !== undefined && listed.length === 0) throw invalid('jwt.algorithms is empty')
+
+  if (jwt.secret !== undefined) {
+    const algorithms = listed ?? ['HS256']
+    for (const alg of algorithms) {
+      if (!HMAC_ALGS.includes(alg)) throw invalid(`jwt.algorithms: "${alg}" does not use a shared secret (expected ${HMAC_ALGS.join(', ')})`)
+    }
+    const key = new TextEncoder().encode(jwt.secret)
+    const needed = Math.max(...algorithms.map(a => HMAC_MIN_BYTES[a] ?? 0))
+    if (key.byteLength < needed) throw invalid(`jwt.secret must be at least ${needed} bytes for ${algorithms.join(', ')} (RFC 7518 §3.2)`)
+    return { key, algorithms }
+  }
+
+  if (jwt.publicKey !== undefined) {
+    const pem = jwt.publicKey
+    const algorithms = listed ?? [defaultAlgorithmOf(pem)]
+    // Import once per algorithm: a WebCrypto key is bound to one algorithm. Only asymmetric
+    // algorithms are allowed, so an HS256 token "signed" with the public key text is refused
+    // before any key is chosen (the classic alg-confusion attack, RFC 8725 §2.1).
+    const keys = new Map<string, CryptoKey>()
+    for (const alg of algorithms) {
+      if (!ASYMMETRIC_ALGS.includes(alg)) throw invalid(`jwt.algorithms: "${alg}" cannot be used with a public key`)
+      try {
+        keys.set(alg, await importSPKI(pem, alg))
+      } catch (err) {
+        throw invalid(`jwt.publicKey cannot be used with ${alg}: ${(err as Error).message}`, err)
+      }
+    }
+    const getKey: JWTVerifyGetKey = (header) => {
+      const k = header.alg === undefined ? undefined : keys.get(header.alg)
+      // Unreachable while `algorithms` is passed to jwtVerify, which checks alg first.
+      if (k === undefined) throw new Error('no key for this algorithm')
+      return k
+    }
+    return { key: getKey, algorithms }
+  }
+
+  const algorithms = listed ?? ASYMMETRIC_ALGS
+  for (const alg of algorithms) {
+    if (!ASYMMETRIC_ALGS.includes(alg)) throw invalid(`jwt.algorithms: "${alg}" cannot be used with a JWKS URL`)
+  }
+  let url: URL
+  try {
+    url = new URL(jwt.jwksUrl as string)
+  } catch (err) {
+    throw invalid(`jwt.jwksUrl is not a URL: ${jwt.jwksUrl}`, err)
+  }
+  if (url.protocol !== 'https:' && url.protocol !== 'http:') throw invalid('jwt.jwksUrl must be http(s)')
+  // jose caches the set, refetches on an unknown "kid" at most once per cooldown, and bounds each
+  // fetch: an identity provider outage costs a request at most timeoutDuration.
+  const jwks = createRemoteJWKSet(url, { timeoutDuration: 3000, cooldownDuration: 30_000, cacheMaxAge: 600_000 })
+  // Warm the cache so the first request does not wait; a failure here is retried on use.
+  jwks.reload().catch(() => {})
+  return { key: jwks, algorithms }
+}
+
+// The algorithm a bare PEM key implies: RSA -> RS256, EC -> by curve, Ed25519 -> EdDSA.
+function defaultAlgorithmOf (pem: string): string {
+  let type: string | undefined
+  let curve: string | undefined
+  try {
+    const k = createPublicKey(pem)
+    type = k.asymmetricKeyType
+    curve = k.asymmetricKeyDetails?.namedCurve
+  } catch (err) {
+    throw invalid(`jwt.publicKey is not a PEM public key: ${(err as Error).message}`, err)
+  }
+  if (type === 'rsa') return 'RS256'
+  if (type === 'rsa-pss') return 'PS256'
+  if (type === 'ed25519') return 'EdDSA'
+  if (type === 'ec') {
+    if (curve === 'prime256v1') return 'ES256'
+    if (curve === 'secp384r1') return 'ES384'
+    if (curve === 'secp521r1') return 'ES512'
+  }
+  throw invalid(`jwt.publicKey: unsupported key type ${type ?? 'unknown'}${curve === undefined ? '' : ` (${curve})`}, list jwt.algorithms`)
+}
+
+// Reasons by jose error code (stable, unlike messages); frozen so a failure allocates nothing more.
+const JOSE_REASONS: ReadonlyMap<string, IdentityResult> = new Map([
+  ['ERR_JWT_EXPIRED', failure('token expired')],
+  ['ERR_JWS_SIGNATURE_VERIFICATION_FAILED', failure('invalid token signature')],
+  ['ERR_JOSE_ALG_NOT_ALLOWED', failure('token algorithm not allowed')],
+  ['ERR_JOSE_NOT_SUPPORTED', failure('token algorithm not supported')],
+  ['ERR_JWS_INVALID', failure('malformed token')],
+  ['ERR_JWT_INVALID', failure('malformed token')],
+  ['ERR_JWKS_NO_MATCHING_KEY', failure('no key matches the token')],
+  ['ERR_JWKS_TIMEOUT', failure('key set unavailable')],
+  ['ERR_JWKS_INVALID', failure('key set unavailable')]
+])
+const CLAIM_REASONS: ReadonlyMap<string, IdentityResult> = new Map(
+  ['iss', 'aud', 'nbf', 'iat', 'exp', 'sub', 'jti'].map(c => [c, failure(`token "${c}" claim check failed`)])
+)
+const INVALID_TOKEN = failure('invalid token')
+// No jose code: e.g. the JWKS fetch failed at the socket level (undici TypeError).
+const UNVERIFIABLE = failure('token could not be verified')
+
+function joseFailure (err: unknown): IdentityResult {
+  const { code, claim } = err as { code?: unknown; claim?: unknown }
+  if (code === 'ERR_JWT_CLAIM_VALIDATION_FAILED' && typeof claim === 'string') return CLAIM_REASONS.get(claim) ?? INVALID_TOKEN
+  if (typeof code === 'string') return JOSE_REASONS.get(code) ?? INVALID_TOKEN
+  return UNVERIFIABLE
+}
