@@ -23,6 +23,7 @@ import { startRedis, commandCalls, callsBetween } from './lib/redis-server.js'
 import { nginxVersion, startNginx } from './lib/nginx.js'
 import { runLoad, userRequests, clientRequests } from './lib/load.js'
 import { spread } from './lib/summary.js'
+import { scrapeGatewayMetrics, gatewayMetricsBetween } from './lib/gateway-metrics.js'
 import { printReport } from './lib/report-table.js'
 import { renderSvg } from './lib/report-svg.js'
 
@@ -78,6 +79,7 @@ const settings = {
  * @property {string} [config]     gateway config template in bench/configs
  * @property {boolean} [needsRedis]
  * @property {string} [url]
+ * @property {string} [adminUrl]  gateways only
  * @property {number} [pid]
  * @property {string | null} skipped  why it was not measured, or null
  * @property {string[]} notes
@@ -166,7 +168,7 @@ async function startGateway (c, env) {
         ready: () => answers200(`http://127.0.0.1:${adminPort}/readyz`),
         timeoutMs: 20_000
       })
-      return { child, port: gatewayPort }
+      return { child, port: gatewayPort, adminUrl: `http://127.0.0.1:${adminPort}` }
     } catch (err) {
       const msg = /** @type {Error} */ (err).message
       if (attempt === 0 && /\blog\b/.test(msg.split('\n').slice(1).join('\n')) && /^log:/m.test(text)) {
@@ -199,13 +201,16 @@ async function smokeTest (url, headers) {
  * @property {number} upstreamPid
  * @property {number | null} redisPid
  * @property {import('ioredis').Redis | null} redis
+ * @property {string | null} adminUrl
  */
 
 /** @param {Probes} p */
 async function snapshot (p) {
   const calls = p.redis ? await commandCalls(p.redis) : null
+  const metrics = p.adminUrl ? await scrapeGatewayMetrics(p.adminUrl) : null
   return {
     calls,
+    metrics,
     cpu: treeCpuMicros(p.pid),
     upstreamCpu: treeCpuMicros(p.upstreamPid),
     redisCpu: p.redisPid ? treeCpuMicros(p.redisPid) : 0,
@@ -229,12 +234,14 @@ async function measured (p, load) {
   const loadgen = process.cpuUsage(before.loadgen)
   const wallS = (performance.now() - before.t) / 1000
   const callsAfter = p.redis ? await commandCalls(p.redis) : null
+  const metricsAfter = p.adminUrl ? await scrapeGatewayMetrics(p.adminUrl) : null
   const n = result.requests || 1
   const cpu = afterCpu - before.cpu
   const upstreamCpu = p.upstreamPid === p.pid ? 0 : afterUpstream - before.upstreamCpu
   const redisCpu = afterRedis - before.redisCpu
   const redisCalls = before.calls && callsAfter ? callsBetween(before.calls, callsAfter) : { total: 0, byCommand: {} }
   const loadgenCpu = loadgen.user + loadgen.system
+  const gateway = before.metrics && metricsAfter ? gatewayMetricsBetween(before.metrics, metricsAfter) : null
   return {
     load: result,
     wallS,
@@ -249,7 +256,9 @@ async function measured (p, load) {
     redisCalls: redisCalls.total,
     redisCallsPerReq: redisCalls.total / n,
     redisCallsByCommand: redisCalls.byCommand,
-    peakRssMb: treePeakRssKb(p.pid) / 1024
+    peakRssMb: treePeakRssKb(p.pid) / 1024,
+    gateway,
+    gatewayRedisErrors: gateway?.redisErrors ?? 0
   }
 }
 
@@ -341,7 +350,7 @@ function mergeCounts (...maps) {
 // --- summaries ----------------------------------------------------------------------------
 
 const SUMMARY_FIELDS = ['rps', 'p50Ms', 'p99Ms', 'cpuPerReq', 'cpuCorePct', 'upstreamCpuPerReq', 'redisCpuPerReq', 'totalServerCpuPerReq',
-  'loadgenCpuPerReq', 'loadgenCorePct', 'redisCallsPerReq', 'peakRssMb', 'non2xx', 'errors']
+  'loadgenCpuPerReq', 'loadgenCorePct', 'redisCallsPerReq', 'peakRssMb', 'non2xx', 'errors', 'gatewayRedisErrors']
 /** @param {Contender} c */
 function summarize (c) {
   /** @type {Record<string, import('./lib/summary.js').Spread | null>} */
@@ -479,6 +488,7 @@ async function main () {
       } else {
         const g = await startGateway(c, { dir, upstreamOrigin, redisUrl: redis?.url ?? null, logFlag: cli.logFlag })
         c.url = `http://127.0.0.1:${g.port}`
+        c.adminUrl = g.adminUrl
         pids.set(c.id, g.child.pid)
       }
       const smokeHeaders = c.id === 'flood' ? { 'x-user-id': 'good-0', 'x-forwarded-for': '10.1.0.0' } : { 'x-user-id': 'user-0' }
@@ -495,7 +505,8 @@ async function main () {
     pid: /** @type {number} */ (pids.get(c.id)),
     upstreamPid: upstream.pid,
     redisPid: redis?.child.pid ?? null,
-    redis: redis?.client ?? null
+    redis: redis?.client ?? null,
+    adminUrl: c.adminUrl ?? null
   })
 
   /** @type {Array<Record<string, unknown>>} */
@@ -514,7 +525,7 @@ async function main () {
     for (const [position, c] of thisRound.entries()) {
       const r = await measureContender(c, probes(c), settings.durationS)
       c.runs.push({ round, position, ...r })
-      console.log(`  (${c.letter}) ${c.id.padEnd(9)} ${Math.round(r.rps)} req/s  ${r.cpuPerReq.toFixed(1)} µs CPU/req  p99 ${r.p99Ms} ms${r.non2xx ? `  non-2xx ${r.non2xx}` : ''}${r.errors ? `  errors ${r.errors}` : ''}`)
+      console.log(`  (${c.letter}) ${c.id.padEnd(9)} ${Math.round(r.rps)} req/s  ${r.cpuPerReq.toFixed(1)} µs CPU/req  p99 ${r.p99Ms} ms${r.non2xx ? `  non-2xx ${r.non2xx}` : ''}${r.errors ? `  errors ${r.errors}` : ''}${r.gatewayRedisErrors ? `  gateway Redis errors ${r.gatewayRedisErrors}` : ''}`)
       await sleep(settings.pauseMs)
     }
   }

@@ -36,12 +36,14 @@ export function printReport (report) {
   ))
 
   console.log('\nRatios, each pair from the same round (median [min-max] over rounds):\n')
-  console.log(table(
-    ['ratio', '', 'CPU/req', 'server CPU/req', 'req/s', 'positions apart'],
-    report.ratios.map((r) => r.skipped
-      ? [r.name, '', 'skipped', '', '', r.skipped.split('\n')[0]?.slice(0, 60) ?? '']
-      : [r.name, '', fmtSpread(r.cpuPerReq), fmtSpread(r.totalServerCpuPerReq), fmtSpread(r.rps), String(r.positionsApart ?? '-')])
-  ))
+  const ratios = report.ratios.filter((r) => !r.skipped)
+  if (ratios.length) {
+    console.log(table(
+      ['ratio', '', 'CPU/req', 'server CPU/req', 'req/s', 'positions apart'],
+      ratios.map((r) => [r.name, '', fmtSpread(r.cpuPerReq), fmtSpread(r.totalServerCpuPerReq), fmtSpread(r.rps), String(r.positionsApart ?? '-')])
+    ))
+  }
+  for (const r of report.ratios) if (r.skipped) console.log(`${r.name}: not measured (${r.skipped.split('\n')[0]})`)
 
   const flood = report.contenders.find((c) => c.id === 'flood' && c.summary)
   if (flood) {
@@ -62,6 +64,11 @@ export function printReport (report) {
       ['', 'CPU µs per admitted request', fmtSpread(f('goodAloneCpuPerReq'))],
       ['', 'Redis calls per rejected request', fmtSpread(f('rejectionRedisCallsPerReq'))]
     ]))
+  }
+
+  for (const c of measured) {
+    const errors = c.summary?.gatewayRedisErrors?.max ?? 0
+    if (errors > 0) console.log(`\nWARNING (${c.letter}) ${c.id}: the gateway counted up to ${errors} failed Redis calls per run (it fell back to local limits)`)
   }
 
   const notes = report.contenders.filter((c) => c.skipped || c.notes.length)
