@@ -1,0 +1,104 @@
+// Starts real gateways for tests: in process (Gateway.start) or as `bin/gateway` (for signals).
+// Every start registers its teardown on the test right away.
+import { mkdtempSync, writeFileSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { spawn, type ChildProcess } from 'node:child_process'
+import { Writable } from 'node:stream'
+import { Gateway } from '../../src/server.js'
+import { createLogger } from '../../src/log.js'
+
+interface Teardown { teardown: (fn: () => unknown) => void }
+
+export interface LogCapture {
+  readonly lines: Array<Record<string, unknown>>
+}
+
+export function writeConfig (t: Teardown, yaml: string): string {
+  const dir = mkdtempSync(join(tmpdir(), 'gw-test-'))
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const file = join(dir, 'gateway.yaml')
+  writeFileSync(file, yaml)
+  return file
+}
+
+/** A gateway in this process; its JSON log lines are captured for assertions. */
+export async function startGateway (t: Teardown, yaml: string, env: NodeJS.ProcessEnv = {}): Promise<Gateway & LogCapture> {
+  const file = writeConfig(t, yaml)
+  const lines: Array<Record<string, unknown>> = []
+  const sink = new Writable({
+    write (chunk: Buffer, _enc, cb) {
+      for (const line of chunk.toString().split('\n')) if (line !== '') lines.push(JSON.parse(line) as Record<string, unknown>)
+      cb()
+    }
+  })
+  const gw = await Gateway.start({ configFile: file, logger: createLogger('info', sink), env: { ...process.env, ...env } })
+  t.teardown(() => gw.close())
+  return Object.assign(gw, { lines })
+}
+
+export interface GatewayProcess {
+  readonly child: ChildProcess
+  readonly file: string
+  readonly pidFile: string
+  readonly port: number
+  readonly adminPort: number
+  readonly url: string
+  readonly adminUrl: string
+  readonly logs: Array<Record<string, unknown>>
+  readonly stderr: () => string
+  /** Resolves with the exit code. */
+  readonly exited: Promise<number | null>
+  /** Waits until a log line matches (e.g. { msg: 'configuration reloaded' }). */
+  waitForLog: (match: (line: Record<string, unknown>) => boolean, timeoutMs?: number) => Promise<Record<string, unknown>>
+}
+
+/** `bin/gateway start` as a child process (needs `npm run build`); ports come from its start-up log line. */
+export async function spawnGateway (t: Teardown, yaml: string, extraArgs: string[] = []): Promise<GatewayProcess> {
+  const file = writeConfig(t, yaml)
+  const pidFile = file.replace(/gateway\.yaml$/, 'gateway.pid')
+  const child = spawn(process.execPath, ['bin/gateway', 'start', '-c', file, '--pid-file', pidFile, ...extraArgs], { stdio: ['ignore', 'pipe', 'pipe'] })
+  const exited = new Promise<number | null>(resolve => child.once('exit', code => resolve(code)))
+  t.teardown(async () => {
+    if (child.exitCode === null && child.signalCode === null) {
+      child.kill('SIGKILL')
+      await exited
+    }
+  })
+  const logs: Array<Record<string, unknown>> = []
+  const waiters = new Set<() => void>()
+  let buf = ''
+  child.stdout?.on('data', (chunk: Buffer) => {
+    buf += chunk.toString()
+    let nl
+    while ((nl = buf.indexOf('\n')) !== -1) {
+      const line = buf.slice(0, nl)
+      buf = buf.slice(nl + 1)
+      try { logs.push(JSON.parse(line) as Record<string, unknown>) } catch { /* not JSON */ }
+    }
+    for (const w of waiters) w()
+  })
+  let err = ''
+  child.stderr?.on('data', (c: Buffer) => { err += c.toString() })
+  const waitForLog = (match: (line: Record<string, unknown>) => boolean, timeoutMs = 15_000): Promise<Record<string, unknown>> =>
+    new Promise((resolve, reject) => {
+      const check = (): void => {
+        const found = logs.find(match)
+        if (found !== undefined) {
+          waiters.delete(check)
+          clearTimeout(timer)
+          resolve(found)
+        }
+      }
+      const timer = setTimeout(() => { waiters.delete(check); reject(new Error(`no matching log line within ${timeoutMs}ms; stderr: ${err}`)) }, timeoutMs)
+      waiters.add(check)
+      check()
+    })
+  const started = await Promise.race([
+    waitForLog(l => l.msg === 'gateway started'),
+    exited.then(code => { throw new Error(`gateway exited with ${code}: ${err}`) })
+  ])
+  const port = started.port as number
+  const adminPort = started.adminPort as number
+  return { child, file, pidFile, port, adminPort, url: `http://127.0.0.1:${port}`, adminUrl: `http://127.0.0.1:${adminPort}`, logs, stderr: () => err, exited, waitForLog }
+}
