@@ -31,7 +31,7 @@ t.test('header mode', async (t) => {
   t.same(r.resolve({ 'x-user': '   ' }), { ok: true, user: null }, 'blank -> anonymous')
   t.same(r.resolve({ 'x-user': 'a'.repeat(256) }), { ok: true, user: 'a'.repeat(256) })
   t.same(r.resolve({ 'x-user': 'a'.repeat(257) }), { ok: false, reason: 'identity header too long' })
-  t.equal(r.resolve({ 'x-user': ['a', 'b'] }).ok, false, 'repeated header refused')
+  t.equal((await r.resolve({ 'x-user': ['a', 'b'] })).ok, false, 'repeated header refused')
   t.notOk(r.resolve({ 'x-user': 'alice' }) instanceof Promise, 'synchronous')
   const required = await compileIdentity({ header: 'x-user', required: true })
   t.same(required.resolve({}), { ok: false, reason: 'missing credentials' })
