@@ -1,0 +1,136 @@
+import type { IncomingMessage } from 'node:http'
+import { HOP_BY_HOP, connectionTokens } from './hop-by-hop.js'
+
+/** Route header rules; names are lowercase. `set` replaces any header of that name. */
+export interface HeaderRules {
+  readonly set: readonly (readonly [string, string])[]
+  readonly remove: readonly string[]
+}
+
+/** What a route does to headers, compiled once: the per-request loops only test set membership. */
+export interface CompiledHeaders {
+  /** Request fields never copied from the client: hop-by-hop, the ones we set, the ones rules remove or set. */
+  readonly requestDrop: ReadonlySet<string>
+  /** Flat [name, value, ...] appended to every upstream request. */
+  readonly requestSet: readonly string[]
+  readonly forwardedFor: boolean
+  readonly forwardedProto: boolean
+  readonly forwardedHost: boolean
+  readonly requestId: boolean
+  readonly responseDrop: ReadonlySet<string>
+  readonly responseSet: readonly string[]
+  readonly echoRequestId: boolean
+}
+
+const FORWARDED_FOR = 'x-forwarded-for'
+const FORWARDED_PROTO = 'x-forwarded-proto'
+const FORWARDED_HOST = 'x-forwarded-host'
+const REQUEST_ID = 'x-request-id'
+
+export function compileHeaders (request: HeaderRules, response: HeaderRules): CompiledHeaders {
+  const requestRuled = new Set<string>([...request.remove, ...request.set.map(([name]) => name)])
+  const requestDrop = new Set<string>([
+    ...HOP_BY_HOP,
+    // Node already answered `100 Continue` itself; undici refuses to send `Expect` (NotSupportedError).
+    'expect',
+    // Host is passed first and explicitly, so a duplicate can never reach undici.
+    'host',
+    FORWARDED_FOR, FORWARDED_PROTO, FORWARDED_HOST, REQUEST_ID,
+    ...requestRuled
+  ])
+  const responseDrop = new Set<string>([
+    ...HOP_BY_HOP,
+    // The gateway's request id wins over whatever the upstream echoed.
+    REQUEST_ID,
+    ...response.remove,
+    ...response.set.map(([name]) => name)
+  ])
+  return Object.freeze({
+    requestDrop,
+    requestSet: Object.freeze(request.set.flat()),
+    forwardedFor: !requestRuled.has(FORWARDED_FOR),
+    forwardedProto: !requestRuled.has(FORWARDED_PROTO),
+    forwardedHost: !requestRuled.has(FORWARDED_HOST),
+    requestId: !requestRuled.has(REQUEST_ID),
+    responseDrop,
+    responseSet: Object.freeze(response.set.flat()),
+    echoRequestId: !response.remove.includes(REQUEST_ID) && !response.set.some(([name]) => name === REQUEST_ID)
+  })
+}
+
+export interface ForwardedValues {
+  readonly requestId: string
+  readonly clientIp: string
+  readonly proto: 'http' | 'https'
+}
+
+/**
+ * The flat [name, value, ...] list sent upstream. `Host` passes through unchanged, the client's
+ * hop-by-hop fields are dropped and the X-Forwarded-* fields and X-Request-Id are set.
+ */
+export function upstreamRequestHeaders (req: IncomingMessage, plan: CompiledHeaders, ctx: ForwardedValues): string[] {
+  const incoming = req.headers
+  const drop = plan.requestDrop
+  const named = incoming.connection === undefined ? null : connectionTokens(incoming.connection)
+  const host = incoming.host
+  const out: string[] = host === undefined ? [] : ['host', host]
+  for (const name in incoming) {
+    if (drop.has(name) || (named !== null && named.includes(name))) continue
+    const value = incoming[name]
+    if (typeof value === 'string') out.push(name, value)
+    else if (value !== undefined) for (const item of value) out.push(name, item)
+  }
+  if (plan.forwardedFor) {
+    const previous = incoming[FORWARDED_FOR]
+    out.push(FORWARDED_FOR, previous === undefined ? ctx.clientIp : `${previous}, ${ctx.clientIp}`)
+  }
+  if (plan.forwardedProto) out.push(FORWARDED_PROTO, ctx.proto)
+  if (plan.forwardedHost && host !== undefined) out.push(FORWARDED_HOST, host)
+  if (plan.requestId) out.push(REQUEST_ID, ctx.requestId)
+  for (let i = 0; i < plan.requestSet.length; i++) out.push(plan.requestSet[i] as string)
+  return out
+}
+
+/**
+ * The flat [name, value, ...] list answered to the client, from the upstream's raw header bytes.
+ * Raw bytes decoded as latin1 pass through byte for byte (node:http writes header strings as
+ * latin1), where undici's parsed object decodes UTF-8 and node:http would then reject it.
+ */
+export function clientResponseHeaders (
+  raw: readonly (Buffer | string)[],
+  plan: CompiledHeaders,
+  requestId: string,
+  extra: readonly (readonly [string, string])[] | undefined
+): string[] {
+  const drop = plan.responseDrop
+  let named: string[] | null = null
+  // `Connection` may name fields that come before it, so it is looked up first.
+  for (let i = 0; i < raw.length; i += 2) {
+    if (raw[i]?.length === 10 && latin1(raw[i] as Buffer | string).toLowerCase() === 'connection') {
+      const tokens = connectionTokens(latin1(raw[i + 1] as Buffer | string))
+      named = named === null ? tokens : named.concat(tokens)
+    }
+  }
+  const out: string[] = []
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = latin1(raw[i] as Buffer | string)
+    const lower = name.toLowerCase()
+    if (drop.has(lower) || (named !== null && named.includes(lower))) continue
+    if (extra !== undefined && isExtra(extra, lower)) continue
+    out.push(name, latin1(raw[i + 1] as Buffer | string))
+  }
+  for (let i = 0; i < plan.responseSet.length; i++) out.push(plan.responseSet[i] as string)
+  if (extra !== undefined) for (const [name, value] of extra) out.push(name, value)
+  if (plan.echoRequestId) out.push(REQUEST_ID, requestId)
+  return out
+}
+
+// The gateway's own headers (e.g. RateLimit-*) replace an upstream's header of the same name.
+function isExtra (extra: readonly (readonly [string, string])[], lower: string): boolean {
+  for (let i = 0; i < extra.length; i++) if ((extra[i] as readonly [string, string])[0].toLowerCase() === lower) return true
+  return false
+}
+
+function latin1 (value: Buffer | string): string {
+  return typeof value === 'string' ? value : value.toString('latin1')
+}

@@ -1,0 +1,26 @@
+// Hop-by-hop fields describe one connection, not the message, so a proxy must not forward them
+// (RFC 9110 §7.6.1): `Connection`, every field it names, and the fields below.
+// `Proxy-Connection` is not standard but old clients still send it (RFC 9110 §7.6.1 names it too).
+export const HOP_BY_HOP: readonly string[] = Object.freeze([
+  'connection',
+  'keep-alive',
+  'proxy-connection',
+  'te',
+  'trailer',
+  'transfer-encoding',
+  'upgrade'
+])
+
+/**
+ * The field names listed in a `Connection` header value, lowercased. Only called when the header is
+ * present, which modern HTTP/1.1 clients and upstreams rarely send.
+ */
+export function connectionTokens (value: string | string[]): string[] {
+  const joined = typeof value === 'string' ? value : value.join(',')
+  const tokens: string[] = []
+  for (const token of joined.split(',')) {
+    const name = token.trim().toLowerCase()
+    if (name !== '' && name !== 'close' && name !== 'keep-alive') tokens.push(name)
+  }
+  return tokens
+}

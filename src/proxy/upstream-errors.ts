@@ -1,0 +1,59 @@
+import type { ErrorCode } from '../errors.js'
+
+/** Why a forward failed, as logged and counted. */
+export type ForwardErrorKind =
+  | 'refused'
+  | 'reset'
+  | 'connect_timeout'
+  | 'response_timeout'
+  | 'no_healthy'
+  | 'client_abort'
+  | 'body_too_large'
+  | 'bad_request'
+
+/** The stable code answered for each kind; null when nobody is left to answer. */
+export const KIND_CODES: Readonly<Record<ForwardErrorKind, ErrorCode | null>> = Object.freeze({
+  refused: 'GW_ERR_UPSTREAM_UNAVAILABLE',
+  reset: 'GW_ERR_UPSTREAM_UNAVAILABLE',
+  connect_timeout: 'GW_ERR_UPSTREAM_TIMEOUT',
+  response_timeout: 'GW_ERR_UPSTREAM_TIMEOUT',
+  no_healthy: 'GW_ERR_NO_HEALTHY_UPSTREAM',
+  client_abort: null,
+  body_too_large: 'GW_ERR_BODY_TOO_LARGE',
+  bad_request: 'GW_ERR_BAD_REQUEST'
+})
+
+/**
+ * Maps an undici or socket error to a kind by its stable `code` (undici's `UND_ERR_*`, node's `E*`),
+ * never by class. 'refused' and 'connect_timeout' mean no byte reached the upstream.
+ */
+export function classifyUpstreamError (err: unknown): ForwardErrorKind {
+  switch (errorCode(err)) {
+    case 'ECONNREFUSED':
+    case 'EHOSTUNREACH':
+    case 'ENETUNREACH':
+    case 'ENOTFOUND':
+    case 'EAI_AGAIN':
+      return 'refused'
+    case 'UND_ERR_CONNECT_TIMEOUT':
+      return 'connect_timeout'
+    case 'UND_ERR_HEADERS_TIMEOUT':
+    case 'UND_ERR_BODY_TIMEOUT':
+      return 'response_timeout'
+    // A header or path undici will not put on the wire (it validates more strictly than node:http).
+    case 'UND_ERR_INVALID_ARG':
+    case 'UND_ERR_NOT_SUPPORTED':
+      return 'bad_request'
+    default:
+      return 'reset'
+  }
+}
+
+function errorCode (err: unknown): string | undefined {
+  if (typeof err !== 'object' || err === null) return undefined
+  const code = (err as { code?: unknown }).code
+  if (typeof code === 'string') return code
+  // Happy eyeballs (autoSelectFamily) reports one failure per address in an AggregateError.
+  if (err instanceof AggregateError) return errorCode(err.errors[0])
+  return undefined
+}

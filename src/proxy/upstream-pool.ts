@@ -1,0 +1,146 @@
+import { Pool } from 'undici'
+
+/** One target of an upstream as written in the config. */
+export interface UpstreamTargetConfig {
+  readonly url: string
+  readonly weight: number
+}
+
+/** An upstream as compiled from the config; every field is already defaulted by the config layer. */
+export interface UpstreamConfig {
+  readonly name: string
+  readonly targets: readonly UpstreamTargetConfig[]
+  readonly connectTimeoutMs: number
+  /** Headers timeout, and idle timeout between two chunks of the response body. */
+  readonly responseTimeoutMs: number
+  /** How long a target that refused a connection (or timed out connecting) is skipped. */
+  readonly ejectMs: number
+  readonly maxConnectionsPerTarget: number
+  /** Idle keep-alive sockets are closed after this; keep it below the upstream's own keep-alive timeout. */
+  readonly keepAliveTimeoutMs: number
+}
+
+/** One target: its keep-alive undici Pool and its balancing and health state. */
+export class UpstreamTarget {
+  readonly url: string
+  readonly origin: string
+  readonly weight: number
+  /** Path of the target URL without a trailing slash ('' for none), prepended to every forwarded path. */
+  readonly basePath: string
+  readonly secure: boolean
+  /** Hostname without IPv6 brackets and port, as node:http wants them (used by the WebSocket proxy). */
+  readonly hostname: string
+  readonly port: number
+  readonly dispatcher: Pool
+  /** Smooth weighted round-robin state (nginx's `current_weight`). */
+  current = 0
+  /** Date.now() until which the target is ejected; 0 when healthy. */
+  ejectedUntil = 0
+
+  constructor (config: UpstreamTargetConfig, upstream: UpstreamConfig) {
+    const url = new URL(config.url)
+    if (url.protocol !== 'http:' && url.protocol !== 'https:') {
+      throw new TypeError(`upstream ${upstream.name}: target ${config.url} must be http:// or https://`)
+    }
+    if (!Number.isFinite(config.weight) || config.weight < 0) {
+      throw new TypeError(`upstream ${upstream.name}: target ${config.url} has an invalid weight`)
+    }
+    this.url = config.url
+    this.origin = url.origin
+    this.weight = config.weight
+    this.basePath = url.pathname === '/' ? '' : url.pathname.replace(/\/+$/, '')
+    this.secure = url.protocol === 'https:'
+    this.hostname = url.hostname.startsWith('[') ? url.hostname.slice(1, -1) : url.hostname
+    this.port = url.port === '' ? (this.secure ? 443 : 80) : Number(url.port)
+    this.dispatcher = new Pool(url.origin, {
+      connections: upstream.maxConnectionsPerTarget,
+      connectTimeout: upstream.connectTimeoutMs,
+      headersTimeout: upstream.responseTimeoutMs,
+      bodyTimeout: upstream.responseTimeoutMs,
+      keepAliveTimeout: upstream.keepAliveTimeoutMs,
+      // Also caps the `Keep-Alive: timeout=` an upstream announces, so the pool never holds an
+      // idle socket longer than configured.
+      keepAliveMaxTimeout: upstream.keepAliveTimeoutMs
+    })
+  }
+}
+
+/**
+ * The targets of one upstream, balanced by smooth weighted round-robin over the healthy ones,
+ * with passive health: a target that cannot be connected to is ejected for `ejectMs`.
+ */
+export class UpstreamPool {
+  readonly name: string
+  readonly signature: string
+  readonly config: UpstreamConfig
+  readonly targets: readonly UpstreamTarget[]
+  // Set on ejection, cleared lazily by pick(): keeps Date.now() off the path while all are healthy.
+  #anyEjected = false
+
+  constructor (config: UpstreamConfig) {
+    if (config.targets.length === 0) throw new TypeError(`upstream ${config.name}: no targets`)
+    this.name = config.name
+    this.config = config
+    this.signature = upstreamSignature(config)
+    this.targets = config.targets.map((target) => new UpstreamTarget(target, config))
+  }
+
+  /**
+   * Picks the next healthy target (nginx's smooth weighted round-robin: each pick adds every weight
+   * to its target's counter, takes the highest and subtracts the total, which spreads picks evenly).
+   * `exclude` skips the target that just failed when retrying. Null when no target is healthy.
+   */
+  pick (exclude?: UpstreamTarget): UpstreamTarget | null {
+    const targets = this.targets
+    const now = this.#anyEjected ? Date.now() : 0
+    let stillEjected = false
+    let best: UpstreamTarget | null = null
+    let total = 0
+    for (let i = 0; i < targets.length; i++) {
+      const target = targets[i] as UpstreamTarget
+      if (target.ejectedUntil !== 0) {
+        if (target.ejectedUntil > now) {
+          stillEjected = true
+          continue
+        }
+        target.ejectedUntil = 0
+      }
+      if (target === exclude) continue
+      target.current += target.weight
+      total += target.weight
+      if (best === null || target.current > best.current) best = target
+    }
+    this.#anyEjected = stillEjected
+    if (best !== null) best.current -= total
+    return best
+  }
+
+  /** Passive health: skips the target for `ejectMs`. Called on connect refused or connect timeout. */
+  eject (target: UpstreamTarget): void {
+    target.ejectedUntil = Date.now() + this.config.ejectMs
+    target.current = 0
+    this.#anyEjected = true
+  }
+
+  /** Graceful: undici's close() lets queued and in-flight requests finish, then closes the sockets. */
+  async close (): Promise<void> {
+    await Promise.all(this.targets.map(async (target) => await target.dispatcher.close()))
+  }
+
+  async destroy (): Promise<void> {
+    await Promise.all(this.targets.map(async (target) => await target.dispatcher.destroy()))
+  }
+}
+
+/** Same config, same string: the reload reuses a pool (and its warm sockets) whose signature did not change. */
+export function upstreamSignature (config: UpstreamConfig): string {
+  return JSON.stringify([
+    config.name,
+    config.targets.map((target) => [target.url, target.weight]),
+    config.connectTimeoutMs,
+    config.responseTimeoutMs,
+    config.ejectMs,
+    config.maxConnectionsPerTarget,
+    config.keepAliveTimeoutMs
+  ])
+}

@@ -1,0 +1,178 @@
+import type { ClientRequest, IncomingMessage } from 'node:http'
+import type { Duplex } from 'node:stream'
+import httpProxy from 'http-proxy'
+import { ERRORS, writeRawError, type ErrorCode } from '../errors.js'
+import { compiledHeaders, type ForwardContext, type ForwardPlan } from './forward.js'
+import { upstreamRequestHeaders } from './forward-headers.js'
+import { stripPathPrefix } from './forward-path.js'
+import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
+import type { UpstreamTarget } from './upstream-pool.js'
+
+/** Proxies `Upgrade: websocket` requests; one per gateway server. */
+export interface WebSocketProxy {
+  upgrade (req: IncomingMessage, socket: Duplex, head: Buffer, plan: ForwardPlan, ctx: ForwardContext): void
+  /** Destroys every tunnel, open or opening; later upgrades are answered 503. */
+  close (): void
+}
+
+// After one side closed, the other gets this long to flush what it still buffers (a close frame).
+const CLOSE_GRACE_MS = 2000
+
+export function createWebSocketProxy (): WebSocketProxy {
+  // toProxy: http-proxy then sends req.url as is; otherwise it re-parses it with url.parse,
+  // which escapes some characters and would not leave the query untouched.
+  const proxy = httpProxy.createProxyServer({ ws: true, xfwd: false, changeOrigin: false, toProxy: true })
+  const tunnels = new Map<Duplex, Tunnel>()
+  let closed = false
+
+  // Emitted synchronously inside proxy.ws(), before http-proxy adds its own listeners: ours run first.
+  proxy.on('proxyReqWs', (proxyReq, _req, socket) => {
+    tunnels.get(socket)?.opening(proxyReq)
+  })
+
+  return {
+    upgrade (req, socket, head, plan, ctx) {
+      if (closed) return answer(socket, 'GW_ERR_SHUTTING_DOWN', ctx)
+      const target = plan.pool.pick()
+      if (target === null) return answer(socket, 'GW_ERR_NO_HEALTHY_UPSTREAM', ctx)
+      const headers: Record<string, string> = {}
+      const flat = upstreamRequestHeaders(req, compiledHeaders(plan), ctx)
+      for (let i = 0; i < flat.length; i += 2) {
+        const name = flat[i] as string
+        const value = flat[i + 1] as string
+        headers[name] = headers[name] === undefined ? value : `${headers[name]}, ${value}`
+      }
+      // Connection and Upgrade are hop-by-hop (RFC 9110 §7.6.1) but are the request here: each hop asks for it anew.
+      headers.connection = 'Upgrade'
+      headers.upgrade = 'websocket'
+      req.headers = headers
+      req.url = target.basePath + stripPathPrefix(ctx.path, plan.stripPrefix)
+      const tunnel = new Tunnel(socket, plan, ctx, target, () => tunnels.delete(socket))
+      tunnels.set(socket, tunnel)
+      proxy.ws(req, socket, head, {
+        target: { protocol: target.secure ? 'wss:' : 'ws:', host: target.hostname, hostname: target.hostname, port: target.port }
+      }, (err) => tunnel.failed(err))
+    },
+    close () {
+      closed = true
+      for (const tunnel of tunnels.values()) tunnel.destroy()
+      tunnels.clear()
+    }
+  }
+}
+
+/** One client socket, its upstream request and, once upgraded, the upstream socket. */
+class Tunnel {
+  readonly socket: Duplex
+  readonly plan: ForwardPlan
+  readonly ctx: ForwardContext
+  readonly target: UpstreamTarget
+  proxyReq: ClientRequest | null = null
+  upstream: Duplex | null = null
+  upgraded = false
+  timer: NodeJS.Timeout | null = null
+  timeoutKind: ForwardErrorKind | null = null
+
+  constructor (socket: Duplex, plan: ForwardPlan, ctx: ForwardContext, target: UpstreamTarget, forget: () => void) {
+    this.socket = socket
+    this.plan = plan
+    this.ctx = ctx
+    this.target = target
+    // An 'error' without a listener would crash the process; 'close' follows it and tears down.
+    socket.on('error', noop)
+    socket.once('close', () => {
+      forget()
+      this.clearTimer()
+      if (this.upstream !== null) closeSoon(this.upstream)
+      else this.proxyReq?.destroy()
+    })
+  }
+
+  opening (proxyReq: ClientRequest): void {
+    this.proxyReq = proxyReq
+    const config = this.plan.pool.config
+    this.startTimer('connect_timeout', config.connectTimeoutMs)
+    proxyReq.once('socket', (upstream) => {
+      if (upstream.connecting) upstream.once('connect', () => this.startTimer('response_timeout', this.plan.responseTimeoutMs))
+      else this.startTimer('response_timeout', this.plan.responseTimeoutMs)
+    })
+    proxyReq.once('upgrade', (res: IncomingMessage, upstream: Duplex) => {
+      this.clearTimer()
+      this.upgraded = true
+      this.upstream = upstream
+      this.answerHeaders(res)
+      upstream.on('error', noop)
+      // http-proxy pipes both ways, which ends a side on a clean end but not on an error or a destroy.
+      upstream.once('close', () => closeSoon(this.socket))
+      if (this.socket.destroyed) closeSoon(upstream)
+    })
+    // Not upgraded (e.g. 403 or 404 from the upstream): http-proxy relays that answer as is.
+    proxyReq.once('response', (res: IncomingMessage) => {
+      this.clearTimer()
+      this.answerHeaders(res)
+    })
+  }
+
+  // http-proxy writes these headers to the client right after our listener returns.
+  answerHeaders (res: IncomingMessage): void {
+    const rules = this.plan.responseHeaders
+    for (const name of rules.remove) delete res.headers[name]
+    for (const [name, value] of rules.set) res.headers[name] = value
+    if (this.ctx.extraResponseHeaders !== undefined) for (const [name, value] of this.ctx.extraResponseHeaders) res.headers[name.toLowerCase()] = value
+    res.headers['x-request-id'] = this.ctx.requestId
+  }
+
+  /** http-proxy's callback: the upstream request failed, or the upstream socket after the upgrade. */
+  failed (err: Error): void {
+    this.clearTimer()
+    if (this.upgraded) {
+      closeSoon(this.socket)
+      return
+    }
+    const kind = this.timeoutKind ?? classifyUpstreamError(err)
+    if (kind === 'refused' || kind === 'connect_timeout') this.plan.pool.eject(this.target)
+    answer(this.socket, KIND_CODES[kind] ?? 'GW_ERR_UPSTREAM_UNAVAILABLE', this.ctx)
+  }
+
+  startTimer (kind: ForwardErrorKind, ms: number): void {
+    this.clearTimer()
+    this.timer = setTimeout(() => {
+      this.timeoutKind = kind
+      this.proxyReq?.destroy()
+    }, ms)
+  }
+
+  clearTimer (): void {
+    if (this.timer !== null) clearTimeout(this.timer)
+    this.timer = null
+  }
+
+  destroy (): void {
+    this.clearTimer()
+    this.proxyReq?.destroy()
+    this.upstream?.destroy()
+    this.socket.destroy()
+  }
+}
+
+/** A plain HTTP/1.1 error answer on the raw socket (the upgrade never happened), then the socket is destroyed. */
+function answer (socket: Duplex, code: ErrorCode, ctx: ForwardContext): void {
+  if (socket.destroyed) return
+  socket.once('finish', () => socket.destroy())
+  setTimeout(() => socket.destroy(), CLOSE_GRACE_MS).unref()
+  writeRawError(socket, ERRORS[code].status, { error: code, message: ERRORS[code].message, requestId: ctx.requestId }, ctx.requestId, ctx.extraResponseHeaders)
+}
+
+// Ends the socket so buffered frames still go out, then destroys it: at once when flushed, or after the grace.
+function closeSoon (socket: Duplex): void {
+  if (socket.destroyed) return
+  if (socket.writableFinished) {
+    socket.destroy()
+    return
+  }
+  socket.once('finish', () => socket.destroy())
+  socket.end()
+  setTimeout(() => socket.destroy(), CLOSE_GRACE_MS).unref()
+}
+
+function noop (): void {}
