@@ -1,0 +1,130 @@
+// bin/gateway as a real process: SIGHUP reload (valid, invalid, with requests in flight),
+// SIGTERM drain, `validate`, `schema`, `reload`, and TLS termination with a certificate re-read on SIGHUP.
+import t from 'tap'
+import { createServer, type Server } from 'node:http'
+import { writeFileSync, readFileSync, mkdtempSync } from 'node:fs'
+import { execFileSync, spawnSync } from 'node:child_process'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { request as httpsRequest } from 'node:https'
+import type { AddressInfo } from 'node:net'
+import { spawnGateway } from './helpers/gateway.js'
+
+/** An upstream that answers `<name>` after `?delay=ms`. */
+async function upstream (name: string): Promise<{ server: Server, url: string }> {
+  const server = createServer((req, res) => {
+    const delay = Number(new URL(req.url ?? '/', 'http://x').searchParams.get('delay') ?? 0)
+    setTimeout(() => res.end(name), delay)
+  })
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  return { server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}` }
+}
+
+const config = (target: string, extra = ''): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+log: { level: info }
+server: { shutdownTimeout: 5s }
+upstreams:
+  backend: { targets: [${target}] }
+routes:
+  - name: all
+    pathPrefix: /
+    upstream: backend
+${extra}`
+
+t.test('SIGHUP: a valid file swaps in, an invalid one keeps the old config serving, in-flight requests finish', async t => {
+  const a = await upstream('A')
+  const b = await upstream('B')
+  t.teardown(() => { a.server.close(); b.server.close() })
+  const gw = await spawnGateway(t, config(a.url))
+  t.equal(await (await fetch(`${gw.url}/x`)).text(), 'A')
+  const before = await (await fetch(`${gw.adminUrl}/config`)).json() as { generation: number, hash: string }
+  t.equal(before.generation, 1)
+
+  // a slow request in flight across the reload finishes on the runtime it started with
+  const inflight = fetch(`${gw.url}/slow?delay=1500`).then(r => r.text())
+  await new Promise(resolve => setTimeout(resolve, 200))
+  writeFileSync(gw.file, config(b.url))
+  gw.child.kill('SIGHUP')
+  await gw.waitForLog(l => l.msg === 'configuration reloaded')
+  t.equal(await (await fetch(`${gw.url}/x`)).text(), 'B', 'new requests use the new config')
+  t.equal(await inflight, 'A', 'the in-flight request finished on the old upstream')
+  const after = await (await fetch(`${gw.adminUrl}/config`)).json() as { generation: number, hash: string }
+  t.equal(after.generation, 2)
+  t.not(after.hash, before.hash)
+
+  writeFileSync(gw.file, config(a.url).replace('upstream: backend', 'upstream: backend2'))
+  execFileSync(process.execPath, ['bin/gateway', 'reload', '--pid-file', gw.pidFile])
+  const rejected = await gw.waitForLog(l => l.msg === 'reload rejected; the running configuration keeps serving')
+  t.match(String((rejected.problems as string[])[0]), /gateway\.yaml:9:15 routes\[0\]\.upstream: unknown upstream "backend2"/)
+  t.equal(await (await fetch(`${gw.url}/x`)).text(), 'B', 'the old config keeps serving')
+  const metrics = await (await fetch(`${gw.adminUrl}/metrics`)).text()
+  t.match(metrics, /gateway_config_reloads_total\{result="success"\} 1/)
+  t.match(metrics, /gateway_config_reloads_total\{result="failure"\} 1/)
+})
+
+t.test('SIGTERM drains in-flight requests, then exits 0', async t => {
+  const a = await upstream('A')
+  t.teardown(() => a.server.close())
+  const gw = await spawnGateway(t, config(a.url))
+  const inflight = fetch(`${gw.url}/slow?delay=1000`).then(async r => ({ status: r.status, body: await r.text() }))
+  await new Promise(resolve => setTimeout(resolve, 200))
+  gw.child.kill('SIGTERM')
+  t.same(await inflight, { status: 200, body: 'A' }, 'the in-flight request completed')
+  t.equal(await gw.exited, 0)
+  await t.rejects(fetch(`${gw.url}/x`), 'no longer accepting')
+})
+
+t.test('gateway validate prints located errors and exits 1; exits 0 on a valid file', async t => {
+  const bad = spawnSync(process.execPath, ['bin/gateway', 'validate', '-c', 'test/fixtures/config/unknown-upstream.yaml'], { encoding: 'utf8' })
+  t.equal(bad.status, 1)
+  t.equal(bad.stderr.trim(), 'test/fixtures/config/unknown-upstream.yaml:7:15 routes[0].upstream: unknown upstream "backend2"')
+  const good = spawnSync(process.execPath, ['bin/gateway', 'validate', '-c', 'gateway.yaml'], { encoding: 'utf8' })
+  t.equal(good.status, 0, good.stderr)
+  t.match(good.stdout, /gateway\.yaml: ok/)
+  const start = spawnSync(process.execPath, ['bin/gateway', '-c', 'test/fixtures/config/typo-key.yaml'], { encoding: 'utf8' })
+  t.equal(start.status, 1, 'start refuses an invalid file')
+  t.match(start.stderr, /limits\.ip\.limt: unknown key "limt"/)
+})
+
+t.test('gateway schema prints the committed JSON Schema; --version and --help', async t => {
+  const out = execFileSync(process.execPath, ['bin/gateway', 'schema'], { encoding: 'utf8' })
+  t.same(JSON.parse(out), JSON.parse(readFileSync('gateway.schema.json', 'utf8')))
+  const pkg = JSON.parse(readFileSync('package.json', 'utf8')) as { version: string }
+  t.equal(execFileSync(process.execPath, ['bin/gateway', '--version'], { encoding: 'utf8' }).trim(), pkg.version)
+  t.match(execFileSync(process.execPath, ['bin/gateway', '--help'], { encoding: 'utf8' }), /validate/)
+})
+
+function makeCert (dir: string, cn: string): { cert: string, key: string } {
+  const cert = join(dir, 'cert.pem')
+  const key = join(dir, 'key.pem')
+  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', `/CN=${cn}`], { stdio: 'ignore' })
+  return { cert, key }
+}
+
+function peerCn (port: number): Promise<{ cn: string, body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = httpsRequest({ host: '127.0.0.1', port, path: '/', rejectUnauthorized: false }, res => {
+      let body = ''
+      res.on('data', (c: Buffer) => { body += c.toString() })
+      res.on('end', () => resolve({ cn: String((res.socket as import('node:tls').TLSSocket).getPeerCertificate().subject.CN), body }))
+    })
+    req.on('error', reject)
+    req.end()
+  })
+}
+
+t.test('TLS termination; a renewed certificate is picked up by SIGHUP', async t => {
+  const a = createServer((req, res) => res.end(String(req.headers['x-forwarded-proto'])))
+  await new Promise<void>(resolve => a.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => a.close())
+  const dir = mkdtempSync(join(tmpdir(), 'gw-tls-'))
+  const first = makeCert(dir, 'first.test')
+  const yaml = config(`http://127.0.0.1:${(a.address() as AddressInfo).port}`, `tls: { cert: ${first.cert}, key: ${first.key} }\n`)
+  const gw = await spawnGateway(t, yaml)
+  t.same(await peerCn(gw.port), { cn: 'first.test', body: 'https' }, 'X-Forwarded-Proto is https')
+  makeCert(dir, 'second.test') // overwrites the same files, as a renewal would
+  gw.child.kill('SIGHUP')
+  await gw.waitForLog(l => l.msg === 'configuration reloaded')
+  t.equal((await peerCn(gw.port)).cn, 'second.test')
+})
