@@ -22,10 +22,10 @@ export function renderSvg (report) {
   const rows = report.contenders.filter((c) => c.summary)
   const labelW = 300
   const panelW = 300
-  const gap = 40
+  const gap = 80
   const rowH = 30
   const top = 86
-  const width = labelW + 2 * panelW + 2 * gap + 20
+  const width = labelW + 2 * panelW + gap + 110
   const height = top + rows.length * rowH + 50
   const s = (/** @type {typeof rows[number]} */ c) => /** @type {Record<string, Spread | null>} */ (c.summary)
   const maxRps = Math.max(1, ...rows.map((c) => s(c).rps?.max ?? 0))
