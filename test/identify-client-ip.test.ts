@@ -97,3 +97,24 @@ t.test('looksLikeMisconfiguredProxy', async (t) => {
   t.equal(looksLikeMisconfiguredProxy(undefined, '1.2.3.4', []), false)
   t.equal(looksLikeMisconfiguredProxy('10.0.0.5', '1.2.3.4'), true, 'trustedProxies defaults to none')
 })
+
+t.test('memoized answers equal fresh answers', async (t) => {
+  const opts = { trustedProxies: ['10.0.0.0/8', 'fd00::/8'], ipv6Prefix: 48 }
+  const cached = compileClientIpResolver(opts)
+  const inputs: Array<[string | undefined, string | string[] | undefined]> = [
+    ['10.0.0.5', '198.51.100.9'],
+    ['10.0.0.5', '1.2.3.4, 10.9.9.9'],
+    ['203.0.113.7', '198.51.100.9'],
+    ['::ffff:10.0.0.5', '2001:db8:aa:bb::1'],
+    ['fd00::1', ['2001:db8:cc::1', 'fd00::2']],
+    ['2001:db8:1::1', undefined],
+    ['10.0.0.5', 'x'.repeat(300)],
+    ['10.0.0.5', undefined]
+  ]
+  for (let round = 0; round < 3; round++) {
+    for (const [addr, xff] of inputs) {
+      t.same(cached(addr, xff), compileClientIpResolver(opts)(addr, xff), `round ${round}: ${addr} ${String(xff).slice(0, 40)}`)
+    }
+  }
+  t.equal(cached('fd00::1', ['2001:db8:cc::1', 'fd00::2']).key, '2001:db8:cc::/48')
+})

@@ -1,4 +1,6 @@
+import { isIPv4 } from 'node:net'
 import ipaddr from 'ipaddr.js'
+import { LRUCache } from 'lru-cache'
 import proxyAddr from 'proxy-addr'
 import { GatewayError } from '../errors.js'
 
@@ -24,6 +26,12 @@ export type ClientIpResolver = (socketAddress: string | undefined, xForwardedFor
 
 // A destroyed socket has no remoteAddress; those requests share one key rather than none.
 const UNKNOWN: ClientIp = Object.freeze({ ip: 'unknown', key: 'unknown' })
+// ipaddr.js and proxy-addr parse with regular expressions (1-10 µs per address), so answers are
+// memoized: a keep-alive client repeats its address and XFF chain on every request. A client
+// cycling addresses only misses the cache; it cannot make a request cost more than uncached.
+const CACHE_ENTRIES = 10_000
+const MAX_CACHED_KEY = 256
+const MAPPED_V4_PREFIX = '::ffff:'
 
 export function compileClientIpResolver (opts: ClientIpOptions): ClientIpResolver {
   const prefix = opts.ipv6Prefix ?? 64
@@ -39,15 +47,47 @@ export function compileClientIpResolver (opts: ClientIpOptions): ClientIpResolve
     }
   }
   const toClient = (addr: ipaddr.IPv4 | ipaddr.IPv6): ClientIp => clientOf(addr, prefix)
+  const peers = new LRUCache<string, ClientIp>({ max: CACHE_ENTRIES })
+  const chains = new LRUCache<string, ClientIp>({ max: CACHE_ENTRIES })
+  const trustedPeers = new LRUCache<string, boolean>({ max: CACHE_ENTRIES })
+
+  const resolvePeer = (socketAddress: string): ClientIp => {
+    // Dotted-quad IPv4, the common case, is already canonical (node:net rejects other forms).
+    if (isIPv4(socketAddress)) return { ip: socketAddress, key: socketAddress }
+    let client = peers.get(socketAddress)
+    if (client === undefined) {
+      const peer = parseSocketAddress(socketAddress)
+      client = peer === null ? UNKNOWN : toClient(peer)
+      peers.set(socketAddress, client)
+    }
+    return client
+  }
 
   return function resolveClientIp (socketAddress, xForwardedFor) {
-    const peer = socketAddress === undefined ? null : parseSocketAddress(socketAddress)
-    if (peer === null) return UNKNOWN
+    if (socketAddress === undefined) return UNKNOWN
     // Without trusted proxies XFF is never read: a client cannot pick its own address.
-    if (trust === null || xForwardedFor === undefined) return toClient(peer)
-    let current = peer
-    let currentText = peer.toString()
-    if (!trust(currentText, 0)) return toClient(peer)
+    if (trust === null || xForwardedFor === undefined) return resolvePeer(socketAddress)
+    let trusted = trustedPeers.get(socketAddress)
+    if (trusted === undefined) {
+      const peer = parseSocketAddress(socketAddress)
+      trusted = peer !== null && trust(peer.toString(), 0)
+      trustedPeers.set(socketAddress, trusted)
+    }
+    if (!trusted) return resolvePeer(socketAddress)
+    // Only chains our own proxies sent get here, so the cache is not filled by arbitrary peers.
+    const key = socketAddress + ' ' + (typeof xForwardedFor === 'string' ? xForwardedFor : xForwardedFor.join(','))
+    let client = key.length <= MAX_CACHED_KEY ? chains.get(key) : undefined
+    if (client === undefined) {
+      client = walkForwardedFor(socketAddress, xForwardedFor, trust)
+      if (key.length <= MAX_CACHED_KEY) chains.set(key, client)
+    }
+    return client
+  }
+
+  // Called only for a trusted peer.
+  function walkForwardedFor (socketAddress: string, xForwardedFor: string | string[], trust: (addr: string, i: number) => boolean): ClientIp {
+    let current = parseSocketAddress(socketAddress)
+    if (current === null) return UNKNOWN
     // Node joins repeated XFF lines with ", " but the type allows an array; walk both alike.
     const lines = typeof xForwardedFor === 'string' ? null : xForwardedFor
     let lineIndex = lines === null ? 0 : lines.length - 1
@@ -65,8 +105,7 @@ export function compileClientIpResolver (opts: ClientIpOptions): ClientIpResolve
       // Garbage was written by the hop we trust least so far: stop and keep the address that sent it.
       if (entry === null) break
       current = entry
-      currentText = entry.toString()
-      if (!trust(currentText, hop)) break
+      if (!trust(entry.toString(), hop)) break
     }
     // All hops trusted: the left-most entry is the best we know (as proxy-addr does).
     return toClient(current)
@@ -92,6 +131,9 @@ export function looksLikeMisconfiguredProxy (
 
 // Node reports IPv4 peers of a dual-stack socket as "::ffff:1.2.3.4"; they are IPv4 clients.
 function parseSocketAddress (text: string): ipaddr.IPv4 | ipaddr.IPv6 | null {
+  if (text.startsWith(MAPPED_V4_PREFIX) && isIPv4(text.slice(MAPPED_V4_PREFIX.length))) {
+    return ipaddr.IPv4.parse(text.slice(MAPPED_V4_PREFIX.length))
+  }
   if (!ipaddr.isValid(text)) return null
   const addr = ipaddr.parse(text)
   if (addr.kind() === 'ipv6') {
