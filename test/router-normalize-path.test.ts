@@ -36,7 +36,9 @@ t.test('normalization (RFC 3986 §6.2.2, §5.2.4)', async (t) => {
     ['/a/...', '/a/...'],
     ['/a/..b', '/a/..b'],
     ['/a/b..', '/a/b..'],
-    ['/a/b;..', '/a/b;..']
+    ['/a/b;..', '/a/b;..'],
+    // Overlong UTF-8 for "." stays an opaque encoded segment here; it is not a dot segment.
+    ['/a/%c0%ae%c0%ae/b', '/a/%C0%AE%C0%AE/b']
   ]
   for (const [input, expected] of cases) {
     t.same(normalizePath(input), { ok: true, path: expected }, input)
@@ -82,7 +84,9 @@ t.test('attack strings are rejected', async (t) => {
     '/api/.;/admin',
     '/api/..;jsessionid=1/admin',
     '/api/%2e%2e;/admin',
-    '/api/%2e;x/admin'
+    '/api/%2e;x/admin',
+    '/%u002e%u002e/x',
+    '/a/%2e%2e%5c..%5cx'
   ]
   for (const p of attacks) {
     const r = normalizePath(p)
