@@ -1,0 +1,85 @@
+-- common.lua: helpers shared by limit.lua and refund.lua.
+-- src/limit/scripts.ts concatenates common.lua, the six algorithm files and then limit.lua
+-- (or refund.lua) into one script, so everything here is a chunk-level local.
+-- KEYS: none of its own.  ARGV: none of its own.  Returns: nothing (library).
+--
+-- Numbers: Redis Lua numbers are IEEE doubles. Every value kept here is an integer below 2^52
+-- (validateLimitSpec in src/limit/algorithms/index.ts bounds the products), so +, -, * and
+-- floor(a / b) are exact. The TypeScript twins in src/limit/algorithms/ do the same operations
+-- in the same order, which is what the parity test checks.
+--
+-- Every algorithm file registers ALGORITHMS[code] = { check, commit, refund } with
+--   check(key, p, now)             -> outcome: reads state, never writes
+--   commit(key, p, now, r, id)     -> receipt (integer): writes the admission evaluated by check
+--   refund(key, p, now, receipt, id): undoes a commit whose request was rejected elsewhere
+-- where p = read_params(...), now is in µs and every time in an outcome is in µs.
+
+local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+
+-- Added to every TTL when the clock is overridden (tests only): virtual time does not move
+-- Redis's expiry clock, so a TTL computed from virtual time could drop state a test still needs.
+local ttl_slack_ms = 0
+
+local ALGORITHMS = {}
+
+local function read_clock (override)
+  local o = tonumber(override) or 0
+  if o > 0 then
+    ttl_slack_ms = 600000
+    return o
+  end
+  -- One clock for every gateway instance. Redis >= 5 replicates a script's effects, not the
+  -- script, so reading TIME here is safe (7.0+ always does).
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- Numbers are handed to Redis as '%d' strings: a double would otherwise be formatted
+-- by Redis (possibly with an exponent), and PEXPIRE/SET PX only take integers.
+local function int (x)
+  return string.format('%d', x)
+end
+
+-- µs to ms rounded up: a wait of 0.5 ms is 1 ms, never 0.
+local function ms_up (us)
+  if us <= 0 then return 0 end
+  return ceil(us / 1000)
+end
+
+-- A TTL of at least 1 ms covering `us`: state lives exactly as long as it matters.
+local function ttl_ms (us)
+  return int(max(1, ms_up(us)) + ttl_slack_ms)
+end
+
+local function gcd (a, b)
+  while b ~= 0 do
+    a, b = b, a % b
+  end
+  return a
+end
+
+-- Exact bucket arithmetic: one token is `w` units and `l` units refill per µs, so a refill of
+-- e µs adds e * l units with no fraction to lose (the seed scripts floored it away).
+local function scale (p)
+  local g = gcd(p.window_us, p.limit)
+  return p.window_us / g, p.limit / g
+end
+
+local function read_params (base)
+  local p = {
+    code = tonumber(ARGV[base]),
+    limit = tonumber(ARGV[base + 1]),
+    window_ms = tonumber(ARGV[base + 2]),
+    burst = tonumber(ARGV[base + 3]),
+    cost = tonumber(ARGV[base + 4]),
+    max_delay_ms = tonumber(ARGV[base + 5])
+  }
+  p.window_us = p.window_ms * 1000
+  return p
+end
+
+-- ok: admitted; remaining: whole cost units left; retry: µs until a retry can pass (-1 never);
+-- reset: µs until the budget is whole again; delay: µs to hold an admitted request.
+local function outcome (ok, remaining, retry, reset, delay)
+  return { ok = ok, remaining = remaining, retry = retry, reset = reset, delay = delay }
+end

@@ -1,0 +1,44 @@
+-- fixed-window.lua: counter per fixed window; windows are aligned to the Unix epoch (the same
+-- boundaries for every key and every gateway instance).
+-- KEYS: none of its own (library; the caller passes the check's key).  ARGV: none of its own.
+-- Returns: nothing; registers ALGORITHMS[6].
+-- State: HASH { w = window index floor(now / windowUs), c = count admitted in it }.
+-- The window index is stored rather than trusting the key to expire on the boundary: the TTL
+-- only reclaims memory, decisions never depend on when Redis expires the key.
+
+local function fw_read (key, p, now)
+  local k = floor(now / p.window_us)
+  local s = redis.call('HMGET', key, 'w', 'c')
+  local cur = 0
+  if tonumber(s[1]) == k then cur = tonumber(s[2]) or 0 end
+  return k, cur, (k + 1) * p.window_us - now
+end
+
+local function fw_check (key, p, now)
+  local k, cur, to_end = fw_read(key, p, now)
+  if p.cost <= p.limit and cur + p.cost <= p.limit then
+    local r = outcome(true, p.limit - cur - p.cost, 0, to_end, 0)
+    r.k, r.cur = k, cur + p.cost
+    return r
+  end
+  local reset = 0
+  if cur > 0 then reset = to_end end
+  if p.cost > p.limit then return outcome(false, max(0, p.limit - cur), -1, reset, 0) end
+  return outcome(false, max(0, p.limit - cur), to_end, reset, 0)
+end
+
+-- receipt = the window index the request was counted in.
+local function fw_commit (key, p, now, r)
+  redis.call('HSET', key, 'w', int(r.k), 'c', int(r.cur))
+  redis.call('PEXPIRE', key, ttl_ms(r.reset))
+  return r.k
+end
+
+local function fw_refund (key, p, now, receipt)
+  local s = redis.call('HMGET', key, 'w', 'c')
+  if tonumber(s[1]) == receipt then
+    redis.call('HSET', key, 'c', int(max(0, (tonumber(s[2]) or 0) - p.cost)))
+  end
+end
+
+ALGORITHMS[6] = { check = fw_check, commit = fw_commit, refund = fw_refund }

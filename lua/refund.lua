@@ -1,0 +1,30 @@
+-- refund.lua: undoes the admission limit.lua recorded for checks whose request was rejected by
+-- another call (Redis Cluster: checks in other hash slots are decided by separate calls).
+-- Appended after common.lua and the algorithm files by src/limit/scripts.ts.
+--
+-- KEYS[i]  the state key of check i (one hash slot per call).
+-- ARGV[1]  now override in µs: "0" in production (Redis TIME), positive only in tests.
+-- ARGV[2]  the request id passed to limit.lua for the admission being undone.
+-- ARGV[3 + 7 * (i - 1) .. 9 + 7 * (i - 1)]  check i: the six integers it had in limit.lua
+--          (code, limit, windowMs, burst, cost, maxDelayMs), then receipt_i from limit.lua's reply.
+-- Returns: the number of checks processed.
+--
+-- Each refund gives back at most what the request took, and only the part that time has not
+-- already given back, so a late refund never over-admits. Not idempotent: call it once.
+
+local now = read_clock(ARGV[1])
+local id = ARGV[2]
+local n = #KEYS
+if #ARGV ~= 2 + 7 * n then
+  return redis.error_reply('ERR refund.lua: expected ' .. (2 + 7 * n) .. ' arguments, got ' .. #ARGV)
+end
+for i = 1, n do
+  local base = 3 + 7 * (i - 1)
+  local p = read_params(base)
+  local algorithm = ALGORITHMS[p.code]
+  if not algorithm then
+    return redis.error_reply('ERR refund.lua: unknown algorithm code ' .. tostring(ARGV[base]))
+  end
+  algorithm.refund(KEYS[i], p, now, tonumber(ARGV[base + 6]), id)
+end
+return n

@@ -1,0 +1,59 @@
+-- sliding-window-log.lua: exact sliding window; one ZSET entry per admitted cost unit.
+-- KEYS: none of its own (library; the caller passes the check's key).  ARGV: none of its own.
+-- Returns: nothing; registers ALGORITHMS[4].
+-- State: ZSET, score = admission time in µs, member = "<request id>:<unit>" (1..cost).
+-- Members are unique per request and unit, never timestamps: same-µs requests never collapse.
+-- The window is (now - windowUs, now]; only admitted requests are recorded, so a client that
+-- keeps retrying is admitted again as soon as old entries leave the window.
+
+local function swl_check (key, p, now)
+  local count = redis.call('ZCOUNT', key, '(' .. int(now - p.window_us), '+inf')
+  if p.cost <= p.limit and count + p.cost <= p.limit then
+    return outcome(true, p.limit - count - p.cost, 0, p.window_us, 0)
+  end
+  local remaining = max(0, p.limit - count)
+  local reset = 0
+  if count > 0 then
+    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    reset = tonumber(newest[2]) + p.window_us - now
+  end
+  if p.cost > p.limit then return outcome(false, remaining, -1, reset, 0) end
+  -- The request fits once the k oldest entries in the window have left it. Entries older than
+  -- the window (not trimmed yet) rank before them.
+  local k = count + p.cost - p.limit
+  local rank = redis.call('ZCARD', key) - count + k - 1
+  local entry = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+  return outcome(false, remaining, tonumber(entry[2]) + p.window_us - now, reset, 0)
+end
+
+-- ZADD/ZREM in chunks: unpack() of a very large table would overflow the Lua C stack.
+local function swl_each_chunk (id, cost, per_unit, flush)
+  local args = {}
+  for u = 1, cost do
+    per_unit(args, id .. ':' .. u)
+    if #args >= 512 then
+      flush(args)
+      args = {}
+    end
+  end
+  if #args > 0 then flush(args) end
+end
+
+local function swl_commit (key, p, now, r, id)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - p.window_us))
+  local score = int(now)
+  swl_each_chunk(id, p.cost,
+    function (args, member) args[#args + 1] = score; args[#args + 1] = member end,
+    function (args) redis.call('ZADD', key, unpack(args)) end)
+  redis.call('PEXPIRE', key, ttl_ms(p.window_us))
+  return 0
+end
+
+-- Removes exactly this request's members; an empty ZSET disappears by itself.
+local function swl_refund (key, p, now, receipt, id)
+  swl_each_chunk(id, p.cost,
+    function (args, member) args[#args + 1] = member end,
+    function (args) redis.call('ZREM', key, unpack(args)) end)
+end
+
+ALGORITHMS[4] = { check = swl_check, commit = swl_commit, refund = swl_refund }

@@ -1,0 +1,20 @@
+import { admitted, rejected, type AlgorithmTwin } from './algorithm.js'
+
+// Twin of lua/fixed-window.lua: a counter per fixed window aligned to the Unix epoch. The window
+// index is part of the state, so decisions never depend on when a key happens to expire.
+
+export const fixedWindow: AlgorithmTwin = {
+  name: 'fixed-window',
+  check (state, spec, cost, now) {
+    const windowUs = spec.windowMs * 1000
+    const k = Math.floor(now / windowUs)
+    const count = state?.kind === 'fixed-window' && state.window === k ? state.count : 0
+    const toEnd = (k + 1) * windowUs - now
+    if (cost <= spec.limit && count + cost <= spec.limit) {
+      return admitted(spec.limit - count - cost, toEnd, 0,
+        () => ({ state: { kind: 'fixed-window', window: k, count: count + cost }, ttlUs: toEnd }))
+    }
+    const reset = count > 0 ? toEnd : 0
+    return rejected(Math.max(0, spec.limit - count), cost > spec.limit ? -1 : toEnd, reset)
+  }
+}

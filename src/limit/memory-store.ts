@@ -1,0 +1,113 @@
+import { LRUCache } from 'lru-cache'
+import { ALGORITHMS, assertDecidable, msUp, ttlMs, type AlgorithmState, type Evaluation } from './algorithms/index.js'
+import type { LimitCheck, LimitDecision, LimitStore } from './types.js'
+
+// The in-process store: the TypeScript twins of lua/*.lua over a bounded LRU. It decides
+// synchronously (it is on the hot path) and all-or-nothing, like lua/limit.lua.
+
+/** Where decideAt reads and writes per-key state. `ttlMs` says how long the state matters. */
+export interface LimitStateMap {
+  get(key: string): AlgorithmState | undefined
+  set(key: string, state: AlgorithmState, ttlMs: number): void
+}
+
+export const NO_CHECKS: LimitDecision = Object.freeze({
+  allowed: true, remaining: 0, retryAfterMs: 0, resetMs: 0, limitingIndex: -1, delayMs: 0
+})
+
+// -1 (never) is the longest wait of all.
+function longer (a: number, b: number): boolean {
+  if (a < 0) return b >= 0
+  return b >= 0 && a > b
+}
+
+/**
+ * Decides `checks` at `nowUs` against `state`, with exactly the rules of lua/limit.lua: phase 1
+ * evaluates every check without writing; only if all admit does phase 2 record all of them.
+ * Deciding check: the rejecting one with the longest wait, or when allowed the one with the
+ * least remaining (first on ties). `requestId` is unused here (the log keeps timestamps only);
+ * it is in the signature so both stores are driven alike.
+ */
+export function decideAt (state: LimitStateMap, checks: readonly LimitCheck[], _requestId: string, nowUs: number): LimitDecision {
+  const n = checks.length
+  if (n === 0) return NO_CHECKS
+  const evaluations: Evaluation[] = new Array(n)
+  let rejecting = -1
+  let tightest = -1
+  for (let i = 0; i < n; i++) {
+    const check = checks[i] as LimitCheck
+    const ev = ALGORITHMS[check.spec.algorithm].check(state.get(check.key), check.spec, check.cost, nowUs)
+    evaluations[i] = ev
+    if (!ev.ok) {
+      if (rejecting < 0 || longer(ev.retryUs, (evaluations[rejecting] as Evaluation).retryUs)) rejecting = i
+    } else if (tightest < 0 || ev.remaining < (evaluations[tightest] as Evaluation).remaining) {
+      tightest = i
+    }
+  }
+  if (rejecting >= 0) {
+    const ev = evaluations[rejecting] as Evaluation
+    return {
+      allowed: false,
+      remaining: ev.remaining,
+      retryAfterMs: ev.retryUs < 0 ? -1 : Math.max(1, msUp(ev.retryUs)),
+      resetMs: msUp(ev.resetUs),
+      limitingIndex: rejecting,
+      delayMs: 0
+    }
+  }
+  let delayMs = 0
+  for (let i = 0; i < n; i++) {
+    const ev = evaluations[i] as Evaluation
+    const { state: next, ttlUs } = ev.commit()
+    state.set((checks[i] as LimitCheck).key, next, ttlMs(ttlUs))
+    delayMs = Math.max(delayMs, msUp(ev.delayUs))
+  }
+  const ev = evaluations[tightest] as Evaluation
+  return { allowed: true, remaining: ev.remaining, retryAfterMs: 0, resetMs: msUp(ev.resetUs), limitingIndex: tightest, delayMs }
+}
+
+export interface MemoryStoreOptions {
+  /** Upper bound on keys held; the least recently used key is evicted beyond it. */
+  readonly maxKeys: number
+  /** Clock in µs, for tests. Default: a monotonic clock (never steps back with NTP). */
+  readonly now?: () => number
+}
+
+export interface MemoryStore extends LimitStore {
+  readonly kind: 'memory'
+  /** Synchronous: never returns a Promise. */
+  decide(checks: readonly LimitCheck[], requestId: string): LimitDecision
+  /** Keys currently held (including expired ones not yet purged). */
+  readonly size: number
+}
+
+const monotonicUs = (): number => Math.floor((performance.timeOrigin + performance.now()) * 1000)
+
+export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
+  const { maxKeys } = options
+  if (!Number.isSafeInteger(maxKeys) || maxKeys < 1) throw new RangeError('maxKeys must be an integer >= 1')
+  const now = options.now ?? monotonicUs
+  // The per-entry TTL only reclaims memory early: state is self-validating (it carries its own
+  // times), so an entry kept a little longer decides exactly like a missing one. An evicted
+  // entry does not: its key starts over with a whole budget, hence maxKeys must be sized.
+  const cache = new LRUCache<string, AlgorithmState>({
+    max: maxKeys,
+    ttlAutopurge: false,
+    // With an injected clock, expiry follows that clock (ms); 0 = read it on every check.
+    ...(options.now !== undefined ? { perf: { now: () => now() / 1000 }, ttlResolution: 0 } : {})
+  })
+  const map: LimitStateMap = {
+    get: (key) => cache.get(key),
+    set: (key, state, ttl) => { cache.set(key, state, { ttl }) }
+  }
+  return {
+    kind: 'memory',
+    decide (checks, requestId) {
+      if (checks.length === 0) return NO_CHECKS
+      assertDecidable(checks)
+      return decideAt(map, checks, requestId, now())
+    },
+    get size () { return cache.size },
+    async close () { cache.clear() }
+  }
+}

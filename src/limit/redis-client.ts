@@ -1,0 +1,113 @@
+import { Cluster, Redis, type ClusterOptions, type RedisOptions } from 'ioredis'
+
+// Builds the ioredis client the Redis store runs on: standalone (url), Cluster or Sentinel.
+// Tuned to fail fast: the limiter wraps every call in its own timeout and falls back to a
+// local store, so a command must never sit in a queue while Redis is away.
+
+export interface RedisClientOptions {
+  /** `redis://[:password@]host:port[/db]` or `rediss://…` for one server. */
+  readonly url?: string
+  /** Cluster seed nodes, `redis://host:port` (or `host:port`); the rest is discovered. */
+  readonly cluster?: readonly string[]
+  /** Sentinels watching the master named `name`. */
+  readonly sentinels?: ReadonlyArray<{ readonly host: string, readonly port: number }>
+  /** Sentinel master name. */
+  readonly name?: string
+  readonly password?: string
+  readonly tls?: boolean
+  /** Default 2000. */
+  readonly connectTimeoutMs?: number
+  /** Batch commands issued in the same tick into one write. Default false. */
+  readonly enableAutoPipelining?: boolean
+  /** Receives connection errors (ioredis would otherwise print unhandled 'error' events). */
+  readonly onError?: (err: Error) => void
+}
+
+/** Reconnect delay: 50 ms doubling to a 2 s cap, with jitter so instances do not reconnect in step. */
+export function reconnectDelayMs (attempt: number): number {
+  return Math.min(2000, 50 * 2 ** Math.min(attempt, 6)) + Math.floor(Math.random() * 100)
+}
+
+function common (opts: RedisClientOptions): RedisOptions {
+  return {
+    connectTimeout: opts.connectTimeoutMs ?? 2000,
+    connectionName: 'edge-gateway',
+    // No offline queue and no retries per request: while Redis is down a call fails at once
+    // (the caller falls back) instead of waiting for a reconnect.
+    enableOfflineQueue: false,
+    maxRetriesPerRequest: 0,
+    // A script whose reply was lost may have run: resending it would count the request twice.
+    autoResendUnfulfilledCommands: false,
+    retryStrategy: reconnectDelayMs,
+    enableAutoPipelining: opts.enableAutoPipelining ?? false,
+    ...(opts.password !== undefined ? { password: opts.password } : {}),
+    ...(opts.tls === true ? { tls: {} } : {})
+  }
+}
+
+function parseNode (node: string): { host: string, port: number, password?: string, tls: boolean } {
+  const url = new URL(node.includes('://') ? node : `redis://${node}`)
+  return {
+    host: url.hostname,
+    port: url.port === '' ? 6379 : Number(url.port),
+    ...(url.password !== '' ? { password: decodeURIComponent(url.password) } : {}),
+    tls: url.protocol === 'rediss:'
+  }
+}
+
+export function createRedisClient (opts: RedisClientOptions): Redis | Cluster {
+  const modes = [opts.url, opts.cluster, opts.sentinels].filter((m) => m !== undefined).length
+  if (modes !== 1) throw new TypeError('createRedisClient: give exactly one of url, cluster, sentinels')
+  let client: Redis | Cluster
+  if (opts.cluster !== undefined) {
+    const nodes = opts.cluster.map(parseNode)
+    const { enableOfflineQueue: _q, retryStrategy: _r, ...nodeOptions } = common(opts)
+    const password = opts.password ?? nodes.find((n) => n.password !== undefined)?.password
+    const clusterOptions: ClusterOptions = {
+      // Reads too go to masters: a replica may lag and let a client exceed its limit.
+      scaleReads: 'master',
+      enableOfflineQueue: false,
+      enableAutoPipelining: opts.enableAutoPipelining ?? false,
+      clusterRetryStrategy: reconnectDelayMs,
+      redisOptions: {
+        ...nodeOptions,
+        ...(password !== undefined ? { password } : {}),
+        ...(opts.tls === true || nodes.some((n) => n.tls) ? { tls: {} } : {})
+      }
+    }
+    const cluster = new Cluster(nodes.map(({ host, port }) => ({ host, port })), clusterOptions)
+    cluster.on('node error', (err: Error) => opts.onError?.(err))
+    client = cluster
+  } else if (opts.sentinels !== undefined) {
+    if (opts.name === undefined) throw new TypeError('createRedisClient: sentinels need the master name')
+    client = new Redis({
+      ...common(opts),
+      sentinels: opts.sentinels.map(({ host, port }) => ({ host, port })),
+      name: opts.name,
+      role: 'master',
+      sentinelRetryStrategy: reconnectDelayMs,
+      ...(opts.tls === true ? { enableTLSForSentinelMode: true } : {})
+    })
+  } else {
+    const url = opts.url as string
+    client = new Redis(url, { ...common(opts), ...(url.startsWith('rediss:') ? { tls: {} } : {}) })
+  }
+  client.on('error', (err: Error) => opts.onError?.(err))
+  return client
+}
+
+/** Resolves once `client` is ready for commands; rejects after `timeoutMs`. */
+export async function whenReady (client: Redis | Cluster, timeoutMs = 5000): Promise<void> {
+  if (client.status === 'ready') return
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => {
+      client.off('ready', onReady)
+      reject(new Error(`redis not ready after ${timeoutMs} ms (status ${client.status})`))
+    }, timeoutMs)
+    function onReady (): void {
+      clearTimeout(timer)
+      resolve()
+    }
+    client.once('ready', onReady)
+  })
+}

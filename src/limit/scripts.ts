@@ -1,0 +1,81 @@
+import { readFileSync } from 'node:fs'
+import { ALGORITHM_CODES, type LimitCheck, type LimitDecision } from './types.js'
+
+// The Lua scripts, built once at load time from the files in lua/: the shared helpers, one file
+// per algorithm, then the entry point. See the header of each file for its KEYS, ARGV and reply.
+
+const LUA_DIR = new URL('../../lua/', import.meta.url)
+const LIBRARY = [
+  'common.lua',
+  'gcra.lua',
+  'token-bucket.lua',
+  'leaky-bucket.lua',
+  'sliding-window-log.lua',
+  'sliding-window.lua',
+  'fixed-window.lua'
+]
+
+const read = (file: string): string => readFileSync(new URL(file, LUA_DIR), 'utf8')
+const library = LIBRARY.map(read).join('\n')
+
+/** lua/limit.lua with its library: decides all checks of a request atomically, all or nothing. */
+export const LIMIT_SCRIPT = `${library}\n${read('limit.lua')}`
+/** lua/refund.lua with its library: undoes admissions recorded by LIMIT_SCRIPT. */
+export const REFUND_SCRIPT = `${library}\n${read('refund.lua')}`
+
+type Arg = string | number
+
+function pushCheck (args: Arg[], check: LimitCheck): void {
+  const s = check.spec
+  args.push(ALGORITHM_CODES[s.algorithm], s.limit, s.windowMs, s.burst, check.cost, s.maxDelayMs)
+}
+
+/**
+ * ARGV of LIMIT_SCRIPT: now override (µs; 0 = Redis TIME, positive only in tests), request id,
+ * then six integers per check.
+ */
+export function limitArgs (checks: readonly LimitCheck[], requestId: string, nowOverrideUs = 0): Arg[] {
+  const args: Arg[] = [nowOverrideUs, requestId]
+  for (const check of checks) pushCheck(args, check)
+  return args
+}
+
+/** ARGV of REFUND_SCRIPT: as limitArgs, each check followed by its receipt from the limit reply. */
+export function refundArgs (checks: readonly LimitCheck[], receipts: readonly number[], requestId: string, nowOverrideUs = 0): Arg[] {
+  const args: Arg[] = [nowOverrideUs, requestId]
+  checks.forEach((check, i) => {
+    pushCheck(args, check)
+    args.push(receipts[i] as number)
+  })
+  return args
+}
+
+export interface LimitReply {
+  readonly decision: LimitDecision
+  /** Redis time of the decision, ms. */
+  readonly nowMs: number
+  /** One per check when allowed (what refund needs), empty when rejected. */
+  readonly receipts: readonly number[]
+}
+
+/** Parses LIMIT_SCRIPT's reply for `checkCount` checks; throws on anything else. */
+export function parseLimitReply (reply: unknown, checkCount: number): LimitReply {
+  if (!Array.isArray(reply) || reply.length < 7 || !reply.every((v) => typeof v === 'number')) {
+    throw new TypeError(`unexpected reply from limit.lua: ${JSON.stringify(reply)}`)
+  }
+  const r = reply as number[]
+  const allowed = r[0] === 1
+  if (allowed && r.length !== 7 + checkCount) throw new TypeError(`limit.lua returned ${r.length - 7} receipts for ${checkCount} checks`)
+  return {
+    decision: {
+      allowed,
+      remaining: r[1] as number,
+      retryAfterMs: r[2] as number,
+      resetMs: r[3] as number,
+      limitingIndex: r[4] as number,
+      delayMs: r[5] as number
+    },
+    nowMs: r[6] as number,
+    receipts: allowed ? r.slice(7) : []
+  }
+}
