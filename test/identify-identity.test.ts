@@ -181,5 +181,13 @@ t.test('JWKS from a real HTTP server', async (t) => {
 
   const down = await compileIdentity({ jwt: { jwksUrl: `http://127.0.0.1:${port}/missing` } })
   const res = await resolve(down, bearer(token))
-  t.equal(res.ok, false, 'an unavailable key set refuses the token')
+  t.same(res, { ok: false, reason: 'key set unavailable' }, 'a non-200 key set refuses the token')
+
+  // Nothing listens on a port just released by a closed server.
+  const gone = createServer()
+  await new Promise<void>(resolve => gone.listen(0, '127.0.0.1', resolve))
+  const gonePort = (gone.address() as AddressInfo).port
+  await new Promise<void>(resolve => gone.close(() => resolve()))
+  const refused = await compileIdentity({ jwt: { jwksUrl: `http://127.0.0.1:${gonePort}/jwks.json` } })
+  t.same(await resolve(refused, bearer(token)), { ok: false, reason: 'key set unavailable' }, 'connection refused')
 })

@@ -117,6 +117,7 @@ async function compileJwt (jwt: JwtConfig, absent: IdentityResult): Promise<Iden
   const sources = [jwt.secret, jwt.publicKey, jwt.jwksUrl].filter(s => s !== undefined).length
   if (sources !== 1) throw invalid('jwt needs exactly one of "secret", "publicKey" or "jwksUrl"')
   const { key, algorithms } = await compileJwtKey(jwt)
+  const remote = jwt.jwksUrl !== undefined
   const claim = jwt.claim ?? 'sub'
   const options: JWTVerifyOptions = { algorithms }
   if (jwt.issuer !== undefined) options.issuer = jwt.issuer
@@ -143,7 +144,7 @@ async function compileJwt (jwt: JwtConfig, absent: IdentityResult): Promise<Iden
     try {
       payload = (await jwtVerify(token, key, options)).payload
     } catch (err) {
-      return joseFailure(err)
+      return joseFailure(err, remote)
     }
     const value = payload[claim]
     const user = typeof value === 'string' ? value : typeof value === 'number' && Number.isFinite(value) ? String(value) : ''
@@ -274,12 +275,15 @@ const CLAIM_REASONS: ReadonlyMap<string, IdentityResult> = new Map(
   ['iss', 'aud', 'nbf', 'iat', 'exp', 'sub', 'jti'].map(c => [c, failure(`token "${c}" claim check failed`)])
 )
 const INVALID_TOKEN = failure('invalid token')
-// No jose code: e.g. the JWKS fetch failed at the socket level (undici TypeError).
 const UNVERIFIABLE = failure('token could not be verified')
+const KEY_SET_UNAVAILABLE = JOSE_REASONS.get('ERR_JWKS_TIMEOUT') as IdentityResult
 
-function joseFailure (err: unknown): IdentityResult {
+function joseFailure (err: unknown, remote: boolean): IdentityResult {
   const { code, claim } = err as { code?: unknown; claim?: unknown }
   if (code === 'ERR_JWT_CLAIM_VALIDATION_FAILED' && typeof claim === 'string') return CLAIM_REASONS.get(claim) ?? INVALID_TOKEN
+  // A JWKS fetch that fails at the socket (undici TypeError) or answers non-200 (generic
+  // JOSEError) carries no specific code.
+  if (remote && (code === undefined || code === 'ERR_JOSE_GENERIC')) return KEY_SET_UNAVAILABLE
   if (typeof code === 'string') return JOSE_REASONS.get(code) ?? INVALID_TOKEN
   return UNVERIFIABLE
 }
