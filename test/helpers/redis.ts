@@ -1,0 +1,251 @@
+// Real redis-server processes for tests: one server, or a 3-master cluster, on free ports in
+// temporary directories. Callers register stop() with t.teardown right after starting.
+//
+// No leaked processes, however the test ends: each redis-server runs under a tiny sh watchdog
+// that holds a pipe from this process and SIGKILLs the server when the pipe closes, which the
+// kernel does when this process exits for any reason, SIGKILL included.
+import { spawn, execFile, type ChildProcess } from 'node:child_process'
+import { mkdtemp, readFile, rm } from 'node:fs/promises'
+import { connect, createServer } from 'node:net'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { promisify } from 'node:util'
+import { Redis } from 'ioredis'
+
+export interface RedisServer {
+  readonly port: number
+  readonly url: string
+  /** A plain client (offline queue on: convenient for reading keys in tests); closed by stop(). */
+  client(): Redis
+  /** SIGKILL the server, to simulate a crash. */
+  kill(): Promise<void>
+  /** Start it again on the same port (after kill()). */
+  restart(): Promise<void>
+  stop(): Promise<void>
+}
+
+export interface RedisClusterServers {
+  readonly ports: number[]
+  readonly urls: string[]
+  stop(): Promise<void>
+}
+
+// The watchdog. `exec 3<&0` keeps the pipe: sh gives background jobs /dev/null as stdin.
+const WATCHDOG = [
+  'exec 3<&0',
+  'redis-server "$@" </dev/null 3<&- &',
+  'rpid=$!',
+  'echo "$rpid"',
+  '( cat <&3 >/dev/null; kill -9 "$rpid" 2>/dev/null ) &',
+  'wpid=$!',
+  'wait "$rpid"',
+  'status=$?',
+  'kill "$wpid" 2>/dev/null',
+  'exit "$status"'
+].join('\n')
+
+const livePids = new Set<number>()
+process.once('exit', () => {
+  for (const pid of livePids) {
+    try { process.kill(pid, 'SIGKILL') } catch { /* already gone */ }
+  }
+})
+
+interface Running {
+  readonly watchdog: ChildProcess
+  readonly pid: number
+  readonly exited: Promise<void>
+}
+
+function launch (args: readonly string[]): Promise<Running> {
+  // stderr ignored: sh reports "Killed" for the crashes tests cause; the server logs to a file.
+  const watchdog = spawn('sh', ['-c', WATCHDOG, 'sh', ...args], { stdio: ['pipe', 'pipe', 'ignore'] })
+  const exited = new Promise<void>((resolve) => watchdog.once('exit', () => resolve()))
+  return new Promise((resolve, reject) => {
+    let out = ''
+    watchdog.once('error', reject)
+    watchdog.stdout?.on('data', (d: Buffer) => {
+      out += d.toString()
+      const line = out.split('\n')[0]
+      if (out.includes('\n') && line !== undefined) {
+        const pid = Number(line)
+        livePids.add(pid)
+        void exited.then(() => livePids.delete(pid))
+        resolve({ watchdog, pid, exited })
+      }
+    })
+  })
+}
+
+async function canBind (port: number): Promise<boolean> {
+  return await new Promise((resolve) => {
+    const server = createServer()
+    server.once('error', () => resolve(false))
+    server.listen(port, '127.0.0.1', () => server.close(() => resolve(true)))
+  })
+}
+
+/** A port that is free now (and, for cluster nodes, whose bus port +10000 is free too). */
+async function freePort (withBus: boolean): Promise<number> {
+  for (;;) {
+    const port = 20000 + Math.floor(Math.random() * 30000)
+    if (await canBind(port) && (!withBus || await canBind(port + 10000))) return port
+  }
+}
+
+/** Sends one inline command over a raw socket and returns the raw reply ('' on failure). */
+async function rawCommand (port: number, command: string): Promise<string> {
+  return await new Promise((resolve) => {
+    const sock = connect(port, '127.0.0.1')
+    let data = ''
+    const done = (reply: string): void => { sock.destroy(); resolve(reply) }
+    sock.setTimeout(1000, () => done(''))
+    sock.on('error', () => done(''))
+    sock.on('connect', () => sock.write(`${command}\r\n`))
+    sock.on('data', (d: Buffer) => {
+      data += d.toString()
+      const bulk = /^\$(\d+)\r\n/.exec(data)
+      if (bulk !== null) {
+        if (data.length >= bulk[0].length + Number(bulk[1]) + 2) done(data.slice(bulk[0].length, bulk[0].length + Number(bulk[1])))
+      } else if (data.endsWith('\r\n')) {
+        done(data)
+      }
+    })
+  })
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
+
+async function waitFor (what: string, probe: () => Promise<boolean>, timeoutMs: number, gone?: Promise<void>): Promise<void> {
+  let exited = false
+  void gone?.then(() => { exited = true })
+  const deadline = Date.now() + timeoutMs
+  while (Date.now() < deadline) {
+    if (await probe()) return
+    if (exited) throw new Error(`${what}: redis-server exited`)
+    await sleep(20)
+  }
+  throw new Error(`${what}: timed out after ${timeoutMs} ms`)
+}
+
+interface Node {
+  readonly port: number
+  readonly dir: string
+  running: Running | null
+  start(): Promise<void>
+  kill(): Promise<void>
+  stop(): Promise<void>
+}
+
+async function startNode (extraArgs: (dir: string) => string[], withBus: boolean): Promise<Node> {
+  const dir = await mkdtemp(join(tmpdir(), 'gw-redis-'))
+  for (let attempt = 1; ; attempt++) {
+    const port = await freePort(withBus)
+    const args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
+      '--dir', dir, '--logfile', join(dir, 'redis.log'), ...extraArgs(dir)]
+    const node: Node = {
+      port,
+      dir,
+      running: null,
+      async start () {
+        const running = await launch(args)
+        node.running = running
+        try {
+          await waitFor(`redis-server on ${port}`, async () => (await rawCommand(port, 'PING')).startsWith('+PONG'), 10_000, running.exited)
+        } catch (err) {
+          const log = await readFile(join(dir, 'redis.log'), 'utf8').catch(() => '')
+          throw new Error(`${(err as Error).message}\n${log.slice(-2000)}`, { cause: err })
+        }
+      },
+      async kill () {
+        const running = node.running
+        if (running === null) return
+        node.running = null
+        try { process.kill(running.pid, 'SIGKILL') } catch { /* already gone */ }
+        await running.exited
+        running.watchdog.stdin?.end()
+      },
+      async stop () {
+        const running = node.running
+        if (running === null) return
+        node.running = null
+        try { process.kill(running.pid, 'SIGTERM') } catch { /* already gone */ }
+        const timer = setTimeout(() => {
+          try { process.kill(running.pid, 'SIGKILL') } catch { /* already gone */ }
+        }, 5000)
+        await running.exited
+        clearTimeout(timer)
+        running.watchdog.stdin?.end()
+      }
+    }
+    try {
+      await node.start()
+      return node
+    } catch (err) {
+      // Most likely another test grabbed the port between the probe and redis binding it.
+      await node.kill()
+      if (attempt >= 5) {
+        await rm(dir, { recursive: true, force: true })
+        throw err
+      }
+    }
+  }
+}
+
+export async function startRedis (): Promise<RedisServer> {
+  const node = await startNode(() => [], false)
+  const clients: Redis[] = []
+  return {
+    port: node.port,
+    url: `redis://127.0.0.1:${node.port}`,
+    client () {
+      const client = new Redis({ host: '127.0.0.1', port: node.port, maxRetriesPerRequest: 1 })
+      // Tests kill the server on purpose: connection errors are expected, not crashes.
+      client.on('error', () => {})
+      clients.push(client)
+      return client
+    },
+    kill: () => node.kill(),
+    async restart () {
+      await node.kill()
+      await node.start()
+    },
+    async stop () {
+      for (const c of clients.splice(0)) c.disconnect()
+      await node.stop()
+      await rm(node.dir, { recursive: true, force: true })
+    }
+  }
+}
+
+const execFileAsync = promisify(execFile)
+
+/** A real cluster: three masters, no replicas, all 16384 slots assigned. */
+export async function startRedisCluster (): Promise<RedisClusterServers> {
+  const nodes: Node[] = []
+  const stop = async (): Promise<void> => {
+    await Promise.all(nodes.map(async (n) => {
+      await n.stop()
+      await rm(n.dir, { recursive: true, force: true })
+    }))
+  }
+  try {
+    for (let i = 0; i < 3; i++) {
+      nodes.push(await startNode((dir) => ['--cluster-enabled', 'yes', '--cluster-config-file', join(dir, 'nodes.conf'),
+        '--cluster-node-timeout', '5000'], true))
+    }
+    await execFileAsync('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`),
+      '--cluster-replicas', '0', '--cluster-yes'], { timeout: 30_000 })
+    for (const n of nodes) {
+      await waitFor(`cluster node ${n.port}`, async () => {
+        const info = await rawCommand(n.port, 'CLUSTER INFO')
+        return info.includes('cluster_state:ok') && info.includes('cluster_known_nodes:3') && info.includes('cluster_slots_ok:16384')
+      }, 30_000, n.running?.exited)
+    }
+  } catch (err) {
+    await stop()
+    throw err
+  }
+  const ports = nodes.map((n) => n.port)
+  return { ports, urls: ports.map((p) => `redis://127.0.0.1:${p}`), stop }
+}
