@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { request as httpsRequest } from 'node:https'
 import type { AddressInfo } from 'node:net'
-import { spawnGateway } from './helpers/gateway.js'
+import { childEnv, spawnGateway } from './helpers/gateway.js'
 
 /** An upstream that answers `<name>` after `?delay=ms`. */
 async function upstream (name: string): Promise<{ server: Server, url: string }> {
@@ -54,9 +54,9 @@ t.test('SIGHUP: a valid file swaps in, an invalid one keeps the old config servi
   t.not(after.hash, before.hash)
 
   writeFileSync(gw.file, config(a.url).replace('upstream: backend', 'upstream: backend2'))
-  execFileSync(process.execPath, ['bin/gateway', 'reload', '--pid-file', gw.pidFile])
+  execFileSync(process.execPath, ['bin/gateway', 'reload', '--pid-file', gw.pidFile], { env: childEnv() })
   const rejected = await gw.waitForLog(l => l.msg === 'reload rejected; the running configuration keeps serving')
-  t.match(String((rejected.problems as string[])[0]), /gateway\.yaml:9:15 routes\[0\]\.upstream: unknown upstream "backend2"/)
+  t.match(String((rejected.problems as string[])[0]), /gateway\.yaml:10:15 routes\[0\]\.upstream: unknown upstream "backend2"/)
   t.equal(await (await fetch(`${gw.url}/x`)).text(), 'B', 'the old config keeps serving')
   const metrics = await (await fetch(`${gw.adminUrl}/metrics`)).text()
   t.match(metrics, /gateway_config_reloads_total\{result="success"\} 1/)
@@ -76,23 +76,23 @@ t.test('SIGTERM drains in-flight requests, then exits 0', async t => {
 })
 
 t.test('gateway validate prints located errors and exits 1; exits 0 on a valid file', async t => {
-  const bad = spawnSync(process.execPath, ['bin/gateway', 'validate', '-c', 'test/fixtures/config/unknown-upstream.yaml'], { encoding: 'utf8' })
+  const bad = spawnSync(process.execPath, ['bin/gateway', 'validate', '-c', 'test/fixtures/config/unknown-upstream.yaml'], { encoding: 'utf8', env: childEnv() })
   t.equal(bad.status, 1)
   t.equal(bad.stderr.trim(), 'test/fixtures/config/unknown-upstream.yaml:7:15 routes[0].upstream: unknown upstream "backend2"')
-  const good = spawnSync(process.execPath, ['bin/gateway', 'validate', '-c', 'gateway.yaml'], { encoding: 'utf8' })
+  const good = spawnSync(process.execPath, ['bin/gateway', 'validate', '-c', 'gateway.yaml'], { encoding: 'utf8', env: childEnv() })
   t.equal(good.status, 0, good.stderr)
   t.match(good.stdout, /gateway\.yaml: ok/)
-  const start = spawnSync(process.execPath, ['bin/gateway', '-c', 'test/fixtures/config/typo-key.yaml'], { encoding: 'utf8' })
+  const start = spawnSync(process.execPath, ['bin/gateway', '-c', 'test/fixtures/config/typo-key.yaml'], { encoding: 'utf8', env: childEnv() })
   t.equal(start.status, 1, 'start refuses an invalid file')
   t.match(start.stderr, /limits\.ip\.limt: unknown key "limt"/)
 })
 
 t.test('gateway schema prints the committed JSON Schema; --version and --help', async t => {
-  const out = execFileSync(process.execPath, ['bin/gateway', 'schema'], { encoding: 'utf8' })
+  const out = execFileSync(process.execPath, ['bin/gateway', 'schema'], { encoding: 'utf8', env: childEnv() })
   t.same(JSON.parse(out), JSON.parse(readFileSync('gateway.schema.json', 'utf8')))
   const pkg = JSON.parse(readFileSync('package.json', 'utf8')) as { version: string }
-  t.equal(execFileSync(process.execPath, ['bin/gateway', '--version'], { encoding: 'utf8' }).trim(), pkg.version)
-  t.match(execFileSync(process.execPath, ['bin/gateway', '--help'], { encoding: 'utf8' }), /validate/)
+  t.equal(execFileSync(process.execPath, ['bin/gateway', '--version'], { encoding: 'utf8', env: childEnv() }).trim(), pkg.version)
+  t.match(execFileSync(process.execPath, ['bin/gateway', '--help'], { encoding: 'utf8', env: childEnv() }), /validate/)
 })
 
 function makeCert (dir: string, cn: string): { cert: string, key: string } {
@@ -104,10 +104,11 @@ function makeCert (dir: string, cn: string): { cert: string, key: string } {
 
 function peerCn (port: number): Promise<{ cn: string, body: string }> {
   return new Promise((resolve, reject) => {
-    const req = httpsRequest({ host: '127.0.0.1', port, path: '/', rejectUnauthorized: false }, res => {
+    const req = httpsRequest({ host: '127.0.0.1', port, path: '/', rejectUnauthorized: false, agent: false }, res => {
+      const cn = String((res.socket as import('node:tls').TLSSocket).getPeerCertificate().subject.CN)
       let body = ''
       res.on('data', (c: Buffer) => { body += c.toString() })
-      res.on('end', () => resolve({ cn: String((res.socket as import('node:tls').TLSSocket).getPeerCertificate().subject.CN), body }))
+      res.on('end', () => resolve({ cn, body }))
     })
     req.on('error', reject)
     req.end()

@@ -8,6 +8,18 @@ import { Writable } from 'node:stream'
 import { Gateway } from '../../src/server.js'
 import { createLogger } from '../../src/log.js'
 
+/**
+ * The environment for child processes: without tap's NODE_OPTIONS (its TypeScript loader would
+ * otherwise be injected into bin/gateway, which runs the compiled JavaScript).
+ */
+export function childEnv (extra: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = {}
+  for (const [k, v] of Object.entries(process.env)) {
+    if (k !== 'NODE_OPTIONS' && !k.startsWith('_TAPJS_') && !k.startsWith('TAP_')) env[k] = v
+  }
+  return { ...env, ...extra }
+}
+
 interface Teardown { teardown: (fn: () => unknown) => void }
 
 export interface LogCapture {
@@ -57,7 +69,7 @@ export interface GatewayProcess {
 export async function spawnGateway (t: Teardown, yaml: string, extraArgs: string[] = []): Promise<GatewayProcess> {
   const file = writeConfig(t, yaml)
   const pidFile = file.replace(/gateway\.yaml$/, 'gateway.pid')
-  const child = spawn(process.execPath, ['bin/gateway', 'start', '-c', file, '--pid-file', pidFile, ...extraArgs], { stdio: ['ignore', 'pipe', 'pipe'] })
+  const child = spawn(process.execPath, ['bin/gateway', 'start', '-c', file, '--pid-file', pidFile, ...extraArgs], { stdio: ['ignore', 'pipe', 'pipe'], env: childEnv() })
   const exited = new Promise<number | null>(resolve => child.once('exit', code => resolve(code)))
   t.teardown(async () => {
     if (child.exitCode === null && child.signalCode === null) {
