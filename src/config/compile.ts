@@ -133,6 +133,7 @@ export async function compileRuntime (
     telemetry
   })
   const identity = await compileIdentity(config.identity)
+  await resources.redisReady(config)
   return Object.freeze({
     generation,
     file: loaded.file,

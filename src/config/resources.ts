@@ -7,7 +7,7 @@ import { UpstreamPool, type UpstreamConfig } from '../proxy/upstream-pool.js'
 import { LocalLevel, DenyCache } from '../limit/local-level.js'
 import { createMemoryStore } from '../limit/memory-store.js'
 import { createRedisStore } from '../limit/redis-store.js'
-import { createRedisClient } from '../limit/redis-client.js'
+import { createRedisClient, whenReady } from '../limit/redis-client.js'
 import { InstanceHeartbeat } from '../limit/heartbeat.js'
 import { RedisGuard, type BreakerState } from '../limit/redis-guard.js'
 import type { LimitStore } from '../limit/types.js'
@@ -107,6 +107,22 @@ export class ResourceCache {
       this.redis.set(key, bundle = { client, store, heartbeat, guard })
     }
     return bundle.guard
+  }
+
+  /**
+   * Waits (bounded) for the Redis connection so the first requests are decided by Redis rather
+   * than by the fallback; a Redis that is down at start-up is logged, not fatal.
+   */
+  async redisReady (config: GatewayConfig, timeoutMs = 2000): Promise<void> {
+    if (config.redis === undefined) return
+    const bundle = this.redis.get(JSON.stringify(config.redis))
+    if (bundle === undefined) return
+    try {
+      await whenReady(bundle.client, timeoutMs)
+      await bundle.heartbeat.beat()
+    } catch (err) {
+      this.logger.warn({ err: (err as Error).message }, 'Redis is not reachable yet: limits follow onError until it is')
+    }
   }
 
   redisStatus (config: GatewayConfig): RedisStatus {
