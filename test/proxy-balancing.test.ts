@@ -1,0 +1,166 @@
+// Upstream pools through the front door: weighted round-robin, passive ejection, retry on another
+// target, 503 with every target ejected, connect timeouts, graceful close.
+import t from 'tap'
+import { Agent, request } from 'undici'
+import { UpstreamPool, type UpstreamConfig } from '../src/proxy/upstream-pool.js'
+import { forwardRequest, type ForwardPlan, type ForwardResult } from '../src/proxy/forward.js'
+import { refusingUrl, startBlackhole, startHttpServer, startUpstream } from './helpers/upstream.js'
+
+interface Teardown { teardown: (fn: () => unknown) => void }
+
+const client = new Agent({ keepAliveTimeout: 1000 })
+t.teardown(() => client.close())
+
+const BASE: Omit<UpstreamConfig, 'targets'> = {
+  name: 'test',
+  connectTimeoutMs: 2000,
+  responseTimeoutMs: 5000,
+  ejectMs: 10_000,
+  maxConnectionsPerTarget: 16,
+  keepAliveTimeoutMs: 4000
+}
+
+function poolOf (t: Teardown, targets: { url: string, weight?: number }[], over: Partial<UpstreamConfig> = {}): UpstreamPool {
+  const pool = new UpstreamPool({ ...BASE, targets: targets.map(({ url, weight }) => ({ url, weight: weight ?? 1 })), ...over })
+  t.teardown(() => pool.destroy())
+  return pool
+}
+
+function planOf (pool: UpstreamPool): ForwardPlan {
+  return {
+    pool,
+    stripPrefix: null,
+    responseTimeoutMs: pool.config.responseTimeoutMs,
+    maxBodySize: Infinity,
+    requestHeaders: { set: [], remove: [] },
+    responseHeaders: { set: [], remove: [] }
+  }
+}
+
+async function startFront (t: Teardown, plan: ForwardPlan): Promise<{ url: string, results: ForwardResult[] }> {
+  const results: ForwardResult[] = []
+  const { url } = await startHttpServer(t, (req, res) => {
+    forwardRequest(req, res, plan, { requestId: 'rid', clientIp: '127.0.0.1', proto: 'http', path: req.url ?? '/' }, (result) => results.push(result))
+  })
+  return { url, results }
+}
+
+async function call (url: string, method: 'GET' | 'POST' | 'PUT' = 'GET', body?: string): Promise<{ status: number, json: { name?: string, error?: string, body?: string } }> {
+  const res = await request(url, { method, body, dispatcher: client })
+  return { status: res.statusCode, json: await res.body.json() as { name?: string, error?: string } }
+}
+
+t.test('traffic follows the weights (smooth weighted round-robin)', async (t) => {
+  const ups = [await startUpstream(t, 'a'), await startUpstream(t, 'b'), await startUpstream(t, 'c')]
+  const front = await startFront(t, planOf(poolOf(t, [
+    { url: ups[0]!.url, weight: 1 },
+    { url: ups[1]!.url, weight: 2 },
+    { url: ups[2]!.url, weight: 3 }
+  ])))
+  const order: string[] = []
+  for (let i = 0; i < 300; i++) order.push((await call(front.url + '/')).json.name ?? '')
+  t.same(ups.map((u) => u.requests), [50, 100, 150], '1:2:3 of 300 requests')
+  // Smooth: the heaviest target never takes more than its share in a row (c, b, a, c, b, c ...).
+  t.same(order.slice(0, 6), ['c', 'b', 'a', 'c', 'b', 'c'])
+})
+
+t.test('an idempotent request is retried once on another target when the first refuses', async (t) => {
+  const second = await startUpstream(t, 'second')
+  const front = await startFront(t, planOf(poolOf(t, [{ url: await refusingUrl() }, { url: second.url }])))
+  const answer = await call(front.url + '/first')
+  t.equal(answer.status, 200)
+  t.equal(answer.json.name, 'second')
+  t.equal(second.requests, 1, 'the second target saw exactly one request')
+  t.match(front.results[0], { status: 200, target: second.url, errorKind: null })
+  // The refusing target is ejected: everything goes to the healthy one for ejectMs.
+  for (let i = 0; i < 10; i++) t.equal((await call(front.url + '/')).status, 200)
+  t.equal(second.requests, 11)
+})
+
+t.test('a PUT with a body is retried when the body was not sent yet', async (t) => {
+  const second = await startUpstream(t, 'second')
+  const front = await startFront(t, planOf(poolOf(t, [{ url: await refusingUrl() }, { url: second.url }])))
+  const answer = await call(front.url + '/put', 'PUT', 'the whole body')
+  t.equal(answer.status, 200)
+  t.equal(answer.json.body, 'the whole body', 'the retried request carries the whole body')
+})
+
+t.test('POST is not retried', async (t) => {
+  const second = await startUpstream(t, 'second')
+  const front = await startFront(t, planOf(poolOf(t, [{ url: await refusingUrl() }, { url: second.url }])))
+  const answer = await call(front.url + '/', 'POST', 'payload')
+  t.equal(answer.status, 502)
+  t.equal(answer.json.error, 'GW_ERR_UPSTREAM_UNAVAILABLE')
+  t.equal(second.requests, 0)
+  t.match(front.results[0], { status: 502, errorKind: 'refused' })
+})
+
+t.test('503 GW_ERR_NO_HEALTHY_UPSTREAM while every target is ejected, until ejectMs passes', async (t) => {
+  const front = await startFront(t, planOf(poolOf(t, [{ url: await refusingUrl() }, { url: await refusingUrl() }], { ejectMs: 500 })))
+  const first = await call(front.url + '/')
+  t.equal(first.status, 502, 'both targets refused: the retry failed too')
+  const during = await call(front.url + '/')
+  t.equal(during.status, 503)
+  t.equal(during.json.error, 'GW_ERR_NO_HEALTHY_UPSTREAM')
+  t.match(front.results[1], { status: 503, errorKind: 'no_healthy', target: null })
+  await new Promise((resolve) => setTimeout(resolve, 600))
+  t.equal((await call(front.url + '/')).status, 502, 'after the cool-down the targets are tried again')
+})
+
+t.test('504 on connect timeout, the target is ejected and GET goes to the next target', async (t) => {
+  const blackhole = await startBlackhole(t)
+  const healthy = await startUpstream(t, 'healthy')
+  const alone = await startFront(t, planOf(poolOf(t, [{ url: blackhole }], { connectTimeoutMs: 300 })))
+  const started = Date.now()
+  const timedOut = await call(alone.url + '/')
+  t.equal(timedOut.status, 504)
+  t.equal(timedOut.json.error, 'GW_ERR_UPSTREAM_TIMEOUT')
+  t.ok(Date.now() - started < 2000)
+  t.match(alone.results[0], { errorKind: 'connect_timeout' })
+  t.equal((await call(alone.url + '/')).status, 503, 'ejected after the connect timeout')
+
+  const pair = await startFront(t, planOf(poolOf(t, [{ url: blackhole }, { url: healthy.url }], { connectTimeoutMs: 300 })))
+  const retried = await call(pair.url + '/')
+  t.equal(retried.status, 200)
+  t.equal(retried.json.name, 'healthy')
+})
+
+t.test('pick() skips ejected targets and honours exclude', async (t) => {
+  const pool = poolOf(t, [{ url: 'http://127.0.0.1:1' }, { url: 'http://127.0.0.1:2' }])
+  const [a, b] = pool.targets
+  t.equal(pool.pick(a), b)
+  pool.eject(b!)
+  t.equal(pool.pick(), a)
+  t.equal(pool.pick(a), null)
+  pool.eject(a!)
+  t.equal(pool.pick(), null)
+})
+
+t.test('identical configs have identical signatures', async (t) => {
+  const config: UpstreamConfig = { ...BASE, targets: [{ url: 'http://127.0.0.1:1', weight: 1 }] }
+  const one = poolOf(t, [{ url: 'http://127.0.0.1:1' }])
+  const same = new UpstreamPool(JSON.parse(JSON.stringify(config)) as UpstreamConfig)
+  t.teardown(() => same.destroy())
+  t.equal(one.signature, same.signature)
+  t.not(poolOf(t, [{ url: 'http://127.0.0.1:1', weight: 2 }]).signature, one.signature)
+  t.not(poolOf(t, [{ url: 'http://127.0.0.1:1' }], { responseTimeoutMs: 1 }).signature, one.signature)
+})
+
+t.test('close() lets in-flight requests finish', async (t) => {
+  const upstream = await startUpstream(t)
+  const pool = poolOf(t, [{ url: upstream.url }])
+  const front = await startFront(t, planOf(pool))
+  const pending = call(front.url + '/slow?ms=300')
+  while (upstream.requests === 0) await new Promise((resolve) => setTimeout(resolve, 5))
+  const closed = pool.close()
+  const answer = await pending
+  t.equal(answer.status, 200)
+  await closed
+  t.pass('closed after the request finished')
+})
+
+t.test('a config without targets or with a bad URL is refused', async (t) => {
+  t.throws(() => new UpstreamPool({ ...BASE, targets: [] }), /no targets/)
+  t.throws(() => new UpstreamPool({ ...BASE, targets: [{ url: 'ftp://x', weight: 1 }] }), /http/)
+  t.throws(() => new UpstreamPool({ ...BASE, targets: [{ url: 'http://x', weight: -1 }] }), /weight/)
+})
