@@ -1,0 +1,132 @@
+// The Redis store against a real redis-server: exact under concurrency (several "gateway
+// instances" with their own connections), windows that pass, scripts that survive SCRIPT FLUSH
+// and a server crash, and failing fast while Redis is down.
+import t from 'tap'
+import type { Redis } from 'ioredis'
+import { startRedis } from './helpers/redis.js'
+import { createRedisStore, type RedisStore } from '../src/limit/redis-store.js'
+import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
+import type { AlgorithmName, LimitCheck, LimitDecision, LimitSpec } from '../src/limit/types.js'
+
+const BUCKETS = new Set<AlgorithmName>(['gcra', 'token-bucket', 'leaky-bucket'])
+const EXACT: AlgorithmName[] = ['gcra', 'token-bucket', 'leaky-bucket', 'sliding-window-log', 'fixed-window']
+
+function spec (algorithm: AlgorithmName, limit: number, windowMs: number, burst = limit, maxDelayMs = 0): LimitSpec {
+  return Object.freeze({ id: `${algorithm}-${limit}-${windowMs}`, algorithm, limit, windowMs, burst: BUCKETS.has(algorithm) ? burst : limit, maxDelayMs })
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
+
+/** Waits until just after a boundary of `windowMs` (epoch-aligned, like the window algorithms). */
+async function windowStart (windowMs: number): Promise<void> {
+  await sleep(windowMs - (Date.now() % windowMs) + 5)
+}
+
+const redis = await startRedis()
+t.teardown(() => redis.stop())
+
+// Four gateway instances, each with its own production-configured connection.
+const instances: RedisStore[] = []
+for (let i = 0; i < 4; i++) {
+  const client = createRedisClient({ url: redis.url })
+  t.teardown(() => client.disconnect())
+  await whenReady(client)
+  instances.push(createRedisStore({ client }))
+}
+const plain: Redis = redis.client()
+let run = 0
+const freshKey = (): string => `t${process.pid}:${run++}`
+
+/** `n` concurrent decisions spread over the instances; resolves to how many were admitted. */
+async function burst (n: number, checks: readonly LimitCheck[]): Promise<number> {
+  const decisions = await Promise.all(Array.from({ length: n }, (_, i) => (instances[i % instances.length] as RedisStore).decide(checks, `req-${i}`)))
+  return decisions.filter((d) => d.allowed).length
+}
+
+t.test('200 concurrent requests against limit 50 (1 h window): exactly 50 admitted', async (t) => {
+  for (const algorithm of [...EXACT, 'sliding-window'] as const) {
+    const checks = [{ key: freshKey(), spec: spec(algorithm, 50, 3_600_000), cost: 1 }]
+    t.equal(await burst(200, checks), 50, algorithm)
+    t.equal(await burst(20, checks), 0, `${algorithm}: and nothing more`)
+  }
+})
+
+t.test('short window (1 s): the limit holds, then requests pass again', async (t) => {
+  await windowStart(1000)
+  const keys = new Map<AlgorithmName, string>()
+  const started = Date.now()
+  const first = new Map<AlgorithmName, number>()
+  await Promise.all(EXACT.map(async (algorithm) => {
+    const key = freshKey()
+    keys.set(algorithm, key)
+    first.set(algorithm, await burst(200, [{ key, spec: spec(algorithm, 50, 1000), cost: 1 }]))
+  }))
+  const tookMs = Date.now() - started
+  t.ok(tookMs < 900, `bursts took ${tookMs} ms, inside one window`)
+  t.equal(first.get('sliding-window-log'), 50, 'sliding-window-log: exactly 50')
+  t.equal(first.get('fixed-window'), 50, 'fixed-window: exactly 50')
+  // Buckets refill one token per 20 ms while the burst runs: at most that many more.
+  const refilled = Math.ceil(tookMs / 20) + 1
+  for (const algorithm of ['gcra', 'token-bucket', 'leaky-bucket'] as const) {
+    const n = first.get(algorithm) as number
+    t.ok(n >= 50 && n <= 50 + refilled, `${algorithm}: ${n} admitted (50 + at most ${refilled} refilled)`)
+  }
+  await windowStart(1000)
+  await sleep(200)
+  for (const algorithm of EXACT) {
+    const again = await burst(200, [{ key: keys.get(algorithm) as string, spec: spec(algorithm, 50, 1000), cost: 1 }])
+    t.ok(again >= 50, `${algorithm}: a window later, ${again} admitted again`)
+  }
+})
+
+t.test('sliding-window: what it admits follows its estimate, within the documented error', async (t) => {
+  const s = spec('sliding-window', 50, 1000)
+  const key = freshKey()
+  await windowStart(1000)
+  t.equal(await burst(200, [{ key, spec: s, cost: 1 }]), 50, 'a fresh key: exactly the limit in its first window')
+  // Half-way through the next window the previous 50 weigh about 25.
+  await windowStart(1000)
+  await sleep(495)
+  const fromMs = Date.now() % 1000
+  const second = await burst(200, [{ key, spec: s, cost: 1 }])
+  const toMs = Date.now() % 1000
+  t.ok(toMs > fromMs, 'the second burst stayed inside one window')
+  // Admitted while 50 * (1000 - elapsed) / 1000 + admitted <= 50, elapsed in [fromMs, toMs].
+  const low = Math.floor((50 * (fromMs - 1)) / 1000)
+  const high = Math.floor((50 * (toMs + 1)) / 1000)
+  t.ok(second >= low && second <= high, `${second} admitted at ${fromMs}..${toMs} ms into the window (estimate allows ${low}..${high})`)
+  t.ok(50 + second < 2 * 50, `${50 + second} over two windows, below 2 * limit`)
+})
+
+t.test('NOSCRIPT after SCRIPT FLUSH: recovers by itself, counts continue', async (t) => {
+  const store = instances[0] as RedisStore
+  const checks = [{ key: freshKey(), spec: spec('fixed-window', 10, 3_600_000), cost: 1 }]
+  const remaining = async (): Promise<number> => (await store.decide(checks, 'r')).remaining
+  t.same([await remaining(), await remaining(), await remaining()], [9, 8, 7])
+  const noscript = async (): Promise<number> => Number(/errorstat_NOSCRIPT:count=(\d+)/.exec(await plain.info('errorstats'))?.[1] ?? 0)
+  const before = await noscript()
+  t.equal(await plain.script('FLUSH'), 'OK')
+  t.equal(await remaining(), 6, 'decided correctly after the flush')
+  t.equal(await noscript(), before + 1, 'the EVALSHA did hit NOSCRIPT once (then EVAL reloaded it)')
+  t.same([await remaining(), await remaining()], [5, 4])
+  t.equal(await noscript(), before + 1, 'and EVALSHA works again afterwards')
+})
+
+t.test('Redis down: calls fail fast with the ioredis error; back up: decides again', async (t) => {
+  const client = createRedisClient({ url: redis.url, onError: () => {} })
+  t.teardown(() => client.disconnect())
+  await whenReady(client)
+  const store = createRedisStore({ client })
+  const checks = [{ key: freshKey(), spec: spec('gcra', 5, 60_000), cost: 1 }]
+  t.equal((await store.decide(checks, 'r')).allowed, true)
+  await redis.kill()
+  const started = Date.now()
+  const failed = await store.decide(checks, 'r').then(() => null, (err: unknown) => err)
+  t.ok(failed instanceof Error, `rejected: ${(failed as Error | null)?.message}`)
+  t.ok(Date.now() - started < 1000, `in ${Date.now() - started} ms, not after a reconnect`)
+  await redis.restart()
+  await whenReady(client, 10_000)
+  const d: LimitDecision = await store.decide(checks, 'r')
+  // The new server has neither the script (NOSCRIPT path again) nor the state (no persistence).
+  t.same([d.allowed, d.remaining], [true, 4])
+})
