@@ -6,6 +6,8 @@ import { gatewayJsonSchema } from './config/schema.js'
 import { Gateway } from './server.js'
 import type { LogLevel } from './log.js'
 import { explain } from './explain.js'
+import { isWorker, notifyReady, registerWorkerMetrics, runPrimary } from './workers.js'
+import { createLogger } from './log.js'
 
 const HELP = `Usage: gateway [command] [options]
 
@@ -115,11 +117,32 @@ function reportConfigError (err: unknown): number {
 }
 
 async function start (configFile: string, logLevel: LogLevel | undefined, pidFile: string | undefined): Promise<number> {
+  if (!isWorker()) {
+    let loaded
+    try {
+      loaded = await loadConfigFile(configFile)
+    } catch (err) {
+      return reportConfigError(err)
+    }
+    const workers = loaded.config.workers ?? 1
+    if (workers > 1) {
+      if (pidFile !== undefined) writeFileSync(pidFile, `${process.pid}\n`)
+      const logger = createLogger(logLevel ?? loaded.config.log?.level ?? 'info')
+      const code = await runPrimary({ configFile, loaded, workers, workerArgs: process.argv.slice(2), logger })
+      if (pidFile !== undefined) rmSync(pidFile, { force: true })
+      return code
+    }
+  }
   let gw: Gateway
   try {
-    gw = await Gateway.start({ configFile, ...(logLevel !== undefined ? { logLevel } : {}) })
+    gw = await Gateway.start({ configFile, ...(logLevel !== undefined ? { logLevel } : {}), adminListener: !isWorker() })
   } catch (err) {
     return reportConfigError(err)
+  }
+  if (isWorker()) {
+    registerWorkerMetrics(gw.metrics.registry)
+    notifyReady()
+    pidFile = undefined // the primary owns the pid file
   }
   if (pidFile !== undefined) writeFileSync(pidFile, `${process.pid}\n`)
   process.on('SIGHUP', () => { void gw.reload() })
@@ -128,6 +151,8 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
       gw.logger.info({ signal }, 'shutting down')
       gw.close().then(() => {
         if (pidFile !== undefined) rmSync(pidFile, { force: true })
+        // a worker's IPC channel to the primary would keep it alive after the drain
+        if (isWorker()) process.disconnect?.()
         resolve(0)
       }, () => resolve(1))
     }

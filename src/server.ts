@@ -20,6 +20,8 @@ export interface GatewayOptions {
   readonly logLevel?: LogLevel
   readonly logger?: Logger
   readonly env?: NodeJS.ProcessEnv
+  /** false in `workers: N` mode: the primary serves the admin listener for all workers. */
+  readonly adminListener?: boolean
 }
 
 export type ReloadResult = { ok: true, generation: number } | { ok: false, error: string }
@@ -135,6 +137,10 @@ export class Gateway {
     this.listenAddress = runtime.config.listen ?? '0.0.0.0:8080'
     this.port = (await listen(server, this.listenAddress)).port
 
+    if (this.options.adminListener === false) {
+      this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
+      return
+    }
     const self = this // eslint-disable-line @typescript-eslint/no-this-alias
     const admin = createAdminServer({
       get runtime () { return self.runtime },

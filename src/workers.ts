@@ -1,0 +1,109 @@
+// `workers: N` (node:cluster): N worker processes share the public listener and the Redis budget.
+// The primary only supervises: it relays SIGHUP/SIGTERM, restarts a crashed worker, and serves
+// the admin listener with metrics aggregated over all workers (prom-client AggregatorRegistry).
+import cluster, { type Worker } from 'node:cluster'
+import { createServer } from 'node:http'
+import { AggregatorRegistry } from 'prom-client'
+import { loadConfigFile, type LoadedConfig } from './config/load.js'
+import { redactConfig } from './admin/redact.js'
+import type { Logger } from './log.js'
+
+export const WORKER_ADMIN_ENV = 'GATEWAY_WORKER'
+
+interface PrimaryOptions {
+  readonly configFile: string
+  readonly loaded: LoadedConfig
+  readonly workers: number
+  readonly workerArgs: readonly string[]
+  readonly logger: Logger
+}
+
+function splitHostPort (hp: string): { host: string, port: number } {
+  const i = hp.lastIndexOf(':')
+  return { host: hp.slice(0, i).replace(/^\[|\]$/g, '') || '0.0.0.0', port: Number(hp.slice(i + 1)) }
+}
+
+/** Runs the primary until SIGTERM/SIGINT; resolves with the exit code. */
+export async function runPrimary (options: PrimaryOptions): Promise<number> {
+  const { logger, workers } = options
+  let loaded = options.loaded
+  let shuttingDown = false
+  const ready = new Set<number>()
+  const aggregator = new AggregatorRegistry()
+  cluster.setupPrimary({ args: [...options.workerArgs], silent: false })
+
+  const fork = (): Worker => {
+    const w = cluster.fork({ [WORKER_ADMIN_ENV]: '1' })
+    w.on('message', (msg: unknown) => {
+      if (msg === 'gateway:ready') ready.add(w.id)
+    })
+    return w
+  }
+  let restarts = 0
+  cluster.on('exit', (w, code, signal) => {
+    ready.delete(w.id)
+    if (shuttingDown) return
+    // a crashed worker is replaced, with a growing pause so a crash loop does not spin the CPU
+    restarts++
+    logger.error({ worker: w.process.pid, code, signal }, 'worker exited; starting a new one')
+    setTimeout(() => { if (!shuttingDown) fork() }, Math.min(5000, 100 * 2 ** Math.min(restarts, 6))).unref()
+  })
+  for (let i = 0; i < workers; i++) fork()
+
+  const admin = createServer((req, res) => {
+    const path = (req.url ?? '/').split('?')[0]
+    const json = (status: number, body: unknown): void => {
+      res.writeHead(status, { 'content-type': 'application/json; charset=utf-8', 'cache-control': 'no-store' })
+      res.end(JSON.stringify(body, null, 2))
+    }
+    if (path === '/healthz') return json(200, { status: 'ok' })
+    if (path === '/readyz') return json(ready.size === workers && !shuttingDown ? 200 : 503, { status: ready.size === workers ? 'ready' : 'not_ready', workers, ready: ready.size })
+    if (path === '/config') return json(200, { hash: loaded.hash, file: loaded.file, workers, config: redactConfig(loaded.config) })
+    if (path === '/metrics') {
+      aggregator.clusterMetrics().then(text => {
+        res.writeHead(200, { 'content-type': aggregator.contentType })
+        res.end(text)
+      }, (err: unknown) => json(500, { error: 'metrics_failed', message: String(err) }))
+      return
+    }
+    json(404, { error: 'GW_ERR_NOT_FOUND', message: 'admin endpoints: /healthz /readyz /metrics /config' })
+  })
+  const { host, port } = splitHostPort(loaded.config.admin ?? '127.0.0.1:9901')
+  await new Promise<void>((resolve, reject) => {
+    admin.once('error', reject)
+    admin.listen(port, host, () => resolve())
+  })
+  const adminPort = (admin.address() as { port: number }).port
+  logger.info({ workers, adminPort, primary: process.pid }, 'gateway primary started')
+
+  process.on('SIGHUP', () => {
+    loadConfigFile(options.configFile).then(l => { loaded = l }, () => { /* workers log the located errors */ })
+    for (const w of Object.values(cluster.workers ?? {})) w?.process.kill('SIGHUP')
+  })
+  return new Promise<number>(resolve => {
+    const stop = (signal: NodeJS.Signals): void => {
+      if (shuttingDown) return
+      shuttingDown = true
+      logger.info({ signal }, 'shutting down workers')
+      const done = (): void => { admin.close(); resolve(0) }
+      const liveWorkers = (): Worker[] => Object.values(cluster.workers ?? {}).filter((w): w is Worker => w !== undefined && !w.isDead())
+      // cluster.workers drops a worker once it has exited: done when none is left
+      cluster.on('exit', () => { if (liveWorkers().length === 0) done() })
+      const alive = liveWorkers()
+      if (alive.length === 0) return done()
+      for (const w of alive) w.process.kill('SIGTERM')
+    }
+    process.once('SIGTERM', () => stop('SIGTERM'))
+    process.once('SIGINT', () => stop('SIGINT'))
+  })
+}
+
+/** In a worker: expose this process's registry to the primary's aggregator. */
+export function registerWorkerMetrics (registry: import('prom-client').Registry): void {
+  // constructing one installs prom-client's worker-side IPC listener (lib/cluster.js addListeners)
+  new AggregatorRegistry() // eslint-disable-line no-new
+  AggregatorRegistry.setRegistries([registry])
+}
+
+export const isWorker = (): boolean => cluster.isWorker
+export const notifyReady = (): void => { process.send?.('gateway:ready') }
