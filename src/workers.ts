@@ -101,7 +101,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
 /** In a worker: expose this process's registry to the primary's aggregator. */
 export function registerWorkerMetrics (registry: import('prom-client').Registry): void {
   // constructing one installs prom-client's worker-side IPC listener (lib/cluster.js addListeners)
-  new AggregatorRegistry() // eslint-disable-line no-new
+  new AggregatorRegistry()
   AggregatorRegistry.setRegistries([registry])
 }
 

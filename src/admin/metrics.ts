@@ -50,7 +50,7 @@ export class GatewayMetrics implements Telemetry {
     this.redisErrors = new Counter({ name: 'gateway_redis_errors_total', help: 'Failed limiter calls to Redis by kind', labelNames: ['kind'], registers })
     this.breaker = new Gauge({ name: 'gateway_redis_breaker_state', help: 'Redis circuit breaker: 0 closed, 1 open, 2 half-open', registers })
     this.generation = new Gauge({ name: 'gateway_config_generation', help: 'Generation of the running configuration', registers })
-    new Gauge({ // eslint-disable-line no-new
+    new Gauge({
       name: 'gateway_ratelimit_local_keys',
       help: 'Client keys held by the local level',
       registers,
