@@ -1,5 +1,7 @@
 // /config and logs show the effective config, never its secrets.
-const SECRET_KEY = /pass(word)?|secret|token|privatekey|^key$|cert$/i
+// Besides config keys, this matches header names in route rules (`headers.request.set`): a gateway
+// often injects the upstream's credentials there (`authorization`, `x-api-key`, `cookie`).
+const SECRET_KEY = /pass(word)?|secret|token|privatekey|^key$|cert$|authorization|cookie|api[-_]?key/i
 
 export function redactConfig (value: unknown, key = ''): unknown {
   if (typeof value === 'string') {
