@@ -19,7 +19,7 @@ import { performance } from 'node:perf_hooks'
 import { request } from 'undici'
 import { answers200, freePort, killAllSync, sleep, startProcess, stopAll } from './lib/processes.js'
 import { treeCpuMicros, treePeakRssKb, CLOCK_TICKS } from './lib/proc-stats.js'
-import { startRedis, commandCalls, callsBetween } from './lib/redis-server.js'
+import { startRedis, commandCalls, callsBetween, commandsUsedByScripts } from './lib/redis-server.js'
 import { nginxVersion, startNginx } from './lib/nginx.js'
 import { runLoad, userRequests, clientRequests } from './lib/load.js'
 import { spread } from './lib/summary.js'
@@ -30,6 +30,7 @@ import { renderSvg } from './lib/report-svg.js'
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const BENCH = join(ROOT, 'bench')
 const PATH = '/api/items/42'
+const SCRIPT_INTERNAL = commandsUsedByScripts(join(ROOT, 'lua'))
 
 // --- settings -----------------------------------------------------------------------------
 
@@ -239,7 +240,7 @@ async function measured (p, load) {
   const cpu = afterCpu - before.cpu
   const upstreamCpu = p.upstreamPid === p.pid ? 0 : afterUpstream - before.upstreamCpu
   const redisCpu = afterRedis - before.redisCpu
-  const redisCalls = before.calls && callsAfter ? callsBetween(before.calls, callsAfter) : { total: 0, byCommand: {} }
+  const redisCalls = before.calls && callsAfter ? callsBetween(before.calls, callsAfter, SCRIPT_INTERNAL) : { roundTrips: 0, scripts: 0, inScripts: 0, byCommand: {} }
   const loadgenCpu = loadgen.user + loadgen.system
   const gateway = before.metrics && metricsAfter ? gatewayMetricsBetween(before.metrics, metricsAfter) : null
   return {
@@ -253,8 +254,10 @@ async function measured (p, load) {
     totalServerCpuPerReq: (cpu + upstreamCpu + redisCpu) / n,
     loadgenCpuPerReq: loadgenCpu / n,
     loadgenCorePct: loadgenCpu / (wallS * 1e4),
-    redisCalls: redisCalls.total,
-    redisCallsPerReq: redisCalls.total / n,
+    redisCalls: redisCalls.roundTrips,
+    redisCallsPerReq: redisCalls.roundTrips / n,
+    redisScriptCallsPerReq: redisCalls.scripts / n,
+    redisCommandsInScriptsPerReq: redisCalls.inScripts / n,
     redisCallsByCommand: redisCalls.byCommand,
     peakRssMb: treePeakRssKb(p.pid) / 1024,
     gateway,
@@ -350,7 +353,7 @@ function mergeCounts (...maps) {
 // --- summaries ----------------------------------------------------------------------------
 
 const SUMMARY_FIELDS = ['rps', 'p50Ms', 'p99Ms', 'cpuPerReq', 'cpuCorePct', 'upstreamCpuPerReq', 'redisCpuPerReq', 'totalServerCpuPerReq',
-  'loadgenCpuPerReq', 'loadgenCorePct', 'redisCallsPerReq', 'peakRssMb', 'non2xx', 'errors', 'gatewayRedisErrors']
+  'loadgenCpuPerReq', 'loadgenCorePct', 'redisCallsPerReq', 'redisScriptCallsPerReq', 'redisCommandsInScriptsPerReq', 'peakRssMb', 'non2xx', 'errors', 'gatewayRedisErrors']
 /** @param {Contender} c */
 function summarize (c) {
   /** @type {Record<string, import('./lib/summary.js').Spread | null>} */

@@ -5,12 +5,12 @@ import { spawn } from 'node:child_process'
 /**
  * Run `send()` while a MONITOR connection watches, and return the first script call seen
  * (EVALSHA, EVAL, FCALL or FCALL_RO) with all its arguments.
- * @param {import('ioredis').Redis} client  a connection that may be turned into a monitor (duplicated here)
+ * @param {import('ioredis').Redis} client  any connection to the server; monitor() opens its own
  * @param {() => Promise<unknown>} send
  * @returns {Promise<string[] | null>}
  */
 export async function captureScriptCall (client, send) {
-  const monitor = await client.duplicate().monitor()
+  const monitor = await client.monitor()
   try {
     /** @type {string[] | null} */
     let seen = null

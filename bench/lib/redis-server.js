@@ -1,5 +1,7 @@
 // A throw-away redis-server on a free port, and the counters the bench reads from it.
+import { readdirSync, readFileSync } from 'node:fs'
 import { connect } from 'node:net'
+import { join } from 'node:path'
 import { Redis } from 'ioredis'
 import { freePort, startProcess } from './processes.js'
 
@@ -44,19 +46,46 @@ export async function commandCalls (client) {
   return calls
 }
 
+const SCRIPT_COMMANDS = new Set(['eval', 'evalsha', 'eval_ro', 'evalsha_ro', 'fcall', 'fcall_ro'])
+
 /**
- * Calls made between two snapshots, leaving out the bench's own INFO calls.
+ * Names of the commands the Lua scripts in `dir` issue (redis.call / redis.pcall), lower-case.
+ * INFO commandstats counts those too, once per call inside a script, so they are told apart
+ * from the client's own round trips by name.
+ * @param {string} dir
+ */
+export function commandsUsedByScripts (dir) {
+  const names = new Set()
+  /** @type {string[]} */
+  let files
+  try { files = readdirSync(dir).filter((f) => f.endsWith('.lua')) } catch { return names }
+  for (const f of files) {
+    for (const m of readFileSync(join(dir, f), 'utf8').matchAll(/redis\.p?call\(\s*['"]([A-Za-z_]+)['"]/g)) names.add(/** @type {string} */ (m[1]).toLowerCase())
+  }
+  return names
+}
+
+/**
+ * Calls made between two snapshots, leaving out the bench's own INFO calls. `roundTrips` are
+ * the commands clients sent (script invocations and any command the scripts never use);
+ * `inScripts` the commands run inside scripts.
  * @param {Record<string, number>} before
  * @param {Record<string, number>} after
+ * @param {Set<string>} scriptInternal  from commandsUsedByScripts
  */
-export function callsBetween (before, after) {
+export function callsBetween (before, after, scriptInternal) {
   /** @type {Record<string, number>} */
-  const diff = {}
-  let total = 0
+  const byCommand = {}
+  let roundTrips = 0
+  let scripts = 0
+  let inScripts = 0
   for (const [cmd, n] of Object.entries(after)) {
     if (cmd === 'info') continue
     const d = n - (before[cmd] ?? 0)
-    if (d > 0) { diff[cmd] = d; total += d }
+    if (d <= 0) continue
+    byCommand[cmd] = d
+    if (SCRIPT_COMMANDS.has(cmd)) { scripts += d; roundTrips += d } else if (scriptInternal.has(cmd)) inScripts += d
+    else roundTrips += d
   }
-  return { total, byCommand: diff }
+  return { roundTrips, scripts, inScripts, byCommand }
 }
