@@ -336,3 +336,19 @@ t.test('HEAD and 204/304 responses carry no body', async (t) => {
   t.equal(noContent.status, 204)
   t.equal(noContent.body, '')
 })
+
+t.test('a client that left before forwarding starts sends nothing upstream', async (t) => {
+  const upstream = await startUpstream(t)
+  const plan = planOf(poolOf(t, [upstream.url]))
+  const results: ForwardResult[] = []
+  // An earlier stage holding the request (as a limiter delay does) while the client goes away.
+  const { url } = await startHttpServer(t, (req, res) => {
+    setTimeout(() => forwardRequest(req, res, plan, { requestId: 'late', clientIp: '127.0.0.1', proto: 'http', path: '/' }, (r) => results.push(r)), 200)
+  })
+  const req = http.get(url + '/', { agent: false })
+  req.on('error', () => {})
+  setTimeout(() => req.destroy(), 50)
+  await new Promise((resolve) => setTimeout(resolve, 400))
+  t.equal(upstream.requests, 0)
+  t.match(results, [{ status: 499, errorKind: 'client_abort', target: null }])
+})

@@ -71,7 +71,8 @@ export interface ForwardedValues {
 export function upstreamRequestHeaders (req: IncomingMessage, plan: CompiledHeaders, ctx: ForwardedValues): string[] {
   const incoming = req.headers
   const drop = plan.requestDrop
-  const named = incoming.connection === undefined ? null : connectionTokens(incoming.connection)
+  const tokens = incoming.connection === undefined ? null : connectionTokens(incoming.connection)
+  const named = tokens === null || tokens.length === 0 ? null : tokens
   const host = incoming.host
   const out: string[] = host === undefined ? [] : ['host', host]
   for (const name in incoming) {
@@ -103,25 +104,34 @@ export function clientResponseHeaders (
   extra: readonly (readonly [string, string])[] | undefined
 ): string[] {
   const drop = plan.responseDrop
-  let named: string[] | null = null
-  // `Connection` may name fields that come before it, so it is looked up first.
-  for (let i = 0; i < raw.length; i += 2) {
-    if (raw[i]?.length === 10 && latin1(raw[i] as Buffer | string).toLowerCase() === 'connection') {
-      const tokens = connectionTokens(latin1(raw[i + 1] as Buffer | string))
-      named = named === null ? tokens : named.concat(tokens)
-    }
-  }
-  const out: string[] = []
+  let named: readonly string[] | null = null
+  let out: string[] = []
   for (let i = 0; i < raw.length; i += 2) {
     const name = latin1(raw[i] as Buffer | string)
     const lower = name.toLowerCase()
-    if (drop.has(lower) || (named !== null && named.includes(lower))) continue
+    if (drop.has(lower)) {
+      if (lower === 'connection') {
+        const tokens = connectionTokens(latin1(raw[i + 1] as Buffer | string))
+        if (tokens.length > 0) named = named === null ? tokens : named.concat(tokens)
+      }
+      continue
+    }
     if (extra !== undefined && isExtra(extra, lower)) continue
     out.push(name, latin1(raw[i + 1] as Buffer | string))
   }
+  // Fields named by `Connection` may come before it: filtered once it is known, which is rare.
+  if (named !== null) out = withoutNamed(out, named)
   for (let i = 0; i < plan.responseSet.length; i++) out.push(plan.responseSet[i] as string)
   if (extra !== undefined) for (const [name, value] of extra) out.push(name, value)
   if (plan.echoRequestId) out.push(REQUEST_ID, requestId)
+  return out
+}
+
+function withoutNamed (headers: string[], named: readonly string[]): string[] {
+  const out: string[] = []
+  for (let i = 0; i < headers.length; i += 2) {
+    if (!named.includes((headers[i] as string).toLowerCase())) out.push(headers[i] as string, headers[i + 1] as string)
+  }
   return out
 }
 

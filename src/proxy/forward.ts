@@ -130,6 +130,12 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
 
   start (): void {
     const plan = this.plan
+    // The client left while an earlier stage was waiting (e.g. a limiter delay): send nothing upstream.
+    if (this.res.destroyed) {
+      this.clientGone = true
+      this.settle('client_abort', null)
+      return
+    }
     const length = this.req.headers['content-length']
     if (length !== undefined && Number(length) > plan.maxBodySize) {
       this.fail('body_too_large', null)

@@ -11,12 +11,19 @@ export const HOP_BY_HOP: readonly string[] = Object.freeze([
   'upgrade'
 ])
 
+const NONE: readonly string[] = Object.freeze([])
+
 /**
  * The field names listed in a `Connection` header value, lowercased. Only called when the header is
  * present, which modern HTTP/1.1 clients and upstreams rarely send.
  */
-export function connectionTokens (value: string | string[]): string[] {
+export function connectionTokens (value: string | string[]): readonly string[] {
   const joined = typeof value === 'string' ? value : value.join(',')
+  // Nearly every message says just `keep-alive` or `close`: no field is named, nothing to split.
+  if (joined.length <= 10) {
+    const lower = joined.toLowerCase()
+    if (lower === 'keep-alive' || lower === 'close') return NONE
+  }
   const tokens: string[] = []
   for (const token of joined.split(',')) {
     const name = token.trim().toLowerCase()

@@ -40,9 +40,11 @@ export function classifyUpstreamError (err: unknown): ForwardErrorKind {
     case 'UND_ERR_HEADERS_TIMEOUT':
     case 'UND_ERR_BODY_TIMEOUT':
       return 'response_timeout'
-    // A header or path undici will not put on the wire (it validates more strictly than node:http).
+    // A header or path undici (or node:http, for WebSockets) will not put on the wire.
     case 'UND_ERR_INVALID_ARG':
     case 'UND_ERR_NOT_SUPPORTED':
+    case 'ERR_INVALID_CHAR':
+    case 'ERR_INVALID_HTTP_TOKEN':
       return 'bad_request'
     default:
       return 'reset'

@@ -32,6 +32,7 @@ export function createWebSocketProxy (): WebSocketProxy {
 
   return {
     upgrade (req, socket, head, plan, ctx) {
+      if (socket.destroyed) return
       if (closed) return answer(socket, 'GW_ERR_SHUTTING_DOWN', ctx)
       const target = plan.pool.pick()
       if (target === null) return answer(socket, 'GW_ERR_NO_HEALTHY_UPSTREAM', ctx)
@@ -49,9 +50,14 @@ export function createWebSocketProxy (): WebSocketProxy {
       req.url = target.basePath + stripPathPrefix(ctx.path, plan.stripPrefix)
       const tunnel = new Tunnel(socket, plan, ctx, target, () => tunnels.delete(socket))
       tunnels.set(socket, tunnel)
-      proxy.ws(req, socket, head, {
-        target: { protocol: target.secure ? 'wss:' : 'ws:', host: target.hostname, hostname: target.hostname, port: target.port }
-      }, (err) => tunnel.failed(err))
+      try {
+        proxy.ws(req, socket, head, {
+          target: { protocol: target.secure ? 'wss:' : 'ws:', host: target.hostname, hostname: target.hostname, port: target.port }
+        }, (err) => tunnel.failed(err))
+      } catch (err) {
+        // node:http refused to build the upstream request (e.g. a header value it rejects).
+        tunnel.failed(err instanceof Error ? err : new Error(String(err)))
+      }
     },
     close () {
       closed = true
