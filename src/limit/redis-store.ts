@@ -27,8 +27,11 @@ export interface RedisStoreOptions {
   readonly keyPrefix?: string
   /** Tests only: a clock in µs passed to the scripts as their now override. Production reads Redis TIME. */
   readonly nowUs?: () => number
-  /** Receives failed refunds; the rejection stands either way. */
-  readonly onRefundError?: (err: unknown) => void
+  /**
+   * Receives errors that did not change the answer (Cluster only): a failed refund, or a slot
+   * group that failed while another had already rejected the request.
+   */
+  readonly onBackgroundError?: (err: unknown) => void
 }
 
 export interface RedisStore extends LimitStore {
@@ -55,7 +58,7 @@ function longer (a: number, b: number): boolean {
 }
 
 export function createRedisStore (options: RedisStoreOptions): RedisStore {
-  const { client, keyPrefix = '', nowUs, onRefundError } = options
+  const { client, keyPrefix = '', nowUs, onBackgroundError } = options
   // defineCommand sends EVALSHA and falls back to EVAL on NOSCRIPT (a restarted or flushed
   // server), per connection; the script text is only sent when the server lacks it.
   client.defineCommand('gatewayLimit', { lua: LIMIT_SCRIPT })
@@ -124,10 +127,14 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
     // All or nothing: give back what the admitting groups recorded before answering.
     const refunds = await Promise.allSettled(admitted.map(({ group, receipts }) =>
       commands.gatewayLimitRefund(group.keys.length, ...group.keys, ...refundArgs(group.checks, receipts, id, now))))
-    for (const r of refunds) if (r.status === 'rejected') onRefundError?.(r.reason)
-    if (failure !== undefined) throw failure.reason
-    const r = rejecting as { index: number, decision: LimitDecision }
-    return { ...r.decision, limitingIndex: r.index }
+    for (const r of refunds) if (r.status === 'rejected') onBackgroundError?.(r.reason)
+    // A known rejection is the answer even if another group failed: throwing would send the
+    // caller to its fallback, which might admit what Redis already refused.
+    if (rejecting !== undefined) {
+      if (failure !== undefined) onBackgroundError?.(failure.reason)
+      return { ...rejecting.decision, limitingIndex: rejecting.index }
+    }
+    throw (failure as { reason: unknown }).reason
   }
 
   return {

@@ -5,7 +5,7 @@
 // that holds a pipe from this process and SIGKILLs the server when the pipe closes, which the
 // kernel does when this process exits for any reason, SIGKILL included.
 import { spawn, execFile, type ChildProcess } from 'node:child_process'
-import { mkdtemp, readFile, rm } from 'node:fs/promises'
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
 import { connect, createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -21,6 +21,11 @@ export interface RedisServer {
   kill(): Promise<void>
   /** Start it again on the same port (after kill()). */
   restart(): Promise<void>
+  stop(): Promise<void>
+}
+
+export interface RedisSentinel {
+  readonly port: number
   stop(): Promise<void>
 }
 
@@ -137,11 +142,17 @@ interface Node {
   stop(): Promise<void>
 }
 
-async function startNode (extraArgs: (dir: string) => string[], withBus: boolean): Promise<Node> {
+async function startNode (extraArgs: (dir: string) => string[], withBus: boolean, config?: string): Promise<Node> {
   const dir = await mkdtemp(join(tmpdir(), 'gw-redis-'))
+  // A config file comes first on the command line (sentinel mode needs one it can rewrite).
+  const leading: string[] = []
+  if (config !== undefined) {
+    await writeFile(join(dir, 'redis.conf'), config)
+    leading.push(join(dir, 'redis.conf'))
+  }
   for (let attempt = 1; ; attempt++) {
     const port = await freePort(withBus)
-    const args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
+    const args = [...leading, '--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
       '--dir', dir, '--logfile', join(dir, 'redis.log'), ...extraArgs(dir)]
     const node: Node = {
       port,
@@ -151,7 +162,8 @@ async function startNode (extraArgs: (dir: string) => string[], withBus: boolean
         const running = await launch(args)
         node.running = running
         try {
-          await waitFor(`redis-server on ${port}`, async () => (await rawCommand(port, 'PING')).startsWith('+PONG'), 10_000, running.exited)
+          // A password-protected server answers -NOAUTH: it is up all the same.
+          await waitFor(`redis-server on ${port}`, async () => /^(\+PONG|-NOAUTH)/.test(await rawCommand(port, 'PING')), 10_000, running.exited)
         } catch (err) {
           const log = await readFile(join(dir, 'redis.log'), 'utf8').catch(() => '')
           throw new Error(`${(err as Error).message}\n${log.slice(-2000)}`, { cause: err })
@@ -192,14 +204,15 @@ async function startNode (extraArgs: (dir: string) => string[], withBus: boolean
   }
 }
 
-export async function startRedis (): Promise<RedisServer> {
-  const node = await startNode(() => [], false)
+/** `args` are extra redis-server options, e.g. ['--requirepass', 'secret'] (client() then uses it). */
+export async function startRedis (options: { args?: readonly string[], password?: string } = {}): Promise<RedisServer> {
+  const node = await startNode(() => [...(options.args ?? [])], false)
   const clients: Redis[] = []
   return {
     port: node.port,
     url: `redis://127.0.0.1:${node.port}`,
     client () {
-      const client = new Redis({ host: '127.0.0.1', port: node.port, maxRetriesPerRequest: 1 })
+      const client = new Redis({ host: '127.0.0.1', port: node.port, maxRetriesPerRequest: 1, ...(options.password !== undefined ? { password: options.password } : {}) })
       // Tests kill the server on purpose: connection errors are expected, not crashes.
       client.on('error', () => {})
       clients.push(client)
@@ -212,6 +225,21 @@ export async function startRedis (): Promise<RedisServer> {
     },
     async stop () {
       for (const c of clients.splice(0)) c.disconnect()
+      await node.stop()
+      await rm(node.dir, { recursive: true, force: true })
+    }
+  }
+}
+
+/** A Sentinel watching the master on `masterPort` under the name `name` (quorum 1). */
+export async function startRedisSentinel (masterPort: number, name: string, password?: string): Promise<RedisSentinel> {
+  const config = `sentinel monitor ${name} 127.0.0.1 ${masterPort} 1\n` + (password !== undefined ? `sentinel auth-pass ${name} ${password}\n` : '')
+  const node = await startNode(() => ['--sentinel'], false, config)
+  await waitFor('sentinel sees its master', async () =>
+    (await rawCommand(node.port, `SENTINEL get-master-addr-by-name ${name}`)).includes(String(masterPort)), 10_000, node.running?.exited)
+  return {
+    port: node.port,
+    async stop () {
       await node.stop()
       await rm(node.dir, { recursive: true, force: true })
     }
