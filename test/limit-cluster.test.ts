@@ -99,6 +99,25 @@ t.test('when one slot rejects, the other slots get their budget back', async (t)
   }
 })
 
+t.test('a slot group that fails: the others are refunded; a known rejection still wins', async (t) => {
+  const background: unknown[] = []
+  const watched = createRedisStore({ client: cluster, onBackgroundError: (err) => background.push(err) })
+  const fw = spec('fixed-window', 10, 3_600_000)
+  const ok = keyOn(p1, 'fails-ok')
+  const broken = keyOn(p2, 'fails-broken')
+  // The wrong type makes the script fail on that slot (WRONGTYPE), after the other admitted.
+  await cluster.set(broken, 'not a hash')
+  await t.rejects(watched.decide([{ key: ok, spec: fw, cost: 1 }, { key: broken, spec: fw, cost: 1 }], 'r1'), /WRONGTYPE/)
+  t.equal(await cluster.hget(ok, 'c'), '0', 'the admitting slot was refunded')
+  const full = keyOn(p3, 'fails-full')
+  const one = spec('fixed-window', 1, 3_600_000)
+  t.equal((await watched.decide([{ key: full, spec: one, cost: 1 }], 'r2')).allowed, true)
+  const d = await watched.decide([{ key: ok, spec: fw, cost: 1 }, { key: broken, spec: fw, cost: 1 }, { key: full, spec: one, cost: 1 }], 'r3')
+  t.same([d.allowed, d.limitingIndex], [false, 2], 'rejected by the full check rather than failing')
+  t.match(String(background[0]), /WRONGTYPE/, 'the failure is reported aside')
+  t.equal(await cluster.hget(ok, 'c'), '0', 'and the admitting slot refunded again')
+})
+
 t.test('a request whose keys share a slot is one call, all or nothing', async (t) => {
   const a = keyOn(p3, 'same')
   // A deliberate hash tag (chosen by configuration, never by a client) keeps keys together.
