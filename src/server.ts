@@ -1,6 +1,6 @@
 // Wires the stages: config -> runtime, the public listener (HTTP or TLS), the admin listener,
 // reload (SIGHUP) and graceful shutdown. The per-request order lives in pipeline.ts.
-import { createServer as createHttpServer, type Server } from 'node:http'
+import { createServer as createHttpServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import { createServer as createHttpsServer, type Server as HttpsServer } from 'node:https'
 import { readFileSync } from 'node:fs'
 import type { AddressInfo, Socket } from 'node:net'
@@ -53,6 +53,8 @@ export class Gateway {
   private reloading: Promise<ReloadResult> | null = null
   private shuttingDown = false
   private readonly sockets = new Set<Socket>()
+  /** HTTP requests whose response has not closed yet (WebSocket tunnels are not requests). */
+  private inflight = 0
   private listenAddress = ''
   port = 0
   adminPort = 0
@@ -117,7 +119,12 @@ export class Gateway {
     const server = tls === undefined
       ? createHttpServer(serverOptions)
       : createHttpsServer({ ...serverOptions, cert: readFileSync(tls.cert), key: readFileSync(tls.key) })
-    server.on('request', createRequestHandler(this.state))
+    const handleRequest = createRequestHandler(this.state)
+    server.on('request', (req: IncomingMessage, res: ServerResponse) => {
+      this.inflight++
+      res.once('close', () => { this.inflight-- })
+      handleRequest(req, res)
+    })
     server.on('upgrade', createUpgradeHandler(this.state))
     server.on('connection', (socket: Socket) => {
       this.sockets.add(socket)
@@ -209,10 +216,17 @@ export class Gateway {
     if (server !== null) {
       const closed = new Promise<void>(resolve => server.close(() => resolve()))
       server.closeIdleConnections()
+      // The drain waits for HTTP requests only. server.close() alone would also wait for every open
+      // WebSocket (an upgraded socket still counts as a connection), i.e. always the whole budget.
+      let drained: () => void = () => {}
+      const requestsDone = new Promise<void>(resolve => { drained = resolve })
       // keep-alive connections that finish their request become idle: close them as they do
-      const idle = setInterval(() => server.closeIdleConnections(), 50)
+      const idle = setInterval(() => {
+        server.closeIdleConnections()
+        if (this.inflight === 0) drained()
+      }, 50)
       const deadline = new Promise<void>(resolve => setTimeout(resolve, timeoutMs).unref())
-      await Promise.race([closed, deadline])
+      await Promise.race([closed, requestsDone, deadline])
       clearInterval(idle)
       server.closeAllConnections()
       for (const s of this.sockets) s.destroy()
