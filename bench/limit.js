@@ -365,14 +365,14 @@ async function benchLocalRss (dir) {
   await sampler
   await sample()
   const seconds = (performance.now() - t0) / 1000
-  const r = /** @type {{ latency: { totalCount: number }, non2xx: number, errors: number }} */ (result)
+  const r = /** @type {{ requests: { total: number }, non2xx: number, errors: number }} */ (result)
   const last = /** @type {typeof samples[number]} */ (samples[samples.length - 1])
   // RSS once the LRU is full versus at the end: the growth a further 900k clients caused.
   const atMaxKeys = samples.find((x) => x.clients >= maxKeys * 1.2) ?? last
   const out = {
     clients: settings.ips,
     maxKeys,
-    requests: r.latency.totalCount,
+    requests: r.requests.total,
     non2xx: r.non2xx,
     errors: r.errors,
     seconds,

@@ -8,7 +8,7 @@
 //   node bench/run.js [--duration 10] [--rounds 3] [--warmup 3] [--connections 50]
 //                     [--only a,b,e,h] [--out-dir bench/results]
 // Each flag also reads an environment variable: BENCH_DURATION, BENCH_ROUNDS, BENCH_WARMUP,
-// BENCH_CONNECTIONS, BENCH_ONLY, BENCH_OUT_DIR.
+// BENCH_CONNECTIONS, BENCH_ONLY, BENCH_OUT_DIR; --flood-rate (BENCH_FLOOD_RATE) sets the flood's offered req/s.
 import { existsSync, mkdtempSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { execFileSync } from 'node:child_process'
 import { tmpdir, cpus, totalmem, release, loadavg } from 'node:os'
@@ -40,6 +40,7 @@ const { values: flags } = parseArgs({
     rounds: { type: 'string' },
     warmup: { type: 'string' },
     connections: { type: 'string' },
+    'flood-rate': { type: 'string' },
     only: { type: 'string' },
     'out-dir': { type: 'string' }
   }
@@ -64,8 +65,10 @@ const settings = {
   only: (flags.only ?? process.env.BENCH_ONLY ?? '').split(',').map((s) => s.trim()).filter(Boolean),
   outDir: flags['out-dir'] ?? process.env.BENCH_OUT_DIR ?? join(BENCH, 'results'),
   identities: 64,
-  // Flood: well-behaved clients get this many of the connections, the abusive client the rest.
-  floodGoodConnections: 5,
+  // Flood: requests/s offered in all, 10% by 1000 well-behaved clients (a fraction of a request/s
+  // each) on their own connections, 90% by one abusive client on the remaining connections.
+  floodRate: numberSetting(flags['flood-rate'], process.env.BENCH_FLOOD_RATE, 5000),
+  floodGoodConnections: 10,
   floodGoodIdentities: 1000,
   pauseMs: 500
 }
@@ -261,7 +264,8 @@ async function measured (p, load) {
     redisCallsByCommand: redisCalls.byCommand,
     peakRssMb: treePeakRssKb(p.pid) / 1024,
     gateway,
-    gatewayRedisErrors: gateway?.redisErrors ?? 0
+    gatewayRedisErrors: gateway?.redisErrors ?? 0,
+    gatewayFallbackShare: fallbackShare(gateway?.decisions)
   }
 }
 
@@ -281,7 +285,9 @@ async function measureContender (c, p, durationS) {
 
 /**
  * The flood is two measurements back to back: the well-behaved clients alone (their baseline),
- * then the same clients beside the abusive one. The abusive requests' rejection cost is what
+ * then the same clients beside the abusive one. Both groups are rate-bound (autocannon
+ * overallRate), so that the abusive client sends 90% of the requests whenever the gateway keeps
+ * up; if it does not, the achieved rates and the well-behaved latency show it. The abusive requests' rejection cost is what
  * the gateway spent beyond the admitted requests, each admitted one costed at the baseline rate.
  * @param {Contender} c
  * @param {Probes} p
@@ -291,14 +297,12 @@ async function measureFlood (c, p, durationS) {
   const url = /** @type {string} */ (c.url)
   const good = clientRequests(settings.floodGoodIdentities, 'good', 1, PATH)
   const abusive = clientRequests(1, 'abuser', 66, PATH)
-  const goodConnections = settings.floodGoodConnections
-  const alone = await measured(p, () => runLoad({ url, connections: goodConnections, durationS, requests: good }))
+  const goodLoad = { url, connections: settings.floodGoodConnections, durationS, requests: good, overallRate: settings.floodRate * 0.1 }
+  const abusiveLoad = { url, connections: settings.connections - settings.floodGoodConnections, durationS, requests: abusive, overallRate: settings.floodRate * 0.9 }
+  const alone = await measured(p, () => runLoad(goodLoad))
   await sleep(settings.pauseMs)
   const flood = await measured(p, async () => {
-    const [g, a] = await Promise.all([
-      runLoad({ url, connections: goodConnections, durationS, requests: good }),
-      runLoad({ url, connections: settings.connections - goodConnections, durationS, requests: abusive })
-    ])
+    const [g, a] = await Promise.all([runLoad(goodLoad), runLoad(abusiveLoad)])
     return { good: g, abusive: a, requests: g.requests + a.requests }
   })
   const g = flood.load.good
@@ -342,6 +346,22 @@ async function measureFlood (c, p, durationS) {
   }
 }
 
+/**
+ * Share of limiter decisions taken by the fallback store because Redis failed or was slow.
+ * @param {Record<string, number> | undefined} decisions  by "level:result"
+ */
+function fallbackShare (decisions) {
+  if (!decisions) return 0
+  let all = 0
+  let fallback = 0
+  for (const [k, n] of Object.entries(decisions)) {
+    if (k.startsWith('local:')) continue
+    all += n
+    if (k.startsWith('fallback:')) fallback += n
+  }
+  return all ? fallback / all : 0
+}
+
 /** @param {Record<string, number>[]} maps */
 function mergeCounts (...maps) {
   /** @type {Record<string, number>} */
@@ -353,7 +373,7 @@ function mergeCounts (...maps) {
 // --- summaries ----------------------------------------------------------------------------
 
 const SUMMARY_FIELDS = ['rps', 'p50Ms', 'p99Ms', 'cpuPerReq', 'cpuCorePct', 'upstreamCpuPerReq', 'redisCpuPerReq', 'totalServerCpuPerReq',
-  'loadgenCpuPerReq', 'loadgenCorePct', 'redisCallsPerReq', 'redisScriptCallsPerReq', 'redisCommandsInScriptsPerReq', 'peakRssMb', 'non2xx', 'errors', 'gatewayRedisErrors']
+  'loadgenCpuPerReq', 'loadgenCorePct', 'redisCallsPerReq', 'redisScriptCallsPerReq', 'redisCommandsInScriptsPerReq', 'peakRssMb', 'non2xx', 'errors', 'gatewayRedisErrors', 'gatewayFallbackShare']
 /** @param {Contender} c */
 function summarize (c) {
   /** @type {Record<string, import('./lib/summary.js').Spread | null>} */

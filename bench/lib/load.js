@@ -7,7 +7,7 @@ import autocannon from 'autocannon'
  * @property {number} connections
  * @property {number} durationS
  * @property {Array<{ method?: string, path?: string, headers?: Record<string, string> }>} requests  cycled per connection
- * @property {number} [connectionRate]  requests/s per connection; 0 = as fast as answers come back
+ * @property {number} [overallRate]  requests/s over all connections; unset = as fast as answers come back
  */
 
 /**
@@ -43,7 +43,7 @@ export function runLoad (opts) {
       pipelining: 1,
       timeout: 10,
       requests: opts.requests,
-      ...(opts.connectionRate ? { connectionRate: opts.connectionRate } : {})
+      ...(opts.overallRate ? { overallRate: Math.round(opts.overallRate) } : {})
     }, (err, result) => {
       settled = true
       clearTimeout(watchdog)
@@ -53,7 +53,9 @@ export function runLoad (opts) {
       /** @type {Record<string, number>} */
       const statusCodes = {}
       for (const [code, s] of Object.entries(result.statusCodeStats ?? {})) statusCodes[code] = s.count
-      const requests = result.latency.totalCount
+      // requests.total counts responses; latency.totalCount does not when a rate is set (it adds
+      // coordinated-omission samples).
+      const requests = result.requests.total
       resolve({
         requests,
         seconds,

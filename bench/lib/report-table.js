@@ -19,7 +19,7 @@ function table (header, rows) {
  */
 
 /**
- * @param {{ settings: { rounds: number, durationS: number, connections: number }, contenders: ContenderReport[], ratios: RatioReport[] }} report
+ * @param {{ settings: { rounds: number, durationS: number, connections: number, floodRate: number }, contenders: ContenderReport[], ratios: RatioReport[] }} report
  */
 export function printReport (report) {
   const { settings } = report
@@ -51,6 +51,7 @@ export function printReport (report) {
     const f = (/** @type {string} */ k) => s[`flood.${k}`]
     console.log('\nFlood (g): well-behaved clients alone, then beside the abusive client\n')
     console.log(table(['', 'figure', 'value'], [
+      ['', 'offered req/s: well-behaved / abusive', `${fmt(report.settings.floodRate * 0.1)} / ${fmt(report.settings.floodRate * 0.9)}`],
       ['', 'well-behaved req/s alone', fmtSpread(f('goodAloneRps'))],
       ['', 'well-behaved req/s in flood', fmtSpread(f('goodRps'))],
       ['', 'well-behaved throughput kept', fmtSpread(f('goodThroughputKept'))],
@@ -68,7 +69,8 @@ export function printReport (report) {
 
   for (const c of measured) {
     const errors = c.summary?.gatewayRedisErrors?.max ?? 0
-    if (errors > 0) console.log(`\nWARNING (${c.letter}) ${c.id}: the gateway counted up to ${errors} failed Redis calls per run (it fell back to local limits)`)
+    const share = c.summary?.gatewayFallbackShare?.max ?? 0
+    if (errors > 0) console.log(`\nWARNING (${c.letter}) ${c.id}: up to ${errors} failed or late Redis calls per run; up to ${fmt(share * 100)}% of shared-level decisions fell back to the in-process store`)
   }
 
   const notes = report.contenders.filter((c) => c.skipped || c.notes.length)
