@@ -287,8 +287,9 @@ async function measureContender (c, p, durationS) {
  * The flood is two measurements back to back: the well-behaved clients alone (their baseline),
  * then the same clients beside the abusive one. Both groups are rate-bound (autocannon
  * overallRate), so that the abusive client sends 90% of the requests whenever the gateway keeps
- * up; if it does not, the achieved rates and the well-behaved latency show it. The abusive requests' rejection cost is what
- * the gateway spent beyond the admitted requests, each admitted one costed at the baseline rate.
+ * up; if it does not, the achieved rates and the well-behaved latency show it. The abusive
+ * requests' rejection cost is what the gateway spent beyond the admitted requests, each admitted
+ * one costed at the baseline rate.
  * @param {Contender} c
  * @param {Probes} p
  * @param {number} durationS
