@@ -6,7 +6,7 @@ import type { IncomingMessage } from 'node:http'
 import WebSocket from 'ws'
 import { UpstreamPool, type UpstreamConfig } from '../src/proxy/upstream-pool.js'
 import { createWebSocketProxy } from '../src/proxy/websocket.js'
-import type { ForwardPlan } from '../src/proxy/forward.js'
+import type { ForwardPlan, ForwardResult } from '../src/proxy/forward.js'
 import { refusingUrl, startBlackhole, startHttpServer, startUpstream } from './helpers/upstream.js'
 
 interface Teardown { teardown: (fn: () => unknown) => void }
@@ -34,16 +34,20 @@ function planOf (t: Teardown, urls: string[], over: Partial<UpstreamConfig> = {}
   }
 }
 
-async function startFront (t: Teardown, plan: ForwardPlan): Promise<{ url: string, connections: () => Promise<number>, close: () => void }> {
+interface Front { url: string, results: ForwardResult[], connections: () => Promise<number>, close: () => void }
+
+async function startFront (t: Teardown, plan: ForwardPlan): Promise<Front> {
+  const results: ForwardResult[] = []
   const proxy = createWebSocketProxy()
   t.teardown(() => proxy.close())
   const { server, url } = await startHttpServer(t, (_req, res) => res.end())
   server.on('upgrade', (req: IncomingMessage, socket, head: Buffer) => {
     socket.on('error', () => socket.destroy())
-    proxy.upgrade(req, socket, head, plan, { requestId: 'ws-rid', clientIp: '192.0.2.7', proto: 'https', path: req.url ?? '/' })
+    proxy.upgrade(req, socket, head, plan, { requestId: 'ws-rid', clientIp: '192.0.2.7', proto: 'https', path: req.url ?? '/' }, (result) => results.push(result))
   })
   return {
     url: url.replace('http:', 'ws:'),
+    results,
     connections: async () => await new Promise<number>((resolve, reject) => server.getConnections((err, n) => err !== null ? reject(err) : resolve(n))),
     close: () => proxy.close()
   }
@@ -90,6 +94,7 @@ t.test('echo through the proxy, with forwarded headers and the request id', asyn
   t.equal(seen?.headers['x-forwarded-host'], front.url.slice('ws://'.length))
   t.equal(seen?.headers['x-request-id'], 'ws-rid')
   t.equal(seen?.headers.upgrade, 'websocket')
+  t.match(front.results, [{ status: 101, target: upstream.url, errorKind: null, errorCode: null }], 'done reports the open tunnel once')
   ws.close()
   await once(ws, 'close')
 })
@@ -141,6 +146,11 @@ t.test('an upstream that refuses gets the client a plain 502', async (t) => {
   const [, second] = await once(again, 'unexpected-response') as [unknown, IncomingMessage]
   t.equal(second.statusCode, 503, 'the refusing target was ejected')
   second.resume()
+  t.match(front.results, [
+    { status: 502, errorKind: 'refused', errorCode: 'GW_ERR_UPSTREAM_UNAVAILABLE' },
+    { status: 503, errorKind: 'no_healthy', errorCode: 'GW_ERR_NO_HEALTHY_UPSTREAM', target: null }
+  ])
+  t.match((front.results[0]?.error?.cause as { code?: string }).code, 'ECONNREFUSED', 'the socket error kept as cause')
 })
 
 t.test('an upstream that cannot be connected to in time gets the client a 504', async (t) => {
@@ -150,6 +160,7 @@ t.test('an upstream that cannot be connected to in time gets the client a 504', 
   const [, response] = await once(ws, 'unexpected-response') as [unknown, IncomingMessage]
   t.equal(response.statusCode, 504)
   response.resume()
+  t.match(front.results, [{ status: 504, errorKind: 'connect_timeout', errorCode: 'GW_ERR_UPSTREAM_TIMEOUT' }])
 })
 
 t.test('an upstream that answers the upgrade with an error status is relayed', async (t) => {
@@ -163,6 +174,8 @@ t.test('an upstream that answers the upgrade with an error status is relayed', a
     once(ws, 'close').then(() => 'closed')
   ])
   t.not(outcome, 101)
+  t.not(front.results[0]?.status, 101)
+  t.equal(front.results.length, 1)
   t.ok(await settle(async () => await front.connections() === 0), 'no client socket left')
 })
 

@@ -10,6 +10,7 @@ export type ForwardErrorKind =
   | 'client_abort'
   | 'body_too_large'
   | 'bad_request'
+  | 'shutting_down'
 
 /** The stable code answered for each kind; null when nobody is left to answer. */
 export const KIND_CODES: Readonly<Record<ForwardErrorKind, ErrorCode | null>> = Object.freeze({
@@ -20,7 +21,8 @@ export const KIND_CODES: Readonly<Record<ForwardErrorKind, ErrorCode | null>> = 
   no_healthy: 'GW_ERR_NO_HEALTHY_UPSTREAM',
   client_abort: null,
   body_too_large: 'GW_ERR_BODY_TOO_LARGE',
-  bad_request: 'GW_ERR_BAD_REQUEST'
+  bad_request: 'GW_ERR_BAD_REQUEST',
+  shutting_down: 'GW_ERR_SHUTTING_DOWN'
 })
 
 /**

@@ -1,8 +1,8 @@
 import type { ClientRequest, IncomingMessage } from 'node:http'
 import type { Duplex } from 'node:stream'
 import httpProxy from 'http-proxy'
-import { ERRORS, writeRawError, type ErrorCode } from '../errors.js'
-import { compiledHeaders, type ForwardContext, type ForwardPlan } from './forward.js'
+import { ERRORS, GatewayError, writeRawError, type ErrorCode } from '../errors.js'
+import { compiledHeaders, type ForwardContext, type ForwardPlan, type ForwardResult } from './forward.js'
 import { upstreamRequestHeaders } from './forward-headers.js'
 import { stripPathPrefix } from './forward-path.js'
 import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
@@ -10,7 +10,11 @@ import type { UpstreamTarget } from './upstream-pool.js'
 
 /** Proxies `Upgrade: websocket` requests; one per gateway server. */
 export interface WebSocketProxy {
-  upgrade (req: IncomingMessage, socket: Duplex, head: Buffer, plan: ForwardPlan, ctx: ForwardContext): void
+  /**
+   * Tunnels the upgrade to a target of the plan's pool. `done`, if given, is called once when the
+   * handshake is decided: 101 (tunnel open), the upstream's own refusal status, or the error answered.
+   */
+  upgrade (req: IncomingMessage, socket: Duplex, head: Buffer, plan: ForwardPlan, ctx: ForwardContext, done?: (result: ForwardResult) => void): void
   /** Destroys every tunnel, open or opening; later upgrades are answered 503. */
   close (): void
 }
@@ -31,11 +35,11 @@ export function createWebSocketProxy (): WebSocketProxy {
   })
 
   return {
-    upgrade (req, socket, head, plan, ctx) {
-      if (socket.destroyed) return
-      if (closed) return answer(socket, 'GW_ERR_SHUTTING_DOWN', ctx)
+    upgrade (req, socket, head, plan, ctx, done) {
+      if (socket.destroyed) return done === undefined ? undefined : report(done, outcome(499, null, 'client_abort', null))
+      if (closed) return refuse(socket, 'GW_ERR_SHUTTING_DOWN', 'shutting_down', ctx, done)
       const target = plan.pool.pick()
-      if (target === null) return answer(socket, 'GW_ERR_NO_HEALTHY_UPSTREAM', ctx)
+      if (target === null) return refuse(socket, 'GW_ERR_NO_HEALTHY_UPSTREAM', 'no_healthy', ctx, done)
       const headers: Record<string, string> = {}
       const flat = upstreamRequestHeaders(req, compiledHeaders(plan), ctx)
       for (let i = 0; i < flat.length; i += 2) {
@@ -48,7 +52,7 @@ export function createWebSocketProxy (): WebSocketProxy {
       headers.upgrade = 'websocket'
       req.headers = headers
       req.url = target.basePath + stripPathPrefix(ctx.path, plan.stripPrefix)
-      const tunnel = new Tunnel(socket, plan, ctx, target, () => tunnels.delete(socket))
+      const tunnel = new Tunnel(socket, plan, ctx, target, done ?? null, () => tunnels.delete(socket))
       tunnels.set(socket, tunnel)
       try {
         proxy.ws(req, socket, head, {
@@ -78,12 +82,14 @@ class Tunnel {
   upgraded = false
   timer: NodeJS.Timeout | null = null
   timeoutKind: ForwardErrorKind | null = null
+  done: ((result: ForwardResult) => void) | null
 
-  constructor (socket: Duplex, plan: ForwardPlan, ctx: ForwardContext, target: UpstreamTarget, forget: () => void) {
+  constructor (socket: Duplex, plan: ForwardPlan, ctx: ForwardContext, target: UpstreamTarget, done: ((result: ForwardResult) => void) | null, forget: () => void) {
     this.socket = socket
     this.plan = plan
     this.ctx = ctx
     this.target = target
+    this.done = done
     // An 'error' without a listener would crash the process; 'close' follows it and tears down.
     socket.on('error', noop)
     socket.once('close', () => {
@@ -91,6 +97,7 @@ class Tunnel {
       this.clearTimer()
       if (this.upstream !== null) closeSoon(this.upstream)
       else this.proxyReq?.destroy()
+      this.settle(499, 'client_abort', null)
     })
   }
 
@@ -107,6 +114,7 @@ class Tunnel {
       this.upgraded = true
       this.upstream = upstream
       this.answerHeaders(res)
+      this.settle(101, null, null)
       upstream.on('error', noop)
       // http-proxy pipes both ways, which ends a side on a clean end but not on an error or a destroy.
       upstream.once('close', () => closeSoon(this.socket))
@@ -116,6 +124,7 @@ class Tunnel {
     proxyReq.once('response', (res: IncomingMessage) => {
       this.clearTimer()
       this.answerHeaders(res)
+      this.settle(res.statusCode ?? 502, null, null)
     })
   }
 
@@ -137,7 +146,17 @@ class Tunnel {
     }
     const kind = this.timeoutKind ?? classifyUpstreamError(err)
     if (kind === 'refused' || kind === 'connect_timeout') this.plan.pool.eject(this.target)
-    answer(this.socket, KIND_CODES[kind] ?? 'GW_ERR_UPSTREAM_UNAVAILABLE', this.ctx)
+    const code = KIND_CODES[kind] ?? 'GW_ERR_UPSTREAM_UNAVAILABLE'
+    // The client may already be gone (its close settled the tunnel); then nobody is answered.
+    answer(this.socket, code, this.ctx)
+    this.settle(ERRORS[code].status, kind, new GatewayError(code, undefined, { cause: err }))
+  }
+
+  settle (status: number, kind: ForwardErrorKind | null, error: GatewayError | null): void {
+    const done = this.done
+    if (done === null) return
+    this.done = null
+    report(done, outcome(status, this.target.url, kind, error))
   }
 
   startTimer (kind: ForwardErrorKind, ms: number): void {
@@ -159,6 +178,24 @@ class Tunnel {
     this.upstream?.destroy()
     this.socket.destroy()
   }
+}
+
+function refuse (socket: Duplex, code: ErrorCode, kind: ForwardErrorKind, ctx: ForwardContext, done: ((result: ForwardResult) => void) | undefined): void {
+  answer(socket, code, ctx)
+  if (done !== undefined) report(done, outcome(ERRORS[code].status, null, kind, new GatewayError(code)))
+}
+
+// A throwing callback must not break socket handling; it is reported without crashing.
+function report (done: (result: ForwardResult) => void, result: ForwardResult): void {
+  try {
+    done(result)
+  } catch (err) {
+    process.emitWarning(err instanceof Error ? err : new Error(String(err)), 'GatewayWebSocketDoneError')
+  }
+}
+
+function outcome (status: number, target: string | null, kind: ForwardErrorKind | null, error: GatewayError | null): ForwardResult {
+  return { status, target, bytesIn: 0, bytesOut: 0, errorCode: error?.code ?? null, errorKind: kind, error }
 }
 
 /** A plain HTTP/1.1 error answer on the raw socket (the upgrade never happened), then the socket is destroyed. */
