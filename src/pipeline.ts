@@ -7,7 +7,7 @@ import { randomUUID } from 'node:crypto'
 import { normalizePath } from './router/normalize-path.js'
 import { normalizeHost } from './router/route-table.js'
 import { looksLikeMisconfiguredProxy } from './identify/client-ip.js'
-import { forwardRequest, type ForwardContext, type ForwardResult } from './proxy/forward.js'
+import { forwardRequest, type ForwardContext, type ForwardErrorKind, type ForwardResult } from './proxy/forward.js'
 import type { createWebSocketProxy } from './proxy/websocket.js'
 import { ERRORS, sendError, sendJson, writeRawError, type ErrorCode } from './errors.js'
 import type { CompiledRoute, Runtime } from './config/compile.js'
@@ -27,6 +27,10 @@ export interface PipelineState {
 }
 
 const REQUEST_ID_RE = /^[A-Za-z0-9._:@/+=-]{1,128}$/
+
+// What gateway_upstream_errors_total counts. A 413, a header undici refuses or a client that left
+// are the client's doing: counting them would page whoever watches the upstreams.
+const UPSTREAM_FAILURES: ReadonlySet<ForwardErrorKind> = new Set<ForwardErrorKind>(['refused', 'reset', 'connect_timeout', 'response_timeout', 'no_healthy'])
 
 function requestIdOf (req: IncomingMessage): string {
   const given = req.headers['x-request-id']
@@ -118,7 +122,7 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
         ...(v.headers !== null ? { extraResponseHeaders: v.headers } : {})
       }
       const go = (): void => forwardRequest(req, res, a.route.forward, ctx, (result) => {
-        if (result.errorKind !== null && result.errorKind !== 'client_abort') state.telemetry.upstreamError(a.route.upstream, result.errorKind)
+        if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
         finish(state, req, requestId, started, a, result, result.status, null)
       })
       if (v.delayMs > 0) {
