@@ -4,7 +4,7 @@ import type { GatewayConfig } from './config/schema.js'
 import { compileRouteTable } from './router/route-table.js'
 import { normalizePath } from './router/normalize-path.js'
 import { compileClientIpResolver } from './identify/client-ip.js'
-import { compileRouteLimitPlan, dimensionValue, limitKey } from './limit/plan.js'
+import { compileRouteLimitPlan, dimensionValue, keyFor } from './limit/plan.js'
 
 export interface ExplainRequest {
   readonly method: string
@@ -54,7 +54,7 @@ export async function explain (config: GatewayConfig, req: ExplainRequest): Prom
     const value = dimensionValue(l.dimension, client.key, user)
     const s = l.spec
     const params = `limit ${s.limit} per ${s.windowMs}ms` + (s.burst !== s.limit ? `, burst ${s.burst}` : '') + (l.cost !== 1 ? `, cost ${l.cost}` : '') + (s.maxDelayMs > 0 ? `, delay up to ${s.maxDelayMs}ms` : '')
-    const key = value === null ? '(skipped: anonymous request)' : limitKey(l.keyBase, value)
+    const key = value === null ? '(skipped: anonymous request)' : keyFor(l.keyBase, value)
     lines.push(`limit:   ${l.name} [${l.dimension}] ${s.algorithm}: ${params}${l.shadow ? ' (shadow)' : ''}; ${store} key ${key}; onError ${l.onError}; rejects with ${l.status}`)
   }
   return lines.join('\n') + '\n'

@@ -6,6 +6,8 @@ import { readFile } from 'node:fs/promises'
 import { createHash } from 'node:crypto'
 import { LineCounter, parseDocument, isMap, isSeq, isScalar, type Document, type Node as YamlNode } from 'yaml'
 import { configSchema, BUCKET_ALGORITHMS, type GatewayConfig, type LimitConfig } from './schema.js'
+import { compileLimitSpec } from '../limit/plan.js'
+import { validateLimitSpec } from '../limit/algorithms/index.js'
 
 export type KeyPath = ReadonlyArray<string | number>
 
@@ -242,6 +244,8 @@ function checkLimit (limit: LimitConfig, path: KeyPath): Array<[KeyPath, string]
   if (limit.onLimit === 'delay' && limit.maxDelay === undefined) {
     out.push([[...path, 'maxDelay'], '"onLimit: delay" needs "maxDelay" (the longest a request may wait)'])
   }
+  const invalid = validateLimitSpec(compileLimitSpec('check', 'api', limit))
+  if (invalid !== undefined) out.push([path, invalid])
   const capacity = BUCKET_ALGORITHMS.has(algorithm) ? (limit.burst ?? limit.limit) : limit.limit
   if (limit.cost !== undefined && limit.cost > capacity) {
     out.push([[...path, 'cost'], `cost ${limit.cost} is above the capacity ${capacity}: every request would be rejected`])

@@ -10,10 +10,14 @@ const ESCAPES: Readonly<Record<string, string>> = { '{': '%7B', '}': '%7D', '%':
 const HAS_SPECIAL = /[{}%]/
 const SPECIALS = /[{}%]/g
 
+/** `value` with `{`, `}` and `%` percent-encoded (returned as is when it has none). */
+export function escapeKeyValue (value: string): string {
+  return HAS_SPECIAL.test(value) ? value.replace(SPECIALS, (c) => ESCAPES[c] as string) : value
+}
+
 /** `<prefix>:<limit id>:<value>`, with `{`, `}` and `%` in `value` percent-encoded. */
 export function limitKey (prefix: string, limitId: string, value: string): string {
-  const safe = HAS_SPECIAL.test(value) ? value.replace(SPECIALS, (c) => ESCAPES[c] as string) : value
-  return `${prefix}:${limitId}:${safe}`
+  return `${prefix}:${limitId}:${escapeKeyValue(value)}`
 }
 
 // CRC16-CCITT (XMODEM), the hash of the Redis Cluster specification. Computed here rather than

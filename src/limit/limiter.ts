@@ -2,7 +2,7 @@
 // client), the deny cache (keys the shared level already rejected), then every shared limit that
 // applies, decided all-or-nothing in one store call.
 import type { LimitCheck, LimitDecision, LimitStore } from './types.js'
-import { dimensionValue, limitKey, type OnError, type PlannedLimit, type RouteLimitPlan } from './plan.js'
+import { dimensionValue, keyFor, type OnError, type PlannedLimit, type RouteLimitPlan } from './plan.js'
 import { DenyCache, type LocalLevel } from './local-level.js'
 import type { RedisGuard } from './redis-guard.js'
 import type { LimitLevel, Telemetry } from '../telemetry.js'
@@ -158,7 +158,7 @@ function buildChecks (planned: readonly PlannedLimit[], req: LimitRequest): { ch
   for (const l of planned) {
     const value = dimensionValue(l.dimension, req.ipKey, req.user)
     if (value === null) continue
-    checks.push({ key: limitKey(l.keyBase, value), spec: l.spec, cost: l.cost })
+    checks.push({ key: keyFor(l.keyBase, value), spec: l.spec, cost: l.cost })
     limits.push(l)
   }
   return { checks, limits }

@@ -5,6 +5,7 @@ import type { LimitConfig, GatewayConfig, RouteConfig } from '../config/schema.j
 import { BUCKET_ALGORITHMS } from '../config/schema.js'
 import { parseDuration } from '../config/units.js'
 import type { AlgorithmName, LimitSpec } from './types.js'
+import { escapeKeyValue } from './keys.js'
 
 export type Dimension = 'global' | 'api' | 'ip' | 'user'
 export type OnError = 'local' | 'allow' | 'deny'
@@ -33,15 +34,10 @@ export interface RouteLimitPlan {
 
 export const EMPTY_PLAN: RouteLimitPlan = Object.freeze({ enforced: [], shadow: [], all: [] })
 
-// Keys carry no hash tag on purpose: each (limit, client) key hashes to its own Redis Cluster
-// slot, so load spreads over the cluster. Braces in client-supplied values are percent-encoded so
-// a client cannot pick a slot (or pile everyone onto one) by sending "{tag}" in its identity.
-const BRACES = /[{}%]/g
-const BRACE_ESCAPES: Readonly<Record<string, string>> = { '{': '%7B', '}': '%7D', '%': '%25' }
-
 /** `<keyPrefix>:<limit id>:<dimension value>` from the precomputed key base. */
-export function limitKey (keyBase: string, value: string): string {
-  return keyBase + (value.includes('{') || value.includes('}') || value.includes('%') ? value.replace(BRACES, c => BRACE_ESCAPES[c] as string) : value)
+export function keyFor (keyBase: string, value: string): string {
+  // no hash tag, braces escaped: see src/limit/keys.ts
+  return keyBase + escapeKeyValue(value)
 }
 
 /** The value a limit is keyed by for one request; null = the limit does not apply (anonymous). */
