@@ -166,8 +166,11 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
       const v = verdict as LimitVerdict
       if (v.kind === 'reject') return fail(v.status, { ...v.body }, a, v.headers)
       if (v.kind === 'unavailable') return fail(503, { error: 'GW_ERR_LIMITER_UNAVAILABLE', message: ERRORS.GW_ERR_LIMITER_UNAVAILABLE.message }, a)
-      state.ws.upgrade(req, socket, head, a.route.forward, { requestId, clientIp: a.clientIp, proto: state.proto, path: a.path })
-      finish(state, req, requestId, started, a, null, 101, null)
+      // Logged and counted once the handshake is decided: 101, or the refusal the client got.
+      state.ws.upgrade(req, socket, head, a.route.forward, { requestId, clientIp: a.clientIp, proto: state.proto, path: a.path }, (result) => {
+        if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
+        finish(state, req, requestId, started, a, result, result.status, null)
+      })
     }).catch((err: unknown) => {
       state.logger.error({ err, requestId }, 'upgrade pipeline failed')
       fail(503, { error: 'GW_ERR_LIMITER_UNAVAILABLE', message: ERRORS.GW_ERR_LIMITER_UNAVAILABLE.message }, a)
