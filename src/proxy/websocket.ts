@@ -125,6 +125,9 @@ class Tunnel {
       this.clearTimer()
       this.answerHeaders(res)
       this.settle(res.statusCode ?? 502, null, null)
+      // http-proxy pipes the answer and ends the client socket, which then waits for the client's
+      // own end (allowHalfOpen): closeSoon does not wait for a client that never sends it.
+      res.once('end', () => closeSoon(this.socket))
     })
   }
 
