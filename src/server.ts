@@ -114,6 +114,9 @@ export class Gateway {
       headersTimeout: s.headersTimeoutMs,
       requestTimeout: s.requestTimeoutMs,
       keepAliveTimeout: s.keepAliveTimeoutMs,
+      // node:http only checks headersTimeout/requestTimeout every connectionsCheckingInterval
+      // (30 s by default), so a slowloris client would hold a socket up to 30 s past the timeout.
+      connectionsCheckingInterval: Math.max(100, Math.min(1000, Math.floor(s.headersTimeoutMs / 2))),
       maxHeaderSize: s.maxHeaderSize
     }
     const server = tls === undefined
