@@ -3,6 +3,7 @@
 import { createServer as createHttpServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import { createServer as createHttpsServer, type Server as HttpsServer } from 'node:https'
 import { readFileSync } from 'node:fs'
+import { randomUUID } from 'node:crypto'
 import type { AddressInfo, Socket } from 'node:net'
 import { loadConfigFile, ConfigError, type LoadedConfig } from './config/load.js'
 import { compileRuntime, type Runtime } from './config/compile.js'
@@ -13,6 +14,7 @@ import { GatewayMetrics } from './admin/metrics.js'
 import { createAdminServer } from './admin/admin-server.js'
 import { redactConfig } from './admin/redact.js'
 import { createLogger, type Logger, type LogLevel } from './log.js'
+import { writeRawError, type ErrorCode } from './errors.js'
 
 export interface GatewayOptions {
   readonly configFile: string
@@ -137,11 +139,12 @@ export class Gateway {
       if (!socket.writable) return socket.destroy()
       // 431 for oversized headers (RFC 6585 §5), 408 for a header timeout, else 400; always JSON
       const code = err.code ?? ''
-      const [status, error] = code === 'HPE_HEADER_OVERFLOW'
+      const [status, error]: [number, ErrorCode] = code === 'HPE_HEADER_OVERFLOW'
         ? [431, 'GW_ERR_HEADERS_TOO_LARGE']
         : code === 'ERR_HTTP_REQUEST_TIMEOUT' ? [408, 'GW_ERR_BAD_REQUEST'] : [400, 'GW_ERR_BAD_REQUEST']
-      const body = JSON.stringify({ error, message: code === '' ? 'bad request' : code })
-      socket.end(`HTTP/1.1 ${status} ${status === 431 ? 'Request Header Fields Too Large' : status === 408 ? 'Request Timeout' : 'Bad Request'}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`)
+      // No request was parsed, so no id was given: one is made, as for every other error answer.
+      const requestId = randomUUID()
+      writeRawError(socket, status, { error, message: code === '' ? 'bad request' : code, requestId }, requestId)
     })
     this.server = server
     this.listenAddress = runtime.config.listen ?? '0.0.0.0:8080'
