@@ -145,6 +145,9 @@ export class Gateway {
       // No request was parsed, so no id was given: one is made, as for every other error answer.
       const requestId = randomUUID()
       writeRawError(socket, status, { error, message: code === '' ? 'bad request' : code, requestId }, requestId)
+      // Counted and logged like any answered request: oversized headers and slowloris are worth seeing.
+      this.metrics.request('-', '-', status, 0)
+      this.logger.info({ requestId, ip: socket.remoteAddress, route: '-', status, error: code === '' ? 'bad_request' : code }, 'request')
     })
     this.server = server
     this.listenAddress = runtime.config.listen ?? '0.0.0.0:8080'
