@@ -40,7 +40,7 @@ function planOf (pool: UpstreamPool, over: Partial<ForwardPlan> = {}): ForwardPl
 interface Front { url: string, results: ForwardResult[], nextResult: () => Promise<ForwardResult> }
 
 // What the gateway server does: keep or make a request id, then hand over to forwardRequest.
-async function startFront (t: Teardown, plan: ForwardPlan, extra?: readonly (readonly [string, string])[]): Promise<Front> {
+async function startFront (t: Teardown, plan: ForwardPlan, extra?: readonly (readonly [string, string])[], clientIp?: string): Promise<Front> {
   const results: ForwardResult[] = []
   const waiting: ((result: ForwardResult) => void)[] = []
   let read = 0
@@ -48,7 +48,7 @@ async function startFront (t: Teardown, plan: ForwardPlan, extra?: readonly (rea
     const incoming = req.headers['x-request-id']
     forwardRequest(req, res, plan, {
       requestId: typeof incoming === 'string' ? incoming : 'generated-id',
-      clientIp: req.socket.remoteAddress ?? '',
+      clientIp: clientIp ?? req.socket.remoteAddress ?? '',
       proto: 'http',
       path: req.url ?? '/',
       ...(extra !== undefined ? { extraResponseHeaders: extra } : {})
@@ -108,6 +108,16 @@ t.test('forwards method, path, query and body, and sets the forwarded headers', 
   const result = await front.nextResult()
   t.match(result, { status: 200, target: upstream.url, bytesIn: 14, errorCode: null, errorKind: null, error: null })
   t.ok(result.bytesOut > 0)
+})
+
+t.test('X-Forwarded-For gets the client without a chain, the peer appended to one', async (t) => {
+  const upstream = await startUpstream(t)
+  // As resolved by the identify stage when 127.0.0.1 is a trusted proxy that sent the chain.
+  const front = await startFront(t, planOf(poolOf(t, [upstream.url])), undefined, '198.51.100.20')
+  const chained = echoed(await send(front.url, '/', { headers: { 'x-forwarded-for': '198.51.100.20' } }))
+  t.equal(chained.headers['x-forwarded-for'], '198.51.100.20, 127.0.0.1', 'the trusted peer is appended, not the client again')
+  const direct = echoed(await send(front.url, '/'))
+  t.equal(direct.headers['x-forwarded-for'], '198.51.100.20', 'no chain: the client address alone')
 })
 
 t.test('the gateway request id replaces the one an upstream answers with', async (t) => {

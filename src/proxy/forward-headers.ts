@@ -83,7 +83,10 @@ export function upstreamRequestHeaders (req: IncomingMessage, plan: CompiledHead
   }
   if (plan.forwardedFor) {
     const previous = incoming[FORWARDED_FOR]
-    out.push(FORWARDED_FOR, previous === undefined ? ctx.clientIp : `${previous}, ${ctx.clientIp}`)
+    // Each hop appends the address it got the request from (RFC 7239 §5.2 does the same for
+    // Forwarded). Without a chain that is the client; with one it is the peer, which differs from
+    // ctx.clientIp when the peer is a trusted proxy: appending the client again would lose the proxy.
+    out.push(FORWARDED_FOR, previous === undefined ? ctx.clientIp : `${previous}, ${peerAddress(req, ctx.clientIp)}`)
   }
   if (plan.forwardedProto) out.push(FORWARDED_PROTO, ctx.proto)
   if (plan.forwardedHost && host !== undefined) out.push(FORWARDED_HOST, host)
@@ -139,6 +142,13 @@ function withoutNamed (headers: string[], named: readonly string[]): string[] {
 function isExtra (extra: readonly (readonly [string, string])[], lower: string): boolean {
   for (let i = 0; i < extra.length; i++) if ((extra[i] as readonly [string, string])[0].toLowerCase() === lower) return true
   return false
+}
+
+function peerAddress (req: IncomingMessage, fallback: string): string {
+  const address = req.socket.remoteAddress
+  if (address === undefined) return fallback
+  // A dual-stack listener reports IPv4 peers as IPv4-mapped IPv6 (::ffff:a.b.c.d).
+  return address.startsWith('::ffff:') && address.includes('.') ? address.slice(7) : address
 }
 
 function latin1 (value: Buffer | string): string {
