@@ -1,0 +1,178 @@
+// The admin listener of a real gateway: /healthz, /readyz, /metrics after real traffic, /config
+// with every kind of secret redacted, and a Redis that cannot be reached (the gateway still
+// starts, serves and reports itself degraded).
+import t from 'tap'
+import { startGateway } from './helpers/gateway.js'
+import { refusingUrl, startUpstream } from './helpers/upstream.js'
+
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
+
+t.test('/healthz and /readyz', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const health = await fetch(`${gw.adminUrl}/healthz`)
+  t.equal(health.status, 200)
+  t.same(await health.json(), { status: 'ok' })
+  const ready = await fetch(`${gw.adminUrl}/readyz`)
+  t.equal(ready.status, 200)
+  t.same(await ready.json(), { status: 'ready', generation: 1, redis: { state: 'not_configured' } })
+
+  const unknown = await fetch(`${gw.adminUrl}/nope`)
+  t.equal(unknown.status, 404)
+  t.match(await unknown.json(), { error: 'GW_ERR_NOT_FOUND' })
+  const post = await fetch(`${gw.adminUrl}/healthz`, { method: 'POST' })
+  t.equal(post.status, 405, 'admin endpoints are read-only')
+  t.equal((await fetch(`${gw.url}/healthz`)).status, 200, 'the public listener forwards /healthz to the upstream')
+  t.equal(upstream.log.length, 1)
+})
+
+t.test('/readyz answers 503 while the gateway drains', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { shutdownTimeout: 5s }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const inflight = fetch(`${gw.url}/slow?ms=1000`).then((res) => res.status)
+  while (upstream.log.length === 0) await sleep(10)
+  const closing = gw.close()
+  const draining = await fetch(`${gw.adminUrl}/readyz`)
+  t.equal(draining.status, 503, 'a load balancer stops sending new requests')
+  t.match(await draining.json(), { status: 'shutting_down' })
+  t.equal(await inflight, 200, 'the in-flight request still finishes')
+  await closing
+})
+
+t.test('/metrics after traffic: requests, durations, upstream errors, process metrics', async (t) => {
+  const upstream = await startUpstream(t)
+  const refusing = await refusingUrl()
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${upstream.url}] }
+  dead: { targets: [${refusing}] }
+routes:
+  - { name: dead, pathPrefix: /dead/, upstream: dead }
+  - { name: small, pathPrefix: /small/, upstream: backend, maxBodySize: 10 }
+  - { name: api, pathPrefix: /api/, stripPrefix: /api, upstream: backend }
+`)
+  for (let i = 0; i < 3; i++) t.equal((await fetch(`${gw.url}/api/x${i}`)).status, 200)
+  t.equal((await fetch(`${gw.url}/api/post`, { method: 'POST', body: 'b' })).status, 200)
+  t.equal((await fetch(`${gw.url}/api/status?code=503`)).status, 503)
+  t.equal((await fetch(`${gw.url}/nowhere`)).status, 404)
+  t.equal((await fetch(`${gw.url}/dead/x`)).status, 502)
+  t.equal((await fetch(`${gw.url}/small/x`, { method: 'POST', body: 'more than ten bytes' })).status, 413)
+
+  const res = await fetch(`${gw.adminUrl}/metrics`)
+  t.equal(res.status, 200)
+  t.match(res.headers.get('content-type'), /^text\/plain/)
+  const text = await res.text()
+  const value = (series: string): number | null => {
+    const line = text.split('\n').find((l) => l.startsWith(series + ' '))
+    return line === undefined ? null : Number(line.slice(series.length + 1))
+  }
+  t.equal(value('gateway_requests_total{route="api",method="GET",status_class="2xx"}'), 3)
+  t.equal(value('gateway_requests_total{route="api",method="POST",status_class="2xx"}'), 1)
+  t.equal(value('gateway_requests_total{route="api",method="GET",status_class="5xx"}'), 1, 'an upstream 503 is counted as 5xx')
+  t.equal(value('gateway_requests_total{route="dead",method="GET",status_class="5xx"}'), 1)
+  t.equal(value('gateway_requests_total{route="-",method="GET",status_class="4xx"}'), 1, 'unrouted requests are counted too')
+  t.equal(value('gateway_request_duration_seconds_count{route="api"}'), 5)
+  t.equal(value('gateway_request_duration_seconds_bucket{le="+Inf",route="api"}'), 5)
+  t.ok((value('gateway_request_duration_seconds_sum{route="api"}') ?? -1) > 0)
+  t.equal(value('gateway_upstream_errors_total{upstream="dead",kind="refused"}'), 1)
+  t.notMatch(text, /gateway_upstream_errors_total\{upstream="backend"/, 'a client error (413) is not an upstream error')
+  t.equal(value('gateway_requests_total{route="small",method="POST",status_class="4xx"}'), 1)
+  t.equal(value('gateway_config_generation'), 1)
+  t.equal(value('gateway_config_reloads_total{result="success"}'), 0)
+  for (const name of ['process_cpu_user_seconds_total', 'process_resident_memory_bytes', 'nodejs_heap_size_used_bytes', 'nodejs_eventloop_lag_seconds']) {
+    t.ok((value(name) ?? -1) >= 0, `process metric ${name}`)
+  }
+})
+
+t.test('/config redacts secrets; an unreachable Redis neither stops the start nor fails requests', async (t) => {
+  const upstream = await startUpstream(t)
+  const deadRedis = new URL(await refusingUrl())
+  const target = new URL(upstream.url)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+redis:
+  url: redis://:UrlRedisPw-1@127.0.0.1:${deadRedis.port}
+  password: \${REDIS_PASSWORD}
+  timeout: 50ms
+identity:
+  apiKeys: { header: x-api-key, keys: { k-TopSecret-alice: alice, k-TopSecret-bob: bob } }
+limits:
+  ip: { limit: 1000, window: 1m }
+upstreams:
+  backend: { targets: ["http://svc:TargetPw-3@127.0.0.1:${target.port}"] }
+routes:
+  - name: api
+    pathPrefix: /
+    upstream: backend
+    headers: { request: { set: { authorization: "Bearer UpstreamToken-4", x-api-key: UpstreamKey-5, x-env: prod } } }
+`, { REDIS_PASSWORD: 'EnvRedisPw-2' })
+
+  // Redis is unreachable: every request is still answered by the upstream, never with a 5xx
+  const statuses: number[] = []
+  for (let i = 0; i < 10; i++) statuses.push((await fetch(`${gw.url}/x${i}`, { headers: { 'x-api-key': 'k-TopSecret-alice' } })).status)
+  t.same(statuses, Array(10).fill(200), 'the limiter falls back instead of failing')
+  t.equal((await fetch(`${gw.url}/x`, { headers: { 'x-api-key': 'k-wrong' } })).status, 401, 'identity still works')
+  const ready = await fetch(`${gw.adminUrl}/readyz`)
+  t.equal(ready.status, 200, 'degraded is still ready')
+  t.match(await ready.json(), { status: 'degraded', generation: 1, redis: { state: 'fallback' } })
+  const metrics = await (await fetch(`${gw.adminUrl}/metrics`)).text()
+  t.match(metrics, /gateway_ratelimit_decisions_total\{route="api",dimension="ip",level="fallback",result="allowed"\} \d+/)
+  t.match(metrics, /gateway_redis_breaker_state [12]/)
+
+  const res = await fetch(`${gw.adminUrl}/config`)
+  t.equal(res.status, 200)
+  const text = await res.text()
+  for (const secret of ['UrlRedisPw-1', 'EnvRedisPw-2', 'k-TopSecret', 'TargetPw-3', 'UpstreamToken-4', 'UpstreamKey-5']) {
+    t.notMatch(text, secret, `${secret} is not shown`)
+  }
+  const body = JSON.parse(text) as { generation: number, hash: string, config: { routes: Array<{ name: string, headers: { request: { set: Record<string, string> } } }>, redis: { url: string }, upstreams: Record<string, unknown> } }
+  t.equal(body.generation, 1)
+  t.match(body.hash, /^[0-9a-f]{64}$/)
+  t.equal(body.config.routes[0]?.name, 'api', 'the rest of the config is shown')
+  t.equal(body.config.routes[0]?.headers.request.set['x-env'], 'prod', 'harmless header values are shown')
+  t.match(body.config.redis.url, /^redis:\/\/.*@127\.0\.0\.1:\d+$/, 'the URL is shown without its credentials')
+  t.equal(upstream.log.length, 10)
+})
+
+t.test('/config redacts a JWT secret and credentials in a JWKS URL', async (t) => {
+  const upstream = await startUpstream(t)
+  const hs = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+identity:
+  jwt: { secret: JwtSecret-6-long-enough-for-hs256-0123456789, claim: sub }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const hsText = await (await fetch(`${hs.adminUrl}/config`)).text()
+  t.notMatch(hsText, 'JwtSecret-6')
+  t.match(hsText, /"claim": "sub"/)
+
+  const jwks = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+identity:
+  jwt: { jwksUrl: "http://idp:JwksPw-7@127.0.0.1:9/.well-known/jwks.json" }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const jwksText = await (await fetch(`${jwks.adminUrl}/config`)).text()
+  t.notMatch(jwksText, 'JwksPw-7')
+  t.match(jwksText, /\/\.well-known\/jwks\.json/)
+})

@@ -1,0 +1,562 @@
+// Forwarding through a real gateway (in process) to real upstreams: forwarded headers, hop-by-hop
+// removal, route header rules, upstream failures and their codes, retries, client aborts, body and
+// header size limits, weighted round-robin.
+import t from 'tap'
+import http, { type IncomingHttpHeaders } from 'node:http'
+import net from 'node:net'
+import { Readable } from 'node:stream'
+import { startGateway } from './helpers/gateway.js'
+import { refusingUrl, startBlackhole, startHttpServer, startUpstream, type EchoBody } from './helpers/upstream.js'
+
+interface Reply { status: number, headers: IncomingHttpHeaders, rawHeaders: string[], body: string }
+
+interface SendOptions {
+  method?: string
+  headers?: Record<string, string | string[]>
+  body?: string | Readable
+}
+
+/** One request on its own connection; `path` goes on the request line as is. */
+function send (base: string, path: string, options: SendOptions = {}): Promise<Reply> {
+  const { port } = new URL(base)
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port, path, method: options.method ?? 'GET', headers: options.headers ?? {}, agent: false }, (res) => {
+      const chunks: Buffer[] = []
+      res.on('data', (chunk: Buffer) => chunks.push(chunk))
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, rawHeaders: res.rawHeaders, body: Buffer.concat(chunks).toString() }))
+      res.on('error', reject)
+    })
+    req.on('error', reject)
+    const body = options.body
+    if (body instanceof Readable) body.pipe(req)
+    else req.end(body)
+  })
+}
+
+const json = <T = Record<string, unknown>>(reply: Reply): T => JSON.parse(reply.body) as T
+
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
+
+async function until (check: () => boolean, timeoutMs = 5000): Promise<void> {
+  const deadline = Date.now() + timeoutMs
+  while (!check()) {
+    if (Date.now() > deadline) throw new Error('condition not met in time')
+    await sleep(10)
+  }
+}
+
+const HEAD = `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+`
+
+t.test('X-Forwarded-*, Host and X-Request-Id', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const given = await send(gw.url, '/items?id=7', {
+    headers: { host: 'shop.example.com:8443', 'x-forwarded-for': '198.51.100.7, 203.0.113.1', 'x-request-id': 'req-abc.123', 'x-forwarded-proto': 'https', 'x-forwarded-host': 'evil.example' }
+  })
+  t.equal(given.status, 200)
+  const seen = json<EchoBody>(given)
+  t.equal(seen.headers.host, 'shop.example.com:8443', 'Host passes through')
+  t.equal(seen.headers['x-forwarded-for'], '198.51.100.7, 203.0.113.1, 127.0.0.1', 'the peer is appended to X-Forwarded-For')
+  t.equal(seen.headers['x-forwarded-proto'], 'http', 'X-Forwarded-Proto is set by the gateway, not the client')
+  t.equal(seen.headers['x-forwarded-host'], 'shop.example.com:8443', 'X-Forwarded-Host is the Host the client sent')
+  t.equal(seen.rawHeaders.filter((name) => name.toLowerCase() === 'x-forwarded-proto').length, 1, 'one X-Forwarded-Proto')
+  t.equal(seen.headers['x-request-id'], 'req-abc.123', 'the given request id is kept')
+  t.equal(given.headers['x-request-id'], 'req-abc.123', 'and echoed on the response')
+
+  const generated = await send(gw.url, '/items')
+  const seen2 = json<EchoBody>(generated)
+  t.equal(seen2.headers['x-forwarded-for'], '127.0.0.1')
+  t.match(seen2.headers['x-request-id'], /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/, 'a request id is generated')
+  t.equal(generated.headers['x-request-id'], seen2.headers['x-request-id'], 'the generated id is the one echoed')
+
+  const bogus = await send(gw.url, '/items', { headers: { 'x-request-id': 'x'.repeat(300) } })
+  const seen3 = json<EchoBody>(bogus)
+  t.not(seen3.headers['x-request-id'], 'x'.repeat(300), 'an unusable request id is replaced')
+  t.equal(bogus.headers['x-request-id'], seen3.headers['x-request-id'])
+})
+
+t.test('behind a trusted proxy, X-Forwarded-For gets the peer appended, not the client again', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `${HEAD}trustedProxies: [127.0.0.1]
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const reply = await send(gw.url, '/x', { headers: { 'x-forwarded-for': '203.0.113.9', 'x-request-id': 'xff-trusted' } })
+  // RFC 7239 §5.2 / de-facto XFF: each hop appends the address it received the request from
+  t.equal(json<EchoBody>(reply).headers['x-forwarded-for'], '203.0.113.9, 127.0.0.1', 'the chain stays complete')
+  const line = gw.lines.find((l) => l.msg === 'request' && l.requestId === 'xff-trusted')
+  t.equal(line?.ip, '203.0.113.9', 'while the client IP used for limits and logs is the one the trusted proxy reported')
+})
+
+t.test('hop-by-hop headers are removed in both directions, including those Connection names', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const reply = await send(gw.url, '/echo', {
+    method: 'POST',
+    body: Readable.from(['chunked ', 'body']),
+    headers: {
+      connection: 'X-Secret, keep-alive',
+      'x-secret': 'connection-specific',
+      'keep-alive': 'timeout=30',
+      'proxy-connection': 'keep-alive',
+      te: 'trailers',
+      trailer: 'X-Checksum',
+      upgrade: 'h2c',
+      'x-end-to-end': 'kept'
+    }
+  })
+  t.equal(reply.status, 200)
+  const seen = json<EchoBody>(reply)
+  t.equal(seen.body, 'chunked body')
+  for (const name of ['x-secret', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'upgrade']) {
+    t.equal(seen.headers[name], undefined, `request: ${name} not forwarded`)
+  }
+  t.notMatch(String(seen.headers.connection ?? ''), /x-secret/i, 'the client Connection header is not forwarded')
+  t.equal(seen.headers['x-end-to-end'], 'kept')
+
+  const back = await send(gw.url, '/hop-by-hop')
+  t.equal(back.status, 200)
+  t.equal(back.body, 'hop-by-hop')
+  for (const name of ['x-secret', 'keep-alive', 'proxy-connection', 'trailer', 'upgrade']) {
+    t.equal(back.headers[name], undefined, `response: ${name} not forwarded`)
+  }
+  t.notMatch(String(back.headers.connection ?? ''), /x-secret/i, 'the upstream Connection header is not forwarded')
+  t.equal(back.headers['x-kept'], 'yes')
+})
+
+t.test('route header rules set and remove, on the request and on the response', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - name: ruled
+    pathPrefix: /
+    upstream: backend
+    headers:
+      request: { set: { x-env: prod, X-Forwarded-Proto: https }, remove: [cookie, X-Debug] }
+      response: { set: { cache-control: no-store }, remove: [x-kept, content-type] }
+`)
+  const reply = await send(gw.url, '/anything', { headers: { cookie: 'session=1', 'x-debug': '1', 'x-env': 'dev', 'x-other': 'o' } })
+  t.equal(reply.status, 200)
+  const seen = json<EchoBody>(reply)
+  t.equal(seen.headers['x-env'], 'prod', 'set replaces the client value')
+  t.equal(seen.rawHeaders.filter((name) => name.toLowerCase() === 'x-env').length, 1)
+  t.equal(seen.headers.cookie, undefined, 'cookie removed')
+  t.equal(seen.headers['x-debug'], undefined, 'removal is case-insensitive')
+  t.equal(seen.headers['x-forwarded-proto'], 'https', 'a rule overrides the gateway X-Forwarded-Proto')
+  t.equal(seen.headers['x-other'], 'o')
+  t.equal(reply.headers['cache-control'], 'no-store')
+  t.equal(reply.headers['content-type'], undefined, 'response header removed')
+
+  const hop = await send(gw.url, '/hop-by-hop')
+  t.equal(hop.headers['x-kept'], undefined, 'response header removed')
+  t.equal(hop.headers['cache-control'], 'no-store')
+})
+
+t.test('upstream failures: 502 refused, 504 timeout, 503 when every target is ejected', async (t) => {
+  const upstream = await startUpstream(t)
+  const refusing = await refusingUrl()
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  down: { targets: [${refusing}], ejectFor: 1m }
+  slow: { targets: [${upstream.url}], timeouts: { response: 300ms } }
+routes:
+  - { name: down, pathPrefix: /down, upstream: down }
+  - { name: slow-route, pathPrefix: /hang-fast, upstream: slow, stripPrefix: /hang-fast, timeouts: { response: 200ms } }
+  - { name: slow, pathPrefix: /, upstream: slow }
+`)
+  const refused = await send(gw.url, '/down/x', { headers: { 'x-request-id': 'refused-1' } })
+  t.equal(refused.status, 502)
+  t.match(refused.headers['content-type'], /^application\/json/)
+  t.same(json(refused), { error: 'GW_ERR_UPSTREAM_UNAVAILABLE', message: 'the upstream refused or reset the connection', requestId: 'refused-1' })
+  t.equal(refused.headers['x-request-id'], 'refused-1')
+
+  const ejected = await send(gw.url, '/down/x', { headers: { 'x-request-id': 'ejected-1' } })
+  t.equal(ejected.status, 503, 'the refusing target is ejected')
+  t.same(json(ejected), { error: 'GW_ERR_NO_HEALTHY_UPSTREAM', message: 'no healthy upstream target', requestId: 'ejected-1' })
+
+  let started = Date.now()
+  const timedOut = await send(gw.url, '/hang', { headers: { 'x-request-id': 'timeout-1' } })
+  t.equal(timedOut.status, 504)
+  t.same(json(timedOut), { error: 'GW_ERR_UPSTREAM_TIMEOUT', message: 'the upstream did not answer in time', requestId: 'timeout-1' })
+  t.ok(Date.now() - started >= 250, 'after the upstream response timeout')
+
+  started = Date.now()
+  const routeTimeout = await send(gw.url, '/hang-fast/hang')
+  t.equal(routeTimeout.status, 504, 'the route timeout overrides the upstream one')
+  t.ok(Date.now() - started < 2000)
+
+  const reset = await send(gw.url, '/reset')
+  t.equal(reset.status, 502)
+  t.equal(json(reset).error, 'GW_ERR_UPSTREAM_UNAVAILABLE', 'a reset is a 502 too')
+
+  const fine = await send(gw.url, '/slow?ms=50')
+  t.equal(fine.status, 200, 'a slow answer within the timeout passes')
+})
+
+t.test('an idempotent request is retried once on another target; a POST is not', async (t) => {
+  const good = await startUpstream(t, 'good')
+  const refusing = await refusingUrl()
+  // Smooth round-robin with equal weights picks the first target first: the refusing one.
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  for-get: { targets: [${refusing}, ${good.url}], ejectFor: 1m }
+  for-post: { targets: [${refusing}, ${good.url}], ejectFor: 1m, maxConnections: 8 }
+routes:
+  - { name: get, pathPrefix: /get, upstream: for-get }
+  - { name: post, pathPrefix: /post, upstream: for-post }
+`)
+  const got = await send(gw.url, '/get/1')
+  t.equal(got.status, 200, 'the client never sees the refused attempt')
+  t.equal(json<EchoBody>(got).name, 'good')
+  t.same(good.log, ['/get/1'])
+
+  const posted = await send(gw.url, '/post/1', { method: 'POST', body: 'once', headers: { 'content-type': 'text/plain' } })
+  t.equal(posted.status, 502, 'a POST is not retried')
+  t.equal(json(posted).error, 'GW_ERR_UPSTREAM_UNAVAILABLE')
+  t.same(good.log, ['/get/1'], 'the POST never reached the other target')
+
+  const again = await send(gw.url, '/post/2', { method: 'POST', body: 'twice' })
+  t.equal(again.status, 200, 'the refusing target is ejected, the next POST goes to the healthy one')
+  t.equal(json<EchoBody>(again).body, 'twice')
+})
+
+t.test('a client that goes away cancels the upstream request', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const aborted = upstream.nextAbort(10_000)
+  const req = http.request({ host: '127.0.0.1', port: gw.port, path: '/hang', agent: false })
+  req.on('error', () => {})
+  req.end()
+  await until(() => upstream.log.includes('/hang'))
+  req.destroy()
+  t.equal(await aborted, '/hang', 'the upstream saw its request closed')
+
+  // the same mid-download: a long drip is cut at the upstream too
+  const abortedDrip = upstream.nextAbort(10_000)
+  const drip = http.request({ host: '127.0.0.1', port: gw.port, path: '/drip?chunks=1000&intervalMs=20', agent: false })
+  drip.on('error', () => {})
+  drip.on('response', (res) => {
+    res.once('data', () => drip.destroy())
+  })
+  drip.end()
+  t.equal(await abortedDrip, '/drip?chunks=1000&intervalMs=20')
+})
+
+t.test('maxBodySize: 413 beyond it, by Content-Length or while a chunked body streams', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: small, pathPrefix: /, upstream: backend, maxBodySize: 1kb }
+`)
+  const fits = await send(gw.url, '/upload', { method: 'POST', body: 'x'.repeat(1024) })
+  t.equal(fits.status, 200)
+  t.same(json(fits), { bytes: 1024 })
+
+  const tooLarge = await send(gw.url, '/upload', { method: 'POST', body: 'x'.repeat(1025), headers: { 'x-request-id': 'big-1' } })
+  t.equal(tooLarge.status, 413)
+  t.same(json(tooLarge), { error: 'GW_ERR_BODY_TOO_LARGE', message: 'the request body exceeds the route limit', requestId: 'big-1' })
+  t.same(upstream.log, ['/upload'], 'a declared oversize body never reaches the upstream')
+
+  const chunks = Array.from({ length: 8 }, () => 'y'.repeat(512))
+  const chunked = await send(gw.url, '/upload', { method: 'POST', body: Readable.from(chunks) })
+  t.equal(chunked.status, 413, 'a chunked body is cut when it grows past the limit')
+  t.equal(json(chunked).error, 'GW_ERR_BODY_TOO_LARGE')
+
+  const smallChunked = await send(gw.url, '/upload', { method: 'POST', body: Readable.from(['a'.repeat(500), 'b'.repeat(500)]) })
+  t.equal(smallChunked.status, 200)
+  t.same(json(smallChunked), { bytes: 1000 })
+})
+
+t.test('headers larger than server.maxHeaderSize get 431 JSON', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `${HEAD}server: { maxHeaderSize: 2048 }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const ok = await send(gw.url, '/x', { headers: { 'x-pad': 'p'.repeat(1000) } })
+  t.equal(ok.status, 200)
+  const big = await send(gw.url, '/x', { headers: { 'x-pad': 'p'.repeat(4000) } })
+  t.equal(big.status, 431)
+  t.match(big.headers['content-type'], /^application\/json/)
+  const body = json(big)
+  t.match(body, { error: 'GW_ERR_HEADERS_TOO_LARGE', message: String, requestId: String }, 'the usual error body, with a request id')
+  t.equal(big.headers['x-request-id'], body.requestId)
+  t.same(upstream.log, ['/x'], 'the oversized request never reached the upstream')
+})
+
+/** Writes `raw` on a fresh connection and answers everything the gateway sends back until it closes. */
+async function rawExchange (port: number, raw: string, timeoutMs = 10_000): Promise<{ text: string, ms: number }> {
+  const started = Date.now()
+  const socket = net.connect(port, '127.0.0.1')
+  socket.setTimeout(timeoutMs, () => socket.destroy())
+  socket.write(raw)
+  let text = ''
+  socket.setEncoding('latin1')
+  for await (const chunk of socket) text += chunk as string
+  return { text, ms: Date.now() - started }
+}
+
+function parseRaw (text: string): { status: number, headers: Record<string, string>, body: string } {
+  const end = text.indexOf('\r\n\r\n')
+  const [statusLine, ...lines] = text.slice(0, end).split('\r\n')
+  const headers: Record<string, string> = {}
+  for (const line of lines) {
+    const colon = line.indexOf(':')
+    headers[line.slice(0, colon).toLowerCase()] = line.slice(colon + 1).trim()
+  }
+  return { status: Number((statusLine ?? '').split(' ')[1]), headers, body: text.slice(end + 4) }
+}
+
+t.test('a malformed request gets 400 JSON with a request id', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const { text } = await rawExchange(gw.port, 'GET /x HTTP/1.1\r\nHost: a\r\nbad header line\r\n\r\n')
+  const reply = parseRaw(text)
+  t.equal(reply.status, 400)
+  const body = JSON.parse(reply.body) as Record<string, unknown>
+  t.match(body, { error: 'GW_ERR_BAD_REQUEST', message: String, requestId: String })
+  t.equal(reply.headers['x-request-id'], body.requestId)
+  t.equal(upstream.requests, 0)
+})
+
+t.test('a client that sends its headers too slowly gets 408 after server.headersTimeout', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `${HEAD}server: { headersTimeout: 1s, requestTimeout: 2s }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  // slowloris: a request line and one header, then nothing
+  const { text, ms } = await rawExchange(gw.port, 'GET /x HTTP/1.1\r\nHost: a\r\n', 20_000)
+  const reply = parseRaw(text)
+  t.equal(reply.status, 408)
+  t.match(JSON.parse(reply.body), { error: 'GW_ERR_BAD_REQUEST', requestId: String })
+  t.ok(ms < 5000, `cut after ${ms} ms (headersTimeout 1 s)`)
+  t.equal(upstream.requests, 0)
+})
+
+t.test('targets are picked by smooth weighted round-robin', async (t) => {
+  const a = await startUpstream(t, 'a')
+  const b = await startUpstream(t, 'b')
+  const c = await startUpstream(t, 'c')
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend:
+    targets: [${a.url}, { url: ${b.url}, weight: 3 }, { url: ${c.url}, weight: 2 }]
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const order: string[] = []
+  for (let i = 0; i < 60; i++) {
+    const reply = await send(gw.url, `/r${i}`)
+    t.equal(reply.status, 200)
+    order.push(json<EchoBody>(reply).name)
+  }
+  t.same([a.requests, b.requests, c.requests], [10, 30, 20], 'requests split 1:3:2')
+  // smooth: every window of 6 consecutive picks holds exactly the weights
+  for (let i = 0; i + 6 <= order.length; i += 6) {
+    const window = order.slice(i, i + 6)
+    t.same(['a', 'b', 'c'].map((name) => window.filter((n) => n === name).length), [1, 3, 2], `picks ${i}..${i + 5}`)
+  }
+  t.not(order.slice(0, 6).join(''), 'abbbcc', 'interleaved, not in blocks')
+})
+
+t.test('an idempotent request is retried once, not more', async (t) => {
+  const good = await startUpstream(t, 'good')
+  const [r1, r2] = [await refusingUrl(), await refusingUrl()]
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${r1}, ${r2}, ${good.url}], ejectFor: 1m }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const first = await send(gw.url, '/a')
+  t.equal(first.status, 502, 'two refusing targets in a row: one retry only, then 502')
+  t.equal(json(first).error, 'GW_ERR_UPSTREAM_UNAVAILABLE')
+  t.equal(good.requests, 0)
+  const second = await send(gw.url, '/b')
+  t.equal(second.status, 200, 'both refusing targets were ejected')
+  t.same(good.log, ['/b'])
+})
+
+t.test('a connect timeout is a 504, ejects the target and is retried elsewhere for GET', async (t) => {
+  const good = await startUpstream(t, 'good')
+  const blackhole = await startBlackhole(t)
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  alone: { targets: [${blackhole}], timeouts: { connect: 300ms } }
+  paired: { targets: [${blackhole}, ${good.url}], timeouts: { connect: 300ms }, ejectFor: 1m }
+routes:
+  - { name: alone, pathPrefix: /alone/, upstream: alone }
+  - { name: paired, pathPrefix: /, upstream: paired }
+`)
+  const started = Date.now()
+  const alone = await send(gw.url, '/alone/x')
+  t.equal(alone.status, 504)
+  t.equal(json(alone).error, 'GW_ERR_UPSTREAM_TIMEOUT')
+  t.ok(Date.now() - started < 3000, 'bounded by the connect timeout')
+  const ejected = await send(gw.url, '/alone/x')
+  t.equal(ejected.status, 503, 'the target that timed out is ejected')
+
+  const paired = await send(gw.url, '/p')
+  t.equal(paired.status, 200, 'retried on the other target')
+  t.same(good.log, ['/p'])
+})
+
+t.test('an ejected target comes back after ejectFor', async (t) => {
+  const other = await startUpstream(t, 'other')
+  const url = await refusingUrl()
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${url}, ${other.url}], ejectFor: 1s }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  t.equal((await send(gw.url, '/1')).status, 200, 'refused, retried on the other target')
+  // the refused address starts answering while it is ejected
+  const revived = http.createServer((_req, res) => res.end('revived'))
+  await new Promise<void>((resolve) => revived.listen(Number(new URL(url).port), '127.0.0.1', resolve))
+  t.teardown(() => { revived.closeAllConnections(); revived.close() })
+  const during = await send(gw.url, '/2')
+  t.equal(json<EchoBody>(during).name, 'other', 'still ejected')
+  await sleep(1200)
+  const bodies: string[] = []
+  for (let i = 0; i < 4; i++) bodies.push((await send(gw.url, `/after${i}`)).body)
+  t.equal(bodies.filter((b) => b === 'revived').length, 2, 'back in the rotation after ejectFor')
+})
+
+t.test('several Set-Cookie headers pass through separately', async (t) => {
+  const { url } = await startHttpServer(t, (_req, res) => {
+    res.writeHead(200, [['Set-Cookie', 'a=1; Path=/'], ['Set-Cookie', 'b=2, c; HttpOnly'], ['Content-Length', '2']].flat())
+    res.end('ok')
+  })
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const reply = await send(gw.url, '/')
+  t.same(reply.headers['set-cookie'], ['a=1; Path=/', 'b=2, c; HttpOnly'])
+  t.equal(reply.body, 'ok')
+})
+
+t.test('HEAD gets the headers and no body', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const reply = await send(gw.url, '/download?bytes=5000', { method: 'HEAD' })
+  t.equal(reply.status, 200)
+  t.equal(reply.headers['content-length'], '5000')
+  t.equal(reply.body, '')
+  const after = await send(gw.url, '/download?bytes=10')
+  t.equal(after.body, 'x'.repeat(10), 'the pool connection is still usable')
+})
+
+t.test('Expect: 100-continue uploads go through', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const reply = await new Promise<Reply>((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port: gw.port, path: '/upload', method: 'POST', headers: { expect: '100-continue', 'content-length': '100000' }, agent: false }, (res) => {
+      const chunks: Buffer[] = []
+      res.on('data', (chunk: Buffer) => chunks.push(chunk))
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, rawHeaders: res.rawHeaders, body: Buffer.concat(chunks).toString() }))
+    })
+    req.on('error', reject)
+    req.on('continue', () => req.end(Buffer.alloc(100000, 1)))
+  })
+  t.equal(reply.status, 200)
+  t.same(json(reply), { bytes: 100000 })
+})
+
+t.test('upstream connections are kept alive and reused', async (t) => {
+  const upstream = await startUpstream(t)
+  let connections = 0
+  upstream.server.on('connection', () => { connections++ })
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  for (let i = 0; i < 20; i++) t.equal((await send(gw.url, `/k${i}`)).status, 200)
+  t.equal(connections, 1, 'twenty sequential requests over one upstream connection')
+})
+
+t.test('a client keep-alive connection survives upstream errors', async (t) => {
+  const upstream = await startUpstream(t)
+  const refusing = await refusingUrl()
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${upstream.url}] }
+  dead: { targets: [${refusing}] }
+routes:
+  - { name: dead, pathPrefix: /dead/, upstream: dead }
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 })
+  t.teardown(() => agent.destroy())
+  const call = (path: string, method = 'GET', body?: string): Promise<{ status: number, body: string }> => new Promise((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port: gw.port, path, method, agent }, (res) => {
+      let text = ''
+      res.setEncoding('utf8')
+      res.on('data', (s: string) => { text += s })
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: text }))
+    })
+    req.on('error', reject)
+    req.end(body)
+  })
+  t.equal((await call('/a')).status, 200)
+  t.equal((await call('/dead/x')).status, 502)
+  t.equal((await call('/b')).status, 200, 'the next request on the same agent is answered')
+  t.equal((await call('/dead/x', 'POST', 'p'.repeat(5000))).status, 503, 'the dead target is ejected now; the body is never read')
+  const last = await call('/c', 'POST', 'after')
+  t.equal(last.status, 200)
+  t.equal((JSON.parse(last.body) as EchoBody).body, 'after', 'the unread body of the failed request was not taken for the next request')
+})
+
+t.test('maxConnections caps concurrent upstream connections per target; the rest queue', async (t) => {
+  let active = 0
+  let peak = 0
+  const { url } = await startHttpServer(t, (_req, res) => {
+    active++
+    peak = Math.max(peak, active)
+    setTimeout(() => {
+      active--
+      res.end('done')
+    }, 300)
+  })
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${url}], maxConnections: 2 }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const started = Date.now()
+  const replies = await Promise.all(Array.from({ length: 6 }, (_, i) => send(gw.url, `/q${i}`)))
+  t.same(replies.map((r) => r.status), Array(6).fill(200), 'every queued request is answered')
+  t.equal(peak, 2, 'never more than two at once at the upstream')
+  t.ok(Date.now() - started >= 850, 'three rounds of two')
+})

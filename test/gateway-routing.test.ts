@@ -1,0 +1,168 @@
+// Routing through a real gateway: exact vs prefix, file order, methods, hosts, the 404 body, and
+// path normalization attacks sent as raw request targets (node:http does not normalize `path`).
+import t from 'tap'
+import http, { type IncomingHttpHeaders } from 'node:http'
+import { startGateway } from './helpers/gateway.js'
+import { startUpstream, type EchoBody, type Upstream } from './helpers/upstream.js'
+
+interface Reply { status: number, headers: IncomingHttpHeaders, body: string }
+
+/** One request with `path` written on the request line byte for byte. */
+function send (base: string, path: string, options: { method?: string, headers?: Record<string, string> } = {}): Promise<Reply> {
+  const { port } = new URL(base)
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port, path, method: options.method ?? 'GET', headers: options.headers ?? {}, agent: false }, (res) => {
+      const chunks: Buffer[] = []
+      res.on('data', (chunk: Buffer) => chunks.push(chunk))
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString() }))
+      res.on('error', reject)
+    })
+    req.on('error', reject)
+    req.end()
+  })
+}
+
+// Each route tags the request it forwards, so the echo upstream tells which route matched.
+const tag = (name: string): string => `headers: { request: { set: { x-route: ${name} } } }`
+
+function config (upstream: Upstream): string {
+  return `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: health, path: /api/health, methods: [GET], upstream: backend, ${tag('health')} }
+  - { name: v1, pathPrefix: /api/v1/, upstream: backend, ${tag('v1')} }
+  - { name: v1-users, pathPrefix: /api/v1/users, upstream: backend, ${tag('v1-users')} }
+  - { name: submit, path: /api/submit, methods: [POST, PUT], upstream: backend, ${tag('submit')} }
+  - { name: docs-prefix, pathPrefix: /docs/, upstream: backend, ${tag('docs-prefix')} }
+  - { name: docs-exact, path: /docs/index, upstream: backend, ${tag('docs-exact')} }
+  - { name: host-exact, host: api.example.com, pathPrefix: /h/, upstream: backend, ${tag('host-exact')} }
+  - { name: host-wild, host: "*.example.com", pathPrefix: /h/, upstream: backend, ${tag('host-wild')} }
+  - { name: admin, pathPrefix: /admin, upstream: backend, ${tag('admin')} }
+  - { name: api, pathPrefix: /api/, upstream: backend, ${tag('api')} }
+  - { name: plain, pathPrefix: /apx, upstream: backend, ${tag('plain')} }
+  - { name: strip, pathPrefix: /strip/, stripPrefix: /strip, upstream: backend, ${tag('strip')} }
+`
+}
+
+interface Teardown { teardown: (fn: () => unknown) => void }
+
+async function setup (t: Teardown): Promise<{ base: string, upstream: Upstream }> {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, config(upstream))
+  return { base: gw.url, upstream }
+}
+
+/** The route that served `path` and the URL the upstream received. */
+async function routed (base: string, path: string, options: { method?: string, headers?: Record<string, string> } = {}): Promise<{ status: number, route: unknown, url: unknown }> {
+  const reply = await send(base, path, options)
+  if (reply.status !== 200) return { status: reply.status, route: null, url: null }
+  const seen = JSON.parse(reply.body) as EchoBody
+  return { status: reply.status, route: seen.headers['x-route'], url: seen.url }
+}
+
+t.test('exact path, prefixes, first match in file order, methods', async (t) => {
+  const { base } = await setup(t)
+  t.same(await routed(base, '/api/health'), { status: 200, route: 'health', url: '/api/health' })
+  t.same(await routed(base, '/api/health/deep'), { status: 200, route: 'api', url: '/api/health/deep' }, 'an exact path does not match below itself')
+  t.same(await routed(base, '/api/health', { method: 'POST' }), { status: 200, route: 'api', url: '/api/health' }, 'a method the exact route does not list falls through to the next match')
+  t.same(await routed(base, '/api/v1/users/7'), { status: 200, route: 'v1', url: '/api/v1/users/7' }, 'the earlier, shorter prefix wins over a later, longer one')
+  t.same(await routed(base, '/docs/index'), { status: 200, route: 'docs-prefix', url: '/docs/index' }, 'an earlier prefix wins over a later exact path')
+  t.same(await routed(base, '/api/submit', { method: 'POST' }), { status: 200, route: 'submit', url: '/api/submit' })
+  t.same(await routed(base, '/api/submit', { method: 'PUT' }), { status: 200, route: 'submit', url: '/api/submit' })
+  t.same(await routed(base, '/api/submit'), { status: 200, route: 'api', url: '/api/submit' }, 'GET is not listed by the submit route')
+  t.same(await routed(base, '/apxyz'), { status: 200, route: 'plain', url: '/apxyz' }, 'pathPrefix is a plain string prefix')
+  t.same(await routed(base, '/admin'), { status: 200, route: 'admin', url: '/admin' })
+  t.equal((await send(base, '/api')).status, 404, '/api/ does not match /api')
+})
+
+t.test('hosts: exact, wildcard subdomain, case and port insensitive; the apex is not a subdomain', async (t) => {
+  const { base } = await setup(t)
+  t.same(await routed(base, '/h/x', { headers: { host: 'api.example.com' } }), { status: 200, route: 'host-exact', url: '/h/x' })
+  t.same(await routed(base, '/h/x', { headers: { host: 'API.Example.COM:8080' } }), { status: 200, route: 'host-exact', url: '/h/x' })
+  t.same(await routed(base, '/h/x', { headers: { host: 'www.example.com' } }), { status: 200, route: 'host-wild', url: '/h/x' })
+  const apex = await send(base, '/h/x', { headers: { host: 'example.com' } })
+  t.equal(apex.status, 404, 'example.com is not *.example.com')
+  const other = await send(base, '/h/x', { headers: { host: 'api.example.org' } })
+  t.equal(other.status, 404)
+})
+
+t.test('no route: 404 JSON with error, message and the request id', async (t) => {
+  const { base, upstream } = await setup(t)
+  const given = await send(base, '/nowhere', { headers: { 'x-request-id': 'req-404-given' } })
+  t.equal(given.status, 404)
+  t.match(given.headers['content-type'], /^application\/json/)
+  t.same(JSON.parse(given.body), { error: 'GW_ERR_NOT_FOUND', message: 'no route matches this request', requestId: 'req-404-given' })
+  t.equal(given.headers['x-request-id'], 'req-404-given')
+  const generated = await send(base, '/nowhere')
+  const body = JSON.parse(generated.body) as { error: string, requestId: string }
+  t.equal(body.error, 'GW_ERR_NOT_FOUND')
+  t.match(body.requestId, /^[0-9a-f-]{36}$/, 'a request id is generated')
+  t.equal(generated.headers['x-request-id'], body.requestId)
+  t.equal(upstream.requests, 0, 'nothing reached the upstream')
+})
+
+t.test('dot segments are resolved before routing: /api/../admin reaches /admin, never /api/', async (t) => {
+  const { base } = await setup(t)
+  t.same(await routed(base, '/api/../admin/users'), { status: 200, route: 'admin', url: '/admin/users' })
+  t.same(await routed(base, '/api/%2e%2e/admin'), { status: 200, route: 'admin', url: '/admin' }, 'encoded dots are dots')
+  t.same(await routed(base, '/api/%2E%2e/admin'), { status: 200, route: 'admin', url: '/admin' })
+  t.same(await routed(base, '/api/./v1/./x'), { status: 200, route: 'v1', url: '/api/v1/x' })
+  t.same(await routed(base, '/api/v1/users/../../health'), { status: 200, route: 'health', url: '/api/health' })
+  t.same(await routed(base, '/docs/a/..'), { status: 200, route: 'docs-prefix', url: '/docs/' }, 'a trailing ".." keeps the trailing slash')
+  // absolute-form (RFC 9112 §3.2.2) is normalized the same way
+  t.same(await routed(base, 'http://gateway.test/api/../admin?x=1'), { status: 200, route: 'admin', url: '/admin?x=1' })
+})
+
+t.test('"//" is merged and unreserved percent-encodings are decoded; the upstream receives the normalized path', async (t) => {
+  const { base } = await setup(t)
+  t.same(await routed(base, '//api//v1///x'), { status: 200, route: 'v1', url: '/api/v1/x' })
+  t.same(await routed(base, '/%61pi/v1/%7Euser'), { status: 200, route: 'v1', url: '/api/v1/~user' })
+  t.same(await routed(base, '/api/v1/a%3ab%c3%a9'), { status: 200, route: 'v1', url: '/api/v1/a%3Ab%C3%A9' }, 'reserved and non-ASCII bytes stay encoded, in uppercase hex')
+  t.same(await routed(base, '/api/v1/trailing/'), { status: 200, route: 'v1', url: '/api/v1/trailing/' }, 'a trailing slash is kept')
+})
+
+t.test('the query string passes untouched, whatever it contains', async (t) => {
+  const { base } = await setup(t)
+  const query = '?q=%2e%2e/../x&y=%zz&z=a+b&path=%2F%5C&&e='
+  t.same(await routed(base, '/api//v1/../v1/x' + query), { status: 200, route: 'v1', url: '/api/v1/x' + query })
+  t.same(await routed(base, '/strip/users' + query), { status: 200, route: 'strip', url: '/users' + query }, 'stripPrefix leaves the query alone')
+})
+
+t.test('stripPrefix removes the prefix from what the upstream receives', async (t) => {
+  const { base } = await setup(t)
+  t.same(await routed(base, '/strip/users/7'), { status: 200, route: 'strip', url: '/users/7' })
+  t.same(await routed(base, '/strip/'), { status: 200, route: 'strip', url: '/' })
+  t.same(await routed(base, '/strip//a/../b'), { status: 200, route: 'strip', url: '/b' }, 'stripped after normalization')
+})
+
+t.test('bad paths get 400 GW_ERR_BAD_PATH as JSON and never reach the upstream', async (t) => {
+  const { base, upstream } = await setup(t)
+  const bad = [
+    '/%2e%2e/admin',
+    '/..',
+    '/api/../../admin',
+    '/api/v1/%2e%2e/%2e%2e/%2e%2e/etc/passwd',
+    '/api/a%2Fb',
+    '/api/a%2fb',
+    '/api/a%5Cb',
+    '/api/a%5cb',
+    '/api\\..\\admin',
+    '/api/a\\b',
+    '/api/%zz',
+    '/api/%4',
+    '/api/abc%',
+    '/api/a%00b',
+    '/api/..;/admin',
+    '*'
+  ]
+  for (const path of bad) {
+    const reply = await send(base, path, { headers: { 'x-request-id': 'bad-path-1' } })
+    t.equal(reply.status, 400, `${path} -> 400`)
+    t.match(reply.headers['content-type'], /^application\/json/, `${path}: JSON`)
+    const body = JSON.parse(reply.body) as Record<string, unknown>
+    t.match(body, { error: 'GW_ERR_BAD_PATH', message: String, requestId: 'bad-path-1' }, `${path}: body`)
+  }
+  t.equal(upstream.requests, 0, 'no bad path reached the upstream')
+})

@@ -1,0 +1,203 @@
+// WebSocket through a real gateway: echo on a `websocket: true` route, close propagation both
+// ways, and upgrades the gateway must refuse (non-websocket route, no route, bad path, dead upstream).
+import t from 'tap'
+import { once } from 'node:events'
+import http, { type IncomingMessage } from 'node:http'
+import { randomBytes } from 'node:crypto'
+import type { Duplex } from 'node:stream'
+import { WebSocket } from 'ws'
+import { startGateway } from './helpers/gateway.js'
+import { refusingUrl, startUpstream, type Upstream } from './helpers/upstream.js'
+
+interface Teardown { teardown: (fn: () => unknown) => void }
+
+function config (upstream: Upstream, refusing: string): string {
+  return `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${upstream.url}] }
+  down: { targets: [${refusing}] }
+routes:
+  - name: events
+    pathPrefix: /ws/
+    websocket: true
+    upstream: backend
+    stripPrefix: /ws
+    headers: { request: { set: { x-route: events } }, response: { set: { x-gw: yes } } }
+  - { name: dead, pathPrefix: /dead/, websocket: true, upstream: down }
+  - { name: plain, pathPrefix: /, upstream: backend }
+`
+}
+
+async function setup (t: Teardown): Promise<{ ws: string, upstream: Upstream }> {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, config(upstream, await refusingUrl()))
+  return { ws: gw.url.replace(/^http/, 'ws'), upstream }
+}
+
+/** An open client, closed at teardown. */
+async function connect (t: Teardown, url: string, headers: Record<string, string> = {}): Promise<{ ws: WebSocket, response: IncomingMessage }> {
+  const ws = new WebSocket(url, { headers })
+  t.teardown(() => ws.terminate())
+  // 'open' follows 'upgrade' in the same tick: listen for both before waiting
+  let response: IncomingMessage | null = null
+  ws.once('upgrade', (res: IncomingMessage) => { response = res })
+  await Promise.race([
+    once(ws, 'open', { signal: AbortSignal.timeout(5000) }),
+    once(ws, 'unexpected-response').then(([, res]) => { throw new Error(`upgrade refused with ${(res as IncomingMessage).statusCode}`) })
+  ])
+  if (response === null) throw new Error('open without upgrade')
+  return { ws, response: response as IncomingMessage }
+}
+
+async function nextMessage (ws: WebSocket): Promise<{ data: Buffer, isBinary: boolean }> {
+  const [data, isBinary] = await once(ws, 'message', { signal: AbortSignal.timeout(5000) }) as [Buffer, boolean]
+  return { data, isBinary }
+}
+
+/**
+ * An upgrade request with `path` on the request line as is (the ws client would resolve dot
+ * segments itself); answers the refusal's status and JSON body.
+ */
+async function refused (base: string, path: string, headers: Record<string, string> = {}): Promise<{ status: number, body: Record<string, unknown>, requestId: unknown }> {
+  const { port } = new URL(base)
+  const req = http.request({
+    host: '127.0.0.1',
+    port,
+    path,
+    agent: false,
+    headers: { connection: 'Upgrade', upgrade: 'websocket', 'sec-websocket-version': '13', 'sec-websocket-key': randomBytes(16).toString('base64'), ...headers }
+  })
+  req.end()
+  const upgraded = once(req, 'upgrade').then(([res, socket]) => {
+    (socket as Duplex).destroy()
+    throw new Error(`upgraded with ${(res as IncomingMessage).statusCode}`)
+  })
+  const [res] = await Promise.race([once(req, 'response', { signal: AbortSignal.timeout(5000) }) as Promise<[IncomingMessage]>, upgraded])
+  let text = ''
+  res.setEncoding('utf8')
+  for await (const chunk of res) text += chunk as string
+  return { status: res.statusCode ?? 0, body: JSON.parse(text) as Record<string, unknown>, requestId: res.headers['x-request-id'] }
+}
+
+t.test('messages echo through a websocket route; the upstream gets the forwarded headers', async (t) => {
+  const { ws: base, upstream } = await setup(t)
+  const { ws, response } = await connect(t, `${base}/ws/chat?room=1&x=%2F`, { 'x-request-id': 'ws-req-1', 'x-forwarded-for': '203.0.113.5' })
+  t.equal(response.statusCode, 101)
+  t.equal(response.headers['x-request-id'], 'ws-req-1', 'the request id is echoed on the 101')
+  t.equal(response.headers['x-gw'], 'yes', 'response header rules apply to the 101')
+
+  ws.send('hello')
+  const text = await nextMessage(ws)
+  t.equal(text.data.toString(), 'hello')
+  t.equal(text.isBinary, false)
+  const binary = Buffer.from([0, 1, 2, 255, 254])
+  ws.send(binary)
+  const back = await nextMessage(ws)
+  t.equal(back.isBinary, true)
+  t.same([...back.data], [...binary])
+  const large = Buffer.alloc(2 * 1024 * 1024, 7)
+  ws.send(large)
+  const largeBack = await nextMessage(ws)
+  t.equal(largeBack.data.length, large.length, 'a 2 MB frame makes the round trip')
+
+  t.equal(upstream.upgrades.length, 1)
+  const seen = upstream.upgrades[0] as { url: string, headers: Record<string, unknown> }
+  t.equal(seen.url, '/chat?room=1&x=%2F', 'prefix stripped, query untouched')
+  t.equal(seen.headers['x-forwarded-for'], '203.0.113.5, 127.0.0.1')
+  t.equal(seen.headers['x-forwarded-proto'], 'http')
+  t.equal(seen.headers['x-request-id'], 'ws-req-1')
+  t.equal(seen.headers['x-route'], 'events', 'request header rules apply')
+  t.equal(upstream.requests, 0, 'no plain HTTP request was made')
+})
+
+t.test('a client close reaches the upstream', async (t) => {
+  const { ws: base, upstream } = await setup(t)
+  const { ws } = await connect(t, `${base}/ws/a`)
+  ws.send('ping')
+  await nextMessage(ws)
+  const upstreamClosed = upstream.nextWebSocketClose(5000)
+  ws.close(4001, 'client leaves')
+  const code = await upstreamClosed
+  t.equal(code, 4001, 'the upstream sees the client close code')
+  const [clientCode] = await once(ws, 'close') as [number]
+  t.equal(clientCode, 4001, 'the close handshake completes')
+  t.equal(upstream.openWebSockets, 0)
+})
+
+t.test('an upstream close reaches the client', async (t) => {
+  const { ws: base, upstream } = await setup(t)
+  const { ws } = await connect(t, `${base}/ws/b`)
+  const closed = once(ws, 'close', { signal: AbortSignal.timeout(5000) }) as Promise<[number, Buffer]>
+  ws.send('close-me')
+  const [code, reason] = await closed
+  t.equal(code, 4000, 'the client sees the upstream close code')
+  t.equal(reason.toString(), 'upstream closes')
+  t.equal(upstream.openWebSockets, 0)
+})
+
+t.test('a client that vanishes without a close frame frees the upstream socket', async (t) => {
+  const { ws: base, upstream } = await setup(t)
+  const { ws } = await connect(t, `${base}/ws/c`)
+  ws.send('x')
+  await nextMessage(ws)
+  t.equal(upstream.openWebSockets, 1)
+  const upstreamClosed = upstream.nextWebSocketClose(5000)
+  ws.terminate()
+  t.equal(await upstreamClosed, 1006, 'the upstream sees an abnormal closure')
+})
+
+t.test('upgrades the gateway refuses', async (t) => {
+  const { ws: base, upstream } = await setup(t)
+  const plain = await refused(base, '/not-a-ws-route', { 'x-request-id': 'ws-refused-1' })
+  t.equal(plain.status, 400, 'an upgrade on a route without websocket: true is refused')
+  t.match(plain.body, { error: 'GW_ERR_BAD_REQUEST', message: String, requestId: 'ws-refused-1' })
+  t.equal(plain.requestId, 'ws-refused-1')
+
+  const traversal = await refused(base, '/ws/../not-a-ws-route')
+  t.equal(traversal.status, 400, 'a dot segment out of the websocket prefix is routed after normalization')
+  t.equal(traversal.body.error, 'GW_ERR_BAD_REQUEST')
+
+  const badPath = await refused(base, '/ws/a%2Fb')
+  t.equal(badPath.status, 400)
+  t.equal(badPath.body.error, 'GW_ERR_BAD_PATH')
+
+  const dead = await refused(base, '/dead/x')
+  t.equal(dead.status, 502, 'a refusing upstream answers 502')
+  t.equal(dead.body.error, 'GW_ERR_UPSTREAM_UNAVAILABLE')
+
+  t.equal(upstream.upgrades.length, 0, 'no refused upgrade reached the upstream')
+  t.equal(upstream.requests, 0)
+})
+
+t.test('the access log and metrics tell a refused upgrade from a tunnel', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, config(upstream, await refusingUrl()))
+  const base = gw.url.replace(/^http/, 'ws')
+  const { ws } = await connect(t, `${base}/ws/log`, { 'x-request-id': 'ws-log-ok' })
+  ws.send('x')
+  await nextMessage(ws)
+  t.equal((await refused(gw.url, '/dead/x', { 'x-request-id': 'ws-log-dead' })).status, 502)
+  const line = (id: string): Record<string, unknown> | undefined => gw.lines.find((l) => l.msg === 'request' && l.requestId === id)
+  t.match(line('ws-log-ok'), { route: 'events', status: 101, path: '/ws/log' })
+  t.match(line('ws-log-dead'), { route: 'dead', status: 502 }, 'the status logged is the one the client got')
+  const metrics = await (await fetch(`${gw.adminUrl}/metrics`)).text()
+  t.match(metrics, /gateway_requests_total\{route="dead",method="GET",status_class="5xx"\} 1/)
+  t.match(metrics, /gateway_upstream_errors_total\{upstream="down",kind="refused"\} 1/)
+})
+
+t.test('shutdown closes open WebSockets without waiting for the whole drain budget', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, config(upstream, await refusingUrl()).replace('admin: 127.0.0.1:0\n', 'admin: 127.0.0.1:0\nserver: { shutdownTimeout: 8s }\n'))
+  const { ws } = await connect(t, `${gw.url.replace(/^http/, 'ws')}/ws/held`)
+  ws.send('x')
+  await nextMessage(ws)
+  const clientClosed = once(ws, 'close', { signal: AbortSignal.timeout(10_000) })
+  const upstreamClosed = upstream.nextWebSocketClose(10_000)
+  const started = Date.now()
+  await gw.close()
+  const took = Date.now() - started
+  await clientClosed
+  await upstreamClosed
+  t.ok(took < 4000, `the gateway closed in ${took} ms with an idle WebSocket open (budget 8 s)`)
+})
