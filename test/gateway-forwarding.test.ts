@@ -341,6 +341,28 @@ routes:
   t.equal(upstream.requests, 0)
 })
 
+t.test('request smuggling shapes are refused before anything reaches the upstream', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const attempts = [
+    // CL.TE (RFC 9112 §6.3: a sender must not send both; a server ought to treat it as an error)
+    'POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n',
+    // two different Content-Length values
+    'POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 40\r\n\r\nabcGET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n',
+    // a Transfer-Encoding that does not end with chunked
+    'POST /a HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n'
+  ]
+  for (const raw of attempts) {
+    const { text } = await rawExchange(gw.port, raw)
+    t.equal(parseRaw(text).status, 400, raw.split('\r\n').slice(2, 4).join(' | '))
+  }
+  t.same(upstream.log, [], 'neither /a nor /smuggled reached the upstream')
+})
+
 t.test('a client that sends its headers too slowly gets 408 after server.headersTimeout', async (t) => {
   const upstream = await startUpstream(t)
   const gw = await startGateway(t, `${HEAD}server: { headersTimeout: 1s, requestTimeout: 2s }
