@@ -16,6 +16,10 @@ import type { Logger } from '../log.js'
 import type { Cluster, Redis } from 'ioredis'
 
 const DEFAULT_MAX_KEYS = 100_000
+// Under Redis Cluster a rejection may come from units a concurrent request is about to refund
+// (src/limit/redis-store.ts): remember it this long at most, so that under-admission stays brief
+// while a key hammered by one client still costs at most a few Redis calls a second.
+const CLUSTER_DENY_CACHE_MAX_MS = 250
 
 interface RedisBundle {
   readonly client: Redis | Cluster
@@ -96,6 +100,7 @@ export class ResourceCache {
         store,
         fallback: createMemoryStore({ maxKeys: config.local?.maxKeys ?? DEFAULT_MAX_KEYS }),
         timeoutMs: r.timeout !== undefined ? parseDuration(r.timeout) : 50,
+        ...(r.cluster !== undefined ? { denyCacheMaxMs: CLUSTER_DENY_CACHE_MAX_MS } : {}),
         instances: () => heartbeat.instances,
         telemetry,
         onStateChange: (state, reason) => {

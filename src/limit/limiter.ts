@@ -86,7 +86,12 @@ export class Limiter {
     if (!decision.allowed) {
       const l = deciding as PlannedLimit
       telemetry.limitDecision(req.route, l.dimension, level, 'rejected')
-      if (decision.retryAfterMs > 0) deny.add((checks[decision.limitingIndex] as LimitCheck).key, now + decision.retryAfterMs)
+      if (decision.retryAfterMs > 0) {
+        // A Redis Cluster rejection may be a refund race (RedisGuardOptions.denyCacheMaxMs):
+        // cached whole, it would lock the client out for the full wait.
+        const hold = level === 'redis' && this.options.guard !== null ? Math.min(decision.retryAfterMs, this.options.guard.denyCacheMaxMs) : decision.retryAfterMs
+        deny.add((checks[decision.limitingIndex] as LimitCheck).key, now + hold)
+      }
       // -1 ("never": the cost is above what the limit can ever hold, e.g. a fallback share):
       // a whole window is the most honest wait to advertise.
       const retry = decision.retryAfterMs > 0 ? decision.retryAfterMs : l.spec.windowMs

@@ -26,6 +26,13 @@ export interface RedisGuardOptions {
   readonly instances: () => number
   readonly telemetry: Telemetry
   readonly onStateChange: (state: BreakerState, reason: string) => void
+  /**
+   * Longest the deny cache may hold a key Redis rejected (default: the whole wait). Redis Cluster
+   * decides a request's slots apart and refunds the admitting ones on a rejection, so a
+   * concurrent request can be refused by units about to be refunded: that rejection is real only
+   * for a round trip, yet carries the dimension's full wait.
+   */
+  readonly denyCacheMaxMs?: number
   /** Consecutive failures that open the breaker. */
   readonly failureThreshold?: number
   readonly openMs?: number
@@ -48,8 +55,10 @@ export class RedisGuard {
   private readonly threshold: number
   private readonly baseOpenMs: number
   private readonly maxOpenMs: number
+  readonly denyCacheMaxMs: number
 
   constructor (private readonly options: RedisGuardOptions) {
+    this.denyCacheMaxMs = options.denyCacheMaxMs ?? Infinity
     this.threshold = options.failureThreshold ?? 3
     this.baseOpenMs = options.openMs ?? 500
     this.maxOpenMs = options.maxOpenMs ?? 5000
