@@ -58,7 +58,9 @@ export class Limiter {
     const now = Date.now()
 
     if (local !== null) {
-      const wait = local.take(req.user ?? req.ipKey, now)
+      // Users and addresses share one map: a user's bucket is "u:"-prefixed, which no address
+      // key starts with, so a user named like an address cannot spend that address's budget.
+      const wait = local.take(req.user === null ? req.ipKey : 'u:' + req.user, now)
       if (wait > 0) {
         telemetry.limitDecision(req.route, 'local', 'local', 'rejected')
         const { limit, windowMs } = local.options
