@@ -1,0 +1,162 @@
+// What a client reads off a limited (and an allowed) response: Retry-After, RateLimit and
+// RateLimit-Policy (draft-ietf-httpapi-ratelimit-headers) for each algorithm, legacy
+// X-RateLimit-* headers, shadow mode, a status override, and leaky-bucket delay mode.
+import t from 'tap'
+import { startGateway } from './helpers/gateway.js'
+import { startRedis } from './helpers/redis.js'
+import { startHttpServer, startUpstream } from './helpers/upstream.js'
+import { eventually, inNextWindow, limitedShapeProblem, metric, send, statusCounts, type Reply } from './helpers/ratelimit.js'
+
+const redis = await startRedis()
+t.teardown(() => redis.stop())
+
+function config (upstream: string, routeLimits: string, top = ''): string {
+  return `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+redis: { url: ${redis.url}, timeout: 2s, onError: deny }
+${top}
+upstreams:
+  backend: { targets: [${upstream}] }
+routes:
+  - name: r
+    pathPrefix: /
+    upstream: backend
+    limits:
+${routeLimits}
+`
+}
+
+/** `"r.api";r=2;t=4` -> { name, r, t } */
+function parseRateLimit (value: string | string[] | undefined): { name: string, r: number, t: number } | null {
+  const m = /^"([^"]+)";r=(\d+);t=(\d+)$/.exec(String(value))
+  return m === null ? null : { name: m[1] as string, r: Number(m[2]), t: Number(m[3]) }
+}
+
+type Range = readonly [number, number]
+interface Expectation {
+  /** `t` of the three allowed responses (seconds until the budget is whole again). */
+  readonly allowedT: readonly Range[]
+  readonly retryAfter: Range
+  readonly rejectedT: Range
+}
+
+// limit 3 per 10 s (burst 3): one unit is 3.33 s of refill for the bucket algorithms.
+const EXPECTED: Record<string, Expectation> = {
+  gcra: { allowedT: [[3, 4], [6, 7], [9, 10]], retryAfter: [3, 4], rejectedT: [9, 10] },
+  'token-bucket': { allowedT: [[3, 4], [6, 7], [9, 10]], retryAfter: [3, 4], rejectedT: [9, 10] },
+  'leaky-bucket': { allowedT: [[3, 4], [6, 7], [9, 10]], retryAfter: [3, 4], rejectedT: [9, 10] },
+  // every admission is in the window for a whole window
+  'sliding-window-log': { allowedT: [[10, 10], [10, 10], [10, 10]], retryAfter: [9, 10], rejectedT: [9, 10] },
+  // to the end of the aligned 10 s window
+  'fixed-window': { allowedT: [[1, 10], [1, 10], [1, 10]], retryAfter: [1, 10], rejectedT: [1, 10] },
+  // this window's count weighs on the next one: until the end of the next window
+  'sliding-window': { allowedT: [[10, 20], [10, 20], [10, 20]], retryAfter: [1, 20], rejectedT: [10, 20] }
+}
+
+const within = (v: number, [lo, hi]: Range): boolean => v >= lo && v <= hi
+
+for (const [algorithm, expected] of Object.entries(EXPECTED)) {
+  t.test(`${algorithm}: RateLimit, RateLimit-Policy and Retry-After match limit 3 per 10 s`, async t => {
+    await redis.client().flushall()
+    const up = await startUpstream(t)
+    const burst = ['gcra', 'token-bucket', 'leaky-bucket'].includes(algorithm) ? ', burst: 3' : ''
+    const gw = await startGateway(t, config(up.url, `      api: { algorithm: ${algorithm}, limit: 3, window: 10s${burst} }`))
+    // the four requests must not straddle an aligned window boundary
+    if (10_000 - (Date.now() % 10_000) < 1000) await inNextWindow(10_000, 0)
+    const replies: Reply[] = []
+    for (let i = 0; i < 4; i++) replies.push(await send(`${gw.url}/x`))
+    t.same(replies.map(r => r.status), [200, 200, 200, 429])
+    for (const r of replies) t.equal(r.headers['ratelimit-policy'], '"r.api";q=3;w=10', 'policy: quota 3, window 10 s')
+    const parsed = replies.map(r => parseRateLimit(r.headers.ratelimit))
+    t.same(parsed.map(p => p?.name), ['r.api', 'r.api', 'r.api', 'r.api'])
+    t.same(parsed.map(p => p?.r), [2, 1, 0, 0], 'remaining counts down to 0')
+    parsed.slice(0, 3).forEach((p, i) => t.ok(within(p?.t ?? -1, expected.allowedT[i] as Range), `allowed #${i + 1}: t=${p?.t} in ${String(expected.allowedT[i])}`))
+    const limited = replies[3] as Reply
+    t.equal(limitedShapeProblem(limited, { dimension: 'api', limit: 'r.api' }), null, 'a well-formed 429 (Retry-After = ceil(retryAfterMs / 1000))')
+    const retryAfter = Number(limited.headers['retry-after'])
+    t.ok(within(retryAfter, expected.retryAfter), `Retry-After ${retryAfter} in ${String(expected.retryAfter)}`)
+    t.ok(within(parsed[3]?.t ?? -1, expected.rejectedT), `rejected: t=${parsed[3]?.t} in ${String(expected.rejectedT)}`)
+    t.equal(limited.headers['x-ratelimit-limit'], undefined, 'no legacy headers unless asked')
+    t.equal(up.requests, 3)
+  })
+}
+
+t.test('the headers describe the tightest limit; legacyHeaders adds X-RateLimit-*', async t => {
+  await redis.client().flushall()
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, '      api: { algorithm: sliding-window-log, limit: 3, window: 1m }',
+    'legacyHeaders: true\nlimits:\n  ip: { algorithm: sliding-window-log, limit: 100, window: 1m }'))
+  const replies: Reply[] = []
+  for (let i = 0; i < 4; i++) replies.push(await send(`${gw.url}/x`))
+  t.same(replies.map(r => r.status), [200, 200, 200, 429])
+  t.same(replies.map(r => r.headers.ratelimit), ['"r.api";r=2;t=60', '"r.api";r=1;t=60', '"r.api";r=0;t=60', replies[3]?.headers.ratelimit])
+  t.same(replies.map(r => r.headers['ratelimit-policy']), Array(4).fill('"r.api";q=3;w=60'), 'api (3 left at most) is tighter than ip (100)')
+  t.same(replies.map(r => r.headers['x-ratelimit-limit']), ['3', '3', '3', '3'])
+  t.same(replies.map(r => r.headers['x-ratelimit-remaining']), ['2', '1', '0', '0'])
+  replies.forEach((r, i) => t.equal(r.headers['x-ratelimit-reset'], String(parseRateLimit(r.headers.ratelimit)?.t), `legacy reset = RateLimit t (#${i + 1})`))
+  // the ip budget was consumed by the 3 admissions only, not by the rejected 4th
+  const ipKey = (await redis.client().keys('gw:gw.ip.*'))[0] as string
+  t.equal(await redis.client().zcard(ipKey), 3)
+})
+
+t.test('shadow mode never rejects but counts what it would have rejected', async t => {
+  await redis.client().flushall()
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, `      api: { algorithm: fixed-window, limit: 1000, window: 1h }
+      user: { algorithm: sliding-window-log, limit: 2, window: 1h, mode: shadow }`, 'identity: { header: x-user-id }'))
+  const replies: Reply[] = []
+  for (let i = 0; i < 6; i++) replies.push(await send(`${gw.url}/x`, { headers: { 'x-user-id': 'sam' } }))
+  t.same(statusCounts(replies), { 200: 6 }, 'nothing rejected')
+  t.ok(replies.every(r => parseRateLimit(r.headers.ratelimit)?.name === 'r.api'), 'the headers describe the enforced limit only')
+  const labels = { route: 'r', dimension: 'user' }
+  await eventually('shadow decisions counted', async () =>
+    await metric(gw.adminUrl, 'gateway_ratelimit_decisions_total', { ...labels, result: 'shadow' }) === 4)
+  t.equal(await metric(gw.adminUrl, 'gateway_ratelimit_decisions_total', { ...labels, result: 'allowed' }), 2)
+  t.equal(await metric(gw.adminUrl, 'gateway_ratelimit_decisions_total', { ...labels, result: 'rejected' }), 0)
+  t.equal(up.requests, 6)
+  // the enforced API limit still counted all six
+  const apiKey = (await redis.client().keys('gw:r.api.*'))[0] as string
+  t.equal(await redis.client().hget(apiKey, 'c'), '6')
+})
+
+t.test('status: 503 replaces 429 on a limited response', async t => {
+  await redis.client().flushall()
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, '      api: { algorithm: token-bucket, limit: 1, window: 1h, status: 503 }'))
+  t.equal((await send(`${gw.url}/x`)).status, 200)
+  const limited = await send(`${gw.url}/x`)
+  t.equal(limitedShapeProblem(limited, { status: 503, dimension: 'api', limit: 'r.api' }), null, '503 with the rate_limited body and Retry-After')
+  const cached = await send(`${gw.url}/x`)
+  t.equal(cached.status, 503, 'the deny cache answers with the same status')
+})
+
+t.test('leaky-bucket onLimit: delay holds requests until their slot; beyond maxDelay they get 429', async t => {
+  await redis.client().flushall()
+  const arrivals: number[] = []
+  const up = await startHttpServer(t, (_req, res) => {
+    arrivals.push(Date.now())
+    res.end('ok')
+  })
+  // 5 per second: one slot every 200 ms; at most 1 s of waiting, so slots 0..1000 ms: 6 requests
+  const gw = await startGateway(t, config(up.url, '      api: { algorithm: leaky-bucket, limit: 5, window: 1s, burst: 10, onLimit: delay, maxDelay: 1s }'))
+  const sentAt = Date.now()
+  const replies = await Promise.all(Array.from({ length: 10 }, async () => {
+    const r = await send(`${gw.url}/x`)
+    return { r, ms: Date.now() - sentAt }
+  }))
+  // 6 when all 10 are decided within one slot; the bucket drains while a slow machine accepts them
+  const admitted = replies.filter(x => x.r.status === 200).length
+  t.ok(admitted === 6 || admitted === 7, `${admitted} admitted (6 slots in 1 s of delay)`)
+  t.equal(replies.filter(x => x.r.status === 429).length, 10 - admitted, 'the rest get 429')
+  t.ok(replies.filter(x => x.r.status === 429).every(x => x.ms < 500), 'those beyond maxDelay are rejected at once, not held')
+  t.ok(replies.filter(x => x.r.status === 429).every(x => limitedShapeProblem(x.r, { dimension: 'api', limit: 'r.api' }) === null))
+  arrivals.sort((a, b) => a - b)
+  const gaps = arrivals.slice(1).map((a, i) => a - (arrivals[i] as number))
+  const mean = gaps.reduce((a, b) => a + b, 0) / gaps.length
+  t.ok(gaps.every(g => g >= 100), `no two in one slot: ${gaps.join(', ')} ms`)
+  t.ok(mean >= 170 && mean <= 240, `upstream arrivals spaced by the 200 ms slot (mean gap ${mean.toFixed(0)} ms)`)
+  const span = (arrivals[arrivals.length - 1] as number) - (arrivals[0] as number)
+  t.ok(span >= 900 && span <= 1500, `first to last arrival: ${span} ms`)
+  const slowest = Math.max(...replies.filter(x => x.r.status === 200).map(x => x.ms))
+  t.ok(slowest >= 950, `the last admitted request was held ${slowest} ms`)
+})

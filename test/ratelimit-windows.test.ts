@@ -1,0 +1,84 @@
+// Budgets over time through HTTP, with Redis and with the in-process store: a window that passes
+// gives the whole budget back, and sliding-window stays within its documented error
+// (src/limit/algorithms/sliding-window.ts).
+import t from 'tap'
+import { startGateway } from './helpers/gateway.js'
+import { startRedis } from './helpers/redis.js'
+import { startUpstream } from './helpers/upstream.js'
+import { atWindowOffset, burst, count, inNextWindow, sleep, statusCounts } from './helpers/ratelimit.js'
+
+const redis = await startRedis()
+t.teardown(() => redis.stop())
+
+function config (upstream: string, store: 'redis' | 'memory', route: string, limit: string): string {
+  return `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+${store === 'redis' ? `redis: { url: ${redis.url}, timeout: 2s, onError: deny }` : ''}
+upstreams:
+  backend: { targets: [${upstream}] }
+routes:
+  - name: ${route}
+    pathPrefix: /
+    upstream: backend
+    limits:
+      api: ${limit}
+`
+}
+
+for (const store of ['redis', 'memory'] as const) {
+  t.test(`sliding-window-log (${store}): after the window passes, the budget is whole again`, async t => {
+    const up = await startUpstream(t)
+    const gw = await startGateway(t, config(up.url, store, `swl-window-${store}`, '{ algorithm: sliding-window-log, limit: 50, window: 3s }'))
+    const started = Date.now()
+    const first = await burst(200, `${gw.url}/x`)
+    const tookMs = Date.now() - started
+    t.ok(tookMs < 2500, `the first burst fits in the 3 s window (took ${tookMs} ms)`)
+    t.same(statusCounts(first), { 200: 50, 429: 150 })
+    const blocked = await burst(5, `${gw.url}/x`)
+    t.equal(count(blocked, 429), 5, 'still inside the window: rejected')
+    // every admission happened before the burst ended: all have left the window 3 s later
+    await sleep(started + tookMs + 3000 + 500 - Date.now())
+    const second = await burst(200, `${gw.url}/x`)
+    t.same(statusCounts(second), { 200: 50, 429: 150 }, 'a new window admits exactly 50 again')
+    t.equal(up.requests, 100)
+  })
+
+  t.test(`fixed-window (${store}): the next aligned window admits the full limit again`, async t => {
+    const up = await startUpstream(t)
+    const gw = await startGateway(t, config(up.url, store, `fw-window-${store}`, '{ algorithm: fixed-window, limit: 50, window: 2s }'))
+    await atWindowOffset(2000, 100)
+    const first = await burst(200, `${gw.url}/x`)
+    t.same(statusCounts(first), { 200: 50, 429: 150 })
+    const retryAfter = Number(first.find(r => r.status === 429)?.headers['retry-after'])
+    t.ok(retryAfter >= 1 && retryAfter <= 2, `Retry-After ${retryAfter} points at the end of the 2 s window`)
+    await inNextWindow(2000, 100)
+    const second = await burst(200, `${gw.url}/x`)
+    t.same(statusCounts(second), { 200: 50, 429: 150 })
+    t.equal(up.requests, 100)
+  })
+
+  t.test(`sliding-window (${store}): half-way into the next window about half the limit is admitted, within the documented bound`, async t => {
+    const up = await startUpstream(t)
+    const limit = 100
+    const windowMs = 4000
+    const gw = await startGateway(t, config(up.url, store, `sw-bound-${store}`, `{ algorithm: sliding-window, limit: ${limit}, window: 4s }`))
+    // window k: a fresh key (previous = 0) is exact
+    await atWindowOffset(windowMs, 100)
+    const first = await burst(200, `${gw.url}/x`)
+    t.equal(count(first, 200), limit, 'a fresh window admits exactly the limit')
+    // window k+1, half-way: estimate = previous * (W - e) / W + current <= limit, so current
+    // <= limit * e / W (src/limit/algorithms/sliding-window.ts). e is bracketed by the burst.
+    await inNextWindow(windowMs, windowMs / 2)
+    const e0 = Date.now() % windowMs
+    const second = await burst(200, `${gw.url}/x`)
+    const e1 = Date.now() % windowMs
+    t.ok(e1 > e0, `the burst stayed inside one window (${e0}..${e1} ms)`)
+    const admitted = count(second, 200)
+    const low = Math.floor(limit * e0 / windowMs) - 1
+    const high = Math.ceil(limit * e1 / windowMs) + 1
+    t.ok(admitted >= low && admitted <= high, `admitted ${admitted}, expected ${low}..${high} (limit * elapsed / window)`)
+    // over the two windows the exact sliding count never passed limit + previous * e / W
+    t.ok(admitted <= limit, 'no over-admission: the previous window\'s requests all came at its start')
+    t.equal(up.requests, limit + admitted)
+  })
+}
