@@ -178,3 +178,13 @@ routes:
   await eventually('the shadow call', async () => used.size >= explained.length, 5000)
   t.same([...used].sort(), explained, 'explain named exactly the keys the request used')
 })
+
+t.test('regression: changing local.maxKeys on reload does not hand every client a fresh in-process budget', async t => {
+  const up = await startUpstream(t)
+  const yaml = (maxKeys: number): string => config(up.url, 'memory', 3, `local: { limit: 1000, window: 1s, maxKeys: ${maxKeys} }\n`)
+  const gw = await startGateway(t, yaml(1000))
+  t.same(await statuses(2, `${gw.url}/keep`), [200, 200], 'keep: 2 of 3 used')
+  await reloadWith(t, gw, yaml(2000))
+  t.same(await statuses(2, `${gw.url}/keep`), [200, 429], 'the budget carried over: 1 left, then limited')
+  t.ok(gw.lines.some(l => l.msg === 'local.maxKeys of the in-process limit store changes at the next restart'), 'the deferred change is logged')
+})

@@ -37,7 +37,7 @@ export interface RedisStatus {
 export class ResourceCache {
   private readonly pools = new Map<string, UpstreamPool>()
   private readonly locals = new Map<string, LocalLevel>()
-  private readonly memories = new Map<number, LimitStore>()
+  private memory: { readonly store: LimitStore, readonly maxKeys: number } | null = null
   private readonly denies = new Map<number, DenyCache>()
   private readonly redis = new Map<string, RedisBundle>()
 
@@ -67,13 +67,19 @@ export class ResourceCache {
     return deny
   }
 
+  /**
+   * The in-process shared store. It holds every client's budget, so it survives reloads whole:
+   * a changed `local.maxKeys` is applied at the next restart rather than by starting everyone
+   * over with a fresh budget.
+   */
   memoryStore (config: GatewayConfig): LimitStore {
     const max = config.local?.maxKeys ?? DEFAULT_MAX_KEYS
-    const existing = this.memories.get(max)
-    if (existing !== undefined) return existing
-    const store = createMemoryStore({ maxKeys: max })
-    this.memories.set(max, store)
-    return store
+    if (this.memory !== null) {
+      if (this.memory.maxKeys !== max) this.logger.warn({ maxKeys: this.memory.maxKeys, requested: max }, 'local.maxKeys of the in-process limit store changes at the next restart')
+      return this.memory.store
+    }
+    this.memory = { store: createMemoryStore({ maxKeys: max }), maxKeys: max }
+    return this.memory.store
   }
 
   redisGuard (config: GatewayConfig, telemetry: Telemetry): RedisGuard {
@@ -156,11 +162,9 @@ export class ResourceCache {
     for (const [key, level] of this.locals) if (level !== liveLocal) this.locals.delete(key)
     const liveMax = config.local?.maxKeys ?? DEFAULT_MAX_KEYS
     for (const key of this.denies.keys()) if (key !== liveMax) this.denies.delete(key)
-    for (const [key, store] of this.memories) {
-      if (key !== liveMax || config.redis !== undefined) {
-        this.memories.delete(key)
-        closing.push(store.close())
-      }
+    if (this.memory !== null && config.redis !== undefined) {
+      closing.push(this.memory.store.close())
+      this.memory = null
     }
     const liveRedis = config.redis === undefined ? null : JSON.stringify(config.redis)
     for (const [key, bundle] of this.redis) {
@@ -175,10 +179,10 @@ export class ResourceCache {
   async closeAll (): Promise<void> {
     const closing: Promise<unknown>[] = []
     for (const pool of this.pools.values()) closing.push(pool.close())
-    for (const store of this.memories.values()) closing.push(store.close())
+    if (this.memory !== null) closing.push(this.memory.store.close())
     for (const bundle of this.redis.values()) closing.push(closeRedis(bundle))
     this.pools.clear()
-    this.memories.clear()
+    this.memory = null
     this.redis.clear()
     await Promise.allSettled(closing)
   }

@@ -88,7 +88,9 @@ export class Limiter {
     if (!decision.allowed) {
       const l = deciding as PlannedLimit
       telemetry.limitDecision(req.route, l.dimension, level, 'rejected')
-      if (decision.retryAfterMs > 0) {
+      // The fallback store is in process already: caching its rejections saves nothing and would
+      // outlive Redis's recovery, holding a client to this instance's share of the budget.
+      if (decision.retryAfterMs > 0 && level !== 'fallback') {
         // A Redis Cluster rejection may be a refund race (RedisGuardOptions.denyCacheMaxMs):
         // cached whole, it would lock the client out for the full wait.
         const hold = level === 'redis' && this.options.guard !== null ? Math.min(decision.retryAfterMs, this.options.guard.denyCacheMaxMs) : decision.retryAfterMs
