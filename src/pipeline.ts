@@ -76,13 +76,28 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   return { ok: true, admission: { route, path: normalized.path + query, clientIp: client.ip, ipKey: client.key, user: null } }
 }
 
-async function identifyAndLimit (rt: Runtime, req: IncomingMessage, a: Admission, requestId: string): Promise<{ identity: IdentityResult, verdict: LimitVerdict | null }> {
-  const found = rt.identity.resolve(req.headers)
-  const identity = found instanceof Promise ? await found : found
-  if (!identity.ok) return { identity, verdict: null }
-  a.user = identity.user
-  const verdict = await rt.limiter.check({ route: a.route.name, plan: a.route.limits, ipKey: a.ipKey, user: a.user, requestId })
-  return { identity, verdict }
+type Admitted = (identity: IdentityResult, verdict: LimitVerdict | null) => void
+
+/**
+ * Identity, then the limiter. Synchronous whenever both are (header or API-key identity, a cached
+ * token, the in-process store, a local or deny-cache rejection): no Promise on that path.
+ * `fail` receives anything a stage or `next` throws, so a bug never becomes a crash.
+ */
+function identifyAndLimit (rt: Runtime, req: IncomingMessage, a: Admission, requestId: string, next: Admitted, fail: (err: unknown) => void): void {
+  const limit = (identity: IdentityResult): void => {
+    if (!identity.ok) return next(identity, null)
+    a.user = identity.user
+    const verdict = rt.limiter.check({ route: a.route.name, plan: a.route.limits, ipKey: a.ipKey, user: a.user, requestId })
+    if (verdict instanceof Promise) verdict.then(v => next(identity, v)).catch(fail)
+    else next(identity, verdict)
+  }
+  try {
+    const found = rt.identity.resolve(req.headers)
+    if (found instanceof Promise) found.then(limit).catch(fail)
+    else limit(found)
+  } catch (err) {
+    fail(err)
+  }
 }
 
 export function createRequestHandler (state: PipelineState): (req: IncomingMessage, res: ServerResponse) => void {
@@ -97,7 +112,7 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
       return
     }
     const a = early.admission
-    identifyAndLimit(rt, req, a, requestId).then(({ identity, verdict }) => {
+    identifyAndLimit(rt, req, a, requestId, (identity, verdict) => {
       if (!identity.ok) {
         sendError(res, 'GW_ERR_UNAUTHORIZED', requestId, { reason: identity.reason }, [['www-authenticate', 'Bearer']])
         finish(state, req, requestId, started, a, null, 401, 'unauthorized')
@@ -132,7 +147,7 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
       } else {
         go()
       }
-    }).catch((err: unknown) => {
+    }, (err: unknown) => {
       // A stage failing must never become a crash: log it with the request id and answer 503.
       state.logger.error({ err, requestId }, 'request pipeline failed')
       sendError(res, 'GW_ERR_LIMITER_UNAVAILABLE', requestId)
@@ -161,7 +176,7 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
       fail(400, { error: 'GW_ERR_BAD_REQUEST', message: 'this route does not accept WebSocket upgrades' }, a)
       return
     }
-    identifyAndLimit(rt, req, a, requestId).then(({ identity, verdict }) => {
+    identifyAndLimit(rt, req, a, requestId, (identity, verdict) => {
       if (!identity.ok) return fail(401, { error: 'GW_ERR_UNAUTHORIZED', message: identity.reason }, a)
       const v = verdict as LimitVerdict
       if (v.kind === 'reject') return fail(v.status, { ...v.body }, a, v.headers)
@@ -171,7 +186,7 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
         if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
         finish(state, req, requestId, started, a, result, result.status, null)
       })
-    }).catch((err: unknown) => {
+    }, (err: unknown) => {
       state.logger.error({ err, requestId }, 'upgrade pipeline failed')
       fail(503, { error: 'GW_ERR_LIMITER_UNAVAILABLE', message: ERRORS.GW_ERR_LIMITER_UNAVAILABLE.message }, a)
     })

@@ -5,7 +5,7 @@ import type { GatewayConfig } from './schema.js'
 import { parseDuration } from './units.js'
 import { UpstreamPool, type UpstreamConfig } from '../proxy/upstream-pool.js'
 import { LocalLevel, DenyCache } from '../limit/local-level.js'
-import { createMemoryStore } from '../limit/memory-store.js'
+import { createMemoryStore, type MemoryStore } from '../limit/memory-store.js'
 import { createRedisStore } from '../limit/redis-store.js'
 import { createRedisClient, whenReady } from '../limit/redis-client.js'
 import { InstanceHeartbeat } from '../limit/heartbeat.js'
@@ -37,7 +37,7 @@ export interface RedisStatus {
 export class ResourceCache {
   private readonly pools = new Map<string, UpstreamPool>()
   private readonly locals = new Map<string, LocalLevel>()
-  private memory: { readonly store: LimitStore, readonly maxKeys: number } | null = null
+  private memory: { readonly store: MemoryStore, readonly maxKeys: number } | null = null
   private readonly denies = new Map<number, DenyCache>()
   private readonly redis = new Map<string, RedisBundle>()
 
@@ -72,7 +72,7 @@ export class ResourceCache {
    * a changed `local.maxKeys` is applied at the next restart rather than by starting everyone
    * over with a fresh budget.
    */
-  memoryStore (config: GatewayConfig): LimitStore {
+  memoryStore (config: GatewayConfig): MemoryStore {
     const max = config.local?.maxKeys ?? DEFAULT_MAX_KEYS
     if (this.memory !== null) {
       if (this.memory.maxKeys !== max) this.logger.warn({ maxKeys: this.memory.maxKeys, requested: max }, 'local.maxKeys of the in-process limit store changes at the next restart')

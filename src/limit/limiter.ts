@@ -1,8 +1,9 @@
 // The limiting pipeline of one request, in order: the local level (in-process token bucket per
 // client), the deny cache (keys the shared level already rejected), then every shared limit that
 // applies, decided all-or-nothing in one store call.
-import type { LimitCheck, LimitDecision, LimitStore } from './types.js'
-import { dimensionValue, keyFor, type OnError, type PlannedLimit, type RouteLimitPlan } from './plan.js'
+import type { LimitCheck, LimitDecision } from './types.js'
+import type { MemoryStore } from './memory-store.js'
+import { dimensionValue, keyFor, type PlannedLimit, type RouteLimitPlan } from './plan.js'
 import { DenyCache, type LocalLevel } from './local-level.js'
 import type { RedisGuard } from './redis-guard.js'
 import type { LimitLevel, Telemetry } from '../telemetry.js'
@@ -34,7 +35,7 @@ export interface LimiterOptions {
   readonly local: LocalLevel | null
   readonly deny: DenyCache
   /** Memory store (no Redis configured) or null when `guard` is set. */
-  readonly memory: LimitStore | null
+  readonly memory: MemoryStore | null
   readonly guard: RedisGuard | null
   readonly legacyHeaders: boolean
   readonly telemetry: Telemetry
@@ -53,7 +54,8 @@ export class Limiter {
     return this.options.deny
   }
 
-  async check (req: LimitRequest): Promise<LimitVerdict> {
+  /** Synchronous unless the shared level has to ask Redis: the in-process path allocates no Promise. */
+  check (req: LimitRequest): LimitVerdict | Promise<LimitVerdict> {
     const { local, deny, telemetry } = this.options
     const now = Date.now()
 
@@ -63,8 +65,7 @@ export class Limiter {
       const wait = local.take(req.user === null ? req.ipKey : 'u:' + req.user, now)
       if (wait > 0) {
         telemetry.limitDecision(req.route, 'local', 'local', 'rejected')
-        const { limit, windowMs } = local.options
-        return this.reject(429, 'local', LOCAL_LIMIT, wait, `"${LOCAL_LIMIT}";q=${limit};w=${Math.max(1, Math.ceil(windowMs / 1000))}`, 0, wait)
+        return this.reject(429, 'local', LOCAL_LIMIT, wait, local.policy, 0, wait)
       }
     }
     const plan = req.plan
@@ -82,12 +83,19 @@ export class Limiter {
     if (plan.shadow.length > 0) void this.decideShadow(req)
     if (checks.length === 0) return ALLOW_NO_HEADERS
 
-    const { decision, level, unavailable } = await this.decide(checks, limits, req.requestId)
-    if (unavailable) return UNAVAILABLE
+    const { memory, guard } = this.options
+    if (guard !== null) {
+      return guard.decide(checks, limits, req.requestId).then(g => g.unavailable ? UNAVAILABLE : this.conclude(req.route, checks, limits, g.decision, g.level, now))
+    }
+    return this.conclude(req.route, checks, limits, (memory as MemoryStore).decide(checks, req.requestId), 'memory', now)
+  }
+
+  private conclude (route: string, checks: LimitCheck[], limits: PlannedLimit[], decision: LimitDecision, level: LimitLevel, now: number): LimitVerdict {
+    const { deny, telemetry } = this.options
     const deciding = limits[decision.limitingIndex]
     if (!decision.allowed) {
       const l = deciding as PlannedLimit
-      telemetry.limitDecision(req.route, l.dimension, level, 'rejected')
+      telemetry.limitDecision(route, l.dimension, level, 'rejected')
       // The fallback store is in process already: caching its rejections saves nothing and would
       // outlive Redis's recovery, holding a client to this instance's share of the budget.
       if (decision.retryAfterMs > 0 && level !== 'fallback') {
@@ -101,20 +109,15 @@ export class Limiter {
       const retry = decision.retryAfterMs > 0 ? decision.retryAfterMs : l.spec.windowMs
       return this.reject(l.status, l.dimension, l.name, retry, l.policy, decision.remaining, decision.resetMs)
     }
-    for (let i = 0; i < limits.length; i++) telemetry.limitDecision(req.route, (limits[i] as PlannedLimit).dimension, level, 'allowed')
+    for (let i = 0; i < limits.length; i++) telemetry.limitDecision(route, (limits[i] as PlannedLimit).dimension, level, 'allowed')
     const headers = deciding === undefined ? null : this.headers(deciding.policy, deciding.name, deciding.spec.limit, decision.remaining, decision.resetMs)
     return { kind: 'allow', headers, delayMs: decision.delayMs }
   }
 
-  private async decide (checks: LimitCheck[], limits: PlannedLimit[], requestId: string): Promise<{ decision: LimitDecision, level: LimitLevel, unavailable: boolean }> {
+  private async decide (checks: LimitCheck[], limits: PlannedLimit[], requestId: string): Promise<{ decision: LimitDecision, level: LimitLevel }> {
     const { memory, guard } = this.options
-    if (guard !== null) {
-      const onError: OnError[] = new Array(limits.length)
-      for (let i = 0; i < limits.length; i++) onError[i] = (limits[i] as PlannedLimit).onError
-      return guard.decide(checks, onError, requestId)
-    }
-    const decision = await (memory as LimitStore).decide(checks, requestId)
-    return { decision, level: 'memory', unavailable: false }
+    if (guard !== null) return guard.decide(checks, limits, requestId)
+    return { decision: (memory as MemoryStore).decide(checks, requestId), level: 'memory' }
   }
 
   // Shadow limits are counted and reported, never enforced; decided on their own so that one

@@ -40,9 +40,12 @@ export class LocalLevel {
   readonly options: LocalLevelOptions
   private readonly buckets: LRUCache<string, TokenBucket>
   private readonly ratePerMs: number
+  /** RateLimit-Policy of the local level, built once. */
+  readonly policy: string
 
   constructor (options: LocalLevelOptions) {
     this.options = options
+    this.policy = `"local";q=${options.limit};w=${Math.max(1, Math.ceil(options.windowMs / 1000))}`
     this.ratePerMs = options.limit / options.windowMs
     // A bucket idle for as long as it takes to refill completely is indistinguishable from a
     // fresh one, so it may be dropped: that TTL keeps the cache small without changing decisions.

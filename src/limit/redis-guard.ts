@@ -69,12 +69,12 @@ export class RedisGuard {
     return this.state
   }
 
-  async decide (checks: readonly LimitCheck[], onError: readonly OnError[], requestId: string): Promise<GuardedDecision> {
+  async decide (checks: readonly LimitCheck[], limits: readonly { readonly onError: OnError }[], requestId: string): Promise<GuardedDecision> {
     if (this.state === 'open') {
-      if (Date.now() - this.openedAt < this.openFor || this.probing) return this.fallback(checks, onError, requestId)
+      if (Date.now() - this.openedAt < this.openFor || this.probing) return this.fallback(checks, limits, requestId)
       this.setState('half-open', 'probing Redis')
     } else if (this.state === 'half-open' && this.probing) {
-      return this.fallback(checks, onError, requestId)
+      return this.fallback(checks, limits, requestId)
     }
     const probe = this.state === 'half-open'
     if (probe) this.probing = true
@@ -97,7 +97,7 @@ export class RedisGuard {
         this.openedAt = Date.now()
         this.setState('open', `Redis ${kind}: ${(err as Error).message}`)
       }
-      return this.fallback(checks, onError, requestId)
+      return this.fallback(checks, limits, requestId)
     } finally {
       if (probe) this.probing = false
     }
@@ -118,12 +118,12 @@ export class RedisGuard {
     })
   }
 
-  private async fallback (checks: readonly LimitCheck[], onError: readonly OnError[], requestId: string): Promise<GuardedDecision> {
+  private async fallback (checks: readonly LimitCheck[], limits: readonly { readonly onError: OnError }[], requestId: string): Promise<GuardedDecision> {
     const kept: LimitCheck[] = []
     const index: number[] = []
     const n = Math.max(1, this.options.instances())
     for (let i = 0; i < checks.length; i++) {
-      const mode = onError[i]
+      const mode = limits[i]?.onError
       if (mode === 'deny') return { decision: ALLOW_ALL, level: 'fallback', unavailable: true }
       if (mode === 'allow') continue
       const check = checks[i] as LimitCheck
