@@ -21,8 +21,8 @@ import { answers200, freePort, killAllSync, sleep, startProcess, stopAll } from 
 import { treeCpuMicros, treePeakRssKb, CLOCK_TICKS } from './lib/proc-stats.js'
 import { startRedis, commandCalls, callsBetween, commandsUsedByScripts } from './lib/redis-server.js'
 import { nginxVersion, startNginx } from './lib/nginx.js'
-import { runLoad, userRequests, clientRequests } from './lib/load.js'
-import { spread } from './lib/summary.js'
+import { runLoad, runPacedLoad, userRequests, clientRequests } from './lib/load.js'
+import { fmt, spread } from './lib/summary.js'
 import { scrapeGatewayMetrics, gatewayMetricsBetween } from './lib/gateway-metrics.js'
 import { printReport } from './lib/report-table.js'
 import { renderSvg } from './lib/report-svg.js'
@@ -300,10 +300,10 @@ async function measureFlood (c, p, durationS) {
   const abusive = clientRequests(1, 'abuser', 66, PATH)
   const goodLoad = { url, connections: settings.floodGoodConnections, durationS, requests: good, overallRate: settings.floodRate * 0.1 }
   const abusiveLoad = { url, connections: settings.connections - settings.floodGoodConnections, durationS, requests: abusive, overallRate: settings.floodRate * 0.9 }
-  const alone = await measured(p, () => runLoad(goodLoad))
+  const alone = await measured(p, () => runPacedLoad(goodLoad, 10))
   await sleep(settings.pauseMs)
   const flood = await measured(p, async () => {
-    const [g, a] = await Promise.all([runLoad(goodLoad), runLoad(abusiveLoad)])
+    const [g, a] = await Promise.all([runPacedLoad(goodLoad, 10), runPacedLoad(abusiveLoad, 10)])
     return { good: g, abusive: a, requests: g.requests + a.requests }
   })
   const g = flood.load.good
@@ -549,7 +549,7 @@ async function main () {
     for (const [position, c] of thisRound.entries()) {
       const r = await measureContender(c, probes(c), settings.durationS)
       c.runs.push({ round, position, ...r })
-      console.log(`  (${c.letter}) ${c.id.padEnd(9)} ${Math.round(r.rps)} req/s  ${r.cpuPerReq.toFixed(1)} µs CPU/req  p99 ${r.p99Ms} ms${r.non2xx ? `  non-2xx ${r.non2xx}` : ''}${r.errors ? `  errors ${r.errors}` : ''}${r.gatewayRedisErrors ? `  gateway Redis errors ${r.gatewayRedisErrors}` : ''}`)
+      console.log(`  (${c.letter}) ${c.id.padEnd(9)} ${Math.round(r.rps)} req/s  ${r.cpuPerReq.toFixed(1)} µs CPU/req  p99 ${fmt(r.p99Ms)} ms${r.non2xx ? `  non-2xx ${r.non2xx}` : ''}${r.errors ? `  errors ${r.errors}` : ''}${r.gatewayRedisErrors ? `  gateway Redis errors ${r.gatewayRedisErrors}` : ''}`)
       await sleep(settings.pauseMs)
     }
   }

@@ -8,6 +8,7 @@ import autocannon from 'autocannon'
  * @property {number} durationS
  * @property {Array<{ method?: string, path?: string, headers?: Record<string, string> }>} requests  cycled per connection
  * @property {number} [overallRate]  requests/s over all connections; unset = as fast as answers come back
+ * @property {(ms: number) => void} [onResponseTime]  every response's latency, for merging runs
  */
 
 /**
@@ -43,7 +44,9 @@ export function runLoad (opts) {
       pipelining: 1,
       timeout: 10,
       requests: opts.requests,
-      ...(opts.overallRate ? { overallRate: Math.round(opts.overallRate) } : {})
+      // autocannon's coordinated-omission correction assumes 1/rate ms between requests where the
+      // rate is per second, which back-fills samples wildly; paced loads report what was measured.
+      ...(opts.overallRate ? { overallRate: Math.round(opts.overallRate), ignoreCoordinatedOmission: true } : {})
     }, (err, result) => {
       settled = true
       clearTimeout(watchdog)
@@ -69,9 +72,56 @@ export function runLoad (opts) {
         statusCodes
       })
     })
+    const onTime = opts.onResponseTime
+    if (onTime && !settled) instance.on('response', (/** @type {unknown} */ _client, /** @type {number} */ _status, /** @type {number} */ _bytes, /** @type {number} */ ms) => onTime(ms))
     // Invalid options make autocannon call back synchronously, before there is anything to stop.
     if (!settled) watchdog = setTimeout(() => { watchdogFired = true; instance.stop() }, (opts.durationS + 15) * 1000)
   })
+}
+
+/**
+ * A rate-bound load spread evenly over time. autocannon paces a rate per connection by sending
+ * the whole second's quota back to back and then waiting for the next second, all connections
+ * in step: a burst every second. Splitting the load into `parts` instances started 1/parts s
+ * apart turns that into `parts` smaller bursts per second. Latency percentiles are computed
+ * from every response of every part.
+ * @param {LoadOptions & { overallRate: number }} opts
+ * @param {number} parts
+ * @returns {Promise<LoadResult>}
+ */
+export async function runPacedLoad (opts, parts) {
+  const n = Math.max(1, Math.min(parts, opts.connections))
+  /** @type {number[]} */
+  const times = []
+  const runs = Array.from({ length: n }, async (_, i) => {
+    await new Promise((resolve) => setTimeout(resolve, (i * 1000) / n))
+    return runLoad({
+      ...opts,
+      connections: Math.floor(opts.connections / n) + (i < opts.connections % n ? 1 : 0),
+      overallRate: opts.overallRate / n,
+      onResponseTime: (ms) => times.push(ms)
+    })
+  })
+  const results = await Promise.all(runs)
+  times.sort((a, b) => a - b)
+  /** @param {number} q */
+  const pct = (q) => times.length ? /** @type {number} */ (times[Math.min(times.length - 1, Math.floor(q * times.length))]) : NaN
+  /** @type {Record<string, number>} */
+  const statusCodes = {}
+  for (const r of results) for (const [code, k] of Object.entries(r.statusCodes)) statusCodes[code] = (statusCodes[code] ?? 0) + k
+  const sum = (/** @type {(r: LoadResult) => number} */ f) => results.reduce((acc, r) => acc + f(r), 0)
+  return {
+    requests: sum((r) => r.requests),
+    seconds: Math.max(...results.map((r) => r.seconds)),
+    rps: sum((r) => r.rps),
+    p50Ms: pct(0.5),
+    p99Ms: pct(0.99),
+    maxMs: times[times.length - 1] ?? NaN,
+    non2xx: sum((r) => r.non2xx),
+    errors: sum((r) => r.errors),
+    timeouts: sum((r) => r.timeouts),
+    statusCodes
+  }
 }
 
 /**
