@@ -3,6 +3,7 @@ import { parseArgs } from 'node:util'
 import { readFileSync, writeFileSync, rmSync } from 'node:fs'
 import { loadConfigFile, ConfigError } from './config/load.js'
 import { gatewayJsonSchema } from './config/schema.js'
+import { checkCompiles } from './config/compile.js'
 import { Gateway } from './server.js'
 import type { LogLevel } from './log.js'
 import { explain } from './explain.js'
@@ -69,10 +70,11 @@ export async function main (argv: string[]): Promise<number> {
     case 'validate':
       try {
         const loaded = await loadConfigFile(configFile)
+        await checkCompiles(loaded.config)
         process.stdout.write(`${configFile}: ok (${loaded.config.routes.length} routes, ${Object.keys(loaded.config.upstreams).length} upstreams)\n`)
         return 0
       } catch (err) {
-        return reportConfigError(err)
+        return reportConfigError(err, configFile)
       }
     case 'reload': {
       const pidFile = values['pid-file']
@@ -110,9 +112,9 @@ export async function main (argv: string[]): Promise<number> {
   }
 }
 
-function reportConfigError (err: unknown): number {
+function reportConfigError (err: unknown, file?: string): number {
   if (err instanceof ConfigError) process.stderr.write(err.message + '\n')
-  else process.stderr.write(`${(err as Error).message}\n`)
+  else process.stderr.write(`${file !== undefined ? file + ': ' : ''}${(err as Error).message}\n`)
   return 1
 }
 
@@ -137,7 +139,7 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
   try {
     gw = await Gateway.start({ configFile, ...(logLevel !== undefined ? { logLevel } : {}), adminListener: !isWorker() })
   } catch (err) {
-    return reportConfigError(err)
+    return reportConfigError(err, configFile)
   }
   if (isWorker()) {
     registerWorkerMetrics(gw.metrics.registry)

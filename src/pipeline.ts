@@ -24,6 +24,8 @@ export interface PipelineState {
   readonly proto: 'http' | 'https'
   readonly ws: ReturnType<typeof createWebSocketProxy>
   warnedProxyMisconfig: boolean
+  /** The last peer checked for that warning: a public peer sending XFF is not re-parsed per request. */
+  proxyCheckedPeer: string | undefined
 }
 
 const REQUEST_ID_RE = /^[A-Za-z0-9._:@/+=-]{1,128}$/
@@ -69,9 +71,13 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   if (route === null) return { ok: false, code: 'GW_ERR_NOT_FOUND' }
   const xff = req.headers['x-forwarded-for']
   const client = rt.resolveClientIp(req.socket.remoteAddress, xff)
-  if (!state.warnedProxyMisconfig && xff !== undefined && rt.trustedProxiesEmpty && looksLikeMisconfiguredProxy(req.socket.remoteAddress, xff)) {
-    state.warnedProxyMisconfig = true
-    state.logger.warn({ peer: req.socket.remoteAddress }, 'requests arrive with X-Forwarded-For from a private address but trustedProxies is empty: every client behind that proxy shares one IP limit')
+  const peer = req.socket.remoteAddress
+  if (!state.warnedProxyMisconfig && xff !== undefined && rt.trustedProxiesEmpty && peer !== state.proxyCheckedPeer) {
+    state.proxyCheckedPeer = peer
+    if (looksLikeMisconfiguredProxy(peer, xff)) {
+      state.warnedProxyMisconfig = true
+      state.logger.warn({ peer }, 'requests arrive with X-Forwarded-For from a private address but trustedProxies is empty: every client behind that proxy shares one IP limit')
+    }
   }
   return { ok: true, admission: { route, path: normalized.path + query, clientIp: client.ip, ipKey: client.key, user: null } }
 }
@@ -104,29 +110,30 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
   return (req, res) => {
     const started = process.hrtime.bigint()
     const rt = state.runtime
+    rt.activity.inflight++
     const requestId = requestIdOf(req)
     const early = routeRequest(state, rt, req)
     if (!early.ok) {
       sendError(res, early.code, requestId, early.extra)
-      finish(state, req, requestId, started, null, null, ERRORS[early.code].status, null)
+      finish(state, rt, req, requestId, started, null, null, ERRORS[early.code].status, null)
       return
     }
     const a = early.admission
     identifyAndLimit(rt, req, a, requestId, (identity, verdict) => {
       if (!identity.ok) {
         sendError(res, 'GW_ERR_UNAUTHORIZED', requestId, { reason: identity.reason }, [['www-authenticate', 'Bearer']])
-        finish(state, req, requestId, started, a, null, 401, 'unauthorized')
+        finish(state, rt, req, requestId, started, a, null, 401, 'unauthorized')
         return
       }
       const v = verdict as LimitVerdict
       if (v.kind === 'reject') {
         sendJson(res, v.status, { ...v.body, requestId }, requestId, v.headers)
-        finish(state, req, requestId, started, a, null, v.status, `rejected:${v.body.limit}`)
+        finish(state, rt, req, requestId, started, a, null, v.status, `rejected:${v.body.limit}`)
         return
       }
       if (v.kind === 'unavailable') {
         sendError(res, 'GW_ERR_LIMITER_UNAVAILABLE', requestId)
-        finish(state, req, requestId, started, a, null, 503, 'limiter_unavailable')
+        finish(state, rt, req, requestId, started, a, null, 503, 'limiter_unavailable')
         return
       }
       const ctx: ForwardContext = {
@@ -138,12 +145,17 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
       }
       const go = (): void => forwardRequest(req, res, a.route.forward, ctx, (result) => {
         if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
-        finish(state, req, requestId, started, a, result, result.status, null)
+        finish(state, rt, req, requestId, started, a, result, result.status, null)
       })
       if (v.delayMs > 0) {
         // leaky-bucket delay mode: hold the request until its slot (nginx limit_req without nodelay)
-        const timer = setTimeout(go, v.delayMs)
-        res.once('close', () => clearTimeout(timer))
+        let held = true
+        const timer = setTimeout(() => { held = false; go() }, v.delayMs)
+        res.once('close', () => {
+          if (!held) return
+          clearTimeout(timer)
+          finish(state, rt, req, requestId, started, a, null, 499, 'client_abort')
+        })
       } else {
         go()
       }
@@ -151,7 +163,7 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
       // A stage failing must never become a crash: log it with the request id and answer 503.
       state.logger.error({ err, requestId }, 'request pipeline failed')
       sendError(res, 'GW_ERR_LIMITER_UNAVAILABLE', requestId)
-      finish(state, req, requestId, started, a, null, 503, 'pipeline_error')
+      finish(state, rt, req, requestId, started, a, null, 503, 'pipeline_error')
     })
   }
 }
@@ -160,11 +172,12 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
   return (req, socket, head) => {
     const started = process.hrtime.bigint()
     const rt = state.runtime
+    rt.activity.inflight++
     const requestId = requestIdOf(req)
     socket.on('error', () => socket.destroy())
     const fail = (status: number, payload: Record<string, unknown>, a: Admission | null, headers?: ReadonlyArray<readonly [string, string]>): void => {
       writeRawError(socket, status, { ...payload, requestId }, requestId, headers)
-      finish(state, req, requestId, started, a, null, status, null)
+      finish(state, rt, req, requestId, started, a, null, status, null)
     }
     const early = routeRequest(state, rt, req)
     if (!early.ok) {
@@ -182,10 +195,13 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
       if (v.kind === 'reject') return fail(v.status, { ...v.body }, a, v.headers)
       if (v.kind === 'unavailable') return fail(503, { error: 'GW_ERR_LIMITER_UNAVAILABLE', message: ERRORS.GW_ERR_LIMITER_UNAVAILABLE.message }, a)
       // Logged and counted once the handshake is decided: 101, or the refusal the client got.
-      state.ws.upgrade(req, socket, head, a.route.forward, { requestId, clientIp: a.clientIp, proto: state.proto, path: a.path }, (result) => {
+      const upgrade = (): void => state.ws.upgrade(req, socket, head, a.route.forward, { requestId, clientIp: a.clientIp, proto: state.proto, path: a.path }, (result) => {
         if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
-        finish(state, req, requestId, started, a, result, result.status, null)
+        finish(state, rt, req, requestId, started, a, result, result.status, null)
       })
+      // leaky-bucket delay mode holds an upgrade until its slot, like any request
+      if (v.delayMs > 0) setTimeout(() => { if (socket.destroyed) finish(state, rt, req, requestId, started, a, null, 499, 'client_abort'); else upgrade() }, v.delayMs)
+      else upgrade()
     }, (err: unknown) => {
       state.logger.error({ err, requestId }, 'upgrade pipeline failed')
       fail(503, { error: 'GW_ERR_LIMITER_UNAVAILABLE', message: ERRORS.GW_ERR_LIMITER_UNAVAILABLE.message }, a)
@@ -196,6 +212,7 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
 /** One access-log line and the request metrics, whatever way the request ended. */
 function finish (
   state: PipelineState,
+  rt: Runtime,
   req: IncomingMessage,
   requestId: string,
   started: bigint,
@@ -204,6 +221,7 @@ function finish (
   status: number,
   limit: string | null
 ): void {
+  if (rt.activity.inflight > 0) rt.activity.inflight--
   const seconds = Number(process.hrtime.bigint() - started) / 1e9
   const route = a?.route.name ?? '-'
   state.telemetry.request(route, req.method ?? 'GET', status, seconds)

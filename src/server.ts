@@ -28,7 +28,7 @@ export interface GatewayOptions {
 
 export type ReloadResult = { ok: true, generation: number } | { ok: false, error: string }
 
-function splitHostPort (hp: string): { host: string, port: number } {
+export function splitHostPort (hp: string): { host: string, port: number } {
   const i = hp.lastIndexOf(':')
   return { host: hp.slice(0, i).replace(/^\[|\]$/g, '') || '0.0.0.0', port: Number(hp.slice(i + 1)) }
 }
@@ -53,6 +53,8 @@ export class Gateway {
   private admin: Server | null = null
   private generation = 0
   private reloading: Promise<ReloadResult> | null = null
+  private pendingReload: Promise<ReloadResult> | null = null
+  private readonly draining = new Set<Runtime>()
   private shuttingDown = false
   private readonly sockets = new Set<Socket>()
   /** HTTP requests whose response has not closed yet (WebSocket tunnels are not requests). */
@@ -95,7 +97,7 @@ export class Gateway {
 
   redisStatus (): RedisStatus {
     const rt = this.runtime
-    return rt === null ? { configured: false, breaker: null, instances: 1 } : this.resources.redisStatus(rt.config)
+    return rt === null ? { configured: false, connected: false, breaker: null, instances: 1 } : this.resources.redisStatus(rt.config)
   }
 
   private async boot (loaded: LoadedConfig): Promise<void> {
@@ -109,7 +111,8 @@ export class Gateway {
       logger: this.logger,
       proto,
       ws: createWebSocketProxy(),
-      warnedProxyMisconfig: false
+      warnedProxyMisconfig: false,
+      proxyCheckedPeer: undefined
     }
     const s = runtime.server
     const serverOptions = {
@@ -175,8 +178,15 @@ export class Gateway {
    * its located problems and the old config keeps serving.
    */
   reload (): Promise<ReloadResult> {
-    // concurrent SIGHUPs coalesce into the reload already running
-    if (this.reloading !== null) return this.reloading
+    // A SIGHUP during a reload may follow an edit the running reload did not read: it queues
+    // exactly one more reload (further ones coalesce into that one).
+    if (this.reloading !== null) {
+      this.pendingReload ??= this.reloading.then(() => {
+        this.pendingReload = null
+        return this.reload()
+      })
+      return this.pendingReload
+    }
     this.reloading = this.doReload().finally(() => { this.reloading = null })
     return this.reloading
   }
@@ -194,7 +204,7 @@ export class Gateway {
       const problems = err instanceof ConfigError ? err.problems.map(p => `${p.file}:${p.line}:${p.column} ${p.path}: ${p.message}`) : [(err as Error).message]
       this.logger.error({ problems, generation: state.runtime.generation }, 'reload rejected; the running configuration keeps serving')
       // anything the failed compile created but the live runtime does not use is released
-      await this.resources.sweep(state.runtime.config, state.runtime.pools.values())
+      await this.sweep()
       return { ok: false, error: problems.join('\n') }
     }
     this.generation = runtime.generation
@@ -205,7 +215,13 @@ export class Gateway {
     const newListen = runtime.config.listen ?? '0.0.0.0:8080'
     if (newListen !== this.listenAddress) this.logger.warn({ listen: newListen, current: this.listenAddress }, 'listen address changes need a restart; still listening on the old one')
     this.logger.info({ generation: runtime.generation, previous: previous.generation, hash: runtime.hash }, 'configuration reloaded')
-    await this.resources.sweep(runtime.config, runtime.pools.values())
+    // The old runtime's requests may be admitted but not yet dispatched (waiting on Redis, a JWKS,
+    // a delay slot): its pools close only once it has no request left.
+    this.draining.add(previous)
+    void this.whenIdle(previous).then(() => {
+      this.draining.delete(previous)
+      return this.sweep()
+    })
     return { ok: true, generation: runtime.generation }
   }
 
@@ -214,6 +230,23 @@ export class Gateway {
     const tls = runtime.config.tls
     if (tls === undefined || this.server === null || !('setSecureContext' in this.server)) return
     this.server.setSecureContext({ cert: readFileSync(tls.cert), key: readFileSync(tls.key) })
+  }
+
+  /** Closes what neither the live runtime nor a draining one uses. */
+  private async sweep (): Promise<void> {
+    const live = this.state?.runtime
+    if (live === undefined || this.shuttingDown) return
+    const pools = [...live.pools.values()]
+    for (const rt of this.draining) pools.push(...rt.pools.values())
+    await this.resources.sweep(live.config, pools)
+  }
+
+  private async whenIdle (rt: Runtime): Promise<void> {
+    // bounded by the longest a request may take (server.requestTimeout) plus a margin
+    const deadline = Date.now() + rt.server.requestTimeoutMs + 1000
+    while (rt.activity.inflight > 0 && Date.now() < deadline && !this.shuttingDown) {
+      await new Promise(resolve => setTimeout(resolve, 50).unref())
+    }
   }
 
   /** Stops accepting, lets in-flight requests finish (up to server.shutdownTimeout), then closes everything. */

@@ -7,6 +7,7 @@ import { AggregatorRegistry } from 'prom-client'
 import { loadConfigFile, type LoadedConfig } from './config/load.js'
 import { redactConfig } from './admin/redact.js'
 import type { Logger } from './log.js'
+import { splitHostPort } from './server.js'
 
 export const WORKER_ADMIN_ENV = 'GATEWAY_WORKER'
 
@@ -16,11 +17,6 @@ interface PrimaryOptions {
   readonly workers: number
   readonly workerArgs: readonly string[]
   readonly logger: Logger
-}
-
-function splitHostPort (hp: string): { host: string, port: number } {
-  const i = hp.lastIndexOf(':')
-  return { host: hp.slice(0, i).replace(/^\[|\]$/g, '') || '0.0.0.0', port: Number(hp.slice(i + 1)) }
 }
 
 /** Runs the primary until SIGTERM/SIGINT; resolves with the exit code. */

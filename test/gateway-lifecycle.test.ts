@@ -129,3 +129,27 @@ t.test('TLS termination; a renewed certificate is picked up by SIGHUP', async t 
   await gw.waitForLog(l => l.msg === 'configuration reloaded')
   t.equal((await peerCn(gw.port)).cn, 'second.test')
 })
+
+t.test('regression: a request admitted before a reload but held (delay slot) still reaches its upstream after the pool is removed', async t => {
+  const a = await upstream('A')
+  const b = await upstream('B')
+  t.teardown(() => { a.server.close(); b.server.close() })
+  // leaky-bucket delay mode: the 2nd request is held ~1 s for its slot, across the reload
+  const held = (target: string): string => config(target).replace('    upstream: backend\n', '    upstream: backend\n    limits: { api: { algorithm: leaky-bucket, limit: 1, window: 1s, burst: 5, onLimit: delay, maxDelay: 5s } }\n')
+  const gw = await spawnGateway(t, held(a.url))
+  t.equal(await (await fetch(`${gw.url}/x`)).text(), 'A')
+  const waiting = fetch(`${gw.url}/x`).then(async r => ({ status: r.status, body: await r.text() }))
+  await new Promise(resolve => setTimeout(resolve, 150))
+  writeFileSync(gw.file, held(b.url).replace('backend', 'other').replace('upstream: backend', 'upstream: other'))
+  gw.child.kill('SIGHUP')
+  await gw.waitForLog(l => l.msg === 'configuration reloaded')
+  t.same(await waiting, { status: 200, body: 'A' }, 'the held request was served by the old pool, not cut with a 502')
+})
+
+t.test('gateway validate also runs the compile-time checks (identity keys)', async t => {
+  const file = join(mkdtempSync(join(tmpdir(), 'gw-validate-')), 'gateway.yaml')
+  writeFileSync(file, config('http://127.0.0.1:1', 'identity: { jwt: { secret: short } }\n'))
+  const r = spawnSync(process.execPath, ['bin/gateway', 'validate', '-c', file], { encoding: 'utf8', env: childEnv() })
+  t.equal(r.status, 1)
+  t.match(r.stderr, /jwt\.secret must be at least 32 bytes/)
+})

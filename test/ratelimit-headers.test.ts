@@ -95,7 +95,7 @@ t.test('the headers describe the tightest limit; legacyHeaders adds X-RateLimit-
   t.same(replies.map(r => r.headers['x-ratelimit-remaining']), ['2', '1', '0', '0'])
   replies.forEach((r, i) => t.equal(r.headers['x-ratelimit-reset'], String(parseRateLimit(r.headers.ratelimit)?.t), `legacy reset = RateLimit t (#${i + 1})`))
   // the ip budget was consumed by the 3 admissions only, not by the rejected 4th
-  const ipKey = (await redis.client().keys('gw:gw.ip.*'))[0] as string
+  const ipKey = (await redis.client().keys('gw:\\*.ip.*'))[0] as string
   t.equal(await redis.client().zcard(ipKey), 3)
 })
 

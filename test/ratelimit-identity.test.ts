@@ -42,7 +42,7 @@ t.test('X-Forwarded-For from an untrusted peer is ignored: spoofing it does not 
   for (let i = 0; i < 6; i++) replies.push(await send(`${gw.url}/x`, { headers: { 'x-forwarded-for': `203.0.113.${i}` } }))
   t.same(replies.map(r => r.status), [200, 200, 200, 429, 429, 429], 'six different XFF values, one budget')
   t.equal(replies[3]?.json?.limit, 'ip')
-  t.same(await admin.keys('gw:gw.ip.*'), [(await admin.keys('gw:gw.ip.*:127.0.0.1'))[0]], 'the only IP key is the socket address')
+  t.same(await admin.keys('gw:\\*.ip.*'), [(await admin.keys('gw:\\*.ip.*:127.0.0.1'))[0]], 'the only IP key is the socket address')
   t.ok(gw.lines.some(l => typeof l.msg === 'string' && l.msg.includes('trustedProxies is empty')), 'the likely misconfiguration is logged')
   t.equal(gw.lines.filter(l => typeof l.msg === 'string' && l.msg.includes('trustedProxies is empty')).length, 1, 'once')
   const access = gw.lines.filter(l => l.msg === 'request')
@@ -61,7 +61,7 @@ t.test('behind a trusted proxy each X-Forwarded-For client has its own budget an
   t.same(await statuses(2, url, xff('192.0.2.99, 198.51.100.1')), [429, 429], 'a spoofed left-most entry does not give a fresh budget')
   // through two of our proxies: the right-most untrusted entry is the client
   t.same(await statuses(4, url, xff('192.0.2.7, 198.51.100.3, 10.1.2.3')), [200, 200, 200, 429], 'trusted hops are skipped')
-  const keys = (await admin.keys('gw:gw.ip.*')).map(k => k.slice(k.lastIndexOf(':') + 1)).sort()
+  const keys = (await admin.keys('gw:\\*.ip.*')).map(k => k.slice(k.lastIndexOf(':') + 1)).sort()
   t.same(keys, ['198.51.100.1', '198.51.100.2', '198.51.100.3'], 'keys for the real clients only (no 127.0.0.1, no spoofed address)')
   const upstreamXff = gw.lines.filter(l => l.msg === 'request').map(l => l.ip)
   t.ok(upstreamXff.includes('198.51.100.3'), 'the access log names the resolved client')
@@ -79,7 +79,7 @@ t.test('IPv6 clients are limited per /64: two addresses in one /64 share a budge
   // without XFF the IPv6 peer itself is grouped the same way
   t.same(await statuses(4, url, {}, '::1'), [200, 200, 200, 429], 'the peer ::1 is a client too')
   // <prefix>:<limit id>:<value>, and the value has colons of its own
-  const keys = (await admin.keys('gw:gw.ip.*')).map(k => k.split(':').slice(2).join(':')).sort()
+  const keys = (await admin.keys('gw:\\*.ip.*')).map(k => k.split(':').slice(2).join(':')).sort()
   t.same(keys, ['2001:db8:aa:1::/64', '2001:db8:aa:2::/64', '::/64'], 'one key per /64')
 })
 

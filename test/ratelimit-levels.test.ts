@@ -45,7 +45,7 @@ routes:
   t.same(pairs.filter(p => p[0] !== 200 || p[1] !== 429 || p[2] !== 'user'), [], 'each user: 200, then 429 by the user dimension')
   t.equal(await metric(gw.adminUrl, 'gateway_ratelimit_decisions_total', { dimension: 'user', level: 'redis', result: 'rejected' }), 40, 'all 40 rejections were decided in Redis')
 
-  const globalKey = (await admin.keys('gw:gw.global.*'))[0] as string
+  const globalKey = (await admin.keys('gw:\\*.global.*'))[0] as string
   const apiKey = (await admin.keys('gw:aon.api.*'))[0] as string
   t.equal(await admin.hget(globalKey, 'c'), '40', 'the global counter holds the 40 admissions only')
   t.equal(await admin.hget(apiKey, 'c'), '40', 'the API counter holds the 40 admissions only')

@@ -150,10 +150,10 @@ routes:
   const limitLines = text.split('\n').filter(l => l.startsWith('limit:'))
   t.equal(limitLines.length, 5, 'global, api, ip, user and the route\'s user (shadow)')
   const expected: Array<[string, RegExp]> = [
-    ['global', /^limit: +global \[global\] gcra: limit 5000 per 1000ms, burst 10000; redis key gw:gw\.global\.[\w-]{8}:_;/],
+    ['global', /^limit: +global \[global\] gcra: limit 5000 per 1000ms, burst 10000; redis key gw:\*\.global\.[\w-]{8}:_;/],
     ['login.api', /^limit: +login\.api \[api\] fixed-window: limit 100 per 1000ms; redis key gw:login\.api\.[\w-]{8}:_;/],
-    ['ip', /^limit: +ip \[ip\] sliding-window-log: limit 100 per 60000ms; redis key gw:gw\.ip\.[\w-]{8}:1\.2\.3\.4;/],
-    ['user', /^limit: +user \[user\] token-bucket: limit 1000 per 60000ms, burst 100; redis key gw:gw\.user\.[\w-]{8}:alice;/],
+    ['ip', /^limit: +ip \[ip\] sliding-window-log: limit 100 per 60000ms; redis key gw:\*\.ip\.[\w-]{8}:1\.2\.3\.4;/],
+    ['user', /^limit: +user \[user\] token-bucket: limit 1000 per 60000ms, burst 100; redis key gw:\*\.user\.[\w-]{8}:alice;/],
     ['login.user', /^limit: +login\.user \[user\] sliding-window-log: limit 5 per 60000ms \(shadow\); redis key gw:login\.user\.[\w-]{8}:alice;/]
   ]
   for (const [name, re] of expected) t.ok(limitLines.some(l => re.test(l)), `${name}: ${limitLines.find(l => l.includes(` ${name} [`)) ?? 'missing'}`)

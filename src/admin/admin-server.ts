@@ -29,11 +29,12 @@ export function createAdminServer (source: AdminSource): Server {
         const rt = source.runtime
         const redis = source.redisStatus()
         const ready = rt !== null && !source.shuttingDown
-        const degraded = redis.configured && redis.breaker !== 'closed'
+        const redisUp = redis.connected && redis.breaker === 'closed'
+        const degraded = redis.configured && !redisUp
         return json(res, ready ? 200 : 503, {
           status: !ready ? (source.shuttingDown ? 'shutting_down' : 'not_ready') : degraded ? 'degraded' : 'ready',
           generation: rt?.generation ?? null,
-          redis: redis.configured ? { state: redis.breaker === 'closed' ? 'up' : 'fallback', breaker: redis.breaker, instances: redis.instances } : { state: 'not_configured' }
+          redis: redis.configured ? { state: redisUp ? 'up' : 'fallback', connected: redis.connected, breaker: redis.breaker, instances: redis.instances } : { state: 'not_configured' }
         })
       }
       case '/metrics':

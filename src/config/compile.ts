@@ -5,7 +5,7 @@
 import type { GatewayConfig, RouteConfig } from './schema.js'
 import type { LoadedConfig } from './load.js'
 import { durationOr, parseDuration, parseSize } from './units.js'
-import { compileRouteTable, type RouteTable } from '../router/route-table.js'
+import { compileRouteTable, type RoutePattern, type RouteTable } from '../router/route-table.js'
 import { compileClientIpResolver } from '../identify/client-ip.js'
 import { compileIdentity, type IdentityResolver } from '../identify/identity.js'
 import { UpstreamPool, type UpstreamConfig } from '../proxy/upstream-pool.js'
@@ -49,6 +49,11 @@ export interface Runtime {
   readonly identity: IdentityResolver
   readonly server: ServerSettings
   readonly trustedProxiesEmpty: boolean
+  /**
+   * Requests that started on this runtime and have not finished: a reload closes the pools
+   * only this runtime used once it reaches 0 (admitted requests may not have dispatched yet).
+   */
+  readonly activity: { inflight: number }
 }
 
 export function serverSettings (config: GatewayConfig): ServerSettings {
@@ -87,6 +92,27 @@ function headerRules (rules: { set?: Record<string, string>, remove?: string[] }
   })
 }
 
+/** The matching part of a route, in the form the route table indexes (lowercase host, uppercase methods). */
+function routePattern (route: RouteConfig): RoutePattern {
+  return {
+    name: route.name,
+    ...(route.host !== undefined ? { host: route.host.toLowerCase() } : {}),
+    ...(route.path !== undefined ? { path: route.path } : {}),
+    ...(route.pathPrefix !== undefined ? { pathPrefix: route.pathPrefix } : {}),
+    ...(route.methods !== undefined ? { methods: Object.freeze(route.methods.map(m => m.toUpperCase())) } : {})
+  }
+}
+
+/**
+ * What compiling would reject beyond the located checks (route table, address lists, identity
+ * keys), without opening pools or connections: `gateway validate` runs it, like `nginx -t`.
+ */
+export async function checkCompiles (config: GatewayConfig): Promise<void> {
+  compileRouteTable(config.routes.map(routePattern))
+  compileClientIpResolver({ trustedProxies: config.trustedProxies ?? [], ipv6Prefix: config.ipv6Prefix ?? 64 })
+  await compileIdentity(config.identity)
+}
+
 function compileRoute (config: GatewayConfig, route: RouteConfig, pool: UpstreamPool, upstream: UpstreamConfig): CompiledRoute {
   const forward: ForwardPlan = Object.freeze({
     pool,
@@ -97,11 +123,7 @@ function compileRoute (config: GatewayConfig, route: RouteConfig, pool: Upstream
     responseHeaders: headerRules(route.headers?.response)
   })
   return Object.freeze({
-    name: route.name,
-    ...(route.host !== undefined ? { host: route.host.toLowerCase() } : {}),
-    ...(route.path !== undefined ? { path: route.path } : {}),
-    ...(route.pathPrefix !== undefined ? { pathPrefix: route.pathPrefix } : {}),
-    ...(route.methods !== undefined ? { methods: Object.freeze(route.methods.map(m => m.toUpperCase())) } : {}),
+    ...routePattern(route),
     websocket: route.websocket === true,
     upstream: route.upstream,
     forward,
@@ -147,6 +169,7 @@ export async function compileRuntime (
     resolveClientIp: compileClientIpResolver({ trustedProxies: config.trustedProxies ?? [], ipv6Prefix: config.ipv6Prefix ?? 64 }),
     identity,
     server: serverSettings(config),
-    trustedProxiesEmpty: (config.trustedProxies ?? []).length === 0
+    trustedProxiesEmpty: (config.trustedProxies ?? []).length === 0,
+    activity: { inflight: 0 }
   })
 }

@@ -8,6 +8,7 @@ import { LineCounter, parseDocument, isMap, isSeq, isScalar, type Document, type
 import { configSchema, BUCKET_ALGORITHMS, type GatewayConfig, type LimitConfig } from './schema.js'
 import { compileLimitSpec } from '../limit/plan.js'
 import { validateLimitSpec } from '../limit/algorithms/index.js'
+import ipaddr from 'ipaddr.js'
 
 export type KeyPath = ReadonlyArray<string | number>
 
@@ -209,6 +210,17 @@ function crossChecks (config: GatewayConfig): Array<[KeyPath, string]> {
     const sources = [jwt.secret, jwt.publicKey, jwt.jwksUrl].filter(v => v !== undefined).length
     if (sources !== 1) out.push([['identity', 'jwt'], 'give exactly one of "secret", "publicKey" or "jwksUrl"'])
   }
+  const sharedLimits = config.limits !== undefined || config.routes.some(r => r.limits !== undefined)
+  if ((config.workers ?? 1) > 1 && config.redis === undefined && sharedLimits) {
+    out.push([['workers'], 'workers > 1 needs "redis:" for the shared limits: without it each worker would enforce every limit on its own (N times the budget)'])
+  }
+  // proxy-addr's keywords, or an address, or a CIDR (parsed by ipaddr.js, as at run time)
+  const PROXY_KEYWORDS = new Set(['loopback', 'linklocal', 'uniquelocal'])
+  config.trustedProxies?.forEach((p, i) => {
+    if (!PROXY_KEYWORDS.has(p) && !ipaddr.isValid(p) && !ipaddr.isValidCIDR(p)) {
+      out.push([['trustedProxies', i], `"${p}" is not an IP address, a CIDR (e.g. 10.0.0.0/8) or one of loopback, linklocal, uniquelocal`])
+    }
+  })
   const redis = config.redis
   if (redis !== undefined) {
     const modes = [redis.url, redis.cluster, redis.sentinels].filter(v => v !== undefined).length

@@ -30,6 +30,8 @@ interface RedisBundle {
 
 export interface RedisStatus {
   readonly configured: boolean
+  /** The client's connection is up (an idle gateway learns of a dead Redis before any request fails). */
+  readonly connected: boolean
   readonly breaker: BreakerState | null
   readonly instances: number
 }
@@ -85,7 +87,7 @@ export class ResourceCache {
   redisGuard (config: GatewayConfig, telemetry: Telemetry): RedisGuard {
     const r = config.redis
     if (r === undefined) throw new Error('redisGuard without redis config')
-    const key = JSON.stringify(r)
+    const key = redisConnectionKey(r)
     let bundle = this.redis.get(key)
     if (bundle === undefined) {
       const keyPrefix = r.keyPrefix ?? 'gw'
@@ -117,6 +119,7 @@ export class ResourceCache {
       })
       this.redis.set(key, bundle = { client, store, heartbeat, guard })
     }
+    bundle.guard.timeoutMs = r.timeout !== undefined ? parseDuration(r.timeout) : 50
     return bundle.guard
   }
 
@@ -126,7 +129,7 @@ export class ResourceCache {
    */
   async redisReady (config: GatewayConfig, timeoutMs = 2000): Promise<void> {
     if (config.redis === undefined) return
-    const bundle = this.redis.get(JSON.stringify(config.redis))
+    const bundle = this.redis.get(redisConnectionKey(config.redis))
     if (bundle === undefined) return
     try {
       await whenReady(bundle.client, timeoutMs)
@@ -137,9 +140,9 @@ export class ResourceCache {
   }
 
   redisStatus (config: GatewayConfig): RedisStatus {
-    if (config.redis === undefined) return { configured: false, breaker: null, instances: 1 }
-    const bundle = this.redis.get(JSON.stringify(config.redis))
-    return { configured: true, breaker: bundle?.guard.breaker ?? null, instances: bundle?.heartbeat.instances ?? 1 }
+    if (config.redis === undefined) return { configured: false, connected: false, breaker: null, instances: 1 }
+    const bundle = this.redis.get(redisConnectionKey(config.redis))
+    return { configured: true, connected: bundle?.client.status === 'ready', breaker: bundle?.guard.breaker ?? null, instances: bundle?.heartbeat.instances ?? 1 }
   }
 
   localKeys (): number {
@@ -166,7 +169,7 @@ export class ResourceCache {
       closing.push(this.memory.store.close())
       this.memory = null
     }
-    const liveRedis = config.redis === undefined ? null : JSON.stringify(config.redis)
+    const liveRedis = config.redis === undefined ? null : redisConnectionKey(config.redis)
     for (const [key, bundle] of this.redis) {
       if (key !== liveRedis) {
         this.redis.delete(key)
@@ -186,6 +189,14 @@ export class ResourceCache {
     this.redis.clear()
     await Promise.allSettled(closing)
   }
+}
+
+/**
+ * What identifies a Redis connection: a reload that changes only `timeout` or `onError` keeps the
+ * client, its breaker state and its heartbeat (onError is read per limit from the plan).
+ */
+function redisConnectionKey (r: NonNullable<GatewayConfig['redis']>): string {
+  return JSON.stringify([r.url, r.cluster, r.sentinels, r.name, r.password, r.tls, r.keyPrefix, r.autoPipelining])
 }
 
 async function closeRedis (bundle: RedisBundle): Promise<void> {

@@ -2,6 +2,7 @@
 // client), the deny cache (keys the shared level already rejected), then every shared limit that
 // applies, decided all-or-nothing in one store call.
 import type { LimitCheck, LimitDecision } from './types.js'
+import { ERRORS } from '../errors.js'
 import type { MemoryStore } from './memory-store.js'
 import { dimensionValue, keyFor, type PlannedLimit, type RouteLimitPlan } from './plan.js'
 import { DenyCache, type LocalLevel } from './local-level.js'
@@ -17,6 +18,7 @@ export type LimitVerdict =
 
 export interface RejectBody {
   readonly error: 'rate_limited'
+  readonly message: string
   readonly dimension: string
   readonly limit: string
   readonly retryAfterMs: number
@@ -57,7 +59,8 @@ export class Limiter {
   /** Synchronous unless the shared level has to ask Redis: the in-process path allocates no Promise. */
   check (req: LimitRequest): LimitVerdict | Promise<LimitVerdict> {
     const { local, deny, telemetry } = this.options
-    const now = Date.now()
+    // monotonic: a wall-clock step back must not freeze refills (the stores are monotonic too)
+    const now = performance.now()
 
     if (local !== null) {
       // Users and addresses share one map: a user's bucket is "u:"-prefixed, which no address
@@ -136,7 +139,7 @@ export class Limiter {
   private reject (status: number, dimension: string, name: string, retryAfterMs: number, policy: string, remaining: number, resetMs: number): LimitVerdict {
     const headers = this.headers(policy, name, 0, remaining, resetMs)
     headers.push(['retry-after', String(Math.max(1, Math.ceil(retryAfterMs / 1000)))])
-    return { kind: 'reject', status, body: { error: 'rate_limited', dimension, limit: name, retryAfterMs }, headers }
+    return { kind: 'reject', status, body: { error: 'rate_limited', message: ERRORS.GW_ERR_RATE_LIMITED.message, dimension, limit: name, retryAfterMs }, headers }
   }
 
   // draft-ietf-httpapi-ratelimit-headers: RateLimit-Policy names the quota, RateLimit carries the

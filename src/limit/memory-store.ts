@@ -16,7 +16,8 @@ export const NO_CHECKS: LimitDecision = Object.freeze({
 })
 
 // -1 (never) is the longest wait of all.
-function longer (a: number, b: number): boolean {
+/** Whether wait `a` is longer than `b`; -1 (never) is the longest of all. */
+export function longer (a: number, b: number): boolean {
   if (a < 0) return b >= 0
   return b >= 0 && a > b
 }

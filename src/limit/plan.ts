@@ -7,6 +7,10 @@ import { parseDuration } from '../config/units.js'
 import type { AlgorithmName, LimitSpec } from './types.js'
 import { escapeKeyValue } from './keys.js'
 
+// The scope of gateway-wide limits in their ids: "*" cannot be a route name (schema), so a route
+// can never share a gateway-wide limit's keys by being named like its scope.
+export const GATEWAY_SCOPE = '*'
+
 export type Dimension = 'global' | 'api' | 'ip' | 'user'
 export type OnError = 'local' | 'allow' | 'deny'
 
@@ -72,7 +76,7 @@ function planLimit (
   keyPrefix: string
 ): PlannedLimit {
   const spec = compileLimitSpec(scope, dimension, limit)
-  const name = scope === 'gw' ? dimension : `${scope}.${dimension}`
+  const name = scope === GATEWAY_SCOPE ? dimension : `${scope}.${dimension}`
   const onError = limit.onError ?? config.redis?.onError ?? 'local'
   return Object.freeze({
     name,
@@ -91,11 +95,11 @@ export function compileRouteLimitPlan (config: GatewayConfig, route: RouteConfig
   const keyPrefix = config.redis?.keyPrefix ?? 'gw'
   const all: PlannedLimit[] = []
   const top = config.limits
-  if (top?.global !== undefined) all.push(planLimit(config, 'gw', 'global', top.global, keyPrefix))
+  if (top?.global !== undefined) all.push(planLimit(config, GATEWAY_SCOPE, 'global', top.global, keyPrefix))
   if (route.limits?.api !== undefined) all.push(planLimit(config, route.name, 'api', route.limits.api, keyPrefix))
-  if (top?.ip !== undefined) all.push(planLimit(config, 'gw', 'ip', top.ip, keyPrefix))
+  if (top?.ip !== undefined) all.push(planLimit(config, GATEWAY_SCOPE, 'ip', top.ip, keyPrefix))
   if (route.limits?.ip !== undefined) all.push(planLimit(config, route.name, 'ip', route.limits.ip, keyPrefix))
-  if (top?.user !== undefined) all.push(planLimit(config, 'gw', 'user', top.user, keyPrefix))
+  if (top?.user !== undefined) all.push(planLimit(config, GATEWAY_SCOPE, 'user', top.user, keyPrefix))
   if (route.limits?.user !== undefined) all.push(planLimit(config, route.name, 'user', route.limits.user, keyPrefix))
   if (all.length === 0) return EMPTY_PLAN
   return Object.freeze({

@@ -53,6 +53,8 @@ export class RedisGuard {
   private probing = false
   private readonly divided = new WeakMap<LimitSpec, { n: number, spec: LimitSpec }>()
   private readonly threshold: number
+  /** Bound on each call; a reload that changes only `redis.timeout` updates it in place. */
+  timeoutMs: number
   private readonly baseOpenMs: number
   private readonly maxOpenMs: number
   readonly denyCacheMaxMs: number
@@ -60,6 +62,7 @@ export class RedisGuard {
   constructor (private readonly options: RedisGuardOptions) {
     this.denyCacheMaxMs = options.denyCacheMaxMs ?? Infinity
     this.threshold = options.failureThreshold ?? 3
+    this.timeoutMs = options.timeoutMs
     this.baseOpenMs = options.openMs ?? 500
     this.maxOpenMs = options.maxOpenMs ?? 5000
     this.openFor = this.baseOpenMs
@@ -113,7 +116,7 @@ export class RedisGuard {
   private withTimeout<T> (p: Promise<T> | T): Promise<T> {
     if (!(p instanceof Promise)) return Promise.resolve(p)
     return new Promise<T>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new RedisTimeoutError(`no answer within ${this.options.timeoutMs}ms`)), this.options.timeoutMs)
+      const timer = setTimeout(() => reject(new RedisTimeoutError(`no answer within ${this.timeoutMs}ms`)), this.timeoutMs)
       p.then(v => { clearTimeout(timer); resolve(v) }, (e: unknown) => { clearTimeout(timer); reject(e) })
     })
   }

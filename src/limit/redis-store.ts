@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto'
 import { Cluster, type Redis } from 'ioredis'
 import { assertDecidable } from './algorithms/index.js'
 import { keySlot } from './keys.js'
-import { NO_CHECKS } from './memory-store.js'
+import { NO_CHECKS, longer } from './memory-store.js'
 import { LIMIT_SCRIPT, REFUND_SCRIPT, limitArgs, parseLimitReply, refundArgs, type LimitReply } from './scripts.js'
 import type { LimitCheck, LimitDecision, LimitStore } from './types.js'
 
@@ -49,12 +49,6 @@ interface Group {
   readonly indexes: number[]
   readonly keys: string[]
   readonly checks: LimitCheck[]
-}
-
-// -1 (never) is the longest wait of all.
-function longer (a: number, b: number): boolean {
-  if (a < 0) return b >= 0
-  return b >= 0 && a > b
 }
 
 export function createRedisStore (options: RedisStoreOptions): RedisStore {
