@@ -25,7 +25,7 @@ export class GatewayMetrics implements Telemetry {
   readonly generation: Gauge
   private readonly requestChildren = new Map<string, Map<string, CounterChild[]>>()
   private readonly durationChildren = new Map<string, HistogramChild>()
-  private readonly decisionChildren = new Map<string, CounterChild>()
+  private readonly decisionChildren = new Map<string, Map<string, Map<string, Map<string, CounterChild>>>>()
 
   constructor (sources: MetricsSources) {
     const registers = [this.registry]
@@ -79,9 +79,15 @@ export class GatewayMetrics implements Telemetry {
   }
 
   limitDecision (route: string, dimension: string, level: LimitLevel, result: LimitResult): void {
-    const key = route + '\0' + dimension + '\0' + level + '\0' + result
-    let c = this.decisionChildren.get(key)
-    if (c === undefined) this.decisionChildren.set(key, c = this.decisions.labels(route, dimension, level, result))
+    // nested maps: no key string is built per call
+    let byDimension = this.decisionChildren.get(route)
+    if (byDimension === undefined) this.decisionChildren.set(route, byDimension = new Map())
+    let byLevel = byDimension.get(dimension)
+    if (byLevel === undefined) byDimension.set(dimension, byLevel = new Map())
+    let byResult = byLevel.get(level)
+    if (byResult === undefined) byLevel.set(level, byResult = new Map())
+    let c = byResult.get(result)
+    if (c === undefined) byResult.set(result, c = this.decisions.labels(route, dimension, level, result))
     c.inc()
   }
 

@@ -171,9 +171,13 @@ function buildChecks (planned: readonly PlannedLimit[], req: LimitRequest): { ch
   const checks: LimitCheck[] = []
   const limits: PlannedLimit[] = []
   for (const l of planned) {
-    const value = dimensionValue(l.dimension, req.ipKey, req.user)
-    if (value === null) continue
-    checks.push({ key: keyFor(l.keyBase, value), spec: l.spec, cost: l.cost })
+    if (l.fixedCheck !== null) {
+      checks.push(l.fixedCheck)
+    } else {
+      const value = dimensionValue(l.dimension, req.ipKey, req.user)
+      if (value === null) continue
+      checks.push({ key: keyFor(l.keyBase, value), spec: l.spec, cost: l.cost })
+    }
     limits.push(l)
   }
   return { checks, limits }

@@ -4,7 +4,7 @@ import { createHash } from 'node:crypto'
 import type { LimitConfig, GatewayConfig, RouteConfig } from '../config/schema.js'
 import { BUCKET_ALGORITHMS } from '../config/schema.js'
 import { parseDuration } from '../config/units.js'
-import type { AlgorithmName, LimitSpec } from './types.js'
+import type { AlgorithmName, LimitCheck, LimitSpec } from './types.js'
 import { escapeKeyValue } from './keys.js'
 
 // The scope of gateway-wide limits in their ids: "*" cannot be a route name (schema), so a route
@@ -27,6 +27,8 @@ export interface PlannedLimit {
   readonly keyBase: string
   /** `"ip";q=100;w=60` for the RateLimit-Policy header (draft-ietf-httpapi-ratelimit-headers). */
   readonly policy: string
+  /** global and api budgets have one key: their check is built once, not per request. */
+  readonly fixedCheck: LimitCheck | null
 }
 
 export interface RouteLimitPlan {
@@ -78,6 +80,7 @@ function planLimit (
   const spec = compileLimitSpec(scope, dimension, limit)
   const name = scope === GATEWAY_SCOPE ? dimension : `${scope}.${dimension}`
   const onError = limit.onError ?? config.redis?.onError ?? 'local'
+  const keyBase = `${keyPrefix}:${spec.id}:`
   return Object.freeze({
     name,
     dimension,
@@ -86,8 +89,9 @@ function planLimit (
     shadow: limit.mode === 'shadow',
     status: limit.status ?? 429,
     onError,
-    keyBase: `${keyPrefix}:${spec.id}:`,
-    policy: `"${name}";q=${spec.limit};w=${Math.max(1, Math.ceil(spec.windowMs / 1000))}`
+    keyBase,
+    policy: `"${name}";q=${spec.limit};w=${Math.max(1, Math.ceil(spec.windowMs / 1000))}`,
+    fixedCheck: dimension === 'global' || dimension === 'api' ? Object.freeze({ key: keyFor(keyBase, '_'), spec, cost: limit.cost ?? 1 }) : null
   })
 }
 
