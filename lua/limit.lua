@@ -6,9 +6,8 @@
 -- ARGV[1]  now override in µs: "0" in production, where the script reads Redis TIME so that
 --          every gateway instance shares one clock. A positive value only in tests (parity).
 -- ARGV[2]  request id, unique per call: sliding-window-log members are "<id>:<unit>".
--- ARGV[3 + 6 * (i - 1) .. 8 + 6 * (i - 1)]  check i as six integers:
---          algorithm code (ALGORITHM_CODES in src/limit/types.ts), limit, windowMs, burst, cost,
---          maxDelayMs.
+-- ARGV[2 + i]  check i as one string of six comma-separated integers:
+--          "code,limit,windowMs,burst,cost,maxDelayMs" (code: ALGORITHM_CODES in src/limit/types.ts).
 -- Returns an array of integers:
 --   { allowed (1 or 0), remaining, retryAfterMs (0 when allowed, -1 = never), resetMs,
 --     limitingIndex (0-based; -1 when there are no checks), delayMs, nowMs,
@@ -23,8 +22,8 @@
 local now = read_clock(ARGV[1])
 local id = ARGV[2]
 local n = #KEYS
-if #ARGV ~= 2 + 6 * n then
-  return redis.error_reply('ERR limit.lua: expected ' .. (2 + 6 * n) .. ' arguments, got ' .. #ARGV)
+if #ARGV ~= 2 + n then
+  return redis.error_reply('ERR limit.lua: expected ' .. (2 + n) .. ' arguments, got ' .. #ARGV)
 end
 local now_ms = floor(now / 1000)
 if n == 0 then return { 1, 0, 0, 0, -1, 0, now_ms } end
@@ -38,10 +37,10 @@ end
 local params, results = {}, {}
 local rejecting, tightest = 0, 0
 for i = 1, n do
-  local p = read_params(3 + 6 * (i - 1))
-  local algorithm = ALGORITHMS[p.code]
+  local p = read_params(ARGV[2 + i])
+  local algorithm = p and ALGORITHMS[p.code]
   if not algorithm then
-    return redis.error_reply('ERR limit.lua: unknown algorithm code ' .. tostring(ARGV[3 + 6 * (i - 1)]))
+    return redis.error_reply('ERR limit.lua: bad check parameters ' .. tostring(ARGV[2 + i]))
   end
   local r = algorithm.check(KEYS[i], p, now)
   params[i], results[i] = p, r

@@ -5,8 +5,8 @@
 -- KEYS[i]  the state key of check i (one hash slot per call).
 -- ARGV[1]  now override in µs: "0" in production (Redis TIME), positive only in tests.
 -- ARGV[2]  the request id passed to limit.lua for the admission being undone.
--- ARGV[3 + 7 * (i - 1) .. 9 + 7 * (i - 1)]  check i: the six integers it had in limit.lua
---          (code, limit, windowMs, burst, cost, maxDelayMs), then receipt_i from limit.lua's reply.
+-- ARGV[3 + 2 * (i - 1)]  check i's parameter string as in limit.lua ("code,limit,windowMs,burst,cost,maxDelayMs"),
+-- ARGV[4 + 2 * (i - 1)]  then receipt_i from limit.lua's reply.
 -- Returns: the number of checks processed.
 --
 -- Each refund gives back at most what the request took, and only the part that time has not
@@ -15,16 +15,16 @@
 local now = read_clock(ARGV[1])
 local id = ARGV[2]
 local n = #KEYS
-if #ARGV ~= 2 + 7 * n then
-  return redis.error_reply('ERR refund.lua: expected ' .. (2 + 7 * n) .. ' arguments, got ' .. #ARGV)
+if #ARGV ~= 2 + 2 * n then
+  return redis.error_reply('ERR refund.lua: expected ' .. (2 + 2 * n) .. ' arguments, got ' .. #ARGV)
 end
 for i = 1, n do
-  local base = 3 + 7 * (i - 1)
-  local p = read_params(base)
-  local algorithm = ALGORITHMS[p.code]
+  local base = 3 + 2 * (i - 1)
+  local p = read_params(ARGV[base])
+  local algorithm = p and ALGORITHMS[p.code]
   if not algorithm then
-    return redis.error_reply('ERR refund.lua: unknown algorithm code ' .. tostring(ARGV[base]))
+    return redis.error_reply('ERR refund.lua: bad check parameters ' .. tostring(ARGV[base]))
   end
-  algorithm.refund(KEYS[i], p, now, tonumber(ARGV[base + 6]), id)
+  algorithm.refund(KEYS[i], p, now, tonumber(ARGV[base + 1]), id)
 end
 return n

@@ -35,7 +35,7 @@ const one = (s: LimitSpec, key: string, cost = 1): LimitCheck[] => [{ key, spec:
 
 t.test('defect: time from the client clock (instances disagree) -> the script reads Redis TIME', async (t) => {
   const before = await plain.time()
-  const reply = parseLimitReply(await plain.eval(LIMIT_SCRIPT, 1, fresh('time'), '0', 'r', 1, 10, 1000, 10, 1, 0), 1)
+  const reply = parseLimitReply(await plain.eval(LIMIT_SCRIPT, 1, fresh('time'), '0', 'r', '1,10,1000,10,1,0'), 1)
   const after = await plain.time()
   const ms = (time: ReadonlyArray<number | string>): number => Number(time[0]) * 1000 + Math.floor(Number(time[1]) / 1000)
   t.ok(reply.nowMs >= ms(before) && reply.nowMs <= ms(after), `decided at Redis time ${reply.nowMs}`)

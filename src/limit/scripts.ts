@@ -1,5 +1,5 @@
 import { readFileSync } from 'node:fs'
-import { ALGORITHM_CODES, type LimitCheck, type LimitDecision } from './types.js'
+import { ALGORITHM_CODES, type LimitCheck, type LimitDecision, type LimitSpec } from './types.js'
 
 // The Lua scripts, built once at load time from the files in lua/: the shared helpers, one file
 // per algorithm, then the entry point. See the header of each file for its KEYS, ARGV and reply.
@@ -25,14 +25,23 @@ export const REFUND_SCRIPT = `${library}\n${read('refund.lua')}`
 
 type Arg = string | number
 
+// A check's six integers travel as one string, built once per (spec, cost) and reused: the client
+// then encodes one short argument per check instead of converting six numbers on every call.
+const checkArgs = new WeakMap<LimitSpec, { readonly cost: number, readonly arg: string }>()
+
 function pushCheck (args: Arg[], check: LimitCheck): void {
   const s = check.spec
-  args.push(ALGORITHM_CODES[s.algorithm], s.limit, s.windowMs, s.burst, check.cost, s.maxDelayMs)
+  let cached = checkArgs.get(s)
+  if (cached === undefined || cached.cost !== check.cost) {
+    cached = { cost: check.cost, arg: `${ALGORITHM_CODES[s.algorithm]},${s.limit},${s.windowMs},${s.burst},${check.cost},${s.maxDelayMs}` }
+    checkArgs.set(s, cached)
+  }
+  args.push(cached.arg)
 }
 
 /**
  * ARGV of LIMIT_SCRIPT: now override (µs; 0 = Redis TIME, positive only in tests), request id,
- * then six integers per check.
+ * then one "code,limit,windowMs,burst,cost,maxDelayMs" string per check.
  */
 export function limitArgs (checks: readonly LimitCheck[], requestId: string, nowOverrideUs = 0): Arg[] {
   const args: Arg[] = [nowOverrideUs, requestId]
