@@ -4,38 +4,13 @@ import t from 'tap'
 import { Agent, request } from 'undici'
 import { UpstreamPool, type UpstreamConfig } from '../src/proxy/upstream-pool.js'
 import { forwardRequest, type ForwardPlan, type ForwardResult } from '../src/proxy/forward.js'
+import { TEST_UPSTREAM, testPool as poolOf, testPlan as planOf } from './helpers/proxy-plan.js'
 import { refusingUrl, startBlackhole, startHttpServer, startUpstream } from './helpers/upstream.js'
 
 interface Teardown { teardown: (fn: () => unknown) => void }
 
 const client = new Agent({ keepAliveTimeout: 1000 })
 t.teardown(() => client.close())
-
-const BASE: Omit<UpstreamConfig, 'targets'> = {
-  name: 'test',
-  connectTimeoutMs: 2000,
-  responseTimeoutMs: 5000,
-  ejectMs: 10_000,
-  maxConnectionsPerTarget: 16,
-  keepAliveTimeoutMs: 4000
-}
-
-function poolOf (t: Teardown, targets: { url: string, weight?: number }[], over: Partial<UpstreamConfig> = {}): UpstreamPool {
-  const pool = new UpstreamPool({ ...BASE, targets: targets.map(({ url, weight }) => ({ url, weight: weight ?? 1 })), ...over })
-  t.teardown(() => pool.destroy())
-  return pool
-}
-
-function planOf (pool: UpstreamPool): ForwardPlan {
-  return {
-    pool,
-    stripPrefix: null,
-    responseTimeoutMs: pool.config.responseTimeoutMs,
-    maxBodySize: Infinity,
-    requestHeaders: { set: [], remove: [] },
-    responseHeaders: { set: [], remove: [] }
-  }
-}
 
 async function startFront (t: Teardown, plan: ForwardPlan): Promise<{ url: string, results: ForwardResult[] }> {
   const results: ForwardResult[] = []
@@ -137,7 +112,7 @@ t.test('pick() skips ejected targets and honours exclude', async (t) => {
 })
 
 t.test('identical configs have identical signatures', async (t) => {
-  const config: UpstreamConfig = { ...BASE, targets: [{ url: 'http://127.0.0.1:1', weight: 1 }] }
+  const config: UpstreamConfig = { ...TEST_UPSTREAM, targets: [{ url: 'http://127.0.0.1:1', weight: 1 }] }
   const one = poolOf(t, [{ url: 'http://127.0.0.1:1' }])
   const same = new UpstreamPool(JSON.parse(JSON.stringify(config)) as UpstreamConfig)
   t.teardown(() => same.destroy())
@@ -160,7 +135,7 @@ t.test('close() lets in-flight requests finish', async (t) => {
 })
 
 t.test('a config without targets or with a bad URL is refused', async (t) => {
-  t.throws(() => new UpstreamPool({ ...BASE, targets: [] }), /no targets/)
-  t.throws(() => new UpstreamPool({ ...BASE, targets: [{ url: 'ftp://x', weight: 1 }] }), /http/)
-  t.throws(() => new UpstreamPool({ ...BASE, targets: [{ url: 'http://x', weight: -1 }] }), /weight/)
+  t.throws(() => new UpstreamPool({ ...TEST_UPSTREAM, targets: [] }), /no targets/)
+  t.throws(() => new UpstreamPool({ ...TEST_UPSTREAM, targets: [{ url: 'ftp://x', weight: 1 }] }), /http/)
+  t.throws(() => new UpstreamPool({ ...TEST_UPSTREAM, targets: [{ url: 'http://x', weight: -1 }] }), /weight/)
 })

@@ -4,38 +4,11 @@ import t from 'tap'
 import http, { type IncomingHttpHeaders } from 'node:http'
 import { once } from 'node:events'
 import { Readable } from 'node:stream'
-import { UpstreamPool, type UpstreamConfig } from '../src/proxy/upstream-pool.js'
 import { forwardRequest, type ForwardPlan, type ForwardResult } from '../src/proxy/forward.js'
+import { testPool as poolOf, testPlan as planOf } from './helpers/proxy-plan.js'
 import { refusingUrl, startHttpServer, startUpstream, type EchoBody } from './helpers/upstream.js'
 
 interface Teardown { teardown: (fn: () => unknown) => void }
-
-function poolOf (t: Teardown, urls: string[], over: Partial<UpstreamConfig> = {}): UpstreamPool {
-  const pool = new UpstreamPool({
-    name: 'test',
-    targets: urls.map((url) => ({ url, weight: 1 })),
-    connectTimeoutMs: 2000,
-    responseTimeoutMs: 5000,
-    ejectMs: 10_000,
-    maxConnectionsPerTarget: 16,
-    keepAliveTimeoutMs: 4000,
-    ...over
-  })
-  t.teardown(() => pool.destroy())
-  return pool
-}
-
-function planOf (pool: UpstreamPool, over: Partial<ForwardPlan> = {}): ForwardPlan {
-  return {
-    pool,
-    stripPrefix: null,
-    responseTimeoutMs: pool.config.responseTimeoutMs,
-    maxBodySize: Infinity,
-    requestHeaders: { set: [], remove: [] },
-    responseHeaders: { set: [], remove: [] },
-    ...over
-  }
-}
 
 interface Front { url: string, results: ForwardResult[], nextResult: () => Promise<ForwardResult> }
 

@@ -4,34 +4,16 @@ import t from 'tap'
 import { once } from 'node:events'
 import type { IncomingMessage } from 'node:http'
 import WebSocket from 'ws'
-import { UpstreamPool, type UpstreamConfig } from '../src/proxy/upstream-pool.js'
+import type { UpstreamConfig } from '../src/proxy/upstream-pool.js'
 import { createWebSocketProxy } from '../src/proxy/websocket.js'
 import type { ForwardPlan, ForwardResult } from '../src/proxy/forward.js'
+import { testPlan, testPool } from './helpers/proxy-plan.js'
 import { refusingUrl, startBlackhole, startHttpServer, startUpstream } from './helpers/upstream.js'
 
 interface Teardown { teardown: (fn: () => unknown) => void }
 
 function planOf (t: Teardown, urls: string[], over: Partial<UpstreamConfig> = {}, plan: Partial<ForwardPlan> = {}): ForwardPlan {
-  const pool = new UpstreamPool({
-    name: 'ws',
-    targets: urls.map((url) => ({ url, weight: 1 })),
-    connectTimeoutMs: 2000,
-    responseTimeoutMs: 5000,
-    ejectMs: 10_000,
-    maxConnectionsPerTarget: 16,
-    keepAliveTimeoutMs: 4000,
-    ...over
-  })
-  t.teardown(() => pool.destroy())
-  return {
-    pool,
-    stripPrefix: null,
-    responseTimeoutMs: pool.config.responseTimeoutMs,
-    maxBodySize: Infinity,
-    requestHeaders: { set: [], remove: [] },
-    responseHeaders: { set: [], remove: [] },
-    ...plan
-  }
+  return testPlan(testPool(t, urls, { name: 'ws', ...over }), plan)
 }
 
 interface Front { url: string, results: ForwardResult[], connections: () => Promise<number>, close: () => void }

@@ -9,7 +9,7 @@ import { normalizePath } from './normalize-path.js'
 /** What the router needs from a route in the config; the table returns the caller's own object. */
 export interface RoutePattern {
   readonly name: string
-  /** Exact host (`api.example.com`) or wildcard (`*.example.com`: any subdomain, not the apex). */
+  /** Exact host (`api.example.com`) or wildcard (`*.example.com`: every subdomain, not the apex). */
   readonly host?: string
   /** Exact path match, in normalized form (see `normalizePath`). */
   readonly path?: string
