@@ -6,6 +6,7 @@ import t from 'tap'
 import { decideAt, type LimitStateMap } from '../src/limit/memory-store.js'
 import type { AlgorithmState } from '../src/limit/algorithms/index.js'
 import type { AlgorithmName, LimitCheck, LimitDecision, LimitSpec } from '../src/limit/types.js'
+import { prng } from './helpers/prng.js'
 
 const BUCKETS = new Set<AlgorithmName>(['gcra', 'token-bucket', 'leaky-bucket'])
 const ALL: AlgorithmName[] = ['gcra', 'token-bucket', 'leaky-bucket', 'sliding-window-log', 'sliding-window', 'fixed-window']
@@ -130,18 +131,6 @@ t.test('sliding-window: the two-window estimate and its documented error bound',
   c.nowUs = T0 + 3_000_000
   t.same(pick(c.one(s)), [1, 9, 0, 2000, 0], 'two windows later the budget is whole again')
 })
-
-/** mulberry32, seeded so a failure can be replayed. */
-function prng (seed: number): () => number {
-  let a = seed >>> 0
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0
-    let x = a
-    x = Math.imul(x ^ (x >>> 15), x | 1)
-    x ^= x + Math.imul(x ^ (x >>> 7), x | 61)
-    return ((x ^ (x >>> 14)) >>> 0) / 4294967296
-  }
-}
 
 t.test('properties: retryAfterMs is exact (to the ms) and resetMs restores the whole budget', async (t) => {
   const specs = ALL.flatMap((a) => [spec(a, 5, 1000), spec(a, 3, 1000, 7), spec(a, 7, 60_000, 3),

@@ -10,6 +10,7 @@ import { createRedisStore } from '../src/limit/redis-store.js'
 import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import { LIMIT_SCRIPT, parseLimitReply } from '../src/limit/scripts.js'
 import type { AlgorithmName, LimitCheck, LimitSpec } from '../src/limit/types.js'
+import { prng } from './helpers/prng.js'
 
 const ALL: AlgorithmName[] = ['gcra', 'token-bucket', 'leaky-bucket', 'sliding-window-log', 'sliding-window', 'fixed-window']
 const BUCKETS = new Set<AlgorithmName>(['gcra', 'token-bucket', 'leaky-bucket'])
@@ -36,18 +37,6 @@ function specsFor (algorithm: AlgorithmName): LimitSpec[] {
   ]
   if (algorithm === 'leaky-bucket') specs.push(spec(algorithm, 10, 1000, 6, 250), spec(algorithm, 3, 1000, 4, 1))
   return specs
-}
-
-// mulberry32: a small seeded PRNG so a failure can be replayed from its seed.
-function prng (seed: number): () => number {
-  let a = seed >>> 0
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0
-    let x = a
-    x = Math.imul(x ^ (x >>> 15), x | 1)
-    x ^= x + Math.imul(x ^ (x >>> 7), x | 61)
-    return ((x ^ (x >>> 14)) >>> 0) / 4294967296
-  }
 }
 
 interface Step { readonly dtUs: number, readonly costs: readonly number[] }
