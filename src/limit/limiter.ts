@@ -83,18 +83,21 @@ export class Limiter {
         return this.reject(l.status, l.dimension, l.name, left, l.policy, 0, left)
       }
     }
-    if (plan.shadow.length > 0) void this.decideShadow(req)
-    if (checks.length === 0) return ALLOW_NO_HEADERS
+    if (checks.length === 0) {
+      if (plan.shadow.length > 0) void this.decideShadow(req)
+      return ALLOW_NO_HEADERS
+    }
 
     const { memory, guard } = this.options
     if (guard !== null) {
-      return guard.decide(checks, limits, req.requestId).then(g => g.unavailable ? UNAVAILABLE : this.conclude(req.route, checks, limits, g.decision, g.level, now))
+      return guard.decide(checks, limits, req.requestId).then(g => g.unavailable ? UNAVAILABLE : this.conclude(req, checks, limits, g.decision, g.level, now))
     }
-    return this.conclude(req.route, checks, limits, (memory as MemoryStore).decide(checks, req.requestId), 'memory', now)
+    return this.conclude(req, checks, limits, (memory as MemoryStore).decide(checks, req.requestId), 'memory', now)
   }
 
-  private conclude (route: string, checks: LimitCheck[], limits: PlannedLimit[], decision: LimitDecision, level: LimitLevel, now: number): LimitVerdict {
+  private conclude (req: LimitRequest, checks: LimitCheck[], limits: PlannedLimit[], decision: LimitDecision, level: LimitLevel, now: number): LimitVerdict {
     const { deny, telemetry } = this.options
+    const route = req.route
     const deciding = limits[decision.limitingIndex]
     if (!decision.allowed) {
       const l = deciding as PlannedLimit
@@ -113,6 +116,8 @@ export class Limiter {
       return this.reject(l.status, l.dimension, l.name, retry, l.policy, decision.remaining, decision.resetMs)
     }
     for (let i = 0; i < limits.length; i++) telemetry.limitDecision(route, (limits[i] as PlannedLimit).dimension, level, 'allowed')
+    // only admitted requests count against shadow limits, as they would if they were enforced
+    if (req.plan.shadow.length > 0) void this.decideShadow(req)
     const headers = deciding === undefined ? null : this.headers(deciding.policy, deciding.name, deciding.spec.limit, decision.remaining, decision.resetMs)
     return { kind: 'allow', headers, delayMs: decision.delayMs }
   }
@@ -123,8 +128,8 @@ export class Limiter {
     return { decision: (memory as MemoryStore).decide(checks, requestId), level: 'memory' }
   }
 
-  // Shadow limits are counted and reported, never enforced; decided on their own so that one
-  // of them running out cannot roll back the enforced limits' consumption.
+  // Shadow limits are counted and reported, never enforced: decided after the enforced ones
+  // admitted the request, in a call of their own so that running out cannot veto anything.
   private async decideShadow (req: LimitRequest): Promise<void> {
     const { checks, limits } = buildChecks(req.plan.shadow, req)
     if (checks.length === 0) return

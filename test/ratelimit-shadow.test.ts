@@ -1,0 +1,31 @@
+// Shadow limits count what they would have admitted, and only among requests the enforced
+// limits let through: a request rejected anyway must not use up a shadow budget.
+import t from 'tap'
+import { startGateway } from './helpers/gateway.js'
+import { startUpstream } from './helpers/upstream.js'
+import { eventually, metric, send } from './helpers/ratelimit.js'
+
+t.test('regression: requests rejected by an enforced limit are not counted by shadow limits', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - name: r
+    pathPrefix: /
+    upstream: backend
+    limits:
+      api:  { algorithm: fixed-window, limit: 2, window: 1h }
+      user: { algorithm: sliding-window-log, limit: 3, window: 1h, mode: shadow }
+`)
+  const statuses: number[] = []
+  for (let i = 0; i < 5; i++) statuses.push((await send(`${gw.url}/x`, { headers: { 'x-user-id': 'alice' } })).status)
+  t.same(statuses, [200, 200, 429, 429, 429], 'the enforced api limit decides')
+  const shadow = (result: string): Promise<number> => metric(gw.adminUrl, 'gateway_ratelimit_decisions_total', { route: 'r', dimension: 'user', result })
+  await eventually('both admitted requests reach the shadow limit', async () => await shadow('allowed') === 2)
+  t.equal(await shadow('allowed'), 2, 'the shadow limit saw the 2 admitted requests only')
+  t.equal(await shadow('shadow'), 0, 'and never reached its own limit of 3')
+  t.equal(up.requests, 2)
+})
