@@ -10,7 +10,7 @@ import { Readable } from 'node:stream'
 import { fileURLToPath } from 'node:url'
 import { request } from 'undici'
 import { UpstreamPool } from '../src/proxy/upstream-pool.js'
-import { forwardRequest } from '../src/proxy/forward.js'
+import { createForwardPlan, forwardRequest } from '../src/proxy/forward.js'
 import { startUpstream } from './helpers/upstream.js'
 
 const MB = 1024 * 1024
@@ -38,7 +38,7 @@ function runGateway (): void {
       maxConnectionsPerTarget: 8,
       keepAliveTimeoutMs: 4000
     })
-    const plan = { pool, stripPrefix: null, responseTimeoutMs: 30_000, maxBodySize: Infinity, requestHeaders: { set: [], remove: [] }, responseHeaders: { set: [], remove: [] } }
+    const plan = createForwardPlan({ pool, stripPrefix: null, responseTimeoutMs: 30_000, maxBodySize: Infinity, requestHeaders: { set: [], remove: [] }, responseHeaders: { set: [], remove: [] } })
     const server = http.createServer((req, res) => {
       forwardRequest(req, res, plan, { requestId: 'large', clientIp: '127.0.0.1', proto: 'http', path: req.url ?? '/' }, () => {})
     })

@@ -9,7 +9,7 @@ import { compileRouteTable, type RoutePattern, type RouteTable } from '../router
 import { compileClientIpResolver } from '../identify/client-ip.js'
 import { compileIdentity, type IdentityResolver } from '../identify/identity.js'
 import { UpstreamPool, type UpstreamConfig } from '../proxy/upstream-pool.js'
-import type { ForwardPlan, HeaderRules } from '../proxy/forward.js'
+import { createForwardPlan, type ForwardPlan, type HeaderRules } from '../proxy/forward.js'
 import { compileRouteLimitPlan, type RouteLimitPlan } from '../limit/plan.js'
 import { Limiter } from '../limit/limiter.js'
 import type { ResourceCache } from './resources.js'
@@ -114,7 +114,7 @@ export async function checkCompiles (config: GatewayConfig): Promise<void> {
 }
 
 function compileRoute (config: GatewayConfig, route: RouteConfig, pool: UpstreamPool, upstream: UpstreamConfig): CompiledRoute {
-  const forward: ForwardPlan = Object.freeze({
+  const forward = createForwardPlan({
     pool,
     stripPrefix: route.stripPrefix ?? null,
     responseTimeoutMs: route.timeouts?.response !== undefined ? parseDuration(route.timeouts.response) : upstream.responseTimeoutMs,

@@ -20,6 +20,15 @@ export interface ForwardPlan {
   readonly maxBodySize: number
   readonly requestHeaders: HeaderRules
   readonly responseHeaders: HeaderRules
+  /** requestHeaders/responseHeaders compiled once, when the plan is made (createForwardPlan). */
+  readonly headers: CompiledHeaders
+}
+
+export type ForwardPlanOptions = Omit<ForwardPlan, 'headers'>
+
+/** The one way to make a plan: header rules are compiled here, at config load, not per request. */
+export function createForwardPlan (options: ForwardPlanOptions): ForwardPlan {
+  return Object.freeze({ ...options, headers: compileHeaders(options.requestHeaders, options.responseHeaders) })
 }
 
 /** What the pipeline already knows about the request. */
@@ -53,18 +62,6 @@ export interface ForwardResult {
 const IDEMPOTENT: ReadonlySet<string> = new Set(['GET', 'HEAD', 'OPTIONS', 'PUT', 'DELETE', 'TRACE'])
 
 const CLOSE: ReadonlyArray<readonly [string, string]> = Object.freeze([Object.freeze(['connection', 'close'] as const)])
-
-// Header rules compiled on first use of a plan (plans are built once per route), so a request only looks them up.
-const compiledPlans = new WeakMap<ForwardPlan, CompiledHeaders>()
-
-export function compiledHeaders (plan: ForwardPlan): CompiledHeaders {
-  let compiled = compiledPlans.get(plan)
-  if (compiled === undefined) {
-    compiled = compileHeaders(plan.requestHeaders, plan.responseHeaders)
-    compiledPlans.set(plan, compiled)
-  }
-  return compiled
-}
 
 /**
  * Forwards one request to the plan's upstream, streaming both bodies with backpressure. Never
@@ -146,7 +143,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
       this.fail('no_healthy', null)
       return
     }
-    this.opts.headers = upstreamRequestHeaders(this.req, compiledHeaders(plan), this.ctx)
+    this.opts.headers = upstreamRequestHeaders(this.req, plan.headers, this.ctx)
     this.path = stripPathPrefix(this.ctx.path, plan.stripPrefix)
     this.res.on('close', this.onClientClose)
     this.dispatch(target)
@@ -193,7 +190,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
     // 1xx: node:http already sent its own 100 Continue; other interim responses are not relayed.
     if (statusCode < 200 || this.clientGone) return
     const raw = controller.rawHeaders
-    const out = clientResponseHeaders(Array.isArray(raw) ? raw : flatten(headers), compiledHeaders(this.plan), this.ctx.requestId, this.ctx.extraResponseHeaders)
+    const out = clientResponseHeaders(Array.isArray(raw) ? raw : flatten(headers), this.plan.headers, this.ctx.requestId, this.ctx.extraResponseHeaders)
     this.status = statusCode
     // A throw here (a header node:http rejects) makes undici abort, and onResponseError answers 502.
     this.res.writeHead(statusCode, out)

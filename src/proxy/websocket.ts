@@ -2,7 +2,7 @@ import type { ClientRequest, IncomingMessage } from 'node:http'
 import type { Duplex } from 'node:stream'
 import httpProxy from 'http-proxy'
 import { ERRORS, GatewayError, writeRawError, type ErrorCode } from '../errors.js'
-import { compiledHeaders, type ForwardContext, type ForwardPlan, type ForwardResult } from './forward.js'
+import type { ForwardContext, ForwardPlan, ForwardResult } from './forward.js'
 import { upstreamRequestHeaders } from './forward-headers.js'
 import { stripPathPrefix } from './forward-path.js'
 import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
@@ -41,7 +41,7 @@ export function createWebSocketProxy (): WebSocketProxy {
       const target = plan.pool.pick()
       if (target === null) return refuse(socket, 'GW_ERR_NO_HEALTHY_UPSTREAM', 'no_healthy', ctx, done)
       const headers: Record<string, string> = {}
-      const flat = upstreamRequestHeaders(req, compiledHeaders(plan), ctx)
+      const flat = upstreamRequestHeaders(req, plan.headers, ctx)
       for (let i = 0; i < flat.length; i += 2) {
         const name = flat[i] as string
         const value = flat[i + 1] as string

@@ -1,7 +1,7 @@
 // Upstream pools and forward plans for tests that drive src/proxy directly (no config file):
 // the same defaults everywhere, overridden per test.
 import { UpstreamPool, type UpstreamConfig } from '../../src/proxy/upstream-pool.js'
-import type { ForwardPlan } from '../../src/proxy/forward.js'
+import { createForwardPlan, type ForwardPlan, type ForwardPlanOptions } from '../../src/proxy/forward.js'
 
 interface Teardown { teardown: (fn: () => unknown) => void }
 
@@ -26,8 +26,8 @@ export function testPool (t: Teardown, targets: ReadonlyArray<string | { url: st
 }
 
 /** A plan that forwards as is to `pool`: no prefix strip, no header rules, no body limit. */
-export function testPlan (pool: UpstreamPool, over: Partial<ForwardPlan> = {}): ForwardPlan {
-  return {
+export function testPlan (pool: UpstreamPool, over: Partial<ForwardPlanOptions> = {}): ForwardPlan {
+  return createForwardPlan({
     pool,
     stripPrefix: null,
     responseTimeoutMs: pool.config.responseTimeoutMs,
@@ -35,5 +35,5 @@ export function testPlan (pool: UpstreamPool, over: Partial<ForwardPlan> = {}): 
     requestHeaders: { set: [], remove: [] },
     responseHeaders: { set: [], remove: [] },
     ...over
-  }
+  })
 }
