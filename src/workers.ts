@@ -6,6 +6,7 @@ import { createServer } from 'node:http'
 import { AggregatorRegistry } from 'prom-client'
 import { loadConfigFile, type LoadedConfig } from './config/load.js'
 import { redactConfig } from './admin/redact.js'
+import { json } from './admin/admin-server.js'
 import type { Logger } from './log.js'
 import { splitHostPort } from './server.js'
 
@@ -48,21 +49,17 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
 
   const admin = createServer((req, res) => {
     const path = (req.url ?? '/').split('?')[0]
-    const json = (status: number, body: unknown): void => {
-      res.writeHead(status, { 'content-type': 'application/json; charset=utf-8', 'cache-control': 'no-store' })
-      res.end(JSON.stringify(body, null, 2))
-    }
-    if (path === '/healthz') return json(200, { status: 'ok' })
-    if (path === '/readyz') return json(ready.size === workers && !shuttingDown ? 200 : 503, { status: ready.size === workers ? 'ready' : 'not_ready', workers, ready: ready.size })
-    if (path === '/config') return json(200, { hash: loaded.hash, file: loaded.file, workers, config: redactConfig(loaded.config) })
+    if (path === '/healthz') return json(res, 200, { status: 'ok' })
+    if (path === '/readyz') return json(res, ready.size === workers && !shuttingDown ? 200 : 503, { status: ready.size === workers ? 'ready' : 'not_ready', workers, ready: ready.size })
+    if (path === '/config') return json(res, 200, { hash: loaded.hash, file: loaded.file, workers, config: redactConfig(loaded.config) })
     if (path === '/metrics') {
       aggregator.clusterMetrics().then(text => {
         res.writeHead(200, { 'content-type': aggregator.contentType })
         res.end(text)
-      }, (err: unknown) => json(500, { error: 'metrics_failed', message: String(err) }))
+      }, (err: unknown) => json(res, 500, { error: 'metrics_failed', message: String(err) }))
       return
     }
-    json(404, { error: 'GW_ERR_NOT_FOUND', message: 'admin endpoints: /healthz /readyz /metrics /config' })
+    json(res, 404, { error: 'GW_ERR_NOT_FOUND', message: 'admin endpoints: /healthz /readyz /metrics /config' })
   })
   const { host, port } = splitHostPort(loaded.config.admin ?? '127.0.0.1:9901')
   await new Promise<void>((resolve, reject) => {

@@ -12,7 +12,8 @@ export interface AdminSource {
   redisStatus (): RedisStatus
 }
 
-function json (res: import('node:http').ServerResponse, status: number, body: unknown): void {
+/** Admin answers: pretty JSON, never cached. Also used by the workers primary's admin listener. */
+export function json (res: import('node:http').ServerResponse, status: number, body: unknown): void {
   const text = JSON.stringify(body, null, 2)
   res.writeHead(status, { 'content-type': 'application/json; charset=utf-8', 'cache-control': 'no-store' })
   res.end(text)

@@ -3,7 +3,7 @@
 // state survive), and `sweep` closes what the live runtime no longer uses.
 import type { GatewayConfig } from './schema.js'
 import { parseDuration } from './units.js'
-import { UpstreamPool, type UpstreamConfig } from '../proxy/upstream-pool.js'
+import { UpstreamPool, upstreamSignature, type UpstreamConfig } from '../proxy/upstream-pool.js'
 import { LocalLevel, DenyCache } from '../limit/local-level.js'
 import { createMemoryStore, type MemoryStore } from '../limit/memory-store.js'
 import { createRedisStore } from '../limit/redis-store.js'
@@ -46,7 +46,7 @@ export class ResourceCache {
   constructor (private readonly logger: Logger) {}
 
   pool (config: UpstreamConfig): UpstreamPool {
-    const key = JSON.stringify(config)
+    const key = upstreamSignature(config)
     let pool = this.pools.get(key)
     if (pool === undefined) this.pools.set(key, pool = new UpstreamPool(config))
     return pool

@@ -5,7 +5,7 @@ import type { LimitCheck, LimitDecision } from './types.js'
 import { ERRORS } from '../errors.js'
 import type { MemoryStore } from './memory-store.js'
 import { dimensionValue, keyFor, type PlannedLimit, type RouteLimitPlan } from './plan.js'
-import { DenyCache, type LocalLevel } from './local-level.js'
+import type { DenyCache, LocalLevel } from './local-level.js'
 import type { RedisGuard } from './redis-guard.js'
 import type { LimitLevel, Telemetry } from '../telemetry.js'
 
@@ -48,14 +48,6 @@ const LOCAL_LIMIT = 'local'
 export class Limiter {
   constructor (private readonly options: LimiterOptions) {}
 
-  get local (): LocalLevel | null {
-    return this.options.local
-  }
-
-  get deny (): DenyCache {
-    return this.options.deny
-  }
-
   /** Synchronous unless the shared level has to ask Redis: the in-process path allocates no Promise. */
   check (req: LimitRequest): LimitVerdict | Promise<LimitVerdict> {
     const { local, deny, telemetry } = this.options
@@ -68,7 +60,7 @@ export class Limiter {
       const wait = local.take(req.user === null ? req.ipKey : 'u:' + req.user, now)
       if (wait > 0) {
         telemetry.limitDecision(req.route, 'local', 'local', 'rejected')
-        return this.reject(429, 'local', LOCAL_LIMIT, wait, local.policy, 0, wait)
+        return this.reject(429, 'local', LOCAL_LIMIT, local.options.limit, wait, local.policy, 0, wait)
       }
     }
     const plan = req.plan
@@ -80,7 +72,7 @@ export class Limiter {
       if (left > 0) {
         const l = limits[i] as PlannedLimit
         telemetry.limitDecision(req.route, l.dimension, 'local', 'rejected')
-        return this.reject(l.status, l.dimension, l.name, left, l.policy, 0, left)
+        return this.reject(l.status, l.dimension, l.name, l.spec.limit, left, l.policy, 0, left)
       }
     }
     if (checks.length === 0) {
@@ -113,7 +105,7 @@ export class Limiter {
       // -1 ("never": the cost is above what the limit can ever hold, e.g. a fallback share):
       // a whole window is the most honest wait to advertise.
       const retry = decision.retryAfterMs > 0 ? decision.retryAfterMs : l.spec.windowMs
-      return this.reject(l.status, l.dimension, l.name, retry, l.policy, decision.remaining, decision.resetMs)
+      return this.reject(l.status, l.dimension, l.name, l.spec.limit, retry, l.policy, decision.remaining, decision.resetMs)
     }
     for (let i = 0; i < limits.length; i++) telemetry.limitDecision(route, (limits[i] as PlannedLimit).dimension, level, 'allowed')
     // only admitted requests count against shadow limits, as they would if they were enforced
@@ -141,8 +133,8 @@ export class Limiter {
     }
   }
 
-  private reject (status: number, dimension: string, name: string, retryAfterMs: number, policy: string, remaining: number, resetMs: number): LimitVerdict {
-    const headers = this.headers(policy, name, 0, remaining, resetMs)
+  private reject (status: number, dimension: string, name: string, quota: number, retryAfterMs: number, policy: string, remaining: number, resetMs: number): LimitVerdict {
+    const headers = this.headers(policy, name, quota, remaining, resetMs)
     headers.push(['retry-after', String(Math.max(1, Math.ceil(retryAfterMs / 1000)))])
     return { kind: 'reject', status, body: { error: 'rate_limited', message: ERRORS.GW_ERR_RATE_LIMITED.message, dimension, limit: name, retryAfterMs }, headers }
   }
@@ -157,7 +149,7 @@ export class Limiter {
       ['ratelimit', `"${name}";r=${r};t=${t}`]
     ]
     if (this.options.legacyHeaders) {
-      headers.push(['x-ratelimit-limit', String(limit > 0 ? limit : policyQuota(policy))], ['x-ratelimit-remaining', String(r)], ['x-ratelimit-reset', String(t)])
+      headers.push(['x-ratelimit-limit', String(limit)], ['x-ratelimit-remaining', String(r)], ['x-ratelimit-reset', String(t)])
     }
     return headers
   }
@@ -165,11 +157,6 @@ export class Limiter {
 
 const ALLOW_NO_HEADERS: LimitVerdict = Object.freeze({ kind: 'allow', headers: null, delayMs: 0 })
 const UNAVAILABLE: LimitVerdict = Object.freeze({ kind: 'unavailable' })
-
-function policyQuota (policy: string): number {
-  const m = /;q=(\d+)/.exec(policy)
-  return m === null ? 0 : Number(m[1])
-}
 
 /** The checks that apply to this request: a `user` limit is skipped for anonymous requests. */
 function buildChecks (planned: readonly PlannedLimit[], req: LimitRequest): { checks: LimitCheck[], limits: PlannedLimit[] } {
@@ -188,4 +175,3 @@ function buildChecks (planned: readonly PlannedLimit[], req: LimitRequest): { ch
   return { checks, limits }
 }
 
-export { DenyCache }
