@@ -262,3 +262,21 @@ export async function startBlackhole (t: Teardown): Promise<string> {
   }
   throw new Error('could not fill the accept queue of the blackhole listener')
 }
+
+/**
+ * Request headers that exercise RFC 9110 §7.6.1: every hop-by-hop field, one named only by
+ * Connection, and one end-to-end field that must survive. `dropped` must never reach upstream.
+ */
+export const HOP_BY_HOP_PROBE = Object.freeze({
+  headers: Object.freeze({
+    connection: 'X-Secret, keep-alive',
+    'x-secret': 'connection-specific',
+    'keep-alive': 'timeout=30',
+    'proxy-connection': 'keep-alive',
+    te: 'trailers',
+    trailer: 'X-Checksum',
+    upgrade: 'h2c',
+    'x-end-to-end': 'kept'
+  }) as Readonly<Record<string, string>>,
+  dropped: Object.freeze(['x-secret', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'upgrade'])
+})
