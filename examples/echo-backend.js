@@ -3,6 +3,8 @@ import { createServer } from 'node:http'
 import { createHash } from 'node:crypto'
 
 const port = Number(process.env.PORT ?? 3000)
+// 127.0.0.1 by default; the compose stack sets HOST=0.0.0.0 so the gateway containers reach it.
+const host = process.env.HOST ?? '127.0.0.1'
 
 const server = createServer((req, res) => {
   const chunks = []
@@ -30,4 +32,4 @@ server.on('upgrade', (req, socket) => {
   socket.on('error', () => socket.destroy())
 })
 
-server.listen(port, '127.0.0.1', () => console.log(`echo backend on http://127.0.0.1:${port}`))
+server.listen(port, host, () => console.log(`echo backend on http://${host}:${port}`))

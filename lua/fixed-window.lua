@@ -9,8 +9,11 @@
 local function fw_read (key, p, now)
   local k = floor(now / p.window_us)
   local s = redis.call('HMGET', key, 'w', 'c')
-  local cur = 0
-  if tonumber(s[1]) == k then cur = tonumber(s[2]) or 0 end
+  local sw, cur = tonumber(s[1]), 0
+  -- A stored window ahead of now means the clock stepped back (failover to a skewed replica, an
+  -- NTP step): keep counting in that later window rather than overwrite it with an empty one.
+  if sw and sw > k then k = sw end
+  if sw == k then cur = tonumber(s[2]) or 0 end
   return k, cur, (k + 1) * p.window_us - now
 end
 
@@ -41,4 +44,11 @@ local function fw_refund (key, p, now, receipt)
   end
 end
 
-ALGORITHMS[6] = { check = fw_check, commit = fw_commit, refund = fw_refund }
+-- Records `p.cost` units admitted elsewhere (a fallback's debt), even beyond the limit.
+local function fw_charge (key, p, now)
+  local k, cur, to_end = fw_read(key, p, now)
+  redis.call('HSET', key, 'w', int(k), 'c', int(min(cur + p.cost, 2 * p.limit)))
+  redis.call('PEXPIRE', key, ttl_ms(to_end))
+end
+
+ALGORITHMS[6] = { check = fw_check, commit = fw_commit, refund = fw_refund, charge = fw_charge }

@@ -44,4 +44,14 @@ local function gcra_refund (key, p, now, receipt)
   end
 end
 
-ALGORITHMS[1] = { check = gcra_check, commit = gcra_commit, refund = gcra_refund }
+-- Moves the TAT by `p.cost` cells spent elsewhere (a fallback's debt), at most one more burst
+-- beyond a full one.
+local function gcra_charge (key, p, now)
+  local t = gcra_interval(p)
+  local tat = tonumber(redis.call('GET', key)) or now
+  if tat < now then tat = now end
+  local nxt = min(tat + p.cost * t, now + 2 * p.burst * t)
+  redis.call('SET', key, int(nxt), 'PX', ttl_ms(nxt - now))
+end
+
+ALGORITHMS[1] = { check = gcra_check, commit = gcra_commit, refund = gcra_refund, charge = gcra_charge }

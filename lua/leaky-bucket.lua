@@ -68,4 +68,13 @@ local function lb_refund (key, p, now, receipt)
   redis.call('PEXPIRE', key, ttl_ms(lead + ceil(water / l)))
 end
 
-ALGORITHMS[3] = { check = lb_check, commit = lb_commit, refund = lb_refund }
+-- Pours `p.cost` units admitted elsewhere (a fallback's debt), up to one bucket above full: the
+-- bucket drains the debt before it admits again.
+local function lb_charge (key, p, now)
+  local w, l, cap, water, ts, lead = lb_read(key, p, now)
+  water = min(2 * cap, water + p.cost * w)
+  redis.call('HSET', key, 'wt', int(water), 'ts', int(ts))
+  redis.call('PEXPIRE', key, ttl_ms(lead + ceil(water / l)))
+end
+
+ALGORITHMS[3] = { check = lb_check, commit = lb_commit, refund = lb_refund, charge = lb_charge }

@@ -11,7 +11,9 @@
 -- Returns an array of integers:
 --   { allowed (1 or 0), remaining, retryAfterMs (0 when allowed, -1 = never), resetMs,
 --     limitingIndex (0-based; -1 when there are no checks), delayMs, nowMs,
---     receipt_1 .. receipt_n (only when allowed: what refund.lua needs to undo check i) }
+--     receipt_1 .. receipt_n (only when allowed: what refund.lua needs to undo check i),
+--     remaining_1 .. remaining_n (every check's budget left: after this request when allowed,
+--     before it when rejected; the fallback starts from these while Redis is away) }
 -- The deciding check is, when rejected, the rejecting check with the longest wait (first on a
 -- tie); when allowed, the check with the least remaining (first on a tie).
 --
@@ -55,7 +57,12 @@ if rejecting > 0 then
   local r = results[rejecting]
   local retry = -1
   if r.retry >= 0 then retry = max(1, ms_up(r.retry)) end
-  return { 0, r.remaining, retry, ms_up(r.reset), rejecting - 1, 0, now_ms }
+  local denied = { 0, r.remaining, retry, ms_up(r.reset), rejecting - 1, 0, now_ms }
+  for i = 1, n do
+    -- An admitting check's remaining counts this request, which was not recorded: add it back.
+    if results[i].ok then denied[7 + i] = results[i].remaining + params[i].cost else denied[7 + i] = max(0, results[i].remaining) end
+  end
+  return denied
 end
 
 local reply = { 1, results[tightest].remaining, 0, ms_up(results[tightest].reset), tightest - 1, 0, now_ms }
@@ -65,4 +72,5 @@ for i = 1, n do
   delay = max(delay, ms_up(results[i].delay))
 end
 reply[6] = delay
+for i = 1, n do reply[7 + n + i] = max(0, results[i].remaining) end
 return reply

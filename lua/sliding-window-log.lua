@@ -56,4 +56,13 @@ local function swl_refund (key, p, now, receipt, id)
     function (args) redis.call('ZREM', key, unpack(args)) end)
 end
 
-ALGORITHMS[4] = { check = swl_check, commit = swl_commit, refund = swl_refund }
+-- Records `p.cost` units admitted elsewhere (a fallback's debt), even beyond the limit (at most
+-- one more window's worth, so a runaway debt cannot grow the log without bound).
+local function swl_charge (key, p, now, id)
+  local count = redis.call('ZCOUNT', key, '(' .. int(now - p.window_us), '+inf')
+  local units = min(p.cost, max(0, 2 * p.limit - count))
+  if units == 0 then return end
+  swl_commit(key, { window_us = p.window_us, cost = units }, now, nil, id)
+end
+
+ALGORITHMS[4] = { check = swl_check, commit = swl_commit, refund = swl_refund, charge = swl_charge }

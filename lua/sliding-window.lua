@@ -12,9 +12,12 @@
 
 local function sw_read (key, p, now)
   local k = floor(now / p.window_us)
-  local elapsed_ms = floor((now - k * p.window_us) / 1000)
   local s = redis.call('HMGET', key, 'w', 'c', 'p')
   local sw, sc, sp = tonumber(s[1]), tonumber(s[2]) or 0, tonumber(s[3]) or 0
+  -- A stored window ahead of now: the clock stepped back. Keep that later window (as at its
+  -- very start) instead of overwriting it with an empty one.
+  if sw and sw > k then k = sw end
+  local elapsed_ms = max(0, floor((now - k * p.window_us) / 1000))
   local cur, prev = 0, 0
   if sw == k then cur, prev = sc, sp elseif sw == k - 1 then prev = sc end
   return k, elapsed_ms, cur, prev
@@ -69,4 +72,11 @@ local function sw_refund (key, p, now, receipt)
   end
 end
 
-ALGORITHMS[5] = { check = sw_check, commit = sw_commit, refund = sw_refund }
+-- Records `p.cost` units admitted elsewhere (a fallback's debt), even beyond the limit.
+local function sw_charge (key, p, now)
+  local k, elapsed_ms, cur, prev = sw_read(key, p, now)
+  redis.call('HSET', key, 'w', int(k), 'c', int(min(cur + p.cost, 2 * p.limit)), 'p', int(prev))
+  redis.call('PEXPIRE', key, ttl_ms((k + 2) * p.window_us - now))
+end
+
+ALGORITHMS[5] = { check = sw_check, commit = sw_commit, refund = sw_refund, charge = sw_charge }

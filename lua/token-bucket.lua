@@ -60,4 +60,13 @@ local function tb_refund (key, p, now, receipt)
   redis.call('PEXPIRE', key, ttl_ms(lead + ceil((cap - tokens) / l)))
 end
 
-ALGORITHMS[2] = { check = tb_check, commit = tb_commit, refund = tb_refund }
+-- Takes `p.cost` tokens spent elsewhere (a fallback's debt), down to at most one bucket below
+-- empty: the bucket then refills the debt before it admits again.
+local function tb_charge (key, p, now)
+  local w, l, cap, tokens, ts, lead = tb_read(key, p, now)
+  tokens = max(-cap, tokens - p.cost * w)
+  redis.call('HSET', key, 'tk', int(tokens), 'ts', int(ts))
+  redis.call('PEXPIRE', key, ttl_ms(lead + ceil((cap - tokens) / l)))
+end
+
+ALGORITHMS[2] = { check = tb_check, commit = tb_commit, refund = tb_refund, charge = tb_charge }

@@ -1,10 +1,10 @@
-// gateway [start] [-c FILE] | validate | schema | reload | explain | --version | --help
+// gateway [start] [-c FILE] | validate | schema | reload | explain | help | --version | --help
 import { parseArgs } from 'node:util'
 import { readFileSync, writeFileSync, rmSync } from 'node:fs'
 import { loadConfigFile, ConfigError } from './config/load.js'
 import { gatewayJsonSchema } from './config/schema.js'
 import { checkCompiles } from './config/compile.js'
-import { Gateway } from './server.js'
+import { Gateway, splitHostPort } from './server.js'
 import type { LogLevel } from './log.js'
 import { explain } from './explain.js'
 import { isWorker, notifyReady, registerWorkerMetrics, runPrimary } from './workers.js'
@@ -16,28 +16,83 @@ Commands:
   start                 run the gateway (default)
   validate              check a config file and exit (0 = valid, 1 = located errors), like nginx -t
   schema                print the JSON Schema of gateway.yaml
-  reload                signal a running gateway to re-read its config (needs --pid-file)
+  reload                validate, signal the running gateway, wait for its verdict (needs --pid-file)
   explain METHOD URL    show the route and every limit that would apply to a request
+  help [COMMAND]        print this help, or one command's
 
 Options:
   -c, --config FILE     config file (default: $GATEWAY_CONFIG or ./gateway.yaml)
       --log-level LEVEL fatal|error|warn|info|debug|trace|silent (overrides log.level)
       --pid-file FILE   write (start) or read (reload) the process id
-      --ip ADDR         explain: client address (default 127.0.0.1)
-      --user NAME       explain: user identity
-      --header K:V      explain: request header (repeatable)
   -v, --version         print the version
-  -h, --help            print this help
+  -h, --help            print this help (gateway COMMAND --help: that command's)
 
+Exit codes: 0 ok, 1 invalid config or reload rejected, 2 usage error, 3 no running gateway
+(pid file missing or process gone), 4 admin listener unreachable or no verdict in time.
 Signals: SIGHUP reloads the config; SIGTERM/SIGINT drain in-flight requests and exit 0.
 `
+
+const COMMAND_HELP: Record<string, string> = {
+  start: `Usage: gateway start [-c FILE] [--log-level LEVEL] [--pid-file FILE]
+
+Runs the gateway on the config file's listen and admin addresses. SIGHUP reloads the file
+(a bad file is rejected and the running config keeps serving); SIGTERM/SIGINT drain and exit 0.
+`,
+  validate: `Usage: gateway validate [-c FILE]
+
+Checks the file as the gateway would load it (schema, references, \${VAR} substitution).
+Exit 0 and a summary when valid; exit 1 and one located error per line when not:
+  gateway.yaml:14:7 routes[1].upstream: unknown upstream "backend2"
+`,
+  schema: `Usage: gateway schema
+
+Prints the JSON Schema of gateway.yaml (what editors use for completion and checks).
+`,
+  reload: `Usage: gateway reload --pid-file FILE [-c FILE] [--admin HOST:PORT] [--timeout SECONDS]
+
+1. validates the config file (exit 1 with located errors, nothing is signalled),
+2. sends SIGHUP to the process in the pid file (exit 3 if missing or gone),
+3. waits on the admin listener's /config (default: the file's "admin", or --admin) for the
+   running gateway's verdict: exit 0 with the new generation, or exit 1 with the errors it
+   reported (its previous config keeps serving). Exit 4 if no verdict within --timeout (10 s).
+`,
+  explain: `Usage: gateway explain [-c FILE] METHOD URL [--ip ADDR] [--user NAME] [--header K:V]...
+
+Shows the route a request would take and every limit that would apply, without sending it.
+  --ip ADDR      client address (default 127.0.0.1)
+  --user NAME    user identity
+  --header K:V   request header (repeatable)
+`,
+  help: `Usage: gateway help [COMMAND]
+`
+}
+
+const EXIT_INVALID = 1
+const EXIT_USAGE = 2
+const EXIT_NOT_RUNNING = 3
+const EXIT_NO_VERDICT = 4
 
 function version (): string {
   const pkg = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }
   return pkg.version
 }
 
+/** Runs one command; every failure is one line on stderr and an exit code, never a stack trace. */
 export async function main (argv: string[]): Promise<number> {
+  try {
+    return await run(argv)
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code
+    if (typeof code === 'string' && code.startsWith('ERR_PARSE_ARGS')) {
+      process.stderr.write(`gateway: ${(err as Error).message} (gateway --help)\n`)
+      return EXIT_USAGE
+    }
+    process.stderr.write(`gateway: ${(err as Error).message ?? String(err)}\n`)
+    return 1
+  }
+}
+
+async function run (argv: string[]): Promise<number> {
   const { values, positionals } = parseArgs({
     args: argv,
     allowPositionals: true,
@@ -45,6 +100,8 @@ export async function main (argv: string[]): Promise<number> {
       config: { type: 'string', short: 'c' },
       'log-level': { type: 'string' },
       'pid-file': { type: 'string' },
+      admin: { type: 'string' },
+      timeout: { type: 'string' },
       ip: { type: 'string' },
       user: { type: 'string' },
       header: { type: 'string', multiple: true },
@@ -52,15 +109,25 @@ export async function main (argv: string[]): Promise<number> {
       help: { type: 'boolean', short: 'h' }
     }
   })
-  if (values.help === true) {
-    process.stdout.write(HELP)
+  const command = positionals[0] ?? 'start'
+  if (command === 'help' || values.help === true) {
+    const topic = command === 'help' ? positionals[1] : positionals[0]
+    if (topic === undefined) {
+      process.stdout.write(HELP)
+      return 0
+    }
+    const text = COMMAND_HELP[topic]
+    if (text === undefined) {
+      process.stderr.write(`gateway: no command "${topic}" (gateway help lists them)\n`)
+      return EXIT_USAGE
+    }
+    process.stdout.write(text)
     return 0
   }
   if (values.version === true) {
     process.stdout.write(version() + '\n')
     return 0
   }
-  const command = positionals[0] ?? 'start'
   const configFile = values.config ?? process.env.GATEWAY_CONFIG ?? 'gateway.yaml'
 
   switch (command) {
@@ -76,27 +143,14 @@ export async function main (argv: string[]): Promise<number> {
       } catch (err) {
         return reportConfigError(err, configFile)
       }
-    case 'reload': {
-      const pidFile = values['pid-file']
-      if (pidFile === undefined) {
-        process.stderr.write('gateway reload: --pid-file FILE is required\n')
-        return 2
-      }
-      const pid = Number(readFileSync(pidFile, 'utf8').trim())
-      if (!Number.isInteger(pid) || pid <= 0) {
-        process.stderr.write(`gateway reload: ${pidFile} holds no process id\n`)
-        return 1
-      }
-      process.kill(pid, 'SIGHUP')
-      process.stdout.write(`sent SIGHUP to ${pid}\n`)
-      return 0
-    }
+    case 'reload':
+      return reload(configFile, values['pid-file'], values.admin, values.timeout)
     case 'explain':
       try {
         const [method, url] = positionals.slice(1)
         if (method === undefined || url === undefined) {
-          process.stderr.write('usage: gateway explain -c FILE METHOD URL [--ip A] [--user U] [--header K:V]\n')
-          return 2
+          process.stderr.write(COMMAND_HELP.explain ?? '')
+          return EXIT_USAGE
         }
         const loaded = await loadConfigFile(configFile)
         process.stdout.write(await explain(loaded.config, { method, url, ip: values.ip ?? '127.0.0.1', user: values.user ?? null, headers: values.header ?? [] }))
@@ -108,14 +162,104 @@ export async function main (argv: string[]): Promise<number> {
       return start(configFile, values['log-level'] as LogLevel | undefined, values['pid-file'])
     default:
       process.stderr.write(`gateway: unknown command "${command}"\n\n${HELP}`)
-      return 2
+      return EXIT_USAGE
   }
 }
 
 function reportConfigError (err: unknown, file?: string): number {
   if (err instanceof ConfigError) process.stderr.write(err.message + '\n')
   else process.stderr.write(`${file !== undefined ? file + ': ' : ''}${(err as Error).message}\n`)
-  return 1
+  return EXIT_INVALID
+}
+
+interface ReloadView {
+  readonly generation: number
+  readonly lastReload: { attempt: number, ok: boolean, generation: number, problems: string[] } | null
+}
+
+async function readReloadView (adminUrl: string): Promise<ReloadView> {
+  const res = await fetch(`${adminUrl}/config`, { signal: AbortSignal.timeout(2000) })
+  if (!res.ok) throw new Error(`${adminUrl}/config answered ${res.status}`)
+  return await res.json() as ReloadView
+}
+
+/** The admin address a local client connects to: a wildcard bind is reached on loopback. */
+function adminClientUrl (admin: string): string {
+  const { host, port } = splitHostPort(admin)
+  const h = host === '0.0.0.0' ? '127.0.0.1' : host === '::' ? '::1' : host
+  return `http://${h.includes(':') ? `[${h}]` : h}:${port}`
+}
+
+// Fire-and-forget SIGHUP left operators guessing: the gateway logs a rejected file and keeps the
+// old config, so the CLI validates first, then waits for the running gateway's own verdict.
+async function reload (configFile: string, pidFile: string | undefined, adminOption: string | undefined, timeoutOption: string | undefined): Promise<number> {
+  if (pidFile === undefined) {
+    process.stderr.write('gateway reload: --pid-file FILE is required (gateway reload --help)\n')
+    return EXIT_USAGE
+  }
+  const timeoutMs = timeoutOption === undefined ? 10_000 : Number(timeoutOption) * 1000
+  if (!Number.isFinite(timeoutMs) || timeoutMs <= 0) {
+    process.stderr.write(`gateway reload: --timeout expects seconds, got "${timeoutOption}"\n`)
+    return EXIT_USAGE
+  }
+  let pidText: string
+  try {
+    pidText = readFileSync(pidFile, 'utf8')
+  } catch (err) {
+    const reason = (err as NodeJS.ErrnoException).code === 'ENOENT' ? 'not found (is the gateway running with --pid-file?)' : (err as Error).message
+    process.stderr.write(`gateway reload: pid file ${pidFile} ${reason}\n`)
+    return EXIT_NOT_RUNNING
+  }
+  const pid = Number(pidText.trim())
+  if (!Number.isInteger(pid) || pid <= 0) {
+    process.stderr.write(`gateway reload: ${pidFile} holds no process id\n`)
+    return EXIT_NOT_RUNNING
+  }
+  let loaded
+  try {
+    loaded = await loadConfigFile(configFile)
+    await checkCompiles(loaded.config)
+  } catch (err) {
+    process.stderr.write(`gateway reload: not signalled, ${configFile} is invalid:\n`)
+    return reportConfigError(err, configFile)
+  }
+  const adminUrl = adminClientUrl(adminOption ?? loaded.config.admin ?? '127.0.0.1:9901')
+  let before: ReloadView | null = null
+  try {
+    before = await readReloadView(adminUrl)
+  } catch { /* reported below, after the signal: the reload itself does not need the admin listener */ }
+  try {
+    process.kill(pid, 'SIGHUP')
+  } catch (err) {
+    const reason = (err as NodeJS.ErrnoException).code === 'ESRCH' ? `no process ${pid} (stale pid file ${pidFile}?)` : (err as Error).message
+    process.stderr.write(`gateway reload: ${reason}\n`)
+    return EXIT_NOT_RUNNING
+  }
+  if (before === null) {
+    process.stderr.write(`gateway reload: sent SIGHUP to ${pid}, but the admin listener ${adminUrl} is unreachable: the outcome is unknown (use --admin HOST:PORT)\n`)
+    return EXIT_NO_VERDICT
+  }
+  const attemptBefore = before.lastReload?.attempt ?? 0
+  const deadline = Date.now() + timeoutMs
+  while (Date.now() < deadline) {
+    await new Promise(resolve => setTimeout(resolve, 100))
+    let view: ReloadView
+    try {
+      view = await readReloadView(adminUrl)
+    } catch {
+      continue
+    }
+    const last = view.lastReload
+    if (last === null || last.attempt <= attemptBefore) continue
+    if (last.ok) {
+      process.stdout.write(`reloaded: generation ${before.generation} -> ${last.generation} (pid ${pid})\n`)
+      return 0
+    }
+    process.stderr.write(`gateway reload: the running gateway rejected ${configFile}; generation ${last.generation} keeps serving:\n${last.problems.join('\n')}\n`)
+    return EXIT_INVALID
+  }
+  process.stderr.write(`gateway reload: sent SIGHUP to ${pid}, no verdict on ${adminUrl} within ${timeoutMs / 1000} s\n`)
+  return EXIT_NO_VERDICT
 }
 
 async function start (configFile: string, logLevel: LogLevel | undefined, pidFile: string | undefined): Promise<number> {

@@ -8,6 +8,7 @@ export const ERRORS = Object.freeze({
   GW_ERR_BAD_PATH: { status: 400, message: 'the request path is malformed' },
   GW_ERR_BAD_REQUEST: { status: 400, message: 'the request is malformed' },
   GW_ERR_BODY_TOO_LARGE: { status: 413, message: 'the request body exceeds the route limit' },
+  GW_ERR_CLIENT_TIMEOUT: { status: 408, message: 'the request body stopped arriving (server.clientBodyTimeout)' },
   GW_ERR_HEADERS_TOO_LARGE: { status: 431, message: 'the request headers are too large' },
   GW_ERR_UNAUTHORIZED: { status: 401, message: 'missing or invalid credentials' },
   GW_ERR_RATE_LIMITED: { status: 429, message: 'rate limit exceeded' },

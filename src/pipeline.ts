@@ -1,5 +1,6 @@
 // The order of stages a request goes through, defined here and nowhere else:
-//   normalize path -> route -> client IP -> identity -> limiter -> forward (HTTP or WebSocket)
+//   client IP -> normalize path -> route -> local level (by IP; also charges 404s and 400s)
+//   -> identity (a failure is charged to the IP in the shared store) -> shared limits -> forward
 // Every stage only looks things up in the runtime compiled at load time.
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Duplex } from 'node:stream'
@@ -48,27 +49,10 @@ interface Admission {
   user: string | null
 }
 
-type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown> }
+type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown>, ipKey: string }
 
 function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage): Early {
-  const url = req.url ?? '/'
-  let rawPath = url
-  let query = ''
-  const q = url.indexOf('?')
-  if (q !== -1) {
-    rawPath = url.slice(0, q)
-    query = url.slice(q)
-  }
-  if (rawPath.charCodeAt(0) !== 47 /* / */) {
-    // absolute-form (RFC 9112 §3.2.2) is accepted; anything else (e.g. "*") is not routable
-    if (!/^https?:\/\//i.test(rawPath)) return { ok: false, code: 'GW_ERR_BAD_PATH' }
-    const slash = rawPath.indexOf('/', rawPath.indexOf('//') + 2)
-    rawPath = slash === -1 ? '/' : rawPath.slice(slash)
-  }
-  const normalized = normalizePath(rawPath)
-  if (!normalized.ok) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: normalized.reason } }
-  const route = rt.routes.match(normalizeHost(req.headers.host), req.method ?? 'GET', normalized.path)
-  if (route === null) return { ok: false, code: 'GW_ERR_NOT_FOUND' }
+  // The client IP comes first: a request that fails to route is still charged to its address.
   const xff = req.headers['x-forwarded-for']
   const client = rt.resolveClientIp(req.socket.remoteAddress, xff)
   const peer = req.socket.remoteAddress
@@ -79,10 +63,32 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
       state.logger.warn({ peer }, 'requests arrive with X-Forwarded-For from a private address but trustedProxies is empty: every client behind that proxy shares one IP limit')
     }
   }
+  const url = req.url ?? '/'
+  let rawPath = url
+  let query = ''
+  const q = url.indexOf('?')
+  if (q !== -1) {
+    rawPath = url.slice(0, q)
+    query = url.slice(q)
+  }
+  if (rawPath.charCodeAt(0) !== 47 /* / */) {
+    // absolute-form (RFC 9112 §3.2.2) is accepted; anything else (e.g. "*") is not routable
+    if (!/^https?:\/\//i.test(rawPath)) return { ok: false, code: 'GW_ERR_BAD_PATH', ipKey: client.key }
+    const slash = rawPath.indexOf('/', rawPath.indexOf('//') + 2)
+    rawPath = slash === -1 ? '/' : rawPath.slice(slash)
+  }
+  const normalized = normalizePath(rawPath)
+  if (!normalized.ok) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: normalized.reason }, ipKey: client.key }
+  const route = rt.routes.match(normalizeHost(req.headers.host), req.method ?? 'GET', normalized.path)
+  if (route === null) return { ok: false, code: 'GW_ERR_NOT_FOUND', ipKey: client.key }
   return { ok: true, admission: { route, path: normalized.path + query, clientIp: client.ip, ipKey: client.key, user: null } }
 }
 
-type Admitted = (identity: IdentityResult, verdict: LimitVerdict | null) => void
+/**
+ * For a failed identity, the verdict of charging it (a reject means its budget is spent: 429, not
+ * 401); for a verified one, the shared limits' verdict.
+ */
+type Admitted = (identity: IdentityResult, verdict: LimitVerdict) => void
 
 /**
  * Identity, then the limiter. Synchronous whenever both are (header or API-key identity, a cached
@@ -91,7 +97,14 @@ type Admitted = (identity: IdentityResult, verdict: LimitVerdict | null) => void
  */
 function identifyAndLimit (rt: Runtime, req: IncomingMessage, a: Admission, requestId: string, next: Admitted, fail: (err: unknown) => void): void {
   const limit = (identity: IdentityResult): void => {
-    if (!identity.ok) return next(identity, null)
+    if (!identity.ok) {
+      // Guessing keys or forging tokens costs budget: the IP is charged (one store call) even
+      // though the request will never reach a route limit.
+      const charged = rt.limiter.check({ route: a.route.name, plan: rt.failurePlan, ipKey: a.ipKey, user: null, requestId })
+      if (charged instanceof Promise) charged.then(v => next(identity, v)).catch(fail)
+      else next(identity, charged)
+      return
+    }
     a.user = identity.user
     const verdict = rt.limiter.check({ route: a.route.name, plan: a.route.limits, ipKey: a.ipKey, user: a.user, requestId })
     if (verdict instanceof Promise) verdict.then(v => next(identity, v)).catch(fail)
@@ -113,19 +126,29 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
     rt.activity.inflight++
     const requestId = requestIdOf(req)
     const early = routeRequest(state, rt, req)
+    const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
+    if (shed !== null && shed.kind === 'reject') {
+      sendJson(res, shed.status, { ...shed.body, requestId }, requestId, shed.headers)
+      finish(state, rt, req, requestId, started, early.ok ? early.admission : null, null, shed.status, `rejected:${shed.body.limit}`)
+      return
+    }
     if (!early.ok) {
       sendError(res, early.code, requestId, early.extra)
       finish(state, rt, req, requestId, started, null, null, ERRORS[early.code].status, null)
       return
     }
     const a = early.admission
-    identifyAndLimit(rt, req, a, requestId, (identity, verdict) => {
+    identifyAndLimit(rt, req, a, requestId, (identity, v) => {
       if (!identity.ok) {
+        if (v.kind === 'reject') {
+          sendJson(res, v.status, { ...v.body, requestId }, requestId, v.headers)
+          finish(state, rt, req, requestId, started, a, null, v.status, `rejected:${v.body.limit}`)
+          return
+        }
         sendError(res, 'GW_ERR_UNAUTHORIZED', requestId, { reason: identity.reason }, [['www-authenticate', 'Bearer']])
         finish(state, rt, req, requestId, started, a, null, 401, 'unauthorized')
         return
       }
-      const v = verdict as LimitVerdict
       if (v.kind === 'reject') {
         sendJson(res, v.status, { ...v.body, requestId }, requestId, v.headers)
         finish(state, rt, req, requestId, started, a, null, v.status, `rejected:${v.body.limit}`)
@@ -180,6 +203,11 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
       finish(state, rt, req, requestId, started, a, null, status, null)
     }
     const early = routeRequest(state, rt, req)
+    const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
+    if (shed !== null && shed.kind === 'reject') {
+      fail(shed.status, { ...shed.body }, early.ok ? early.admission : null, shed.headers)
+      return
+    }
     if (!early.ok) {
       fail(ERRORS[early.code].status, { error: early.code, message: ERRORS[early.code].message, ...early.extra }, null)
       return
@@ -189,9 +217,11 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
       fail(400, { error: 'GW_ERR_BAD_REQUEST', message: 'this route does not accept WebSocket upgrades' }, a)
       return
     }
-    identifyAndLimit(rt, req, a, requestId, (identity, verdict) => {
-      if (!identity.ok) return fail(401, { error: 'GW_ERR_UNAUTHORIZED', message: identity.reason }, a)
-      const v = verdict as LimitVerdict
+    identifyAndLimit(rt, req, a, requestId, (identity, v) => {
+      if (!identity.ok) {
+        if (v.kind === 'reject') return fail(v.status, { ...v.body }, a, v.headers)
+        return fail(401, { error: 'GW_ERR_UNAUTHORIZED', message: identity.reason }, a)
+      }
       if (v.kind === 'reject') return fail(v.status, { ...v.body }, a, v.headers)
       if (v.kind === 'unavailable') return fail(503, { error: 'GW_ERR_LIMITER_UNAVAILABLE', message: ERRORS.GW_ERR_LIMITER_UNAVAILABLE.message }, a)
       // Logged and counted once the handshake is decided: 101, or the refusal the client got.

@@ -28,6 +28,16 @@ export interface GatewayOptions {
 
 export type ReloadResult = { ok: true, generation: number } | { ok: false, error: string }
 
+/** The outcome of the latest SIGHUP, shown on /config so `gateway reload` can report it. */
+export interface ReloadOutcome {
+  /** Counts completed reloads: a waiting CLI sees its own reload as this number moving. */
+  readonly attempt: number
+  readonly ok: boolean
+  readonly generation: number
+  readonly problems: readonly string[]
+  readonly at: string
+}
+
 export function splitHostPort (hp: string): { host: string, port: number } {
   const i = hp.lastIndexOf(':')
   return { host: hp.slice(0, i).replace(/^\[|\]$/g, '') || '0.0.0.0', port: Number(hp.slice(i + 1)) }
@@ -53,6 +63,7 @@ export class Gateway {
   private admin: Server | null = null
   private generation = 0
   private reloading: Promise<ReloadResult> | null = null
+  lastReload: ReloadOutcome | null = null
   private pendingReload: Promise<ReloadResult> | null = null
   private readonly draining = new Set<Runtime>()
   private shuttingDown = false
@@ -66,7 +77,7 @@ export class Gateway {
   private constructor (private readonly options: GatewayOptions, logger: Logger) {
     this.logger = logger
     this.resources = new ResourceCache(logger)
-    this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys() })
+    this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth() })
   }
 
   /** Loads the file, starts both listeners; throws ConfigError with located problems. */
@@ -93,6 +104,13 @@ export class Gateway {
 
   get adminUrl (): string {
     return `http://127.0.0.1:${this.adminPort}`
+  }
+
+  /** Health of every target of the live runtime's upstreams (for the target health gauge). */
+  * targetHealth (): Generator<{ upstream: string, target: string, healthy: boolean }> {
+    const rt = this.runtime
+    if (rt === null) return
+    for (const [upstream, pool] of rt.pools) for (const t of pool.health()) yield { upstream, target: t.url, healthy: t.healthy }
   }
 
   redisStatus (): RedisStatus {
@@ -164,6 +182,7 @@ export class Gateway {
     const admin = createAdminServer({
       get runtime () { return self.runtime },
       get shuttingDown () { return self.shuttingDown },
+      get lastReload () { return self.lastReload },
       metrics: this.metrics,
       redisStatus: () => this.redisStatus()
     })
@@ -187,7 +206,16 @@ export class Gateway {
       })
       return this.pendingReload
     }
-    this.reloading = this.doReload().finally(() => { this.reloading = null })
+    this.reloading = this.doReload().then(result => {
+      this.lastReload = {
+        attempt: (this.lastReload?.attempt ?? 0) + 1,
+        ok: result.ok,
+        generation: this.generation,
+        problems: result.ok ? [] : result.error.split('\n'),
+        at: new Date().toISOString()
+      }
+      return result
+    }).finally(() => { this.reloading = null })
     return this.reloading
   }
 

@@ -7,6 +7,8 @@ export type LimitResult = 'allowed' | 'rejected' | 'shadow'
 export interface Telemetry {
   request (route: string, method: string, status: number, seconds: number): void
   upstreamError (upstream: string, kind: string): void
+  /** A target left out of balancing (passive health / outlier detection). */
+  upstreamEjection (upstream: string, target: string, reason: string): void
   limitDecision (route: string, dimension: string, level: LimitLevel, result: LimitResult): void
   redisCall (seconds: number, ok: boolean, errorKind: string | null): void
   breakerState (state: 0 | 1 | 2): void
@@ -16,6 +18,7 @@ export interface Telemetry {
 export const NOOP_TELEMETRY: Telemetry = Object.freeze({
   request () {},
   upstreamError () {},
+  upstreamEjection () {},
   limitDecision () {},
   redisCall () {},
   breakerState () {},

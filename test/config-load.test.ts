@@ -24,7 +24,7 @@ t.test('unknown upstream names the route, line and column', async t => {
 
 t.test('a typo in a limit key is an error, never a silently disabled limit', async t => {
   const p = await problems(fixture('typo-key.yaml'))
-  t.ok(p.includes('test/fixtures/config/typo-key.yaml:5:26 limits.ip.limt: unknown key "limt"'), p.join('\n'))
+  t.ok(p.includes('test/fixtures/config/typo-key.yaml:5:26 limits.ip.limt: unknown key "limt" (did you mean limit?)'), p.join('\n'))
   t.ok(p.includes('test/fixtures/config/typo-key.yaml:5:7 limits.ip.limit: required key is missing'), 'the missing "limit" is reported too')
 })
 
@@ -80,5 +80,15 @@ t.test('workers without Redis would multiply every shared limit; bad trusted pro
   t.same(await problems(fixture('workers-without-redis.yaml')), [
     'test/fixtures/config/workers-without-redis.yaml:1:10 workers: workers > 1 needs "redis:" for the shared limits: without it each worker would enforce every limit on its own (N times the budget)',
     'test/fixtures/config/workers-without-redis.yaml:2:30 trustedProxies[1]: "not-an-address" is not an IP address, a CIDR (e.g. 10.0.0.0/8) or one of loopback, linklocal, uniquelocal'
+  ])
+})
+
+t.test('README promises: a cost above what the limit can hold and a route named "*" are config errors', async t => {
+  t.same(await problems(fixture('cost-above-capacity.yaml')), [
+    'test/fixtures/config/cost-above-capacity.yaml:8:78 routes[0].limits.api.cost: cost 6 is above the capacity 5: every request would be rejected'
+  ])
+  // "*" is the scope of gateway-wide limits: a route of that name would share their keys
+  t.same(await problems(fixture('route-named-star.yaml')), [
+    'test/fixtures/config/route-named-star.yaml:4:11 routes[0].name: expected a name of letters, digits, "_", "." or "-"'
   ])
 })

@@ -196,7 +196,7 @@ routes:
   t.equal(fine.status, 200, 'a slow answer within the timeout passes')
 })
 
-t.test('an idempotent request is retried once on another target; a POST is not', async (t) => {
+t.test('an idempotent request is retried once on another target; a POST only when its body was buffered', async (t) => {
   const good = await startUpstream(t, 'good')
   const refusing = await refusingUrl()
   // Smooth round-robin with equal weights picks the first target first: the refusing one.
@@ -212,12 +212,25 @@ routes:
   t.equal(json<EchoBody>(got).name, 'good')
   t.same(good.log, ['/get/1'])
 
+  // Issue 15 item 15: a refused connection carried nothing, and a buffered body can be sent again.
   const posted = await send(gw.url, '/post/1', { method: 'POST', body: 'once', headers: { 'content-type': 'text/plain' } })
-  t.equal(posted.status, 502, 'a POST is not retried')
-  t.equal(json(posted).error, 'GW_ERR_UPSTREAM_UNAVAILABLE')
-  t.same(good.log, ['/get/1'], 'the POST never reached the other target')
+  t.equal(posted.status, 200, 'a POST refused by one target is retried on the other')
+  t.equal(json<EchoBody>(posted).body, 'once', 'with its whole body')
+  t.same(good.log, ['/get/1', '/post/1'])
 
-  const again = await send(gw.url, '/post/2', { method: 'POST', body: 'twice' })
+  // A streamed body (server.bufferBodies: 0) cannot be replayed: the refusal is answered.
+  const streaming = await startGateway(t, `${HEAD}server: { bufferBodies: 0 }
+upstreams:
+  for-post: { targets: [${refusing}, ${good.url}], ejectFor: 1m, maxConnections: 8 }
+routes:
+  - { name: post, pathPrefix: /post, upstream: for-post }
+`)
+  const streamed = await send(streaming.url, '/post/2', { method: 'POST', body: 'streamed', headers: { 'content-type': 'text/plain' } })
+  t.equal(streamed.status, 502, 'a streamed POST is not retried')
+  t.equal(json(streamed).error, 'GW_ERR_UPSTREAM_UNAVAILABLE')
+  t.same(good.log, ['/get/1', '/post/1'], 'the streamed POST never reached the other target')
+
+  const again = await send(streaming.url, '/post/3', { method: 'POST', body: 'twice' })
   t.equal(again.status, 200, 'the refusing target is ejected, the next POST goes to the healthy one')
   t.equal(json<EchoBody>(again).body, 'twice')
 })

@@ -1,7 +1,7 @@
 // bin/gateway as a real process: SIGHUP reload (valid, invalid, with requests in flight),
 // SIGTERM drain, `validate`, `schema`, `reload`, and TLS termination with a certificate re-read on SIGHUP.
 import t from 'tap'
-import { createServer, type Server } from 'node:http'
+import http, { createServer, type Server } from 'node:http'
 import { writeFileSync, readFileSync, mkdtempSync } from 'node:fs'
 import { execFileSync, spawnSync } from 'node:child_process'
 import { tmpdir } from 'node:os'
@@ -14,7 +14,7 @@ import { childEnv, spawnGateway } from './helpers/gateway.js'
 async function upstream (name: string): Promise<{ server: Server, url: string }> {
   const server = createServer((req, res) => {
     const delay = Number(new URL(req.url ?? '/', 'http://x').searchParams.get('delay') ?? 0)
-    setTimeout(() => res.end(name), delay)
+    setTimeout(() => res.end(name), delay).unref() // a hung request must not keep the test process alive
   })
   await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
   return { server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}` }
@@ -54,7 +54,8 @@ t.test('SIGHUP: a valid file swaps in, an invalid one keeps the old config servi
   t.not(after.hash, before.hash)
 
   writeFileSync(gw.file, config(a.url).replace('upstream: backend', 'upstream: backend2'))
-  execFileSync(process.execPath, ['bin/gateway', 'reload', '--pid-file', gw.pidFile], { env: childEnv() })
+  // SIGHUP directly: `gateway reload` validates first and would never send this file
+  gw.child.kill('SIGHUP')
   const rejected = await gw.waitForLog(l => l.msg === 'reload rejected; the running configuration keeps serving')
   t.match(String((rejected.problems as string[])[0]), /gateway\.yaml:10:15 routes\[0\]\.upstream: unknown upstream "backend2"/)
   t.equal(await (await fetch(`${gw.url}/x`)).text(), 'B', 'the old config keeps serving')
@@ -67,12 +68,39 @@ t.test('SIGTERM drains in-flight requests, then exits 0', async t => {
   const a = await upstream('A')
   t.teardown(() => a.server.close())
   const gw = await spawnGateway(t, config(a.url))
-  const inflight = fetch(`${gw.url}/slow?delay=1000`).then(async r => ({ status: r.status, body: await r.text() }))
+  const inflight = fetch(`${gw.url}/slow?delay=1500`).then(async r => ({ status: r.status, body: await r.text() }))
   await new Promise(resolve => setTimeout(resolve, 200))
   gw.child.kill('SIGTERM')
+  await gw.waitForLog(l => l.msg === 'shutting down')
+  // mid-drain, while the slow request is still in flight: a new connection is refused
+  const during = await new Promise<string>(resolve => {
+    const req = http.get({ host: '127.0.0.1', port: gw.port, path: '/x', agent: false }, res => { res.resume(); resolve(`answered ${res.statusCode}`) })
+    req.on('error', (err: NodeJS.ErrnoException) => resolve(err.code ?? err.message))
+  })
+  t.equal(gw.child.exitCode, null, 'the gateway was still draining when the new connection was tried')
+  t.equal(during, 'ECONNREFUSED', 'a new connection during the drain is refused')
   t.same(await inflight, { status: 200, body: 'A' }, 'the in-flight request completed')
   t.equal(await gw.exited, 0)
   await t.rejects(fetch(`${gw.url}/x`), 'no longer accepting')
+})
+
+t.test('server.shutdownTimeout bounds the drain: a request that outlives it is cut and the gateway exits', async t => {
+  const a = await upstream('A')
+  t.teardown(() => { a.server.closeAllConnections(); a.server.close() })
+  const gw = await spawnGateway(t, config(a.url).replace('shutdownTimeout: 5s', 'shutdownTimeout: 1s'))
+  const hung = new Promise<string>(resolve => {
+    const req = http.get({ host: '127.0.0.1', port: gw.port, path: '/slow?delay=60000', agent: false }, res => { res.resume(); res.on('end', () => resolve(`answered ${res.statusCode}`)); res.on('error', () => resolve('cut')) })
+    req.on('error', () => resolve('cut'))
+  })
+  await new Promise(resolve => setTimeout(resolve, 300))
+  const signalled = Date.now()
+  gw.child.kill('SIGTERM')
+  const code = await gw.exited
+  const tookMs = Date.now() - signalled
+  t.equal(code, 0)
+  // 1 s of drain; the upstream would answer after 60 s. 15 s leaves a loaded machine room.
+  t.ok(tookMs < 15_000, `exited ${tookMs} ms after SIGTERM, not when the 60 s request would have finished`)
+  t.equal(await hung, 'cut', 'the request that outlived the drain was cut')
 })
 
 t.test('gateway validate prints located errors and exits 1; exits 0 on a valid file', async t => {

@@ -69,6 +69,15 @@ t.test('the default clock is real and monotonic', async (t) => {
   t.same([store.decide(check, 'a').allowed, store.decide(check, 'b').allowed, store.decide(check, 'c').allowed], [true, true, false])
   const retry = store.decide(check, 'd').retryAfterMs
   t.ok(retry > 0 && retry <= 200, `retry ${retry} ms`)
+  // The wall clock steps an hour ahead (an NTP correction, an operator's `date -s`): a store on
+  // Date.now() would see a whole budget again at once; the monotonic clock does not move.
+  const wallClock = Date.now
+  Date.now = () => wallClock() + 3_600_000
+  try {
+    t.equal(store.decide(check, 'stepped').allowed, false, 'still limited after the wall clock stepped ahead')
+  } finally {
+    Date.now = wallClock
+  }
   await new Promise((resolve) => setTimeout(resolve, retry + 50))
   t.equal(store.decide(check, 'e').allowed, true, 'admitted after the advertised wait')
 })

@@ -63,7 +63,7 @@ routes:
   t.equal(up.requests, 50)
 })
 
-t.test('rejected requests are not recorded: a client retrying every 100 ms is admitted as soon as the window allows', async t => {
+t.test('rejected requests are not recorded: a slot freed by the window is granted although rejections came after it', async t => {
   await admin.flushall()
   const up = await startUpstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
@@ -80,30 +80,27 @@ routes:
       user: { algorithm: sliding-window-log, limit: 5, window: 3s }
 `)
   const url = `${gw.url}/x`
-  const windowMs = 3000
-  const admitted: number[] = []
-  const rejected: number[] = []
-  const started = Date.now()
-  while (Date.now() - started < 7000) {
-    const sentAt = Date.now()
-    const r = await send(url, asUser('eager'))
-    const doneAt = Date.now()
-    if (r.status === 200) admitted.push(doneAt)
-    else if (r.status === 429) rejected.push(sentAt)
-    else t.fail(`unexpected ${r.status}`)
-    await sleep(100)
-  }
-  // Had rejections been recorded, the log would stay full: the client would be refused with
-  // fewer than 5 admissions in the window (the seed documents' lock-out).
-  const inWindowBefore = (at: number, slack: number): number => admitted.filter(a => a > at - windowMs - slack && a <= at).length
-  const unjustified = rejected.filter(at => inWindowBefore(at, 100) < 5)
-  t.same(unjustified.map(at => at - started), [], 'every rejection had 5 admissions in the 3 s before it')
-  const overfull = admitted.filter(at => inWindowBefore(at, -100) > 5)
-  t.same(overfull.map(at => at - started), [], 'never more than 5 admissions in a 3 s window')
-  t.ok(admitted.length >= 15, `${admitted.length} admissions in 7 s (5 per window, 3 windows started)`)
-  t.ok(rejected.length >= 20, `${rejected.length} rejections`)
+  const user = asUser('eager')
+  // Only lower bounds on time below (a timer never fires early; each client time is taken after
+  // the server decided), so a loaded machine cannot make this test fail, only less sharp.
+  const first = await send(url, user)
+  t.equal(first.status, 200, 'the first admission opens the 3 s log')
+  const firstAnsweredAt = Date.now()
+  await sleep(2000)
+  t.same((await Promise.all([1, 2, 3, 4].map(() => send(url, user)))).map(r => r.status), [200, 200, 200, 200], '4 more, 2 s later: the log is full')
+  const rejected = await send(url, user)
+  t.equal(rejected.status, 429, 'the 6th within 3 s is rejected')
+  t.equal(limitedShapeProblem(rejected, { dimension: 'user', limit: 'retry.user' }), null)
+  // The first admission leaves the log 3 s after it was decided: its slot is free again, while the
+  // rejection is 2 s younger. Had it been recorded (the seed documents' lock-out), the log
+  // would hold 4 admissions + that rejection, and the client would wait until it left too.
+  await sleep(Math.max(0, firstAnsweredAt + 3300 - Date.now()))
+  const probe = await send(url, user)
+  t.equal(probe.status, 200, 'admitted as soon as the first admission left the window')
+  const next = await send(url, user)
+  t.equal(next.status, 429, 'and exactly that one slot: the log holds 5 again')
   const key = (await admin.keys('gw:retry.user.*:eager'))[0] as string
-  t.ok(await admin.zcard(key) <= 5, 'the log never holds more than the admissions of one window')
+  t.equal(await admin.zcard(key), 5, 'the log holds the 5 admissions of the window, no rejection')
 })
 
 t.test('deny cache: after a rejection by Redis, that key is rejected without any Redis call', async t => {
@@ -179,32 +176,13 @@ routes:
   const shed = flood.find(r => r.status === 429) as Reply
   t.equal(limitedShapeProblem(shed, { dimension: 'local', limit: 'local' }), null)
   t.equal(shed.headers['ratelimit-policy'], '"local";q=10;w=1')
-  // per client: another user is not affected by the flooder
-  t.equal((await send(url, asUser('calm'))).status, 200)
+  // (keyed by client IP since issue 15: another user from this address shares the flooder's bucket)
   // and the flooder's bucket refills at 10/s
   await inNextWindow(1000, 0)
   await sleep(300)
   t.equal((await send(url, asUser('flooder'))).status, 200, 'the bucket refilled')
 })
 
-// Regression: the local level keyed users and client addresses in one map, so a user whose name
-// reads like an address spent the local budget of the anonymous clients at that address.
-t.test('local level: a user named like an address does not share that address\'s bucket', async t => {
-  const up = await startUpstream(t)
-  const gw = await startGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-identity: { header: x-user-id }
-local: { limit: 3, window: 1h }
-upstreams:
-  backend: { targets: [${up.url}] }
-routes:
-  - name: shared
-    pathPrefix: /
-    upstream: backend
-`)
-  const url = `${gw.url}/x`
-  const named: number[] = []
-  for (let i = 0; i < 4; i++) named.push((await send(url, asUser('127.0.0.1'))).status)
-  t.same(named, [200, 200, 200, 429], 'the user "127.0.0.1" spends its own bucket')
-  t.equal((await send(url)).status, 200, 'an anonymous client at 127.0.0.1 still has its bucket')
-})
+// The local level used to key users and addresses in one map (and a user named like an address
+// shared that address's bucket). Since issue 15 it keys by client IP only, so users have no local
+// bucket at all: test/shield-auth-failures.test.ts pins that rotating X-User-Id buys nothing.

@@ -29,6 +29,11 @@ ${limits}
 `
 }
 
+/** The breaker state named by the last switch logged. */
+function degradedBreaker (lines: ReadonlyArray<Record<string, unknown>>): unknown {
+  return lines.filter(l => l.breaker !== undefined).at(-1)?.breaker
+}
+
 /** `n` requests one after another as `user`. */
 async function sequence (n: number, url: string, user: string): Promise<Reply[]> {
   const replies: Reply[] = []
@@ -60,12 +65,18 @@ t.test('onError local: a killed Redis never yields a 500, limits keep rejecting 
       during.push(await send(url, { headers: { 'x-user-id': `mid-${i % 20}` } }))
     }
   }
+  const redisBeforeKill = await decisions(gw.adminUrl, { level: 'redis' })
   const workers = Promise.all(Array.from({ length: 10 }, worker))
-  await sleep(20)
+  // killed once 30 have been answered, so the kill lands among requests in flight
+  while (during.length < 30) await sleep(5)
   await redis.kill()
   await workers
   const unexpected = during.filter(r => r.status !== 200 && r.status !== 429)
   t.same(unexpected.map(r => `${r.status} ${r.text}`), [], 'only 200 and 429 while Redis died under load')
+  t.equal(during.length, 100, 'every request answered')
+  t.ok(await decisions(gw.adminUrl, { level: 'redis' }) - redisBeforeKill >= 30, 'the first of them decided by Redis')
+  t.ok(await decisions(gw.adminUrl, { level: 'fallback' }) >= 1, 'the rest by the fallback')
+  t.ok(await metric(gw.adminUrl, 'gateway_redis_errors_total') >= 1, 'Redis calls failed under them: requests crossed the kill')
 
   // A fresh user: the fallback keeps the limit (one instance: the whole budget).
   const after = await sequence(8, url, 'bob')
@@ -79,10 +90,28 @@ t.test('onError local: a killed Redis never yields a 500, limits keep rejecting 
   t.not(degraded.redis.breaker, 'closed')
   t.ok(await metric(gw.adminUrl, 'gateway_redis_breaker_state') >= 1, 'breaker gauge open or half-open')
   t.ok(await metric(gw.adminUrl, 'gateway_redis_errors_total') >= 1, 'Redis errors counted')
-  t.ok(gw.lines.some(l => l.msg === 'rate limiter falling back: Redis unavailable'), 'the switch was logged')
-  t.equal(gw.lines.filter(l => l.msg === 'rate limiter falling back: Redis unavailable' && l.breaker === 'open').length >= 1, true)
 
-  // Back: the breaker probes (0.5 s, doubling up to 5 s) and closes; Redis decides again.
+  // The breaker's probe pause grows: 0.5 s after opening, then 1 s, 2 s ... up to 5 s. Traffic
+  // every 50 ms gives it a request as soon as a pause ends; three probes show two pauses.
+  const switches = (breaker: string): Array<Record<string, unknown>> =>
+    gw.lines.filter(l => l.msg === 'rate limiter falling back: Redis unavailable' && l.breaker === breaker)
+  let user = 0
+  await eventually('three probes of the dead Redis', async () => {
+    await send(url, { headers: { 'x-user-id': `dead-${user++}` } })
+    return switches('half-open').length >= 3
+  }, 20_000, 50)
+  const probes = switches('half-open').map(l => Date.parse(String(l.time)))
+  const pauses = probes.slice(1).map((at, i) => at - (probes[i] as number))
+  // lower bounds from the server's own log clock: a constant pause gives ~500 ms each
+  t.ok((pauses[0] as number) >= 995 && (pauses[1] as number) >= 1995, `pauses between probes grow: ${pauses.join(', ')} ms`)
+  // Logged once per switch, never per request: the first opening, then one line per failed
+  // probe (half-open) and one per re-opening.
+  const opened = switches('open').length
+  const probed = switches('half-open').length
+  t.equal(opened, probed + (degradedBreaker(gw.lines) === 'open' ? 1 : 0), `opened ${opened} times: once, then once per failed probe`)
+  t.equal(gw.lines.filter(l => l.msg === 'rate limiter falling back: Redis unavailable').length, opened + probed, 'no other fallback line')
+
+  // Back: the breaker probes (0.25 s, doubling up to 1 s; at once on reconnect) and closes; Redis decides again.
   await redis.restart()
   const redisBefore = await decisions(gw.adminUrl, { level: 'redis' })
   let probe = 0

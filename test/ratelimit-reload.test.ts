@@ -7,7 +7,7 @@ import { spawnSync } from 'node:child_process'
 import { childEnv, spawnGateway, startGateway, writeConfig } from './helpers/gateway.js'
 import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
-import { eventually, send, type Reply } from './helpers/ratelimit.js'
+import { evalshaCalls, eventually, metric, send, type Reply } from './helpers/ratelimit.js'
 import type { Gateway } from '../src/server.js'
 
 const redis = await startRedis()
@@ -65,7 +65,14 @@ for (const store of ['redis', 'memory'] as const) {
     await reloadWith(t, gw, config(up.url, store, 4))
     t.equal(gw.runtime?.generation, 2)
     t.same(await statuses(2, `${gw.url}/keep`), [200, 429], 'keep: the third unit, then rejected: state kept')
+    // A 1/h bucket would reject anyway: what shows the deny cache held is where the rejection
+    // was decided (level "local", the reject-only cache) and that Redis was not asked.
+    const deniedLocally = { route: 'denied', level: 'local', result: 'rejected' }
+    const local0 = await metric(gw.adminUrl, 'gateway_ratelimit_decisions_total', deniedLocally)
+    const calls0 = await evalshaCalls(admin)
     t.same(await statuses(1, `${gw.url}/denied`), [429], 'denied: still rejected after the reload')
+    t.equal(await metric(gw.adminUrl, 'gateway_ratelimit_decisions_total', deniedLocally) - local0, 1, 'denied: rejected by the deny cache the reload kept')
+    t.equal(await evalshaCalls(admin) - calls0, 0, 'denied: no script call to Redis')
     t.same(await statuses(5, `${gw.url}/change`), [200, 200, 200, 200, 429], 'change: a fresh budget of 4')
     if (store === 'redis') {
       const keysAfter = await admin.keys('gw:change.api.*')

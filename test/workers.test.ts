@@ -8,7 +8,13 @@ import { spawnGateway } from './helpers/gateway.js'
 import { startRedis } from './helpers/redis.js'
 
 t.test('two workers serve one listener; metrics aggregate; SIGHUP reaches both; SIGTERM exits 0', async t => {
-  const upstream = createServer((_req, res) => res.end('ok'))
+  // /slow answers after 1.5 s: a request kept in flight across SIGTERM
+  const upstream = createServer((req, res) => {
+    if (req.url === '/slow') setTimeout(() => res.end('slow ok'), 1500).unref()
+    else res.end('ok')
+  })
+  let slowArrived = false
+  upstream.on('request', (req) => { if (req.url === '/slow') slowArrived = true })
   await new Promise<void>(resolve => upstream.listen(0, '127.0.0.1', resolve))
   t.teardown(() => upstream.close())
   const target = `http://127.0.0.1:${(upstream.address() as AddressInfo).port}`
@@ -21,6 +27,7 @@ workers: 2
 redis: { url: ${redis.url} }
 upstreams: { b: { targets: [${target}] } }
 routes:
+  - { name: slow, path: /slow, upstream: b }
   - name: all
     pathPrefix: /
     upstream: b
@@ -57,6 +64,22 @@ routes:
   t.equal(after.filter(s => s === 200).length, 45, 'exactly the shared budget admitted across both workers')
   t.equal(after.filter(s => s === 429).length, 15)
 
+  // a crashed worker is replaced, and the pair keeps serving
+  const victim = [...workerPids()][0] as number
+  process.kill(victim, 'SIGKILL')
+  await gw.waitForLog(l => l.msg === 'worker exited; starting a new one' && l.worker === victim)
+  for (let i = 0; i < 100 && workerPids().size < 3; i++) await new Promise(resolve => setTimeout(resolve, 100))
+  t.equal(workerPids().size, 3, 'a new worker process started in place of the crashed one')
+  const replaced = await Promise.all(Array.from({ length: 20 }, async () => (await fetch(`${gw.url}/z`, { headers: { connection: 'close' } })).status))
+  t.same(replaced, new Array(20).fill(429), 'requests are answered after the crash, and the new worker sees the spent shared budget')
+
+  // SIGTERM with a slow request in flight on a worker: it completes, then everything exits 0
+  const slow = fetch(`${gw.url}/slow`, { headers: { connection: 'close' } }).then(async r => ({ status: r.status, body: await r.text() }))
+  for (let i = 0; i < 1000 && !slowArrived; i++) await new Promise(resolve => setTimeout(resolve, 10))
+  t.ok(slowArrived, 'the slow request reached the upstream before SIGTERM')
   gw.child.kill('SIGTERM')
+  t.same(await slow, { status: 200, body: 'slow ok' }, 'the in-flight request finished during the drain')
   t.equal(await gw.exited, 0)
+  const stopped = gw.logs.filter(l => l.msg === 'gateway stopped').length
+  t.equal(stopped, 2, 'both live workers drained and stopped')
 })

@@ -8,6 +8,8 @@ import type { RedisStatus } from '../config/resources.js'
 export interface AdminSource {
   readonly runtime: Runtime | null
   readonly shuttingDown: boolean
+  /** Absent on listeners that do not reload themselves (the workers primary). */
+  readonly lastReload?: unknown
   readonly metrics: GatewayMetrics
   redisStatus (): RedisStatus
 }
@@ -35,7 +37,9 @@ export function createAdminServer (source: AdminSource): Server {
         return json(res, ready ? 200 : 503, {
           status: !ready ? (source.shuttingDown ? 'shutting_down' : 'not_ready') : degraded ? 'degraded' : 'ready',
           generation: rt?.generation ?? null,
-          redis: redis.configured ? { state: redisUp ? 'up' : 'fallback', connected: redis.connected, breaker: redis.breaker, instances: redis.instances } : { state: 'not_configured' }
+          redis: redis.configured ? { state: redisUp ? 'up' : 'fallback', connected: redis.connected, breaker: redis.breaker, instances: redis.instances } : { state: 'not_configured' },
+          // Passive health per target: an ejected target is visible here before anyone reads a log.
+          upstreams: rt === null ? {} : Object.fromEntries([...rt.pools].map(([name, pool]) => [name, pool.health()]))
         })
       }
       case '/metrics':
@@ -47,7 +51,7 @@ export function createAdminServer (source: AdminSource): Server {
       case '/config': {
         const rt = source.runtime
         if (rt === null) return json(res, 503, { error: 'not_ready' })
-        return json(res, 200, { generation: rt.generation, hash: rt.hash, file: rt.file, loadedAt: rt.loadedAt, config: redactConfig(rt.config) })
+        return json(res, 200, { generation: rt.generation, hash: rt.hash, file: rt.file, loadedAt: rt.loadedAt, lastReload: source.lastReload ?? null, config: redactConfig(rt.config) })
       }
       default:
         return json(res, 404, { error: 'GW_ERR_NOT_FOUND', message: 'admin endpoints: /healthz /readyz /metrics /config' })

@@ -10,6 +10,8 @@ const STATUS_CLASSES = ['1xx', '2xx', '3xx', '4xx', '5xx'] as const
 
 export interface MetricsSources {
   localKeys: () => number
+  /** Every target of the live upstreams with its health, read when /metrics is scraped. */
+  targets?: () => Iterable<{ upstream: string, target: string, healthy: boolean }>
 }
 
 export class GatewayMetrics implements Telemetry {
@@ -17,6 +19,7 @@ export class GatewayMetrics implements Telemetry {
   private readonly requests: Counter
   private readonly duration: Histogram
   private readonly upstreamErrors: Counter
+  private readonly ejections: Counter
   private readonly reloads: Counter
   private readonly decisions: Counter
   private readonly redisDuration: Histogram
@@ -39,6 +42,18 @@ export class GatewayMetrics implements Telemetry {
       registers
     })
     this.upstreamErrors = new Counter({ name: 'gateway_upstream_errors_total', help: 'Upstream failures by upstream and kind', labelNames: ['upstream', 'kind'], registers })
+    this.ejections = new Counter({ name: 'gateway_upstream_ejections_total', help: 'Targets ejected by passive health, by upstream, target and reason', labelNames: ['upstream', 'target', 'reason'], registers })
+    const targets = sources.targets
+    new Gauge({
+      name: 'gateway_upstream_target_healthy',
+      help: '1 while a target takes traffic, 0 while it is ejected',
+      labelNames: ['upstream', 'target'],
+      registers,
+      collect () {
+        this.reset()
+        if (targets !== undefined) for (const t of targets()) this.labels(t.upstream, t.target).set(t.healthy ? 1 : 0)
+      }
+    })
     this.reloads = new Counter({ name: 'gateway_config_reloads_total', help: 'Configuration reloads by result', labelNames: ['result'], registers })
     this.decisions = new Counter({ name: 'gateway_ratelimit_decisions_total', help: 'Rate-limit decisions', labelNames: ['route', 'dimension', 'level', 'result'], registers })
     this.redisDuration = new Histogram({
@@ -76,6 +91,10 @@ export class GatewayMetrics implements Telemetry {
 
   upstreamError (upstream: string, kind: string): void {
     this.upstreamErrors.labels(upstream, kind).inc()
+  }
+
+  upstreamEjection (upstream: string, target: string, reason: string): void {
+    this.ejections.labels(upstream, target, reason).inc()
   }
 
   limitDecision (route: string, dimension: string, level: LimitLevel, result: LimitResult): void {

@@ -9,8 +9,8 @@ import { compileRouteTable, type RoutePattern, type RouteTable } from '../router
 import { compileClientIpResolver } from '../identify/client-ip.js'
 import { compileIdentity, type IdentityResolver } from '../identify/identity.js'
 import { UpstreamPool, type UpstreamConfig } from '../proxy/upstream-pool.js'
-import { createForwardPlan, type ForwardPlan, type HeaderRules } from '../proxy/forward.js'
-import { compileRouteLimitPlan, type RouteLimitPlan } from '../limit/plan.js'
+import { createForwardPlan, type BodyHandling, type ForwardPlan, type HeaderRules } from '../proxy/forward.js'
+import { compileFailurePlan, compileRouteLimitPlan, type RouteLimitPlan } from '../limit/plan.js'
 import { Limiter } from '../limit/limiter.js'
 import type { ResourceCache } from './resources.js'
 import type { Telemetry } from '../telemetry.js'
@@ -33,6 +33,10 @@ export interface ServerSettings {
   readonly keepAliveTimeoutMs: number
   readonly maxHeaderSize: number
   readonly shutdownTimeoutMs: number
+  readonly bufferBodies: number
+  readonly bufferBodiesTotal: number
+  readonly clientBodyTimeoutMs: number
+  readonly sendTimeoutMs: number
 }
 
 export interface Runtime {
@@ -47,6 +51,8 @@ export interface Runtime {
   readonly limiter: Limiter
   readonly resolveClientIp: ReturnType<typeof compileClientIpResolver>
   readonly identity: IdentityResolver
+  /** What a request that failed identity is charged against (gateway ip limit + identity.failureLimit). */
+  readonly failurePlan: RouteLimitPlan
   readonly server: ServerSettings
   readonly trustedProxiesEmpty: boolean
   /**
@@ -63,7 +69,12 @@ export function serverSettings (config: GatewayConfig): ServerSettings {
     requestTimeoutMs: durationOr(s?.requestTimeout, 300_000),
     keepAliveTimeoutMs: durationOr(s?.keepAliveTimeout, 5_000),
     maxHeaderSize: s?.maxHeaderSize ?? 16_384,
-    shutdownTimeoutMs: durationOr(s?.shutdownTimeout, 10_000)
+    shutdownTimeoutMs: durationOr(s?.shutdownTimeout, 10_000),
+    // nginx's defaults: client_body_timeout and send_timeout 60 s; bodies are buffered by default
+    bufferBodies: s?.bufferBodies !== undefined ? parseSize(s.bufferBodies) : 1024 * 1024,
+    bufferBodiesTotal: s?.bufferBodiesTotal !== undefined ? parseSize(s.bufferBodiesTotal) : 64 * 1024 * 1024,
+    clientBodyTimeoutMs: durationOr(s?.clientBodyTimeout, 60_000),
+    sendTimeoutMs: durationOr(s?.sendTimeout, 60_000)
   })
 }
 
@@ -77,6 +88,8 @@ export function upstreamConfigs (config: GatewayConfig): Map<string, UpstreamCon
         : { url: new URL(t.url).origin, weight: t.weight ?? 1 })),
       connectTimeoutMs: durationOr(up.timeouts?.connect, 2_000),
       responseTimeoutMs: durationOr(up.timeouts?.response, 30_000),
+      idleTimeoutMs: durationOr(up.timeouts?.idle, 60_000),
+      consecutiveFailures: up.consecutiveFailures ?? 5,
       ejectMs: durationOr(up.ejectFor, 10_000),
       maxConnectionsPerTarget: up.maxConnections ?? 256,
       keepAliveTimeoutMs: 4_000
@@ -113,9 +126,11 @@ export async function checkCompiles (config: GatewayConfig): Promise<void> {
   await compileIdentity(config.identity)
 }
 
-function compileRoute (config: GatewayConfig, route: RouteConfig, pool: UpstreamPool, upstream: UpstreamConfig): CompiledRoute {
+function compileRoute (config: GatewayConfig, route: RouteConfig, pool: UpstreamPool, upstream: UpstreamConfig, body: BodyHandling): CompiledRoute {
   const forward = createForwardPlan({
+    ...body,
     pool,
+    idleTimeoutMs: upstream.idleTimeoutMs,
     stripPrefix: route.stripPrefix ?? null,
     responseTimeoutMs: route.timeouts?.response !== undefined ? parseDuration(route.timeouts.response) : upstream.responseTimeoutMs,
     maxBodySize: route.maxBodySize !== undefined ? parseSize(route.maxBodySize) : Infinity,
@@ -140,11 +155,18 @@ export async function compileRuntime (
   const { config } = loaded
   const upstreams = upstreamConfigs(config)
   const pools = new Map<string, UpstreamPool>()
-  for (const [name, up] of upstreams) pools.set(name, resources.pool(up))
+  for (const [name, up] of upstreams) pools.set(name, resources.pool(up, telemetry))
 
+  const server = serverSettings(config)
+  const body: BodyHandling = {
+    bufferBodies: server.bufferBodies,
+    bodyBudget: resources.bodyBudget(server.bufferBodiesTotal),
+    clientBodyTimeoutMs: server.clientBodyTimeoutMs,
+    sendTimeoutMs: server.sendTimeoutMs
+  }
   const routeList = config.routes.map(r => {
     const up = upstreams.get(r.upstream) as UpstreamConfig
-    return compileRoute(config, r, pools.get(r.upstream) as UpstreamPool, up)
+    return compileRoute(config, r, pools.get(r.upstream) as UpstreamPool, up, body)
   })
   const limiter = new Limiter({
     local: resources.localLevel(config),
@@ -168,7 +190,8 @@ export async function compileRuntime (
     limiter,
     resolveClientIp: compileClientIpResolver({ trustedProxies: config.trustedProxies ?? [], ipv6Prefix: config.ipv6Prefix ?? 64 }),
     identity,
-    server: serverSettings(config),
+    failurePlan: compileFailurePlan(config),
+    server,
     trustedProxiesEmpty: (config.trustedProxies ?? []).length === 0,
     activity: { inflight: 0 }
   })

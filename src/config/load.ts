@@ -5,7 +5,7 @@
 import { readFile } from 'node:fs/promises'
 import { createHash } from 'node:crypto'
 import { LineCounter, parseDocument, isMap, isSeq, isScalar, type Document, type Node as YamlNode } from 'yaml'
-import { configSchema, BUCKET_ALGORITHMS, type GatewayConfig, type LimitConfig } from './schema.js'
+import { configSchema, gatewayJsonSchema, BUCKET_ALGORITHMS, type GatewayConfig, type LimitConfig } from './schema.js'
 import { compileLimitSpec } from '../limit/plan.js'
 import { validateLimitSpec } from '../limit/algorithms/index.js'
 import ipaddr from 'ipaddr.js'
@@ -86,8 +86,12 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
       if (issue.code === 'unrecognized_keys') {
         for (const key of issue.keys) {
           const keyPath = [...path, key]
-          problems.push(at(locateKey(doc, keyPath), keyPath, `unknown key "${key}"`))
+          const suggestion = closestKey(key, validKeysAt(path))
+          problems.push(at(locateKey(doc, keyPath), keyPath, `unknown key "${key}"${suggestion === null ? '' : ` (did you mean ${suggestion}?)`}`))
         }
+      } else if (path.length === 1 && (path[0] === 'listen' || path[0] === 'admin') && typeof valueAt(raw, path) === 'number') {
+        // `listen: 8080` reads naturally but names no interface: say so instead of "expected string"
+        problems.push(at(locate(doc, path), path, `expected "host:port" as a string, e.g. "0.0.0.0:${String(valueAt(raw, path))}" (a bare port does not say which interface)`))
       } else if (issue.code === 'invalid_type' && valueAt(raw, path) === undefined) {
         problems.push(at(locate(doc, path), path, 'required key is missing'))
       } else {
@@ -126,6 +130,51 @@ function substituteEnv (value: unknown, path: KeyPath, env: NodeJS.ProcessEnv, f
     return out
   }
   return value
+}
+
+let jsonSchema: Record<string, unknown> | null = null
+
+/** Keys the schema allows in the object at `path` (union branches merged). */
+function validKeysAt (path: KeyPath): string[] {
+  jsonSchema ??= gatewayJsonSchema()
+  let nodes: Array<Record<string, unknown>> = [jsonSchema]
+  const expand = (ns: Array<Record<string, unknown>>): Array<Record<string, unknown>> =>
+    ns.flatMap(n => [n, ...expand((n.anyOf ?? n.oneOf ?? []) as Array<Record<string, unknown>>)])
+  for (const seg of path) {
+    nodes = expand(nodes).flatMap(n => {
+      if (typeof seg === 'number') return n.items !== undefined ? [n.items as Record<string, unknown>] : []
+      const child = (n.properties as Record<string, Record<string, unknown>> | undefined)?.[seg] ??
+        (typeof n.additionalProperties === 'object' ? n.additionalProperties as Record<string, unknown> : undefined)
+      return child !== undefined ? [child] : []
+    })
+  }
+  return [...new Set(expand(nodes).flatMap(n => Object.keys((n.properties ?? {}) as object)))]
+}
+
+/** The valid key a typo most likely meant: same letters ignoring case, or within a small edit distance. */
+export function closestKey (key: string, candidates: readonly string[]): string | null {
+  let best: string | null = null
+  let bestDistance = Math.max(2, Math.floor(key.length / 3)) + 1
+  for (const c of candidates) {
+    const d = c.toLowerCase() === key.toLowerCase() ? 0 : editDistance(key, c)
+    if (d < bestDistance) {
+      best = c
+      bestDistance = d
+    }
+  }
+  return best
+}
+
+function editDistance (a: string, b: string): number {
+  let prev = Array.from({ length: b.length + 1 }, (_, j) => j)
+  for (let i = 1; i <= a.length; i++) {
+    const cur = [i]
+    for (let j = 1; j <= b.length; j++) {
+      cur[j] = Math.min((prev[j] as number) + 1, (cur[j - 1] as number) + 1, (prev[j - 1] as number) + (a[i - 1] === b[j - 1] ? 0 : 1))
+    }
+    prev = cur
+  }
+  return prev[b.length] as number
 }
 
 function valueAt (root: unknown, path: KeyPath): unknown {
@@ -214,6 +263,11 @@ function crossChecks (config: GatewayConfig): Array<[KeyPath, string]> {
   if ((config.workers ?? 1) > 1 && config.redis === undefined && sharedLimits) {
     out.push([['workers'], 'workers > 1 needs "redis:" for the shared limits: without it each worker would enforce every limit on its own (N times the budget)'])
   }
+  const listen = config.listen ?? '0.0.0.0:8080'
+  const admin = config.admin ?? '127.0.0.1:9901'
+  if (sameSocket(listen, admin)) {
+    out.push([[config.admin !== undefined ? 'admin' : 'listen'], `"${admin}" is also the ${config.admin !== undefined ? 'listen' : 'admin'} address: the admin listener needs its own port`])
+  }
   // proxy-addr's keywords, or an address, or a CIDR (parsed by ipaddr.js, as at run time)
   const PROXY_KEYWORDS = new Set(['loopback', 'linklocal', 'uniquelocal'])
   config.trustedProxies?.forEach((p, i) => {
@@ -239,6 +293,17 @@ function crossChecks (config: GatewayConfig): Array<[KeyPath, string]> {
     })
   }
   return out
+}
+
+/** Two binds that would collide: same port on the same host, or on a wildcard (port 0 never collides). */
+function sameSocket (a: string, b: string): boolean {
+  const pa = a.slice(a.lastIndexOf(':') + 1)
+  const pb = b.slice(b.lastIndexOf(':') + 1)
+  if (pa !== pb || Number(pa) === 0) return false
+  const ha = a.slice(0, a.lastIndexOf(':'))
+  const hb = b.slice(0, b.lastIndexOf(':'))
+  const wildcard = (h: string): boolean => h === '' || h === '0.0.0.0' || h === '[::]'
+  return ha === hb || wildcard(ha) || wildcard(hb)
 }
 
 function checkLimit (limit: LimitConfig, path: KeyPath): Array<[KeyPath, string]> {

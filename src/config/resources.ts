@@ -4,16 +4,17 @@
 import type { GatewayConfig } from './schema.js'
 import { parseDuration } from './units.js'
 import { UpstreamPool, upstreamSignature, type UpstreamConfig } from '../proxy/upstream-pool.js'
+import { BodyBudget } from '../proxy/body-budget.js'
 import { LocalLevel, DenyCache } from '../limit/local-level.js'
 import { createMemoryStore, type MemoryStore } from '../limit/memory-store.js'
 import { createRedisStore } from '../limit/redis-store.js'
-import { createRedisClient, whenReady } from '../limit/redis-client.js'
+import { clusterNodes, createRedisClient, whenReady } from '../limit/redis-client.js'
 import { InstanceHeartbeat } from '../limit/heartbeat.js'
 import { RedisGuard, type BreakerState } from '../limit/redis-guard.js'
 import type { LimitStore } from '../limit/types.js'
 import type { Telemetry } from '../telemetry.js'
 import type { Logger } from '../log.js'
-import type { Cluster, Redis } from 'ioredis'
+import { Cluster, type Redis } from 'ioredis'
 
 const DEFAULT_MAX_KEYS = 100_000
 // Under Redis Cluster a rejection may come from units a concurrent request is about to refund
@@ -40,15 +41,29 @@ export class ResourceCache {
   private readonly pools = new Map<string, UpstreamPool>()
   private readonly locals = new Map<string, LocalLevel>()
   private memory: { readonly store: MemoryStore, readonly maxKeys: number } | null = null
-  private readonly denies = new Map<number, DenyCache>()
+  private readonly denies = new Map<string, DenyCache>()
   private readonly redis = new Map<string, RedisBundle>()
+
+  /** One per gateway, across reloads: a reload must not hand out a second full budget. */
+  private readonly bodies = new BodyBudget(0)
 
   constructor (private readonly logger: Logger) {}
 
-  pool (config: UpstreamConfig): UpstreamPool {
+  bodyBudget (limitBytes: number): BodyBudget {
+    this.bodies.limit = limitBytes
+    return this.bodies
+  }
+
+  pool (config: UpstreamConfig, telemetry?: Telemetry): UpstreamPool {
     const key = upstreamSignature(config)
     let pool = this.pools.get(key)
-    if (pool === undefined) this.pools.set(key, pool = new UpstreamPool(config))
+    if (pool === undefined) {
+      this.pools.set(key, pool = new UpstreamPool(config))
+      pool.onEject = (upstream, target, reason, forMs) => {
+        telemetry?.upstreamEjection(upstream, target, reason)
+        this.logger.warn({ upstream, target, reason, ejectForMs: forMs }, 'upstream target ejected')
+      }
+    }
     return pool
   }
 
@@ -62,10 +77,14 @@ export class ResourceCache {
     return level
   }
 
+  /**
+   * Keys the shared level rejected. A new Redis endpoint starts a new cache: rejections decided by
+   * another store say nothing about this one.
+   */
   denyCache (config: GatewayConfig): DenyCache {
-    const max = config.local?.maxKeys ?? DEFAULT_MAX_KEYS
-    let deny = this.denies.get(max)
-    if (deny === undefined) this.denies.set(max, deny = new DenyCache(max))
+    const key = denyCacheKey(config)
+    let deny = this.denies.get(key)
+    if (deny === undefined) this.denies.set(key, deny = new DenyCache(config.local?.maxKeys ?? DEFAULT_MAX_KEYS))
     return deny
   }
 
@@ -103,22 +122,39 @@ export class ResourceCache {
       })
       const heartbeat = new InstanceHeartbeat(client, `${keyPrefix}:instances`)
       heartbeat.start()
-      const store = createRedisStore({ client })
+      const store = createRedisStore({
+        client,
+        markerPrefix: keyPrefix,
+        onBackgroundError: (err) => { this.logger.debug({ err: (err as Error).message }, 'redis cluster refund failed') }
+      })
       const guard = new RedisGuard({
         store,
-        fallback: createMemoryStore({ maxKeys: config.local?.maxKeys ?? DEFAULT_MAX_KEYS }),
+        fallbackMaxKeys: config.local?.maxKeys ?? DEFAULT_MAX_KEYS,
         timeoutMs: r.timeout !== undefined ? parseDuration(r.timeout) : 50,
+        ...(r.expectedInstances !== undefined ? { expectedInstances: r.expectedInstances } : {}),
+        ...(client instanceof Cluster ? clusterNodes(client) : { ping: () => client.ping() }),
+        onDebtError: (err, keys) => { this.logger.warn({ err: (err as Error).message, keys }, 'could not write the fallback\'s admissions back to Redis') },
         ...(r.cluster !== undefined ? { denyCacheMaxMs: CLUSTER_DENY_CACHE_MAX_MS } : {}),
         instances: () => heartbeat.instances,
         telemetry,
         onStateChange: (state, reason) => {
+          if (state === 'open' && client instanceof Cluster) refreshSlotsWhileOpen(client, () => guard.breaker)
           // logged once per switch, not per request
           if (state === 'closed') this.logger.info({ breaker: state, reason }, 'rate limiter back on Redis')
-          else this.logger.warn({ breaker: state, reason, instances: heartbeat.instances }, 'rate limiter falling back: Redis unavailable')
+          else this.logger.warn({ breaker: state, reason, instances: bundle?.guard.instances ?? heartbeat.instances }, 'rate limiter falling back: Redis unavailable')
         }
       })
+      // Reachable again (reconnected, or Sentinel handed over a new master): probe at once and
+      // announce this instance, so recovery takes well under a second rather than a back-off.
+      client.on('ready', () => {
+        guard.probeNow()
+        void heartbeat.beat()
+      })
+      // Cluster: a new slot map may name a promoted replica for a dead master's slots
+      if (client instanceof Cluster) client.on('refresh', () => guard.probeNow())
       this.redis.set(key, bundle = { client, store, heartbeat, guard })
     }
+    bundle.guard.expectedInstances = r.expectedInstances ?? 1
     bundle.guard.timeoutMs = r.timeout !== undefined ? parseDuration(r.timeout) : 50
     return bundle.guard
   }
@@ -142,7 +178,7 @@ export class ResourceCache {
   redisStatus (config: GatewayConfig): RedisStatus {
     if (config.redis === undefined) return { configured: false, connected: false, breaker: null, instances: 1 }
     const bundle = this.redis.get(redisConnectionKey(config.redis))
-    return { configured: true, connected: bundle?.client.status === 'ready', breaker: bundle?.guard.breaker ?? null, instances: bundle?.heartbeat.instances ?? 1 }
+    return { configured: true, connected: bundle?.client.status === 'ready', breaker: bundle?.guard.breaker ?? null, instances: bundle?.guard.instances ?? 1 }
   }
 
   localKeys (): number {
@@ -163,8 +199,8 @@ export class ResourceCache {
     }
     const liveLocal = this.localLevel(config)
     for (const [key, level] of this.locals) if (level !== liveLocal) this.locals.delete(key)
-    const liveMax = config.local?.maxKeys ?? DEFAULT_MAX_KEYS
-    for (const key of this.denies.keys()) if (key !== liveMax) this.denies.delete(key)
+    const liveDeny = denyCacheKey(config)
+    for (const key of this.denies.keys()) if (key !== liveDeny) this.denies.delete(key)
     if (this.memory !== null && config.redis !== undefined) {
       closing.push(this.memory.store.close())
       this.memory = null
@@ -199,7 +235,34 @@ function redisConnectionKey (r: NonNullable<GatewayConfig['redis']>): string {
   return JSON.stringify([r.url, r.cluster, r.sentinels, r.name, r.password, r.tls, r.keyPrefix, r.autoPipelining])
 }
 
+const SLOT_REFRESH_MS = 200
+const refreshing = new WeakSet<Cluster>()
+
+/**
+ * While a Cluster master's breaker is open, ask for the slot map every 200 ms: ioredis refreshes
+ * it on errors or every 5 s, and the breaker keeps requests (hence errors) away from the dead
+ * master, so a promoted replica would otherwise go unnoticed for seconds.
+ */
+function refreshSlotsWhileOpen (cluster: Cluster, breaker: () => string): void {
+  if (refreshing.has(cluster)) return
+  refreshing.add(cluster)
+  const timer = setInterval(() => {
+    if (breaker() === 'closed' || cluster.status === 'end') {
+      clearInterval(timer)
+      refreshing.delete(cluster)
+      return
+    }
+    cluster.refreshSlotsCache()
+  }, SLOT_REFRESH_MS)
+  timer.unref()
+}
+
+function denyCacheKey (config: GatewayConfig): string {
+  return JSON.stringify([config.local?.maxKeys ?? DEFAULT_MAX_KEYS, config.redis === undefined ? null : redisConnectionKey(config.redis)])
+}
+
 async function closeRedis (bundle: RedisBundle): Promise<void> {
+  bundle.guard.close()
   await bundle.heartbeat.stop()
   await bundle.store.close()
   bundle.client.disconnect()

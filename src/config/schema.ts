@@ -40,8 +40,13 @@ const target = z.union([httpUrl, z.strictObject({ url: httpUrl, weight: z.int().
 
 export const upstreamSchema = z.strictObject({
   targets: z.array(target).min(1),
-  timeouts: z.strictObject({ connect: duration.optional(), response: duration.optional() }).optional(),
+  timeouts: z.strictObject({
+    connect: duration.optional(),
+    response: duration.optional().describe('until the response headers; default 30s'),
+    idle: duration.optional().describe('longest pause between two reads of the response body; default 60s')
+  }).optional(),
   ejectFor: duration.optional().describe('passive health: how long a failing target is left out; default 10s'),
+  consecutiveFailures: z.int().positive().optional().describe('outlier detection: response timeouts or resets in a row that eject a target; default 5'),
   maxConnections: z.int().positive().optional().describe('per target; default 256')
 })
 
@@ -60,11 +65,15 @@ export const routeSchema = z.strictObject({
   limits: z.strictObject({ api: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional()
 })
 
+// Requests that fail identity are charged to their IP here and against the gateway-wide ip limit.
+const failureLimit = limitSchema.optional().describe('budget of failed identity checks per client IP; default 10 per 1m')
+
 const identitySchema = z.union([
-  z.strictObject({ header: z.string().min(1), required: z.boolean().optional() }),
+  z.strictObject({ header: z.string().min(1), required: z.boolean().optional(), failureLimit }),
   z.strictObject({
     apiKeys: z.strictObject({ header: z.string().min(1), keys: z.record(z.string(), z.string()) }),
-    required: z.boolean().optional()
+    required: z.boolean().optional(),
+    failureLimit
   }),
   z.strictObject({
     jwt: z.strictObject({
@@ -77,7 +86,8 @@ const identitySchema = z.union([
       audience: z.string().optional(),
       algorithms: z.array(z.string()).optional()
     }),
-    required: z.boolean().optional()
+    required: z.boolean().optional(),
+    failureLimit
   })
 ])
 
@@ -91,7 +101,9 @@ export const redisSchema = z.strictObject({
   keyPrefix: z.string().regex(/^[A-Za-z0-9_.:-]+$/).optional().describe('default "gw"'),
   timeout: duration.optional().describe('bound on every Redis call; default 50ms'),
   onError: z.enum(ON_ERROR).optional().describe('default local'),
-  autoPipelining: z.boolean().optional()
+  autoPipelining: z.boolean().optional(),
+  expectedInstances: z.int().min(1).max(1024).optional()
+    .describe('gateway instances sharing the budget: the least the onError: local fallback divides each limit by; default 1')
 })
 
 export const configSchema = z.strictObject({
@@ -108,7 +120,11 @@ export const configSchema = z.strictObject({
     requestTimeout: duration.optional(),
     keepAliveTimeout: duration.optional(),
     maxHeaderSize: z.int().min(1024).max(1048576).optional(),
-    shutdownTimeout: duration.optional()
+    shutdownTimeout: duration.optional(),
+    bufferBodies: size.optional().describe('request bodies up to this size are read whole before an upstream connection is taken; 0 streams every body; default 1mb'),
+    bufferBodiesTotal: size.optional().describe('gateway-wide cap on bytes held by bufferBodies; beyond it bodies stream; default 64mb'),
+    clientBodyTimeout: duration.optional().describe('longest pause between two reads of a request body; default 60s'),
+    sendTimeout: duration.optional().describe('longest a response write may wait for the client to read; default 60s')
   }).optional(),
   tls: z.strictObject({ cert: z.string(), key: z.string() }).optional(),
   redis: redisSchema.optional(),
@@ -132,5 +148,24 @@ export type RedisConfig = z.infer<typeof redisSchema>
 
 /** The JSON Schema editors use to autocomplete gateway.yaml (committed as gateway.schema.json). */
 export function gatewayJsonSchema (): Record<string, unknown> {
-  return z.toJSONSchema(configSchema, { io: 'input', unrepresentable: 'any' }) as Record<string, unknown>
+  const schema = z.toJSONSchema(configSchema, { io: 'input', unrepresentable: 'any' }) as Record<string, unknown>
+  acceptEnvReferences(schema)
+  return schema
+}
+
+/**
+ * `${VAR}` / `${VAR:-default}` is substituted in string values before validation (load.ts), so
+ * the editor schema must accept a reference where a pattern applies, or it flags valid files.
+ */
+export const ENV_REFERENCE_PATTERN = '\\$\\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\\}'
+
+function acceptEnvReferences (node: unknown): void {
+  if (Array.isArray(node)) {
+    for (const item of node) acceptEnvReferences(item)
+    return
+  }
+  if (node === null || typeof node !== 'object') return
+  const obj = node as Record<string, unknown>
+  if (typeof obj.pattern === 'string') obj.pattern = `(${obj.pattern})|${ENV_REFERENCE_PATTERN}`
+  for (const value of Object.values(obj)) acceptEnvReferences(value)
 }

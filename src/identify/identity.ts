@@ -124,9 +124,11 @@ async function compileJwt (jwt: JwtConfig, absent: IdentityResult): Promise<Iden
   if (jwt.audience !== undefined) options.audience = jwt.audience
 
   const name = headerName(jwt.header ?? 'authorization')
-  // With the Authorization header another scheme (Basic, ...) is someone else's credential, not a
-  // bad token; a custom header may also carry the bare token.
+  // A custom header may carry the bare token; Authorization must say "Bearer <token>".
   const bareTokenAllowed = name !== 'authorization'
+  // Anything else in the header (another scheme, "Bearer\t", "Bearer:", a bare token) is refused:
+  // treated as anonymous it would reach the upstream unverified, and the upstream may believe it.
+  const notBearer = failure('credentials are not a Bearer token')
   const tooLarge = failure('token too large')
   const repeated = failure('token header repeated')
   const noUser = failure(`token has no usable "${claim}" claim`)
@@ -161,7 +163,7 @@ async function compileJwt (jwt: JwtConfig, absent: IdentityResult): Promise<Iden
       if (raw === undefined) return absent
       if (typeof raw !== 'string') return repeated
       const token = bearerToken(raw, bareTokenAllowed)
-      if (token === null) return absent
+      if (token === null) return notBearer
       if (token.length > MAX_TOKEN_LENGTH) return tooLarge
       return verified.get(token) ?? verify(token)
     }

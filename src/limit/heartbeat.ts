@@ -9,6 +9,8 @@ const SCRIPT = readFileSync(new URL('../../lua/heartbeat.lua', import.meta.url),
 export class InstanceHeartbeat {
   readonly id = randomUUID()
   private count = 1
+  /** When readings below `count` began (null: the last reading was not below it). */
+  private lowSince: number | null = null
   private timer: NodeJS.Timeout | null = null
 
   constructor (
@@ -32,9 +34,26 @@ export class InstanceHeartbeat {
   async beat (): Promise<void> {
     try {
       const n = await this.client.eval(SCRIPT, 1, this.key, this.id, String(this.intervalMs * 3))
-      if (typeof n === 'number' && n > 0) this.count = n
+      if (typeof n === 'number' && n > 0) this.observe(n, Date.now())
     } catch {
       // Redis away: keep the last known count (see RedisGuard).
+    }
+  }
+
+  /**
+   * A lower count is believed only once it has held for a whole interval: a Redis restarted empty
+   * (or a replica promoted before every instance beat on it) shows this instance alone until the
+   * others beat again, and the fallback would then hand each instance the whole budget.
+   */
+  observe (n: number, nowMs: number): void {
+    if (n >= this.count) {
+      this.count = n
+      this.lowSince = null
+    } else if (this.lowSince === null) {
+      this.lowSince = nowMs
+    } else if (nowMs - this.lowSince >= this.intervalMs) {
+      this.count = n
+      this.lowSince = null
     }
   }
 

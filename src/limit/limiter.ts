@@ -48,27 +48,31 @@ const LOCAL_LIMIT = 'local'
 export class Limiter {
   constructor (private readonly options: LimiterOptions) {}
 
+  /**
+   * The local level, keyed by client IP only: it runs before identity (a user header is the
+   * client's word until verified, and rotating it must not buy a fresh bucket) and before a 404
+   * or 400 is answered, so floods of any kind are shed without verification work. Null = pass.
+   */
+  local (ipKey: string, route: string): LimitVerdict | null {
+    const local = this.options.local
+    if (local === null) return null
+    const wait = local.take(ipKey, performance.now())
+    if (wait === 0) return null
+    this.options.telemetry.limitDecision(route, 'local', 'local', 'rejected')
+    return this.reject(429, 'local', LOCAL_LIMIT, local.options.limit, wait, local.policy, 0, wait)
+  }
+
   /** Synchronous unless the shared level has to ask Redis: the in-process path allocates no Promise. */
   check (req: LimitRequest): LimitVerdict | Promise<LimitVerdict> {
-    const { local, deny, telemetry } = this.options
+    const { deny, telemetry } = this.options
     // monotonic: a wall-clock step back must not freeze refills (the stores are monotonic too)
     const now = performance.now()
-
-    if (local !== null) {
-      // Users and addresses share one map: a user's bucket is "u:"-prefixed, which no address
-      // key starts with, so a user named like an address cannot spend that address's budget.
-      const wait = local.take(req.user === null ? req.ipKey : 'u:' + req.user, now)
-      if (wait > 0) {
-        telemetry.limitDecision(req.route, 'local', 'local', 'rejected')
-        return this.reject(429, 'local', LOCAL_LIMIT, local.options.limit, wait, local.policy, 0, wait)
-      }
-    }
     const plan = req.plan
     if (plan.all.length === 0) return ALLOW_NO_HEADERS
 
     const { checks, limits } = buildChecks(plan.enforced, req)
     for (let i = 0; i < checks.length; i++) {
-      const left = deny.remaining((checks[i] as LimitCheck).key, now)
+      const left = deny.remaining(denyKey(checks[i] as LimitCheck), now)
       if (left > 0) {
         const l = limits[i] as PlannedLimit
         telemetry.limitDecision(req.route, l.dimension, 'local', 'rejected')
@@ -100,7 +104,7 @@ export class Limiter {
         // A Redis Cluster rejection may be a refund race (RedisGuardOptions.denyCacheMaxMs):
         // cached whole, it would lock the client out for the full wait.
         const hold = level === 'redis' && this.options.guard !== null ? Math.min(decision.retryAfterMs, this.options.guard.denyCacheMaxMs) : decision.retryAfterMs
-        deny.add((checks[decision.limitingIndex] as LimitCheck).key, now + hold)
+        deny.add(denyKey(checks[decision.limitingIndex] as LimitCheck), now + hold)
       }
       // -1 ("never": the cost is above what the limit can ever hold, e.g. a fallback share):
       // a whole window is the most honest wait to advertise.
@@ -136,7 +140,9 @@ export class Limiter {
   private reject (status: number, dimension: string, name: string, quota: number, retryAfterMs: number, policy: string, remaining: number, resetMs: number): LimitVerdict {
     const headers = this.headers(policy, name, quota, remaining, resetMs)
     headers.push(['retry-after', String(Math.max(1, Math.ceil(retryAfterMs / 1000)))])
-    return { kind: 'reject', status, body: { error: 'rate_limited', message: ERRORS.GW_ERR_RATE_LIMITED.message, dimension, limit: name, retryAfterMs }, headers }
+    // the local level and the deny cache measure waits on performance.now(): a client gets whole ms
+    const wholeMs = Math.max(1, Math.ceil(retryAfterMs))
+    return { kind: 'reject', status, body: { error: 'rate_limited', message: ERRORS.GW_ERR_RATE_LIMITED.message, dimension, limit: name, retryAfterMs: wholeMs }, headers }
   }
 
   // draft-ietf-httpapi-ratelimit-headers: RateLimit-Policy names the quota, RateLimit carries the
@@ -157,6 +163,14 @@ export class Limiter {
 
 const ALLOW_NO_HEADERS: LimitVerdict = Object.freeze({ kind: 'allow', headers: null, delayMs: 0 })
 const UNAVAILABLE: LimitVerdict = Object.freeze({ kind: 'unavailable' })
+
+/**
+ * A rejection holds for one (key, cost): the key names the limit's parameters but not its cost,
+ * so a reload that changes only the cost must not keep the lockout the old cost earned.
+ */
+function denyKey (check: LimitCheck): string {
+  return check.cost === 1 ? check.key : `${check.key}#${check.cost}`
+}
 
 /** The checks that apply to this request: a `user` limit is skipped for anonymous requests. */
 function buildChecks (planned: readonly PlannedLimit[], req: LimitRequest): { checks: LimitCheck[], limits: PlannedLimit[] } {

@@ -80,6 +80,10 @@ export interface MemoryStore extends LimitStore {
   decide(checks: readonly LimitCheck[], requestId: string): LimitDecision
   /** Keys currently held (including expired ones not yet purged). */
   readonly size: number
+  /** Forgets every key (the Redis fallback starts each outage afresh). */
+  clear(): void
+  /** Forgets one key. */
+  forget(key: string): void
 }
 
 const monotonicUs = (): number => Math.floor((performance.timeOrigin + performance.now()) * 1000)
@@ -109,6 +113,8 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
       return decideAt(map, checks, requestId, now())
     },
     get size () { return cache.size },
+    clear () { cache.clear() },
+    forget (key) { cache.delete(key) },
     async close () { cache.clear() }
   }
 }

@@ -112,3 +112,23 @@ export function compileRouteLimitPlan (config: GatewayConfig, route: RouteConfig
     all: Object.freeze(all)
   })
 }
+
+/** What `identity.failureLimit` is when the file does not say: 10 failed checks per minute per IP. */
+export const DEFAULT_FAILURE_LIMIT: LimitConfig = Object.freeze({ limit: 10, window: '1m' })
+export const FAILURE_LIMIT_NAME = 'identity.failures'
+
+/**
+ * The limits a request that failed identity is charged against, in one store call: the
+ * gateway-wide `ip` limit and the failed-identity budget of its IP. Empty without identity.
+ */
+export function compileFailurePlan (config: GatewayConfig): RouteLimitPlan {
+  const identity = config.identity
+  if (identity === undefined) return EMPTY_PLAN
+  const keyPrefix = config.redis?.keyPrefix ?? 'gw'
+  const all: PlannedLimit[] = []
+  if (config.limits?.ip !== undefined && config.limits.ip.mode !== 'shadow') all.push(planLimit(config, GATEWAY_SCOPE, 'ip', config.limits.ip, keyPrefix))
+  // "*identity" cannot be a route name (schema), so no route's ip limit can share these keys.
+  const failures = planLimit(config, '*identity', 'ip', { ...(identity.failureLimit ?? DEFAULT_FAILURE_LIMIT), mode: 'enforce' }, keyPrefix)
+  all.push(Object.freeze({ ...failures, name: FAILURE_LIMIT_NAME, policy: `"${FAILURE_LIMIT_NAME}";q=${failures.spec.limit};w=${Math.max(1, Math.ceil(failures.spec.windowMs / 1000))}` }))
+  return Object.freeze({ enforced: Object.freeze(all), shadow: Object.freeze([]), all: Object.freeze(all) })
+}

@@ -1,4 +1,5 @@
 import { Cluster, Redis, type ClusterOptions, type RedisOptions } from 'ioredis'
+import { keySlot } from './keys.js'
 
 // Builds the ioredis client the Redis store runs on: standalone (url), Cluster or Sentinel.
 // Tuned to fail fast: the limiter wraps every call in its own timeout and falls back to a
@@ -23,9 +24,13 @@ export interface RedisClientOptions {
   readonly onError?: (err: Error) => void
 }
 
-/** Reconnect delay: 50 ms doubling to a 2 s cap, with jitter so instances do not reconnect in step. */
+/**
+ * Reconnect delay: 25 ms doubling to a 200 ms cap, with jitter so instances do not reconnect in
+ * step. The cap bounds how long a Redis that is back goes unused (issue 8: within 1 s); a
+ * connection attempt to a dead local port every ~0.5 s costs next to nothing.
+ */
 export function reconnectDelayMs (attempt: number): number {
-  return Math.min(2000, 50 * 2 ** Math.min(attempt, 6)) + Math.floor(Math.random() * 100)
+  return Math.min(200, 25 * 2 ** Math.min(attempt, 6)) + Math.floor(Math.random() * 50)
 }
 
 function common (opts: RedisClientOptions): RedisOptions {
@@ -69,6 +74,9 @@ export function createRedisClient (opts: RedisClientOptions): Redis | Cluster {
       enableOfflineQueue: false,
       enableAutoPipelining: opts.enableAutoPipelining ?? false,
       clusterRetryStrategy: reconnectDelayMs,
+      // Asking a dead master for the slot map must not hold up learning of its replica's
+      // promotion (default 1000 ms per attempt).
+      slotsRefreshTimeout: 250,
       redisOptions: {
         ...nodeOptions,
         ...(password !== undefined ? { password } : {}),
@@ -110,4 +118,26 @@ export async function whenReady (client: Redis | Cluster, timeoutMs = 5000): Pro
     }
     client.once('ready', onReady)
   })
+}
+
+/**
+ * Redis Cluster: the master serving a key's slot, from ioredis's slot map (refreshed on MOVED and
+ * after a failover), and the masters serving slots now. What RedisGuard keys its breakers by.
+ */
+export function clusterNodes (cluster: Cluster): { nodeOf: (key: string) => string, liveNodes: () => ReadonlySet<string>, ping: (node: string) => Promise<unknown> } {
+  return {
+    ping: async (node) => {
+      const redis = cluster.nodes('master').find((n) => `${n.options.host}:${n.options.port}` === node)
+      if (redis === undefined) throw new Error(`no connection to ${node}`)
+      return await redis.ping()
+    },
+    nodeOf: (key) => cluster.slots[keySlot(key)]?.[0] ?? 'unknown',
+    // From the slot map, not the connection pool: ioredis drops a node from its pool as soon as
+    // its connection ends, while the node still serves its slots until a replica takes over.
+    liveNodes: () => {
+      const live = new Set<string>()
+      for (const owners of cluster.slots) if (owners?.[0] !== undefined) live.add(owners[0])
+      return live
+    }
+  }
 }

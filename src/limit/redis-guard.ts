@@ -1,8 +1,19 @@
 // Keeps a Redis failure from becoming an outage: every call is bounded by `timeoutMs`, a circuit
 // breaker stops calling a dead Redis and probes it back, and while Redis is away each limit
-// follows its `onError`: `local` keeps limiting in process (the limit divided by the number of
-// live gateway instances, last seen through a heartbeat key), `allow` fails open, `deny` fails
+// follows its `onError`: `local` keeps limiting in process, `allow` fails open, `deny` fails
 // closed with 503.
+//
+// The `local` fallback (issue 8): n instances share the budget, so each takes 1/n of it. Rather
+// than dividing the limit (which rounds, can make a valid limit invalid and changes the units a
+// bucket's state is kept in), every unit admitted in the fallback costs n units of the unchanged
+// limit: exact shares, the same state units whatever n is, and a request whose cost x n exceeds
+// the whole limit is refused while Redis is away (with n instances and limit < n that is the only
+// way the fleet can stay within the limit). Each key starts from what Redis last said was left of
+// it (divided the same way), not from a whole budget, and what the fallback admitted is written
+// back to Redis (a debt) as soon as Redis answers again, so the rest of the window accounts for it.
+import { LRUCache } from 'lru-cache'
+import { MAX_EXACT } from './algorithms/index.js'
+import { createMemoryStore, type MemoryStore } from './memory-store.js'
 import type { LimitCheck, LimitDecision, LimitSpec, LimitStore } from './types.js'
 import type { OnError } from './plan.js'
 import type { Telemetry } from '../telemetry.js'
@@ -18,12 +29,41 @@ export interface GuardedDecision {
   readonly unavailable: boolean
 }
 
+/** What the guard needs of the Redis store: deciding, and writing a fallback's debt back. */
+export interface GuardedStore extends LimitStore {
+  decideDetailed?(checks: readonly LimitCheck[], requestId: string): Promise<{ readonly decision: LimitDecision, readonly remainings: readonly number[] }>
+  charge?(checks: readonly LimitCheck[]): Promise<void>
+}
+
 export interface RedisGuardOptions {
-  readonly store: LimitStore
-  readonly fallback: LimitStore
+  readonly store: GuardedStore
+  /** Keys the fallback may hold (the in-process store's and the learned remainings' bound). */
+  readonly fallbackMaxKeys: number
   readonly timeoutMs: number
   /** Live gateway instances sharing the budget (from the heartbeat); at least 1. */
   readonly instances: () => number
+  /**
+   * Floor of the instance count the fallback divides by (`redis.expectedInstances`): an instance
+   * started while Redis is down has never seen the others and would otherwise count 1.
+   */
+  readonly expectedInstances?: number
+  /**
+   * Redis Cluster: the master currently serving `key` (its slot's owner). Each gets its own
+   * breaker, so a dead master sends only its own slots to the fallback and probes go to it.
+   */
+  readonly nodeOf?: (key: string) => string
+  /** Redis Cluster: the masters serving slots now; breakers of other nodes (failed over) are ignored. */
+  readonly liveNodes?: () => ReadonlySet<string>
+  /**
+   * A cheap call (PING) to `node` ('*' without Cluster) the guard makes on a timer while its
+   * breaker is open, so that it closes, and the fallback's debt is written back, even when no
+   * request comes to probe.
+   */
+  readonly ping?: (node: string) => Promise<unknown>
+  /** Tests only: the fallback store's clock in µs (default: monotonic). */
+  readonly fallbackNowUs?: () => number
+  /** A debt that could not be written back (Redis failed again). */
+  readonly onDebtError?: (err: unknown, keys: number) => void
   readonly telemetry: Telemetry
   readonly onStateChange: (state: BreakerState, reason: string) => void
   /**
@@ -39,78 +79,250 @@ export interface RedisGuardOptions {
   readonly maxOpenMs?: number
 }
 
+/**
+ * Retry-After of a fallback refusal whose cost the instance's share can never hold: it lasts only
+ * until Redis is back, which the breaker probes for within a second.
+ */
+const FALLBACK_RETRY_MS = 1000
+
+interface Learned {
+  readonly spec: LimitSpec
+  remaining: number
+  readonly atMs: number
+  /** Until then `remaining` caps what Redis reports: other instances' debts may not have landed yet. */
+  holdUntil: number
+}
+
+/** How long after an outage the estimate caps Redis's answers: every instance's debt has landed by then. */
+const DEBT_SETTLE_MS = 1000
+
+interface Debt {
+  readonly spec: LimitSpec
+  units: number
+}
+
+/** One stretch of fallback decisions, from the first one to Redis answering again. */
+interface Outage {
+  readonly debt: Map<string, Debt>
+  readonly seeded: Set<string>
+}
+
 const ALLOW_ALL: LimitDecision = Object.freeze({ allowed: true, remaining: -1, retryAfterMs: 0, resetMs: 0, limitingIndex: -1, delayMs: 0 })
 
 class RedisTimeoutError extends Error {
   readonly code = 'GW_ERR_REDIS_TIMEOUT'
 }
 
+const WORST: readonly BreakerState[] = ['open', 'half-open', 'closed']
+
+/** One circuit breaker: per Redis Cluster master, or one for a standalone/Sentinel Redis. */
+class Breaker {
+  state: BreakerState = 'closed'
+  failures = 0
+  openedAt = 0
+  openFor: number
+  probing = false
+  constructor (readonly node: string, baseOpenMs: number) {
+    this.openFor = baseOpenMs
+  }
+}
+
 export class RedisGuard {
-  private state: BreakerState = 'closed'
-  private failures = 0
-  private openedAt = 0
-  private openFor: number
-  private probing = false
-  private readonly divided = new WeakMap<LimitSpec, { n: number, spec: LimitSpec }>()
+  /** Keyed by node ('*' without Cluster). A master's breaker only sends its own slots to the fallback. */
+  private readonly breakers = new Map<string, Breaker>()
+  private readonly fallbackStore: MemoryStore
+  /** Each key's remaining as Redis last reported it: where the fallback starts from. */
+  private readonly learned: LRUCache<string, Learned>
+  private outage: Outage | null = null
+  private readonly maxKeys: number
   private readonly threshold: number
   /** Bound on each call; a reload that changes only `redis.timeout` updates it in place. */
   timeoutMs: number
+  /** `redis.expectedInstances`; updated in place by a reload. */
+  expectedInstances: number
   private readonly baseOpenMs: number
   private readonly maxOpenMs: number
+  private worst: BreakerState = 'closed'
+  private pinger: NodeJS.Timeout | null = null
   readonly denyCacheMaxMs: number
 
   constructor (private readonly options: RedisGuardOptions) {
     this.denyCacheMaxMs = options.denyCacheMaxMs ?? Infinity
     this.threshold = options.failureThreshold ?? 3
     this.timeoutMs = options.timeoutMs
-    this.baseOpenMs = options.openMs ?? 500
-    this.maxOpenMs = options.maxOpenMs ?? 5000
-    this.openFor = this.baseOpenMs
+    this.expectedInstances = options.expectedInstances ?? 1
+    // Short and capped at 1 s: a Redis that is back must be used again within a second
+    // (the probe on the client's 'ready' event usually comes sooner, see probeNow).
+    this.baseOpenMs = options.openMs ?? 250
+    this.maxOpenMs = options.maxOpenMs ?? 1000
+    this.maxKeys = options.fallbackMaxKeys
+    this.fallbackStore = createMemoryStore({ maxKeys: this.maxKeys, ...(options.fallbackNowUs !== undefined ? { now: options.fallbackNowUs } : {}) })
+    this.learned = new LRUCache({ max: this.maxKeys })
   }
 
+  /** The worst state among the breakers (open if any node is open). */
   get breaker (): BreakerState {
-    return this.state
+    return this.recomputeWorst()
+  }
+
+  // A master that failed over keeps its open breaker (nothing routes to it any more): it no
+  // longer counts once it serves no slot.
+  private recomputeWorst (): BreakerState {
+    const live = this.options.liveNodes?.()
+    let worst: BreakerState = 'closed'
+    for (const [node, b] of this.breakers) {
+      if (live !== undefined && !live.has(node)) {
+        if (b.state !== 'closed' && !b.probing) this.breakers.delete(node)
+        continue
+      }
+      if (WORST.indexOf(b.state) < WORST.indexOf(worst)) worst = b.state
+    }
+    if (worst !== this.worst) {
+      this.worst = worst
+      this.options.telemetry.breakerState(BREAKER_GAUGE[worst])
+    }
+    return worst
+  }
+
+  /** Instances the fallback divides each budget among. */
+  get instances (): number {
+    return Math.max(1, this.expectedInstances, this.options.instances())
+  }
+
+  /**
+   * Redis is reachable again (the client's 'ready', Sentinel's switch to a new master, Cluster's
+   * slot map refreshed): the next request to each open node probes it at once instead of
+   * waiting out the breaker's back-off.
+   */
+  probeNow (): void {
+    for (const b of this.breakers.values()) if (b.state === 'open') b.openedAt = 0
+  }
+
+  private breakerOf (node: string): Breaker {
+    let b = this.breakers.get(node)
+    if (b === undefined) {
+      // Cluster nodes come and go with failovers: forget closed breakers of departed nodes.
+      if (this.breakers.size >= 64) for (const [k, v] of this.breakers) if (v.state === 'closed') this.breakers.delete(k)
+      this.breakers.set(node, b = new Breaker(node, this.baseOpenMs))
+    }
+    return b
+  }
+
+  /** The breakers of the nodes holding `checks` (one for a standalone or Sentinel Redis). */
+  private breakersFor (checks: readonly LimitCheck[]): Breaker[] {
+    const nodeOf = this.options.nodeOf
+    if (nodeOf === undefined) return [this.breakerOf('*')]
+    const list: Breaker[] = []
+    for (const c of checks) {
+      const b = this.breakerOf(nodeOf(c.key))
+      if (!list.includes(b)) list.push(b)
+    }
+    return list
   }
 
   async decide (checks: readonly LimitCheck[], limits: readonly { readonly onError: OnError }[], requestId: string): Promise<GuardedDecision> {
-    if (this.state === 'open') {
-      if (Date.now() - this.openedAt < this.openFor || this.probing) return this.fallback(checks, limits, requestId)
-      this.setState('half-open', 'probing Redis')
-    } else if (this.state === 'half-open' && this.probing) {
-      return this.fallback(checks, limits, requestId)
+    const involved = this.breakersFor(checks)
+    const now = Date.now()
+    // A request touching an open node is decided by the fallback whole (all or nothing stays
+    // simple); one whose nodes are all closed, or due for a probe, goes to Redis.
+    for (const b of involved) {
+      if (b.state === 'closed') continue
+      if (b.probing || now - b.openedAt < b.openFor) return this.fallback(checks, limits, requestId)
     }
-    const probe = this.state === 'half-open'
-    if (probe) this.probing = true
+    const probes: Breaker[] = []
+    for (const b of involved) {
+      if (b.state === 'closed') continue
+      b.probing = true
+      probes.push(b)
+      this.setState(b, 'half-open', 'probing Redis')
+    }
     const started = process.hrtime.bigint()
     try {
-      const decision = await this.withTimeout(this.options.store.decide(checks, requestId))
+      const store = this.options.store
+      let decision: LimitDecision
+      if (store.decideDetailed !== undefined) {
+        const detailed = await this.withTimeout(store.decideDetailed(checks, requestId))
+        decision = detailed.decision
+        this.learn(checks, detailed.remainings)
+      } else {
+        decision = await this.withTimeout(store.decide(checks, requestId))
+      }
       this.options.telemetry.redisCall(Number(process.hrtime.bigint() - started) / 1e9, true, null)
-      this.failures = 0
-      if (this.state !== 'closed') {
-        this.openFor = this.baseOpenMs
-        this.setState('closed', 'Redis answers again')
+      for (const b of involved) {
+        b.failures = 0
+        if (b.state !== 'closed') {
+          b.openFor = this.baseOpenMs
+          this.setState(b, 'closed', 'Redis answers again')
+        }
+      }
+      if (this.outage !== null) {
+        if (this.worst === 'closed' || this.recomputeWorst() === 'closed') this.endOutage()
+        else this.settleKeys(this.outage, checks)
       }
       return { decision, level: 'redis', unavailable: false }
     } catch (err) {
       const kind = err instanceof RedisTimeoutError ? 'timeout' : errorKind(err)
       this.options.telemetry.redisCall(Number(process.hrtime.bigint() - started) / 1e9, false, kind)
-      this.failures++
-      if (probe || (this.state === 'closed' && this.failures >= this.threshold)) {
-        if (probe) this.openFor = Math.min(this.maxOpenMs, this.openFor * 2)
-        this.openedAt = Date.now()
-        this.setState('open', `Redis ${kind}: ${(err as Error).message}`)
+      for (const b of involved) {
+        b.failures++
+        const probe = probes.includes(b)
+        if (probe || (b.state === 'closed' && b.failures >= this.threshold)) {
+          if (probe) b.openFor = Math.min(this.maxOpenMs, b.openFor * 2)
+          b.openedAt = Date.now()
+          this.setState(b, 'open', `Redis ${kind}: ${(err as Error).message}`)
+        }
       }
       return this.fallback(checks, limits, requestId)
     } finally {
-      if (probe) this.probing = false
+      for (const b of probes) b.probing = false
     }
   }
 
-  private setState (state: BreakerState, reason: string): void {
-    if (state === this.state) return
-    this.state = state
-    this.options.telemetry.breakerState(BREAKER_GAUGE[state])
-    this.options.onStateChange(state, reason)
+  private setState (b: Breaker, state: BreakerState, reason: string): void {
+    if (state === b.state) return
+    b.state = state
+    this.recomputeWorst()
+    if (state === 'open') this.startPinger()
+    this.options.onStateChange(state, b.node === '*' ? reason : `${b.node}: ${reason}`)
+  }
+
+  // Probes without traffic: every 250 ms while a breaker is open, PING (standalone, Sentinel) or
+  // look for a new slot map (Cluster: a failed-over master's breaker no longer counts).
+  private startPinger (): void {
+    if (this.pinger !== null) return
+    this.pinger = setInterval(() => { void this.tick() }, 250)
+    this.pinger.unref()
+  }
+
+  private async tick (): Promise<void> {
+    const ping = this.options.ping
+    if (ping !== undefined) {
+      await Promise.all([...this.breakers.values()].map(async (b) => {
+        if (b.state !== 'open' || b.probing) return
+        b.probing = true
+        try {
+          await this.withTimeout(ping(b.node))
+          b.failures = 0
+          b.openFor = this.baseOpenMs
+          this.setState(b, 'closed', 'Redis answers again')
+        } catch {
+          // still away: requests keep probing on their own schedule too
+        } finally {
+          b.probing = false
+        }
+      }))
+    }
+    if (this.recomputeWorst() === 'closed') {
+      if (this.outage !== null) this.endOutage()
+      if (this.pinger !== null) clearInterval(this.pinger)
+      this.pinger = null
+    }
+  }
+
+  /** Stops the probe timer (the client is being closed). */
+  close (): void {
+    if (this.pinger !== null) clearInterval(this.pinger)
+    this.pinger = null
   }
 
   private withTimeout<T> (p: Promise<T> | T): Promise<T> {
@@ -121,37 +333,130 @@ export class RedisGuard {
     })
   }
 
-  private async fallback (checks: readonly LimitCheck[], limits: readonly { readonly onError: OnError }[], requestId: string): Promise<GuardedDecision> {
+  private learn (checks: readonly LimitCheck[], remainings: readonly number[]): void {
+    const atMs = Date.now()
+    for (let i = 0; i < checks.length; i++) {
+      let remaining = remainings[i] as number
+      if (remaining < 0) continue
+      const check = checks[i] as LimitCheck
+      const known = this.learned.get(check.key)
+      let holdUntil = 0
+      if (known !== undefined && known.holdUntil > atMs && known.spec === check.spec) {
+        remaining = Math.min(remaining, known.remaining)
+        holdUntil = known.holdUntil
+      }
+      this.learned.set(check.key, { spec: check.spec, remaining, atMs, holdUntil })
+    }
+  }
+
+  // Redis answers again: write back what the fallback admitted, and count it in what was learned
+  // until Redis's answers include it. The other instances' fallbacks are assumed to have admitted
+  // as much as this one (each had the same share), and for a second that estimate caps what
+  // Redis reports, which may not include their debts yet: otherwise the next outage (a pause that
+  // repeats) would start again from a remaining that is no longer there.
+  private endOutage (): void {
+    const outage = this.outage as Outage
+    this.outage = null
+    this.fallbackStore.clear()
+    this.settle([...outage.debt])
+  }
+
+  // Redis answered for these keys while the outage goes on elsewhere (another Cluster master is
+  // still down): settle their debt now, and let a later fallback start again from Redis's answer
+  // rather than from fallback state that misses what Redis admitted in between.
+  private settleKeys (outage: Outage, checks: readonly LimitCheck[]): void {
+    const owed: Array<[string, Debt]> = []
+    for (const check of checks) {
+      if (!outage.seeded.delete(check.key)) continue
+      this.fallbackStore.forget(check.key)
+      const debt = outage.debt.get(check.key)
+      if (debt === undefined) continue
+      outage.debt.delete(check.key)
+      owed.push([check.key, debt])
+    }
+    if (owed.length > 0) this.settle(owed)
+  }
+
+  private settle (owed: ReadonlyArray<readonly [string, Debt]>): void {
+    if (owed.length === 0) return
+    const checks: LimitCheck[] = []
+    const n = this.instances
+    const holdUntil = Date.now() + DEBT_SETTLE_MS
+    for (const [key, debt] of owed) {
+      checks.push({ key, spec: debt.spec, cost: debt.units })
+      const known = this.learned.get(key)
+      if (known !== undefined && known.spec === debt.spec) {
+        known.remaining = Math.max(0, known.remaining - debt.units * n)
+        known.holdUntil = holdUntil
+      }
+    }
+    const charge = this.options.store.charge
+    if (charge === undefined) return
+    charge.call(this.options.store, checks).catch((err: unknown) => this.options.onDebtError?.(err, checks.length))
+  }
+
+  private fallback (checks: readonly LimitCheck[], limits: readonly { readonly onError: OnError }[], requestId: string): GuardedDecision {
     const kept: LimitCheck[] = []
     const index: number[] = []
-    const n = Math.max(1, this.options.instances())
+    const n = this.instances
     for (let i = 0; i < checks.length; i++) {
       const mode = limits[i]?.onError
       if (mode === 'deny') return { decision: ALLOW_ALL, level: 'fallback', unavailable: true }
       if (mode === 'allow') continue
       const check = checks[i] as LimitCheck
-      kept.push({ key: check.key, cost: check.cost, spec: this.dividedSpec(check.spec, n) })
+      kept.push({ key: check.key, spec: check.spec, cost: shareCost(check, n) })
       index.push(i)
     }
     if (kept.length === 0) return { decision: ALLOW_ALL, level: 'fallback', unavailable: false }
-    const d = await this.options.fallback.decide(kept, requestId)
-    const decision = d.limitingIndex === -1 ? d : { ...d, limitingIndex: index[d.limitingIndex] ?? -1 }
+    const outage = this.outage ??= { debt: new Map(), seeded: new Set() }
+    for (const check of kept) this.seed(outage, check)
+    const d = this.fallbackStore.decide(kept, requestId)
+    if (d.allowed) {
+      for (const i of index) this.owe(outage, checks[i] as LimitCheck)
+    }
+    const decision: LimitDecision = {
+      ...d,
+      // In units of the whole limit again (each instance holds 1/n of it).
+      remaining: Math.floor(d.remaining / n),
+      // "never" only while Redis is away and this instance's share is too small for the cost.
+      retryAfterMs: d.retryAfterMs < 0 ? Math.min(FALLBACK_RETRY_MS, (kept[d.limitingIndex] as LimitCheck).spec.windowMs) : d.retryAfterMs,
+      limitingIndex: d.limitingIndex === -1 ? -1 : index[d.limitingIndex] ?? -1
+    }
     return { decision, level: 'fallback', unavailable: false }
   }
 
-  // Each of n instances enforces 1/n of the budget, so together they never exceed it.
-  private dividedSpec (spec: LimitSpec, n: number): LimitSpec {
-    if (n === 1) return spec
-    const cached = this.divided.get(spec)
-    if (cached !== undefined && cached.n === n) return cached.spec
-    const divided: LimitSpec = Object.freeze({
-      ...spec,
-      limit: Math.max(1, Math.floor(spec.limit / n)),
-      burst: Math.max(1, Math.floor(spec.burst / n))
-    })
-    this.divided.set(spec, { n, spec: divided })
-    return divided
+  // The first time an outage meets a key, its fallback state starts from what Redis last said was
+  // left of it: the fleet had R of capacity C left, so this instance's share is R / n, which in
+  // fallback units (n per unit) is R, i.e. C - R units are already spent.
+  private seed (outage: Outage, check: LimitCheck): void {
+    if (outage.seeded.has(check.key)) return
+    if (outage.seeded.size < this.maxKeys) outage.seeded.add(check.key)
+    const known = this.learned.get(check.key)
+    if (known === undefined || known.spec !== check.spec || Date.now() - known.atMs >= check.spec.windowMs) return
+    const spent = capacity(check.spec) - known.remaining
+    if (spent > 0) this.fallbackStore.decide([{ key: check.key, spec: check.spec, cost: spent }], 'seed')
   }
+
+  private owe (outage: Outage, check: LimitCheck): void {
+    const debt = outage.debt.get(check.key)
+    if (debt !== undefined && debt.spec === check.spec) debt.units += check.cost
+    else if (outage.debt.size < this.maxKeys) outage.debt.set(check.key, { spec: check.spec, units: check.cost })
+  }
+}
+
+/** What a full budget holds: the bucket for bucket algorithms, the limit for window ones. */
+function capacity (spec: LimitSpec): number {
+  return spec.algorithm === 'gcra' || spec.algorithm === 'token-bucket' || spec.algorithm === 'leaky-bucket' ? spec.burst : spec.limit
+}
+
+/**
+ * A check's cost in the fallback of one of n instances: n units of the unchanged limit per unit,
+ * so each instance holds exactly 1/n of every budget. Capped just above the capacity, which is
+ * already "never" and keeps the product exact.
+ */
+export function shareCost (check: LimitCheck, n: number): number {
+  if (n === 1) return check.cost
+  return Math.min(check.cost * n, capacity(check.spec) + 1, MAX_EXACT)
 }
 
 function errorKind (err: unknown): string {

@@ -3,7 +3,7 @@ import { Cluster, type Redis } from 'ioredis'
 import { assertDecidable } from './algorithms/index.js'
 import { keySlot } from './keys.js'
 import { NO_CHECKS, longer } from './memory-store.js'
-import { LIMIT_SCRIPT, REFUND_SCRIPT, limitArgs, parseLimitReply, refundArgs, type LimitReply } from './scripts.js'
+import { CHARGE_SCRIPT, LIMIT_SCRIPT, REFUND_SCRIPT, chargeArgs, limitArgs, parseLimitReply, refundArgs, type LimitReply } from './scripts.js'
 import type { LimitCheck, LimitDecision, LimitStore } from './types.js'
 
 // The shared store: every check of a request decided by one call of lua/limit.lua.
@@ -20,6 +20,9 @@ import type { LimitCheck, LimitDecision, LimitStore } from './types.js'
 
 export { limitKey } from './keys.js'
 
+const detailed = (reply: LimitReply): DetailedDecision => ({ decision: reply.decision, remainings: reply.remainings })
+const NONE: DetailedDecision = Object.freeze({ decision: NO_CHECKS, remainings: [] })
+
 export interface RedisStoreOptions {
   /** Used, not owned: close() leaves it connected (whoever created it disconnects it). */
   readonly client: Redis | Cluster
@@ -32,17 +35,59 @@ export interface RedisStoreOptions {
    * group that failed while another had already rejected the request.
    */
   readonly onBackgroundError?: (err: unknown) => void
+  /** Namespace of the refund markers (lua/refund.lua). Default 'gw'. */
+  readonly markerPrefix?: string
+}
+
+/** A decision and every check's budget left, in the order of the checks (-1 = unknown). */
+export interface DetailedDecision {
+  readonly decision: LimitDecision
+  readonly remainings: readonly number[]
 }
 
 export interface RedisStore extends LimitStore {
   readonly kind: 'redis'
   decide(checks: readonly LimitCheck[], requestId: string): Promise<LimitDecision>
+  /**
+   * As decide, with every check's remaining (a Cluster slot that failed reports -1): what the
+   * `onError: local` fallback starts from when Redis goes away.
+   */
+  decideDetailed(checks: readonly LimitCheck[], requestId: string): Promise<DetailedDecision>
+  /**
+   * Records units admitted elsewhere (each check's cost = the units), even beyond the limit:
+   * the `onError: local` fallback's debt, written back once Redis answers again.
+   */
+  charge(checks: readonly LimitCheck[]): Promise<void>
 }
 
 interface ScriptCommands {
   gatewayLimit(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown>
   gatewayLimitRefund(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown>
+  gatewayLimitCharge(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown>
 }
+
+// A short hash tag per Cluster slot, found once by search: a refund's marker key must live in the
+// slot of the keys it refunds, which carry no hash tag of their own (src/limit/keys.ts).
+let slotTags: string[] | null = null
+function slotTag (slot: number): string {
+  if (slotTags === null) {
+    const tags: string[] = new Array(16384)
+    let found = 0
+    for (let i = 0; found < 16384; i++) {
+      const tag = i.toString(36)
+      const s = keySlot(tag)
+      if (tags[s] === undefined) {
+        tags[s] = tag
+        found++
+      }
+    }
+    slotTags = tags
+  }
+  return slotTags[slot] as string
+}
+
+/** Most keys per charge call: a long outage's debt is written in bounded pieces. */
+const CHARGE_BATCH = 256
 
 interface Group {
   /** Indexes into the request's checks, ascending. */
@@ -52,11 +97,12 @@ interface Group {
 }
 
 export function createRedisStore (options: RedisStoreOptions): RedisStore {
-  const { client, keyPrefix = '', nowUs, onBackgroundError } = options
+  const { client, keyPrefix = '', nowUs, onBackgroundError, markerPrefix = 'gw' } = options
   // defineCommand sends EVALSHA and falls back to EVAL on NOSCRIPT (a restarted or flushed
   // server), per connection; the script text is only sent when the server lacks it.
   client.defineCommand('gatewayLimit', { lua: LIMIT_SCRIPT })
   client.defineCommand('gatewayLimitRefund', { lua: REFUND_SCRIPT })
+  client.defineCommand('gatewayLimitCharge', { lua: CHARGE_SCRIPT })
   const commands = client as unknown as ScriptCommands
   const isCluster = client instanceof Cluster
 
@@ -72,7 +118,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
     return parseLimitReply(reply, checks.length)
   }
 
-  async function decideAcrossSlots (keys: string[], checks: readonly LimitCheck[], id: string, now: number): Promise<LimitDecision> {
+  async function decideAcrossSlots (keys: string[], checks: readonly LimitCheck[], id: string, now: number): Promise<DetailedDecision> {
     const bySlot = new Map<number, Group>()
     keys.forEach((key, i) => {
       const slot = keySlot(key)
@@ -82,22 +128,24 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
       group.keys.push(key)
       group.checks.push(checks[i] as LimitCheck)
     })
-    const groups = [...bySlot.values()]
-    if (groups.length === 1) return (await limit(keys, checks, id, now)).decision
+    const groups = [...bySlot.entries()]
+    if (groups.length === 1) return detailed(await limit(keys, checks, id, now))
+    const remainings: number[] = new Array(checks.length).fill(-1)
 
-    const settled = await Promise.allSettled(groups.map((g) => limit(g.keys, g.checks, id, now)))
+    const settled = await Promise.allSettled(groups.map(([, g]) => limit(g.keys, g.checks, id, now)))
     let failure: { reason: unknown } | undefined
     let rejecting: { index: number, decision: LimitDecision } | undefined
     let tightest: { index: number, decision: LimitDecision } | undefined
     let delayMs = 0
-    const admitted: Array<{ group: Group, receipts: readonly number[] }> = []
+    const admitted: Array<{ slot: number, group: Group, receipts: readonly number[] }> = []
     settled.forEach((s, g) => {
-      const group = groups[g] as Group
+      const [slot, group] = groups[g] as [number, Group]
       if (s.status === 'rejected') {
         failure ??= { reason: s.reason }
         return
       }
       const { decision, receipts } = s.value
+      group.indexes.forEach((checkIndex, j) => { remainings[checkIndex] = s.value.remainings[j] as number })
       const index = group.indexes[decision.limitingIndex] as number
       if (!decision.allowed) {
         if (rejecting === undefined || longer(decision.retryAfterMs, rejecting.decision.retryAfterMs) ||
@@ -106,7 +154,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
         }
         return
       }
-      admitted.push({ group, receipts })
+      admitted.push({ slot, group, receipts })
       delayMs = Math.max(delayMs, decision.delayMs)
       if (tightest === undefined || decision.remaining < tightest.decision.remaining ||
         (decision.remaining === tightest.decision.remaining && index < tightest.index)) {
@@ -116,31 +164,60 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
 
     if (failure === undefined && rejecting === undefined) {
       const t = tightest as { index: number, decision: LimitDecision }
-      return { ...t.decision, limitingIndex: t.index, delayMs }
+      return { decision: { ...t.decision, limitingIndex: t.index, delayMs }, remainings }
     }
-    // All or nothing: give back what the admitting groups recorded before answering.
-    const refunds = await Promise.allSettled(admitted.map(({ group, receipts }) =>
-      commands.gatewayLimitRefund(group.keys.length, ...group.keys, ...refundArgs(group.checks, receipts, id, now))))
+    // All or nothing: give back what the admitting groups recorded before answering. The
+    // admitting groups' remainings then count units about to come back: conservative.
+    const refunds = await Promise.allSettled(admitted.map(({ slot, group, receipts }) =>
+      commands.gatewayLimitRefund(group.keys.length + 1, ...group.keys, `${markerPrefix}:refund:{${slotTag(slot)}}:${id}`,
+        ...refundArgs(group.checks, receipts, id, now))))
     for (const r of refunds) if (r.status === 'rejected') onBackgroundError?.(r.reason)
     // A known rejection is the answer even if another group failed: throwing would send the
     // caller to its fallback, which might admit what Redis already refused.
     if (rejecting !== undefined) {
       if (failure !== undefined) onBackgroundError?.(failure.reason)
-      return { ...rejecting.decision, limitingIndex: rejecting.index }
+      return { decision: { ...rejecting.decision, limitingIndex: rejecting.index }, remainings }
     }
     throw (failure as { reason: unknown }).reason
+  }
+
+  async function decideDetailed (checks: readonly LimitCheck[], requestId: string): Promise<DetailedDecision> {
+    if (checks.length === 0) return NONE
+    assertDecidable(checks)
+    const id = callId(requestId)
+    const now = nowUs?.() ?? 0
+    const keys = checks.map((c) => keyPrefix + c.key)
+    if (isCluster) return await decideAcrossSlots(keys, checks, id, now)
+    return detailed(await limit(keys, checks, id, now))
   }
 
   return {
     kind: 'redis',
     async decide (checks, requestId) {
-      if (checks.length === 0) return NO_CHECKS
+      return (await decideDetailed(checks, requestId)).decision
+    },
+    decideDetailed,
+    async charge (checks) {
+      if (checks.length === 0) return
       assertDecidable(checks)
-      const id = callId(requestId)
       const now = nowUs?.() ?? 0
-      const keys = checks.map((c) => keyPrefix + c.key)
-      if (isCluster) return await decideAcrossSlots(keys, checks, id, now)
-      return (await limit(keys, checks, id, now)).decision
+      const batches: LimitCheck[][] = []
+      if (isCluster) {
+        const bySlot = new Map<number, LimitCheck[]>()
+        for (const c of checks) {
+          const slot = keySlot(keyPrefix + c.key)
+          let batch = bySlot.get(slot)
+          if (batch === undefined) bySlot.set(slot, batch = [])
+          batch.push(c)
+        }
+        for (const batch of bySlot.values()) for (let i = 0; i < batch.length; i += CHARGE_BATCH) batches.push(batch.slice(i, i + CHARGE_BATCH))
+      } else {
+        for (let i = 0; i < checks.length; i += CHARGE_BATCH) batches.push(checks.slice(i, i + CHARGE_BATCH))
+      }
+      const settled = await Promise.allSettled(batches.map((batch) =>
+        commands.gatewayLimitCharge(batch.length, ...batch.map((c) => keyPrefix + c.key), ...chargeArgs(batch, callId('debt'), now))))
+      const failed = settled.find((s) => s.status === 'rejected')
+      if (failed !== undefined) throw failed.reason
     },
     async close () {
       // Nothing of its own to release: the client belongs to the caller.

@@ -22,6 +22,8 @@ const library = LIBRARY.map(read).join('\n')
 export const LIMIT_SCRIPT = `${library}\n${read('limit.lua')}`
 /** lua/refund.lua with its library: undoes admissions recorded by LIMIT_SCRIPT. */
 export const REFUND_SCRIPT = `${library}\n${read('refund.lua')}`
+/** lua/charge.lua with its library: records units a fallback admitted (a debt). */
+export const CHARGE_SCRIPT = `${library}\n${read('charge.lua')}`
 
 type Arg = string | number
 
@@ -59,12 +61,19 @@ export function refundArgs (checks: readonly LimitCheck[], receipts: readonly nu
   return args
 }
 
+/** ARGV of CHARGE_SCRIPT: as limitArgs, with each check's cost the units to charge. */
+export function chargeArgs (checks: readonly LimitCheck[], callId: string, nowOverrideUs = 0): Arg[] {
+  return limitArgs(checks, callId, nowOverrideUs)
+}
+
 export interface LimitReply {
   readonly decision: LimitDecision
   /** Redis time of the decision, ms. */
   readonly nowMs: number
   /** One per check when allowed (what refund needs), empty when rejected. */
   readonly receipts: readonly number[]
+  /** One per check: its budget left (after this request when allowed, before it when rejected). */
+  readonly remainings: readonly number[]
 }
 
 /** Parses LIMIT_SCRIPT's reply for `checkCount` checks; throws on anything else. */
@@ -74,7 +83,8 @@ export function parseLimitReply (reply: unknown, checkCount: number): LimitReply
   }
   const r = reply as number[]
   const allowed = r[0] === 1
-  if (allowed && r.length !== 7 + checkCount) throw new TypeError(`limit.lua returned ${r.length - 7} receipts for ${checkCount} checks`)
+  const expected = 7 + (allowed ? 2 : 1) * checkCount
+  if (r.length !== expected) throw new TypeError(`limit.lua returned ${r.length} values for ${checkCount} checks (expected ${expected})`)
   return {
     decision: {
       allowed,
@@ -85,6 +95,7 @@ export function parseLimitReply (reply: unknown, checkCount: number): LimitReply
       delayMs: r[5] as number
     },
     nowMs: r[6] as number,
-    receipts: allowed ? r.slice(7) : []
+    receipts: allowed ? r.slice(7, 7 + checkCount) : [],
+    remainings: r.slice(expected - checkCount)
   }
 }

@@ -1,21 +1,25 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
+import { PassThrough } from 'node:stream'
 import type { Dispatcher } from 'undici'
 import { ERRORS, GatewayError, sendError, type ErrorCode } from '../errors.js'
 import { clientResponseHeaders, compileHeaders, upstreamRequestHeaders, type CompiledHeaders, type HeaderRules } from './forward-headers.js'
 import { stripPathPrefix } from './forward-path.js'
 import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
 import type { UpstreamPool, UpstreamTarget } from './upstream-pool.js'
+import { BodyBudget } from './body-budget.js'
 
 export type { HeaderRules } from './forward-headers.js'
 export type { ForwardErrorKind } from './upstream-errors.js'
 
 /** How a route forwards, built once per route at config load. */
-export interface ForwardPlan {
+export interface ForwardPlan extends BodyHandling {
   readonly pool: UpstreamPool
   /** Removed from the start of the path before forwarding (whole segments only). */
   readonly stripPrefix: string | null
-  /** Route override or the upstream's default: headers timeout and response body idle timeout. */
+  /** Route override or the upstream's default: until the response headers arrive. */
   readonly responseTimeoutMs: number
+  /** Longest pause between two reads of the response body (upstreams.X.timeouts.idle). */
+  readonly idleTimeoutMs: number
   /** Request body limit in bytes (Infinity = none); beyond it the client gets 413. */
   readonly maxBodySize: number
   readonly requestHeaders: HeaderRules
@@ -24,11 +28,31 @@ export interface ForwardPlan {
   readonly headers: CompiledHeaders
 }
 
-export type ForwardPlanOptions = Omit<ForwardPlan, 'headers'>
+/** How request bodies and slow clients are handled (server.bufferBodies and the client-side timeouts). */
+export interface BodyHandling {
+  /** Bodies up to this many bytes are read whole before an upstream connection is taken; 0 = stream all. */
+  readonly bufferBodies: number
+  /** The gateway-wide cap on buffered bytes (server.bufferBodiesTotal); beyond it bodies stream. */
+  readonly bodyBudget: BodyBudget
+  /** Longest pause between two reads of the request body. */
+  readonly clientBodyTimeoutMs: number
+  /** Longest a response write may wait for the client to read. */
+  readonly sendTimeoutMs: number
+}
+
+export type ForwardPlanOptions = Omit<ForwardPlan, 'headers' | 'idleTimeoutMs' | keyof BodyHandling> & Partial<BodyHandling> & { readonly idleTimeoutMs?: number }
 
 /** The one way to make a plan: header rules are compiled here, at config load, not per request. */
 export function createForwardPlan (options: ForwardPlanOptions): ForwardPlan {
-  return Object.freeze({ ...options, headers: compileHeaders(options.requestHeaders, options.responseHeaders) })
+  return Object.freeze({
+    idleTimeoutMs: options.responseTimeoutMs,
+    bufferBodies: 1024 * 1024,
+    bodyBudget: new BodyBudget(64 * 1024 * 1024),
+    clientBodyTimeoutMs: 60_000,
+    sendTimeoutMs: 60_000,
+    ...options,
+    headers: compileHeaders(options.requestHeaders, options.responseHeaders)
+  })
 }
 
 /** What the pipeline already knows about the request. */
@@ -106,6 +130,14 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
   bytesOut = 0
   onDrain: (() => void) | null = null
   onBodyData: ((chunk: Buffer) => void) | null = null
+  /** Bytes of this request's body counted in plan.bodyBudget, released when the request settles. */
+  heldBytes = 0
+  /** The body is a Buffer read whole: it can be sent again to another target. */
+  replayable = false
+  /** Fires after clientBodyTimeoutMs without a body chunk, or sendTimeoutMs without a drain. */
+  idleTimer: NodeJS.Timeout | null = null
+  idleKind: 'client_timeout' | 'send_timeout' = 'client_timeout'
+  timedOut: 'client_timeout' | 'send_timeout' | null = null
 
   constructor (req: IncomingMessage, res: ServerResponse, plan: ForwardPlan, ctx: ForwardContext, done: (result: ForwardResult) => void) {
     this.req = req
@@ -121,7 +153,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
       // No length and no chunking means no body (RFC 9112 §6.3); undici then sends none.
       body: (headers['content-length'] !== undefined && headers['content-length'] !== '0') || headers['transfer-encoding'] !== undefined ? req : null,
       headersTimeout: plan.responseTimeoutMs,
-      bodyTimeout: plan.responseTimeoutMs
+      bodyTimeout: plan.idleTimeoutMs
     }
   }
 
@@ -138,6 +170,15 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
       this.fail('body_too_large', null)
       return
     }
+    this.res.on('close', this.onClientClose)
+    // Like nginx's proxy_request_buffering: a body that trickles in holds no upstream connection.
+    if (this.opts.body !== null && plan.bufferBodies > 0) this.bufferBody()
+    else this.proceed()
+  }
+
+  proceed (): void {
+    if (this.settled) return
+    const plan = this.plan
     const target = plan.pool.pick()
     if (target === null) {
       this.fail('no_healthy', null)
@@ -145,8 +186,90 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
     }
     this.opts.headers = upstreamRequestHeaders(this.req, plan.headers, this.ctx)
     this.path = stripPathPrefix(this.ctx.path, plan.stripPrefix)
-    this.res.on('close', this.onClientClose)
     this.dispatch(target)
+  }
+
+  /**
+   * Reads the body into memory, taking each chunk from the gateway-wide budget as it arrives. A body
+   * larger than bufferBodies, or one the budget cannot hold, is streamed from the point reached:
+   * what was read goes first, the rest follows from the client.
+   */
+  bufferBody (): void {
+    const req = this.req
+    const plan = this.plan
+    const chunks: Buffer[] = []
+    const stop = (): void => {
+      req.off('data', onData)
+      req.off('end', onEnd)
+      req.off('error', onError)
+    }
+    const onData = (chunk: Buffer): void => {
+      this.armIdle('client_timeout', plan.clientBodyTimeoutMs)
+      this.bytesIn += chunk.length
+      if (this.bytesIn > plan.maxBodySize) {
+        stop()
+        this.fail('body_too_large', null)
+        return
+      }
+      if (this.heldBytes + chunk.length <= plan.bufferBodies && plan.bodyBudget.take(chunk.length)) {
+        this.heldBytes += chunk.length
+        chunks.push(chunk)
+        return
+      }
+      // Too large to buffer, or the budget is spent: stream what was read, then the rest.
+      stop()
+      req.pause()
+      const body = new PassThrough()
+      for (const c of chunks) body.write(c)
+      body.write(chunk)
+      plan.bodyBudget.release(this.heldBytes)
+      this.heldBytes = 0
+      req.pipe(body)
+      this.opts.body = body
+      this.proceed()
+    }
+    const onEnd = (): void => {
+      stop()
+      this.clearIdle()
+      this.opts.body = Buffer.concat(chunks)
+      this.replayable = true
+      this.proceed()
+    }
+    // The client left mid-body: res 'close' follows and settles it as client_abort.
+    const onError = (): void => stop()
+    req.on('data', onData)
+    req.on('end', onEnd)
+    req.on('error', onError)
+    this.armIdle('client_timeout', plan.clientBodyTimeoutMs)
+  }
+
+  armIdle (kind: 'client_timeout' | 'send_timeout', ms: number): void {
+    if (this.idleTimer !== null && this.idleKind === kind) {
+      this.idleTimer.refresh()
+      return
+    }
+    this.clearIdle()
+    this.idleKind = kind
+    this.idleTimer = setTimeout(this.onIdle, ms, kind)
+  }
+
+  clearIdle (): void {
+    if (this.idleTimer === null) return
+    clearTimeout(this.idleTimer)
+    this.idleTimer = null
+  }
+
+  readonly onIdle = (kind: 'client_timeout' | 'send_timeout'): void => {
+    this.idleTimer = null
+    if (this.settled) return
+    this.timedOut = kind
+    if (kind === 'send_timeout') {
+      // The client stopped reading: cut it, which aborts the upstream request and frees its connection.
+      this.res.destroy()
+      return
+    }
+    if (this.controller !== null) this.controller.abort(new GatewayError('GW_ERR_CLIENT_TIMEOUT'))
+    else this.fail('client_timeout', null)
   }
 
   dispatch (target: UpstreamTarget): void {
@@ -160,6 +283,11 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
   readonly onClientClose = (): void => {
     if (this.settled || this.res.writableFinished) return
     this.clientGone = true
+    // Still reading the body into memory: nothing went upstream, so the request ends here.
+    if (this.target === null) {
+      this.settle('client_abort', null)
+      return
+    }
     // Without a controller the request is still queued or connecting; onRequestStart aborts it.
     this.controller?.abort(new Error('the client closed the connection'))
   }
@@ -174,7 +302,9 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
     // Counted beside undici's own 'data' listener (added right after this call, in the same tick),
     // so the body flows through one stream with undici's backpressure.
     if (this.opts.body !== null && this.onBodyData === null) {
+      if (!this.replayable) this.armIdle('client_timeout', this.plan.clientBodyTimeoutMs)
       this.onBodyData = (chunk: Buffer): void => {
+        this.armIdle('client_timeout', this.plan.clientBodyTimeoutMs)
         this.bytesIn += chunk.length
         // Only a chunked body can get here over the limit: node:http enforces Content-Length.
         if (this.bytesIn > this.plan.maxBodySize && !this.bodyTooLarge) {
@@ -183,12 +313,14 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
         }
       }
       this.req.on('data', this.onBodyData)
+      this.req.once('end', () => { if (this.timedOut === null) this.clearIdle() })
     }
   }
 
   onResponseStart (controller: Dispatcher.DispatchController, statusCode: number, headers: Record<string, string | string[] | undefined>): void {
     // 1xx: node:http already sent its own 100 Continue; other interim responses are not relayed.
     if (statusCode < 200 || this.clientGone) return
+    if (this.target !== null) this.plan.pool.succeeded(this.target)
     const raw = controller.rawHeaders
     const out = clientResponseHeaders(Array.isArray(raw) ? raw : flatten(headers), this.plan.headers, this.ctx.requestId, this.ctx.extraResponseHeaders)
     this.status = statusCode
@@ -200,10 +332,14 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
   onResponseData (controller: Dispatcher.DispatchController, chunk: Buffer): void {
     this.bytesOut += chunk.length
     if (!this.res.write(chunk)) {
-      // Backpressure: stop reading the upstream socket until the client drains.
+      // Backpressure: stop reading the upstream socket until the client drains, for at most sendTimeout.
       controller.pause()
+      this.armIdle('send_timeout', this.plan.sendTimeoutMs)
       if (this.onDrain === null) {
-        this.onDrain = (): void => this.controller?.resume()
+        this.onDrain = (): void => {
+          this.clearIdle()
+          this.controller?.resume()
+        }
         this.res.on('drain', this.onDrain)
       }
     }
@@ -216,6 +352,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
 
   onResponseError (_controller: Dispatcher.DispatchController, err: Error): void {
     if (this.settled) return
+    if (this.timedOut !== null) {
+      this.fail(this.timedOut, null)
+      return
+    }
     if (this.clientGone) {
       this.settle('client_abort', null)
       return
@@ -226,10 +366,12 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
     }
     const kind = classifyUpstreamError(err)
     const target = this.target
+    if ((kind === 'response_timeout' || kind === 'reset') && target !== null) this.plan.pool.failed(target)
     if ((kind === 'refused' || kind === 'connect_timeout') && target !== null) {
       this.plan.pool.eject(target)
-      // Nothing reached the upstream (not even the body), so one more target is safe to try.
-      if (!this.sent && !this.retried && IDEMPOTENT.has(this.opts.method)) {
+      // Nothing reached the upstream: one more target is safe to try for an idempotent method, and
+      // for any method once the body is in memory (a refused connection carried no byte of it).
+      if (!this.retried && (this.replayable || this.opts.body === null || (!this.sent && IDEMPOTENT.has(this.opts.method)))) {
         const next = this.plan.pool.pick(target)
         if (next !== null) {
           this.retried = true
@@ -263,6 +405,11 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
   settle (kind: ForwardErrorKind | null, error: GatewayError | null): void {
     if (this.settled) return
     this.settled = true
+    this.clearIdle()
+    if (this.heldBytes > 0) {
+      this.plan.bodyBudget.release(this.heldBytes)
+      this.heldBytes = 0
+    }
     const code = kind === null ? null : KIND_CODES[kind]
     let status = this.status
     if (!this.responded) status = code === null ? (kind === 'client_abort' ? 499 : status) : ERRORS[code].status

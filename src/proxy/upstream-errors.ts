@@ -11,6 +11,8 @@ export type ForwardErrorKind =
   | 'body_too_large'
   | 'bad_request'
   | 'shutting_down'
+  | 'client_timeout'
+  | 'send_timeout'
 
 /** The stable code answered for each kind; null when nobody is left to answer. */
 export const KIND_CODES: Readonly<Record<ForwardErrorKind, ErrorCode | null>> = Object.freeze({
@@ -22,7 +24,10 @@ export const KIND_CODES: Readonly<Record<ForwardErrorKind, ErrorCode | null>> = 
   client_abort: null,
   body_too_large: 'GW_ERR_BODY_TOO_LARGE',
   bad_request: 'GW_ERR_BAD_REQUEST',
-  shutting_down: 'GW_ERR_SHUTTING_DOWN'
+  shutting_down: 'GW_ERR_SHUTTING_DOWN',
+  client_timeout: 'GW_ERR_CLIENT_TIMEOUT',
+  // the client stopped reading: nobody is left to answer
+  send_timeout: null
 })
 
 /**

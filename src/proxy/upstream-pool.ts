@@ -18,6 +18,10 @@ export interface UpstreamConfig {
   readonly maxConnectionsPerTarget: number
   /** Idle keep-alive sockets are closed after this; keep it below the upstream's own keep-alive timeout. */
   readonly keepAliveTimeoutMs: number
+  /** Longest pause between two reads of a response body; default responseTimeoutMs. */
+  readonly idleTimeoutMs?: number
+  /** Response timeouts or resets in a row after which a target is ejected (outlier detection); default 5. */
+  readonly consecutiveFailures?: number
 }
 
 /** One target: its keep-alive undici Pool and its balancing and health state. */
@@ -36,6 +40,8 @@ export class UpstreamTarget {
   current = 0
   /** Date.now() until which the target is ejected; 0 when healthy. */
   ejectedUntil = 0
+  /** Response timeouts and resets since the last response (outlier detection). */
+  consecutiveFailures = 0
 
   constructor (config: UpstreamTargetConfig, upstream: UpstreamConfig) {
     const url = new URL(config.url)
@@ -56,7 +62,7 @@ export class UpstreamTarget {
       connections: upstream.maxConnectionsPerTarget,
       connectTimeout: upstream.connectTimeoutMs,
       headersTimeout: upstream.responseTimeoutMs,
-      bodyTimeout: upstream.responseTimeoutMs,
+      bodyTimeout: upstream.idleTimeoutMs ?? upstream.responseTimeoutMs,
       keepAliveTimeout: upstream.keepAliveTimeoutMs,
       // Also caps the `Keep-Alive: timeout=` an upstream announces, so the pool never holds an
       // idle socket longer than configured.
@@ -64,6 +70,11 @@ export class UpstreamTarget {
     })
   }
 }
+
+/** Why a target was ejected: it refused connections, or it accepted them and stopped answering. */
+export type EjectReason = 'connect_failure' | 'consecutive_failures'
+
+export type EjectListener = (upstream: string, target: string, reason: EjectReason, forMs: number) => void
 
 /**
  * The targets of one upstream, balanced by smooth weighted round-robin over the healthy ones,
@@ -76,6 +87,9 @@ export class UpstreamPool {
   readonly targets: readonly UpstreamTarget[]
   // Set on ejection, cleared lazily by pick(): keeps Date.now() off the path while all are healthy.
   #anyEjected = false
+  readonly #failureThreshold: number
+  /** Told of every ejection (metrics, log); set by whoever owns the pool. */
+  onEject: EjectListener | null = null
 
   constructor (config: UpstreamConfig) {
     if (config.targets.length === 0) throw new TypeError(`upstream ${config.name}: no targets`)
@@ -83,6 +97,7 @@ export class UpstreamPool {
     this.config = config
     this.signature = upstreamSignature(config)
     this.targets = config.targets.map((target) => new UpstreamTarget(target, config))
+    this.#failureThreshold = config.consecutiveFailures ?? 5
   }
 
   /**
@@ -116,10 +131,36 @@ export class UpstreamPool {
   }
 
   /** Passive health: skips the target for `ejectMs`. Called on connect refused or connect timeout. */
-  eject (target: UpstreamTarget): void {
+  eject (target: UpstreamTarget, reason: EjectReason = 'connect_failure'): void {
     target.ejectedUntil = Date.now() + this.config.ejectMs
     target.current = 0
+    target.consecutiveFailures = 0
     this.#anyEjected = true
+    this.onEject?.(this.name, target.url, reason, this.config.ejectMs)
+  }
+
+  /**
+   * Outlier detection (Envoy's consecutive_5xx, for the failures a gateway sees itself): a target
+   * that accepts connections but times out or resets `consecutiveFailures` times in a row is
+   * ejected like one that refuses them. A SIGSTOPped process is the case: its kernel still accepts.
+   */
+  failed (target: UpstreamTarget): void {
+    if (++target.consecutiveFailures >= this.#failureThreshold && target.ejectedUntil === 0) this.eject(target, 'consecutive_failures')
+  }
+
+  /** A response started: the run of failures is over. */
+  succeeded (target: UpstreamTarget): void {
+    if (target.consecutiveFailures !== 0) target.consecutiveFailures = 0
+  }
+
+  /** Per target, as /readyz shows it. */
+  health (now = Date.now()): Array<{ url: string, healthy: boolean, ejectedForMs: number, consecutiveFailures: number }> {
+    return this.targets.map(target => ({
+      url: target.url,
+      healthy: target.ejectedUntil <= now,
+      ejectedForMs: Math.max(0, target.ejectedUntil - now),
+      consecutiveFailures: target.consecutiveFailures
+    }))
   }
 
   /** Graceful: undici's close() lets queued and in-flight requests finish, then closes the sockets. */
@@ -141,6 +182,8 @@ export function upstreamSignature (config: UpstreamConfig): string {
     config.responseTimeoutMs,
     config.ejectMs,
     config.maxConnectionsPerTarget,
-    config.keepAliveTimeoutMs
+    config.keepAliveTimeoutMs,
+    config.idleTimeoutMs,
+    config.consecutiveFailures
   ])
 }

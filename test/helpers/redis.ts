@@ -277,3 +277,111 @@ export async function startRedisCluster (): Promise<RedisClusterServers> {
   const ports = nodes.map((n) => n.port)
   return { ports, urls: ports.map((p) => `redis://127.0.0.1:${p}`), stop }
 }
+
+/** A redis-server replicating `masterPort` (for Sentinel failover); `kill()` crashes it. */
+export async function startRedisReplica (masterPort: number): Promise<RedisServer> {
+  return await startRedis({ args: ['--replicaof', '127.0.0.1', String(masterPort)] })
+}
+
+/**
+ * A Sentinel that fails over fast (for fault tests): the master is declared down after
+ * `downAfterMs` without answers, quorum 1.
+ */
+export async function startFastSentinel (masterPort: number, name: string, downAfterMs = 1000): Promise<RedisSentinel> {
+  const config = `sentinel monitor ${name} 127.0.0.1 ${masterPort} 1\n` +
+    `sentinel down-after-milliseconds ${name} ${downAfterMs}\n` +
+    `sentinel failover-timeout ${name} 10000\n` +
+    `sentinel parallel-syncs ${name} 1\n`
+  const node = await startNode(() => ['--sentinel'], false, config)
+  await waitFor('sentinel sees its master', async () =>
+    (await rawCommand(node.port, `SENTINEL get-master-addr-by-name ${name}`)).includes(String(masterPort)), 10_000, node.running?.exited)
+  return {
+    port: node.port,
+    async stop () {
+      await node.stop()
+      await rm(node.dir, { recursive: true, force: true })
+    }
+  }
+}
+
+export interface ReplicatedCluster extends RedisClusterServers {
+  /** Ports of the current masters (from CLUSTER NODES). */
+  masters(): Promise<number[]>
+  /** SIGKILL the node on `port`. */
+  kill(port: number): Promise<void>
+  /** The port of the node that holds `slot` as master right now. */
+  masterOf(slot: number): Promise<number | null>
+}
+
+/** A real cluster of three masters each with one replica (3+3); `nodeTimeoutMs` sets failover speed. */
+export async function startReplicatedCluster (nodeTimeoutMs = 2000): Promise<ReplicatedCluster> {
+  const nodes: Node[] = []
+  const stop = async (): Promise<void> => {
+    await Promise.all(nodes.map(async (n) => {
+      await n.stop()
+      await rm(n.dir, { recursive: true, force: true })
+    }))
+  }
+  try {
+    for (let i = 0; i < 6; i++) {
+      nodes.push(await startNode((dir) => ['--cluster-enabled', 'yes', '--cluster-config-file', join(dir, 'nodes.conf'),
+        '--cluster-node-timeout', String(nodeTimeoutMs)], true))
+    }
+    await execFileAsync('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`),
+      '--cluster-replicas', '1', '--cluster-yes'], { timeout: 60_000 })
+    for (const n of nodes) {
+      await waitFor(`cluster node ${n.port}`, async () => {
+        const info = await rawCommand(n.port, 'CLUSTER INFO')
+        return info.includes('cluster_state:ok') && info.includes('cluster_known_nodes:6') && info.includes('cluster_slots_ok:16384')
+      }, 60_000, n.running?.exited)
+    }
+    // A replica that never synced refuses to fail over ("data too old"): wait for every link.
+    await waitFor('replicas in sync', async () => {
+      let synced = 0
+      for (const n of nodes) {
+        const info = await rawCommand(n.port, 'INFO replication')
+        if (info.includes('role:slave') && info.includes('master_link_status:up')) synced++
+      }
+      return synced === 3
+    }, 60_000)
+  } catch (err) {
+    await stop()
+    throw err
+  }
+  const ports = nodes.map((n) => n.port)
+  const alive = (): Node[] => nodes.filter((n) => n.running !== null)
+  const clusterNodes = async (): Promise<string> => {
+    // rawCommand gives '' when a node is slow to answer (a loaded machine): ask again
+    for (let attempt = 0; attempt < 20; attempt++) {
+      for (const n of alive()) {
+        const reply = await rawCommand(n.port, 'CLUSTER NODES')
+        if (reply.includes('myself')) return reply
+      }
+      await sleep(100)
+    }
+    return ''
+  }
+  return {
+    ports,
+    urls: ports.map((p) => `redis://127.0.0.1:${p}`),
+    stop,
+    async masters () {
+      return (await clusterNodes()).split('\n').filter((l) => /[ ,]master[ ,]/.test(l) && !/[ ,]fail[ ,?]/.test(l)).map((l) => Number(/:(\d+)@/.exec(l)?.[1]))
+    },
+    async kill (port) {
+      const node = nodes.find((n) => n.port === port)
+      await node?.kill()
+    },
+    async masterOf (slot) {
+      for (const line of (await clusterNodes()).split('\n')) {
+        if (!/[ ,]master[ ,]/.test(line) || /[ ,]fail[ ,?]/.test(line)) continue
+        const ranges = line.split(' ').slice(8)
+        for (const r of ranges) {
+          const [a, b] = r.split('-').map(Number)
+          if (a !== undefined && slot >= a && slot <= (b ?? a)) return Number(/:(\d+)@/.exec(line)?.[1])
+        }
+      }
+      return null
+    }
+  }
+}

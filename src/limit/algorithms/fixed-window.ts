@@ -7,8 +7,10 @@ export const fixedWindow: AlgorithmTwin = {
   name: 'fixed-window',
   check (state, spec, cost, now) {
     const windowUs = spec.windowMs * 1000
-    const k = Math.floor(now / windowUs)
-    const count = state?.kind === 'fixed-window' && state.window === k ? state.count : 0
+    const stored = state?.kind === 'fixed-window' ? state : undefined
+    // A stored window ahead of now: the clock stepped back; keep counting in the later window.
+    const k = Math.max(Math.floor(now / windowUs), stored?.window ?? -Infinity)
+    const count = stored !== undefined && stored.window === k ? stored.count : 0
     const toEnd = (k + 1) * windowUs - now
     if (cost <= spec.limit && count + cost <= spec.limit) {
       return admitted(spec.limit - count - cost, toEnd, 0,

@@ -22,8 +22,11 @@ export const ALGORITHMS: Readonly<Record<AlgorithmName, AlgorithmTwin>> = Object
 /** Largest intermediate value allowed: 2^50 keeps every sum of two values below 2^52, where doubles divide exactly. */
 export const MAX_EXACT = 2 ** 50
 
-/** One sliding-window-log entry is stored per admitted cost unit; beyond this use sliding-window. */
-export const MAX_LOG_LIMIT = 1_000_000
+/**
+ * One sliding-window-log entry is stored per admitted cost unit (a ZSET member of ~40 bytes in
+ * Redis): 10^4 keeps a client's log near 1 MB and its ZADD short; beyond it use sliding-window.
+ */
+export const MAX_LOG_LIMIT = 10_000
 
 const isCount = (n: number, min: number): boolean => Number.isSafeInteger(n) && n >= min
 
@@ -56,7 +59,7 @@ export function validateLimitSpec (spec: LimitSpec): string | undefined {
       if (spec.limit * spec.windowMs > MAX_EXACT) return 'limit * windowMs is too large (> 2^50)'
       return undefined
     case 'sliding-window-log':
-      if (spec.limit > MAX_LOG_LIMIT) return `sliding-window-log stores one entry per request: limit must be <= ${MAX_LOG_LIMIT} (use sliding-window)`
+      if (spec.limit > MAX_LOG_LIMIT) return `sliding-window-log stores one entry per admitted unit: limit must be <= ${MAX_LOG_LIMIT} (use sliding-window for larger limits)`
       return undefined
     case 'fixed-window':
       if (spec.limit > MAX_EXACT) return 'limit is too large'

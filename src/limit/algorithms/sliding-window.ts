@@ -28,8 +28,9 @@ export const slidingWindow: AlgorithmTwin = {
   check (state, spec, cost, now) {
     const windowUs = spec.windowMs * 1000
     const wm = spec.windowMs
-    const k = Math.floor(now / windowUs)
-    const elapsedMs = Math.floor((now - k * windowUs) / 1000)
+    // A stored window ahead of now: the clock stepped back; keep that later window (as at its start).
+    const k = Math.max(Math.floor(now / windowUs), state?.kind === 'sliding-window' ? state.window : -Infinity)
+    const elapsedMs = Math.max(0, Math.floor((now - k * windowUs) / 1000))
     let current = 0
     let previous = 0
     if (state?.kind === 'sliding-window') {

@@ -1,0 +1,124 @@
+// The fault scenario of issue 8, scaled to run in seconds: two gateway instances, `users` users
+// each sending `rps` requests a second (alternating between the instances) against a `user`
+// sliding-window-log of `limit` per `windowMs`, `onError: local`, everything on loopback. The
+// whole run fits in one window, so "admitted per user" is what the limit bounds. A fault runs
+// alongside; it reports when Redis was reachable again so recovery can be timed from /readyz.
+import { startGateway } from '../helpers/gateway.js'
+import { startUpstream } from '../helpers/upstream.js'
+
+type Teardown = Parameters<typeof startGateway>[0]
+
+export interface Scenario {
+  /** The `redis:` mapping of gateway.yaml (without timeout/onError). */
+  readonly redis: string
+  readonly users?: number
+  readonly rps?: number
+  readonly limit?: number
+  readonly windowMs?: number
+  /** How long requests are sent (within one window). */
+  readonly durationMs?: number
+  /** Runs alongside the traffic; resolves to the ms (Date.now) Redis was reachable again, or null. */
+  readonly fault: (at: (ms: number) => Promise<void>) => Promise<number | null>
+}
+
+export interface Outcome {
+  readonly limit: number
+  readonly admittedPerUser: number[]
+  readonly maxRatio: number
+  readonly fiveHundreds: number
+  readonly requests: number
+  /** ms from Redis reachable to both instances' breakers closed again (null if not measured). */
+  readonly recoveryMs: number | null
+  /** Breaker transitions seen by polling /readyz (both instances). */
+  readonly fallbackPolls: number
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
+
+export async function runScenario (t: Teardown, s: Scenario): Promise<Outcome> {
+  const users = s.users ?? 6
+  const rps = s.rps ?? 20
+  const limit = s.limit ?? 60
+  const windowMs = s.windowMs ?? 30_000
+  const durationMs = s.durationMs ?? 12_000
+  const up = await startUpstream(t)
+  const yaml = `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+log: { level: warn }
+redis: { ${s.redis}, timeout: 50ms, onError: local }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - name: r
+    pathPrefix: /
+    upstream: backend
+    limits:
+      user: { algorithm: sliding-window-log, limit: ${limit}, window: ${windowMs}ms }
+`
+  const gateways = [await startGateway(t, yaml), await startGateway(t, yaml)]
+  // Both instances announce themselves before the traffic starts.
+  await sleep(2500)
+  const run = Math.random().toString(36).slice(2, 8)
+  const admitted = new Array<number>(users).fill(0)
+  let fiveHundreds = 0
+  let requests = 0
+  const start = Date.now()
+  const at = async (ms: number): Promise<void> => { await sleep(Math.max(0, start + ms - Date.now())) }
+
+  let stop = false
+  const closedAt: number[] = [0, 0]
+  let fallbackPolls = 0
+  const poller = (async () => {
+    while (!stop) {
+      await Promise.all(gateways.map(async (g, i) => {
+        try {
+          const body = await (await fetch(`${g.adminUrl}/readyz`)).json() as { redis: { breaker: string } }
+          if (body.redis.breaker !== 'closed') {
+            fallbackPolls++
+            closedAt[i] = 0
+          } else if (closedAt[i] === 0) {
+            closedAt[i] = Date.now()
+          }
+        } catch { /* admin busy: next poll */ }
+      }))
+      await sleep(50)
+    }
+  })()
+
+  const faultDone = s.fault(at)
+  const senders = Array.from({ length: users }, async (_, u) => {
+    const interval = 1000 / rps
+    for (let i = 0; ; i++) {
+      const due = start + u * (interval / users) + i * interval
+      if (due - start >= durationMs) break
+      await sleep(Math.max(0, due - Date.now()))
+      const gw = gateways[i % 2] as { url: string }
+      requests++
+      // Not awaited in order: a request held up by a slow Redis must not delay the next one.
+      void fetch(`${gw.url}/x`, { headers: { 'x-user-id': `u${u}-${run}` } }).then(async (r) => {
+        await r.arrayBuffer()
+        if (r.status === 200) admitted[u] = (admitted[u] ?? 0) + 1
+        else if (r.status >= 500) fiveHundreds++
+      }, () => { fiveHundreds++ })
+    }
+  })
+  let reachableAt: number | null
+  try {
+    await Promise.all(senders)
+    reachableAt = await faultDone
+    await sleep(1500)
+  } finally {
+    stop = true
+    await poller
+  }
+  const closed = Math.max(...closedAt)
+  const recoveryMs = reachableAt === null || closedAt.some((c) => c === 0) ? null : Math.max(0, closed - reachableAt)
+  return { limit, admittedPerUser: admitted, maxRatio: Math.max(...admitted) / limit, fiveHundreds, requests, recoveryMs, fallbackPolls }
+}
+
+/** One line for the test log and the README table. */
+export function report (name: string, o: Outcome): string {
+  return `${name}: admitted per user ${Math.min(...o.admittedPerUser)}-${Math.max(...o.admittedPerUser)} of ${o.limit} (max ${o.maxRatio.toFixed(2)}x), ` +
+    `${o.fiveHundreds} 5xx of ${o.requests}` + (o.recoveryMs !== null ? `, breakers closed ${o.recoveryMs} ms after Redis was reachable` : '')
+}

@@ -1,0 +1,151 @@
+// Issue 8 against a real redis-server: the fallback starts from what Redis last said was left
+// and writes what it admitted back (a debt); a clock stepping back keeps the later window; a
+// refund re-sent by ioredis Cluster is applied once; the heartbeat's count and
+// redis.expectedInstances floor the divisor.
+import t from 'tap'
+import { startRedis } from './helpers/redis.js'
+import { createRedisStore } from '../src/limit/redis-store.js'
+import { createMemoryStore } from '../src/limit/memory-store.js'
+import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
+import { InstanceHeartbeat } from '../src/limit/heartbeat.js'
+import { RedisGuard } from '../src/limit/redis-guard.js'
+import { LIMIT_SCRIPT, REFUND_SCRIPT, parseLimitReply } from '../src/limit/scripts.js'
+import { NOOP_TELEMETRY } from '../src/telemetry.js'
+import type { AlgorithmName, LimitSpec } from '../src/limit/types.js'
+
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
+const LOCAL = [{ onError: 'local' as const }]
+
+function spec (algorithm: AlgorithmName, limit: number, windowMs: number, burst = limit): LimitSpec {
+  return Object.freeze({ id: `${algorithm}-${limit}-${windowMs}-${burst}`, algorithm, limit, windowMs, burst, maxDelayMs: 0 })
+}
+
+const redis = await startRedis()
+t.teardown(() => redis.stop())
+const plain = redis.client()
+
+t.test('a partition: the fallback starts from Redis\'s remaining and its admissions are charged back, so the window admits exactly the limit', async t => {
+  for (const algorithm of ['sliding-window-log', 'fixed-window', 'sliding-window', 'token-bucket', 'gcra', 'leaky-bucket'] as const) {
+    const client = createRedisClient({ url: redis.url })
+    t.teardown(() => client.disconnect())
+    await whenReady(client)
+    let debtError: unknown = null
+    // Two instances share the budget; only this one is running, the other is counted.
+    const guard = new RedisGuard({
+      store: createRedisStore({ client }),
+      fallbackMaxKeys: 100,
+      timeoutMs: 100,
+      instances: () => 2,
+      telemetry: NOOP_TELEMETRY,
+      onStateChange: () => {},
+      onDebtError: (err) => { debtError = err }
+    })
+    // as src/config/resources.ts wires it: reconnected -> probe at once
+    client.on('ready', () => guard.probeNow())
+    const s = spec(algorithm, 20, 600_000)
+    const check = { key: `debt-${algorithm}`, spec: s, cost: 1 }
+    let admitted = 0
+    const levels: string[] = []
+    const one = async (): Promise<boolean> => {
+      const g = await guard.decide([check], LOCAL, 'r')
+      if (g.decision.allowed) {
+        admitted++
+        levels.push(g.level)
+      }
+      return g.decision.allowed
+    }
+    for (let i = 0; i < 15; i++) await one()
+    t.equal(admitted, 15, `${algorithm}: 15 admitted by Redis`)
+    // This instance loses its connection (nothing it sends reaches Redis); Redis keeps its data.
+    const ended = new Promise((resolve) => client.once('end', resolve))
+    client.disconnect(false)
+    await ended
+    for (let i = 0; i < 10; i++) await one()
+    const fallback = levels.filter((l) => l === 'fallback').length
+    // 5 left, shared by 2 instances: this one's share is 2.5, i.e. 2 whole requests.
+    t.equal(fallback, 2, `${algorithm}: the fallback admitted this instance's share of the 5 Redis had left (not a new budget of 10)`)
+    await client.connect()
+    await whenReady(client)
+    // Redis back: the first answer ends the outage and writes the debt of 2.
+    for (let i = 0; i < 10; i++) {
+      await one()
+      await sleep(20)
+    }
+    t.equal(debtError, null)
+    t.equal(admitted, 20, `${algorithm} (${levels.join(",")}): 15 + 2 (fallback) + 3 after recovery = the limit exactly (without the debt: 22)`)
+  }
+})
+
+t.test('regression item 5: the clock stepping back across a window boundary keeps the later window (fixed-window 5/s admitted 15)', async t => {
+  const base = Math.floor(Date.now() / 1000) * 1_000_000 + 10 * 1_000_000
+  for (const algorithm of ['fixed-window', 'sliding-window'] as const) {
+    const s = spec(algorithm, 5, 1000)
+    let now = base + 1000 // 1 ms into window k+1
+    const client = createRedisClient({ url: redis.url })
+    t.teardown(() => client.disconnect())
+    await whenReady(client)
+    const store = createRedisStore({ client, nowUs: () => now })
+    const memory = createMemoryStore({ maxKeys: 10, now: () => now })
+    for (const [name, decide] of [['redis', (id: string) => store.decide([{ key: `step-${algorithm}`, spec: s, cost: 1 }], id)], ['memory', async (id: string) => memory.decide([{ key: 'k', spec: s, cost: 1 }], id)]] as const) {
+      now = base + 1000
+      let admitted = 0
+      for (let i = 0; i < 5; i++) if ((await decide(`a${i}`)).allowed) admitted++
+      now = base - 2000 // the clock steps back 3 ms, into window k
+      for (let i = 0; i < 5; i++) if ((await decide(`b${i}`)).allowed) admitted++
+      now = base + 2000 // and forward again
+      for (let i = 0; i < 5; i++) if ((await decide(`c${i}`)).allowed) admitted++
+      t.equal(admitted, 5, `${algorithm} (${name}): 5 admitted over the step, not 15`)
+    }
+  }
+})
+
+t.test('regression item 6: a refund delivered twice (ioredis Cluster re-send) gives the budget back once', async t => {
+  const s = '6,3,600000,3,1,0'
+  const key = 'refund-twice'
+  const take = async (id: string): Promise<{ allowed: boolean, receipts: readonly number[] }> => {
+    const r = parseLimitReply(await plain.eval(LIMIT_SCRIPT, 1, key, '0', id, s), 1)
+    return { allowed: r.decision.allowed, receipts: r.receipts }
+  }
+  await take('a')
+  await take('b')
+  const c = await take('c')
+  t.equal((await take('d')).allowed, false, 'the 3 units are spent')
+  const marker = `gw:refund:{x}:c`
+  const refund = (): Promise<unknown> => plain.eval(REFUND_SCRIPT, 2, key, marker, '0', 'c', s, String(c.receipts[0]))
+  t.equal(await refund(), 1, 'first refund applied')
+  t.equal(await refund(), 0, 'the same refund again is a no-op')
+  t.equal(await plain.hget(key, 'c'), '2', 'one unit back, not two')
+})
+
+t.test('regression item 9: sliding-window-log limits above 10^4 are refused with the reason', async t => {
+  const client = createRedisClient({ url: redis.url })
+  t.teardown(() => client.disconnect())
+  const store = createRedisStore({ client })
+  await t.rejects(store.decide([{ key: 'big', spec: spec('sliding-window-log', 10_001, 1000), cost: 1 }], 'r'), /limit must be <= 10000 \(use sliding-window/)
+})
+
+t.test('heartbeat: a lower live count is believed only after it held one interval (a Redis restarted empty shows 1 at first)', async t => {
+  const client = createRedisClient({ url: redis.url })
+  t.teardown(() => client.disconnect())
+  const hb = new InstanceHeartbeat(client, 'hb-test', 1000)
+  hb.observe(3, 0)
+  t.equal(hb.instances, 3)
+  hb.observe(1, 100)
+  t.equal(hb.instances, 3, 'a drop is not believed at once')
+  hb.observe(1, 900)
+  t.equal(hb.instances, 3, 'still within one interval')
+  hb.observe(3, 1000)
+  t.equal(hb.instances, 3, 'the others beat again: never dropped')
+  hb.observe(2, 2000)
+  hb.observe(2, 3000)
+  t.equal(hb.instances, 2, 'an instance really gone: believed after one interval')
+})
+
+t.test('redis.expectedInstances floors the divisor of an instance that never saw the others', async t => {
+  const dead = { kind: 'redis' as const, decide: async () => { throw new Error('Connection is closed.') }, close: async () => {} }
+  const guard = new RedisGuard({ store: dead, fallbackMaxKeys: 10, timeoutMs: 100, instances: () => 1, expectedInstances: 4, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
+  t.equal(guard.instances, 4)
+  let admitted = 0
+  for (let i = 0; i < 20; i++) if ((await guard.decide([{ key: 'k', spec: spec('fixed-window', 20, 600_000), cost: 1 }], LOCAL, 'r')).decision.allowed) admitted++
+  t.equal(admitted, 5, 'a quarter of 20')
+})

@@ -1,0 +1,114 @@
+// The CLI as an operator runs it (bin/gateway, real processes): reload waits for the running
+// gateway's verdict, help exists per command, failures are one line with an exit code per kind.
+import t from 'tap'
+import { writeFileSync, readFileSync } from 'node:fs'
+import { execFile } from 'node:child_process'
+import { spawnGateway, childEnv, writeConfig } from './helpers/gateway.js'
+import { startUpstream } from './helpers/upstream.js'
+
+interface Run { code: number, stdout: string, stderr: string }
+
+function gateway (args: string[], env: NodeJS.ProcessEnv = {}): Promise<Run> {
+  return new Promise(resolve => {
+    execFile(process.execPath, ['bin/gateway', ...args], { env: childEnv(env) }, (err, stdout, stderr) => {
+      resolve({ code: err === null ? 0 : (err as { code?: number }).code ?? 1, stdout, stderr })
+    })
+  })
+}
+
+const config = (upstream: string, route: string): string => `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: ["${upstream}"] }
+routes:
+  - { name: ${route}, pathPrefix: /, upstream: backend }
+`
+
+t.test('reload: a valid edit reports the new generation once the gateway has swapped', async t => {
+  const up = await startUpstream(t)
+  const gw = await spawnGateway(t, config(up.url, 'first'))
+  writeFileSync(gw.file, config(up.url, 'second'))
+  const r = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`])
+  t.equal(r.code, 0, r.stderr)
+  t.match(r.stdout, /reloaded: generation 1 -> 2/)
+  // the verdict is the gateway's: by the time the CLI exits, /config serves the new file
+  const live = await (await fetch(`${gw.adminUrl}/config`)).json() as { generation: number, config: { routes: Array<{ name: string }> } }
+  t.equal(live.generation, 2)
+  t.equal(live.config.routes[0]?.name, 'second')
+})
+
+t.test('reload: an invalid file is never signalled; located errors, exit 1', async t => {
+  const up = await startUpstream(t)
+  const gw = await spawnGateway(t, config(up.url, 'first'))
+  writeFileSync(gw.file, config(up.url, 'first').replace('pathPrefix', 'pathprefix'))
+  const r = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`])
+  t.equal(r.code, 1)
+  t.match(r.stderr, /not signalled/)
+  t.match(r.stderr, /gateway\.yaml:7:\d+ routes\[0\]\.pathprefix: unknown key "pathprefix" \(did you mean pathPrefix\?\)/)
+  const live = await (await fetch(`${gw.adminUrl}/config`)).json() as { generation: number, lastReload: unknown }
+  t.equal(live.generation, 1)
+  t.equal(live.lastReload, null, 'the gateway never saw a reload')
+})
+
+t.test('reload: a file the running gateway rejects (its environment differs) exits 1 with its errors', async t => {
+  const up = await startUpstream(t)
+  const gw = await spawnGateway(t, config(up.url, 'first'))
+  // valid for the CLI (the variable is set in its environment), rejected by the gateway (not set there)
+  writeFileSync(gw.file, config('${UPSTREAM_FOR_CLI_ONLY}', 'second'))
+  const r = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`], { UPSTREAM_FOR_CLI_ONLY: up.url })
+  t.equal(r.code, 1, r.stdout)
+  t.match(r.stderr, /rejected .*generation 1 keeps serving/)
+  t.match(r.stderr, /upstreams\.backend\.targets\[0\]: environment variable UPSTREAM_FOR_CLI_ONLY is not set/)
+  const res = await fetch(`${gw.url}/x`)
+  t.equal(res.status, 200, 'the old config keeps serving')
+})
+
+t.test('reload: missing pid file and dead process are exit 3, one line, no stack trace', async t => {
+  const file = writeConfig(t, config('http://127.0.0.1:1', 'a'))
+  const missing = await gateway(['reload', '-c', file, '--pid-file', file + '.nope'])
+  t.equal(missing.code, 3)
+  t.equal(missing.stderr.trim().split('\n').length, 1, missing.stderr)
+  t.match(missing.stderr, /pid file .* not found/)
+  const stale = file.replace(/gateway\.yaml$/, 'stale.pid')
+  writeFileSync(stale, '2147483646\n')
+  const dead = await gateway(['reload', '-c', file, '--pid-file', stale])
+  t.equal(dead.code, 3)
+  t.match(dead.stderr, /no process 2147483646/)
+  t.notMatch(missing.stderr + dead.stderr, /\n\s+at /, 'no stack frames')
+})
+
+t.test('unreadable or missing config: one located line, exit 1', async t => {
+  const file = writeConfig(t, config('http://127.0.0.1:1', 'a'))
+  const r = await gateway(['validate', '-c', file + '.missing'])
+  t.equal(r.code, 1)
+  t.equal(r.stderr.trim().split('\n').length, 1)
+  t.match(r.stderr, /file not found/)
+  const dir = await gateway(['start', '-c', file.replace(/\/gateway\.yaml$/, '')])
+  t.equal(dir.code, 1)
+  t.notMatch(dir.stderr, /\n\s+at /)
+})
+
+t.test('help: global, per command, and `gateway help COMMAND`; unknown option is exit 2', async t => {
+  const global = await gateway(['help'])
+  t.equal(global.code, 0)
+  for (const cmd of ['start', 'validate', 'schema', 'reload', 'explain']) t.match(global.stdout, new RegExp(`\\n  ${cmd}\\b`))
+  const perCommand = await gateway(['reload', '--help'])
+  t.equal(perCommand.code, 0)
+  t.match(perCommand.stdout, /^Usage: gateway reload --pid-file FILE/)
+  t.equal((await gateway(['help', 'reload'])).stdout, perCommand.stdout)
+  const unknown = await gateway(['validate', '--bogus'])
+  t.equal(unknown.code, 2)
+  t.notMatch(unknown.stderr, /\n\s+at /)
+})
+
+t.test('config: a bare port and listen equal to admin are located errors', async t => {
+  const file = writeConfig(t, 'listen: 8080\nadmin: 127.0.0.1:9901\nupstreams:\n  b: { targets: ["http://127.0.0.1:1"] }\nroutes:\n  - { name: a, pathPrefix: /, upstream: b }\n')
+  const bare = await gateway(['validate', '-c', file])
+  t.equal(bare.code, 1)
+  t.match(bare.stderr, /gateway\.yaml:1:9 listen: expected "host:port" as a string, e\.g\. "0\.0\.0\.0:8080"/)
+  writeFileSync(file, readFileSync(file, 'utf8').replace('listen: 8080', 'listen: 0.0.0.0:9901'))
+  const clash = await gateway(['validate', '-c', file])
+  t.equal(clash.code, 1)
+  t.match(clash.stderr, /gateway\.yaml:2:8 admin: "127\.0\.0\.1:9901" is also the listen address/)
+})

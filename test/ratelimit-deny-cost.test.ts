@@ -1,0 +1,39 @@
+// Regression (issue 8, item 7): a limit's id names its parameters but not its cost, and the deny
+// cache used to survive a reload that lowered the cost: the client kept the old, longer lockout.
+// Observed through HTTP: Retry-After after the reload is the new cost's wait.
+import t from 'tap'
+import { writeFileSync } from 'node:fs'
+import { startGateway } from './helpers/gateway.js'
+import { startUpstream } from './helpers/upstream.js'
+import { send } from './helpers/ratelimit.js'
+
+const config = (upstream: string, cost: number): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${upstream}] }
+routes:
+  - name: r
+    pathPrefix: /
+    upstream: backend
+    limits:
+      api: { algorithm: token-bucket, limit: 10, window: 1h, cost: ${cost} }
+`
+
+t.test('lowering a limit\'s cost by reload drops the lockout the old cost earned', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, 5))
+  const url = `${gw.url}/x`
+  t.same([(await send(url)).status, (await send(url)).status], [200, 200], 'two requests of cost 5 fill the bucket of 10')
+  const before = await send(url)
+  t.equal(before.status, 429)
+  const waitBefore = Number(before.headers['retry-after'])
+  t.ok(waitBefore > 1700 && waitBefore <= 1800, `cost 5 at 10/h: retry after ${waitBefore} s (~30 min)`)
+  t.equal(Number((await send(url)).headers['retry-after']) <= waitBefore, true, 'the deny cache answers the next attempt')
+
+  writeFileSync(gw.runtime?.file as string, config(up.url, 1))
+  t.ok((await gw.reload()).ok, 'reloaded with cost 1')
+  const after = await send(url)
+  t.equal(after.status, 429, 'the bucket is still empty')
+  const waitAfter = Number(after.headers['retry-after'])
+  t.ok(waitAfter > 0 && waitAfter <= 360, `cost 1 at 10/h: retry after ${waitAfter} s (~6 min), not the old ${waitBefore} s`)
+})

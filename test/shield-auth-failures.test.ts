@@ -1,0 +1,142 @@
+// Issue 15 items 2 and 3: requests that fail identity, routing or parsing are limited, and the
+// local level is keyed by client IP (rotating a client-chosen user header buys nothing).
+import t from 'tap'
+import { startGateway } from './helpers/gateway.js'
+import { startUpstream } from './helpers/upstream.js'
+import { startRedis } from './helpers/redis.js'
+import { evalshaCalls, send, statusCounts } from './helpers/ratelimit.js'
+
+const redis = await startRedis()
+t.teardown(() => redis.stop())
+
+t.test('unknown API keys from one IP: 401 until identity.failureLimit is spent, then 429, one Redis call each', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+redis: { url: ${redis.url}, keyPrefix: authfail1 }
+identity:
+  apiKeys: { header: x-api-key, keys: { good-key: alice } }
+  failureLimit: { limit: 5, window: 1m }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const admin = redis.client()
+  const before = await evalshaCalls(admin)
+  const replies = []
+  for (let i = 0; i < 8; i++) replies.push(await send(`${gw.url}/x`, { headers: { 'x-api-key': `guess-${i}` } }))
+  t.same(replies.map(r => r.status), [401, 401, 401, 401, 401, 429, 429, 429])
+  t.equal(replies[5]?.json?.limit, 'identity.failures', 'the 429 names the failed-identity budget')
+  t.ok(replies[5]?.headers['retry-after'] !== undefined, 'with Retry-After')
+  const calls = await evalshaCalls(admin) - before
+  // one call per failure until the deny cache holds the key; never more than one per request
+  t.ok(calls >= 5 && calls <= 8, `${calls} Redis calls for 8 failed requests`)
+  t.equal(upstream.requests, 0, 'nothing reached the upstream')
+  t.equal((await send(`${gw.url}/x`, { headers: { 'x-api-key': 'good-key' } })).status, 200, 'a valid key is not touched by the failed-identity budget')
+})
+
+t.test('a failed identity is charged against the gateway-wide ip limit too', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+redis: { url: ${redis.url}, keyPrefix: authfail2 }
+identity:
+  apiKeys: { header: x-api-key, keys: { good-key: alice } }
+  failureLimit: { limit: 100, window: 1m }
+limits:
+  ip: { limit: 3, window: 1m }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  for (let i = 0; i < 3; i++) t.equal((await send(`${gw.url}/x`, { headers: { 'x-api-key': 'bad' } })).status, 401)
+  const good = await send(`${gw.url}/x`, { headers: { 'x-api-key': 'good-key' } })
+  t.equal(good.status, 429, 'the IP spent its budget on failed attempts')
+  t.equal(good.json?.limit, 'ip')
+})
+
+t.test('bad-signature JWTs without Redis: the in-process store throttles them the same way', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+identity:
+  jwt: { secret: a-secret-of-enough-length-for-hs256-000000 }
+  failureLimit: { limit: 3, window: 1m }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  // header.payload of {"alg":"HS256"} / {"sub":"x"} with a signature that does not verify
+  const forged = 'eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.' + 'A'.repeat(43)
+  const statuses = []
+  for (let i = 0; i < 6; i++) statuses.push((await send(`${gw.url}/x`, { headers: { authorization: `Bearer ${forged}` } })).status)
+  t.same(statuses, [401, 401, 401, 429, 429, 429])
+})
+
+t.test('the local level keys by client IP: 20 rotating X-User-Id values share one bucket', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+identity: { header: x-user-id }
+local: { limit: 5, window: 1m }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const replies = []
+  for (let i = 0; i < 20; i++) replies.push(await send(`${gw.url}/x`, { headers: { 'x-user-id': `user-${i}` } }))
+  t.same(statusCounts(replies), { 200: 5, 429: 15 })
+  t.equal(replies[19]?.json?.limit, 'local')
+})
+
+t.test('404s and 400s count against the local level', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+local: { limit: 4, window: 1m }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: api, pathPrefix: /api, upstream: backend }
+`)
+  const replies = []
+  for (let i = 0; i < 3; i++) replies.push(await send(`${gw.url}/nope/${i}`))
+  replies.push(await send(`${gw.url}/api/a%2fb`))
+  replies.push(await send(`${gw.url}/nope/again`))
+  replies.push(await send(`${gw.url}/api/ok`))
+  t.same(replies.map(r => r.status), [404, 404, 404, 400, 429, 429], 'the flood of misses spent the budget')
+  t.equal(upstream.requests, 0)
+})
+
+t.test('an Authorization header that is not "Bearer <token>" is a 401 with JWT identity, never forwarded', async t => {
+  const { SignJWT } = await import('jose')
+  const secret = 'a-secret-of-enough-length-for-hs256-000000'
+  const token = await new SignJWT({ sub: 'alice' }).setProtectedHeader({ alg: 'HS256' }).sign(new TextEncoder().encode(secret))
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+identity:
+  jwt: { secret: ${secret} }
+  failureLimit: { limit: 100, window: 1m }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  for (const value of [`Bearer\t${token}`, `Bearer${token}`, `Bearer: ${token}`, token, 'Basic dXNlcjpwYXNz']) {
+    const reply = await send(`${gw.url}/x`, { headers: { authorization: value } })
+    t.equal(reply.status, 401, JSON.stringify(value.slice(0, 10)))
+  }
+  t.equal(upstream.requests, 0, 'none reached the upstream')
+  t.equal((await send(`${gw.url}/x`, { headers: { authorization: `Bearer ${token}` } })).status, 200, 'the well-formed header passes')
+})

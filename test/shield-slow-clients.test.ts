@@ -1,0 +1,159 @@
+// Issue 15 item 1: slow clients must not hold upstream connections. The attack (connections that
+// announce a body and send one byte at a time, clients that stop reading a large response) is run
+// at a small scale, against an upstream pool of one or two connections, so it takes seconds.
+import t from 'tap'
+import net from 'node:net'
+import { startGateway } from './helpers/gateway.js'
+import { startUpstream } from './helpers/upstream.js'
+
+interface RawClient {
+  readonly socket: net.Socket
+  /** Everything the gateway wrote back, so far. */
+  readonly received: () => string
+  /** Resolves with the whole answer once the gateway closes the connection. */
+  readonly closed: Promise<string>
+}
+
+function rawClient (t: { teardown: (fn: () => unknown) => void }, port: number, head: string): Promise<RawClient> {
+  return new Promise((resolve, reject) => {
+    const socket = net.connect(port, '127.0.0.1', () => {
+      socket.write(head)
+      resolve({ socket, received: () => data, closed })
+    })
+    let data = ''
+    const closed = new Promise<string>(resolve => socket.once('close', () => resolve(data)))
+    socket.on('data', (c: Buffer) => { data += c.toString('latin1') })
+    socket.on('error', reject)
+    t.teardown(() => socket.destroy())
+  })
+}
+
+async function getWithin (url: string, ms: number): Promise<number> {
+  const res = await fetch(url, { signal: AbortSignal.timeout(ms) })
+  await res.arrayBuffer()
+  return res.status
+}
+
+const sleep = (ms: number): Promise<void> => new Promise(resolve => setTimeout(resolve, ms))
+
+t.test('slow POST bodies do not take upstream connections: other clients are served during the attack', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+log: { level: info }
+upstreams:
+  backend: { targets: [${upstream.url}], maxConnections: 2 }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  // Three times the upstream pool: each attacker announces ~1 MB and trickles one byte every 100 ms.
+  const attackers: RawClient[] = []
+  for (let i = 0; i < 6; i++) {
+    attackers.push(await rawClient(t, gw.port, 'POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n'))
+  }
+  const trickle = setInterval(() => { for (const a of attackers) a.socket.write('x') }, 100)
+  t.teardown(() => clearInterval(trickle))
+  await sleep(500)
+  // Well-behaved clients get answers at once (a 5 s bound, far above what one takes).
+  for (let i = 0; i < 10; i++) t.equal(await getWithin(`${gw.url}/echo/${i}`, 5000), 200, `GET ${i} answered during the attack`)
+  t.notOk(upstream.log.includes('/upload'), 'no trickling body reached the upstream')
+  clearInterval(trickle)
+})
+
+t.test('a body that stops arriving gets 408 after server.clientBodyTimeout and never reaches the upstream', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { clientBodyTimeout: 300ms }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const client = await rawClient(t, gw.port, 'POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789')
+  const answer = await client.closed
+  t.match(answer, /^HTTP\/1\.1 408 /, '408 Request Timeout')
+  t.match(answer, /"error":"GW_ERR_CLIENT_TIMEOUT"/)
+  t.notOk(upstream.log.includes('/upload'), 'the upstream never saw the request')
+  t.ok(gw.lines.some(l => l.msg === 'request' && l.status === 408 && l.error === 'client_timeout'), 'logged as client_timeout')
+})
+
+t.test('a streamed body (beyond server.bufferBodiesTotal) that stops arriving is cut after clientBodyTimeout', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { clientBodyTimeout: 300ms, bufferBodiesTotal: 0 }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const client = await rawClient(t, gw.port, 'POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789')
+  const aborted = await upstream.nextAbort(5000)
+  t.equal(aborted, '/upload', 'the upstream request was aborted (its connection freed)')
+  const answer = await client.closed
+  t.match(answer, /^HTTP\/1\.1 408 /)
+})
+
+t.test('beyond server.bufferBodiesTotal bodies stream as before; within it they arrive whole', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { bufferBodiesTotal: 64 }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  // 32 bytes fit the budget: buffered, then sent.
+  const small = await fetch(`${gw.url}/upload`, { method: 'POST', body: 'a'.repeat(32) })
+  t.same(await small.json(), { bytes: 32 })
+  // 1000 bytes do not: after the first 100 the request goes upstream while the body still arrives.
+  const client = await rawClient(t, gw.port, 'POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\nConnection: close\r\n\r\n' + 'b'.repeat(100))
+  const deadline = Date.now() + 5000
+  while (upstream.log.filter(u => u === '/upload').length < 2 && Date.now() < deadline) await sleep(20)
+  t.equal(upstream.log.filter(u => u === '/upload').length, 2, 'the upstream saw the request before the body ended')
+  client.socket.write('b'.repeat(900))
+  const answer = await client.closed
+  t.match(answer, /"bytes":1000/, 'the whole body arrived, streamed')
+})
+
+t.test('a client that stops reading is cut after server.sendTimeout and frees its upstream connection', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { sendTimeout: 300ms }
+upstreams:
+  backend: { targets: [${upstream.url}], maxConnections: 1 }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const reader = await rawClient(t, gw.port, 'GET /download?bytes=104857600 HTTP/1.1\r\nHost: x\r\n\r\n')
+  reader.socket.pause() // reads nothing more: the kernel buffers fill, then the gateway's writes wait
+  t.equal(await upstream.nextAbort(5000), '/download?bytes=104857600', 'the upstream download was aborted')
+  t.equal(await getWithin(`${gw.url}/echo`, 5000), 200, 'the single upstream connection serves the next client')
+  t.ok(gw.lines.some(l => l.msg === 'request' && l.error === 'send_timeout'), 'logged as send_timeout')
+})
+
+t.test('an upstream body that stalls longer than timeouts.idle is cut, though timeouts.response is long', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${upstream.url}], timeouts: { response: 30s, idle: 300ms } }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const started = Date.now()
+  const res = await fetch(`${gw.url}/drip?chunks=5&intervalMs=2000`)
+  t.equal(res.status, 200, 'headers came at once')
+  await t.rejects(res.arrayBuffer(), 'the body is cut')
+  t.ok(Date.now() - started < 1900, 'cut well before the next 2 s chunk')
+  t.ok(gw.lines.some(l => l.msg === 'request' && l.error === 'response_timeout'), 'logged as response_timeout')
+})
