@@ -21,7 +21,12 @@ routes:
   t.same(await health.json(), { status: 'ok' })
   const ready = await fetch(`${gw.adminUrl}/readyz`)
   t.equal(ready.status, 200)
-  t.same(await ready.json(), { status: 'ready', generation: 1, redis: { state: 'not_configured' } })
+  t.same(await ready.json(), {
+    status: 'ready',
+    generation: 1,
+    redis: { state: 'not_configured' },
+    upstreams: { backend: [{ url: upstream.url, healthy: true, ejectedForMs: 0, consecutiveFailures: 0 }] }
+  })
 
   const unknown = await fetch(`${gw.adminUrl}/nope`)
   t.equal(unknown.status, 404)
