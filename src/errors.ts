@@ -17,7 +17,9 @@ export const ERRORS = Object.freeze({
   GW_ERR_UPSTREAM_TIMEOUT: { status: 504, message: 'the upstream did not answer in time' },
   GW_ERR_NO_HEALTHY_UPSTREAM: { status: 503, message: 'no healthy upstream target' },
   GW_ERR_SHUTTING_DOWN: { status: 503, message: 'the gateway is shutting down' },
-  GW_ERR_CONFIG_INVALID: { status: 500, message: 'the configuration is invalid' }
+  GW_ERR_CONFIG_INVALID: { status: 500, message: 'the configuration is invalid' },
+  GW_ERR_NOT_READY: { status: 503, message: 'no configuration is loaded yet' },
+  GW_ERR_ADMIN_BUSY: { status: 503, message: 'too many live subscribers on the admin listener' }
 } as const)
 
 export type ErrorCode = keyof typeof ERRORS

@@ -255,6 +255,7 @@ function finish (
   const seconds = Number(process.hrtime.bigint() - started) / 1e9
   const route = a?.route.name ?? '-'
   state.telemetry.request(route, req.method ?? 'GET', status, seconds)
+  if (limit !== null && limit.startsWith('rejected:')) state.telemetry.clientRejected(a?.clientIp ?? req.socket.remoteAddress ?? '-', a?.user ?? null)
   if (state.logger.isLevelEnabled('info')) {
     state.logger.info({
       requestId,

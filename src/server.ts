@@ -11,7 +11,11 @@ import { ResourceCache, type RedisStatus } from './config/resources.js'
 import { createRequestHandler, createUpgradeHandler, type PipelineState } from './pipeline.js'
 import { createWebSocketProxy } from './proxy/websocket.js'
 import { GatewayMetrics } from './admin/metrics.js'
-import { createAdminServer } from './admin/admin-server.js'
+import { createAdminServer, healthOf, type AdminSource } from './admin/admin-server.js'
+import { LiveTelemetry } from './admin/live-stats.js'
+import { LiveFeed } from './admin/live-feed.js'
+import { describeRoutes } from './admin/dashboard.js'
+import { sendLiveFrames } from './workers.js'
 import { redactConfig } from './admin/redact.js'
 import { createLogger, type Logger, type LogLevel } from './log.js'
 import { writeRawError, type ErrorCode } from './errors.js'
@@ -54,6 +58,8 @@ function listen (server: Server | HttpsServer, address: string): Promise<Address
   })
 }
 
+const RELOAD_HISTORY = 20
+
 export class Gateway {
   readonly logger: Logger
   readonly metrics: GatewayMetrics
@@ -64,6 +70,12 @@ export class Gateway {
   private generation = 0
   private reloading: Promise<ReloadResult> | null = null
   lastReload: ReloadOutcome | null = null
+  /** The last RELOAD_HISTORY reloads, newest last: the admin page's reload history. */
+  readonly reloadHistory: ReloadOutcome[] = []
+  /** Forwards to the metrics and counts each second for the admin page. */
+  readonly live: LiveTelemetry
+  private feed: LiveFeed | null = null
+  private stopLiveFrames: (() => void) | null = null
   private pendingReload: Promise<ReloadResult> | null = null
   private readonly draining = new Set<Runtime>()
   private shuttingDown = false
@@ -78,6 +90,7 @@ export class Gateway {
     this.logger = logger
     this.resources = new ResourceCache(logger)
     this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth() })
+    this.live = new LiveTelemetry(this.metrics)
   }
 
   /** Loads the file, starts both listeners; throws ConfigError with located problems. */
@@ -119,13 +132,13 @@ export class Gateway {
   }
 
   private async boot (loaded: LoadedConfig): Promise<void> {
-    const runtime = await compileRuntime(loaded, ++this.generation, this.resources, this.metrics)
+    const runtime = await compileRuntime(loaded, ++this.generation, this.resources, this.live)
     this.metrics.generation.set(runtime.generation)
     const tls = runtime.config.tls
     const proto = tls === undefined ? 'http' : 'https'
     this.state = {
       runtime,
-      telemetry: this.metrics,
+      telemetry: this.live,
       logger: this.logger,
       proto,
       ws: createWebSocketProxy(),
@@ -167,25 +180,31 @@ export class Gateway {
       const requestId = randomUUID()
       writeRawError(socket, status, { error, message: code === '' ? 'bad request' : code, requestId }, requestId)
       // Counted and logged like any answered request: oversized headers and slowloris are worth seeing.
-      this.metrics.request('-', '-', status, 0)
+      this.live.request('-', '-', status, 0)
       this.logger.info({ requestId, ip: socket.remoteAddress, route: '-', status, error: code === '' ? 'bad_request' : code }, 'request')
     })
     this.server = server
     this.listenAddress = runtime.config.listen ?? '0.0.0.0:8080'
     this.port = (await listen(server, this.listenAddress)).port
 
-    if (this.options.adminListener === false) {
-      this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
-      return
-    }
     const self = this // eslint-disable-line @typescript-eslint/no-this-alias
-    const admin = createAdminServer({
+    const source: AdminSource = {
       get runtime () { return self.runtime },
       get shuttingDown () { return self.shuttingDown },
       get lastReload () { return self.lastReload },
+      reloadHistory: this.reloadHistory,
       metrics: this.metrics,
       redisStatus: () => this.redisStatus()
-    })
+    }
+    if (this.options.adminListener === false) {
+      // a worker: the primary's admin page sums every worker's frames
+      this.stopLiveFrames = sendLiveFrames(() => this.live.takeFrame(), () => healthOf(source), () => this.runtime === null ? null : describeRoutes(this.runtime))
+      this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
+      return
+    }
+    this.feed = new LiveFeed(() => this.live.takeFrame(), () => healthOf(source))
+    this.feed.start()
+    const admin = createAdminServer(source, this.feed)
     this.admin = admin
     this.adminPort = (await listen(admin, runtime.config.admin ?? '127.0.0.1:9901')).port
     this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, adminPort: this.adminPort, generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
@@ -214,6 +233,8 @@ export class Gateway {
         problems: result.ok ? [] : result.error.split('\n'),
         at: new Date().toISOString()
       }
+      this.reloadHistory.push(this.lastReload)
+      if (this.reloadHistory.length > RELOAD_HISTORY) this.reloadHistory.shift()
       return result
     }).finally(() => { this.reloading = null })
     return this.reloading
@@ -225,7 +246,7 @@ export class Gateway {
     let runtime: Runtime
     try {
       const loaded = await loadConfigFile(this.options.configFile, this.options.env)
-      runtime = await compileRuntime(loaded, this.generation + 1, this.resources, this.metrics)
+      runtime = await compileRuntime(loaded, this.generation + 1, this.resources, this.live)
       this.refreshTls(runtime)
     } catch (err) {
       this.metrics.reload('failure')
@@ -302,6 +323,8 @@ export class Gateway {
       for (const s of this.sockets) s.destroy()
     }
     this.state?.ws.close()
+    this.feed?.stop()
+    this.stopLiveFrames?.()
     await this.resources.closeAll()
     if (this.admin !== null) {
       const admin = this.admin

@@ -10,6 +10,8 @@ export interface Telemetry {
   /** A target left out of balancing (passive health / outlier detection). */
   upstreamEjection (upstream: string, target: string, reason: string): void
   limitDecision (route: string, dimension: string, level: LimitLevel, result: LimitResult): void
+  /** A request refused by a limit (the admin page's top limited clients; never a metric label). */
+  clientRejected (ip: string, user: string | null): void
   redisCall (seconds: number, ok: boolean, errorKind: string | null): void
   breakerState (state: 0 | 1 | 2): void
   reload (result: 'success' | 'failure'): void
@@ -20,6 +22,7 @@ export const NOOP_TELEMETRY: Telemetry = Object.freeze({
   upstreamError () {},
   upstreamEjection () {},
   limitDecision () {},
+  clientRejected () {},
   redisCall () {},
   breakerState () {},
   reload () {}

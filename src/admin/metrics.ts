@@ -110,6 +110,9 @@ export class GatewayMetrics implements Telemetry {
     c.inc()
   }
 
+  // Clients are unbounded: they go to the admin page's top-k sketch (live-stats.ts), not to labels.
+  clientRejected (): void {}
+
   redisCall (seconds: number, ok: boolean, errorKind: string | null): void {
     this.redisDuration.observe(seconds)
     if (!ok) this.redisErrors.labels(errorKind ?? 'other').inc()
