@@ -28,6 +28,8 @@ export function formatCount (n) {
 function trim (x) { return (Math.round(x * 10) / 10).toString() }
 export function formatMs (ms) {
   if (ms === null || ms === undefined) return '–'
+  if (ms >= 86_400_000) return trim(ms / 86_400_000) + ' d'
+  if (ms >= 3_600_000) return trim(ms / 3_600_000) + ' h'
   if (ms >= 60_000) return trim(ms / 60_000) + ' min'
   if (ms >= 1000) return trim(ms / 1000) + ' s'
   if (ms >= 10) return Math.round(ms) + ' ms'
