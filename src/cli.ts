@@ -2,7 +2,7 @@
 import { parseArgs } from 'node:util'
 import { readFileSync, writeFileSync, rmSync } from 'node:fs'
 import { loadConfigFile, ConfigError } from './config/load.js'
-import { gatewayJsonSchema } from './config/schema.js'
+import { adminListen, gatewayJsonSchema } from './config/schema.js'
 import { checkCompiles } from './config/compile.js'
 import { Gateway, splitHostPort } from './server.js'
 import type { LogLevel } from './log.js'
@@ -223,7 +223,7 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
     process.stderr.write(`gateway reload: not signalled, ${configFile} is invalid:\n`)
     return reportConfigError(err, configFile)
   }
-  const adminUrl = adminClientUrl(adminOption ?? loaded.config.admin ?? '127.0.0.1:9901')
+  const adminUrl = adminClientUrl(adminOption ?? adminListen(loaded.config))
   let before: ReloadView | null = null
   try {
     before = await readReloadView(adminUrl)

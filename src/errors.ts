@@ -17,7 +17,9 @@ export const ERRORS = Object.freeze({
   GW_ERR_UPSTREAM_TIMEOUT: { status: 504, message: 'the upstream did not answer in time' },
   GW_ERR_NO_HEALTHY_UPSTREAM: { status: 503, message: 'no healthy upstream target' },
   GW_ERR_SHUTTING_DOWN: { status: 503, message: 'the gateway is shutting down' },
-  GW_ERR_CONFIG_INVALID: { status: 500, message: 'the configuration is invalid' }
+  GW_ERR_CONFIG_INVALID: { status: 500, message: 'the configuration is invalid' },
+  GW_ERR_ADMIN_UNAUTHORIZED: { status: 401, message: 'this admin endpoint needs Authorization: Bearer <admin.token>' },
+  GW_ERR_ADMIN_FORBIDDEN: { status: 403, message: 'no admin.token is configured: mutating admin endpoints are disabled' }
 } as const)
 
 export type ErrorCode = keyof typeof ERRORS

@@ -11,10 +11,12 @@ import { ResourceCache, type RedisStatus } from './config/resources.js'
 import { createRequestHandler, createUpgradeHandler, type PipelineState } from './pipeline.js'
 import { createWebSocketProxy } from './proxy/websocket.js'
 import { GatewayMetrics } from './admin/metrics.js'
-import { createAdminServer } from './admin/admin-server.js'
+import { createAdminServer, json } from './admin/admin-server.js'
+import { createLimitsApi } from './admin/limits-api.js'
 import { redactConfig } from './admin/redact.js'
 import { createLogger, type Logger, type LogLevel } from './log.js'
 import { writeRawError, type ErrorCode } from './errors.js'
+import { adminListen } from './config/schema.js'
 
 export interface GatewayOptions {
   readonly configFile: string
@@ -184,10 +186,16 @@ export class Gateway {
       get shuttingDown () { return self.shuttingDown },
       get lastReload () { return self.lastReload },
       metrics: this.metrics,
-      redisStatus: () => this.redisStatus()
+      redisStatus: () => this.redisStatus(),
+      limits: createLimitsApi({
+        runtime: () => this.runtime,
+        peek: async (rt, checks) => await this.resources.peekLimits(rt.config, checks),
+        reset: async (rt, message) => await this.resources.resetLimits(rt.config, message),
+        logger: this.logger
+      }, json)
     })
     this.admin = admin
-    this.adminPort = (await listen(admin, runtime.config.admin ?? '127.0.0.1:9901')).port
+    this.adminPort = (await listen(admin, adminListen(runtime.config))).port
     this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, adminPort: this.adminPort, generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
   }
 

@@ -9,6 +9,7 @@ import { redactConfig } from './admin/redact.js'
 import { json } from './admin/admin-server.js'
 import type { Logger } from './log.js'
 import { splitHostPort } from './server.js'
+import { adminListen } from './config/schema.js'
 
 export const WORKER_ADMIN_ENV = 'GATEWAY_WORKER'
 
@@ -61,7 +62,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     }
     json(res, 404, { error: 'GW_ERR_NOT_FOUND', message: 'admin endpoints: /healthz /readyz /metrics /config' })
   })
-  const { host, port } = splitHostPort(loaded.config.admin ?? '127.0.0.1:9901')
+  const { host, port } = splitHostPort(adminListen(loaded.config))
   await new Promise<void>((resolve, reject) => {
     admin.once('error', reject)
     admin.listen(port, host, () => resolve())

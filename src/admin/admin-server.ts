@@ -12,6 +12,8 @@ export interface AdminSource {
   readonly lastReload?: unknown
   readonly metrics: GatewayMetrics
   redisStatus (): RedisStatus
+  /** /limits and /consumers/NAME (src/admin/limits-api.ts); absent on the workers primary. */
+  readonly limits?: (req: import('node:http').IncomingMessage, res: import('node:http').ServerResponse) => boolean
 }
 
 /** Admin answers: pretty JSON, never cached. Also used by the workers primary's admin listener. */
@@ -24,6 +26,7 @@ export function json (res: import('node:http').ServerResponse, status: number, b
 export function createAdminServer (source: AdminSource): Server {
   return createServer((req, res) => {
     const path = (req.url ?? '/').split('?')[0]
+    if (source.limits?.(req, res) === true) return
     if (req.method !== 'GET' && req.method !== 'HEAD') return json(res, 405, { error: 'GW_ERR_BAD_REQUEST', message: 'admin endpoints are read-only' })
     switch (path) {
       case '/healthz':
@@ -54,7 +57,7 @@ export function createAdminServer (source: AdminSource): Server {
         return json(res, 200, { generation: rt.generation, hash: rt.hash, file: rt.file, loadedAt: rt.loadedAt, lastReload: source.lastReload ?? null, config: redactConfig(rt.config) })
       }
       default:
-        return json(res, 404, { error: 'GW_ERR_NOT_FOUND', message: 'admin endpoints: /healthz /readyz /metrics /config' })
+        return json(res, 404, { error: 'GW_ERR_NOT_FOUND', message: 'admin endpoints: /healthz /readyz /metrics /config /limits /consumers/NAME' })
     }
   })
 }
