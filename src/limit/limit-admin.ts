@@ -80,8 +80,9 @@ export class ResetBus {
       const message = parseResetMessage(text)
       if (message !== null) this.apply(message)
     })
-    // ioredis subscribes again by itself after a reconnect (autoResubscribe)
-    sub.subscribe(this.channel).catch(this.onError)
+    // The gateway's clients queue nothing while disconnected (enableOfflineQueue: false), so the
+    // subscription is made once connected, and again after every reconnect (SUBSCRIBE is idempotent).
+    sub.on('ready', () => { sub.subscribe(this.channel).catch(this.onError) })
     this.subscriber = sub
   }
 
