@@ -88,7 +88,7 @@ t.test('reset unblocks a client on both instances within 1 s (Redis keys, local 
   t.equal(await client.zcard(ip.key), 3, 'the log still holds exactly the 3 admitted requests')
   t.equal(callsAfter.evalsha ?? 0, callsBefore.evalsha ?? 0, 'no limit.lua call (EVALSHA) was made by the reads')
   t.ok((callsAfter.evalsha_ro ?? 0) + (callsAfter.eval_ro ?? 0) > (callsBefore.evalsha_ro ?? 0) + (callsBefore.eval_ro ?? 0), 'the reads ran read-only scripts')
-  t.same(read1.json?.limits.map((l: LimitEntry) => l.name), ['ip', 'identity.failures'], 'anonymous: the ip limit and the failed-identity budget')
+  t.same((read1.json?.limits as LimitEntry[]).map(l => l.name), ['ip', 'identity.failures'], 'anonymous: the ip limit and the failed-identity budget')
 
   const noToken = await admin(limitsUrl(a), 'DELETE')
   t.equal(noToken.status, 401)
@@ -147,7 +147,7 @@ t.test('GET /consumers/NAME: plan, effective limits per route, quota used and wh
     quota: { name: 'free:quota', limit: 1000, used: 2, remaining: 998, resetsAt: midnight }
   })
   const user = await admin(`${gw.adminUrl}/limits?route=api&ip=127.0.0.1&user=bob`)
-  t.same(user.json?.limits.map((l: LimitEntry) => l.name), ['ip', 'free:user', 'free:quota', 'identity.failures'], 'with a user: the plan\'s limits too')
+  t.same((user.json?.limits as LimitEntry[]).map(l => l.name), ['ip', 'free:user', 'free:quota', 'identity.failures'], 'with a user: the plan\'s limits too')
   t.equal(entry(user, 'free:quota').remaining, 998)
   t.equal((await admin(`${gw.adminUrl}/consumers/nobody`)).json?.plan, null, 'no entry and no defaultPlan: no plan')
 })
