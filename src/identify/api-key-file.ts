@@ -39,24 +39,25 @@ export async function readApiKeyFile (file: string | undefined, consumers: Consu
   const problems: ConfigProblem[] = []
   if (doc.contents === null) return out
   if (!isMap(doc.contents)) throw new ConfigError([at(doc.contents.range?.[0], '', 'expected "key: consumer" lines')])
-  for (const pair of doc.contents.items) {
+  // an entry is named by its position ([0], [1], ...), never by the key: errors must not print secrets
+  for (const [i, pair] of doc.contents.items.entries()) {
     const keyNode = pair.key
     const valueNode = pair.value
     const key = isScalar(keyNode) ? String(keyNode.value) : ''
     const where = isScalar(keyNode) ? keyNode.range?.[0] : undefined
     if (!isScalar(keyNode) || key.length === 0 || key.trim() !== key) {
-      problems.push(at(where, '', 'an API key must be non-empty without surrounding spaces'))
+      problems.push(at(where, `[${i}]`, 'an API key must be non-empty without surrounding spaces'))
       continue
     }
     if (key.includes('${')) {
       // gateway.yaml substitutes ${VAR}; this file does not: never accept the literal silently
-      problems.push(at(where, '', '"${" in an API key: environment references are not substituted in the key file'))
+      problems.push(at(where, `[${i}]`, '"${" in an API key: environment references are not substituted in the key file'))
       continue
     }
     const consumer = isScalar(valueNode) && valueNode.value !== null ? String(valueNode.value) : ''
     const problem = consumerProblem(consumer, consumers)
     if (problem !== null) {
-      problems.push(at(isScalar(valueNode) ? valueNode.range?.[0] : where, '', problem))
+      problems.push(at(isScalar(valueNode) ? valueNode.range?.[0] : where, `[${i}]`, problem))
       continue
     }
     out.push([key, consumer])
