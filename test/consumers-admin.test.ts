@@ -5,6 +5,9 @@ import t from 'tap'
 import { createHash } from 'node:crypto'
 import { execFile } from 'node:child_process'
 import { promisify } from 'node:util'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { dirname, join } from 'node:path'
 import { childEnv, startGateway } from './helpers/gateway.js'
 import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
@@ -150,6 +153,11 @@ t.test('GET /consumers/NAME: plan, effective limits per route, quota used and wh
   t.same((user.json?.limits as LimitEntry[]).map(l => l.name), ['ip', 'free:user', 'free:quota', 'identity.failures'], 'with a user: the plan\'s limits too')
   t.equal(entry(user, 'free:quota').remaining, 998)
   t.equal((await admin(`${gw.adminUrl}/consumers/nobody`)).json?.plan, null, 'no entry and no defaultPlan: no plan')
+  const asPlan = await admin(`${gw.adminUrl}/limits?route=api&user=zed&plan=free`)
+  t.same((asPlan.json?.limits as LimitEntry[]).map(l => l.name), ['free:user', 'free:quota'], 'plan=P: the limits of that plan, for a plan only a token could name')
+  t.equal((await admin(`${gw.adminUrl}/limits?route=api&user=zed&plan=gold`)).json?.message, 'unknown plan "gold"')
+  const shown = await admin(`${gw.adminUrl}/config`)
+  t.same((shown.json?.config as { admin: unknown }).admin, { listen: '127.0.0.1:0', token: '[redacted]' }, '/config never shows the admin token')
 })
 
 t.test('gateway limits get|reset calls the admin API', async t => {
@@ -179,4 +187,13 @@ t.test('gateway limits get|reset calls the admin API', async t => {
   t.match(reset.stdout, /route api, ip 127\.0\.0\.1: reset ip, identity\.failures \(1 key\(s\) deleted, 1 instance\(s\) notified\)/)
   t.equal((await send(`${gw.url}/x`)).status, 200, 'the client is admitted again')
   t.equal((await cli(['get'])).code, 2, 'usage error without --route')
+  // without --admin and --token: both from the config file (its ${VAR} substituted)
+  const file = join(mkdtempSync(join(tmpdir(), 'gw-cli-')), 'gateway.yaml')
+  t.teardown(() => rmSync(dirname(file), { recursive: true, force: true }))
+  writeFileSync(file, config(up.url, `{ listen: "${adminAddr}", token: "\${ADMIN_TOKEN}" }`))
+  for (let i = 0; i < 3; i++) await send(`${gw.url}/x`)
+  const fromFile = await run(process.execPath, ['bin/gateway', 'limits', 'reset', '--route', 'api', '--ip', '127.0.0.1', '-c', file], { env: childEnv({ ADMIN_TOKEN: TOKEN }) })
+  t.match(fromFile.stdout, /reset ip, identity\.failures/, 'admin address and token from the file')
+  const withOption = await run(process.execPath, ['bin/gateway', 'limits', 'get', '--route', 'api', '--ip', '127.0.0.1', '--admin', adminAddr, '--token', TOKEN, '--json'])
+  t.equal((JSON.parse(withOption.stdout) as { limits: LimitEntry[] }).limits[0]?.remaining, 3, '--json prints the answer; the reset gave the whole budget back')
 })
