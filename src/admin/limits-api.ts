@@ -21,7 +21,7 @@ import type { Logger } from '../log.js'
 export interface LimitsApiDeps {
   runtime (): Runtime | null
   peek (rt: Runtime, checks: readonly LimitCheck[]): Promise<PeekResult[]>
-  reset (rt: Runtime, message: ResetMessage): Promise<{ deleted: number, instances: number }>
+  reset (rt: Runtime, message: ResetMessage): Promise<{ deleted: number, instances: number | null }>
   readonly logger: Logger
 }
 
@@ -142,7 +142,7 @@ export function createLimitsApi (deps: LimitsApiDeps, json: Json): (req: Incomin
       return adminError(json, res, 'GW_ERR_ADMIN_UNAUTHORIZED')
     }
     const message: ResetMessage = { ipKey: t.ipKey, denyKeys: t.checks.map(denyKey), keys: t.checks.map(c => c.key) }
-    let outcome: { deleted: number, instances: number }
+    let outcome: { deleted: number, instances: number | null }
     try {
       outcome = await deps.reset(rt, message)
     } catch (err) {

@@ -200,7 +200,7 @@ export class ResourceCache {
    * has every instance (over Redis pub/sub) drop its local bucket and deny-cache entries for them.
    * Resolves with the keys that existed and the instances that received the reset.
    */
-  async resetLimits (config: GatewayConfig, message: ResetMessage): Promise<{ deleted: number, instances: number }> {
+  async resetLimits (config: GatewayConfig, message: ResetMessage): Promise<{ deleted: number, instances: number | null }> {
     if (config.redis === undefined) {
       const store = this.memoryStore(config)
       const deleted = message.keys.length

@@ -86,9 +86,13 @@ export class ResetBus {
     this.subscriber = sub
   }
 
-  /** Resolves with the number of instances that received it (PUBLISH's answer). */
-  async publish (message: ResetMessage): Promise<number> {
-    return await this.client.publish(this.channel, JSON.stringify(message))
+  /**
+   * Resolves with the number of instances that received it (PUBLISH's answer), or null on Redis
+   * Cluster: there PUBLISH reaches every node but counts only the subscribers of the node it ran on.
+   */
+  async publish (message: ResetMessage): Promise<number | null> {
+    const received = await this.client.publish(this.channel, JSON.stringify(message))
+    return this.client instanceof Cluster ? null : received
   }
 
   stop (): void {
