@@ -19,7 +19,9 @@ export const ERRORS = Object.freeze({
   GW_ERR_SHUTTING_DOWN: { status: 503, message: 'the gateway is shutting down' },
   GW_ERR_CONFIG_INVALID: { status: 500, message: 'the configuration is invalid' },
   GW_ERR_NOT_READY: { status: 503, message: 'no configuration is loaded yet' },
-  GW_ERR_ADMIN_BUSY: { status: 503, message: 'too many live subscribers on the admin listener' }
+  GW_ERR_ADMIN_BUSY: { status: 503, message: 'too many live subscribers on the admin listener' },
+  GW_ERR_ADMIN_UNAUTHORIZED: { status: 401, message: 'this admin endpoint needs Authorization: Bearer <admin.token>' },
+  GW_ERR_ADMIN_FORBIDDEN: { status: 403, message: 'no admin.token is configured: mutating admin endpoints are disabled' }
 } as const)
 
 export type ErrorCode = keyof typeof ERRORS

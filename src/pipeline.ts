@@ -14,6 +14,9 @@ import { ERRORS, sendError, sendJson, writeRawError, type ErrorCode } from './er
 import type { CompiledRoute, Runtime } from './config/compile.js'
 import type { LimitVerdict } from './limit/limiter.js'
 import type { IdentityResult } from './identify/identity.js'
+import { limitsFor } from './limit/plan.js'
+
+const ANONYMOUS: IdentityResult = Object.freeze({ ok: true, user: null })
 import type { Telemetry } from './telemetry.js'
 import type { Logger } from './log.js'
 
@@ -106,12 +109,21 @@ function identifyAndLimit (rt: Runtime, req: IncomingMessage, a: Admission, requ
       return
     }
     a.user = identity.user
-    const verdict = rt.limiter.check({ route: a.route.name, plan: a.route.limits, ipKey: a.ipKey, user: a.user, requestId })
+    const verdict = rt.limiter.check({ route: a.route.name, plan: limitsFor(a.route, identity.plan ?? null), ipKey: a.ipKey, user: a.user, requestId })
     if (verdict instanceof Promise) verdict.then(v => next(identity, v)).catch(fail)
     else next(identity, verdict)
   }
   try {
-    const found = rt.identity.resolve(req.headers)
+    const auth = a.route.auth
+    if (auth === 'none') {
+      // Not verified here, so not forwarded either: the upstream must never take an unchecked
+      // credential for one the gateway vouched for.
+      const header = rt.identity.credentialHeader
+      if (header !== null) delete req.headers[header]
+      limit(ANONYMOUS)
+      return
+    }
+    const found = rt.identity.resolve(req.headers, auth === null ? undefined : auth === 'required')
     if (found instanceof Promise) found.then(limit).catch(fail)
     else limit(found)
   } catch (err) {

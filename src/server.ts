@@ -11,7 +11,8 @@ import { ResourceCache, type RedisStatus } from './config/resources.js'
 import { createRequestHandler, createUpgradeHandler, type PipelineState } from './pipeline.js'
 import { createWebSocketProxy } from './proxy/websocket.js'
 import { GatewayMetrics } from './admin/metrics.js'
-import { createAdminServer, healthOf, type AdminSource } from './admin/admin-server.js'
+import { createAdminServer, healthOf, json, type AdminSource } from './admin/admin-server.js'
+import { createLimitsApi } from './admin/limits-api.js'
 import { LiveTelemetry } from './admin/live-stats.js'
 import { LiveFeed } from './admin/live-feed.js'
 import { describeRoutes } from './admin/dashboard.js'
@@ -19,6 +20,7 @@ import { sendLiveFrames } from './workers.js'
 import { redactConfig } from './admin/redact.js'
 import { createLogger, type Logger, type LogLevel } from './log.js'
 import { writeRawError, type ErrorCode } from './errors.js'
+import { adminListen } from './config/schema.js'
 
 export interface GatewayOptions {
   readonly configFile: string
@@ -194,7 +196,13 @@ export class Gateway {
       get lastReload () { return self.lastReload },
       reloadHistory: this.reloadHistory,
       metrics: this.metrics,
-      redisStatus: () => this.redisStatus()
+      redisStatus: () => this.redisStatus(),
+      limits: createLimitsApi({
+        runtime: () => this.runtime,
+        peek: async (rt, checks) => await this.resources.peekLimits(rt.config, checks),
+        reset: async (rt, message) => await this.resources.resetLimits(rt.config, message),
+        logger: this.logger
+      }, json)
     }
     if (this.options.adminListener === false) {
       // a worker: the primary's admin page sums every worker's frames
@@ -206,7 +214,7 @@ export class Gateway {
     this.feed.start()
     const admin = createAdminServer(source, this.feed)
     this.admin = admin
-    this.adminPort = (await listen(admin, runtime.config.admin ?? '127.0.0.1:9901')).port
+    this.adminPort = (await listen(admin, adminListen(runtime.config))).port
     this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, adminPort: this.adminPort, generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
   }
 

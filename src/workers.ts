@@ -12,6 +12,7 @@ import { LiveFeed } from './admin/live-feed.js'
 import type { LiveFrame } from './admin/live-stats.js'
 import type { Logger } from './log.js'
 import { splitHostPort } from './server.js'
+import { adminListen } from './config/schema.js'
 
 export const WORKER_ADMIN_ENV = 'GATEWAY_WORKER'
 
@@ -91,7 +92,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     if (handleDashboard(req, res, path ?? '/', feed, () => null, json)) return
     json(res, 404, { error: 'GW_ERR_NOT_FOUND', message: 'admin endpoints: / (page) /events /routes /healthz /readyz /metrics /config' })
   })
-  const { host, port } = splitHostPort(loaded.config.admin ?? '127.0.0.1:9901')
+  const { host, port } = splitHostPort(adminListen(loaded.config))
   await new Promise<void>((resolve, reject) => {
     admin.once('error', reject)
     admin.listen(port, host, () => resolve())

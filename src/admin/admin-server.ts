@@ -17,6 +17,8 @@ export interface AdminSource {
   readonly reloadHistory?: readonly unknown[]
   readonly metrics: GatewayMetrics
   redisStatus (): RedisStatus
+  /** /limits and /consumers/NAME (src/admin/limits-api.ts); absent on the workers primary. */
+  readonly limits?: (req: import('node:http').IncomingMessage, res: import('node:http').ServerResponse) => boolean
 }
 
 /** What /readyz answers: readiness, the Redis state and passive health per upstream target. */
@@ -54,6 +56,7 @@ export function json (res: import('node:http').ServerResponse, status: number, b
 export function createAdminServer (source: AdminSource, live: LiveFeed | null = null): Server {
   return createServer((req, res) => {
     const path = (req.url ?? '/').split('?')[0] ?? '/'
+    if (source.limits?.(req, res) === true) return
     if (req.method !== 'GET' && req.method !== 'HEAD') return json(res, 405, { error: 'GW_ERR_BAD_REQUEST', message: 'admin endpoints are read-only' })
     switch (path) {
       case '/healthz':
@@ -75,7 +78,7 @@ export function createAdminServer (source: AdminSource, live: LiveFeed | null = 
       }
       default:
         if (handleDashboard(req, res, path, live, () => source.runtime, json)) return
-        return json(res, 404, { error: 'GW_ERR_NOT_FOUND', message: 'admin endpoints: / (page) /events /routes /healthz /readyz /metrics /config' })
+        return json(res, 404, { error: 'GW_ERR_NOT_FOUND', message: 'admin endpoints: / (page) /events /routes /healthz /readyz /metrics /config /limits /consumers/NAME' })
     }
   })
 }

@@ -7,10 +7,10 @@ import type { LoadedConfig } from './load.js'
 import { durationOr, parseDuration, parseSize } from './units.js'
 import { compileRouteTable, type RoutePattern, type RouteTable } from '../router/route-table.js'
 import { compileClientIpResolver } from '../identify/client-ip.js'
-import { compileIdentity, type IdentityResolver } from '../identify/identity.js'
+import { compileIdentity, type ConsumerDirectory, type IdentityResolver } from '../identify/identity.js'
 import { UpstreamPool, type UpstreamConfig } from '../proxy/upstream-pool.js'
 import { createForwardPlan, type BodyHandling, type ForwardPlan, type HeaderRules } from '../proxy/forward.js'
-import { compileFailurePlan, compileRouteLimitPlan, type RouteLimitPlan } from '../limit/plan.js'
+import { compileFailurePlan, compilePlanLimits, compileRouteLimitPlan, type RouteLimitPlan } from '../limit/plan.js'
 import { Limiter } from '../limit/limiter.js'
 import type { ResourceCache } from './resources.js'
 import type { Telemetry } from '../telemetry.js'
@@ -25,6 +25,10 @@ export interface CompiledRoute {
   readonly upstream: string
   readonly forward: ForwardPlan
   readonly limits: RouteLimitPlan
+  /** The limits of each plan's consumers on this route (issue 9); `limitsFor` picks one. */
+  readonly planLimits: ReadonlyMap<string, RouteLimitPlan>
+  /** `auth` of the route; null = `identity.required` decides. */
+  readonly auth: 'required' | 'optional' | 'none' | null
 }
 
 export interface ServerSettings {
@@ -51,6 +55,8 @@ export interface Runtime {
   readonly limiter: Limiter
   readonly resolveClientIp: ReturnType<typeof compileClientIpResolver>
   readonly identity: IdentityResolver
+  /** consumers, defaultPlan and plan names, as identity resolves them (the admin API reads it too). */
+  readonly consumers: ConsumerDirectory
   /** What a request that failed identity is charged against (gateway ip limit + identity.failureLimit). */
   readonly failurePlan: RouteLimitPlan
   readonly server: ServerSettings
@@ -123,7 +129,16 @@ function routePattern (route: RouteConfig): RoutePattern {
 export async function checkCompiles (config: GatewayConfig): Promise<void> {
   compileRouteTable(config.routes.map(routePattern))
   compileClientIpResolver({ trustedProxies: config.trustedProxies ?? [], ipv6Prefix: config.ipv6Prefix ?? 64 })
-  await compileIdentity(config.identity)
+  await compileIdentity(config.identity, consumerDirectory(config))
+}
+
+/** `consumers`, `defaultPlan` and `plans` in the form identity resolution looks them up. */
+export function consumerDirectory (config: GatewayConfig): ConsumerDirectory {
+  return Object.freeze({
+    plans: new Map(Object.entries(config.consumers ?? {}).map(([name, c]) => [name, c.plan])),
+    defaultPlan: config.defaultPlan ?? null,
+    known: new Set(Object.keys(config.plans ?? {}))
+  })
 }
 
 function compileRoute (config: GatewayConfig, route: RouteConfig, pool: UpstreamPool, upstream: UpstreamConfig, body: BodyHandling): CompiledRoute {
@@ -142,7 +157,9 @@ function compileRoute (config: GatewayConfig, route: RouteConfig, pool: Upstream
     websocket: route.websocket === true,
     upstream: route.upstream,
     forward,
-    limits: compileRouteLimitPlan(config, route)
+    limits: compileRouteLimitPlan(config, route),
+    planLimits: compilePlanLimits(config, route),
+    auth: route.auth ?? null
   })
 }
 
@@ -176,7 +193,8 @@ export async function compileRuntime (
     legacyHeaders: config.legacyHeaders === true,
     telemetry
   })
-  const identity = await compileIdentity(config.identity)
+  const consumers = consumerDirectory(config)
+  const identity = await compileIdentity(config.identity, consumers)
   await resources.redisReady(config)
   return Object.freeze({
     generation,
@@ -190,6 +208,7 @@ export async function compileRuntime (
     limiter,
     resolveClientIp: compileClientIpResolver({ trustedProxies: config.trustedProxies ?? [], ipv6Prefix: config.ipv6Prefix ?? 64 }),
     identity,
+    consumers,
     failurePlan: compileFailurePlan(config),
     server,
     trustedProxiesEmpty: (config.trustedProxies ?? []).length === 0,

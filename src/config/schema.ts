@@ -31,6 +31,28 @@ export const limitSchema = z.strictObject({
   onError: z.enum(ON_ERROR).optional().describe('when Redis fails; default redis.onError')
 })
 
+// Plans, consumers and quotas (issue 9). Plan names cannot hold "." or ":" so that a plan's limit
+// names ("free:user", "free:login.user", "free:quota") never read two ways.
+export const PLAN_NAME_RE = /^[A-Za-z0-9_-]+$/
+export const QUOTA_PERIODS = ['hour', 'day', 'week', 'month'] as const
+
+export const quotaSchema = z.strictObject({
+  limit: z.int().positive().describe('requests (in cost units) per calendar period'),
+  period: z.enum(QUOTA_PERIODS).describe('calendar period in UTC: hour, day, week (from Monday) or month'),
+  cost: z.int().positive().optional().describe('what one request takes; default 1'),
+  status: z.int().min(400).max(599).optional().describe('status of a rejection; default 429'),
+  onError: z.enum(ON_ERROR).optional().describe('when Redis fails; default redis.onError')
+})
+
+export const planSchema = z.strictObject({
+  limits: z.strictObject({
+    user: limitSchema.optional().describe("replaces the gateway-wide limits.user for this plan's consumers"),
+    quota: quotaSchema.optional()
+  }).optional(),
+  routes: z.record(z.string(), z.strictObject({ user: limitSchema })).optional()
+    .describe("per route name: replaces that route's user limit for this plan's consumers")
+})
+
 const headerRules = z.strictObject({
   set: z.record(z.string(), z.string()).optional(),
   remove: z.array(z.string()).optional()
@@ -62,7 +84,9 @@ export const routeSchema = z.strictObject({
   timeouts: z.strictObject({ response: duration.optional() }).optional(),
   maxBodySize: size.optional(),
   headers: z.strictObject({ request: headerRules.optional(), response: headerRules.optional() }).optional(),
-  limits: z.strictObject({ api: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional()
+  limits: z.strictObject({ api: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional(),
+  auth: z.enum(['required', 'optional', 'none']).optional()
+    .describe('required: 401 without credentials; optional: verified when present; none: not verified, the credential header is removed; default from identity.required')
 })
 
 // Requests that fail identity are charged to their IP here and against the gateway-wide ip limit.
@@ -71,7 +95,11 @@ const failureLimit = limitSchema.optional().describe('budget of failed identity 
 const identitySchema = z.union([
   z.strictObject({ header: z.string().min(1), required: z.boolean().optional(), failureLimit }),
   z.strictObject({
-    apiKeys: z.strictObject({ header: z.string().min(1), keys: z.record(z.string(), z.string()) }),
+    apiKeys: z.strictObject({
+      header: z.string().min(1),
+      keys: z.record(z.string(), z.string()).optional().describe('API key -> consumer'),
+      file: z.string().min(1).optional().describe('more "key: consumer" lines, relative to this file; re-read on SIGHUP')
+    }),
     required: z.boolean().optional(),
     failureLimit
   }),
@@ -81,6 +109,7 @@ const identitySchema = z.union([
       publicKey: z.string().min(1).optional(),
       jwksUrl: httpUrl.optional(),
       claim: z.string().optional(),
+      planClaim: z.string().min(1).optional().describe('a claim naming the plan of the token\'s consumer'),
       header: z.string().optional(),
       issuer: z.string().optional(),
       audience: z.string().optional(),
@@ -109,7 +138,14 @@ export const redisSchema = z.strictObject({
 export const configSchema = z.strictObject({
   $schema: z.string().optional(),
   listen: hostPort.optional().describe('default 0.0.0.0:8080'),
-  admin: hostPort.optional().describe('default 127.0.0.1:9901; /healthz /readyz /metrics /config'),
+  admin: z.union([
+    hostPort,
+    z.strictObject({
+      listen: hostPort.optional().describe('default 127.0.0.1:9901'),
+      token: z.string().min(16, 'expected a token of at least 16 characters').optional()
+        .describe('Bearer token every mutating admin endpoint requires (DELETE /limits)')
+    })
+  ]).optional().describe('address (default 127.0.0.1:9901), or { listen, token }; /healthz /readyz /metrics /config /limits /consumers'),
   workers: z.int().min(1).max(256).optional(),
   trustedProxies: z.array(z.string()).optional().describe('CIDRs whose X-Forwarded-For is believed'),
   ipv6Prefix: z.int().min(1).max(128).optional().describe('IPv6 clients are limited per prefix; default 64'),
@@ -136,6 +172,9 @@ export const configSchema = z.strictObject({
     maxKeys: z.int().positive().optional()
   }).optional(),
   limits: z.strictObject({ global: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional(),
+  consumers: z.record(z.string().min(1).max(256), z.strictObject({ plan: z.string() })).optional(),
+  defaultPlan: z.string().optional().describe('plan of identified consumers without an entry; anonymous requests have no plan'),
+  plans: z.record(z.string().regex(PLAN_NAME_RE, 'expected a plan name of letters, digits, "_" or "-"'), planSchema).optional(),
   upstreams: z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/), upstreamSchema),
   routes: z.array(routeSchema).min(1)
 })
@@ -145,6 +184,20 @@ export type LimitConfig = z.infer<typeof limitSchema>
 export type RouteConfig = z.infer<typeof routeSchema>
 export type UpstreamConfigInput = z.infer<typeof upstreamSchema>
 export type RedisConfig = z.infer<typeof redisSchema>
+export type QuotaConfig = z.infer<typeof quotaSchema>
+export type PlanConfig = z.infer<typeof planSchema>
+
+/** The admin listener's address, from either form of `admin`. */
+export function adminListen (config: GatewayConfig): string {
+  const a = config.admin
+  return (typeof a === 'string' ? a : a?.listen) ?? '127.0.0.1:9901'
+}
+
+/** `admin.token`, or null when none is configured (mutating admin endpoints then answer 403). */
+export function adminToken (config: GatewayConfig): string | null {
+  const a = config.admin
+  return typeof a === 'object' ? (a.token ?? null) : null
+}
 
 /** The JSON Schema editors use to autocomplete gateway.yaml (committed as gateway.schema.json). */
 export function gatewayJsonSchema (): Record<string, unknown> {

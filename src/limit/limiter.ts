@@ -8,6 +8,7 @@ import { dimensionValue, keyFor, type PlannedLimit, type RouteLimitPlan } from '
 import type { DenyCache, LocalLevel } from './local-level.js'
 import type { RedisGuard } from './redis-guard.js'
 import type { LimitLevel, Telemetry } from '../telemetry.js'
+import { calendarPeriod } from './algorithms/calendar-quota.js'
 
 export type HeaderList = Array<[string, string]>
 
@@ -60,6 +61,16 @@ export class Limiter {
     if (wait === 0) return null
     this.options.telemetry.limitDecision(route, 'local', 'local', 'rejected')
     return this.reject(429, 'local', LOCAL_LIMIT, local.options.limit, wait, local.policy, 0, wait)
+  }
+
+  /** The in-process shared store (no Redis configured), or null: the admin API reads and resets it. */
+  get memory (): MemoryStore | null {
+    return this.options.memory
+  }
+
+  /** ms left on this instance's deny-cache entry for `check` (admin API), 0 when none. */
+  denied (check: LimitCheck): number {
+    return this.options.deny.remaining(denyKey(check), performance.now())
   }
 
   /** Synchronous unless the shared level has to ask Redis: the in-process path allocates no Promise. */
@@ -115,6 +126,7 @@ export class Limiter {
     // only admitted requests count against shadow limits, as they would if they were enforced
     if (req.plan.shadow.length > 0) void this.decideShadow(req)
     const headers = deciding === undefined ? null : this.headers(deciding.policy, deciding.name, deciding.spec.limit, decision.remaining, decision.resetMs)
+    if (headers !== null && deciding?.dimension !== 'quota' && decision.remainings !== undefined) appendQuota(headers, limits, decision.remainings)
     return { kind: 'allow', headers, delayMs: decision.delayMs }
   }
 
@@ -168,12 +180,30 @@ const UNAVAILABLE: LimitVerdict = Object.freeze({ kind: 'unavailable' })
  * A rejection holds for one (key, cost): the key names the limit's parameters but not its cost,
  * so a reload that changes only the cost must not keep the lockout the old cost earned.
  */
-function denyKey (check: LimitCheck): string {
+export function denyKey (check: LimitCheck): string {
   return check.cost === 1 ? check.key : `${check.key}#${check.cost}`
 }
 
+/**
+ * A plan's quota beside the tightest limit (issue 9): both headers are lists
+ * (draft-ietf-httpapi-ratelimit-headers), so a client sees its daily or monthly budget too.
+ */
+function appendQuota (headers: HeaderList, limits: readonly PlannedLimit[], remainings: readonly number[]): void {
+  for (let i = limits.length - 1; i >= 0; i--) {
+    const l = limits[i] as PlannedLimit
+    if (l.dimension !== 'quota') continue
+    const remaining = remainings[i]
+    if (remaining === undefined || remaining < 0) return
+    const { end } = calendarPeriod(l.spec.windowMs, Date.now() * 1000)
+    const t = Math.max(0, end - Math.floor(Date.now() / 1000))
+    ;(headers[0] as [string, string])[1] += `, ${l.policy}`
+    ;(headers[1] as [string, string])[1] += `, "${l.name}";r=${remaining};t=${t}`
+    return
+  }
+}
+
 /** The checks that apply to this request: a `user` limit is skipped for anonymous requests. */
-function buildChecks (planned: readonly PlannedLimit[], req: LimitRequest): { checks: LimitCheck[], limits: PlannedLimit[] } {
+export function buildChecks (planned: readonly PlannedLimit[], req: LimitRequest): { checks: LimitCheck[], limits: PlannedLimit[] } {
   const checks: LimitCheck[] = []
   const limits: PlannedLimit[] = []
   for (const l of planned) {
