@@ -144,6 +144,8 @@ function renderHealth () {
     ['Redis', redis.state === 'not_configured' ? 'not configured (limits in process)' : `${redis.state}${redis.breaker ? ', breaker ' + redis.breaker : ''}`],
     ['Live instances', redis.instances !== undefined ? String(redis.instances) : '–']
   ]
+  // Redis Cluster: one breaker per master
+  for (const n of redis.nodes ?? []) items.push([`Breaker ${n.node}`, n.state])
   if (h.workers !== undefined) items.push(['Workers', `${h.workersReady} of ${h.workers} ready`])
   $('health-list').replaceChildren(...items.flatMap(([k, v]) => [el('dt', {}, k), el('dd', { 'data-health': k }, v)]))
   const rows = []

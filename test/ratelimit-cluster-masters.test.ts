@@ -1,6 +1,6 @@
 // README (Redis keys and Redis Cluster): limits are read and written on masters only, because a
 // replica may lag and let a client past its limit. Observed on a real 3+3 Cluster: every limiter
-// script ran on a master, none on a replica.
+// script ran on a master, none on a replica; /readyz lists each master's breaker.
 import t from 'tap'
 import { Redis } from 'ioredis'
 import { startGateway } from './helpers/gateway.js'
@@ -49,4 +49,8 @@ routes:
   const onReplicas = await Promise.all(replicas.map(scriptCalls))
   t.ok(onMasters.every(n => n > 0), `every master ran scripts: ${onMasters.join(', ')}`)
   t.same(onReplicas, [0, 0, 0], 'no script ran on a replica')
+  // /readyz (and the admin page) show each master's own breaker
+  const ready = await (await fetch(`${gw.adminUrl}/readyz`)).json() as { redis: { nodes: Array<{ node: string, state: string }> } }
+  t.same(ready.redis.nodes.map(n => Number(/:(\d+)$/.exec(n.node)?.[1])).sort(), [...masters].sort(), 'one breaker per master')
+  t.ok(ready.redis.nodes.every(n => n.state === 'closed'))
 })

@@ -33,7 +33,9 @@ export function readiness (source: AdminSource): { ready: boolean, body: Record<
     body: {
       status: !ready ? (source.shuttingDown ? 'shutting_down' : 'not_ready') : degraded ? 'degraded' : 'ready',
       generation: rt?.generation ?? null,
-      redis: redis.configured ? { state: redisUp ? 'up' : 'fallback', connected: redis.connected, breaker: redis.breaker, instances: redis.instances } : { state: 'not_configured' },
+      redis: redis.configured
+        ? { state: redisUp ? 'up' : 'fallback', connected: redis.connected, breaker: redis.breaker, instances: redis.instances, ...(redis.nodes !== undefined && redis.nodes.some(n => n.node !== '*') ? { nodes: redis.nodes } : {}) }
+        : { state: 'not_configured' },
       // Passive health per target: an ejected target is visible here before anyone reads a log.
       upstreams: rt === null ? {} : Object.fromEntries([...rt.pools].map(([name, pool]) => [name, pool.health()]))
     }

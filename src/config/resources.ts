@@ -38,6 +38,8 @@ export interface RedisStatus {
   /** The client's connection is up (an idle gateway learns of a dead Redis before any request fails). */
   readonly connected: boolean
   readonly breaker: BreakerState | null
+  /** Per node under Cluster (each master has its own breaker); one entry '*' otherwise. */
+  readonly nodes?: ReadonlyArray<{ node: string, state: BreakerState }>
   readonly instances: number
 }
 
@@ -184,7 +186,7 @@ export class ResourceCache {
   redisStatus (config: GatewayConfig): RedisStatus {
     if (config.redis === undefined) return { configured: false, connected: false, breaker: null, instances: 1 }
     const bundle = this.redis.get(redisConnectionKey(config.redis))
-    return { configured: true, connected: bundle?.client.status === 'ready', breaker: bundle?.guard.breaker ?? null, instances: bundle?.guard.instances ?? 1 }
+    return { configured: true, connected: bundle?.client.status === 'ready', breaker: bundle?.guard.breaker ?? null, nodes: bundle?.guard.breakerStates() ?? [], instances: bundle?.guard.instances ?? 1 }
   }
 
   /** Every limit of `checks` read without consuming (admin GET /limits). */
