@@ -31,6 +31,18 @@ export const limitSchema = z.strictObject({
   onError: z.enum(ON_ERROR).optional().describe('when Redis fails; default redis.onError')
 })
 
+// Concurrency limits (issue 10): requests in flight, or WebSockets open, at once.
+const inFlight = z.int().positive()
+const concurrencySchema = z.strictObject({
+  ip: inFlight.optional().describe('in flight at once per client IP, across all instances'),
+  user: inFlight.optional().describe('in flight at once per user, across all instances')
+})
+const routeConcurrencySchema = z.strictObject({
+  ip: inFlight.optional().describe('in flight at once per client IP on this route (open WebSockets on a websocket route)'),
+  user: inFlight.optional().describe('in flight at once per user on this route (open WebSockets on a websocket route)'),
+  route: inFlight.optional().describe('the route\'s total in flight, across all instances')
+})
+
 const headerRules = z.strictObject({
   set: z.record(z.string(), z.string()).optional(),
   remove: z.array(z.string()).optional()
@@ -62,7 +74,8 @@ export const routeSchema = z.strictObject({
   timeouts: z.strictObject({ response: duration.optional() }).optional(),
   maxBodySize: size.optional(),
   headers: z.strictObject({ request: headerRules.optional(), response: headerRules.optional() }).optional(),
-  limits: z.strictObject({ api: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional()
+  limits: z.strictObject({ api: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional(),
+  concurrency: routeConcurrencySchema.optional()
 })
 
 // Requests that fail identity are charged to their IP here and against the gateway-wide ip limit.
@@ -102,6 +115,7 @@ export const redisSchema = z.strictObject({
   timeout: duration.optional().describe('bound on every Redis call; default 50ms'),
   onError: z.enum(ON_ERROR).optional().describe('default local'),
   autoPipelining: z.boolean().optional(),
+  leaseTtl: duration.optional().describe('concurrency leases of an instance that died are reclaimed within this; default 10s'),
   expectedInstances: z.int().min(1).max(1024).optional()
     .describe('gateway instances sharing the budget: the least the onError: local fallback divides each limit by; default 1')
 })
@@ -136,6 +150,7 @@ export const configSchema = z.strictObject({
     maxKeys: z.int().positive().optional()
   }).optional(),
   limits: z.strictObject({ global: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional(),
+  concurrency: concurrencySchema.optional().describe('gateway-wide: at most N requests in flight per client, across all instances'),
   upstreams: z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/), upstreamSchema),
   routes: z.array(routeSchema).min(1)
 })

@@ -1,5 +1,6 @@
 import { LRUCache } from 'lru-cache'
 import { ALGORITHMS, assertDecidable, msUp, ttlMs, type AlgorithmState, type Evaluation } from './algorithms/index.js'
+import { LEASE_STATE_TTL_US } from './algorithms/lease.js'
 import type { LimitCheck, LimitDecision, LimitStore } from './types.js'
 
 // The in-process store: the TypeScript twins of lua/*.lua over a bounded LRU. It decides
@@ -84,6 +85,8 @@ export interface MemoryStore extends LimitStore {
   clear(): void
   /** Forgets one key. */
   forget(key: string): void
+  /** Gives back `units` of a concurrency lease count (issue 10); a count reaching 0 is deleted. */
+  release(key: string, units: number): void
 }
 
 const monotonicUs = (): number => Math.floor((performance.timeOrigin + performance.now()) * 1000)
@@ -115,6 +118,12 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
     get size () { return cache.size },
     clear () { cache.clear() },
     forget (key) { cache.delete(key) },
+    release (key, units) {
+      const state = cache.get(key)
+      if (state?.kind !== 'lease') return
+      if (state.held <= units) cache.delete(key)
+      else cache.set(key, { kind: 'lease', held: state.held - units }, { ttl: ttlMs(LEASE_STATE_TTL_US) })
+    },
     async close () { cache.clear() }
   }
 }

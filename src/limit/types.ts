@@ -8,6 +8,8 @@ export type AlgorithmName =
   | 'sliding-window-log'
   | 'sliding-window'
   | 'fixed-window'
+  /** A concurrency lease (issue 10): limit = leases held at once, window = lease TTL. Never in config. */
+  | 'lease'
 
 /** Numeric code of each algorithm as passed to the Lua scripts (ARGV). */
 export const ALGORITHM_CODES: Readonly<Record<AlgorithmName, number>> = Object.freeze({
@@ -16,7 +18,8 @@ export const ALGORITHM_CODES: Readonly<Record<AlgorithmName, number>> = Object.f
   'leaky-bucket': 3,
   'sliding-window-log': 4,
   'sliding-window': 5,
-  'fixed-window': 6
+  'fixed-window': 6,
+  lease: 7
 })
 
 /** A limit compiled from config. Immutable; shared by every request that it applies to. */
