@@ -179,3 +179,73 @@ t.test('no Redis configured: the same caps in process, gauges per route', async 
   t.same(statusCounts(await burst(2, `${gw.url}/slow?ms=200`, ALICE)), { 200: 2 })
   t.equal(count(replies, 200), 2)
 })
+
+t.test('a route\'s total cap and a gateway-wide user cap shared by two routes', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+redis: { url: ${redis.url}, timeout: 2s, onError: deny, keyPrefix: wide }
+identity: { header: x-user-id }
+concurrency: { user: 1 }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: a, pathPrefix: /a/, upstream: backend, stripPrefix: /a, concurrency: { route: 3 } }
+  - { name: b, pathPrefix: /b/, upstream: backend, stripPrefix: /b }
+`)
+  // six users at once on route a: the route's total is 3
+  const six = await Promise.all(Array.from({ length: 6 }, (_, i) => send(`${gw.url}/a/slow?ms=1000`, { headers: { 'x-user-id': `u${i}` } })))
+  t.same(statusCounts(six), { 200: 3, 429: 3 })
+  t.ok(six.filter(r => r.status === 429).every(r => r.json?.limit === 'a.concurrency.route' && r.json.dimension === 'route'), 'refused by a.concurrency.route')
+  // alice's one request in flight on route a uses her gateway-wide lease for route b too
+  const holding = send(`${gw.url}/a/slow?ms=1000`, ALICE)
+  await eventually('alice holds her lease', async () => await liveLeases('wide:lease:*.user:alice') === 1, 3000)
+  const other = await send(`${gw.url}/b/x`, ALICE)
+  t.equal(other.json?.limit, 'concurrency.user', 'route b refuses alice: concurrency.user is gateway-wide')
+  t.equal((await holding).status, 200)
+})
+
+t.test('releases of one event-loop turn go to Redis in one call', async t => {
+  const { Limiter } = await import('../src/limit/limiter.js')
+  const { DenyCache } = await import('../src/limit/local-level.js')
+  const { createRedisStore } = await import('../src/limit/redis-store.js')
+  const { RedisGuard } = await import('../src/limit/redis-guard.js')
+  const { LeaseKeeper } = await import('../src/limit/concurrency.js')
+  const { compileRouteLimitPlan } = await import('../src/limit/plan.js')
+  const { NOOP_TELEMETRY } = await import('../src/telemetry.js')
+  const { Redis } = await import('ioredis')
+  const client = new Redis(redis.url)
+  t.teardown(() => client.disconnect())
+  const store = createRedisStore({ client })
+  const guard = new RedisGuard({ store, fallbackMaxKeys: 1000, timeoutMs: 2000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
+  const leases = new LeaseKeeper({ redis: { client, guard }, ttlMs: 10_000 })
+  const limiter = new Limiter({ local: null, deny: new DenyCache(1000), memory: null, guard, legacyHeaders: false, telemetry: NOOP_TELEMETRY, leases })
+  const route = { name: 'batch', pathPrefix: '/', upstream: 'u', concurrency: { user: 100 } }
+  const plan = compileRouteLimitPlan({ redis: { url: redis.url }, upstreams: { u: { targets: ['http://127.0.0.1:1'] } }, routes: [route] }, route)
+  const verdicts = await Promise.all(Array.from({ length: 20 }, async (_, i) => await limiter.check({ route: 'batch', plan, ipKey: '127.0.0.1', user: 'alice', requestId: `r${i}` })))
+  t.equal(await reader.zcard('gw:lease:batch.user:alice'), 20, '20 leases held')
+  const before = leases.calls
+  for (const v of verdicts) if (v.kind === 'allow' && v.lease !== null) limiter.release(v.lease)
+  await eventually('all released', async () => await reader.zcard('gw:lease:batch.user:alice') === 0, 3000)
+  t.equal(leases.calls - before, 1, '20 releases, one Redis call')
+  await leases.close()
+})
+
+t.test('a gateway that shuts down gives its leases back at once', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { shutdownTimeout: 300ms }
+redis: { url: ${redis.url}, timeout: 2s, onError: deny, keyPrefix: bye, leaseTtl: 60s }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: bye, pathPrefix: /, upstream: backend, concurrency: { user: 5 } }
+`)
+  const held = [send(`${gw.url}/hang`, ALICE).catch(() => null), send(`${gw.url}/hang`, ALICE).catch(() => null)]
+  await eventually('2 leases held', async () => await liveLeases('bye:lease:bye.user:alice') === 2, 3000)
+  await gw.close()
+  await Promise.all(held)
+  t.equal(await reader.zcard('bye:lease:bye.user:alice'), 0, 'no lease left behind (the TTL is 60 s)')
+})
