@@ -1,8 +1,7 @@
 // The extra CPU per request of one concurrency limit (issue 10; target: at most 5 µs).
 //
 // Drives the gateway's own Limiter (dist/limit/limiter.js) the way the pipeline does: check a
-// request, then release its lease when the "response" ends a little later, `--inflight` requests
-// outstanding at all times. Two plans alternate round by round on one redis-server:
+// request, then release its lease when the "response" ends a little later, at a fixed offered rate. Two plans alternate round by round on one redis-server:
 //   A  one rate limit (user, gcra), as a route with a limit has;
 //   B  the same rate limit plus `concurrency: { user: N }` (N far above the load, never refusing).
 // B - A is the cost of the concurrency limit: the lease check inside the same Lua call, the lease
@@ -10,7 +9,7 @@
 // (process.cpuUsage: the gateway's side) and in redis-server (/proc), per request; the same two
 // plans are also run on the in-process store (no Redis configured).
 //
-//   node bench/concurrency.js [--seconds 5] [--rounds 3] [--inflight 200] [--hold-ms 2]
+//   node bench/concurrency.js [--seconds 5] [--rounds 3] [--rate 3000] [--hold-ms 2] [--inflight 1000]
 import { mkdtempSync, rmSync, existsSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -30,14 +29,17 @@ const { values: flags } = parseArgs({
     seconds: { type: 'string' },
     rounds: { type: 'string' },
     inflight: { type: 'string' },
-    'hold-ms': { type: 'string' }
+    'hold-ms': { type: 'string' },
+    rate: { type: 'string' }
   }
 })
 const settings = {
   seconds: Number(flags.seconds ?? 5),
   rounds: Number(flags.rounds ?? 3),
-  inflight: Number(flags.inflight ?? 200),
+  // more outstanding than this at a tick counts as the bench falling behind the offered rate
+  inflight: Number(flags.inflight ?? 1000),
   holdMs: Number(flags['hold-ms'] ?? 2),
+  rate: Number(flags.rate ?? 3000),
   users: 1000
 }
 
@@ -69,8 +71,9 @@ function plan (withConcurrency, redis) {
 }
 
 /**
- * Requests through `limiter` for `seconds` with `inflight` outstanding; each releases its lease
- * `holdMs` after its verdict, as a response ending would.
+ * Requests through `limiter` for `seconds`, offered at `--rate` per second (every 10 ms a slice),
+ * the same rate for both plans, so that neither gets more syscalls amortized than the other; each
+ * releases its lease `holdMs` after its verdict, as a response ending would.
  * @param {any} limiter
  * @param {any} routePlan
  * @param {number} seconds
@@ -79,24 +82,38 @@ async function drive (limiter, routePlan, seconds) {
   let done = 0
   let refused = 0
   let next = 0
-  const stopAt = performance.now() + seconds * 1000
-  const hold = () => new Promise((resolve) => setTimeout(resolve, settings.holdMs))
-  const worker = async () => {
-    while (performance.now() < stopAt) {
-      const i = next++
-      const v = await limiter.check({ route: 'bench', plan: routePlan, ipKey: '127.0.0.1', user: `u${i % settings.users}`, requestId: `r${i}` })
-      if (v.kind !== 'allow') refused++
-      await hold()
-      if (v.kind === 'allow' && v.lease !== null) limiter.release(v.lease)
-      done++
-    }
+  let late = 0
+  const perTick = Math.max(1, Math.round(settings.rate / 100))
+  const one = async () => {
+    const i = next++
+    const v = await limiter.check({ route: 'bench', plan: routePlan, ipKey: '127.0.0.1', user: `u${i % settings.users}`, requestId: `r${i}` })
+    if (v.kind !== 'allow') refused++
+    await new Promise((resolve) => setTimeout(resolve, settings.holdMs))
+    if (v.kind === 'allow' && v.lease !== null) limiter.release(v.lease)
+    done++
   }
-  await Promise.all(Array.from({ length: settings.inflight }, worker))
-  return { done, refused }
+  /** @type {Promise<void>[]} */
+  const all = []
+  const started = performance.now()
+  await new Promise((resolve) => {
+    const timer = setInterval(() => {
+      const due = Math.floor((performance.now() - started) / 10) * perTick
+      // a tick that came late launches what it owes, so the offered rate holds
+      while (next < due) all.push(one())
+      if (next - done > settings.inflight) late++
+      if (performance.now() - started >= seconds * 1000) {
+        clearInterval(timer)
+        resolve(undefined)
+      }
+    }, 10)
+  })
+  await Promise.all(all)
+  return { done, refused, late }
 }
 
 /** @param {'redis' | 'memory'} storeKind @param {any} redis */
 async function run (storeKind, redis) {
+  const kind = storeKind
   /** @type {Record<'A' | 'B', { client: number[], redis: number[], calls: number[], perSecond: number[] }>} */
   const results = { A: { client: [], redis: [], calls: [], perSecond: [] }, B: { client: [], redis: [], calls: [], perSecond: [] } }
   let client = null
@@ -128,6 +145,7 @@ async function run (storeKind, redis) {
       const cpu = process.cpuUsage(cpu0)
       const secs = (performance.now() - t0) / 1000
       if (r.refused > 0) throw new Error(`${p}: ${r.refused} requests refused; the bench measures admissions`)
+      if (r.late > 0) console.log(`  warning: ${kind} ${p} fell behind the offered rate at ${r.late} ticks`)
       results[p].client.push((cpu.user + cpu.system) / r.done)
       results[p].perSecond.push(r.done / secs)
       if (storeKind === 'redis') {
@@ -146,7 +164,7 @@ async function run (storeKind, redis) {
 const dir = mkdtempSync(join(tmpdir(), 'gw-bench-conc-'))
 process.once('exit', () => { killAllSync(); rmSync(dir, { recursive: true, force: true }) })
 const redis = await startRedis(dir)
-console.log(`concurrency bench: ${settings.rounds} rounds x ${settings.seconds} s per plan, ${settings.inflight} in flight, leases held ${settings.holdMs} ms`)
+console.log(`concurrency bench: ${settings.rounds} rounds x ${settings.seconds} s per plan, ${settings.rate} req/s offered, leases held ${settings.holdMs} ms`)
 for (const kind of /** @type {const} */ (['redis', 'memory'])) {
   const r = await run(kind, redis)
   const extra = r.B.client.map((b, i) => b - /** @type {number} */ (r.A.client[i]))

@@ -110,7 +110,10 @@ export class LeaseKeeper {
     const batch = this.pending
     this.pending = []
     const pairs: Array<[string, string]> = []
-    for (const lease of batch) for (const key of lease.keys) pairs.push([key, lease.member])
+    for (let i = 0; i < batch.length; i++) {
+      const lease = batch[i] as HeldLease
+      for (let k = 0; k < lease.keys.length; k++) pairs.push([lease.keys[k] as string, lease.member])
+    }
     return this.send(pairs, [], 'release')
   }
 

@@ -1,6 +1,5 @@
 import { LRUCache } from 'lru-cache'
 import { ALGORITHMS, assertDecidable, msUp, ttlMs, type AlgorithmState, type Evaluation } from './algorithms/index.js'
-import { LEASE_STATE_TTL_US } from './algorithms/lease.js'
 import type { LimitCheck, LimitDecision, LimitStore } from './types.js'
 
 // The in-process store: the TypeScript twins of lua/*.lua over a bounded LRU. It decides
@@ -106,7 +105,8 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
   })
   const map: LimitStateMap = {
     get: (key) => cache.get(key),
-    set: (key, state, ttl) => { cache.set(key, state, { ttl }) }
+    // A lease count never expires in process (a release deletes it at 0): no TTL to track.
+    set: (key, state, ttl) => { if (state.kind === 'lease') cache.set(key, state); else cache.set(key, state, { ttl }) }
   }
   return {
     kind: 'memory',
@@ -122,7 +122,7 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
       const state = cache.get(key)
       if (state?.kind !== 'lease') return
       if (state.held <= units) cache.delete(key)
-      else cache.set(key, { kind: 'lease', held: state.held - units }, { ttl: ttlMs(LEASE_STATE_TTL_US) })
+      else cache.set(key, { kind: 'lease', held: state.held - units })
     },
     async close () { cache.clear() }
   }

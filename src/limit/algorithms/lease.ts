@@ -7,8 +7,8 @@ import { admitted, rejected, type AlgorithmTwin } from './algorithm.js'
 /** What an admitted lease reports as remaining: never the tightest limit (see lua/lease.lua). */
 export const LEASE_UNBOUNDED = 2 ** 50
 const RETRY_US = 1_000_000
-/** How long the memory store keeps a count: far beyond any request (released counts are deleted). */
-export const LEASE_STATE_TTL_US = 2 ** 40
+/** Unused by the memory store, which keeps lease counts without a TTL until released to 0. */
+const LEASE_STATE_TTL_US = 2 ** 40
 
 export const lease: AlgorithmTwin = {
   name: 'lease',
