@@ -12,6 +12,7 @@ export const ERRORS = Object.freeze({
   GW_ERR_HEADERS_TOO_LARGE: { status: 431, message: 'the request headers are too large' },
   GW_ERR_UNAUTHORIZED: { status: 401, message: 'missing or invalid credentials' },
   GW_ERR_RATE_LIMITED: { status: 429, message: 'rate limit exceeded' },
+  GW_ERR_CONCURRENCY_LIMITED: { status: 429, message: 'too many requests in flight' },
   GW_ERR_LIMITER_UNAVAILABLE: { status: 503, message: 'the rate limiter is unavailable' },
   GW_ERR_UPSTREAM_UNAVAILABLE: { status: 502, message: 'the upstream refused or reset the connection' },
   GW_ERR_UPSTREAM_TIMEOUT: { status: 504, message: 'the upstream did not answer in time' },

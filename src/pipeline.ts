@@ -13,6 +13,7 @@ import type { createWebSocketProxy } from './proxy/websocket.js'
 import { ERRORS, sendError, sendJson, writeRawError, type ErrorCode } from './errors.js'
 import type { CompiledRoute, Runtime } from './config/compile.js'
 import type { LimitVerdict } from './limit/limiter.js'
+import type { HeldLease } from './limit/concurrency.js'
 import type { IdentityResult } from './identify/identity.js'
 import { limitsFor } from './limit/plan.js'
 
@@ -150,7 +151,21 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
       return
     }
     const a = early.admission
+    // Concurrency leases go back when the response closes: finished, failed or abandoned.
+    let lease: HeldLease | null = null
+    let closed = false
+    state.telemetry.inflight(a.route.name, 1)
+    res.once('close', () => {
+      closed = true
+      state.telemetry.inflight(a.route.name, -1)
+      if (lease !== null) rt.limiter.release(lease)
+    })
     identifyAndLimit(rt, req, a, requestId, (identity, v) => {
+      if (v.kind === 'allow' && v.lease !== null) {
+        // the client may have left while the limiter decided
+        if (closed) rt.limiter.release(v.lease)
+        else lease = v.lease
+      }
       if (!identity.ok) {
         if (v.kind === 'reject') {
           sendJson(res, v.status, { ...v.body, requestId }, requestId, v.headers)
@@ -229,7 +244,20 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
       fail(400, { error: 'GW_ERR_BAD_REQUEST', message: 'this route does not accept WebSocket upgrades' }, a)
       return
     }
+    // A WebSocket holds its leases until the tunnel closes, from either side.
+    let lease: HeldLease | null = null
+    let open = false
+    let closed = false
+    socket.once('close', () => {
+      closed = true
+      if (lease !== null) rt.limiter.release(lease)
+      if (open) state.telemetry.websocketsOpen(a.route.name, -1)
+    })
     identifyAndLimit(rt, req, a, requestId, (identity, v) => {
+      if (v.kind === 'allow' && v.lease !== null) {
+        if (closed) rt.limiter.release(v.lease)
+        else lease = v.lease
+      }
       if (!identity.ok) {
         if (v.kind === 'reject') return fail(v.status, { ...v.body }, a, v.headers)
         return fail(401, { error: 'GW_ERR_UNAUTHORIZED', message: identity.reason }, a)
@@ -239,6 +267,10 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
       // Logged and counted once the handshake is decided: 101, or the refusal the client got.
       const upgrade = (): void => state.ws.upgrade(req, socket, head, a.route.forward, { requestId, clientIp: a.clientIp, proto: state.proto, path: a.path }, (result) => {
         if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
+        if (result.status === 101 && !closed) {
+          open = true
+          state.telemetry.websocketsOpen(a.route.name, 1)
+        }
         finish(state, rt, req, requestId, started, a, result, result.status, null)
       })
       // leaky-bucket delay mode holds an upgrade until its slot, like any request

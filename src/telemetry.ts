@@ -15,6 +15,12 @@ export interface Telemetry {
   redisCall (seconds: number, ok: boolean, errorKind: string | null): void
   breakerState (state: 0 | 1 | 2): void
   reload (result: 'success' | 'failure'): void
+  /** A request refused by a concurrency limit (issue 10); dimension is ip, user or route. */
+  concurrencyRejected (route: string, dimension: string, level: LimitLevel): void
+  /** HTTP requests of a route in flight on this instance: +1 when routed, -1 when the response closed. */
+  inflight (route: string, delta: 1 | -1): void
+  /** WebSockets of a route open on this instance: +1 on 101, -1 when the tunnel closed. */
+  websocketsOpen (route: string, delta: 1 | -1): void
 }
 
 export const NOOP_TELEMETRY: Telemetry = Object.freeze({
@@ -25,5 +31,8 @@ export const NOOP_TELEMETRY: Telemetry = Object.freeze({
   clientRejected () {},
   redisCall () {},
   breakerState () {},
-  reload () {}
+  reload () {},
+  concurrencyRejected () {},
+  inflight () {},
+  websocketsOpen () {}
 })

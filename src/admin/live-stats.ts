@@ -121,6 +121,10 @@ export class LiveTelemetry implements Telemetry {
 
   limitDecision (route: string, dimension: string, level: LimitLevel, result: LimitResult): void {
     this.next.limitDecision(route, dimension, level, result)
+    this.countDecision(route, dimension, level, result)
+  }
+
+  private countDecision (route: string, dimension: string, level: LimitLevel, result: LimitResult): void {
     let byDimension = this.decisions.get(route)
     if (byDimension === undefined) this.decisions.set(route, byDimension = new Map())
     let c = byDimension.get(dimension)
@@ -128,6 +132,15 @@ export class LiveTelemetry implements Telemetry {
     c[result === 'allowed' ? 0 : result === 'rejected' ? 1 : 2]++
     if (level === 'fallback') c[3]++
   }
+
+  concurrencyRejected (route: string, dimension: string, level: LimitLevel): void {
+    this.next.concurrencyRejected(route, dimension, level)
+    // on the page a refused lease is a rejection of its dimension like any other
+    this.countDecision(route, `concurrency.${dimension}`, level, 'rejected')
+  }
+
+  inflight (route: string, delta: 1 | -1): void { this.next.inflight(route, delta) }
+  websocketsOpen (route: string, delta: 1 | -1): void { this.next.websocketsOpen(route, delta) }
 
   clientRejected (ip: string, user: string | null): void {
     this.next.clientRejected(ip, user)

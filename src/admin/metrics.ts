@@ -26,6 +26,10 @@ export class GatewayMetrics implements Telemetry {
   private readonly redisErrors: Counter
   private readonly breaker: Gauge
   readonly generation: Gauge
+  private readonly concurrencyRejections: Counter
+  private readonly inflightGauge: Gauge
+  private readonly websocketsGauge: Gauge
+  private readonly inflightChildren = new Map<string, ReturnType<Gauge['labels']>>()
   private readonly requestChildren = new Map<string, Map<string, CounterChild[]>>()
   private readonly durationChildren = new Map<string, HistogramChild>()
   private readonly decisionChildren = new Map<string, Map<string, Map<string, Map<string, CounterChild>>>>()
@@ -72,6 +76,24 @@ export class GatewayMetrics implements Telemetry {
       collect () { this.set(sources.localKeys()) }
     })
     for (const result of ['success', 'failure']) this.reloads.labels(result).inc(0)
+    // issue 10: concurrency limits
+    this.concurrencyRejections = new Counter({ name: 'gateway_concurrency_rejected_total', help: 'Requests refused by a concurrency limit, by route, dimension (ip, user, route) and level', labelNames: ['route', 'dimension', 'level'], registers })
+    this.inflightGauge = new Gauge({ name: 'gateway_inflight', help: 'HTTP requests in flight on this instance, by route', labelNames: ['route'], registers })
+    this.websocketsGauge = new Gauge({ name: 'gateway_websockets_open', help: 'WebSockets open through this instance, by route', labelNames: ['route'], registers })
+  }
+
+  concurrencyRejected (route: string, dimension: string, level: LimitLevel): void {
+    this.concurrencyRejections.labels(route, dimension, level).inc()
+  }
+
+  inflight (route: string, delta: 1 | -1): void {
+    let g = this.inflightChildren.get(route)
+    if (g === undefined) this.inflightChildren.set(route, g = this.inflightGauge.labels(route))
+    g.inc(delta)
+  }
+
+  websocketsOpen (route: string, delta: 1 | -1): void {
+    this.websocketsGauge.labels(route).inc(delta)
   }
 
   request (route: string, method: string, status: number, seconds: number): void {

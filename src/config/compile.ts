@@ -191,7 +191,8 @@ export async function compileRuntime (
     memory: config.redis === undefined ? resources.memoryStore(config) : null,
     guard: config.redis === undefined ? null : resources.redisGuard(config, telemetry),
     legacyHeaders: config.legacyHeaders === true,
-    telemetry
+    telemetry,
+    leases: resources.leaseKeeper(config)
   })
   const consumers = consumerDirectory(config)
   const identity = await compileIdentity(config.identity, consumers)

@@ -10,6 +10,7 @@ import { adminListen, configSchema, gatewayJsonSchema, BUCKET_ALGORITHMS, type G
 import { compileLimitSpec } from '../limit/plan.js'
 import { validateLimitSpec } from '../limit/algorithms/index.js'
 import ipaddr from 'ipaddr.js'
+import { parseDuration } from './units.js'
 
 export type KeyPath = ReadonlyArray<string | number>
 
@@ -276,7 +277,16 @@ function crossChecks (config: GatewayConfig): Array<[KeyPath, string]> {
     const sources = [jwt.secret, jwt.publicKey, jwt.jwksUrl].filter(v => v !== undefined).length
     if (sources !== 1) out.push([['identity', 'jwt'], 'give exactly one of "secret", "publicKey" or "jwksUrl"'])
   }
-  const sharedLimits = config.limits !== undefined || config.routes.some(r => r.limits !== undefined)
+  // Concurrency limits (issue 10): a user cap needs users; a lease renewed every third of its TTL
+  // needs a TTL a stalled event loop does not outlast.
+  const hasUserConcurrency = config.concurrency?.user !== undefined || config.routes.some(r => r.concurrency?.user !== undefined)
+  if (hasUserConcurrency && config.identity === undefined) {
+    out.push([['identity'], 'a "concurrency.user" limit is configured but no identity: add identity.header, identity.apiKeys or identity.jwt'])
+  }
+  if (config.redis?.leaseTtl !== undefined && parseDuration(config.redis.leaseTtl) < 1000) {
+    out.push([['redis', 'leaseTtl'], 'leaseTtl must be at least 1s (leases are renewed every third of it)'])
+  }
+  const sharedLimits = config.limits !== undefined || config.concurrency !== undefined || config.routes.some(r => r.limits !== undefined || r.concurrency !== undefined)
   if ((config.workers ?? 1) > 1 && config.redis === undefined && sharedLimits) {
     out.push([['workers'], 'workers > 1 needs "redis:" for the shared limits: without it each worker would enforce every limit on its own (N times the budget)'])
   }

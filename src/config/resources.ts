@@ -11,6 +11,8 @@ import { createRedisStore } from '../limit/redis-store.js'
 import { clusterNodes, createRedisClient, whenReady } from '../limit/redis-client.js'
 import { InstanceHeartbeat } from '../limit/heartbeat.js'
 import { RedisGuard, type BreakerState } from '../limit/redis-guard.js'
+import { LeaseKeeper } from '../limit/concurrency.js'
+import { DEFAULT_LEASE_TTL_MS } from '../limit/plan.js'
 import type { LimitStore } from '../limit/types.js'
 import type { Telemetry } from '../telemetry.js'
 import type { Logger } from '../log.js'
@@ -31,6 +33,7 @@ interface RedisBundle {
   readonly heartbeat: InstanceHeartbeat
   readonly guard: RedisGuard
   readonly bus: ResetBus
+  readonly leases: LeaseKeeper
 }
 
 export interface RedisStatus {
@@ -46,7 +49,7 @@ export interface RedisStatus {
 export class ResourceCache {
   private readonly pools = new Map<string, UpstreamPool>()
   private readonly locals = new Map<string, LocalLevel>()
-  private memory: { readonly store: MemoryStore, readonly maxKeys: number } | null = null
+  private memory: { readonly store: MemoryStore, readonly maxKeys: number, readonly leases: LeaseKeeper } | null = null
   private readonly denies = new Map<string, DenyCache>()
   private readonly redis = new Map<string, RedisBundle>()
 
@@ -105,8 +108,20 @@ export class ResourceCache {
       if (this.memory.maxKeys !== max) this.logger.warn({ maxKeys: this.memory.maxKeys, requested: max }, 'local.maxKeys of the in-process limit store changes at the next restart')
       return this.memory.store
     }
-    this.memory = { store: createMemoryStore({ maxKeys: max }), maxKeys: max }
+    const store = createMemoryStore({ maxKeys: max })
+    this.memory = { store, maxKeys: max, leases: new LeaseKeeper({ memory: store, ttlMs: DEFAULT_LEASE_TTL_MS }) }
     return this.memory.store
+  }
+
+  /** Who releases and renews concurrency leases: the Redis connection's keeper, or the in-process one. */
+  leaseKeeper (config: GatewayConfig): LeaseKeeper {
+    if (config.redis === undefined) {
+      this.memoryStore(config)
+      return (this.memory as { readonly leases: LeaseKeeper }).leases
+    }
+    const bundle = this.redis.get(redisConnectionKey(config.redis))
+    if (bundle === undefined) throw new Error('leaseKeeper before redisGuard')
+    return bundle.leases
   }
 
   redisGuard (config: GatewayConfig, telemetry: Telemetry): RedisGuard {
@@ -160,8 +175,14 @@ export class ResourceCache {
       if (client instanceof Cluster) client.on('refresh', () => guard.probeNow())
       const bus = new ResetBus(client, `${keyPrefix}:admin:reset`, (m) => this.applyReset(m), (err) => { this.logger.debug({ err: err.message }, 'redis reset subscriber error') })
       bus.start()
-      this.redis.set(key, bundle = { client, store, heartbeat, guard, bus })
+      const leases = new LeaseKeeper({
+        redis: { client, guard },
+        ttlMs: DEFAULT_LEASE_TTL_MS,
+        onError: (err, what) => { this.logger.debug({ err: (err as Error).message, what }, 'concurrency lease call failed: the lease expires within leaseTtl') }
+      })
+      this.redis.set(key, bundle = { client, store, heartbeat, guard, bus, leases })
     }
+    bundle.leases.ttlMs = r.leaseTtl !== undefined ? parseDuration(r.leaseTtl) : DEFAULT_LEASE_TTL_MS
     bundle.guard.expectedInstances = r.expectedInstances ?? 1
     bundle.guard.timeoutMs = r.timeout !== undefined ? parseDuration(r.timeout) : 50
     return bundle.guard
@@ -309,6 +330,7 @@ function denyCacheKey (config: GatewayConfig): string {
 
 async function closeRedis (bundle: RedisBundle): Promise<void> {
   bundle.bus.stop()
+  await bundle.leases.close()
   bundle.guard.close()
   await bundle.heartbeat.stop()
   await bundle.store.close()

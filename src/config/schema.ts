@@ -53,6 +53,18 @@ export const planSchema = z.strictObject({
     .describe("per route name: replaces that route's user limit for this plan's consumers")
 })
 
+// Concurrency limits (issue 10): requests in flight, or WebSockets open, at once.
+const inFlight = z.int().positive()
+const concurrencySchema = z.strictObject({
+  ip: inFlight.optional().describe('in flight at once per client IP, across all instances'),
+  user: inFlight.optional().describe('in flight at once per user, across all instances')
+})
+const routeConcurrencySchema = z.strictObject({
+  ip: inFlight.optional().describe('in flight at once per client IP on this route (open WebSockets on a websocket route)'),
+  user: inFlight.optional().describe('in flight at once per user on this route (open WebSockets on a websocket route)'),
+  route: inFlight.optional().describe('the route\'s total in flight, across all instances')
+})
+
 const headerRules = z.strictObject({
   set: z.record(z.string(), z.string()).optional(),
   remove: z.array(z.string()).optional()
@@ -86,7 +98,8 @@ export const routeSchema = z.strictObject({
   headers: z.strictObject({ request: headerRules.optional(), response: headerRules.optional() }).optional(),
   limits: z.strictObject({ api: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional(),
   auth: z.enum(['required', 'optional', 'none']).optional()
-    .describe('required: 401 without credentials; optional: verified when present; none: not verified, the credential header is removed; default from identity.required')
+    .describe('required: 401 without credentials; optional: verified when present; none: not verified, the credential header is removed; default from identity.required'),
+  concurrency: routeConcurrencySchema.optional()
 })
 
 // Requests that fail identity are charged to their IP here and against the gateway-wide ip limit.
@@ -131,6 +144,7 @@ export const redisSchema = z.strictObject({
   timeout: duration.optional().describe('bound on every Redis call; default 50ms'),
   onError: z.enum(ON_ERROR).optional().describe('default local'),
   autoPipelining: z.boolean().optional(),
+  leaseTtl: duration.optional().describe('concurrency leases of an instance that died are reclaimed within this; default 10s'),
   expectedInstances: z.int().min(1).max(1024).optional()
     .describe('gateway instances sharing the budget: the least the onError: local fallback divides each limit by; default 1')
 })
@@ -175,6 +189,7 @@ export const configSchema = z.strictObject({
   consumers: z.record(z.string().min(1).max(256), z.strictObject({ plan: z.string() })).optional(),
   defaultPlan: z.string().optional().describe('plan of identified consumers without an entry; anonymous requests have no plan'),
   plans: z.record(z.string().regex(PLAN_NAME_RE, 'expected a plan name of letters, digits, "_" or "-"'), planSchema).optional(),
+  concurrency: concurrencySchema.optional().describe('gateway-wide: at most N requests in flight per client, across all instances'),
   upstreams: z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/), upstreamSchema),
   routes: z.array(routeSchema).min(1)
 })

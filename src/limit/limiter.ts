@@ -9,16 +9,17 @@ import type { DenyCache, LocalLevel } from './local-level.js'
 import type { RedisGuard } from './redis-guard.js'
 import type { LimitLevel, Telemetry } from '../telemetry.js'
 import { calendarPeriod } from './algorithms/calendar-quota.js'
+import type { HeldLease, LeaseKeeper } from './concurrency.js'
 
 export type HeaderList = Array<[string, string]>
 
 export type LimitVerdict =
-  | { readonly kind: 'allow', readonly headers: HeaderList | null, readonly delayMs: number }
+  | { readonly kind: 'allow', readonly headers: HeaderList | null, readonly delayMs: number, readonly lease: HeldLease | null }
   | { readonly kind: 'reject', readonly status: number, readonly body: RejectBody, readonly headers: HeaderList }
   | { readonly kind: 'unavailable' }
 
 export interface RejectBody {
-  readonly error: 'rate_limited'
+  readonly error: 'rate_limited' | 'GW_ERR_CONCURRENCY_LIMITED'
   readonly message: string
   readonly dimension: string
   readonly limit: string
@@ -42,6 +43,8 @@ export interface LimiterOptions {
   readonly guard: RedisGuard | null
   readonly legacyHeaders: boolean
   readonly telemetry: Telemetry
+  /** Releases and renews concurrency leases; null when no limit can take one. */
+  readonly leases?: LeaseKeeper | null
 }
 
 const LOCAL_LIMIT = 'local'
@@ -97,17 +100,27 @@ export class Limiter {
 
     const { memory, guard } = this.options
     if (guard !== null) {
-      return guard.decide(checks, limits, req.requestId).then(g => g.unavailable ? UNAVAILABLE : this.conclude(req, checks, limits, g.decision, g.level, now))
+      return guard.decide(checks, limits, req.requestId).then(g => g.unavailable ? UNAVAILABLE : this.conclude(req, checks, limits, g.decision, g.level, now, g.leaseId, g.share))
     }
-    return this.conclude(req, checks, limits, (memory as MemoryStore).decide(checks, req.requestId), 'memory', now)
+    return this.conclude(req, checks, limits, (memory as MemoryStore).decide(checks, req.requestId), 'memory', now, '', 1)
   }
 
-  private conclude (req: LimitRequest, checks: LimitCheck[], limits: PlannedLimit[], decision: LimitDecision, level: LimitLevel, now: number): LimitVerdict {
+  /** Gives back the leases of a request whose response (or WebSocket) closed. Idempotent. */
+  release (lease: HeldLease): void {
+    this.options.leases?.release(lease)
+  }
+
+  private conclude (req: LimitRequest, checks: LimitCheck[], limits: PlannedLimit[], decision: LimitDecision, level: LimitLevel, now: number, leaseId: string, share: number): LimitVerdict {
     const { deny, telemetry } = this.options
     const route = req.route
     const deciding = limits[decision.limitingIndex]
     if (!decision.allowed) {
       const l = deciding as PlannedLimit
+      // A lease can come back at any moment: never in the deny cache, always Retry-After: 1.
+      if (l.concurrency) {
+        telemetry.concurrencyRejected(route, l.dimension, level)
+        return concurrencyReject(l)
+      }
       telemetry.limitDecision(route, l.dimension, level, 'rejected')
       // The fallback store is in process already: caching its rejections saves nothing and would
       // outlive Redis's recovery, holding a client to this instance's share of the budget.
@@ -122,12 +135,24 @@ export class Limiter {
       const retry = decision.retryAfterMs > 0 ? decision.retryAfterMs : l.spec.windowMs
       return this.reject(l.status, l.dimension, l.name, l.spec.limit, retry, l.policy, decision.remaining, decision.resetMs)
     }
-    for (let i = 0; i < limits.length; i++) telemetry.limitDecision(route, (limits[i] as PlannedLimit).dimension, level, 'allowed')
+    let leaseKeys: string[] | null = null
+    for (let i = 0; i < limits.length; i++) {
+      const l = limits[i] as PlannedLimit
+      if (l.concurrency) (leaseKeys ??= []).push((checks[i] as LimitCheck).key)
+      else telemetry.limitDecision(route, l.dimension, level, 'allowed')
+    }
     // only admitted requests count against shadow limits, as they would if they were enforced
     if (req.plan.shadow.length > 0) void this.decideShadow(req)
-    const headers = deciding === undefined ? null : this.headers(deciding.policy, deciding.name, deciding.spec.limit, decision.remaining, decision.resetMs)
+    // An admitted lease reports an unbounded remaining (lua/lease.lua): it decides only when no
+    // rate limit applies, and then there is no rate to describe.
+    const headers = deciding === undefined || deciding.concurrency ? null : this.headers(deciding.policy, deciding.name, deciding.spec.limit, decision.remaining, decision.resetMs)
     if (headers !== null && deciding?.dimension !== 'quota' && decision.remainings !== undefined) appendQuota(headers, limits, decision.remainings)
-    return { kind: 'allow', headers, delayMs: decision.delayMs }
+    let lease: HeldLease | null = null
+    if (leaseKeys !== null) {
+      lease = { keys: leaseKeys, member: leaseId, level: level === 'redis' ? 'redis' : level === 'fallback' ? 'fallback' : 'memory', units: share, released: false }
+      this.options.leases?.hold(lease)
+    }
+    return { kind: 'allow', headers, delayMs: decision.delayMs, lease }
   }
 
   private async decide (checks: LimitCheck[], limits: PlannedLimit[], requestId: string): Promise<{ decision: LimitDecision, level: LimitLevel }> {
@@ -173,7 +198,19 @@ export class Limiter {
   }
 }
 
-const ALLOW_NO_HEADERS: LimitVerdict = Object.freeze({ kind: 'allow', headers: null, delayMs: 0 })
+const ALLOW_NO_HEADERS: LimitVerdict = Object.freeze({ kind: 'allow', headers: null, delayMs: 0, lease: null })
+
+const CONCURRENCY_HEADERS: HeaderList = [['retry-after', '1']]
+
+/** 429 with Retry-After: 1 and GW_ERR_CONCURRENCY_LIMITED, naming the limit that was full. */
+function concurrencyReject (l: PlannedLimit): LimitVerdict {
+  return {
+    kind: 'reject',
+    status: ERRORS.GW_ERR_CONCURRENCY_LIMITED.status,
+    body: { error: 'GW_ERR_CONCURRENCY_LIMITED', message: ERRORS.GW_ERR_CONCURRENCY_LIMITED.message, dimension: l.dimension, limit: l.name, retryAfterMs: 1000 },
+    headers: CONCURRENCY_HEADERS
+  }
+}
 const UNAVAILABLE: LimitVerdict = Object.freeze({ kind: 'unavailable' })
 
 /**

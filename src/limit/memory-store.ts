@@ -86,6 +86,8 @@ export interface MemoryStore extends LimitStore {
   clear(): void
   /** Forgets one key. */
   forget(key: string): void
+  /** Gives back `units` of a concurrency lease count (issue 10); a count reaching 0 is deleted. */
+  release(key: string, units: number): void
   /** What each check would get now, consuming nothing (the admin API). */
   peek(checks: readonly LimitCheck[]): PeekResult[]
 }
@@ -114,7 +116,8 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
   })
   const map: LimitStateMap = {
     get: (key) => cache.get(key),
-    set: (key, state, ttl) => { cache.set(key, state, { ttl }) }
+    // A lease count never expires in process (a release deletes it at 0): no TTL to track.
+    set: (key, state, ttl) => { if (state.kind === 'lease') cache.set(key, state); else cache.set(key, state, { ttl }) }
   }
   return {
     kind: 'memory',
@@ -134,6 +137,12 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
         if (ev.ok) return { remaining: ev.remaining + c.cost, resetMs: msUp(ev.resetUs), retryAfterMs: 0 }
         return { remaining: Math.max(0, ev.remaining), resetMs: msUp(ev.resetUs), retryAfterMs: ev.retryUs < 0 ? -1 : Math.max(1, msUp(ev.retryUs)) }
       })
+    },
+    release (key, units) {
+      const state = cache.get(key)
+      if (state?.kind !== 'lease') return
+      if (state.held <= units) cache.delete(key)
+      else cache.set(key, { kind: 'lease', held: state.held - units })
     },
     async close () { cache.clear() }
   }

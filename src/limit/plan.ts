@@ -12,7 +12,8 @@ import { PERIOD_WINDOW_MS } from './algorithms/calendar-quota.js'
 // can never share a gateway-wide limit's keys by being named like its scope.
 export const GATEWAY_SCOPE = '*'
 
-export type Dimension = 'global' | 'api' | 'ip' | 'user' | 'quota'
+/** 'quota' is a plan's calendar quota; 'route' is a concurrency dimension only: the route's total in flight. */
+export type Dimension = 'global' | 'api' | 'ip' | 'user' | 'quota' | 'route'
 export type OnError = 'local' | 'allow' | 'deny'
 
 export interface PlannedLimit {
@@ -30,6 +31,8 @@ export interface PlannedLimit {
   readonly policy: string
   /** global and api budgets have one key: their check is built once, not per request. */
   readonly fixedCheck: LimitCheck | null
+  /** A concurrency limit (issue 10): a lease held until the response ends, not a rate. */
+  readonly concurrency: boolean
 }
 
 export interface RouteLimitPlan {
@@ -93,7 +96,36 @@ function planLimit (
     onError,
     keyBase,
     policy: `"${name}";q=${spec.limit};w=${Math.max(1, Math.ceil(spec.windowMs / 1000))}`,
-    fixedCheck: dimension === 'global' || dimension === 'api' ? Object.freeze({ key: keyFor(keyBase, '_'), spec, cost: limit.cost ?? 1 }) : null
+    fixedCheck: dimension === 'global' || dimension === 'api' ? Object.freeze({ key: keyFor(keyBase, '_'), spec, cost: limit.cost ?? 1 }) : null,
+    concurrency: false
+  })
+}
+
+/** The lease TTL when `redis.leaseTtl` is not given (and in process, where leases never expire). */
+export const DEFAULT_LEASE_TTL_MS = 10_000
+
+/**
+ * A concurrency limit as a limit check: the lease algorithm (lua/lease.lua) with limit = the most
+ * held at once and window = the lease TTL. Its key does not name the cap, so a reload that changes
+ * the cap keeps counting the leases already held.
+ */
+function planConcurrency (config: GatewayConfig, scope: string, dimension: 'ip' | 'user' | 'route', max: number, keyPrefix: string): PlannedLimit {
+  const windowMs = config.redis?.leaseTtl !== undefined ? parseDuration(config.redis.leaseTtl) : DEFAULT_LEASE_TTL_MS
+  const spec: LimitSpec = Object.freeze({ id: `${scope}.concurrency.${dimension}`, algorithm: 'lease', limit: max, windowMs, burst: max, maxDelayMs: 0 })
+  const name = scope === GATEWAY_SCOPE ? `concurrency.${dimension}` : `${scope}.concurrency.${dimension}`
+  const keyBase = `${keyPrefix}:lease:${scope}.${dimension}:`
+  return Object.freeze({
+    name,
+    dimension,
+    spec,
+    cost: 1,
+    shadow: false,
+    status: 429,
+    onError: config.redis?.onError ?? 'local',
+    keyBase,
+    policy: '',
+    fixedCheck: dimension === 'route' ? Object.freeze({ key: keyFor(keyBase, '_'), spec, cost: 1 }) : null,
+    concurrency: true
   })
 }
 
@@ -115,6 +147,7 @@ function planQuota (config: GatewayConfig, plan: string, quota: QuotaConfig, key
     shadow: false,
     status: quota.status ?? 429,
     onError: quota.onError ?? config.redis?.onError ?? 'local',
+    concurrency: false,
     keyBase: `${keyPrefix}:${spec.id}:`,
     policy: policyOf(name, quota.limit, windowMs),
     fixedCheck: null
@@ -148,6 +181,14 @@ export function compileRouteLimitPlan (config: GatewayConfig, route: RouteConfig
   else if (route.limits?.user !== undefined) all.push(planLimit(config, route.name, 'user', route.limits.user, keyPrefix))
   const quota = p?.limits?.quota
   if (quota !== undefined && plan !== undefined) all.push(planQuota(config, plan, quota, keyPrefix))
+  // Leases last, in the same all-or-nothing call: a request refused by a rate limit takes none.
+  const gateway = config.concurrency
+  const own = route.concurrency
+  if (gateway?.ip !== undefined) all.push(planConcurrency(config, GATEWAY_SCOPE, 'ip', gateway.ip, keyPrefix))
+  if (gateway?.user !== undefined) all.push(planConcurrency(config, GATEWAY_SCOPE, 'user', gateway.user, keyPrefix))
+  if (own?.ip !== undefined) all.push(planConcurrency(config, route.name, 'ip', own.ip, keyPrefix))
+  if (own?.user !== undefined) all.push(planConcurrency(config, route.name, 'user', own.user, keyPrefix))
+  if (own?.route !== undefined) all.push(planConcurrency(config, route.name, 'route', own.route, keyPrefix))
   if (all.length === 0) return EMPTY_PLAN
   return Object.freeze({
     enforced: Object.freeze(all.filter(l => !l.shadow)),

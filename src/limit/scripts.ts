@@ -13,7 +13,8 @@ const LIBRARY = [
   'sliding-window-log.lua',
   'sliding-window.lua',
   'fixed-window.lua',
-  'calendar-quota.lua'
+  'calendar-quota.lua',
+  'lease.lua'
 ]
 
 const read = (file: string): string => readFileSync(new URL(file, LUA_DIR), 'utf8')
@@ -27,6 +28,11 @@ export const REFUND_SCRIPT = `${library}\n${read('refund.lua')}`
 export const PEEK_SCRIPT = `${library}\n${read('peek.lua')}`
 /** lua/charge.lua with its library: records units a fallback admitted (a debt). */
 export const CHARGE_SCRIPT = `${library}\n${read('charge.lua')}`
+
+/** lua/lease-release.lua: gives back the leases released in one event-loop turn. */
+export const LEASE_RELEASE_SCRIPT = read('lease-release.lua')
+/** lua/lease-renew.lua: pushes the expiry of held leases one TTL ahead. */
+export const LEASE_RENEW_SCRIPT = read('lease-renew.lua')
 
 type Arg = string | number
 

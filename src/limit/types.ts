@@ -9,6 +9,8 @@ export type AlgorithmName =
   | 'sliding-window'
   | 'fixed-window'
   | 'calendar-quota'
+  /** A concurrency lease (issue 10): limit = leases held at once, window = lease TTL. Never in config. */
+  | 'lease'
 
 /** Numeric code of each algorithm as passed to the Lua scripts (ARGV). */
 export const ALGORITHM_CODES: Readonly<Record<AlgorithmName, number>> = Object.freeze({
@@ -18,7 +20,8 @@ export const ALGORITHM_CODES: Readonly<Record<AlgorithmName, number>> = Object.f
   'sliding-window-log': 4,
   'sliding-window': 5,
   'fixed-window': 6,
-  'calendar-quota': 7
+  'calendar-quota': 7,
+  lease: 8
 })
 
 /** A limit compiled from config. Immutable; shared by every request that it applies to. */

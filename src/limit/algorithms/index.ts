@@ -7,6 +7,7 @@ import { leakyBucket } from './leaky-bucket.js'
 import { slidingWindow } from './sliding-window.js'
 import { slidingWindowLog } from './sliding-window-log.js'
 import { tokenBucket } from './token-bucket.js'
+import { lease } from './lease.js'
 
 export type { AlgorithmState, AlgorithmTwin, Evaluation } from './algorithm.js'
 export { msUp, rateScale, ttlMs } from './algorithm.js'
@@ -18,7 +19,8 @@ export const ALGORITHMS: Readonly<Record<AlgorithmName, AlgorithmTwin>> = Object
   'sliding-window-log': slidingWindowLog,
   'sliding-window': slidingWindow,
   'fixed-window': fixedWindow,
-  'calendar-quota': calendarQuota
+  'calendar-quota': calendarQuota,
+  lease
 })
 
 /** Largest intermediate value allowed: 2^50 keeps every sum of two values below 2^52, where doubles divide exactly. */
@@ -64,6 +66,7 @@ export function validateLimitSpec (spec: LimitSpec): string | undefined {
       if (spec.limit > MAX_LOG_LIMIT) return `sliding-window-log stores one entry per admitted unit: limit must be <= ${MAX_LOG_LIMIT} (use sliding-window for larger limits)`
       return undefined
     case 'fixed-window':
+    case 'lease':
       if (spec.limit > MAX_EXACT) return 'limit is too large'
       return undefined
     case 'calendar-quota':
