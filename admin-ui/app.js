@@ -182,10 +182,11 @@ async function loadRoutes () {
       m.methods ? m.methods.join(',') : 'any method', m.websocket ? 'websocket' : null].filter(Boolean).join(' · ')
     const limits = r.limits.length === 0
       ? 'none'
-      : el('ul', { class: 'limits' }, ...r.limits.map(l => el('li', {},
-        `${l.name} [${l.dimension}] ${l.algorithm} ${formatCount(l.limit)} per ${formatMs(l.windowMs)}` +
-        (l.burst !== l.limit ? `, burst ${l.burst}` : '') + (l.cost !== 1 ? `, cost ${l.cost}` : '') +
-        (l.shadow ? ' (shadow)' : '') + `; onError ${l.onError}; scope ${l.scope}`)))
+      : el('ul', { class: 'limits' }, ...r.limits.map(l => el('li', {}, l.concurrency
+        ? `${l.name} [${l.dimension}] at most ${formatCount(l.limit)} in flight (lease TTL ${formatMs(l.windowMs)}); onError ${l.onError}`
+        : `${l.name} [${l.dimension}] ${l.algorithm} ${formatCount(l.limit)} per ${l.period ?? formatMs(l.windowMs)}` +
+          (l.burst !== undefined && l.burst !== l.limit ? `, burst ${l.burst}` : '') + (l.cost !== 1 ? `, cost ${l.cost}` : '') +
+          (l.shadow ? ' (shadow)' : '') + `; onError ${l.onError}; scope ${l.scope}`)))
     return el('tr', { 'data-route': r.name }, el('th', { scope: 'row' }, r.name), el('td', {}, match),
       el('td', {}, `${r.upstream.name} (${r.upstream.targets.join(', ')})`), el('td', {}, limits))
   }))

@@ -22,7 +22,7 @@ routes:
     upstream: backend
     limits:
       ip: { algorithm: fixed-window, limit: 5, window: 1h }
-  - { name: rest, pathPrefix: /, upstream: backend }
+  - { name: rest, pathPrefix: /, upstream: backend, concurrency: { route: 50 } }
 `
 
 /** Reads an event stream; `events` fills as they arrive. */
@@ -95,7 +95,7 @@ t.test('the page and its assets: a strict Content-Security-Policy, nothing from 
   t.equal(upstream.log.length, 0, 'the page is the admin listener\'s, never proxied')
 })
 
-t.test('/routes: every route as the compiled runtime sees it, with its limits', async t => {
+t.test('/routes: every route as the compiled runtime sees it, with its limits and concurrency limits', async t => {
   const upstream = await startUpstream(t)
   const gw = await startGateway(t, config(upstream.url))
   const res = await fetch(`${gw.adminUrl}/routes`)
@@ -107,7 +107,8 @@ t.test('/routes: every route as the compiled runtime sees it, with its limits', 
   t.same(api.match, { host: null, path: null, pathPrefix: '/api/', methods: null, websocket: false })
   t.same(api.upstream, { name: 'backend', targets: [upstream.url] })
   t.match(api.limits, [{ name: 'api.ip', dimension: 'ip', algorithm: 'fixed-window', limit: 5, windowMs: 3_600_000, cost: 1, shadow: false, onError: 'local', status: 429 }])
-  t.same(body.routes[1]!.limits, [])
+  t.match(body.routes[1]!.limits, [{ name: 'rest.concurrency.route', dimension: 'route', algorithm: 'lease', limit: 50, concurrency: true }], 'concurrency limits too')
+  t.equal(body.routes[1]!.limits.length, 1)
 })
 
 t.test('/events: the history at once, then each second what the gateway counted and who it rejected', async t => {

@@ -6,6 +6,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 import { ERRORS } from '../errors.js'
 import type { LiveFeed } from './live-feed.js'
 import type { Runtime } from '../config/compile.js'
+import { describeLimit } from './limits-api.js'
 
 const UI_DIR = new URL('../../admin-ui/', import.meta.url)
 
@@ -40,7 +41,7 @@ export interface RouteView {
   name: string
   match: { host: string | null, path: string | null, pathPrefix: string | null, methods: readonly string[] | null, websocket: boolean }
   upstream: { name: string, targets: string[] }
-  limits: Array<{ name: string, dimension: string, algorithm: string, limit: number, windowMs: number, burst: number, cost: number, shadow: boolean, onError: string, status: number, scope: string }>
+  limits: Array<Record<string, unknown>>
 }
 
 export function describeRoutes (rt: Runtime): { generation: number, local: unknown, routes: RouteView[] } {
@@ -52,14 +53,10 @@ export function describeRoutes (rt: Runtime): { generation: number, local: unkno
       match: { host: r.host ?? null, path: r.path ?? null, pathPrefix: r.pathPrefix ?? null, methods: r.methods ?? null, websocket: r.websocket },
       upstream: { name: r.upstream, targets: rt.pools.get(r.upstream)?.health().map(t => t.url) ?? [] },
       limits: r.limits.all.map(l => ({
-        name: l.name,
-        dimension: l.dimension,
-        algorithm: l.spec.algorithm,
-        limit: l.spec.limit,
-        windowMs: l.spec.windowMs,
-        burst: l.spec.burst,
-        cost: l.cost,
+        ...describeLimit(l),
         shadow: l.shadow,
+        // a concurrency limit caps leases held at once (limit); its windowMs is the lease TTL
+        concurrency: l.concurrency,
         onError: l.onError,
         status: l.status,
         // the scope is the key prefix without its trailing separator: what a Redis SCAN would match

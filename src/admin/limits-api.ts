@@ -90,7 +90,8 @@ function target (rt: Runtime, query: URLSearchParams): Target | string {
   return { route, ip, ipKey, user, plan, limits, checks }
 }
 
-function describe (l: PlannedLimit): Record<string, unknown> {
+/** One limit as the admin API and the admin page show it. */
+export function describeLimit (l: PlannedLimit): Record<string, unknown> {
   return {
     name: l.name,
     dimension: l.dimension,
@@ -127,7 +128,7 @@ export function createLimitsApi (deps: LimitsApiDeps, json: Json): (req: Incomin
       limits: t.limits.map((l, i) => {
         const check = t.checks[i] as LimitCheck
         const p = peeked[i] as PeekResult
-        return { ...describe(l), key: check.key, remaining: p.remaining, resetMs: p.resetMs, retryAfterMs: p.retryAfterMs, deniedMs: Math.ceil(rt.limiter.denied(check)) }
+        return { ...describeLimit(l), key: check.key, remaining: p.remaining, resetMs: p.resetMs, retryAfterMs: p.retryAfterMs, deniedMs: Math.ceil(rt.limiter.denied(check)) }
       })
     })
   }
@@ -160,7 +161,7 @@ export function createLimitsApi (deps: LimitsApiDeps, json: Json): (req: Incomin
     let quota: PlannedLimit | null = null
     for (const route of rt.routeList) {
       const limits = limitsFor(route, plan).all.filter(l => l.dimension === 'user' || l.dimension === 'quota')
-      routes[route.name] = { auth: route.auth ?? (rt.config.identity?.required === true ? 'required' : 'optional'), limits: limits.map(describe) }
+      routes[route.name] = { auth: route.auth ?? (rt.config.identity?.required === true ? 'required' : 'optional'), limits: limits.map(describeLimit) }
       quota ??= limits.find(l => l.dimension === 'quota') ?? null
     }
     let quotaView: Record<string, unknown> | null = null
