@@ -13,6 +13,8 @@ export interface Telemetry {
   redisCall (seconds: number, ok: boolean, errorKind: string | null): void
   breakerState (state: 0 | 1 | 2): void
   reload (result: 'success' | 'failure'): void
+  /** A WebSocket tunnel opened (+1) or closed (-1). */
+  webSocket (delta: 1 | -1): void
 }
 
 export const NOOP_TELEMETRY: Telemetry = Object.freeze({
@@ -22,5 +24,6 @@ export const NOOP_TELEMETRY: Telemetry = Object.freeze({
   limitDecision () {},
   redisCall () {},
   breakerState () {},
-  reload () {}
+  reload () {},
+  webSocket () {}
 })

@@ -25,6 +25,7 @@ export class GatewayMetrics implements Telemetry {
   private readonly redisDuration: Histogram
   private readonly redisErrors: Counter
   private readonly breaker: Gauge
+  private readonly webSockets: Gauge
   readonly generation: Gauge
   private readonly requestChildren = new Map<string, Map<string, CounterChild[]>>()
   private readonly durationChildren = new Map<string, HistogramChild>()
@@ -64,6 +65,7 @@ export class GatewayMetrics implements Telemetry {
     })
     this.redisErrors = new Counter({ name: 'gateway_redis_errors_total', help: 'Failed limiter calls to Redis by kind', labelNames: ['kind'], registers })
     this.breaker = new Gauge({ name: 'gateway_redis_breaker_state', help: 'Redis circuit breaker: 0 closed, 1 open, 2 half-open', registers })
+    this.webSockets = new Gauge({ name: 'gateway_websockets_open', help: 'WebSocket tunnels open now', registers })
     this.generation = new Gauge({ name: 'gateway_config_generation', help: 'Generation of the running configuration', registers })
     new Gauge({
       name: 'gateway_ratelimit_local_keys',
@@ -121,5 +123,9 @@ export class GatewayMetrics implements Telemetry {
 
   reload (result: 'success' | 'failure'): void {
     this.reloads.labels(result).inc()
+  }
+
+  webSocket (delta: 1 | -1): void {
+    this.webSockets.inc(delta)
   }
 }
