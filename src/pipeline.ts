@@ -166,10 +166,14 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
         path: a.path,
         ...(v.headers !== null ? { extraResponseHeaders: v.headers } : {})
       }
-      const go = (): void => forwardRequest(req, res, a.route.forward, ctx, (result) => {
-        if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
-        finish(state, rt, req, requestId, started, a, result, result.status, null)
-      })
+      const go = (): void => {
+        const dispatched = process.hrtime.bigint()
+        forwardRequest(req, res, a.route.forward, ctx, (result) => {
+          if (result.target !== null) state.telemetry.upstreamResponse(a.route.upstream, Number(process.hrtime.bigint() - dispatched) / 1e9)
+          if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
+          finish(state, rt, req, requestId, started, a, result, result.status, null)
+        })
+      }
       if (v.delayMs > 0) {
         // leaky-bucket delay mode: hold the request until its slot (nginx limit_req without nodelay)
         let held = true
