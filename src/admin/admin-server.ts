@@ -2,6 +2,7 @@
 import { createServer, type Server } from 'node:http'
 import type { GatewayMetrics } from './metrics.js'
 import { redactConfig } from './redact.js'
+import { effectiveConfig } from '../config/effective.js'
 import type { Runtime } from '../config/compile.js'
 import type { RedisStatus } from '../config/resources.js'
 
@@ -51,7 +52,8 @@ export function createAdminServer (source: AdminSource): Server {
       case '/config': {
         const rt = source.runtime
         if (rt === null) return json(res, 503, { error: 'not_ready' })
-        return json(res, 200, { generation: rt.generation, hash: rt.hash, file: rt.file, loadedAt: rt.loadedAt, lastReload: source.lastReload ?? null, config: redactConfig(rt.config) })
+        // the config in force: the file with every default written in, secrets redacted
+        return json(res, 200, { generation: rt.generation, hash: rt.hash, file: rt.file, loadedAt: rt.loadedAt, lastReload: source.lastReload ?? null, config: redactConfig(effectiveConfig(rt.config, rt.server)) })
       }
       default:
         return json(res, 404, { error: 'GW_ERR_NOT_FOUND', message: 'admin endpoints: /healthz /readyz /metrics /config' })
