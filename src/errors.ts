@@ -42,6 +42,7 @@ export class GatewayError extends Error {
  * Answers a client with the JSON error body every gateway error uses:
  * `{ error, message, requestId, ...extra }`. Never throws, even when headers were already sent
  * (then the response is cut, which is all that can honestly be done mid-stream).
+ * Returns the body's bytes (0 when nothing could be sent): the access log's `bytesOut`.
  */
 export function sendError (
   res: ServerResponse,
@@ -50,9 +51,9 @@ export function sendError (
   extra?: Readonly<Record<string, unknown>>,
   headers?: ReadonlyArray<readonly [string, string]>,
   status?: number
-): void {
+): number {
   const { message } = ERRORS[code]
-  sendJson(res, status ?? ERRORS[code].status, { error: code, message, requestId, ...extra }, requestId, headers)
+  return sendJson(res, status ?? ERRORS[code].status, { error: code, message, requestId, ...extra }, requestId, headers)
 }
 
 export function sendJson (
@@ -61,10 +62,10 @@ export function sendJson (
   payload: unknown,
   requestId: string,
   headers?: ReadonlyArray<readonly [string, string]>
-): void {
+): number {
   if (res.headersSent || res.destroyed) {
     res.destroy()
-    return
+    return 0
   }
   const body = JSON.stringify(payload)
   res.statusCode = status
@@ -73,6 +74,7 @@ export function sendJson (
   res.setHeader('x-request-id', requestId)
   if (headers !== undefined) for (const [name, value] of headers) res.setHeader(name, value)
   res.end(body)
+  return Buffer.byteLength(body)
 }
 
 /** The same JSON answer written raw on a socket, for requests that asked for an Upgrade. */
@@ -82,11 +84,12 @@ export function writeRawError (
   payload: unknown,
   requestId: string,
   headers?: ReadonlyArray<readonly [string, string]>
-): void {
-  if (socket.destroyed) return
+): number {
+  if (socket.destroyed) return 0
   const body = JSON.stringify(payload)
   let head = `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nx-request-id: ${requestId}\r\nconnection: close\r\n`
   if (headers !== undefined) for (const [name, value] of headers) head += `${name}: ${value}\r\n`
   socket.write(head + '\r\n' + body)
   socket.end()
+  return Buffer.byteLength(body)
 }

@@ -141,13 +141,13 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
     const early = routeRequest(state, rt, req)
     const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
     if (shed !== null && shed.kind === 'reject') {
-      sendJson(res, shed.status, { ...shed.body, requestId }, requestId, shed.headers)
-      finish(state, rt, req, requestId, started, early.ok ? early.admission : null, null, shed.status, `rejected:${shed.body.limit}`)
+      const sent = sendJson(res, shed.status, { ...shed.body, requestId }, requestId, shed.headers)
+      finish(state, rt, req, requestId, started, early.ok ? early.admission : null, null, shed.status, 'rejected', shed.body.limit, sent)
       return
     }
     if (!early.ok) {
-      sendError(res, early.code, requestId, early.extra)
-      finish(state, rt, req, requestId, started, null, null, ERRORS[early.code].status, null)
+      const sent = sendError(res, early.code, requestId, early.extra)
+      finish(state, rt, req, requestId, started, null, null, ERRORS[early.code].status, null, null, sent)
       return
     }
     const a = early.admission
@@ -168,22 +168,22 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
       }
       if (!identity.ok) {
         if (v.kind === 'reject') {
-          sendJson(res, v.status, { ...v.body, requestId }, requestId, v.headers)
-          finish(state, rt, req, requestId, started, a, null, v.status, `rejected:${v.body.limit}`)
+          const sent = sendJson(res, v.status, { ...v.body, requestId }, requestId, v.headers)
+          finish(state, rt, req, requestId, started, a, null, v.status, 'rejected', v.body.limit, sent)
           return
         }
-        sendError(res, 'GW_ERR_UNAUTHORIZED', requestId, { reason: identity.reason }, [['www-authenticate', 'Bearer']])
-        finish(state, rt, req, requestId, started, a, null, 401, 'unauthorized')
+        const sent = sendError(res, 'GW_ERR_UNAUTHORIZED', requestId, { reason: identity.reason }, [['www-authenticate', 'Bearer']])
+        finish(state, rt, req, requestId, started, a, null, 401, 'unauthorized', null, sent)
         return
       }
       if (v.kind === 'reject') {
-        sendJson(res, v.status, { ...v.body, requestId }, requestId, v.headers)
-        finish(state, rt, req, requestId, started, a, null, v.status, `rejected:${v.body.limit}`)
+        const sent = sendJson(res, v.status, { ...v.body, requestId }, requestId, v.headers)
+        finish(state, rt, req, requestId, started, a, null, v.status, 'rejected', v.body.limit, sent)
         return
       }
       if (v.kind === 'unavailable') {
-        sendError(res, 'GW_ERR_LIMITER_UNAVAILABLE', requestId)
-        finish(state, rt, req, requestId, started, a, null, 503, 'limiter_unavailable')
+        const sent = sendError(res, 'GW_ERR_LIMITER_UNAVAILABLE', requestId)
+        finish(state, rt, req, requestId, started, a, null, 503, 'limiter_unavailable', null, sent)
         return
       }
       const ctx: ForwardContext = {
@@ -193,10 +193,14 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
         path: a.path,
         ...(v.headers !== null ? { extraResponseHeaders: v.headers } : {})
       }
-      const go = (): void => forwardRequest(req, res, a.route.forward, ctx, (result) => {
-        if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
-        finish(state, rt, req, requestId, started, a, result, result.status, null)
-      })
+      const go = (): void => {
+        const dispatched = process.hrtime.bigint()
+        forwardRequest(req, res, a.route.forward, ctx, (result) => {
+          if (result.target !== null) state.telemetry.upstreamResponse(a.route.upstream, Number(process.hrtime.bigint() - dispatched) / 1e9)
+          if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
+          finish(state, rt, req, requestId, started, a, result, result.status, null)
+        })
+      }
       if (v.delayMs > 0) {
         // leaky-bucket delay mode: hold the request until its slot (nginx limit_req without nodelay)
         let held = true
@@ -212,8 +216,8 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
     }, (err: unknown) => {
       // A stage failing must never become a crash: log it with the request id and answer 503.
       state.logger.error({ err, requestId }, 'request pipeline failed')
-      sendError(res, 'GW_ERR_LIMITER_UNAVAILABLE', requestId)
-      finish(state, rt, req, requestId, started, a, null, 503, 'pipeline_error')
+      const sent = sendError(res, 'GW_ERR_LIMITER_UNAVAILABLE', requestId)
+      finish(state, rt, req, requestId, started, a, null, 503, 'pipeline_error', null, sent)
     })
   }
 }
@@ -225,14 +229,14 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
     rt.activity.inflight++
     const requestId = requestIdOf(req)
     socket.on('error', () => socket.destroy())
-    const fail = (status: number, payload: Record<string, unknown>, a: Admission | null, headers?: ReadonlyArray<readonly [string, string]>): void => {
-      writeRawError(socket, status, { ...payload, requestId }, requestId, headers)
-      finish(state, rt, req, requestId, started, a, null, status, null)
+    const fail = (status: number, payload: Record<string, unknown>, a: Admission | null, headers?: ReadonlyArray<readonly [string, string]>, outcome: string | null = null, limit: string | null = null): void => {
+      const sent = writeRawError(socket, status, { ...payload, requestId }, requestId, headers)
+      finish(state, rt, req, requestId, started, a, null, status, outcome, limit, sent)
     }
     const early = routeRequest(state, rt, req)
     const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
     if (shed !== null && shed.kind === 'reject') {
-      fail(shed.status, { ...shed.body }, early.ok ? early.admission : null, shed.headers)
+      fail(shed.status, { ...shed.body }, early.ok ? early.admission : null, shed.headers, 'rejected', shed.body.limit)
       return
     }
     if (!early.ok) {
@@ -259,11 +263,11 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
         else lease = v.lease
       }
       if (!identity.ok) {
-        if (v.kind === 'reject') return fail(v.status, { ...v.body }, a, v.headers)
-        return fail(401, { error: 'GW_ERR_UNAUTHORIZED', message: identity.reason }, a)
+        if (v.kind === 'reject') return fail(v.status, { ...v.body }, a, v.headers, 'rejected', v.body.limit)
+        return fail(401, { error: 'GW_ERR_UNAUTHORIZED', message: identity.reason }, a, undefined, 'unauthorized')
       }
-      if (v.kind === 'reject') return fail(v.status, { ...v.body }, a, v.headers)
-      if (v.kind === 'unavailable') return fail(503, { error: 'GW_ERR_LIMITER_UNAVAILABLE', message: ERRORS.GW_ERR_LIMITER_UNAVAILABLE.message }, a)
+      if (v.kind === 'reject') return fail(v.status, { ...v.body }, a, v.headers, 'rejected', v.body.limit)
+      if (v.kind === 'unavailable') return fail(503, { error: 'GW_ERR_LIMITER_UNAVAILABLE', message: ERRORS.GW_ERR_LIMITER_UNAVAILABLE.message }, a, undefined, 'limiter_unavailable')
       // Logged and counted once the handshake is decided: 101, or the refusal the client got.
       const upgrade = (): void => state.ws.upgrade(req, socket, head, a.route.forward, { requestId, clientIp: a.clientIp, proto: state.proto, path: a.path }, (result) => {
         if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
@@ -272,6 +276,7 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
           state.telemetry.websocketsOpen(a.route.name, 1)
         }
         finish(state, rt, req, requestId, started, a, result, result.status, null)
+        if (result.status === 101) trackWebSocket(state, rt, req, socket, requestId, a, result.target)
       })
       // leaky-bucket delay mode holds an upgrade until its slot, like any request
       if (v.delayMs > 0) setTimeout(() => { if (socket.destroyed) finish(state, rt, req, requestId, started, a, null, 499, 'client_abort'); else upgrade() }, v.delayMs)
@@ -283,7 +288,39 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
   }
 }
 
-/** One access-log line and the request metrics, whatever way the request ended. */
+/**
+ * An open WebSocket: counted while open, and a closing line (duration, bytes both ways on the
+ * client connection after the handshake) so a long tunnel is not only its 101.
+ */
+function trackWebSocket (state: PipelineState, rt: Runtime, req: IncomingMessage, socket: Duplex, requestId: string, a: Admission, target: string | null): void {
+  const opened = process.hrtime.bigint()
+  const conn = socket as Duplex & { bytesRead?: number, bytesWritten?: number }
+  const readAtOpen = conn.bytesRead ?? 0
+  // http-proxy writes the 101 head right after the listener that reported it: counted from after it
+  let writtenAtOpen = conn.bytesWritten ?? 0
+  process.nextTick(() => { writtenAtOpen = conn.bytesWritten ?? writtenAtOpen })
+  socket.once('close', () => {
+    if (!state.logger.isLevelEnabled('info')) return
+    state.logger.info({
+      requestId,
+      ip: a.clientIp,
+      user: a.user ?? undefined,
+      path: rt.redactQuery(a.path),
+      route: a.route.name,
+      target: target ?? undefined,
+      durationMs: Math.round(Number(process.hrtime.bigint() - opened) / 1e3) / 1e3,
+      bytesIn: (conn.bytesRead ?? 0) - readAtOpen,
+      bytesOut: (conn.bytesWritten ?? 0) - writtenAtOpen,
+      host: req.headers.host
+    }, 'websocket closed')
+  })
+}
+
+/**
+ * One access-log line and the request metrics, whatever way the request ended. `outcome` is what
+ * the gateway decided when it answered itself (rejected, unauthorized, ...), `limit` the name of
+ * the limit that rejected, `ownBytes` the body of that answer.
+ */
 function finish (
   state: PipelineState,
   rt: Runtime,
@@ -293,28 +330,33 @@ function finish (
   a: Admission | null,
   result: ForwardResult | null,
   status: number,
-  limit: string | null
+  outcome: string | null,
+  limit: string | null = null,
+  ownBytes = 0
 ): void {
   if (rt.activity.inflight > 0) rt.activity.inflight--
   const seconds = Number(process.hrtime.bigint() - started) / 1e9
   const route = a?.route.name ?? '-'
   state.telemetry.request(route, req.method ?? 'GET', status, seconds)
-  if (limit !== null && limit.startsWith('rejected:')) state.telemetry.clientRejected(a?.clientIp ?? req.socket.remoteAddress ?? '-', a?.user ?? null)
+  if (outcome === 'rejected') state.telemetry.clientRejected(a?.clientIp ?? req.socket.remoteAddress ?? '-', a?.user ?? null)
   if (state.logger.isLevelEnabled('info')) {
     state.logger.info({
       requestId,
       ip: a?.clientIp ?? req.socket.remoteAddress,
       user: a?.user ?? undefined,
       method: req.method,
-      path: a?.path ?? req.url,
+      host: req.headers.host,
+      path: rt.redactQuery(a?.path ?? req.url ?? '/'),
       route,
       target: result?.target ?? undefined,
       status,
       durationMs: Math.round(seconds * 1e6) / 1e3,
       bytesIn: result?.bytesIn ?? 0,
-      bytesOut: result?.bytesOut ?? 0,
+      bytesOut: result?.bytesOut ?? ownBytes,
       error: result?.errorKind ?? undefined,
-      limit: limit ?? undefined
+      outcome: outcome ?? undefined,
+      limit: limit ?? undefined,
+      userAgent: req.headers['user-agent']
     }, 'request')
   }
 }

@@ -91,7 +91,7 @@ export class Gateway {
   private constructor (private readonly options: GatewayOptions, logger: Logger) {
     this.logger = logger
     this.resources = new ResourceCache(logger)
-    this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth() })
+    this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth(), inflight: () => this.inflight })
     this.live = new LiveTelemetry(this.metrics)
   }
 

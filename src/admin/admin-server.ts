@@ -5,6 +5,7 @@ import type { GatewayMetrics } from './metrics.js'
 import { redactConfig } from './redact.js'
 import { handleDashboard } from './dashboard.js'
 import type { LiveFeed } from './live-feed.js'
+import { effectiveConfig } from '../config/effective.js'
 import type { Runtime } from '../config/compile.js'
 import type { RedisStatus } from '../config/resources.js'
 
@@ -76,7 +77,8 @@ export function createAdminServer (source: AdminSource, live: LiveFeed | null = 
       case '/config': {
         const rt = source.runtime
         if (rt === null) return json(res, 503, { error: 'GW_ERR_NOT_READY', message: 'no configuration loaded yet' })
-        return json(res, 200, { generation: rt.generation, hash: rt.hash, file: rt.file, loadedAt: rt.loadedAt, lastReload: source.lastReload ?? null, config: redactConfig(rt.config) })
+        // the config in force: the file with every default written in, secrets redacted
+        return json(res, 200, { generation: rt.generation, hash: rt.hash, file: rt.file, loadedAt: rt.loadedAt, lastReload: source.lastReload ?? null, config: redactConfig(effectiveConfig(rt.config, rt.server)) })
       }
       default:
         if (handleDashboard(req, res, path, live, () => source.runtime, json)) return

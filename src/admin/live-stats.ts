@@ -117,10 +117,11 @@ export class LiveTelemetry implements Telemetry {
   }
 
   upstreamError (upstream: string, kind: string): void { this.next.upstreamError(upstream, kind) }
+  upstreamResponse (upstream: string, seconds: number): void { this.next.upstreamResponse(upstream, seconds) }
   upstreamEjection (upstream: string, target: string, reason: string): void { this.next.upstreamEjection(upstream, target, reason) }
 
-  limitDecision (route: string, dimension: string, level: LimitLevel, result: LimitResult): void {
-    this.next.limitDecision(route, dimension, level, result)
+  limitDecision (route: string, dimension: string, limit: string, level: LimitLevel, result: LimitResult): void {
+    this.next.limitDecision(route, dimension, limit, level, result)
     this.countDecision(route, dimension, level, result)
   }
 

@@ -14,6 +14,7 @@ import { compileFailurePlan, compilePlanLimits, compileRouteLimitPlan, type Rout
 import { Limiter } from '../limit/limiter.js'
 import type { ResourceCache } from './resources.js'
 import type { Telemetry } from '../telemetry.js'
+import { compileQueryRedactor } from '../log.js'
 
 export interface CompiledRoute {
   readonly name: string
@@ -66,6 +67,8 @@ export interface Runtime {
    * only this runtime used once it reaches 0 (admitted requests may not have dispatched yet).
    */
   readonly activity: { inflight: number }
+  /** The access log's path with the values of `log.redactQuery` parameters replaced. */
+  readonly redactQuery: (path: string) => string
 }
 
 export function serverSettings (config: GatewayConfig): ServerSettings {
@@ -213,6 +216,7 @@ export async function compileRuntime (
     failurePlan: compileFailurePlan(config),
     server,
     trustedProxiesEmpty: (config.trustedProxies ?? []).length === 0,
-    activity: { inflight: 0 }
+    activity: { inflight: 0 },
+    redactQuery: compileQueryRedactor(config.log?.redactQuery)
   })
 }

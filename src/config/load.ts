@@ -11,6 +11,7 @@ import { compileLimitSpec } from '../limit/plan.js'
 import { validateLimitSpec } from '../limit/algorithms/index.js'
 import ipaddr from 'ipaddr.js'
 import { parseDuration } from './units.js'
+import type { z } from 'zod'
 
 export type KeyPath = ReadonlyArray<string | number>
 
@@ -83,23 +84,7 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
 
   const parsed = configSchema.safeParse(raw ?? {})
   if (!parsed.success) {
-    for (const issue of parsed.error.issues) {
-      const path = issue.path.filter((p): p is string | number => typeof p !== 'symbol')
-      if (issue.code === 'unrecognized_keys') {
-        for (const key of issue.keys) {
-          const keyPath = [...path, key]
-          const suggestion = closestKey(key, validKeysAt(path))
-          problems.push(at(locateKey(doc, keyPath), keyPath, `unknown key "${key}"${suggestion === null ? '' : ` (did you mean ${suggestion}?)`}`))
-        }
-      } else if (path.length === 1 && (path[0] === 'listen' || path[0] === 'admin') && typeof valueAt(raw, path) === 'number') {
-        // `listen: 8080` reads naturally but names no interface: say so instead of "expected string"
-        problems.push(at(locate(doc, path), path, `expected "host:port" as a string, e.g. "0.0.0.0:${String(valueAt(raw, path))}" (a bare port does not say which interface)`))
-      } else if (issue.code === 'invalid_type' && valueAt(raw, path) === undefined) {
-        problems.push(at(locate(doc, path), path, 'required key is missing'))
-      } else {
-        problems.push(at(locate(doc, path), path, issue.message))
-      }
-    }
+    for (const issue of parsed.error.issues) reportIssue(issue, [], raw, doc, at, problems)
     throw new ConfigError(problems)
   }
 
@@ -113,6 +98,46 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
   }
 
   return { file, config, hash: createHash('sha256').update(text).digest('hex') }
+}
+
+type Issue = z.core.$ZodIssue
+type Locate = (offset: number | undefined, path: KeyPath, message: string) => ConfigProblem
+
+/** One zod issue as located problems; `prefix` is the path of the union an issue came from. */
+function reportIssue (issue: Issue, prefix: KeyPath, raw: unknown, doc: Document, at: Locate, problems: ConfigProblem[]): void {
+  const path = [...prefix, ...issue.path.filter((p): p is string | number => typeof p !== 'symbol')]
+  if (issue.code === 'unrecognized_keys') {
+    for (const key of issue.keys) {
+      const keyPath = [...path, key]
+      const suggestion = closestKey(key, validKeysAt(path))
+      problems.push(at(locateKey(doc, keyPath), keyPath, `unknown key "${key}"${suggestion === null ? '' : ` (did you mean ${suggestion}?)`}`))
+    }
+  } else if (issue.code === 'invalid_union' && issue.errors.length > 0) {
+    // zod reports a union as "Invalid input" with every branch's issues inside; a typo'd key
+    // (identity.apikeys) is what the operator must fix, so the branch closest to the text speaks.
+    for (const branchIssue of closestBranch(issue.errors)) reportIssue(branchIssue, path, raw, doc, at, problems)
+  } else if (path.length === 1 && (path[0] === 'listen' || path[0] === 'admin') && typeof valueAt(raw, path) === 'number') {
+    // `listen: 8080` reads naturally but names no interface: say so instead of "expected string"
+    problems.push(at(locate(doc, path), path, `expected "host:port" as a string, e.g. "0.0.0.0:${String(valueAt(raw, path))}" (a bare port does not say which interface)`))
+  } else if (issue.code === 'invalid_type' && valueAt(raw, path) === undefined) {
+    problems.push(at(locate(doc, path), path, 'required key is missing'))
+  } else {
+    problems.push(at(locate(doc, path), path, issue.message))
+  }
+}
+
+/**
+ * The union branch the text most likely meant. A key unknown to every branch is reported alone
+ * (the missing keys are its consequence); otherwise a branch of the wrong type is never chosen
+ * and the one with the fewest issues wins.
+ */
+function closestBranch (branches: readonly Issue[][]): Issue[] {
+  const unknownIn = (b: Issue[]): Set<string> => new Set(b.flatMap(i => i.code === 'unrecognized_keys' && i.path.length === 0 ? i.keys : []))
+  const sets = branches.map(unknownIn)
+  const everywhere = [...(sets[0] ?? [])].filter(k => sets.every(s => s.has(k)))
+  if (everywhere.length > 0) return [{ code: 'unrecognized_keys', keys: everywhere, path: [], message: '', input: undefined } as unknown as Issue]
+  const score = (b: Issue[]): number => b.some(i => i.code === 'invalid_type' && i.path.length === 0) ? Infinity : b.length
+  return branches.reduce((best, b) => score(b) < score(best) ? b : best)
 }
 
 // `${VAR}` and `${VAR:-default}` in string values only: substitution happens after YAML parsing,

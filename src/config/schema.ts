@@ -164,7 +164,10 @@ export const configSchema = z.strictObject({
   trustedProxies: z.array(z.string()).optional().describe('CIDRs whose X-Forwarded-For is believed'),
   ipv6Prefix: z.int().min(1).max(128).optional().describe('IPv6 clients are limited per prefix; default 64'),
   legacyHeaders: z.boolean().optional().describe('also send X-RateLimit-Limit/Remaining/Reset'),
-  log: z.strictObject({ level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).optional() }).optional(),
+  log: z.strictObject({
+    level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).optional(),
+    redactQuery: z.array(z.string().min(1)).optional().describe('query parameters whose values the access log shows as [redacted]; default token, key, api_key, password, secret, signature; [] logs every query as sent')
+  }).optional(),
   server: z.strictObject({
     headersTimeout: duration.optional(),
     requestTimeout: duration.optional(),

@@ -62,7 +62,7 @@ export class Limiter {
     if (local === null) return null
     const wait = local.take(ipKey, performance.now())
     if (wait === 0) return null
-    this.options.telemetry.limitDecision(route, 'local', 'local', 'rejected')
+    this.options.telemetry.limitDecision(route, 'local', LOCAL_LIMIT, 'local', 'rejected')
     return this.reject(429, 'local', LOCAL_LIMIT, local.options.limit, wait, local.policy, 0, wait)
   }
 
@@ -89,7 +89,7 @@ export class Limiter {
       const left = deny.remaining(denyKey(checks[i] as LimitCheck), now)
       if (left > 0) {
         const l = limits[i] as PlannedLimit
-        telemetry.limitDecision(req.route, l.dimension, 'local', 'rejected')
+        telemetry.limitDecision(req.route, l.dimension, l.name, 'local', 'rejected')
         return this.reject(l.status, l.dimension, l.name, l.spec.limit, left, l.policy, 0, left)
       }
     }
@@ -121,7 +121,7 @@ export class Limiter {
         telemetry.concurrencyRejected(route, l.dimension, level)
         return concurrencyReject(l)
       }
-      telemetry.limitDecision(route, l.dimension, level, 'rejected')
+      telemetry.limitDecision(route, l.dimension, l.name, level, 'rejected')
       // The fallback store is in process already: caching its rejections saves nothing and would
       // outlive Redis's recovery, holding a client to this instance's share of the budget.
       if (decision.retryAfterMs > 0 && level !== 'fallback') {
@@ -139,7 +139,7 @@ export class Limiter {
     for (let i = 0; i < limits.length; i++) {
       const l = limits[i] as PlannedLimit
       if (l.concurrency) (leaseKeys ??= []).push((checks[i] as LimitCheck).key)
-      else telemetry.limitDecision(route, l.dimension, level, 'allowed')
+      else telemetry.limitDecision(route, l.dimension, l.name, level, 'allowed')
     }
     // only admitted requests count against shadow limits, as they would if they were enforced
     if (req.plan.shadow.length > 0) void this.decideShadow(req)
@@ -168,7 +168,7 @@ export class Limiter {
     if (checks.length === 0) return
     try {
       const { decision, level } = await this.decide(checks, limits, req.requestId + ':shadow')
-      for (const l of limits) this.options.telemetry.limitDecision(req.route, l.dimension, level, decision.allowed ? 'allowed' : 'shadow')
+      for (const l of limits) this.options.telemetry.limitDecision(req.route, l.dimension, l.name, level, decision.allowed ? 'allowed' : 'shadow')
     } catch {
       // a shadow limit never affects the request
     }
