@@ -185,7 +185,7 @@ t.test('workers: 2: the primary\'s page sums both workers', async t => {
   const gw = await spawnGateway(t, `workers: 2
 redis: { url: ${redis.url} }
 ${config(upstream.url)}`)
-  const primary = await gw.waitForLog(l => l.msg === 'gateway primary started')
+  const primary = await gw.waitForLog(l => l.msg === 'gateway primary started', 30_000)
   const adminUrl = `http://127.0.0.1:${primary.adminPort as number}`
   for (let i = 0; i < 200 && (await fetch(`${adminUrl}/readyz`)).status !== 200; i++) await new Promise(resolve => setTimeout(resolve, 50))
   const stream = await subscribe(t, `${adminUrl}/events`)

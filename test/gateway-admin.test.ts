@@ -135,7 +135,7 @@ routes:
   t.equal(ready.status, 200, 'degraded is still ready')
   t.match(await ready.json(), { status: 'degraded', generation: 1, redis: { state: 'fallback' } })
   const metrics = await (await fetch(`${gw.adminUrl}/metrics`)).text()
-  t.match(metrics, /gateway_ratelimit_decisions_total\{route="api",dimension="ip",level="fallback",result="allowed"\} \d+/)
+  t.match(metrics, /gateway_ratelimit_decisions_total\{route="api",dimension="ip",limit="[^"]+",level="fallback",result="allowed"\} \d+/)
   t.match(metrics, /gateway_redis_breaker_state [12]/)
 
   const res = await fetch(`${gw.adminUrl}/config`)
