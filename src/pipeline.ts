@@ -7,6 +7,7 @@ import type { Duplex } from 'node:stream'
 import { randomUUID } from 'node:crypto'
 import { normalizePath } from './router/normalize-path.js'
 import { normalizeHost } from './router/route-table.js'
+import { checkRequestHead } from './router/request-head.js'
 import { looksLikeMisconfiguredProxy } from './identify/client-ip.js'
 import { forwardRequest, type ForwardContext, type ForwardErrorKind, type ForwardResult } from './proxy/forward.js'
 import type { createWebSocketProxy } from './proxy/websocket.js'
@@ -63,6 +64,8 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
       state.logger.warn({ peer }, 'requests arrive with X-Forwarded-For from a private address but trustedProxies is empty: every client behind that proxy shares one IP limit')
     }
   }
+  const head = checkRequestHead(req, rt.server.maxHeadersCount)
+  if (head !== null) return { ok: false, code: head.code, extra: { reason: head.reason }, ipKey: client.key }
   const url = req.url ?? '/'
   let rawPath = url
   let query = ''

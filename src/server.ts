@@ -146,6 +146,9 @@ export class Gateway {
       ? createHttpServer(serverOptions)
       : createHttpsServer({ ...serverOptions, cert: readFileSync(tls.cert), key: readFileSync(tls.key) })
     const handleRequest = createRequestHandler(this.state)
+    // One more than the limit, so the pipeline sees a request over it (431) rather than node:http
+    // dropping the fields beyond its own limit without a word.
+    server.maxHeadersCount = s.maxHeadersCount + 1
     server.on('request', (req: IncomingMessage, res: ServerResponse) => {
       this.inflight++
       res.once('close', () => { this.inflight-- })
@@ -236,6 +239,8 @@ export class Gateway {
       return { ok: false, error: problems.join('\n') }
     }
     this.generation = runtime.generation
+    // read by node:http when a connection starts: new connections get the new limit
+    if (this.server !== null) this.server.maxHeadersCount = runtime.server.maxHeadersCount + 1
     const previous = state.runtime
     state.runtime = runtime
     this.metrics.generation.set(runtime.generation)

@@ -32,6 +32,7 @@ export interface ServerSettings {
   readonly requestTimeoutMs: number
   readonly keepAliveTimeoutMs: number
   readonly maxHeaderSize: number
+  readonly maxHeadersCount: number
   readonly shutdownTimeoutMs: number
   readonly bufferBodies: number
   readonly bufferBodiesTotal: number
@@ -69,6 +70,8 @@ export function serverSettings (config: GatewayConfig): ServerSettings {
     requestTimeoutMs: durationOr(s?.requestTimeout, 300_000),
     keepAliveTimeoutMs: durationOr(s?.keepAliveTimeout, 5_000),
     maxHeaderSize: s?.maxHeaderSize ?? 16_384,
+    // Envoy's default; node:http's own 2000 drops the fields beyond it silently
+    maxHeadersCount: s?.maxHeadersCount ?? 100,
     shutdownTimeoutMs: durationOr(s?.shutdownTimeout, 10_000),
     // nginx's defaults: client_body_timeout and send_timeout 60 s; bodies are buffered by default
     bufferBodies: s?.bufferBodies !== undefined ? parseSize(s.bufferBodies) : 1024 * 1024,

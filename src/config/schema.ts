@@ -120,6 +120,7 @@ export const configSchema = z.strictObject({
     requestTimeout: duration.optional(),
     keepAliveTimeout: duration.optional(),
     maxHeaderSize: z.int().min(1024).max(1048576).optional(),
+    maxHeadersCount: z.int().min(8).max(10000).optional().describe('more header fields than this get 431; default 100'),
     shutdownTimeout: duration.optional(),
     bufferBodies: size.optional().describe('request bodies up to this size are read whole before an upstream connection is taken; 0 streams every body; default 1mb'),
     bufferBodiesTotal: size.optional().describe('gateway-wide cap on bytes held by bufferBodies; beyond it bodies stream; default 64mb'),
