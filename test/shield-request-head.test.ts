@@ -50,3 +50,27 @@ routes:
   t.equal((await rawRequest(gw.port, `GET / HTTP/1.1\r\nHost: a\r\n${junk(18)}`)).status, 200, '20 fields')
   t.equal((await rawRequest(gw.port, `GET / HTTP/1.1\r\nHost: a\r\n${junk(19)}`)).status, 431, '21 fields')
 })
+
+t.test('two Host headers, or an invalid Host, get 400 and never reach the upstream', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const two = await rawRequest(gw.port, 'GET /two HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n')
+  t.equal(two.status, 400, 'two Host lines')
+  t.match(two.json, { error: 'GW_ERR_BAD_REQUEST', reason: 'more than one Host header', requestId: String })
+  for (const host of ['a@b', 'x/y', 'host:abc', 'a b', 'a\\b', 'evil.com#x']) {
+    const reply = await rawRequest(gw.port, `GET /bad HTTP/1.1\r\nHost: ${host}\r\n`)
+    t.equal(reply.status, 400, `Host: ${host}`)
+    t.equal(reply.json?.reason, 'invalid Host header')
+  }
+  for (const host of ['api.example.com', 'api.example.com:8080', '127.0.0.1:80', '[::1]:8080', 'a_b.local.']) {
+    t.equal((await rawRequest(gw.port, `GET /good HTTP/1.1\r\nHost: ${host}\r\n`)).status, 200, `Host: ${host} passes`)
+  }
+  t.equal(upstream.log.filter(u => u !== '/good').length, 0, 'no refused request reached the upstream')
+})
