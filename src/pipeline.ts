@@ -36,8 +36,10 @@ const REQUEST_ID_RE = /^[A-Za-z0-9._:@/+=-]{1,128}$/
 // are the client's doing: counting them would page whoever watches the upstreams.
 const UPSTREAM_FAILURES: ReadonlySet<ForwardErrorKind> = new Set<ForwardErrorKind>(['refused', 'reset', 'connect_timeout', 'response_timeout', 'no_healthy'])
 
-function requestIdOf (req: IncomingMessage): string {
-  const given = req.headers['x-request-id']
+// A client-chosen id would let it forge or collide with other requests' log lines: only our own
+// proxies (trustedProxies) may hand one over.
+function requestIdOf (req: IncomingMessage, trustedPeer: boolean): string {
+  const given = trustedPeer ? req.headers['x-request-id'] : undefined
   return typeof given === 'string' && REQUEST_ID_RE.test(given) ? given : randomUUID()
 }
 
@@ -127,7 +129,8 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
     const started = process.hrtime.bigint()
     const rt = state.runtime
     rt.activity.inflight++
-    const requestId = requestIdOf(req)
+    const trustedPeer = rt.isTrustedPeer(req.socket.remoteAddress)
+    const requestId = requestIdOf(req, trustedPeer)
     const early = routeRequest(state, rt, req)
     const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
     if (shed !== null && shed.kind === 'reject') {
@@ -167,6 +170,7 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
         clientIp: a.clientIp,
         proto: state.proto,
         path: a.path,
+        trustedPeer,
         ...(v.headers !== null ? { extraResponseHeaders: v.headers } : {})
       }
       const go = (): void => forwardRequest(req, res, a.route.forward, ctx, (result) => {
@@ -199,7 +203,8 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
     const started = process.hrtime.bigint()
     const rt = state.runtime
     rt.activity.inflight++
-    const requestId = requestIdOf(req)
+    const trustedPeer = rt.isTrustedPeer(req.socket.remoteAddress)
+    const requestId = requestIdOf(req, trustedPeer)
     socket.on('error', () => socket.destroy())
     const fail = (status: number, payload: Record<string, unknown>, a: Admission | null, headers?: ReadonlyArray<readonly [string, string]>): void => {
       writeRawError(socket, status, { ...payload, requestId }, requestId, headers)
@@ -228,7 +233,7 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
       if (v.kind === 'reject') return fail(v.status, { ...v.body }, a, v.headers)
       if (v.kind === 'unavailable') return fail(503, { error: 'GW_ERR_LIMITER_UNAVAILABLE', message: ERRORS.GW_ERR_LIMITER_UNAVAILABLE.message }, a)
       // Logged and counted once the handshake is decided: 101, or the refusal the client got.
-      const upgrade = (): void => state.ws.upgrade(req, socket, head, a.route.forward, { requestId, clientIp: a.clientIp, proto: state.proto, path: a.path }, (result) => {
+      const upgrade = (): void => state.ws.upgrade(req, socket, head, a.route.forward, { requestId, clientIp: a.clientIp, proto: state.proto, path: a.path, trustedPeer }, (result) => {
         if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
         finish(state, rt, req, requestId, started, a, result, result.status, null)
       })

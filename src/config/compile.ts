@@ -7,6 +7,7 @@ import type { LoadedConfig } from './load.js'
 import { durationOr, parseDuration, parseSize } from './units.js'
 import { compileRouteTable, type RoutePattern, type RouteTable } from '../router/route-table.js'
 import { compileClientIpResolver } from '../identify/client-ip.js'
+import { compileTrustedPeer, type TrustedPeerCheck } from '../proxy/trusted-peer.js'
 import { compileIdentity, type IdentityResolver } from '../identify/identity.js'
 import { UpstreamPool, type UpstreamConfig } from '../proxy/upstream-pool.js'
 import { createForwardPlan, type BodyHandling, type ForwardPlan, type HeaderRules } from '../proxy/forward.js'
@@ -51,6 +52,8 @@ export interface Runtime {
   readonly pools: ReadonlyMap<string, UpstreamPool>
   readonly limiter: Limiter
   readonly resolveClientIp: ReturnType<typeof compileClientIpResolver>
+  /** The peer is in trustedProxies: its X-Request-Id and client-address headers are kept. */
+  readonly isTrustedPeer: TrustedPeerCheck
   readonly identity: IdentityResolver
   /** What a request that failed identity is charged against (gateway ip limit + identity.failureLimit). */
   readonly failurePlan: RouteLimitPlan
@@ -192,6 +195,7 @@ export async function compileRuntime (
     pools,
     limiter,
     resolveClientIp: compileClientIpResolver({ trustedProxies: config.trustedProxies ?? [], ipv6Prefix: config.ipv6Prefix ?? 64 }),
+    isTrustedPeer: compileTrustedPeer(config.trustedProxies ?? []),
     identity,
     failurePlan: compileFailurePlan(config),
     server,

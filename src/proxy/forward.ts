@@ -62,6 +62,8 @@ export interface ForwardContext {
   readonly proto: 'http' | 'https'
   /** Normalized path + '?' + raw query; the query is passed through untouched. */
   readonly path: string
+  /** The peer is one of trustedProxies: its X-Request-Id and Forwarded/X-Real-IP/... are kept. */
+  readonly trustedPeer?: boolean
   /** Added to the response (successful or not), e.g. RateLimit headers from the limiter. */
   readonly extraResponseHeaders?: readonly (readonly [string, string])[]
 }
