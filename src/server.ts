@@ -43,6 +43,10 @@ export function splitHostPort (hp: string): { host: string, port: number } {
   return { host: hp.slice(0, i).replace(/^\[|\]$/g, '') || '0.0.0.0', port: Number(hp.slice(i + 1)) }
 }
 
+function isLoopback (host: string): boolean {
+  return host === 'localhost' || host === '::1' || /^(::ffff:)?127\.\d+\.\d+\.\d+$/.test(host)
+}
+
 function listen (server: Server | HttpsServer, address: string): Promise<AddressInfo> {
   const { host, port } = splitHostPort(address)
   return new Promise((resolve, reject) => {
@@ -191,6 +195,11 @@ export class Gateway {
     })
     this.admin = admin
     this.adminPort = (await listen(admin, runtime.config.admin ?? '127.0.0.1:9901')).port
+    const adminAddress = runtime.config.admin ?? '127.0.0.1:9901'
+    if (!isLoopback(splitHostPort(adminAddress).host)) {
+      // The admin listener has no access token: /config and /metrics are open to whoever reaches it.
+      this.logger.warn({ admin: adminAddress }, 'the admin listener binds a non-loopback address and has no access token: anyone who can reach it reads /config and /metrics')
+    }
     this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, adminPort: this.adminPort, generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
   }
 
