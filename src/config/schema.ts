@@ -31,9 +31,20 @@ export const limitSchema = z.strictObject({
   onError: z.enum(ON_ERROR).optional().describe('when Redis fails; default redis.onError')
 })
 
+// RFC 9110 §5.1 (field-name = token) and §5.5 (field-value: no CR, LF or NUL; node:http also
+// refuses other controls). A rule breaking either would make every request on the route fail.
+const HEADER_NAME_RE = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
+const HEADER_NAME_MESSAGE = 'expected a header name (letters, digits and !#$%&\'*+.^_`|~-)'
+const headerName = z.string().regex(HEADER_NAME_RE, HEADER_NAME_MESSAGE)
+const headerValue = z.string().regex(/^[\t\x20-\x7e\x80-\xff]*$/, 'a header value cannot contain CR, LF, NUL or other control characters')
 const headerRules = z.strictObject({
-  set: z.record(z.string(), z.string()).optional(),
-  remove: z.array(z.string()).optional()
+  // Names checked here rather than as the record's key schema: zod would only say "Invalid key in record".
+  set: z.record(z.string(), headerValue).superRefine((rules, ctx) => {
+    for (const name of Object.keys(rules)) {
+      if (!HEADER_NAME_RE.test(name)) ctx.addIssue({ code: 'custom', message: HEADER_NAME_MESSAGE, path: [name] })
+    }
+  }).optional(),
+  remove: z.array(headerName).optional()
 })
 
 const target = z.union([httpUrl, z.strictObject({ url: httpUrl, weight: z.int().min(1).max(1000).optional() })])
