@@ -17,6 +17,7 @@ export const ERRORS = Object.freeze({
   GW_ERR_UPSTREAM_TIMEOUT: { status: 504, message: 'the upstream did not answer in time' },
   GW_ERR_NO_HEALTHY_UPSTREAM: { status: 503, message: 'no healthy upstream target' },
   GW_ERR_SHUTTING_DOWN: { status: 503, message: 'the gateway is shutting down' },
+  GW_ERR_TOO_MANY_TUNNELS: { status: 503, message: 'too many open WebSocket tunnels (server.maxWebSockets)' },
   GW_ERR_CONFIG_INVALID: { status: 500, message: 'the configuration is invalid' }
 } as const)
 

@@ -117,6 +117,11 @@ export class Gateway {
     for (const [upstream, pool] of rt.pools) for (const t of pool.health()) yield { upstream, target: t.url, healthy: t.healthy }
   }
 
+  /** Client connections open on the public listener (WebSocket tunnels included). */
+  openConnections (): number {
+    return this.sockets.size
+  }
+
   redisStatus (): RedisStatus {
     const rt = this.runtime
     return rt === null ? { configured: false, connected: false, breaker: null, instances: 1 } : this.resources.redisStatus(rt.config)

@@ -10,7 +10,7 @@ import { compileClientIpResolver } from '../identify/client-ip.js'
 import { compileTrustedPeer, type TrustedPeerCheck } from '../proxy/trusted-peer.js'
 import { compileIdentity, type IdentityResolver } from '../identify/identity.js'
 import { UpstreamPool, type UpstreamConfig } from '../proxy/upstream-pool.js'
-import { createForwardPlan, type BodyHandling, type ForwardPlan, type HeaderRules } from '../proxy/forward.js'
+import { createForwardPlan, type BodyHandling, type ForwardPlan, type TunnelHandling, type HeaderRules } from '../proxy/forward.js'
 import { compileFailurePlan, compileRouteLimitPlan, type RouteLimitPlan } from '../limit/plan.js'
 import { Limiter } from '../limit/limiter.js'
 import type { ResourceCache } from './resources.js'
@@ -39,6 +39,8 @@ export interface ServerSettings {
   readonly bufferBodiesTotal: number
   readonly clientBodyTimeoutMs: number
   readonly sendTimeoutMs: number
+  readonly websocketIdleTimeoutMs: number
+  readonly maxWebSockets: number
 }
 
 export interface Runtime {
@@ -80,7 +82,11 @@ export function serverSettings (config: GatewayConfig): ServerSettings {
     bufferBodies: s?.bufferBodies !== undefined ? parseSize(s.bufferBodies) : 1024 * 1024,
     bufferBodiesTotal: s?.bufferBodiesTotal !== undefined ? parseSize(s.bufferBodiesTotal) : 64 * 1024 * 1024,
     clientBodyTimeoutMs: durationOr(s?.clientBodyTimeout, 60_000),
-    sendTimeoutMs: durationOr(s?.sendTimeout, 60_000)
+    sendTimeoutMs: durationOr(s?.sendTimeout, 60_000),
+    // Envoy's default idle timeout for upgraded connections; the cap keeps tunnels (which outlive
+    // any request timeout) from holding every file descriptor
+    websocketIdleTimeoutMs: durationOr(s?.websocketIdleTimeout, 300_000),
+    maxWebSockets: s?.maxWebSockets ?? 10_000
   })
 }
 
@@ -132,7 +138,7 @@ export async function checkCompiles (config: GatewayConfig): Promise<void> {
   await compileIdentity(config.identity)
 }
 
-function compileRoute (config: GatewayConfig, route: RouteConfig, pool: UpstreamPool, upstream: UpstreamConfig, body: BodyHandling): CompiledRoute {
+function compileRoute (config: GatewayConfig, route: RouteConfig, pool: UpstreamPool, upstream: UpstreamConfig, body: BodyHandling & TunnelHandling): CompiledRoute {
   const forward = createForwardPlan({
     ...body,
     pool,
@@ -164,7 +170,9 @@ export async function compileRuntime (
   for (const [name, up] of upstreams) pools.set(name, resources.pool(up, telemetry))
 
   const server = serverSettings(config)
-  const body: BodyHandling = {
+  const body: BodyHandling & TunnelHandling = {
+    websocketIdleTimeoutMs: server.websocketIdleTimeoutMs,
+    maxWebSockets: server.maxWebSockets,
     bufferBodies: server.bufferBodies,
     bodyBudget: resources.bodyBudget(server.bufferBodiesTotal),
     clientBodyTimeoutMs: server.clientBodyTimeoutMs,

@@ -136,7 +136,9 @@ export const configSchema = z.strictObject({
     bufferBodies: size.optional().describe('request bodies up to this size are read whole before an upstream connection is taken; 0 streams every body; default 1mb'),
     bufferBodiesTotal: size.optional().describe('gateway-wide cap on bytes held by bufferBodies; beyond it bodies stream; default 64mb'),
     clientBodyTimeout: duration.optional().describe('longest pause between two reads of a request body; default 60s'),
-    sendTimeout: duration.optional().describe('longest a response write may wait for the client to read; default 60s')
+    sendTimeout: duration.optional().describe('longest a response write may wait for the client to read; default 60s'),
+    websocketIdleTimeout: duration.optional().describe('a WebSocket tunnel with no traffic either way for this long is closed; default 5m'),
+    maxWebSockets: z.int().positive().optional().describe('open WebSocket tunnels, gateway-wide; an upgrade beyond it gets 503; default 10000')
   }).optional(),
   tls: z.strictObject({ cert: z.string(), key: z.string() }).optional(),
   redis: redisSchema.optional(),

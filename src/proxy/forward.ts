@@ -12,7 +12,7 @@ export type { HeaderRules } from './forward-headers.js'
 export type { ForwardErrorKind } from './upstream-errors.js'
 
 /** How a route forwards, built once per route at config load. */
-export interface ForwardPlan extends BodyHandling {
+export interface ForwardPlan extends BodyHandling, TunnelHandling {
   readonly pool: UpstreamPool
   /** Removed from the start of the path before forwarding (whole segments only). */
   readonly stripPrefix: string | null
@@ -40,7 +40,15 @@ export interface BodyHandling {
   readonly sendTimeoutMs: number
 }
 
-export type ForwardPlanOptions = Omit<ForwardPlan, 'headers' | 'idleTimeoutMs' | keyof BodyHandling> & Partial<BodyHandling> & { readonly idleTimeoutMs?: number }
+/** WebSocket tunnels (server.websocketIdleTimeout, server.maxWebSockets). */
+export interface TunnelHandling {
+  /** A tunnel with no byte either way for this long is closed. */
+  readonly websocketIdleTimeoutMs: number
+  /** Open (or opening) tunnels, gateway-wide; an upgrade beyond it gets 503. */
+  readonly maxWebSockets: number
+}
+
+export type ForwardPlanOptions = Omit<ForwardPlan, 'headers' | 'idleTimeoutMs' | keyof BodyHandling | keyof TunnelHandling> & Partial<BodyHandling & TunnelHandling> & { readonly idleTimeoutMs?: number }
 
 /** The one way to make a plan: header rules are compiled here, at config load, not per request. */
 export function createForwardPlan (options: ForwardPlanOptions): ForwardPlan {
@@ -50,6 +58,8 @@ export function createForwardPlan (options: ForwardPlanOptions): ForwardPlan {
     bodyBudget: new BodyBudget(64 * 1024 * 1024),
     clientBodyTimeoutMs: 60_000,
     sendTimeoutMs: 60_000,
+    websocketIdleTimeoutMs: 300_000,
+    maxWebSockets: 10_000,
     ...options,
     headers: compileHeaders(options.requestHeaders, options.responseHeaders)
   })

@@ -13,6 +13,7 @@ export type ForwardErrorKind =
   | 'shutting_down'
   | 'client_timeout'
   | 'send_timeout'
+  | 'too_many_tunnels'
 
 /** The stable code answered for each kind; null when nobody is left to answer. */
 export const KIND_CODES: Readonly<Record<ForwardErrorKind, ErrorCode | null>> = Object.freeze({
@@ -27,7 +28,8 @@ export const KIND_CODES: Readonly<Record<ForwardErrorKind, ErrorCode | null>> = 
   shutting_down: 'GW_ERR_SHUTTING_DOWN',
   client_timeout: 'GW_ERR_CLIENT_TIMEOUT',
   // the client stopped reading: nobody is left to answer
-  send_timeout: null
+  send_timeout: null,
+  too_many_tunnels: 'GW_ERR_TOO_MANY_TUNNELS'
 })
 
 /**
