@@ -34,7 +34,7 @@ const REQUEST_ID_RE = /^[A-Za-z0-9._:@/+=-]{1,128}$/
 
 // What gateway_upstream_errors_total counts. A 413, a header undici refuses or a client that left
 // are the client's doing: counting them would page whoever watches the upstreams.
-const UPSTREAM_FAILURES: ReadonlySet<ForwardErrorKind> = new Set<ForwardErrorKind>(['refused', 'reset', 'connect_timeout', 'response_timeout', 'no_healthy'])
+const UPSTREAM_FAILURES: ReadonlySet<ForwardErrorKind> = new Set<ForwardErrorKind>(['refused', 'dns', 'bad_response', 'reset', 'connect_timeout', 'response_timeout', 'no_healthy'])
 
 // A client-chosen id would let it forge or collide with other requests' log lines: only our own
 // proxies (trustedProxies) may hand one over.
@@ -52,7 +52,7 @@ interface Admission {
   user: string | null
 }
 
-type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown>, ipKey: string }
+type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown>, headers?: ReadonlyArray<readonly [string, string]>, ipKey: string }
 
 function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage): Early {
   // The client IP comes first: a request that fails to route is still charged to its address.
@@ -84,8 +84,14 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   }
   const normalized = normalizePath(rawPath)
   if (!normalized.ok) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: normalized.reason }, ipKey: client.key }
-  const route = rt.routes.match(normalizeHost(req.headers.host), req.method ?? 'GET', normalized.path)
-  if (route === null) return { ok: false, code: 'GW_ERR_NOT_FOUND', ipKey: client.key }
+  const host = normalizeHost(req.headers.host)
+  const route = rt.routes.match(host, req.method ?? 'GET', normalized.path)
+  if (route === null) {
+    // A route has this path but not this method: 405 with Allow (RFC 9110 §15.5.6), not 404.
+    const allow = rt.routes.allowedMethods(host, normalized.path)
+    if (allow !== null) return { ok: false, code: 'GW_ERR_METHOD_NOT_ALLOWED', headers: [['allow', allow.join(', ')]], ipKey: client.key }
+    return { ok: false, code: 'GW_ERR_NOT_FOUND', ipKey: client.key }
+  }
   return { ok: true, admission: { route, path: normalized.path + query, clientIp: client.ip, ipKey: client.key, user: null } }
 }
 
@@ -139,7 +145,7 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
       return
     }
     if (!early.ok) {
-      sendError(res, early.code, requestId, early.extra)
+      sendError(res, early.code, requestId, early.extra, early.headers)
       finish(state, rt, req, requestId, started, null, null, ERRORS[early.code].status, null)
       return
     }
@@ -217,7 +223,7 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
       return
     }
     if (!early.ok) {
-      fail(ERRORS[early.code].status, { error: early.code, message: ERRORS[early.code].message, ...early.extra }, null)
+      fail(ERRORS[early.code].status, { error: early.code, message: ERRORS[early.code].message, ...early.extra }, null, early.headers)
       return
     }
     const a = early.admission

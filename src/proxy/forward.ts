@@ -137,6 +137,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
   settled = false
   clientGone = false
   bodyTooLarge = false
+  /** The upstream's status or transfer coding cannot be relayed (502). */
+  badResponse = false
   status = 0
   bytesIn = 0
   bytesOut = 0
@@ -332,6 +334,15 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
   onResponseStart (controller: Dispatcher.DispatchController, statusCode: number, headers: Record<string, string | string[] | undefined>): void {
     // 1xx: node:http already sent its own 100 Continue; other interim responses are not relayed.
     if (statusCode < 200 || this.clientGone) return
+    // RFC 9110 §15: a status is three digits, 1xx-5xx. A status node:http would relay as is (600)
+    // or a transfer coding undici does not decode (gzip, chunked: the gzip would be lost, the
+    // client would get compressed bytes unlabelled) cannot be relayed honestly: 502.
+    const te = headers['transfer-encoding']
+    if (statusCode > 599 || (te !== undefined && !isChunkedOnly(te))) {
+      this.badResponse = true
+      controller.abort(new GatewayError('GW_ERR_UPSTREAM_BAD_RESPONSE'))
+      return
+    }
     if (this.target !== null) this.plan.pool.succeeded(this.target)
     const raw = controller.rawHeaders
     const out = clientResponseHeaders(Array.isArray(raw) ? raw : flatten(headers), this.plan.headers, this.ctx.requestId, this.ctx.extraResponseHeaders)
@@ -364,6 +375,16 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
 
   onResponseError (_controller: Dispatcher.DispatchController, err: Error): void {
     if (this.settled) return
+    // A 304 (or 204) carries no body whatever its Content-Length says (RFC 9110 §6.4.1), but
+    // undici counts the missing bytes as a length mismatch: the response is complete.
+    if (this.responded && (this.status === 304 || this.status === 204) && (err as { code?: unknown }).code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH') {
+      this.onResponseEnd()
+      return
+    }
+    if (this.badResponse) {
+      this.fail('bad_response', err)
+      return
+    }
     if (this.timedOut !== null) {
       this.fail(this.timedOut, null)
       return
@@ -379,7 +400,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
     const kind = classifyUpstreamError(err)
     const target = this.target
     if ((kind === 'response_timeout' || kind === 'reset') && target !== null) this.plan.pool.failed(target)
-    if ((kind === 'refused' || kind === 'connect_timeout') && target !== null) {
+    if ((kind === 'refused' || kind === 'dns' || kind === 'connect_timeout') && target !== null) {
       this.plan.pool.eject(target)
       // Nothing reached the upstream: one more target is safe to try for an idempotent method, and
       // for any method once the body is in memory (a refused connection carried no byte of it).
@@ -432,6 +453,11 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
       process.emitWarning(err instanceof Error ? err : new Error(String(err)), 'GatewayForwardDoneError')
     }
   }
+}
+
+// "chunked" (any case, optional whitespace) is the only coding undici decodes and node:http re-applies.
+function isChunkedOnly (te: string | string[]): boolean {
+  return typeof te === 'string' && te.trim().toLowerCase() === 'chunked'
 }
 
 function flatten (headers: Record<string, string | string[] | undefined>): string[] {

@@ -171,7 +171,7 @@ class Tunnel {
       return
     }
     const kind = this.timeoutKind ?? classifyUpstreamError(err)
-    if (kind === 'refused' || kind === 'connect_timeout') this.plan.pool.eject(this.target)
+    if (kind === 'refused' || kind === 'dns' || kind === 'connect_timeout') this.plan.pool.eject(this.target)
     const code = KIND_CODES[kind] ?? 'GW_ERR_UPSTREAM_UNAVAILABLE'
     // The client may already be gone (its close settled the tunnel); then nobody is answered.
     answer(this.socket, code, this.ctx)

@@ -15,6 +15,7 @@ const HOST_RE = /^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~-]+)?(?::[0-9]{0,5})?$/
 
 const TOO_MANY: HeadProblem = Object.freeze({ code: 'GW_ERR_HEADERS_TOO_LARGE', reason: 'too many header fields (server.maxHeadersCount)' })
 const TWO_HOSTS: HeadProblem = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', reason: 'more than one Host header' })
+const UNKNOWN_CODING: HeadProblem = Object.freeze({ code: 'GW_ERR_NOT_IMPLEMENTED', reason: 'only the chunked transfer coding is supported' })
 const BAD_HOST: HeadProblem = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', reason: 'invalid Host header' })
 
 /**
@@ -31,6 +32,11 @@ export function checkRequestHead (req: IncomingMessage, maxHeadersCount: number)
     const name = raw[i] as string
     if (name.length === 4 && name.toLowerCase() === 'host' && ++hosts > 1) return TWO_HOSTS
   }
+  // RFC 9112 §6.1: a transfer coding the server does not understand is a 501. node:http decodes
+  // only "chunked" and would silently drop the others ("gzip, chunked" would reach the upstream
+  // as an unlabelled gzip body).
+  const te = req.headers['transfer-encoding']
+  if (te !== undefined && te.trim().toLowerCase() !== 'chunked') return UNKNOWN_CODING
   const host = req.headers.host
   if (host !== undefined && !HOST_RE.test(host)) return BAD_HOST
   return null

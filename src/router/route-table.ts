@@ -18,14 +18,23 @@ export interface RoutePattern {
    * Write `/api/` to match only below `/api/`.
    */
   readonly pathPrefix?: string
-  /** Uppercase method names; absent = any method. HEAD does not match a route listing only GET. */
+  /** Uppercase method names; absent = any method but TRACE. HEAD does not match a route listing only GET. */
   readonly methods?: readonly string[]
 }
 
 export interface RouteTable<R extends RoutePattern> {
   /** `host` as returned by `normalizeHost`, `path` as returned by `normalizePath`. */
   match(host: string, method: string, path: string): R | null
+  /**
+   * For a request `match` found no route for: the methods the routes matching its host and path
+   * accept (for `405` and its `Allow`), or null when no route matches the path at all (404).
+   * A route without `methods` contributes ANY_METHOD.
+   */
+  allowedMethods(host: string, path: string): readonly string[] | null
 }
+
+/** What a route without `methods` accepts, as listed in `Allow` (TRACE only when a route lists it). */
+export const ANY_METHOD: readonly string[] = Object.freeze(['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'])
 
 interface Entry<R> {
   readonly index: number
@@ -146,6 +155,29 @@ export function compileRouteTable<R extends RoutePattern> (routes: readonly R[])
       }
       if (anyHost !== null) best = searchBucket(anyHost, method, path, best)
       return best === null ? null : best.route
+    },
+    allowedMethods (host: string, path: string): readonly string[] | null {
+      // Only reached on a miss, so it walks every candidate bucket without the index shortcuts.
+      const found = new Set<string>()
+      let any = false
+      const collect = (bucket: HostBucket<R>): void => {
+        for (const e of entriesFor(bucket, path)) {
+          if (e.methods === null) any = true
+          else for (const m of e.methods) found.add(m)
+        }
+      }
+      const exact = exactHosts.get(host)
+      if (exact !== undefined) collect(exact)
+      for (const len of wildcardLengths) {
+        if (host.length > len && host.charCodeAt(host.length - len) === DOT) {
+          const b = wildcardHosts.get(host.slice(host.length - len))
+          if (b !== undefined) collect(b)
+        }
+      }
+      if (anyHost !== null) collect(anyHost)
+      if (!any && found.size === 0) return null
+      if (any) for (const m of ANY_METHOD) found.add(m)
+      return [...found]
     }
   }
 }
@@ -193,9 +225,27 @@ function firstAllowed<R> (list: Entry<R>[], method: string, best: Entry<R> | nul
   for (let i = 0; i < list.length; i++) {
     const e = list[i] as Entry<R>
     if (best !== null && e.index >= best.index) return best
-    if (e.methods === null || e.methods.includes(method)) return e
+    // TRACE echoes the request, credentials included (cross-site tracing): a route without
+    // `methods` does not take it, only one that lists it.
+    if (e.methods === null ? method !== 'TRACE' : e.methods.includes(method)) return e
   }
   return best
+}
+
+// Every entry whose path matches, whatever its methods.
+function * entriesFor<R> (bucket: HostBucket<R>, path: string): Generator<Entry<R>> {
+  const list = bucket.exact.get(path)
+  if (list !== undefined) yield * list
+  let node = bucket.prefixes
+  let pos = 0
+  for (;;) {
+    if (node.entries !== null) yield * node.entries
+    if (node.children === null || pos >= path.length) return
+    const child = node.children.get(path.charCodeAt(pos))
+    if (child === undefined || !path.startsWith(child.label, pos)) return
+    pos += child.label.length
+    node = child
+  }
 }
 
 function searchBucket<R> (bucket: HostBucket<R>, method: string, path: string, best: Entry<R> | null): Entry<R> | null {
