@@ -92,6 +92,9 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
     if (allow !== null) return { ok: false, code: 'GW_ERR_METHOD_NOT_ALLOWED', headers: [['allow', allow.join(', ')]], ipKey: client.key }
     return { ok: false, code: 'GW_ERR_NOT_FOUND', ipKey: client.key }
   }
+  // Servlet containers and others strip ";params" from path segments: "/admin;x=1" would miss an
+  // "/admin" route here, fall through to a catch-all and be served as /admin upstream.
+  if (!route.allowPathParams && normalized.path.includes(';')) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: 'path parameters (";") are not allowed on this route (allowPathParams)' }, ipKey: client.key }
   return { ok: true, admission: { route, path: normalized.path + query, clientIp: client.ip, ipKey: client.key, user: null } }
 }
 

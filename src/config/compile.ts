@@ -23,6 +23,8 @@ export interface CompiledRoute {
   readonly pathPrefix?: string
   readonly methods?: readonly string[]
   readonly websocket: boolean
+  /** ";" (path parameters) may appear in the path; otherwise such a request gets 400. */
+  readonly allowPathParams: boolean
   readonly upstream: string
   readonly forward: ForwardPlan
   readonly limits: RouteLimitPlan
@@ -118,9 +120,11 @@ function headerRules (rules: { set?: Record<string, string>, remove?: string[] }
 }
 
 /** The matching part of a route, in the form the route table indexes (lowercase host, uppercase methods). */
-function routePattern (route: RouteConfig): RoutePattern {
+function routePattern (route: RouteConfig, defaults: GatewayConfig['routing']): RoutePattern {
   return {
     name: route.name,
+    caseInsensitive: route.caseInsensitive ?? defaults?.caseInsensitive ?? false,
+    matchTrailingSlash: route.matchTrailingSlash ?? defaults?.matchTrailingSlash ?? false,
     ...(route.host !== undefined ? { host: route.host.toLowerCase() } : {}),
     ...(route.path !== undefined ? { path: route.path } : {}),
     ...(route.pathPrefix !== undefined ? { pathPrefix: route.pathPrefix } : {}),
@@ -133,7 +137,7 @@ function routePattern (route: RouteConfig): RoutePattern {
  * keys), without opening pools or connections: `gateway validate` runs it, like `nginx -t`.
  */
 export async function checkCompiles (config: GatewayConfig): Promise<void> {
-  compileRouteTable(config.routes.map(routePattern))
+  compileRouteTable(config.routes.map(r => routePattern(r, config.routing)))
   compileClientIpResolver({ trustedProxies: config.trustedProxies ?? [], ipv6Prefix: config.ipv6Prefix ?? 64 })
   await compileIdentity(config.identity)
 }
@@ -150,8 +154,9 @@ function compileRoute (config: GatewayConfig, route: RouteConfig, pool: Upstream
     responseHeaders: headerRules(route.headers?.response)
   })
   return Object.freeze({
-    ...routePattern(route),
+    ...routePattern(route, config.routing),
     websocket: route.websocket === true,
+    allowPathParams: route.allowPathParams ?? config.routing?.allowPathParams ?? false,
     upstream: route.upstream,
     forward,
     limits: compileRouteLimitPlan(config, route)

@@ -70,6 +70,9 @@ export const routeSchema = z.strictObject({
   upstream: z.string(),
   stripPrefix: z.string().startsWith('/').optional(),
   websocket: z.boolean().optional(),
+  caseInsensitive: z.boolean().optional().describe('match the path ignoring case (/Admin is /admin); default routing.caseInsensitive'),
+  matchTrailingSlash: z.boolean().optional().describe('path: /a also matches /a/, pathPrefix: /a/ also matches /a; default routing.matchTrailingSlash'),
+  allowPathParams: z.boolean().optional().describe('accept ";" in the path (matrix/path parameters); otherwise 400; default routing.allowPathParams'),
   timeouts: z.strictObject({ response: duration.optional() }).optional(),
   maxBodySize: size.optional(),
   headers: z.strictObject({ request: headerRules.optional(), response: headerRules.optional() }).optional(),
@@ -125,6 +128,11 @@ export const configSchema = z.strictObject({
   trustedProxies: z.array(z.string()).optional().describe('CIDRs whose X-Forwarded-For is believed'),
   ipv6Prefix: z.int().min(1).max(128).optional().describe('IPv6 clients are limited per prefix; default 64'),
   legacyHeaders: z.boolean().optional().describe('also send X-RateLimit-Limit/Remaining/Reset'),
+  routing: z.strictObject({
+    caseInsensitive: z.boolean().optional().describe('default for every route; false'),
+    matchTrailingSlash: z.boolean().optional().describe('default for every route; false'),
+    allowPathParams: z.boolean().optional().describe('default for every route; false')
+  }).optional(),
   log: z.strictObject({ level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).optional() }).optional(),
   server: z.strictObject({
     headersTimeout: duration.optional(),
