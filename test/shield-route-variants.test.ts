@@ -5,7 +5,9 @@ import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { send } from './helpers/ratelimit.js'
 
-async function setup (t: Parameters<Parameters<typeof t.test>[1]>[0], adminRoute: string, extra = ''): Promise<(path: string) => Promise<string>> {
+interface Teardown { teardown: (fn: () => unknown) => void }
+
+async function setup (t: Teardown, adminRoute: string, extra = ''): Promise<(path: string) => Promise<string>> {
   const admin = await startUpstream(t, 'admin')
   const pub = await startUpstream(t, 'public')
   const gw = await startGateway(t, `
