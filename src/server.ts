@@ -72,6 +72,8 @@ export class Gateway {
   private readonly draining = new Set<Runtime>()
   private shuttingDown = false
   private readonly sockets = new Set<Socket>()
+  /** Per connection, requests whose response has not closed, and what to write once they all have. */
+  private readonly unanswered = new WeakMap<Socket, { count: number, then: (() => void) | null }>()
   /** HTTP requests whose response has not closed yet (WebSocket tunnels are not requests). */
   private inflight = 0
   private listenAddress = ''
@@ -160,7 +162,18 @@ export class Gateway {
     server.maxHeadersCount = s.maxHeadersCount + 1
     server.on('request', (req: IncomingMessage, res: ServerResponse) => {
       this.inflight++
-      res.once('close', () => { this.inflight-- })
+      const socket = req.socket
+      const open = this.unanswered.get(socket)
+      if (open === undefined) this.unanswered.set(socket, { count: 1, then: null })
+      else open.count++
+      res.once('close', () => {
+        this.inflight--
+        const left = this.unanswered.get(socket)
+        if (left !== undefined && --left.count === 0) {
+          this.unanswered.delete(socket)
+          left.then?.()
+        }
+      })
       handleRequest(req, res)
     })
     server.on('upgrade', createUpgradeHandler(this.state))
@@ -177,7 +190,12 @@ export class Gateway {
         : code === 'ERR_HTTP_REQUEST_TIMEOUT' ? [408, 'GW_ERR_BAD_REQUEST'] : [400, 'GW_ERR_BAD_REQUEST']
       // No request was parsed, so no id was given: one is made, as for every other error answer.
       const requestId = randomUUID()
-      writeRawError(socket, status, { error, message: code === '' ? 'bad request' : code, requestId }, requestId)
+      const answer = (): void => writeRawError(socket, status, { error, message: code === '' ? 'bad request' : code, requestId }, requestId)
+      // Pipelined requests before the malformed one are answered first, in order (RFC 9112 §9.3.2):
+      // the error waits for their responses instead of being written in the middle of them.
+      const open = this.unanswered.get(socket)
+      if (open === undefined) answer()
+      else open.then = answer
       // Counted and logged like any answered request: oversized headers and slowloris are worth seeing.
       this.metrics.request('-', '-', status, 0)
       this.logger.info({ requestId, ip: socket.remoteAddress, route: '-', status, error: code === '' ? 'bad_request' : code }, 'request')
