@@ -282,6 +282,7 @@ function finish (
       route,
       target: result?.target ?? undefined,
       status,
+      sentStatus: result?.sentStatus,
       durationMs: Math.round(seconds * 1e6) / 1e3,
       bytesIn: result?.bytesIn ?? 0,
       bytesOut: result?.bytesOut ?? 0,

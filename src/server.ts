@@ -13,6 +13,7 @@ import { createWebSocketProxy } from './proxy/websocket.js'
 import { GatewayMetrics } from './admin/metrics.js'
 import { createAdminServer } from './admin/admin-server.js'
 import { redactConfig } from './admin/redact.js'
+import { cutByShutdown } from './proxy/shutdown-cut.js'
 import { createLogger, type Logger, type LogLevel } from './log.js'
 import { writeRawError, type ErrorCode } from './errors.js'
 
@@ -72,6 +73,8 @@ export class Gateway {
   private readonly draining = new Set<Runtime>()
   private shuttingDown = false
   private readonly sockets = new Set<Socket>()
+  /** Responses not closed yet: told to close their connection when draining starts. */
+  private readonly responses = new Set<ServerResponse>()
   /** Per connection, requests whose response has not closed, and what to write once they all have. */
   private readonly unanswered = new WeakMap<Socket, { count: number, then: (() => void) | null }>()
   /** HTTP requests whose response has not closed yet (WebSocket tunnels are not requests). */
@@ -162,12 +165,17 @@ export class Gateway {
     server.maxHeadersCount = s.maxHeadersCount + 1
     server.on('request', (req: IncomingMessage, res: ServerResponse) => {
       this.inflight++
+      // While draining, every response says Connection: close, so keep-alive clients reconnect
+      // elsewhere instead of sending their next request to a gateway about to go.
+      if (this.shuttingDown) res.shouldKeepAlive = false
+      this.responses.add(res)
       const socket = req.socket
       const open = this.unanswered.get(socket)
       if (open === undefined) this.unanswered.set(socket, { count: 1, then: null })
       else open.count++
       res.once('close', () => {
         this.inflight--
+        this.responses.delete(res)
         const left = this.unanswered.get(socket)
         if (left !== undefined && --left.count === 0) {
           this.unanswered.delete(socket)
@@ -321,6 +329,7 @@ export class Gateway {
     const timeoutMs = this.runtime?.server.shutdownTimeoutMs ?? 10_000
     const server = this.server
     if (server !== null) {
+      for (const res of this.responses) if (!res.headersSent) res.shouldKeepAlive = false
       const closed = new Promise<void>(resolve => server.close(() => resolve()))
       server.closeIdleConnections()
       // The drain waits for HTTP requests only. server.close() alone would also wait for every open
@@ -335,6 +344,8 @@ export class Gateway {
       const deadline = new Promise<void>(resolve => setTimeout(resolve, timeoutMs).unref())
       await Promise.race([closed, requestsDone, deadline])
       clearInterval(idle)
+      // What is still running now is cut by the gateway: logged as shutting_down, not as 499.
+      for (const res of this.responses) cutByShutdown.add(res)
       server.closeAllConnections()
       for (const s of this.sockets) s.destroy()
     }

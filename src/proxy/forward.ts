@@ -7,6 +7,7 @@ import { stripPathPrefix } from './forward-path.js'
 import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
 import type { UpstreamPool, UpstreamTarget } from './upstream-pool.js'
 import { BodyBudget } from './body-budget.js'
+import { cutByShutdown } from './shutdown-cut.js'
 
 export type { HeaderRules } from './forward-headers.js'
 export type { ForwardErrorKind } from './upstream-errors.js'
@@ -90,6 +91,11 @@ export interface ForwardResult {
   bytesOut: number
   errorCode: ErrorCode | null
   errorKind: ForwardErrorKind | null
+  /**
+   * Set when the response failed after its headers went out (cut mid-body): the status those
+   * headers carried. `status` is then the failure's (502, 503, 504), so it counts as an error.
+   */
+  sentStatus?: number
   /** The failure as answered, with the undici error as `cause`; null on success and on client abort. */
   error: GatewayError | null
 }
@@ -443,11 +449,20 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
       this.plan.bodyBudget.release(this.heldBytes)
       this.heldBytes = 0
     }
+    // The connection was closed by the gateway's own shutdown, not by the client.
+    if (kind === 'client_abort' && cutByShutdown.has(this.res)) kind = 'shutting_down'
     const code = kind === null ? null : KIND_CODES[kind]
     let status = this.status
-    if (!this.responded) status = code === null ? (kind === 'client_abort' ? 499 : status) : ERRORS[code].status
+    let sentStatus: number | undefined
+    if (!this.responded) {
+      status = code === null ? (kind === 'client_abort' ? 499 : status) : ERRORS[code].status
+    } else if (code !== null) {
+      // Cut mid-body: the client got a 2xx head and half a body, which is a failure to count.
+      sentStatus = status
+      status = ERRORS[code].status
+    }
     try {
-      this.done({ status, target: this.target?.url ?? null, bytesIn: this.bytesIn, bytesOut: this.bytesOut, errorCode: code, errorKind: kind, error })
+      this.done({ status, target: this.target?.url ?? null, bytesIn: this.bytesIn, bytesOut: this.bytesOut, errorCode: code, errorKind: kind, error, ...(sentStatus !== undefined ? { sentStatus } : {}) })
     } catch (err) {
       // A throwing callback must not reach undici's socket handling; report it without crashing.
       process.emitWarning(err instanceof Error ? err : new Error(String(err)), 'GatewayForwardDoneError')
