@@ -15,7 +15,8 @@ const ANSWERS: Record<string, string> = {
   '/304': 'HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\nETag: "v1"\r\n\r\n',
   '/600': 'HTTP/1.1 600 Weird\r\nContent-Length: 2\r\n\r\nok',
   '/gzip-chunked': 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
-  '/ok': 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok'
+  '/ok': 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok',
+  '/continue': 'HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal'
 }
 
 async function rawUpstream (t: Teardown): Promise<string> {
@@ -53,6 +54,18 @@ t.test('an upstream 304 with Content-Length and no body is relayed as a 304', as
   t.equal(reply.headers.etag, '"v1"')
   t.match(gw.lines.find(l => l.msg === 'request' && l.path === '/304'), { status: 304, error: undefined }, 'logged as a success')
   t.equal((await rawRequest(gw.port, 'GET /ok HTTP/1.1\r\nHost: a\r\n')).status, 200, 'the next request is fine')
+})
+
+t.test('an upstream 100 Continue (even twice) then the final response: the final response is relayed', async t => {
+  const gw = await startGateway(t, config(await rawUpstream(t)))
+  const get = await rawRequest(gw.port, 'GET /continue HTTP/1.1\r\nHost: a\r\n')
+  t.equal(get.status, 200)
+  t.equal(get.body, 'final')
+  const post = await rawRequest(gw.port, 'POST /continue HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n', 'data')
+  t.equal(post.status, 200, 'with a request body too')
+  t.equal(post.body, 'final')
+  t.equal((await rawRequest(gw.port, 'GET /ok HTTP/1.1\r\nHost: a\r\n')).body, 'ok', 'the pooled connection still reads the next response right')
+  t.equal(gw.lines.filter(l => l.msg === 'request' && l.error !== undefined).length, 0, 'no error logged')
 })
 
 t.test('an invalid upstream status (600) or an unknown transfer coding gets 502, counted as an upstream error', async t => {
