@@ -7,6 +7,7 @@ import type { Duplex } from 'node:stream'
 import { randomUUID } from 'node:crypto'
 import { normalizePath } from './router/normalize-path.js'
 import { normalizeHost } from './router/route-table.js'
+import { checkRequestHead } from './router/request-head.js'
 import { looksLikeMisconfiguredProxy } from './identify/client-ip.js'
 import { forwardRequest, type ForwardContext, type ForwardErrorKind, type ForwardResult } from './proxy/forward.js'
 import type { createWebSocketProxy } from './proxy/websocket.js'
@@ -37,10 +38,12 @@ const REQUEST_ID_RE = /^[A-Za-z0-9._:@/+=-]{1,128}$/
 
 // What gateway_upstream_errors_total counts. A 413, a header undici refuses or a client that left
 // are the client's doing: counting them would page whoever watches the upstreams.
-const UPSTREAM_FAILURES: ReadonlySet<ForwardErrorKind> = new Set<ForwardErrorKind>(['refused', 'reset', 'connect_timeout', 'response_timeout', 'no_healthy'])
+const UPSTREAM_FAILURES: ReadonlySet<ForwardErrorKind> = new Set<ForwardErrorKind>(['refused', 'dns', 'bad_response', 'reset', 'connect_timeout', 'response_timeout', 'no_healthy'])
 
-function requestIdOf (req: IncomingMessage): string {
-  const given = req.headers['x-request-id']
+// A client-chosen id would let it forge or collide with other requests' log lines: only our own
+// proxies (trustedProxies) may hand one over.
+function requestIdOf (req: IncomingMessage, trustedPeer: boolean): string {
+  const given = trustedPeer ? req.headers['x-request-id'] : undefined
   return typeof given === 'string' && REQUEST_ID_RE.test(given) ? given : randomUUID()
 }
 
@@ -53,7 +56,7 @@ interface Admission {
   user: string | null
 }
 
-type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown>, ipKey: string }
+type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown>, headers?: ReadonlyArray<readonly [string, string]>, ipKey: string }
 
 function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage): Early {
   // The client IP comes first: a request that fails to route is still charged to its address.
@@ -67,6 +70,8 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
       state.logger.warn({ peer }, 'requests arrive with X-Forwarded-For from a private address but trustedProxies is empty: every client behind that proxy shares one IP limit')
     }
   }
+  const head = checkRequestHead(req, rt.server.maxHeadersCount)
+  if (head !== null) return { ok: false, code: head.code, extra: { reason: head.reason }, ipKey: client.key }
   const url = req.url ?? '/'
   let rawPath = url
   let query = ''
@@ -83,8 +88,17 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   }
   const normalized = normalizePath(rawPath)
   if (!normalized.ok) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: normalized.reason }, ipKey: client.key }
-  const route = rt.routes.match(normalizeHost(req.headers.host), req.method ?? 'GET', normalized.path)
-  if (route === null) return { ok: false, code: 'GW_ERR_NOT_FOUND', ipKey: client.key }
+  const host = normalizeHost(req.headers.host)
+  const route = rt.routes.match(host, req.method ?? 'GET', normalized.path)
+  if (route === null) {
+    // A route has this path but not this method: 405 with Allow (RFC 9110 §15.5.6), not 404.
+    const allow = rt.routes.allowedMethods(host, normalized.path)
+    if (allow !== null) return { ok: false, code: 'GW_ERR_METHOD_NOT_ALLOWED', headers: [['allow', allow.join(', ')]], ipKey: client.key }
+    return { ok: false, code: 'GW_ERR_NOT_FOUND', ipKey: client.key }
+  }
+  // Servlet containers and others strip ";params" from path segments: "/admin;x=1" would miss an
+  // "/admin" route here, fall through to a catch-all and be served as /admin upstream.
+  if (!route.allowPathParams && normalized.path.includes(';')) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: 'path parameters (";") are not allowed on this route (allowPathParams)' }, ipKey: client.key }
   return { ok: true, admission: { route, path: normalized.path + query, clientIp: client.ip, ipKey: client.key, user: null } }
 }
 
@@ -137,7 +151,8 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
     const started = process.hrtime.bigint()
     const rt = state.runtime
     rt.activity.inflight++
-    const requestId = requestIdOf(req)
+    const trustedPeer = rt.isTrustedPeer(req.socket.remoteAddress)
+    const requestId = requestIdOf(req, trustedPeer)
     const early = routeRequest(state, rt, req)
     const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
     if (shed !== null && shed.kind === 'reject') {
@@ -146,7 +161,7 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
       return
     }
     if (!early.ok) {
-      const sent = sendError(res, early.code, requestId, early.extra)
+      const sent = sendError(res, early.code, requestId, early.extra, early.headers)
       finish(state, rt, req, requestId, started, null, null, ERRORS[early.code].status, null, null, sent)
       return
     }
@@ -191,6 +206,7 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
         clientIp: a.clientIp,
         proto: state.proto,
         path: a.path,
+        trustedPeer,
         ...(v.headers !== null ? { extraResponseHeaders: v.headers } : {})
       }
       const go = (): void => {
@@ -227,7 +243,8 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
     const started = process.hrtime.bigint()
     const rt = state.runtime
     rt.activity.inflight++
-    const requestId = requestIdOf(req)
+    const trustedPeer = rt.isTrustedPeer(req.socket.remoteAddress)
+    const requestId = requestIdOf(req, trustedPeer)
     socket.on('error', () => socket.destroy())
     const fail = (status: number, payload: Record<string, unknown>, a: Admission | null, headers?: ReadonlyArray<readonly [string, string]>, outcome: string | null = null, limit: string | null = null): void => {
       const sent = writeRawError(socket, status, { ...payload, requestId }, requestId, headers)
@@ -240,7 +257,7 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
       return
     }
     if (!early.ok) {
-      fail(ERRORS[early.code].status, { error: early.code, message: ERRORS[early.code].message, ...early.extra }, null)
+      fail(ERRORS[early.code].status, { error: early.code, message: ERRORS[early.code].message, ...early.extra }, null, early.headers)
       return
     }
     const a = early.admission
@@ -269,7 +286,7 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
       if (v.kind === 'reject') return fail(v.status, { ...v.body }, a, v.headers, 'rejected', v.body.limit)
       if (v.kind === 'unavailable') return fail(503, { error: 'GW_ERR_LIMITER_UNAVAILABLE', message: ERRORS.GW_ERR_LIMITER_UNAVAILABLE.message }, a, undefined, 'limiter_unavailable')
       // Logged and counted once the handshake is decided: 101, or the refusal the client got.
-      const upgrade = (): void => state.ws.upgrade(req, socket, head, a.route.forward, { requestId, clientIp: a.clientIp, proto: state.proto, path: a.path }, (result) => {
+      const upgrade = (): void => state.ws.upgrade(req, socket, head, a.route.forward, { requestId, clientIp: a.clientIp, proto: state.proto, path: a.path, trustedPeer }, (result) => {
         if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
         if (result.status === 101 && !closed) {
           open = true
@@ -350,6 +367,7 @@ function finish (
       route,
       target: result?.target ?? undefined,
       status,
+      sentStatus: result?.sentStatus,
       durationMs: Math.round(seconds * 1e6) / 1e3,
       bytesIn: result?.bytesIn ?? 0,
       bytesOut: result?.bytesOut ?? ownBytes,

@@ -65,9 +65,20 @@ const routeConcurrencySchema = z.strictObject({
   route: inFlight.optional().describe('the route\'s total in flight, across all instances')
 })
 
+// RFC 9110 §5.1 (field-name = token) and §5.5 (field-value: no CR, LF or NUL; node:http also
+// refuses other controls). A rule breaking either would make every request on the route fail.
+const HEADER_NAME_RE = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
+const HEADER_NAME_MESSAGE = 'expected a header name (letters, digits and !#$%&\'*+.^_`|~-)'
+const headerName = z.string().regex(HEADER_NAME_RE, HEADER_NAME_MESSAGE)
+const headerValue = z.string().regex(/^[\t\x20-\x7e\x80-\xff]*$/, 'a header value cannot contain CR, LF, NUL or other control characters')
 const headerRules = z.strictObject({
-  set: z.record(z.string(), z.string()).optional(),
-  remove: z.array(z.string()).optional()
+  // Names checked here rather than as the record's key schema: zod would only say "Invalid key in record".
+  set: z.record(z.string(), headerValue).superRefine((rules, ctx) => {
+    for (const name of Object.keys(rules)) {
+      if (!HEADER_NAME_RE.test(name)) ctx.addIssue({ code: 'custom', message: HEADER_NAME_MESSAGE, path: [name] })
+    }
+  }).optional(),
+  remove: z.array(headerName).optional()
 })
 
 const target = z.union([httpUrl, z.strictObject({ url: httpUrl, weight: z.int().min(1).max(1000).optional() })])
@@ -93,6 +104,9 @@ export const routeSchema = z.strictObject({
   upstream: z.string(),
   stripPrefix: z.string().startsWith('/').optional(),
   websocket: z.boolean().optional(),
+  caseInsensitive: z.boolean().optional().describe('match the path ignoring case (/Admin is /admin); default routing.caseInsensitive'),
+  matchTrailingSlash: z.boolean().optional().describe('path: /a also matches /a/, pathPrefix: /a/ also matches /a; default routing.matchTrailingSlash'),
+  allowPathParams: z.boolean().optional().describe('accept ";" in the path (matrix/path parameters); otherwise 400; default routing.allowPathParams'),
   timeouts: z.strictObject({ response: duration.optional() }).optional(),
   maxBodySize: size.optional(),
   headers: z.strictObject({ request: headerRules.optional(), response: headerRules.optional() }).optional(),
@@ -164,6 +178,11 @@ export const configSchema = z.strictObject({
   trustedProxies: z.array(z.string()).optional().describe('CIDRs whose X-Forwarded-For is believed'),
   ipv6Prefix: z.int().min(1).max(128).optional().describe('IPv6 clients are limited per prefix; default 64'),
   legacyHeaders: z.boolean().optional().describe('also send X-RateLimit-Limit/Remaining/Reset'),
+  routing: z.strictObject({
+    caseInsensitive: z.boolean().optional().describe('default for every route; false'),
+    matchTrailingSlash: z.boolean().optional().describe('default for every route; false'),
+    allowPathParams: z.boolean().optional().describe('default for every route; false')
+  }).optional(),
   log: z.strictObject({
     level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).optional(),
     redactQuery: z.array(z.string().min(1)).optional().describe('query parameters whose values the access log shows as [redacted]; default token, key, api_key, password, secret, signature; [] logs every query as sent')
@@ -173,11 +192,14 @@ export const configSchema = z.strictObject({
     requestTimeout: duration.optional(),
     keepAliveTimeout: duration.optional(),
     maxHeaderSize: z.int().min(1024).max(1048576).optional(),
+    maxHeadersCount: z.int().min(8).max(10000).optional().describe('more header fields than this get 431; default 100'),
     shutdownTimeout: duration.optional(),
     bufferBodies: size.optional().describe('request bodies up to this size are read whole before an upstream connection is taken; 0 streams every body; default 1mb'),
     bufferBodiesTotal: size.optional().describe('gateway-wide cap on bytes held by bufferBodies; beyond it bodies stream; default 64mb'),
     clientBodyTimeout: duration.optional().describe('longest pause between two reads of a request body; default 60s'),
-    sendTimeout: duration.optional().describe('longest a response write may wait for the client to read; default 60s')
+    sendTimeout: duration.optional().describe('longest a response write may wait for the client to read; default 60s'),
+    websocketIdleTimeout: duration.optional().describe('a WebSocket tunnel with no traffic either way for this long is closed; default 5m'),
+    maxWebSockets: z.int().positive().optional().describe('open WebSocket tunnels, gateway-wide; an upgrade beyond it gets 503; default 10000')
   }).optional(),
   tls: z.strictObject({ cert: z.string(), key: z.string() }).optional(),
   redis: redisSchema.optional(),
