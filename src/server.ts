@@ -206,6 +206,10 @@ export class Gateway {
     })
     server.on('clientError', (err: NodeJS.ErrnoException, socket: Socket) => {
       if (!socket.writable) return socket.destroy()
+      // The client closed its side mid-request (EOF inside a body) or reset: nobody is left to read
+      // an answer. Destroying the socket closes the request in flight, which is then logged as a
+      // client abort and gives back what it held (concurrency leases, buffer budget).
+      if (err.code === 'HPE_INVALID_EOF_STATE' || err.code === 'ECONNRESET') return socket.destroy()
       // 431 for oversized headers (RFC 6585 §5), 408 for a header timeout, else 400; always JSON
       const code = err.code ?? ''
       const [status, error]: [number, ErrorCode] = code === 'HPE_HEADER_OVERFLOW'

@@ -148,7 +148,7 @@ routes:
   t.equal(body.generation, 1)
   t.match(body.hash, /^[0-9a-f]{64}$/)
   t.equal(body.config.routes[0]?.name, 'api', 'the rest of the config is shown')
-  t.equal(body.config.routes[0]?.headers.request.set['x-env'], 'prod', 'harmless header values are shown')
+  t.equal(body.config.routes[0]?.headers.request.set['x-env'], '[redacted]', 'every header-rule value is redacted, whatever its name (issue 15 item 6)')
   t.match(body.config.redis.url, /^redis:\/\/.*@127\.0\.0\.1:\d+$/, 'the URL is shown without its credentials')
   t.equal(upstream.log.length, 10)
 })
