@@ -8,7 +8,7 @@ import { dimensionValue, keyFor, type PlannedLimit, type RouteLimitPlan } from '
 import type { DenyCache, LocalLevel } from './local-level.js'
 import type { RedisGuard } from './redis-guard.js'
 import type { LimitLevel, Telemetry } from '../telemetry.js'
-import { calendarPeriod } from './algorithms/calendar-quota.js'
+import { calendarPeriod, quotaOffsetSeconds } from './algorithms/calendar-quota.js'
 
 export type HeaderList = Array<[string, string]>
 
@@ -194,7 +194,7 @@ function appendQuota (headers: HeaderList, limits: readonly PlannedLimit[], rema
     if (l.dimension !== 'quota') continue
     const remaining = remainings[i]
     if (remaining === undefined || remaining < 0) return
-    const { end } = calendarPeriod(l.spec.windowMs, Date.now() * 1000)
+    const { end } = calendarPeriod(l.spec.windowMs, Date.now() * 1000, quotaOffsetSeconds(l.spec.maxDelayMs))
     const t = Math.max(0, end - Math.floor(Date.now() / 1000))
     ;(headers[0] as [string, string])[1] += `, ${l.policy}`
     ;(headers[1] as [string, string])[1] += `, "${l.name}";r=${remaining};t=${t}`
