@@ -63,11 +63,6 @@ export class Limiter {
     return this.reject(429, 'local', LOCAL_LIMIT, local.options.limit, wait, local.policy, 0, wait)
   }
 
-  /** The in-process shared store (no Redis configured), or null: the admin API reads and resets it. */
-  get memory (): MemoryStore | null {
-    return this.options.memory
-  }
-
   /** ms left on this instance's deny-cache entry for `check` (admin API), 0 when none. */
   denied (check: LimitCheck): number {
     return this.options.deny.remaining(denyKey(check), performance.now())
