@@ -4,8 +4,10 @@
 -- Returns: nothing; registers ALGORITHMS[7].
 -- The period is named by the check's windowMs: 3600000 hour, 86400000 day, 604800000 week,
 -- 2678400000 month (its longest length). Dates use integer arithmetic only (Howard Hinnant's
--- days_from_civil / civil_from_days): Redis Lua has no os.date.
--- State: HASH { w = period start in Unix seconds, c = units admitted in it }. As in
+-- days_from_civil / civil_from_days): Redis Lua has no os.date. maxDelayMs carries the clock's
+-- UTC offset (quotaTimezone; 0 = UTC), see cq_read.
+-- State: HASH { w = period start in seconds of the quota's clock (Unix seconds for UTC), c = units
+-- admitted in it }. As in
 -- fixed-window.lua the period is stored: decisions never depend on when the key expires.
 
 local function cq_days_from_civil (y, m, d)
@@ -33,9 +35,8 @@ local function cq_civil_from_days (days)
   return y, m
 end
 
--- start and end (exclusive) in Unix seconds of the period holding `now` (µs)
-local function cq_period (window_ms, now)
-  local s = floor(now / 1000000)
+-- start and end (exclusive) of the period holding `s`, all in seconds of the same (local) clock
+local function cq_period (window_ms, s)
   local d = floor(s / 86400)
   if window_ms == 3600000 then
     local start = floor(s / 3600) * 3600
@@ -53,19 +54,25 @@ local function cq_period (window_ms, now)
   return cq_days_from_civil(y, m, 1) * 86400, nxt * 86400
 end
 
+-- The clock the periods follow, in seconds east of UTC: maxDelayMs carries it for a quota
+-- (0 = UTC, otherwise minutes + 1440; the gateway updates it as the zone's offset changes).
+-- Periods are identified by their start on that local clock, so a DST change within a month
+-- does not change the month's identity.
 local function cq_read (key, p, now)
-  local start, stop = cq_period(p.window_ms, now)
+  local off = 0
+  if p.max_delay_ms ~= 0 then off = (p.max_delay_ms - 1440) * 60 end
+  local start, stop = cq_period(p.window_ms, floor(now / 1000000) + off)
   local s = redis.call('HMGET', key, 'w', 'c')
   local sw, cur = tonumber(s[1]), 0
   local period = start
   -- A stored period ahead of now: the clock stepped back; keep counting in that later period.
   if sw and sw > start then
     period = sw
-    local _, later_stop = cq_period(p.window_ms, sw * 1000000)
+    local _, later_stop = cq_period(p.window_ms, sw)
     stop = later_stop
   end
   if sw == period then cur = tonumber(s[2]) or 0 end
-  return period, cur, stop * 1000000 - now
+  return period, cur, (stop - off) * 1000000 - now
 end
 
 local function cq_check (key, p, now)

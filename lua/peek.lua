@@ -8,7 +8,7 @@
 -- ARGV[2]  unused (kept so ARGV lines up with limit.lua).
 -- ARGV[2 + i]  check i as in limit.lua ("code,limit,windowMs,burst,cost,maxDelayMs").
 -- Returns: a flat array, three integers per check: remaining (units left now, before a request),
---          resetMs (until the budget is whole again), retryAfterMs (0 when a request of the check's
+--          resetMs (until the budget is whole again; 0 when it is whole now), retryAfterMs (0 when a request of the check's
 --          cost would pass now, -1 never).
 
 local now = read_clock(ARGV[1])
@@ -24,13 +24,15 @@ for i = 1, n do
     return redis.error_reply('ERR peek.lua: bad check parameters ' .. tostring(ARGV[2 + i]))
   end
   local r = algorithm.check(KEYS[i], p, now)
-  local remaining, retry = max(0, r.remaining), 0
-  -- an admitting check's remaining counts the request it evaluated: add it back
-  if r.ok then remaining = r.remaining + p.cost
+  local remaining, retry, reset = max(0, r.remaining), 0, ms_up(r.reset)
+  -- an admitting check's remaining and reset count the request it evaluated: take it back out
+  if r.ok then
+    remaining = r.remaining + p.cost
+    if remaining >= p.burst then reset = 0 end
   elseif r.retry < 0 then retry = -1
   else retry = max(1, ms_up(r.retry)) end
   out[#out + 1] = remaining
-  out[#out + 1] = ms_up(r.reset)
+  out[#out + 1] = reset
   out[#out + 1] = retry
 end
 return out

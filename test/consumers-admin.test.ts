@@ -92,6 +92,7 @@ t.test('reset unblocks a client on both instances within 1 s (Redis keys, local 
   t.equal(callsAfter.evalsha ?? 0, callsBefore.evalsha ?? 0, 'no limit.lua call (EVALSHA) was made by the reads')
   t.ok((callsAfter.evalsha_ro ?? 0) + (callsAfter.eval_ro ?? 0) > (callsBefore.evalsha_ro ?? 0) + (callsBefore.eval_ro ?? 0), 'the reads ran read-only scripts')
   t.same((read1.json?.limits as LimitEntry[]).map(l => l.name), ['ip', 'identity.failures'], 'anonymous: the ip limit and the failed-identity budget')
+  t.match(entry(read1, 'identity.failures'), { remaining: 10, resetMs: 0, retryAfterMs: 0 }, 'an untouched budget: whole, nothing to wait for')
 
   const noToken = await admin(limitsUrl(a), 'DELETE')
   t.equal(noToken.status, 401)
@@ -196,4 +197,20 @@ t.test('gateway limits get|reset calls the admin API', async t => {
   t.match(fromFile.stdout, /reset ip, identity\.failures/, 'admin address and token from the file')
   const withOption = await run(process.execPath, ['bin/gateway', 'limits', 'get', '--route', 'api', '--ip', '127.0.0.1', '--admin', adminAddr, '--token', TOKEN, '--json'])
   t.equal((JSON.parse(withOption.stdout) as { limits: LimitEntry[] }).limits[0]?.remaining, 3, '--json prints the answer; the reset gave the whole budget back')
+})
+
+t.test('without Redis: GET /limits reads the in-process store, DELETE /limits resets it', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, WITH_TOKEN).replace(/^redis: .*\n/m, ''), { ADMIN_TOKEN: TOKEN })
+  for (let i = 0; i < 3; i++) t.equal((await send(`${gw.url}/x`)).status, 200)
+  t.equal((await send(`${gw.url}/x`)).json?.limit, 'ip')
+  const url = `${gw.adminUrl}/limits?route=api&ip=127.0.0.1`
+  const read = await admin(url)
+  t.match(entry(read, 'ip'), { remaining: 0, key: /^gw:\*\.ip\..*:127\.0\.0\.1$/ })
+  t.equal(entry(await admin(url), 'ip').remaining, 0, 'reading consumed nothing')
+  const reset = await admin(url, 'DELETE', TOKEN)
+  t.equal(reset.status, 200)
+  t.equal(reset.json?.instances, 1)
+  t.equal((await send(`${gw.url}/x`)).status, 200, 'admitted again')
+  t.equal(entry(await admin(url), 'ip').remaining, 2, 'a whole budget minus the request just admitted')
 })

@@ -56,6 +56,7 @@ t.test('on Redis Cluster: quota exact, GET /limits reads every slot without cons
   const quota = limits.find(l => l.name === 'metered:quota')
   t.equal(quota?.remaining, 0)
   t.equal(limits.find(l => l.name === 'metered:user')?.remaining, 97, 'the user log holds only the 3 admitted requests')
+  t.match(limits.find(l => l.name === 'identity.failures'), { remaining: 10, resetMs: 0 }, 'an untouched budget is whole')
   const again = await send(url)
   t.same((again.json?.limits as typeof limits).map(l => l.remaining), limits.map(l => l.remaining), 'reading consumed nothing')
 

@@ -11,7 +11,7 @@ import { compileRouteLimitPlan, keyFor, type PlannedLimit } from '../src/limit/p
 import { createRedisStore } from '../src/limit/redis-store.js'
 import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import { createMemoryStore } from '../src/limit/memory-store.js'
-import { calendarPeriod, PERIOD_WINDOW_MS, type QuotaPeriod } from '../src/limit/algorithms/calendar-quota.js'
+import { calendarPeriod, PERIOD_WINDOW_MS, utcOffsetMinutes, type QuotaPeriod } from '../src/limit/algorithms/calendar-quota.js'
 import type { LimitCheck, LimitStore } from '../src/limit/types.js'
 import { prng } from './helpers/prng.js'
 
@@ -64,8 +64,8 @@ t.test('quota exactness in process (no Redis): 200 concurrent requests, exactly 
 })
 
 /** The quota check of consumer `who` compiled from a real config, for `period`. */
-function quotaCheck (period: QuotaPeriod, limit: number, who: string): { check: LimitCheck, planned: PlannedLimit } {
-  const loaded = parseConfigText(`identity: { header: x-user }
+function quotaCheck (period: QuotaPeriod, limit: number, who: string, zone?: string): { check: LimitCheck, planned: PlannedLimit } {
+  const loaded = parseConfigText(`identity: { header: x-user }${zone === undefined ? '' : `\nquotaTimezone: ${zone}`}
 plans:
   p: { limits: { quota: { limit: ${limit}, period: ${period} } } }
 defaultPlan: p
@@ -166,4 +166,57 @@ t.test('lua/calendar-quota.lua and its TypeScript twin decide identically on ran
     }
   }
   t.equal(compared, 240)
+})
+
+t.test('quotaTimezone: offsets follow the zone, including DST', async t => {
+  t.equal(utcOffsetMinutes('Europe/Berlin', Date.parse('2026-01-15T12:00:00Z')), 60)
+  t.equal(utcOffsetMinutes('Europe/Berlin', Date.parse('2026-03-29T00:59:59.999Z')), 60, 'just before the switch to summer time')
+  t.equal(utcOffsetMinutes('Europe/Berlin', Date.parse('2026-03-29T01:00:00Z')), 120, 'at the switch')
+  t.equal(utcOffsetMinutes('America/New_York', Date.parse('2026-07-01T00:00:00Z')), -240)
+  t.equal(utcOffsetMinutes('Pacific/Kiritimati', Date.parse('2026-07-01T00:00:00Z')), 840)
+  const { planned } = quotaCheck('day', 2, 'x', 'Europe/Berlin')
+  t.equal(planned.spec.maxDelayMs, utcOffsetMinutes('Europe/Berlin', Date.now()) + 1440, 'a compiled quota carries the zone\'s current offset')
+  t.equal(planned.spec.id, 'quota.day.Europe/Berlin', 'zoned periods have keys of their own')
+})
+
+t.test('quotaTimezone: a Berlin month keeps its count across the DST change and rolls over at local midnight, Redis and in process', async t => {
+  await client.flushall()
+  const redisClient = createRedisClient({ url: redis.url })
+  t.teardown(() => redisClient.disconnect())
+  await whenReady(redisClient, 5000)
+  let now = 0
+  const stores: Array<[string, LimitStore]> = [
+    ['redis', createRedisStore({ client: redisClient, nowUs: () => now })],
+    ['memory', createMemoryStore({ maxKeys: 100, now: () => now })]
+  ]
+  for (const [name, store] of stores) {
+    const { check, planned } = quotaCheck('month', 2, `berlin-${name}`, 'Europe/Berlin')
+    // the spec as the gateway would build it at each instant (the offset in force then)
+    const at = (iso: string): LimitCheck => {
+      now = us(iso)
+      return { ...check, spec: { ...planned.spec, maxDelayMs: utcOffsetMinutes('Europe/Berlin', Date.parse(iso)) + 1440 } }
+    }
+    t.ok((await store.decide([at('2026-02-28T23:30:00Z')], 'a')).allowed, `${name}: 00:30 on March 1st in Berlin is March`)
+    const second = await store.decide([at('2026-03-30T12:00:00Z')], 'b')
+    t.same([second.allowed, second.remaining], [true, 0], `${name}: after the switch to summer time, the same month: the count carries on`)
+    const third = await store.decide([at('2026-03-31T21:59:59Z')], 'c')
+    t.notOk(third.allowed, `${name}: still March in Berlin`)
+    t.equal(third.retryAfterMs, 1000, `${name}: Retry-After runs to April 1st, 00:00 in Berlin (22:00 UTC)`)
+    t.ok((await store.decide([at('2026-03-31T22:00:00Z')], 'd')).allowed, `${name}: April in Berlin: a new quota`)
+  }
+})
+
+t.test('quotaTimezone through HTTP: Retry-After runs to the zone\'s midnight; an unknown zone is a located error', async t => {
+  await client.flushall()
+  const up = await startUpstream(t)
+  const yaml = config(up.url, `redis: { url: ${redis.url}, timeout: 5s, onError: deny }\nquotaTimezone: Pacific/Kiritimati`).replace('limit: 50, period: day', 'limit: 1, period: day')
+  const gw = await startGateway(t, yaml)
+  t.equal((await send(`${gw.url}/x`, { headers: { 'x-api-key': 'k-1' } })).status, 200)
+  const over = await send(`${gw.url}/x`, { headers: { 'x-api-key': 'k-1' } })
+  t.equal(over.status, 429)
+  const offset = 14 * 3600
+  const nowS = Math.floor(Date.now() / 1000)
+  const toLocalMidnight = 86400 - (nowS + offset) % 86400
+  t.ok(Math.abs(Number(over.headers['retry-after']) - toLocalMidnight) <= 2, `Retry-After ${String(over.headers['retry-after'])} ~ ${toLocalMidnight} s to midnight at UTC+14`)
+  t.throws(() => parseConfigText(yaml.replace('Pacific/Kiritimati', 'Mars/Olympus'), 'gateway.yaml'), { message: /^gateway\.yaml:\d+:16 quotaTimezone: unknown time zone "Mars\/Olympus"/ })
 })

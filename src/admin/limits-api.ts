@@ -11,8 +11,8 @@ import { adminToken } from '../config/schema.js'
 import type { CompiledRoute, Runtime } from '../config/compile.js'
 import { ERRORS, type ErrorCode } from '../errors.js'
 import { buildChecks, denyKey } from '../limit/limiter.js'
-import { limitsFor, type PlannedLimit } from '../limit/plan.js'
-import { calendarPeriod } from '../limit/algorithms/calendar-quota.js'
+import { keyFor, limitsFor, type PlannedLimit } from '../limit/plan.js'
+import { calendarPeriod, quotaOffsetSeconds } from '../limit/algorithms/calendar-quota.js'
 import type { PeekResult } from '../limit/memory-store.js'
 import type { ResetMessage } from '../limit/limit-admin.js'
 import type { LimitCheck } from '../limit/types.js'
@@ -166,14 +166,14 @@ export function createLimitsApi (deps: LimitsApiDeps, json: Json): (req: Incomin
     }
     let quotaView: Record<string, unknown> | null = null
     if (quota !== null) {
-      const check: LimitCheck = { key: quota.keyBase + name, spec: quota.spec, cost: quota.cost }
+      const check: LimitCheck = { key: keyFor(quota.keyBase, name), spec: quota.spec, cost: quota.cost }
       let p: PeekResult
       try {
         p = (await deps.peek(rt, [check]))[0] as PeekResult
       } catch (err) {
         return unavailable(res, err)
       }
-      const { end } = calendarPeriod(quota.spec.windowMs, Date.now() * 1000)
+      const { end } = calendarPeriod(quota.spec.windowMs, Date.now() * 1000, quotaOffsetSeconds(quota.spec.maxDelayMs))
       quotaView = { name: quota.name, limit: quota.spec.limit, period: periodName(quota.spec.windowMs), used: quota.spec.limit - p.remaining, remaining: p.remaining, resetsAt: new Date(end * 1000).toISOString(), key: check.key }
     }
     json(res, 200, { consumer: name, plan, planFrom: entry !== undefined ? 'consumers' : plan !== null ? 'defaultPlan' : null, routes, quota: quotaView })

@@ -8,6 +8,7 @@ import { LineCounter, parseDocument, isMap, isSeq, isScalar, type Document, type
 import { dirname, resolve } from 'node:path'
 import { adminListen, configSchema, gatewayJsonSchema, BUCKET_ALGORITHMS, type GatewayConfig, type LimitConfig } from './schema.js'
 import { compileLimitSpec } from '../limit/plan.js'
+import { utcOffsetMinutes } from '../limit/algorithms/calendar-quota.js'
 import { validateLimitSpec } from '../limit/algorithms/index.js'
 import ipaddr from 'ipaddr.js'
 import { parseDuration } from './units.js'
@@ -394,6 +395,13 @@ function planChecks (config: GatewayConfig): Array<[KeyPath, string]> {
     if (!Object.hasOwn(plans, c.plan)) out.push([['consumers', name, 'plan'], unknownPlan(c.plan)])
   }
   if (config.defaultPlan !== undefined && !Object.hasOwn(plans, config.defaultPlan)) out.push([['defaultPlan'], unknownPlan(config.defaultPlan)])
+  if (config.quotaTimezone !== undefined) {
+    try {
+      utcOffsetMinutes(config.quotaTimezone, Date.now())
+    } catch {
+      out.push([['quotaTimezone'], `unknown time zone "${config.quotaTimezone}" (expected an IANA name such as Europe/Berlin)`])
+    }
+  }
   const routeNames = new Set(config.routes.map(r => r.name))
   for (const [name, plan] of Object.entries(plans)) {
     if (plan.limits?.user !== undefined) out.push(...checkLimit(plan.limits.user, ['plans', name, 'limits', 'user']))

@@ -225,11 +225,9 @@ export class ResourceCache {
    */
   async resetLimits (config: GatewayConfig, message: ResetMessage): Promise<{ deleted: number, instances: number | null }> {
     if (config.redis === undefined) {
-      const store = this.memoryStore(config)
-      const deleted = message.keys.length
+      // one instance, one in-process store: applyReset forgets the keys there
       this.applyReset(message)
-      for (const k of message.keys) store.forget(k)
-      return { deleted, instances: 1 }
+      return { deleted: message.keys.length, instances: 1 }
     }
     const bundle = this.redis.get(redisConnectionKey(config.redis))
     if (bundle === undefined) throw new Error('Redis is not connected')

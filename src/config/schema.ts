@@ -213,6 +213,7 @@ export const configSchema = z.strictObject({
   limits: z.strictObject({ global: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional(),
   consumers: z.record(z.string().min(1).max(256), z.strictObject({ plan: z.string() })).optional(),
   defaultPlan: z.string().optional().describe('plan of identified consumers without an entry; anonymous requests have no plan'),
+  quotaTimezone: z.string().optional().describe('IANA time zone (e.g. Europe/Berlin) whose calendar quota periods follow; default UTC'),
   plans: z.record(z.string().regex(PLAN_NAME_RE, 'expected a plan name of letters, digits, "_" or "-"'), planSchema).optional(),
   concurrency: concurrencySchema.optional().describe('gateway-wide: at most N requests in flight per client, across all instances'),
   upstreams: z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/), upstreamSchema),

@@ -8,7 +8,7 @@ import { dimensionValue, keyFor, type PlannedLimit, type RouteLimitPlan } from '
 import type { DenyCache, LocalLevel } from './local-level.js'
 import type { RedisGuard } from './redis-guard.js'
 import type { LimitLevel, Telemetry } from '../telemetry.js'
-import { calendarPeriod } from './algorithms/calendar-quota.js'
+import { calendarPeriod, quotaOffsetSeconds } from './algorithms/calendar-quota.js'
 import type { HeldLease, LeaseKeeper } from './concurrency.js'
 
 export type HeaderList = Array<[string, string]>
@@ -64,11 +64,6 @@ export class Limiter {
     if (wait === 0) return null
     this.options.telemetry.limitDecision(route, 'local', LOCAL_LIMIT, 'local', 'rejected')
     return this.reject(429, 'local', LOCAL_LIMIT, local.options.limit, wait, local.policy, 0, wait)
-  }
-
-  /** The in-process shared store (no Redis configured), or null: the admin API reads and resets it. */
-  get memory (): MemoryStore | null {
-    return this.options.memory
   }
 
   /** ms left on this instance's deny-cache entry for `check` (admin API), 0 when none. */
@@ -231,7 +226,7 @@ function appendQuota (headers: HeaderList, limits: readonly PlannedLimit[], rema
     if (l.dimension !== 'quota') continue
     const remaining = remainings[i]
     if (remaining === undefined || remaining < 0) return
-    const { end } = calendarPeriod(l.spec.windowMs, Date.now() * 1000)
+    const { end } = calendarPeriod(l.spec.windowMs, Date.now() * 1000, quotaOffsetSeconds(l.spec.maxDelayMs))
     const t = Math.max(0, end - Math.floor(Date.now() / 1000))
     ;(headers[0] as [string, string])[1] += `, ${l.policy}`
     ;(headers[1] as [string, string])[1] += `, "${l.name}";r=${remaining};t=${t}`

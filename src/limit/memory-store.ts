@@ -134,7 +134,10 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
       // the same arithmetic as lua/peek.lua
       return checks.map((c) => {
         const ev = ALGORITHMS[c.spec.algorithm].check(cache.get(c.key), c.spec, c.cost, t)
-        if (ev.ok) return { remaining: ev.remaining + c.cost, resetMs: msUp(ev.resetUs), retryAfterMs: 0 }
+        if (ev.ok) {
+          const remaining = ev.remaining + c.cost
+          return { remaining, resetMs: remaining >= c.spec.burst ? 0 : msUp(ev.resetUs), retryAfterMs: 0 }
+        }
         return { remaining: Math.max(0, ev.remaining), resetMs: msUp(ev.resetUs), retryAfterMs: ev.retryUs < 0 ? -1 : Math.max(1, msUp(ev.retryUs)) }
       })
     },

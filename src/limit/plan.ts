@@ -6,7 +6,7 @@ import { BUCKET_ALGORITHMS } from '../config/schema.js'
 import { parseDuration } from '../config/units.js'
 import type { AlgorithmName, LimitCheck, LimitSpec } from './types.js'
 import { escapeKeyValue } from './keys.js'
-import { PERIOD_WINDOW_MS } from './algorithms/calendar-quota.js'
+import { PERIOD_WINDOW_MS, utcOffsetMinutes } from './algorithms/calendar-quota.js'
 
 // The scope of gateway-wide limits in their ids: "*" cannot be a route name (schema), so a route
 // can never share a gateway-wide limit's keys by being named like its scope.
@@ -134,24 +134,45 @@ const policyOf = (name: string, limit: number, windowMs: number): string => `"${
 /**
  * A plan's quota (issue 9): keyed by consumer and period only, so a consumer moving between plans
  * with the same period keeps what it used, and a changed quota limit keeps the period's count.
+ * With `quotaTimezone` the spec carries the zone's current UTC offset (lua/calendar-quota.lua): it
+ * is re-read at the first use in every minute, and DST changes happen on whole minutes, so every
+ * decision uses the offset in force at that minute.
  */
 function planQuota (config: GatewayConfig, plan: string, quota: QuotaConfig, keyPrefix: string): PlannedLimit {
   const windowMs = PERIOD_WINDOW_MS[quota.period]
-  const spec = Object.freeze({ id: `quota.${quota.period}`, algorithm: 'calendar-quota' as const, limit: quota.limit, windowMs, burst: quota.limit, maxDelayMs: 0 })
+  const zone = config.quotaTimezone
+  const id = zone === undefined ? `quota.${quota.period}` : `quota.${quota.period}.${zone}`
+  const specAt = (offsetMin: number): LimitSpec => Object.freeze({ id, algorithm: 'calendar-quota' as const, limit: quota.limit, windowMs, burst: quota.limit, maxDelayMs: zone === undefined ? 0 : offsetMin + 1440 })
+  let current = specAt(0)
+  let minute = -Infinity
   const name = `${plan}:quota`
-  return Object.freeze({
+  const planned = {
     name,
-    dimension: 'quota',
-    spec,
+    dimension: 'quota' as const,
     cost: quota.cost ?? 1,
     shadow: false,
     status: quota.status ?? 429,
     onError: quota.onError ?? config.redis?.onError ?? 'local',
     concurrency: false,
-    keyBase: `${keyPrefix}:${spec.id}:`,
+    keyBase: `${keyPrefix}:${id}:`,
     policy: policyOf(name, quota.limit, windowMs),
     fixedCheck: null
+  }
+  if (zone === undefined) return Object.freeze({ ...planned, spec: current })
+  Object.defineProperty(planned, 'spec', {
+    enumerable: true,
+    get (): LimitSpec {
+      const now = Date.now()
+      const m = Math.floor(now / 60_000)
+      if (m !== minute) {
+        minute = m
+        const offset = utcOffsetMinutes(zone, now)
+        if (current.maxDelayMs !== offset + 1440) current = specAt(offset)
+      }
+      return current
+    }
   })
+  return Object.freeze(planned) as PlannedLimit
 }
 
 /**

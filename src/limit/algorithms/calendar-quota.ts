@@ -37,9 +37,16 @@ export function civilFromDays (days: number): { year: number, month: number } {
   return { year: yoe + era * 400 + (month <= 2 ? 1 : 0), month }
 }
 
-/** Start and end (exclusive), in Unix seconds, of the UTC period holding `nowUs`. */
-export function calendarPeriod (windowMs: number, nowUs: number): { start: number, end: number } {
-  const s = Math.floor(nowUs / 1_000_000)
+/**
+ * The UTC offset a calendar quota is counted in, in seconds, from its spec's `maxDelayMs` (which
+ * has no other use for a quota): 0 = UTC, otherwise minutes east of UTC + 1440 (see quotaSpec).
+ */
+export function quotaOffsetSeconds (maxDelayMs: number): number {
+  return maxDelayMs === 0 ? 0 : (maxDelayMs - 1440) * 60
+}
+
+/** Start and end (exclusive) of the period holding `s`, all in seconds of the same (local) clock. */
+export function localPeriod (windowMs: number, s: number): { start: number, end: number } {
   const d = Math.floor(s / DAY_S)
   switch (windowMs) {
     case PERIOD_WINDOW_MS.hour: {
@@ -61,15 +68,39 @@ export function calendarPeriod (windowMs: number, nowUs: number): { start: numbe
   }
 }
 
+/** Start and end (exclusive), in Unix seconds, of the period holding `nowUs`, on a clock `offsetS` east of UTC. */
+export function calendarPeriod (windowMs: number, nowUs: number, offsetS = 0): { start: number, end: number } {
+  const { start, end } = localPeriod(windowMs, Math.floor(nowUs / 1_000_000) + offsetS)
+  return { start: start - offsetS, end: end - offsetS }
+}
+
+const zoneFormats = new Map<string, Intl.DateTimeFormat>()
+
+/** Minutes east of UTC in `timeZone` (IANA name) at `atMs`; throws RangeError for an unknown zone. */
+export function utcOffsetMinutes (timeZone: string, atMs: number): number {
+  let f = zoneFormats.get(timeZone)
+  if (f === undefined) {
+    f = new Intl.DateTimeFormat('en-US', { timeZone, hourCycle: 'h23', year: 'numeric', month: 'numeric', day: 'numeric', hour: 'numeric', minute: 'numeric', second: 'numeric' })
+    zoneFormats.set(timeZone, f)
+  }
+  const parts: Record<string, number> = {}
+  for (const p of f.formatToParts(atMs)) if (p.type !== 'literal') parts[p.type] = Number(p.value)
+  const local = Date.UTC(parts.year as number, (parts.month as number) - 1, parts.day, parts.hour, parts.minute, parts.second)
+  return Math.round((local - Math.floor(atMs / 1000) * 1000) / 60_000)
+}
+
 export const calendarQuota: AlgorithmTwin = {
   name: 'calendar-quota',
   check (state, spec, cost, now) {
-    const { start, end } = calendarPeriod(spec.windowMs, now)
+    // Periods are identified by their start on the local clock: a DST change within a month does
+    // not move the month's identity, so its count carries on.
+    const offsetS = quotaOffsetSeconds(spec.maxDelayMs)
+    const { start, end } = localPeriod(spec.windowMs, Math.floor(now / 1_000_000) + offsetS)
     const stored = state?.kind === 'calendar-quota' ? state : undefined
     // A stored period ahead of now: the clock stepped back; keep counting in the later period.
     const period = Math.max(start, stored?.period ?? -Infinity)
     const count = stored !== undefined && stored.period === period ? stored.count : 0
-    const toEnd = (period === start ? end : calendarPeriod(spec.windowMs, period * 1_000_000).end) * 1_000_000 - now
+    const toEnd = ((period === start ? end : localPeriod(spec.windowMs, period).end) - offsetS) * 1_000_000 - now
     if (cost <= spec.limit && count + cost <= spec.limit) {
       return admitted(spec.limit - count - cost, toEnd, 0,
         () => ({ state: { kind: 'calendar-quota', period, count: count + cost }, ttlUs: toEnd }))
