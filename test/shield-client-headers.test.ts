@@ -11,6 +11,7 @@ const FORGED = {
   'x-real-ip': '10.0.0.2',
   'true-client-ip': '10.0.0.3',
   'x-original-url': '/admin/secret',
+  'x-rewrite-url': '/admin/other',
   'x-kept': 'end-to-end'
 }
 
@@ -35,7 +36,7 @@ t.test('from an untrusted client: X-Request-Id is generated, Forwarded/X-Real-IP
   t.not(reply.headers['x-request-id'], 'forged-id-1', 'the client-chosen id is not echoed')
   t.match(reply.headers['x-request-id'], /^[0-9a-f-]{36}$/, 'a generated one is')
   t.equal(seen.headers['x-request-id'], reply.headers['x-request-id'], 'and forwarded')
-  for (const name of ['forwarded', 'x-real-ip', 'true-client-ip', 'x-original-url']) t.equal(seen.headers[name], undefined, `${name} removed`)
+  for (const name of ['forwarded', 'x-real-ip', 'true-client-ip', 'x-original-url', 'x-rewrite-url']) t.equal(seen.headers[name], undefined, `${name} removed`)
   t.equal(seen.headers['x-kept'], 'end-to-end', 'other headers pass')
   const line = gw.lines.find(l => l.msg === 'request' && l.path === '/x')
   t.equal(line?.requestId, reply.headers['x-request-id'], 'the access line has the generated id')

@@ -13,6 +13,7 @@ interface Teardown { teardown: (fn: () => unknown) => void }
 // Answers written byte for byte, by request path: what node:http would never send itself.
 const ANSWERS: Record<string, string> = {
   '/304': 'HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\nETag: "v1"\r\n\r\n',
+  '/204': 'HTTP/1.1 204 No Content\r\nContent-Length: 10\r\nX-Done: yes\r\n\r\n',
   '/600': 'HTTP/1.1 600 Weird\r\nContent-Length: 2\r\n\r\nok',
   '/gzip-chunked': 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
   '/ok': 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok',
@@ -47,12 +48,15 @@ routes:
 ${routes}
 `
 
-t.test('an upstream 304 with Content-Length and no body is relayed as a 304', async t => {
+t.test('an upstream 304 (or 204) with Content-Length and no body is relayed as is', async t => {
   const gw = await startGateway(t, config(await rawUpstream(t)))
   const reply = await rawRequest(gw.port, 'GET /304 HTTP/1.1\r\nHost: a\r\nIf-None-Match: "v1"\r\n')
   t.equal(reply.status, 304)
   t.equal(reply.headers.etag, '"v1"')
   t.match(gw.lines.find(l => l.msg === 'request' && l.path === '/304'), { status: 304, error: undefined }, 'logged as a success')
+  const noContent = await rawRequest(gw.port, 'GET /204 HTTP/1.1\r\nHost: a\r\n')
+  t.equal(noContent.status, 204, 'a 204 with Content-Length too')
+  t.equal(noContent.headers['x-done'], 'yes')
   t.equal((await rawRequest(gw.port, 'GET /ok HTTP/1.1\r\nHost: a\r\n')).status, 200, 'the next request is fine')
 })
 
