@@ -249,3 +249,34 @@ routes:
   await Promise.all(held)
   t.equal(await reader.zcard('bye:lease:bye.user:alice'), 0, 'no lease left behind (the TTL is 60 s)')
 })
+
+t.test('a reload that changes a cap keeps counting the leases already held', async t => {
+  const { writeConfig } = await import('./helpers/gateway.js')
+  const { Gateway } = await import('../src/server.js')
+  const { createLogger } = await import('../src/log.js')
+  const { writeFileSync } = await import('node:fs')
+  const { Writable } = await import('node:stream')
+  const up = await startUpstream(t)
+  const yaml = (cap: number): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+redis: { url: ${redis.url}, timeout: 2s, onError: deny, keyPrefix: rl }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: rl, pathPrefix: /, upstream: backend, concurrency: { user: ${cap} } }
+`
+  const file = writeConfig(t, yaml(1))
+  const gw = await Gateway.start({ configFile: file, logger: createLogger('info', new Writable({ write (_c, _e, cb) { cb() } })) })
+  t.teardown(() => gw.close())
+  const holding = send(`${gw.url}/slow?ms=2000`, ALICE)
+  await eventually('one lease held', async () => await liveLeases('rl:lease:rl.user:alice') === 1, 3000)
+  writeFileSync(file, yaml(2))
+  t.match(await gw.reload(), { ok: true })
+  const second = send(`${gw.url}/slow?ms=1000`, ALICE)
+  await eventually('two leases held', async () => await liveLeases('rl:lease:rl.user:alice') === 2, 3000)
+  const third = await send(`${gw.url}/x`, ALICE)
+  t.equal(third.json?.error, 'GW_ERR_CONCURRENCY_LIMITED', 'the lease taken before the reload still counts against the new cap of 2')
+  t.equal((await second).status, 200)
+  t.equal((await holding).status, 200)
+})
