@@ -280,3 +280,20 @@ routes:
   t.equal((await second).status, 200)
   t.equal((await holding).status, 200)
 })
+
+t.test('a route\'s per-IP cap; anonymous requests skip a user cap', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: perip, pathPrefix: /ip/, upstream: backend, stripPrefix: /ip, concurrency: { ip: 1 } }
+  - { name: peruser, pathPrefix: /user/, upstream: backend, stripPrefix: /user, concurrency: { user: 1 } }
+`)
+  const ip = await burst(3, `${gw.url}/ip/slow?ms=800`)
+  t.same(statusCounts(ip), { 200: 1, 429: 2 }, 'one in flight per IP on this route')
+  t.ok(ip.filter(r => r.status === 429).every(r => r.json?.limit === 'perip.concurrency.ip' && r.json.dimension === 'ip'))
+  t.same(statusCounts(await burst(3, `${gw.url}/user/slow?ms=300`)), { 200: 3 }, 'anonymous requests are not held to a user cap')
+})
