@@ -297,3 +297,26 @@ routes:
   t.ok(ip.filter(r => r.status === 429).every(r => r.json?.limit === 'perip.concurrency.ip' && r.json.dimension === 'ip'))
   t.same(statusCounts(await burst(3, `${gw.url}/user/slow?ms=300`)), { 200: 3 }, 'anonymous requests are not held to a user cap')
 })
+
+t.test('a concurrency refusal is not remembered: the moment a lease comes back, the client is admitted', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+local: { limit: 1000, window: 1s }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: nodeny, pathPrefix: /, upstream: backend, concurrency: { user: 1 } }
+`)
+  const holding = send(`${gw.url}/slow?ms=300`, ALICE)
+  await eventually('one in flight', async () => await metric(gw.adminUrl, 'gateway_inflight', { route: 'nodeny' }) === 1, 3000, 10)
+  const refusedAt = Date.now()
+  t.equal((await send(`${gw.url}/x`, ALICE)).json?.error, 'GW_ERR_CONCURRENCY_LIMITED')
+  t.equal((await holding).status, 200)
+  const retry = await send(`${gw.url}/x`, ALICE)
+  const after = Date.now() - refusedAt
+  t.equal(retry.status, 200, `admitted ${after} ms after the refusal`)
+  // a refusal held like a rate limit's (Retry-After: 1) would have lasted 1000 ms
+  t.ok(after < 1000, `retried within the refusal's Retry-After (${after} ms)`)
+})
