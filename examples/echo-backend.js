@@ -32,4 +32,9 @@ server.on('upgrade', (req, socket) => {
   socket.on('error', () => socket.destroy())
 })
 
+server.once('error', err => {
+  // one line, not a stack trace (a port taken is the usual case)
+  console.error(`echo backend: ${host}:${port}: ${err.code === 'EADDRINUSE' ? 'address already in use' : err.message}`)
+  process.exit(1)
+})
 server.listen(port, host, () => console.log(`echo backend on http://${host}:${port}`))

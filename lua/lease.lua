@@ -1,7 +1,7 @@
 -- lease.lua: concurrency leases (issue 10), decided by limit.lua beside the rate limits, so one
 -- call takes a request's leases and rate-limit units all or nothing.
 -- KEYS: none of its own (library; the caller passes the check's key).  ARGV: none of its own.
--- Returns: nothing; registers ALGORITHMS[7].
+-- Returns: nothing; registers ALGORITHMS[8].
 -- State: ZSET, member = lease id (the limit call's id, ARGV[2] of limit.lua), score = the lease's
 -- expiry in ms (Redis clock). A lease is held while its expiry is ahead of now: the holder renews
 -- it (lua/lease-renew.lua) and releases it (lua/lease-release.lua); a holder that died stops
@@ -38,4 +38,4 @@ end
 local function lease_charge (key, p, now, id)
 end
 
-ALGORITHMS[7] = { check = lease_check, commit = lease_commit, refund = lease_refund, charge = lease_charge }
+ALGORITHMS[8] = { check = lease_check, commit = lease_commit, refund = lease_refund, charge = lease_charge }

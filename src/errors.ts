@@ -5,6 +5,8 @@ import { STATUS_CODES, type ServerResponse } from 'node:http'
 
 export const ERRORS = Object.freeze({
   GW_ERR_NOT_FOUND: { status: 404, message: 'no route matches this request' },
+  GW_ERR_METHOD_NOT_ALLOWED: { status: 405, message: 'the route does not accept this method' },
+  GW_ERR_NOT_IMPLEMENTED: { status: 501, message: 'the request uses a transfer coding the gateway does not implement' },
   GW_ERR_BAD_PATH: { status: 400, message: 'the request path is malformed' },
   GW_ERR_BAD_REQUEST: { status: 400, message: 'the request is malformed' },
   GW_ERR_BODY_TOO_LARGE: { status: 413, message: 'the request body exceeds the route limit' },
@@ -15,10 +17,17 @@ export const ERRORS = Object.freeze({
   GW_ERR_CONCURRENCY_LIMITED: { status: 429, message: 'too many requests in flight' },
   GW_ERR_LIMITER_UNAVAILABLE: { status: 503, message: 'the rate limiter is unavailable' },
   GW_ERR_UPSTREAM_UNAVAILABLE: { status: 502, message: 'the upstream refused or reset the connection' },
+  GW_ERR_UPSTREAM_DNS: { status: 502, message: 'the upstream host name did not resolve' },
+  GW_ERR_UPSTREAM_BAD_RESPONSE: { status: 502, message: 'the upstream sent a response the gateway cannot relay' },
   GW_ERR_UPSTREAM_TIMEOUT: { status: 504, message: 'the upstream did not answer in time' },
   GW_ERR_NO_HEALTHY_UPSTREAM: { status: 503, message: 'no healthy upstream target' },
   GW_ERR_SHUTTING_DOWN: { status: 503, message: 'the gateway is shutting down' },
-  GW_ERR_CONFIG_INVALID: { status: 500, message: 'the configuration is invalid' }
+  GW_ERR_TOO_MANY_TUNNELS: { status: 503, message: 'too many open WebSocket tunnels (server.maxWebSockets)' },
+  GW_ERR_CONFIG_INVALID: { status: 500, message: 'the configuration is invalid' },
+  GW_ERR_NOT_READY: { status: 503, message: 'no configuration is loaded yet' },
+  GW_ERR_ADMIN_BUSY: { status: 503, message: 'too many live subscribers on the admin listener' },
+  GW_ERR_ADMIN_UNAUTHORIZED: { status: 401, message: 'this admin endpoint needs Authorization: Bearer <admin.token>' },
+  GW_ERR_ADMIN_FORBIDDEN: { status: 403, message: 'no admin.token is configured: mutating admin endpoints are disabled' }
 } as const)
 
 export type ErrorCode = keyof typeof ERRORS
@@ -38,6 +47,7 @@ export class GatewayError extends Error {
  * Answers a client with the JSON error body every gateway error uses:
  * `{ error, message, requestId, ...extra }`. Never throws, even when headers were already sent
  * (then the response is cut, which is all that can honestly be done mid-stream).
+ * Returns the body's bytes (0 when nothing could be sent): the access log's `bytesOut`.
  */
 export function sendError (
   res: ServerResponse,
@@ -46,9 +56,9 @@ export function sendError (
   extra?: Readonly<Record<string, unknown>>,
   headers?: ReadonlyArray<readonly [string, string]>,
   status?: number
-): void {
+): number {
   const { message } = ERRORS[code]
-  sendJson(res, status ?? ERRORS[code].status, { error: code, message, requestId, ...extra }, requestId, headers)
+  return sendJson(res, status ?? ERRORS[code].status, { error: code, message, requestId, ...extra }, requestId, headers)
 }
 
 export function sendJson (
@@ -57,10 +67,10 @@ export function sendJson (
   payload: unknown,
   requestId: string,
   headers?: ReadonlyArray<readonly [string, string]>
-): void {
+): number {
   if (res.headersSent || res.destroyed) {
     res.destroy()
-    return
+    return 0
   }
   const body = JSON.stringify(payload)
   res.statusCode = status
@@ -69,6 +79,7 @@ export function sendJson (
   res.setHeader('x-request-id', requestId)
   if (headers !== undefined) for (const [name, value] of headers) res.setHeader(name, value)
   res.end(body)
+  return Buffer.byteLength(body)
 }
 
 /** The same JSON answer written raw on a socket, for requests that asked for an Upgrade. */
@@ -78,11 +89,12 @@ export function writeRawError (
   payload: unknown,
   requestId: string,
   headers?: ReadonlyArray<readonly [string, string]>
-): void {
-  if (socket.destroyed) return
+): number {
+  if (socket.destroyed) return 0
   const body = JSON.stringify(payload)
   let head = `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nx-request-id: ${requestId}\r\nconnection: close\r\n`
   if (headers !== undefined) for (const [name, value] of headers) head += `${name}: ${value}\r\n`
   socket.write(head + '\r\n' + body)
   socket.end()
+  return Buffer.byteLength(body)
 }

@@ -42,3 +42,34 @@ export function createLogger (level: LogLevel = 'info', destination?: Destinatio
     redact: { paths: REDACT_PATHS, censor: '[redacted]' }
   }, destination ?? createLogDestination())
 }
+
+/** Query parameters whose values never reach a log line unless `log.redactQuery` says otherwise. */
+export const DEFAULT_REDACT_QUERY: readonly string[] = Object.freeze(['token', 'key', 'api_key', 'password', 'secret', 'signature'])
+
+/**
+ * Compiled at config load: the function the access log passes every path through. Names match
+ * case-insensitively and after percent-decoding (`?API%5Fkey=` is `api_key`); the value becomes
+ * `[redacted]`, everything else stays byte for byte. A path without `?` is returned as is.
+ */
+export function compileQueryRedactor (names: readonly string[] = DEFAULT_REDACT_QUERY): (path: string) => string {
+  if (names.length === 0) return path => path
+  const redacted = new Set(names.map(n => n.toLowerCase()))
+  return path => {
+    const q = path.indexOf('?')
+    if (q === -1) return path
+    let changed = false
+    const parts = path.slice(q + 1).split('&')
+    for (let i = 0; i < parts.length; i++) {
+      const part = parts[i] as string
+      const eq = part.indexOf('=')
+      const rawName = eq === -1 ? part : part.slice(0, eq)
+      let name = rawName
+      try { name = decodeURIComponent(rawName.replace(/\+/g, ' ')) } catch { /* malformed escape: compare as written */ }
+      if (redacted.has(name.toLowerCase())) {
+        parts[i] = `${rawName}=[redacted]`
+        changed = true
+      }
+    }
+    return changed ? `${path.slice(0, q)}?${parts.join('&')}` : path
+  }
+}

@@ -7,9 +7,14 @@ export type LimitResult = 'allowed' | 'rejected' | 'shadow'
 export interface Telemetry {
   request (route: string, method: string, status: number, seconds: number): void
   upstreamError (upstream: string, kind: string): void
+  /** A forwarded exchange finished: dispatch to the upstream until the response ended. */
+  upstreamResponse (upstream: string, seconds: number): void
   /** A target left out of balancing (passive health / outlier detection). */
   upstreamEjection (upstream: string, target: string, reason: string): void
-  limitDecision (route: string, dimension: string, level: LimitLevel, result: LimitResult): void
+  /** `limit` is the limit's name as the 429 body gives it (`ip`, `login.ip`, `local`). */
+  limitDecision (route: string, dimension: string, limit: string, level: LimitLevel, result: LimitResult): void
+  /** A request refused by a limit (the admin page's top limited clients; never a metric label). */
+  clientRejected (ip: string, user: string | null): void
   redisCall (seconds: number, ok: boolean, errorKind: string | null): void
   breakerState (state: 0 | 1 | 2): void
   reload (result: 'success' | 'failure'): void
@@ -24,8 +29,10 @@ export interface Telemetry {
 export const NOOP_TELEMETRY: Telemetry = Object.freeze({
   request () {},
   upstreamError () {},
+  upstreamResponse () {},
   upstreamEjection () {},
   limitDecision () {},
+  clientRejected () {},
   redisCall () {},
   breakerState () {},
   reload () {},

@@ -10,6 +10,8 @@ const STATUS_CLASSES = ['1xx', '2xx', '3xx', '4xx', '5xx'] as const
 
 export interface MetricsSources {
   localKeys: () => number
+  /** HTTP requests whose response has not closed yet. */
+  inflight?: () => number
   /** Every target of the live upstreams with its health, read when /metrics is scraped. */
   targets?: () => Iterable<{ upstream: string, target: string, healthy: boolean }>
 }
@@ -32,7 +34,9 @@ export class GatewayMetrics implements Telemetry {
   private readonly inflightChildren = new Map<string, ReturnType<Gauge['labels']>>()
   private readonly requestChildren = new Map<string, Map<string, CounterChild[]>>()
   private readonly durationChildren = new Map<string, HistogramChild>()
-  private readonly decisionChildren = new Map<string, Map<string, Map<string, Map<string, CounterChild>>>>()
+  private readonly decisionChildren = new Map<string, Map<string, Map<string, Map<string, Map<string, CounterChild>>>>>()
+  private readonly upstreamDuration: Histogram
+  private readonly upstreamDurationChildren = new Map<string, HistogramChild>()
 
   constructor (sources: MetricsSources) {
     const registers = [this.registry]
@@ -44,6 +48,19 @@ export class GatewayMetrics implements Telemetry {
       labelNames: ['route'],
       buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
       registers
+    })
+    this.upstreamDuration = new Histogram({
+      name: 'gateway_upstream_response_duration_seconds',
+      help: 'Forwarded exchanges, from dispatch to the upstream until the response ended, by upstream',
+      labelNames: ['upstream'],
+      buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+      registers
+    })
+    new Gauge({
+      name: 'gateway_requests_in_flight',
+      help: 'HTTP requests received whose response has not finished (WebSockets are gateway_websockets_open)',
+      registers,
+      collect () { this.set(sources.inflight?.() ?? 0) }
     })
     this.upstreamErrors = new Counter({ name: 'gateway_upstream_errors_total', help: 'Upstream failures by upstream and kind', labelNames: ['upstream', 'kind'], registers })
     this.ejections = new Counter({ name: 'gateway_upstream_ejections_total', help: 'Targets ejected by passive health, by upstream, target and reason', labelNames: ['upstream', 'target', 'reason'], registers })
@@ -59,7 +76,7 @@ export class GatewayMetrics implements Telemetry {
       }
     })
     this.reloads = new Counter({ name: 'gateway_config_reloads_total', help: 'Configuration reloads by result', labelNames: ['result'], registers })
-    this.decisions = new Counter({ name: 'gateway_ratelimit_decisions_total', help: 'Rate-limit decisions', labelNames: ['route', 'dimension', 'level', 'result'], registers })
+    this.decisions = new Counter({ name: 'gateway_ratelimit_decisions_total', help: 'Rate-limit decisions', labelNames: ['route', 'dimension', 'limit', 'level', 'result'], registers })
     this.redisDuration = new Histogram({
       name: 'gateway_redis_duration_seconds',
       help: 'Duration of limiter calls to Redis',
@@ -115,22 +132,33 @@ export class GatewayMetrics implements Telemetry {
     this.upstreamErrors.labels(upstream, kind).inc()
   }
 
+  upstreamResponse (upstream: string, seconds: number): void {
+    let h = this.upstreamDurationChildren.get(upstream)
+    if (h === undefined) this.upstreamDurationChildren.set(upstream, h = this.upstreamDuration.labels(upstream))
+    h.observe(seconds)
+  }
+
   upstreamEjection (upstream: string, target: string, reason: string): void {
     this.ejections.labels(upstream, target, reason).inc()
   }
 
-  limitDecision (route: string, dimension: string, level: LimitLevel, result: LimitResult): void {
+  limitDecision (route: string, dimension: string, limit: string, level: LimitLevel, result: LimitResult): void {
     // nested maps: no key string is built per call
     let byDimension = this.decisionChildren.get(route)
     if (byDimension === undefined) this.decisionChildren.set(route, byDimension = new Map())
-    let byLevel = byDimension.get(dimension)
-    if (byLevel === undefined) byDimension.set(dimension, byLevel = new Map())
+    let byLimit = byDimension.get(dimension)
+    if (byLimit === undefined) byDimension.set(dimension, byLimit = new Map())
+    let byLevel = byLimit.get(limit)
+    if (byLevel === undefined) byLimit.set(limit, byLevel = new Map())
     let byResult = byLevel.get(level)
     if (byResult === undefined) byLevel.set(level, byResult = new Map())
     let c = byResult.get(result)
-    if (c === undefined) byResult.set(result, c = this.decisions.labels(route, dimension, level, result))
+    if (c === undefined) byResult.set(result, c = this.decisions.labels(route, dimension, limit, level, result))
     c.inc()
   }
+
+  // Clients are unbounded: they go to the admin page's top-k sketch (live-stats.ts), not to labels.
+  clientRejected (): void {}
 
   redisCall (seconds: number, ok: boolean, errorKind: string | null): void {
     this.redisDuration.observe(seconds)

@@ -5,11 +5,13 @@
 import { readFile } from 'node:fs/promises'
 import { createHash } from 'node:crypto'
 import { LineCounter, parseDocument, isMap, isSeq, isScalar, type Document, type Node as YamlNode } from 'yaml'
-import { configSchema, gatewayJsonSchema, BUCKET_ALGORITHMS, type GatewayConfig, type LimitConfig } from './schema.js'
+import { dirname, resolve } from 'node:path'
+import { adminListen, configSchema, gatewayJsonSchema, BUCKET_ALGORITHMS, type GatewayConfig, type LimitConfig } from './schema.js'
 import { compileLimitSpec } from '../limit/plan.js'
 import { validateLimitSpec } from '../limit/algorithms/index.js'
 import ipaddr from 'ipaddr.js'
 import { parseDuration } from './units.js'
+import type { z } from 'zod'
 
 export type KeyPath = ReadonlyArray<string | number>
 
@@ -82,31 +84,60 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
 
   const parsed = configSchema.safeParse(raw ?? {})
   if (!parsed.success) {
-    for (const issue of parsed.error.issues) {
-      const path = issue.path.filter((p): p is string | number => typeof p !== 'symbol')
-      if (issue.code === 'unrecognized_keys') {
-        for (const key of issue.keys) {
-          const keyPath = [...path, key]
-          const suggestion = closestKey(key, validKeysAt(path))
-          problems.push(at(locateKey(doc, keyPath), keyPath, `unknown key "${key}"${suggestion === null ? '' : ` (did you mean ${suggestion}?)`}`))
-        }
-      } else if (path.length === 1 && (path[0] === 'listen' || path[0] === 'admin') && typeof valueAt(raw, path) === 'number') {
-        // `listen: 8080` reads naturally but names no interface: say so instead of "expected string"
-        problems.push(at(locate(doc, path), path, `expected "host:port" as a string, e.g. "0.0.0.0:${String(valueAt(raw, path))}" (a bare port does not say which interface)`))
-      } else if (issue.code === 'invalid_type' && valueAt(raw, path) === undefined) {
-        problems.push(at(locate(doc, path), path, 'required key is missing'))
-      } else {
-        problems.push(at(locate(doc, path), path, issue.message))
-      }
-    }
+    for (const issue of parsed.error.issues) reportIssue(issue, [], raw, doc, at, problems)
     throw new ConfigError(problems)
   }
 
   const config = parsed.data
   for (const [path, message] of crossChecks(config)) problems.push(at(locate(doc, path), path, message))
   if (problems.length > 0) throw new ConfigError(problems)
+  // The API key file is named relative to gateway.yaml, wherever the gateway was started from.
+  const identity = config.identity
+  if (identity !== undefined && 'apiKeys' in identity && identity.apiKeys.file !== undefined) {
+    identity.apiKeys.file = resolve(dirname(file), identity.apiKeys.file)
+  }
 
   return { file, config, hash: createHash('sha256').update(text).digest('hex') }
+}
+
+type Issue = z.core.$ZodIssue
+type Locate = (offset: number | undefined, path: KeyPath, message: string) => ConfigProblem
+
+/** One zod issue as located problems; `prefix` is the path of the union an issue came from. */
+function reportIssue (issue: Issue, prefix: KeyPath, raw: unknown, doc: Document, at: Locate, problems: ConfigProblem[]): void {
+  const path = [...prefix, ...issue.path.filter((p): p is string | number => typeof p !== 'symbol')]
+  if (issue.code === 'unrecognized_keys') {
+    for (const key of issue.keys) {
+      const keyPath = [...path, key]
+      const suggestion = closestKey(key, validKeysAt(path))
+      problems.push(at(locateKey(doc, keyPath), keyPath, `unknown key "${key}"${suggestion === null ? '' : ` (did you mean ${suggestion}?)`}`))
+    }
+  } else if (issue.code === 'invalid_union' && issue.errors.length > 0) {
+    // zod reports a union as "Invalid input" with every branch's issues inside; a typo'd key
+    // (identity.apikeys) is what the operator must fix, so the branch closest to the text speaks.
+    for (const branchIssue of closestBranch(issue.errors)) reportIssue(branchIssue, path, raw, doc, at, problems)
+  } else if (path.length === 1 && (path[0] === 'listen' || path[0] === 'admin') && typeof valueAt(raw, path) === 'number') {
+    // `listen: 8080` reads naturally but names no interface: say so instead of "expected string"
+    problems.push(at(locate(doc, path), path, `expected "host:port" as a string, e.g. "0.0.0.0:${String(valueAt(raw, path))}" (a bare port does not say which interface)`))
+  } else if (issue.code === 'invalid_type' && valueAt(raw, path) === undefined) {
+    problems.push(at(locate(doc, path), path, 'required key is missing'))
+  } else {
+    problems.push(at(locate(doc, path), path, issue.message))
+  }
+}
+
+/**
+ * The union branch the text most likely meant. A key unknown to every branch is reported alone
+ * (the missing keys are its consequence); otherwise a branch of the wrong type is never chosen
+ * and the one with the fewest issues wins.
+ */
+function closestBranch (branches: readonly Issue[][]): Issue[] {
+  const unknownIn = (b: Issue[]): Set<string> => new Set(b.flatMap(i => i.code === 'unrecognized_keys' && i.path.length === 0 ? i.keys : []))
+  const sets = branches.map(unknownIn)
+  const everywhere = [...(sets[0] ?? [])].filter(k => sets.every(s => s.has(k)))
+  if (everywhere.length > 0) return [{ code: 'unrecognized_keys', keys: everywhere, path: [], message: '', input: undefined } as unknown as Issue]
+  const score = (b: Issue[]): number => b.some(i => i.code === 'invalid_type' && i.path.length === 0) ? Infinity : b.length
+  return branches.reduce((best, b) => score(b) < score(best) ? b : best)
 }
 
 // `${VAR}` and `${VAR:-default}` in string values only: substitution happens after YAML parsing,
@@ -127,7 +158,17 @@ function substituteEnv (value: unknown, path: KeyPath, env: NodeJS.ProcessEnv, f
   if (Array.isArray(value)) return value.map((v, i) => substituteEnv(v, [...path, i], env, fail))
   if (value !== null && typeof value === 'object') {
     const out: Record<string, unknown> = {}
-    for (const [k, v] of Object.entries(value)) out[k] = substituteEnv(v, [...path, k], env, fail)
+    for (const [k, v] of Object.entries(value)) {
+      // Map keys too (an API key from the environment, issue 9). A "${" that is not a complete
+      // reference is refused: a literal "${X" key would otherwise be accepted silently.
+      let key = k
+      if (k.includes('${')) {
+        key = substituteEnv(k, [...path, k], env, fail) as string
+        if (key.includes('${') && k.replace(ENV_RE, '').includes('${')) fail([...path, k], `"\${" in a key is not a complete \${VAR} reference`)
+        else if (Object.hasOwn(out, key)) fail([...path, k], `key "${k}" is substituted to a key that is already present`)
+      }
+      out[key] = substituteEnv(v, [...path, k], env, fail)
+    }
     return out
   }
   return value
@@ -251,9 +292,10 @@ function crossChecks (config: GatewayConfig): Array<[KeyPath, string]> {
     const limit = config.limits?.[dim]
     if (limit !== undefined) out.push(...checkLimit(limit, ['limits', dim]))
   }
-  const hasUserLimit = config.limits?.user !== undefined || config.routes.some(r => r.limits?.user !== undefined)
+  const hasUserLimit = config.limits?.user !== undefined || config.routes.some(r => r.limits?.user !== undefined) ||
+    Object.values(config.plans ?? {}).some(p => p.limits !== undefined || p.routes !== undefined)
   if (hasUserLimit && config.identity === undefined) {
-    out.push([['identity'], 'a "user" limit is configured but no identity: add identity.header, identity.apiKeys or identity.jwt'])
+    out.push([['identity'], 'a "user" limit, plan or quota is configured but no identity: add identity.header, identity.apiKeys or identity.jwt'])
   }
   const jwt = config.identity !== undefined && 'jwt' in config.identity ? config.identity.jwt : undefined
   if (jwt !== undefined) {
@@ -274,10 +316,12 @@ function crossChecks (config: GatewayConfig): Array<[KeyPath, string]> {
     out.push([['workers'], 'workers > 1 needs "redis:" for the shared limits: without it each worker would enforce every limit on its own (N times the budget)'])
   }
   const listen = config.listen ?? '0.0.0.0:8080'
-  const admin = config.admin ?? '127.0.0.1:9901'
+  const admin = adminListen(config)
   if (sameSocket(listen, admin)) {
-    out.push([[config.admin !== undefined ? 'admin' : 'listen'], `"${admin}" is also the ${config.admin !== undefined ? 'listen' : 'admin'} address: the admin listener needs its own port`])
+    const adminPath = typeof config.admin === 'object' ? ['admin', 'listen'] : ['admin']
+    out.push([config.admin !== undefined ? adminPath : ['listen'], `"${admin}" is also the ${config.admin !== undefined ? 'listen' : 'admin'} address: the admin listener needs its own port`])
   }
+  out.push(...planChecks(config))
   // proxy-addr's keywords, or an address, or a CIDR (parsed by ipaddr.js, as at run time)
   const PROXY_KEYWORDS = new Set(['loopback', 'linklocal', 'uniquelocal'])
   config.trustedProxies?.forEach((p, i) => {
@@ -336,6 +380,41 @@ function checkLimit (limit: LimitConfig, path: KeyPath): Array<[KeyPath, string]
   const capacity = BUCKET_ALGORITHMS.has(algorithm) ? (limit.burst ?? limit.limit) : limit.limit
   if (limit.cost !== undefined && limit.cost > capacity) {
     out.push([[...path, 'cost'], `cost ${limit.cost} is above the capacity ${capacity}: every request would be rejected`])
+  }
+  return out
+}
+
+/** consumers, plans and API keys (issue 9): every plan a name refers to exists, every key leads to a consumer. */
+function planChecks (config: GatewayConfig): Array<[KeyPath, string]> {
+  const out: Array<[KeyPath, string]> = []
+  const plans = config.plans ?? {}
+  const known = Object.keys(plans)
+  const unknownPlan = (name: string): string => `unknown plan "${name}"${known.length === 0 ? ' (no plans are configured)' : ` (plans: ${known.join(', ')})`}`
+  for (const [name, c] of Object.entries(config.consumers ?? {})) {
+    if (!Object.hasOwn(plans, c.plan)) out.push([['consumers', name, 'plan'], unknownPlan(c.plan)])
+  }
+  if (config.defaultPlan !== undefined && !Object.hasOwn(plans, config.defaultPlan)) out.push([['defaultPlan'], unknownPlan(config.defaultPlan)])
+  const routeNames = new Set(config.routes.map(r => r.name))
+  for (const [name, plan] of Object.entries(plans)) {
+    if (plan.limits?.user !== undefined) out.push(...checkLimit(plan.limits.user, ['plans', name, 'limits', 'user']))
+    for (const [route, override] of Object.entries(plan.routes ?? {})) {
+      if (!routeNames.has(route)) out.push([['plans', name, 'routes', route], `unknown route "${route}"`])
+      out.push(...checkLimit(override.user, ['plans', name, 'routes', route, 'user']))
+    }
+    const quota = plan.limits?.quota
+    if (quota?.cost !== undefined && quota.cost > quota.limit) out.push([['plans', name, 'limits', 'quota', 'cost'], `cost ${quota.cost} is above the quota ${quota.limit}: every request would be rejected`])
+  }
+  const identity = config.identity
+  if (identity !== undefined && 'apiKeys' in identity) {
+    const { keys, file } = identity.apiKeys
+    if (keys === undefined && file === undefined) out.push([['identity', 'apiKeys'], 'give "keys", "file" or both'])
+    for (const [key, consumer] of Object.entries(keys ?? {})) {
+      const path: KeyPath = ['identity', 'apiKeys', 'keys', key]
+      if (consumer.length === 0) out.push([path, 'an API key must map to a consumer name'])
+      else if (known.length > 0 && config.defaultPlan === undefined && config.consumers?.[consumer] === undefined) {
+        out.push([path, `API key maps to consumer "${consumer}", which has no entry in consumers (and there is no defaultPlan)`])
+      }
+    }
   }
   return out
 }

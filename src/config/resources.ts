@@ -17,6 +17,9 @@ import type { LimitStore } from '../limit/types.js'
 import type { Telemetry } from '../telemetry.js'
 import type { Logger } from '../log.js'
 import { Cluster, type Redis } from 'ioredis'
+import { ResetBus, deleteRedisKeys, peekRedis, type ResetMessage } from '../limit/limit-admin.js'
+import type { PeekResult } from '../limit/memory-store.js'
+import type { LimitCheck } from '../limit/types.js'
 
 const DEFAULT_MAX_KEYS = 100_000
 // Under Redis Cluster a rejection may come from units a concurrent request is about to refund
@@ -29,6 +32,7 @@ interface RedisBundle {
   readonly store: LimitStore
   readonly heartbeat: InstanceHeartbeat
   readonly guard: RedisGuard
+  readonly bus: ResetBus
   readonly leases: LeaseKeeper
 }
 
@@ -37,6 +41,8 @@ export interface RedisStatus {
   /** The client's connection is up (an idle gateway learns of a dead Redis before any request fails). */
   readonly connected: boolean
   readonly breaker: BreakerState | null
+  /** Per node under Cluster (each master has its own breaker); one entry '*' otherwise. */
+  readonly nodes?: ReadonlyArray<{ node: string, state: BreakerState }>
   readonly instances: number
 }
 
@@ -167,12 +173,14 @@ export class ResourceCache {
       })
       // Cluster: a new slot map may name a promoted replica for a dead master's slots
       if (client instanceof Cluster) client.on('refresh', () => guard.probeNow())
+      const bus = new ResetBus(client, `${keyPrefix}:admin:reset`, (m) => this.applyReset(m), (err) => { this.logger.debug({ err: err.message }, 'redis reset subscriber error') })
+      bus.start()
       const leases = new LeaseKeeper({
         redis: { client, guard },
         ttlMs: DEFAULT_LEASE_TTL_MS,
         onError: (err, what) => { this.logger.debug({ err: (err as Error).message, what }, 'concurrency lease call failed: the lease expires within leaseTtl') }
       })
-      this.redis.set(key, bundle = { client, store, heartbeat, guard, leases })
+      this.redis.set(key, bundle = { client, store, heartbeat, guard, bus, leases })
     }
     bundle.leases.ttlMs = r.leaseTtl !== undefined ? parseDuration(r.leaseTtl) : DEFAULT_LEASE_TTL_MS
     bundle.guard.expectedInstances = r.expectedInstances ?? 1
@@ -199,7 +207,45 @@ export class ResourceCache {
   redisStatus (config: GatewayConfig): RedisStatus {
     if (config.redis === undefined) return { configured: false, connected: false, breaker: null, instances: 1 }
     const bundle = this.redis.get(redisConnectionKey(config.redis))
-    return { configured: true, connected: bundle?.client.status === 'ready', breaker: bundle?.guard.breaker ?? null, instances: bundle?.guard.instances ?? 1 }
+    return { configured: true, connected: bundle?.client.status === 'ready', breaker: bundle?.guard.breaker ?? null, nodes: bundle?.guard.breakerStates() ?? [], instances: bundle?.guard.instances ?? 1 }
+  }
+
+  /** Every limit of `checks` read without consuming (admin GET /limits). */
+  async peekLimits (config: GatewayConfig, checks: readonly LimitCheck[]): Promise<PeekResult[]> {
+    if (config.redis === undefined) return this.memoryStore(config).peek(checks)
+    const bundle = this.redis.get(redisConnectionKey(config.redis))
+    if (bundle === undefined) throw new Error('Redis is not connected')
+    return await peekRedis(bundle.client, checks)
+  }
+
+  /**
+   * Resets a client's limits (admin DELETE /limits): deletes the keys in the shared store, then
+   * has every instance (over Redis pub/sub) drop its local bucket and deny-cache entries for them.
+   * Resolves with the keys that existed and the instances that received the reset.
+   */
+  async resetLimits (config: GatewayConfig, message: ResetMessage): Promise<{ deleted: number, instances: number | null }> {
+    if (config.redis === undefined) {
+      const store = this.memoryStore(config)
+      const deleted = message.keys.length
+      this.applyReset(message)
+      for (const k of message.keys) store.forget(k)
+      return { deleted, instances: 1 }
+    }
+    const bundle = this.redis.get(redisConnectionKey(config.redis))
+    if (bundle === undefined) throw new Error('Redis is not connected')
+    const deleted = await deleteRedisKeys(bundle.client, message.keys)
+    // applied here at once too: the answer must not depend on our own subscriber's delivery
+    this.applyReset(message)
+    const instances = await bundle.bus.publish(message)
+    return { deleted, instances }
+  }
+
+  /** Drops local state for one client: local-level bucket, deny-cache entries, in-process keys. */
+  applyReset (message: ResetMessage): void {
+    if (message.ipKey !== null) for (const level of this.locals.values()) level.forget(message.ipKey)
+    for (const deny of this.denies.values()) for (const k of message.denyKeys) deny.forget(k)
+    if (this.memory !== null) for (const k of message.keys) this.memory.store.forget(k)
+    this.logger.debug({ ipKey: message.ipKey, keys: message.keys.length }, 'local limit state reset')
   }
 
   localKeys (): number {
@@ -283,6 +329,7 @@ function denyCacheKey (config: GatewayConfig): string {
 }
 
 async function closeRedis (bundle: RedisBundle): Promise<void> {
+  bundle.bus.stop()
   await bundle.leases.close()
   bundle.guard.close()
   await bundle.heartbeat.stop()

@@ -8,6 +8,7 @@ import { dimensionValue, keyFor, type PlannedLimit, type RouteLimitPlan } from '
 import type { DenyCache, LocalLevel } from './local-level.js'
 import type { RedisGuard } from './redis-guard.js'
 import type { LimitLevel, Telemetry } from '../telemetry.js'
+import { calendarPeriod } from './algorithms/calendar-quota.js'
 import type { HeldLease, LeaseKeeper } from './concurrency.js'
 
 export type HeaderList = Array<[string, string]>
@@ -61,8 +62,18 @@ export class Limiter {
     if (local === null) return null
     const wait = local.take(ipKey, performance.now())
     if (wait === 0) return null
-    this.options.telemetry.limitDecision(route, 'local', 'local', 'rejected')
+    this.options.telemetry.limitDecision(route, 'local', LOCAL_LIMIT, 'local', 'rejected')
     return this.reject(429, 'local', LOCAL_LIMIT, local.options.limit, wait, local.policy, 0, wait)
+  }
+
+  /** The in-process shared store (no Redis configured), or null: the admin API reads and resets it. */
+  get memory (): MemoryStore | null {
+    return this.options.memory
+  }
+
+  /** ms left on this instance's deny-cache entry for `check` (admin API), 0 when none. */
+  denied (check: LimitCheck): number {
+    return this.options.deny.remaining(denyKey(check), performance.now())
   }
 
   /** Synchronous unless the shared level has to ask Redis: the in-process path allocates no Promise. */
@@ -80,7 +91,7 @@ export class Limiter {
       const left = deny.remaining(denyKey(checks[i] as LimitCheck), now)
       if (left > 0) {
         const l = limits[i] as PlannedLimit
-        telemetry.limitDecision(req.route, l.dimension, 'local', 'rejected')
+        telemetry.limitDecision(req.route, l.dimension, l.name, 'local', 'rejected')
         return this.reject(l.status, l.dimension, l.name, l.spec.limit, left, l.policy, 0, left)
       }
     }
@@ -112,7 +123,7 @@ export class Limiter {
         telemetry.concurrencyRejected(route, l.dimension, level)
         return concurrencyReject(l)
       }
-      telemetry.limitDecision(route, l.dimension, level, 'rejected')
+      telemetry.limitDecision(route, l.dimension, l.name, level, 'rejected')
       // The fallback store is in process already: caching its rejections saves nothing and would
       // outlive Redis's recovery, holding a client to this instance's share of the budget.
       if (decision.retryAfterMs > 0 && level !== 'fallback') {
@@ -130,13 +141,14 @@ export class Limiter {
     for (let i = 0; i < limits.length; i++) {
       const l = limits[i] as PlannedLimit
       if (l.concurrency) (leaseKeys ??= []).push((checks[i] as LimitCheck).key)
-      else telemetry.limitDecision(route, l.dimension, level, 'allowed')
+      else telemetry.limitDecision(route, l.dimension, l.name, level, 'allowed')
     }
     // only admitted requests count against shadow limits, as they would if they were enforced
     if (req.plan.shadow.length > 0) void this.decideShadow(req)
     // An admitted lease reports an unbounded remaining (lua/lease.lua): it decides only when no
     // rate limit applies, and then there is no rate to describe.
     const headers = deciding === undefined || deciding.concurrency ? null : this.headers(deciding.policy, deciding.name, deciding.spec.limit, decision.remaining, decision.resetMs)
+    if (headers !== null && deciding?.dimension !== 'quota' && decision.remainings !== undefined) appendQuota(headers, limits, decision.remainings)
     let lease: HeldLease | null = null
     if (leaseKeys !== null) {
       lease = { keys: leaseKeys, member: leaseId, level: level === 'redis' ? 'redis' : level === 'fallback' ? 'fallback' : 'memory', units: share, released: false }
@@ -158,7 +170,7 @@ export class Limiter {
     if (checks.length === 0) return
     try {
       const { decision, level } = await this.decide(checks, limits, req.requestId + ':shadow')
-      for (const l of limits) this.options.telemetry.limitDecision(req.route, l.dimension, level, decision.allowed ? 'allowed' : 'shadow')
+      for (const l of limits) this.options.telemetry.limitDecision(req.route, l.dimension, l.name, level, decision.allowed ? 'allowed' : 'shadow')
     } catch {
       // a shadow limit never affects the request
     }
@@ -207,12 +219,30 @@ const UNAVAILABLE: LimitVerdict = Object.freeze({ kind: 'unavailable' })
  * A rejection holds for one (key, cost): the key names the limit's parameters but not its cost,
  * so a reload that changes only the cost must not keep the lockout the old cost earned.
  */
-function denyKey (check: LimitCheck): string {
+export function denyKey (check: LimitCheck): string {
   return check.cost === 1 ? check.key : `${check.key}#${check.cost}`
 }
 
+/**
+ * A plan's quota beside the tightest limit (issue 9): both headers are lists
+ * (draft-ietf-httpapi-ratelimit-headers), so a client sees its daily or monthly budget too.
+ */
+function appendQuota (headers: HeaderList, limits: readonly PlannedLimit[], remainings: readonly number[]): void {
+  for (let i = limits.length - 1; i >= 0; i--) {
+    const l = limits[i] as PlannedLimit
+    if (l.dimension !== 'quota') continue
+    const remaining = remainings[i]
+    if (remaining === undefined || remaining < 0) return
+    const { end } = calendarPeriod(l.spec.windowMs, Date.now() * 1000)
+    const t = Math.max(0, end - Math.floor(Date.now() / 1000))
+    ;(headers[0] as [string, string])[1] += `, ${l.policy}`
+    ;(headers[1] as [string, string])[1] += `, "${l.name}";r=${remaining};t=${t}`
+    return
+  }
+}
+
 /** The checks that apply to this request: a `user` limit is skipped for anonymous requests. */
-function buildChecks (planned: readonly PlannedLimit[], req: LimitRequest): { checks: LimitCheck[], limits: PlannedLimit[] } {
+export function buildChecks (planned: readonly PlannedLimit[], req: LimitRequest): { checks: LimitCheck[], limits: PlannedLimit[] } {
   const checks: LimitCheck[] = []
   const limits: PlannedLimit[] = []
   for (const l of planned) {

@@ -164,6 +164,12 @@ export class RedisGuard {
     this.learned = new LRUCache({ max: this.maxKeys })
   }
 
+  /** Each node's breaker ('*' without Cluster), for /readyz and the admin page. */
+  breakerStates (): Array<{ node: string, state: BreakerState }> {
+    this.recomputeWorst() // drops the breakers of masters that no longer serve slots
+    return [...this.breakers.values()].map(b => ({ node: b.node, state: b.state }))
+  }
+
   /** The worst state among the breakers (open if any node is open). */
   get breaker (): BreakerState {
     return this.recomputeWorst()

@@ -166,7 +166,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
 
     if (failure === undefined && rejecting === undefined) {
       const t = tightest as { index: number, decision: LimitDecision }
-      return { decision: { ...t.decision, limitingIndex: t.index, delayMs }, remainings, callId: id }
+      return { decision: { ...t.decision, limitingIndex: t.index, delayMs, remainings }, remainings, callId: id }
     }
     // All or nothing: give back what the admitting groups recorded before answering. The
     // admitting groups' remainings then count units about to come back: conservative.

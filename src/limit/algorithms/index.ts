@@ -1,6 +1,7 @@
 import { ALGORITHM_CODES, type AlgorithmName, type LimitCheck, type LimitSpec } from '../types.js'
 import { gcd, type AlgorithmTwin } from './algorithm.js'
 import { fixedWindow } from './fixed-window.js'
+import { calendarQuota, PERIOD_WINDOW_MS } from './calendar-quota.js'
 import { gcra } from './gcra.js'
 import { leakyBucket } from './leaky-bucket.js'
 import { slidingWindow } from './sliding-window.js'
@@ -18,6 +19,7 @@ export const ALGORITHMS: Readonly<Record<AlgorithmName, AlgorithmTwin>> = Object
   'sliding-window-log': slidingWindowLog,
   'sliding-window': slidingWindow,
   'fixed-window': fixedWindow,
+  'calendar-quota': calendarQuota,
   lease
 })
 
@@ -66,6 +68,10 @@ export function validateLimitSpec (spec: LimitSpec): string | undefined {
     case 'fixed-window':
     case 'lease':
       if (spec.limit > MAX_EXACT) return 'limit is too large'
+      return undefined
+    case 'calendar-quota':
+      if (spec.limit > MAX_EXACT) return 'limit is too large'
+      if (!Object.values(PERIOD_WINDOW_MS).includes(spec.windowMs)) return 'a calendar quota\'s windowMs names its period (hour, day, week or month)'
       return undefined
   }
 }

@@ -1,0 +1,128 @@
+// The access log as an operator reads it: the gateway's own answers count their bytes, the
+// outcome and the limit's name are separate fields, host and user agent are there, secrets in
+// query strings are not, and a WebSocket gets a closing line.
+import t from 'tap'
+import http from 'node:http'
+import { once } from 'node:events'
+import { WebSocket } from 'ws'
+import { startGateway } from './helpers/gateway.js'
+import { startUpstream } from './helpers/upstream.js'
+
+type Line = Record<string, unknown>
+const sleep = (ms: number): Promise<void> => new Promise(resolve => setTimeout(resolve, ms))
+
+function send (port: number, path: string, headers: Record<string, string> = {}): Promise<{ status: number, bytes: number }> {
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port, path, headers, agent: false }, res => {
+      let bytes = 0
+      res.on('data', (c: Buffer) => { bytes += c.length })
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, bytes }))
+    })
+    req.on('error', reject)
+    req.end()
+  })
+}
+
+async function lineOf (lines: Line[], match: (l: Line) => boolean): Promise<Line> {
+  for (let i = 0; i < 500; i++) {
+    const found = lines.find(match)
+    if (found !== undefined) return found
+    await sleep(10)
+  }
+  throw new Error('no such log line')
+}
+
+t.test('the gateway\'s own 401/404/429 answers: bytesOut, outcome and the limit name, host and userAgent', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+identity: { header: x-user, required: true }
+upstreams:
+  backend: { targets: ["${up.url}"] }
+routes:
+  - name: api
+    pathPrefix: /api/
+    upstream: backend
+    limits:
+      ip: { algorithm: fixed-window, limit: 1, window: 1m }
+`)
+  const byId = (id: string): Promise<Line> => lineOf(gw.lines, l => l.msg === 'request' && l.requestId === id)
+
+  const notFound = await send(gw.port, '/nowhere', { 'x-request-id': 'nf', 'user-agent': 'probe/1.0', host: 'edge.example' })
+  t.equal(notFound.status, 404)
+  t.ok(notFound.bytes > 0)
+  t.match(await byId('nf'), { status: 404, bytesOut: notFound.bytes, host: 'edge.example', userAgent: 'probe/1.0', route: '-' })
+
+  const unauthorized = await send(gw.port, '/api/x', { 'x-request-id': 'ua' })
+  t.equal(unauthorized.status, 401)
+  const ua = await byId('ua')
+  t.match(ua, { status: 401, bytesOut: unauthorized.bytes, outcome: 'unauthorized' })
+  t.equal(ua.limit, undefined, 'no limit was involved')
+
+  const ok = await send(gw.port, '/api/x', { 'x-request-id': 'ok', 'x-user': 'alice' })
+  t.equal(ok.status, 200)
+  const okLine = await byId('ok')
+  t.equal(okLine.outcome, undefined, 'forwarded: no outcome of the gateway\'s own')
+  t.equal(okLine.bytesOut, ok.bytes)
+
+  const limited = await send(gw.port, '/api/x', { 'x-request-id': 'rl', 'x-user': 'alice' })
+  t.equal(limited.status, 429)
+  t.match(await byId('rl'), { status: 429, bytesOut: limited.bytes, outcome: 'rejected', limit: 'api.ip' })
+})
+
+t.test('query parameters named in log.redactQuery are redacted (default list, then a custom one)', async t => {
+  const up = await startUpstream(t)
+  const yaml = (extra: string): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+${extra}
+upstreams:
+  backend: { targets: ["${up.url}"] }
+routes:
+  - { name: api, pathPrefix: /, upstream: backend }
+`
+  const gw = await startGateway(t, yaml(''))
+  const path = '/x?token=abc&q=1&API_KEY=k1&Signature=s&password=p&secret=z&key=kk&other=2'
+  const r = await send(gw.port, path, { 'x-request-id': 'rq' })
+  t.equal(r.status, 200)
+  // the upstream still gets the query as sent: only the log line is redacted
+  t.equal(up.log.at(-1), path)
+  const line = await lineOf(gw.lines, l => l.requestId === 'rq')
+  t.equal(line.path, '/x?token=[redacted]&q=1&API_KEY=[redacted]&Signature=[redacted]&password=[redacted]&secret=[redacted]&key=[redacted]&other=2')
+  const noQuery = await send(gw.port, '/plain', { 'x-request-id': 'nq' })
+  t.equal(noQuery.status, 200)
+  t.equal((await lineOf(gw.lines, l => l.requestId === 'nq')).path, '/plain')
+
+  const custom = await startGateway(t, yaml('log: { redactQuery: [q, sig] }'))
+  await send(custom.port, '/x?token=abc&q=1&sig=2', { 'x-request-id': 'rc' })
+  t.equal((await lineOf(custom.lines, l => l.requestId === 'rc')).path, '/x?token=abc&q=[redacted]&sig=[redacted]')
+})
+
+t.test('a WebSocket gets a closing line with its duration and bytes both ways', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: ["${up.url}"] }
+routes:
+  - { name: ws, pathPrefix: /ws, upstream: backend, websocket: true }
+`)
+  const ws = new WebSocket(`ws://127.0.0.1:${gw.port}/ws?token=secret`, { headers: { 'x-request-id': 'wsl' } })
+  await once(ws, 'open')
+  const message = 'm'.repeat(1000)
+  ws.send(message)
+  const [echo] = await once(ws, 'message') as [Buffer]
+  t.equal(echo.toString(), message)
+  const open = await (await fetch(`${gw.adminUrl}/metrics`)).text()
+  t.match(open, /^gateway_websockets_open\{route="ws"\} 1$/m)
+  await sleep(300)
+  ws.close()
+  const closed = await lineOf(gw.lines, l => l.msg === 'websocket closed' && l.requestId === 'wsl')
+  t.match(closed, { route: 'ws', target: up.url, path: '/ws?token=[redacted]' })
+  // a 1000-byte text frame: 4 bytes of header (+4 of mask from the client), both ways, plus the close frames
+  t.ok((closed.bytesIn as number) >= 1008 && (closed.bytesIn as number) < 1100, `bytesIn ${String(closed.bytesIn)}`)
+  t.ok((closed.bytesOut as number) >= 1004 && (closed.bytesOut as number) < 1100, `bytesOut ${String(closed.bytesOut)}`)
+  t.ok((closed.durationMs as number) >= 250, `durationMs ${String(closed.durationMs)}`)
+  t.match(gw.lines.find(l => l.msg === 'request' && l.requestId === 'wsl'), { status: 101 })
+  const after = await (await fetch(`${gw.adminUrl}/metrics`)).text()
+  t.match(after, /^gateway_websockets_open\{route="ws"\} 0$/m)
+})
