@@ -68,7 +68,7 @@ t.test('two instances on one Redis share `user: 2` exactly under 50 concurrent s
   t.same(statusCounts(again), { 200: 2 }, 'finished responses gave their leases back')
 })
 
-t.test('leases come back when the client leaves mid-response and mid-request-body', async t => {
+t.test('a client that leaves mid-response gives its lease back', async t => {
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url, { route: 'free' }))
   const key = 'free:lease:free.user:alice'
@@ -81,8 +81,18 @@ t.test('leases come back when the client leaves mid-response and mid-request-bod
   req.on('error', () => {})
   req.destroy()
   await eventually('lease freed after the client left mid-response', async () => await liveLeases(key) === 0, 3000)
+  t.same(statusCounts(await burst(2, `${gw.url}/slow?ms=300`, ALICE)), { 200: 2 }, 'the whole cap is free')
+})
 
-  // mid-request-body: 10 bytes of an announced 1 MB, then the connection is closed
+// Fails since main's a0a7568 (shield): server.ts's clientError handler now defers its answer while
+// a request on the socket is unanswered, and no longer destroys the socket on the parse error a
+// mid-body EOF raises (HPE_INVALID_EOF_STATE), so the request (and its lease) lives on until
+// server.clientBodyTimeout (60 s by default).
+t.test('a client that leaves mid-request-body gives its lease back', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, { route: 'body' }))
+  const key = 'body:lease:body.user:alice'
+  // 10 bytes of an announced 1 MB, then the connection is closed
   const socket = net.connect(gw.port, '127.0.0.1')
   socket.on('error', () => {})
   await new Promise(resolve => socket.once('connect', resolve))
@@ -90,9 +100,7 @@ t.test('leases come back when the client leaves mid-response and mid-request-bod
   await eventually('the trickling upload holds a lease', async () => await liveLeases(key) === 1, 3000)
   socket.destroy()
   await eventually('lease freed after the client left mid-body', async () => await liveLeases(key) === 0, 3000)
-
-  // the whole cap is free again
-  t.same(statusCounts(await burst(2, `${gw.url}/slow?ms=300`, ALICE)), { 200: 2 })
+  t.same(statusCounts(await burst(2, `${gw.url}/slow?ms=300`, ALICE)), { 200: 2 }, 'the whole cap is free')
 })
 
 t.test('an upstream that fails gives the lease back (502 each time, never 429)', async t => {
