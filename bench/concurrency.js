@@ -161,6 +161,41 @@ async function run (storeKind, redis) {
   return results
 }
 
+/**
+ * The in-process store in a tight loop: check then release, synchronously, no timers and no I/O,
+ * so what is left is the CPU of the limiter's code path alone (steadier on a loaded machine).
+ */
+function tightLoop () {
+  const memory = createMemoryStore({ maxKeys: 100_000 })
+  const leases = new LeaseKeeper({ memory, ttlMs: 10_000 })
+  const limiter = new Limiter({ local: null, deny: new DenyCache(100_000), memory, guard: null, legacyHeaders: false, telemetry: NOOP_TELEMETRY, leases })
+  const plans = { A: plan(false, false), B: plan(true, false) }
+  const n = 200_000
+  /** @param {any} p */
+  const pass = (p) => {
+    const cpu0 = process.cpuUsage()
+    for (let i = 0; i < n; i++) {
+      const v = limiter.check({ route: 'bench', plan: p, ipKey: '127.0.0.1', user: `u${i % settings.users}`, requestId: 'r' })
+      if (v.kind === 'allow' && v.lease !== null) limiter.release(v.lease)
+    }
+    const cpu = process.cpuUsage(cpu0)
+    return (cpu.user + cpu.system) / n
+  }
+  pass(plans.A); pass(plans.B)
+  /** @type {{ A: number[], B: number[] }} */
+  const r = { A: [], B: [] }
+  for (let round = 0; round < settings.rounds * 3; round++) {
+    const order = round % 2 === 0 ? /** @type {const} */ (['A', 'B']) : /** @type {const} */ (['B', 'A'])
+    for (const p of order) r[p].push(pass(plans[p]))
+  }
+  const extra = r.B.map((b, i) => b - /** @type {number} */ (r.A[i]))
+  console.log(`\nin-process store, tight loop (${n} check + release per pass, ${settings.rounds * 3} passes each)`)
+  console.log(`  A one rate limit             CPU µs/req ${fmtSpread(spread(r.A))}`)
+  console.log(`  B + concurrency: { user }    CPU µs/req ${fmtSpread(spread(r.B))}`)
+  console.log(`  B - A (same pass pair)       CPU µs/req ${fmtSpread(spread(extra))}`)
+}
+
+tightLoop()
 const dir = mkdtempSync(join(tmpdir(), 'gw-bench-conc-'))
 process.once('exit', () => { killAllSync(); rmSync(dir, { recursive: true, force: true }) })
 const redis = await startRedis(dir)

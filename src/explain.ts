@@ -53,6 +53,10 @@ export async function explain (config: GatewayConfig, req: ExplainRequest): Prom
   for (const l of plan.all) {
     const value = dimensionValue(l.dimension, client.key, user)
     const s = l.spec
+    if (l.concurrency) {
+      lines.push(`limit:   ${l.name} [${l.dimension}] concurrency: at most ${s.limit} in flight (lease TTL ${s.windowMs}ms); ${store} key ${value === null ? '(skipped: anonymous request)' : keyFor(l.keyBase, value)}; onError ${l.onError}; rejects with 429 GW_ERR_CONCURRENCY_LIMITED`)
+      continue
+    }
     const params = `limit ${s.limit} per ${s.windowMs}ms` + (s.burst !== s.limit ? `, burst ${s.burst}` : '') + (l.cost !== 1 ? `, cost ${l.cost}` : '') + (s.maxDelayMs > 0 ? `, delay up to ${s.maxDelayMs}ms` : '')
     const key = value === null ? '(skipped: anonymous request)' : keyFor(l.keyBase, value)
     lines.push(`limit:   ${l.name} [${l.dimension}] ${s.algorithm}: ${params}${l.shadow ? ' (shadow)' : ''}; ${store} key ${key}; onError ${l.onError}; rejects with ${l.status}`)

@@ -46,7 +46,7 @@ t.test('the issue\'s example compiles to leases after the rate limits, keyed wit
   ip: 50
   user: 20
 identity: { header: x-user-id }
-redis: { url: redis://127.0.0.1:6379, leaseTtl: 10s }
+redis: { url: redis://127.0.0.1:6379 }
 upstreams:
   backend: { targets: [http://127.0.0.1:3000] }
 routes:
@@ -72,5 +72,5 @@ routes:
   ])
   t.equal(upload.enforced[4]?.fixedCheck?.key, 'gw:lease:upload.route:_')
   t.equal(upload.enforced[3]?.keyBase, 'gw:lease:upload.user:')
-  t.ok(upload.enforced.filter(l => l.concurrency).every(l => l.spec.windowMs === 10_000 && l.spec.algorithm === 'lease'), 'window = leaseTtl')
+  t.ok(upload.enforced.filter(l => l.concurrency).every(l => l.spec.windowMs === 10_000 && l.spec.algorithm === 'lease'), 'window = leaseTtl, 10 s by default')
 })

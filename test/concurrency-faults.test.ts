@@ -107,3 +107,22 @@ routes:
   t.equal(r.status, 503)
   t.equal(r.json?.error, 'GW_ERR_LIMITER_UNAVAILABLE')
 })
+
+t.test('Redis down with onError: allow: the caps are skipped', async t => {
+  const redis = await startRedis()
+  t.teardown(() => redis.stop())
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+log: { level: warn }
+redis: { url: ${redis.url}, timeout: 200ms, onError: allow }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: al, pathPrefix: /, upstream: backend, concurrency: { user: 1 } }
+`)
+  t.same(statusCounts(await burst(3, `${gw.url}/slow?ms=500`, ALICE)), { 200: 1, 429: 2 }, 'Redis up: the cap of 1 holds')
+  await redis.kill()
+  t.same(statusCounts(await burst(3, `${gw.url}/slow?ms=500`, ALICE)), { 200: 3 }, 'Redis down: fails open')
+})

@@ -68,7 +68,7 @@ t.test('two instances on one Redis share `user: 2` exactly under 50 concurrent s
   t.same(statusCounts(again), { 200: 2 }, 'finished responses gave their leases back')
 })
 
-t.test('leases come back when the client leaves mid-response and mid-request-body', async t => {
+t.test('a client that leaves mid-response gives its lease back', async t => {
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url, { route: 'free' }))
   const key = 'free:lease:free.user:alice'
@@ -81,8 +81,18 @@ t.test('leases come back when the client leaves mid-response and mid-request-bod
   req.on('error', () => {})
   req.destroy()
   await eventually('lease freed after the client left mid-response', async () => await liveLeases(key) === 0, 3000)
+  t.same(statusCounts(await burst(2, `${gw.url}/slow?ms=300`, ALICE)), { 200: 2 }, 'the whole cap is free')
+})
 
-  // mid-request-body: 10 bytes of an announced 1 MB, then the connection is closed
+// Fails since main's a0a7568 (shield): server.ts's clientError handler now defers its answer while
+// a request on the socket is unanswered, and no longer destroys the socket on the parse error a
+// mid-body EOF raises (HPE_INVALID_EOF_STATE), so the request (and its lease) lives on until
+// server.clientBodyTimeout (60 s by default).
+t.test('a client that leaves mid-request-body gives its lease back', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, { route: 'body' }))
+  const key = 'body:lease:body.user:alice'
+  // 10 bytes of an announced 1 MB, then the connection is closed
   const socket = net.connect(gw.port, '127.0.0.1')
   socket.on('error', () => {})
   await new Promise(resolve => socket.once('connect', resolve))
@@ -90,9 +100,7 @@ t.test('leases come back when the client leaves mid-response and mid-request-bod
   await eventually('the trickling upload holds a lease', async () => await liveLeases(key) === 1, 3000)
   socket.destroy()
   await eventually('lease freed after the client left mid-body', async () => await liveLeases(key) === 0, 3000)
-
-  // the whole cap is free again
-  t.same(statusCounts(await burst(2, `${gw.url}/slow?ms=300`, ALICE)), { 200: 2 })
+  t.same(statusCounts(await burst(2, `${gw.url}/slow?ms=300`, ALICE)), { 200: 2 }, 'the whole cap is free')
 })
 
 t.test('an upstream that fails gives the lease back (502 each time, never 429)', async t => {
@@ -248,4 +256,75 @@ routes:
   await gw.close()
   await Promise.all(held)
   t.equal(await reader.zcard('bye:lease:bye.user:alice'), 0, 'no lease left behind (the TTL is 60 s)')
+})
+
+t.test('a reload that changes a cap keeps counting the leases already held', async t => {
+  const { writeConfig } = await import('./helpers/gateway.js')
+  const { Gateway } = await import('../src/server.js')
+  const { createLogger } = await import('../src/log.js')
+  const { writeFileSync } = await import('node:fs')
+  const { Writable } = await import('node:stream')
+  const up = await startUpstream(t)
+  const yaml = (cap: number): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+redis: { url: ${redis.url}, timeout: 2s, onError: deny, keyPrefix: rl }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: rl, pathPrefix: /, upstream: backend, concurrency: { user: ${cap} } }
+`
+  const file = writeConfig(t, yaml(1))
+  const gw = await Gateway.start({ configFile: file, logger: createLogger('info', new Writable({ write (_c, _e, cb) { cb() } })) })
+  t.teardown(() => gw.close())
+  const holding = send(`${gw.url}/slow?ms=2000`, ALICE)
+  await eventually('one lease held', async () => await liveLeases('rl:lease:rl.user:alice') === 1, 3000)
+  writeFileSync(file, yaml(2))
+  t.match(await gw.reload(), { ok: true })
+  const second = send(`${gw.url}/slow?ms=1000`, ALICE)
+  await eventually('two leases held', async () => await liveLeases('rl:lease:rl.user:alice') === 2, 3000)
+  const third = await send(`${gw.url}/x`, ALICE)
+  t.equal(third.json?.error, 'GW_ERR_CONCURRENCY_LIMITED', 'the lease taken before the reload still counts against the new cap of 2')
+  t.equal((await second).status, 200)
+  t.equal((await holding).status, 200)
+})
+
+t.test('a route\'s per-IP cap; anonymous requests skip a user cap', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: perip, pathPrefix: /ip/, upstream: backend, stripPrefix: /ip, concurrency: { ip: 1 } }
+  - { name: peruser, pathPrefix: /user/, upstream: backend, stripPrefix: /user, concurrency: { user: 1 } }
+`)
+  const ip = await burst(3, `${gw.url}/ip/slow?ms=800`)
+  t.same(statusCounts(ip), { 200: 1, 429: 2 }, 'one in flight per IP on this route')
+  t.ok(ip.filter(r => r.status === 429).every(r => r.json?.limit === 'perip.concurrency.ip' && r.json.dimension === 'ip'))
+  t.same(statusCounts(await burst(3, `${gw.url}/user/slow?ms=300`)), { 200: 3 }, 'anonymous requests are not held to a user cap')
+})
+
+t.test('a concurrency refusal is not remembered: the moment a lease comes back, the client is admitted', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+local: { limit: 1000, window: 1s }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: nodeny, pathPrefix: /, upstream: backend, concurrency: { user: 1 } }
+`)
+  const holding = send(`${gw.url}/slow?ms=300`, ALICE)
+  await eventually('one in flight', async () => await metric(gw.adminUrl, 'gateway_inflight', { route: 'nodeny' }) === 1, 3000, 10)
+  const refusedAt = Date.now()
+  t.equal((await send(`${gw.url}/x`, ALICE)).json?.error, 'GW_ERR_CONCURRENCY_LIMITED')
+  t.equal((await holding).status, 200)
+  const retry = await send(`${gw.url}/x`, ALICE)
+  const after = Date.now() - refusedAt
+  t.equal(retry.status, 200, `admitted ${after} ms after the refusal`)
+  // a refusal held like a rate limit's (Retry-After: 1) would have lasted 1000 ms
+  t.ok(after < 1000, `retried within the refusal's Retry-After (${after} ms)`)
 })

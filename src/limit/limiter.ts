@@ -81,6 +81,8 @@ export class Limiter {
 
     const { checks, limits } = buildChecks(plan.enforced, req)
     for (let i = 0; i < checks.length; i++) {
+      // leases are never in the deny cache (a lease can come back at any moment)
+      if ((limits[i] as PlannedLimit).concurrency) continue
       const left = deny.remaining(denyKey(checks[i] as LimitCheck), now)
       if (left > 0) {
         const l = limits[i] as PlannedLimit

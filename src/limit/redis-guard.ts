@@ -351,6 +351,8 @@ export class RedisGuard {
       let remaining = remainings[i] as number
       if (remaining < 0) continue
       const check = checks[i] as LimitCheck
+      // a lease's fallback never starts from Redis's count (see seed)
+      if (check.spec.algorithm === 'lease') continue
       const known = this.learned.get(check.key)
       let holdUntil = 0
       if (known !== undefined && known.holdUntil > atMs && known.spec === check.spec) {
