@@ -84,10 +84,9 @@ t.test('a client that leaves mid-response gives its lease back', async t => {
   t.same(statusCounts(await burst(2, `${gw.url}/slow?ms=300`, ALICE)), { 200: 2 }, 'the whole cap is free')
 })
 
-// Fails since main's a0a7568 (shield): server.ts's clientError handler now defers its answer while
-// a request on the socket is unanswered, and no longer destroys the socket on the parse error a
-// mid-body EOF raises (HPE_INVALID_EOF_STATE), so the request (and its lease) lives on until
-// server.clientBodyTimeout (60 s by default).
+// Regression: the clientError handler once deferred its answer for a client that had closed its
+// side mid-body (HPE_INVALID_EOF_STATE), so the request and its lease lived on until
+// server.clientBodyTimeout.
 t.test('a client that leaves mid-request-body gives its lease back', async t => {
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url, { route: 'body' }))
