@@ -151,6 +151,25 @@ t.test('verified tokens are cached, never past their exp', async (t) => {
   t.same(await resolve(r, bearer(token)), { ok: false, reason: 'token expired' }, 'cache entry expired with the token')
 })
 
+t.test('README: verified tokens are cached for 60 s at most, even when they expire much later', async (t) => {
+  // the cache's own clock, moved by the test: no 60 s wait
+  let ms = 1_000_000
+  const clock = { now: () => ms }
+  const r = await compileIdentity({ jwt: { secret: SECRET } }, undefined, { cacheClock: clock })
+  const token = await sign('HS256', new TextEncoder().encode(SECRET), { sub: 'alice' }, { exp: now() + 3600 })
+  t.same(await r.resolve(bearer(token)), { ok: true, user: 'alice' })
+  // lru-cache reads its clock at most once per ms (ttlResolution): let that pass after each move
+  const tick = (): Promise<void> => new Promise(resolve => setTimeout(resolve, 5))
+  ms += 59_000
+  await tick()
+  t.notOk(r.resolve(bearer(token)) instanceof Promise, 'still a cache hit 59 s later')
+  ms += 2_000
+  await tick()
+  const again = r.resolve(bearer(token))
+  t.ok(again instanceof Promise, 'verified again after 61 s, although the token is valid for an hour')
+  t.same(await again, { ok: true, user: 'alice' })
+})
+
 t.test('JWKS from a real HTTP server', async (t) => {
   const { publicKey, privateKey } = await generateKeyPair('ES256', { extractable: true })
   const jwk = { ...(await exportJWK(publicKey)), kid: 'k1', alg: 'ES256', use: 'sig' }

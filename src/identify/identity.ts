@@ -85,13 +85,16 @@ const HMAC_MIN_BYTES: Readonly<Record<string, number>> = { HS256: 32, HS384: 48,
 const invalid = (message: string, cause?: unknown): GatewayError =>
   new GatewayError('GW_ERR_CONFIG_INVALID', `identity: ${message}`, cause === undefined ? undefined : { cause })
 
-export async function compileIdentity (config: IdentityConfig | undefined, consumers: ConsumerDirectory = NO_CONSUMERS): Promise<IdentityResolver> {
+/** Tests only: the clock the verified-token cache measures its 60 s with (default: performance). */
+export interface IdentityOptions { readonly cacheClock?: { now: () => number } }
+
+export async function compileIdentity (config: IdentityConfig | undefined, consumers: ConsumerDirectory = NO_CONSUMERS, options: IdentityOptions = {}): Promise<IdentityResolver> {
   if (config === undefined) return NO_IDENTITY
   const requiredByDefault = config.required === true
   const absent: Absent = (required) => (required ?? requiredByDefault) ? MISSING : ANONYMOUS
   if ('header' in config) return compileHeaderIdentity(config.header, absent, consumers)
   if ('apiKeys' in config) return compileApiKeys(config.apiKeys, absent, consumers, await readApiKeyFile(config.apiKeys.file, consumers))
-  if ('jwt' in config) return await compileJwt(config.jwt, absent, consumers)
+  if ('jwt' in config) return await compileJwt(config.jwt, absent, consumers, options)
   throw invalid('expected one of "header", "apiKeys" or "jwt"')
 }
 
@@ -153,7 +156,7 @@ function compileApiKeys (
 
 type JwtConfig = Extract<IdentityConfig, { jwt: unknown }>['jwt']
 
-async function compileJwt (jwt: JwtConfig, absent: Absent, consumers: ConsumerDirectory): Promise<IdentityResolver> {
+async function compileJwt (jwt: JwtConfig, absent: Absent, consumers: ConsumerDirectory, testing: IdentityOptions): Promise<IdentityResolver> {
   const sources = [jwt.secret, jwt.publicKey, jwt.jwksUrl].filter(s => s !== undefined).length
   if (sources !== 1) throw invalid('jwt needs exactly one of "secret", "publicKey" or "jwksUrl"')
   const { key, algorithms } = await compileJwtKey(jwt)
@@ -178,7 +181,8 @@ async function compileJwt (jwt: JwtConfig, absent: Absent, consumers: ConsumerDi
   const verified = new LRUCache<string, IdentityResult>({
     max: 10_000,
     maxSize: 16 * 1024 * 1024,
-    sizeCalculation: (_value, token) => token.length + 64
+    sizeCalculation: (_value, token) => token.length + 64,
+    ...(testing.cacheClock !== undefined ? { perf: testing.cacheClock } : {})
   })
 
   const verify = async (token: string): Promise<IdentityResult> => {
