@@ -16,6 +16,7 @@ import type { LimitVerdict } from './limit/limiter.js'
 import type { IdentityResult } from './identify/identity.js'
 import type { Telemetry } from './telemetry.js'
 import type { Logger } from './log.js'
+import { setTrace, traceOf } from './tracing.js'
 
 export interface PipelineState {
   /** The live runtime; read once per request so a reload never changes a request mid-way. */
@@ -47,6 +48,8 @@ interface Admission {
   clientIp: string
   ipKey: string
   user: string | null
+  /** Milliseconds the limiter waited on its store (Redis) for this request; 0 when decided in process. */
+  storeMs: number
 }
 
 type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown>, ipKey: string }
@@ -81,7 +84,7 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   if (!normalized.ok) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: normalized.reason }, ipKey: client.key }
   const route = rt.routes.match(normalizeHost(req.headers.host), req.method ?? 'GET', normalized.path)
   if (route === null) return { ok: false, code: 'GW_ERR_NOT_FOUND', ipKey: client.key }
-  return { ok: true, admission: { route, path: normalized.path + query, clientIp: client.ip, ipKey: client.key, user: null } }
+  return { ok: true, admission: { route, path: normalized.path + query, clientIp: client.ip, ipKey: client.key, user: null, storeMs: 0 } }
 }
 
 /**
@@ -107,7 +110,13 @@ function identifyAndLimit (rt: Runtime, req: IncomingMessage, a: Admission, requ
     }
     a.user = identity.user
     const verdict = rt.limiter.check({ route: a.route.name, plan: a.route.limits, ipKey: a.ipKey, user: a.user, requestId })
-    if (verdict instanceof Promise) verdict.then(v => next(identity, v)).catch(fail)
+    if (verdict instanceof Promise) {
+      const asked = performance.now()
+      verdict.then(v => {
+        a.storeMs = performance.now() - asked
+        next(identity, v)
+      }).catch(fail)
+    }
     else next(identity, verdict)
   }
   try {
@@ -125,6 +134,7 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
     const rt = state.runtime
     rt.activity.inflight++
     const requestId = requestIdOf(req)
+    setTrace(req, rt.tracer.start(req, Date.now()))
     const early = routeRequest(state, rt, req)
     const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
     if (shed !== null && shed.kind === 'reject') {
@@ -201,6 +211,7 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
     const rt = state.runtime
     rt.activity.inflight++
     const requestId = requestIdOf(req)
+    setTrace(req, rt.tracer.start(req, Date.now()))
     socket.on('error', () => socket.destroy())
     const fail = (status: number, payload: Record<string, unknown>, a: Admission | null, headers?: ReadonlyArray<readonly [string, string]>, outcome: string | null = null, limit: string | null = null): void => {
       const sent = writeRawError(socket, status, { ...payload, requestId }, requestId, headers)
@@ -261,6 +272,7 @@ function trackWebSocket (state: PipelineState, rt: Runtime, req: IncomingMessage
     if (!state.logger.isLevelEnabled('info')) return
     state.logger.info({
       requestId,
+      traceId: traceOf(req)?.traceId,
       ip: a.clientIp,
       user: a.user ?? undefined,
       path: rt.redactQuery(a.path),
@@ -296,9 +308,24 @@ function finish (
   const seconds = Number(process.hrtime.bigint() - started) / 1e9
   const route = a?.route.name ?? '-'
   state.telemetry.request(route, req.method ?? 'GET', status, seconds)
+  const trace = traceOf(req)
+  if (trace !== undefined && trace.span !== null) {
+    rt.tracer.end(trace, {
+      route,
+      method: req.method ?? 'GET',
+      status,
+      outcome,
+      limit,
+      upstream: a?.route.upstream ?? null,
+      target: result?.target ?? null,
+      redisMs: a?.storeMs ?? 0,
+      error: result?.errorKind ?? null
+    })
+  }
   if (state.logger.isLevelEnabled('info')) {
     state.logger.info({
       requestId,
+      traceId: trace?.traceId,
       ip: a?.clientIp ?? req.socket.remoteAddress,
       user: a?.user ?? undefined,
       method: req.method,

@@ -1,0 +1,84 @@
+// W3C Trace Context through a real gateway: the upstream gets a traceparent naming the gateway's
+// span (the caller's trace kept, or a new one), and the access log line carries the trace id.
+import t from 'tap'
+import { once } from 'node:events'
+import { WebSocket } from 'ws'
+import { startGateway } from './helpers/gateway.js'
+import { startUpstream, type EchoBody } from './helpers/upstream.js'
+
+type Line = Record<string, unknown>
+const TRACEPARENT = /^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/
+const sleep = (ms: number): Promise<void> => new Promise(resolve => setTimeout(resolve, ms))
+
+async function lineOf (lines: Line[], requestId: string, msg = 'request'): Promise<Line> {
+  for (let i = 0; i < 500; i++) {
+    const found = lines.find(l => l.msg === msg && l.requestId === requestId)
+    if (found !== undefined) return found
+    await sleep(10)
+  }
+  throw new Error(`no ${msg} line for ${requestId}`)
+}
+
+const config = (upstream: string): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: ["${upstream}"] }
+routes:
+  - { name: api, pathPrefix: /, upstream: backend, websocket: true }
+`
+
+t.test('a caller\'s traceparent: same trace upstream, the gateway\'s span as parent, trace id logged', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url))
+  const incoming = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'
+  const res = await fetch(`${gw.url}/x`, { headers: { traceparent: incoming, tracestate: 'vendor=1', 'x-request-id': 'tp-1' } })
+  const echo = await res.json() as EchoBody
+  const sent = TRACEPARENT.exec(echo.headers.traceparent as string)
+  t.ok(sent !== null, `upstream got a valid traceparent: ${String(echo.headers.traceparent)}`)
+  const [, traceId, parentId, flags] = sent as RegExpExecArray
+  t.equal(traceId, '4bf92f3577b34da6a3ce929d0e0e4736', 'the caller\'s trace')
+  t.not(parentId, '00f067aa0ba902b7', 'the parent is the gateway\'s span, not the caller\'s')
+  t.equal(flags, '01', 'the sampled flag is kept')
+  t.equal(echo.headers.tracestate, 'vendor=1', 'tracestate passes through')
+  t.equal((await lineOf(gw.lines, 'tp-1')).traceId, '4bf92f3577b34da6a3ce929d0e0e4736')
+})
+
+t.test('no traceparent, or an invalid one: a new trace, propagated and logged', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url))
+  const invalid = [
+    undefined,
+    '00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01', // uppercase
+    '00-00000000000000000000000000000000-00f067aa0ba902b7-01', // zero trace id
+    '00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01', // zero parent id
+    'ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', // version ff
+    '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra' // version 00 with more fields
+  ]
+  const seen = new Set<string>()
+  for (const [i, header] of invalid.entries()) {
+    const headers: Record<string, string> = { 'x-request-id': `new-${i}` }
+    if (header !== undefined) headers.traceparent = header
+    const echo = await (await fetch(`${gw.url}/x`, { headers })).json() as EchoBody
+    const sent = TRACEPARENT.exec(echo.headers.traceparent as string)
+    t.ok(sent !== null, `${String(header)}: upstream got a valid traceparent`)
+    const traceId = (sent as RegExpExecArray)[1] as string
+    t.not(traceId, '4bf92f3577b34da6a3ce929d0e0e4736', `${String(header)}: a new trace`)
+    t.equal((await lineOf(gw.lines, `new-${i}`)).traceId, traceId, 'the logged trace id is the propagated one')
+    seen.add(traceId)
+  }
+  t.equal(seen.size, invalid.length, 'every new trace has its own id')
+  // a later version is read by its first four fields (W3C Trace Context §3.2.4)
+  const future = await (await fetch(`${gw.url}/x`, { headers: { traceparent: 'cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-the-future-holds' } })).json() as EchoBody
+  t.match(future.headers.traceparent, /^00-4bf92f3577b34da6a3ce929d0e0e4736-[0-9a-f]{16}-01$/)
+})
+
+t.test('a WebSocket upgrade carries the trace too, and its lines the trace id', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url))
+  const ws = new WebSocket(`ws://127.0.0.1:${gw.port}/ws`, { headers: { traceparent: '00-11111111111111111111111111111111-2222222222222222-00', 'x-request-id': 'ws-t' } })
+  await once(ws, 'open')
+  t.match(up.upgrades.at(-1)?.headers.traceparent, /^00-11111111111111111111111111111111-[0-9a-f]{16}-00$/)
+  ws.close()
+  t.equal((await lineOf(gw.lines, 'ws-t')).traceId, '11111111111111111111111111111111')
+  t.equal((await lineOf(gw.lines, 'ws-t', 'websocket closed')).traceId, '11111111111111111111111111111111')
+})
