@@ -4,7 +4,8 @@ import t from 'tap'
 import { once } from 'node:events'
 import { WebSocket } from 'ws'
 import { startGateway } from './helpers/gateway.js'
-import { startUpstream, type EchoBody } from './helpers/upstream.js'
+import { startHttpServer, startUpstream, type EchoBody } from './helpers/upstream.js'
+import { startRedis } from './helpers/redis.js'
 
 type Line = Record<string, unknown>
 const TRACEPARENT = /^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/
@@ -81,4 +82,77 @@ t.test('a WebSocket upgrade carries the trace too, and its lines the trace id', 
   ws.close()
   t.equal((await lineOf(gw.lines, 'ws-t')).traceId, '11111111111111111111111111111111')
   t.equal((await lineOf(gw.lines, 'ws-t', 'websocket closed')).traceId, '11111111111111111111111111111111')
+})
+
+interface OtlpValue { stringValue?: string, intValue?: number | string, doubleValue?: number }
+interface OtlpSpan { traceId: string, spanId: string, parentSpanId?: string, name: string, kind: number, attributes: Array<{ key: string, value: OtlpValue }>, status?: { code?: number } }
+interface OtlpExport { resourceSpans: Array<{ resource: { attributes: Array<{ key: string, value: OtlpValue }> }, scopeSpans: Array<{ spans: OtlpSpan[] }> }> }
+
+const attr = (span: OtlpSpan, key: string): string | number | undefined => {
+  const v = span.attributes.find(a => a.key === key)?.value
+  if (v === undefined) return undefined
+  return v.stringValue ?? (v.intValue !== undefined ? Number(v.intValue) : v.doubleValue)
+}
+
+t.test('tracing.otlp: one span per request, exported over OTLP/HTTP to a local receiver', async t => {
+  const exports: OtlpExport[] = []
+  const paths: string[] = []
+  const receiver = await startHttpServer(t, (req, res) => {
+    const chunks: Buffer[] = []
+    req.on('data', (c: Buffer) => chunks.push(c))
+    req.on('end', () => {
+      paths.push(`${req.method ?? ''} ${req.url ?? ''} ${req.headers['content-type'] ?? ''}`)
+      exports.push(JSON.parse(Buffer.concat(chunks).toString()) as OtlpExport)
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{}')
+    })
+  })
+  const redis = await startRedis()
+  t.teardown(() => redis.stop())
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+tracing: { otlp: "${receiver.url}", serviceName: gw-under-test }
+redis: { url: "${redis.url}" }
+upstreams:
+  backend: { targets: ["${up.url}"] }
+routes:
+  - name: api
+    pathPrefix: /
+    upstream: backend
+    limits:
+      ip: { algorithm: fixed-window, limit: 1, window: 1m }
+`)
+  const parent = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'
+  const ok = await fetch(`${gw.url}/items?id=1`, { headers: { traceparent: parent } })
+  const echo = await ok.json() as EchoBody
+  const limited = await fetch(`${gw.url}/items`)
+  t.equal(limited.status, 429)
+  await gw.close() // flushes the batch
+  const spans = exports.flatMap(e => e.resourceSpans.flatMap(r => r.scopeSpans.flatMap(s => s.spans)))
+  t.equal(spans.length, 2, 'one span per request')
+  t.match(paths[0], /^POST \/v1\/traces application\/json/, 'OTLP/HTTP on the traces path')
+  const service = exports[0]?.resourceSpans[0]?.resource.attributes.find(a => a.key === 'service.name')?.value.stringValue
+  t.equal(service, 'gw-under-test')
+
+  const first = spans.find(s => attr(s, 'http.response.status_code') === 200) as OtlpSpan
+  t.ok(first !== undefined)
+  t.equal(first.traceId, '0af7651916cd43dd8448eb211c80319c', 'the caller\'s trace')
+  t.equal(first.parentSpanId, 'b7ad6b7169203331', 'the caller\'s span is the parent')
+  t.equal(echo.headers.traceparent, `00-${first.traceId}-${first.spanId}-01`, 'the upstream\'s parent is this span')
+  t.equal(first.name, 'GET api')
+  t.equal(first.kind, 2, 'SERVER')
+  t.equal(attr(first, 'http.route'), 'api')
+  t.equal(attr(first, 'gateway.upstream'), 'backend')
+  t.equal(attr(first, 'gateway.upstream.target'), up.url)
+  t.ok((attr(first, 'gateway.redis.duration_ms') as number) > 0, `Redis time recorded: ${String(attr(first, 'gateway.redis.duration_ms'))} ms`)
+  t.equal(attr(first, 'gateway.outcome'), undefined)
+
+  const second = spans.find(s => attr(s, 'http.response.status_code') === 429) as OtlpSpan
+  t.ok(second !== undefined)
+  t.not(second.traceId, first.traceId, 'a request without traceparent starts its own trace')
+  t.equal(second.parentSpanId ?? '', '', 'a root span')
+  t.equal(attr(second, 'gateway.outcome'), 'rejected')
+  t.equal(attr(second, 'gateway.limit'), 'api.ip')
+  const logged = gw.lines.filter(l => l.msg === 'request').map(l => l.traceId)
+  t.same(logged.sort(), [first.traceId, second.traceId].sort(), 'the access log names the exported traces')
 })

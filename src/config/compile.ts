@@ -15,7 +15,7 @@ import { Limiter } from '../limit/limiter.js'
 import type { ResourceCache } from './resources.js'
 import type { Telemetry } from '../telemetry.js'
 import { compileQueryRedactor } from '../log.js'
-import { PROPAGATING_TRACER, type RequestTracer } from '../tracing.js'
+import type { RequestTracer } from '../tracing.js'
 
 export interface CompiledRoute {
   readonly name: string
@@ -201,6 +201,6 @@ export async function compileRuntime (
     trustedProxiesEmpty: (config.trustedProxies ?? []).length === 0,
     activity: { inflight: 0 },
     redactQuery: compileQueryRedactor(config.log?.redactQuery),
-    tracer: PROPAGATING_TRACER
+    tracer: resources.tracer(config)
   })
 }
