@@ -19,6 +19,7 @@ RUN npm ci --omit=dev --no-audit --no-fund && npm cache clean --force \
 COPY --from=build /app/dist ./dist
 COPY bin ./bin
 COPY lua ./lua
+COPY admin-ui ./admin-ui
 COPY gateway.schema.json ./
 # The image's default config listens on 0.0.0.0 (reachable through -p) and proxies to $BACKEND_URL.
 COPY examples/gateway.docker.yaml ./gateway.yaml

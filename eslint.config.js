@@ -16,5 +16,10 @@ export default tseslint.config(
   {
     files: ['**/*.js', '**/*.mjs'],
     languageOptions: { globals: globals.node }
+  },
+  {
+    // the admin page runs in the browser
+    files: ['admin-ui/**/*.js'],
+    languageOptions: { globals: globals.browser }
   }
 )

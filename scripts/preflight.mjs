@@ -28,13 +28,15 @@ const TOOLS = {
   'redis-cli': { apt: 'redis-tools', dnf: 'redis', brew: 'redis' },
   'redis-sentinel': { apt: 'redis-sentinel', dnf: 'redis', brew: 'redis' },
   openssl: { apt: 'openssl', dnf: 'openssl', brew: 'openssl' },
+  // the admin page's browser tests (playwright-core drives it); Ubuntu and Fedora name it chromium-browser
+  chromium: { apt: 'chromium', dnf: 'chromium', brewCask: 'chromium', names: ['chromium', 'chromium-browser', 'google-chrome'] },
   nginx: { apt: 'nginx', dnf: 'nginx', brew: 'nginx' }
 }
 
 const NEEDS = {
   // the suite starts real redis-server processes (standalone, Sentinel, Cluster) and makes TLS
   // certificates with openssl
-  test: { required: ['redis-server', 'redis-cli', 'redis-sentinel', 'openssl'], optional: [] },
+  test: { required: ['redis-server', 'redis-cli', 'redis-sentinel', 'openssl', 'chromium'], optional: [] },
   // the Redis contenders need redis-server; nginx is an extra contender (skipped when missing)
   bench: { required: ['redis-server', 'redis-cli'], optional: ['nginx'] },
   // the demo keeps its limits in process: Node is all it needs
@@ -65,8 +67,18 @@ function unique (list) {
 
 /** The one line that tells a person what to install, for the three families we document. */
 export function installHint (missing) {
-  const pk = family => unique(missing.map(m => TOOLS[m][family])).join(' ')
-  return `to install: Debian/Ubuntu: sudo apt-get install -y ${pk('apt')} | Fedora: sudo dnf install -y ${pk('dnf')} | macOS: brew install ${pk('brew')}`
+  const pk = family => unique(missing.map(m => TOOLS[m][family]).filter(p => p !== undefined)).join(' ')
+  const brew = [pk('brew') && `brew install ${pk('brew')}`, pk('brewCask') && `brew install --cask ${pk('brewCask')}`].filter(Boolean).join(' && ')
+  return `to install: Debian/Ubuntu: sudo apt-get install -y ${pk('apt')} | Fedora: sudo dnf install -y ${pk('dnf')} | macOS: ${brew}`
+}
+
+/** The path of a tool under any of its names, or null. */
+export function findTool (tool, pathVar) {
+  for (const name of TOOLS[tool]?.names ?? [tool]) {
+    const found = findOnPath(name, pathVar)
+    if (found !== null) return found
+  }
+  return null
 }
 
 function canInstallWithApt () {
@@ -99,9 +111,9 @@ export function preflight (what, { log = console.log, error = console.error } = 
     return EXIT.oldNode
   }
   for (const tool of need.optional) {
-    if (findOnPath(tool) === null) log(`preflight: ${tool} not found: its contender is skipped (${installHint([tool])})`)
+    if (findTool(tool) === null) log(`preflight: ${tool} not found: its contender is skipped (${installHint([tool])})`)
   }
-  let missing = need.required.filter(tool => findOnPath(tool) === null)
+  let missing = need.required.filter(tool => findTool(tool) === null)
   if (missing.length === 0) return EXIT.ok
   if (!canInstallWithApt()) {
     error(`preflight: ${what} needs ${missing.join(', ')}, not found on PATH; ${installHint(missing)}`)
@@ -110,7 +122,7 @@ export function preflight (what, { log = console.log, error = console.error } = 
   const packages = unique(missing.map(m => TOOLS[m].apt))
   log(`preflight: installing ${packages.join(' ')} from the OS packages (apt-get, as root)`)
   const installed = aptInstall(packages)
-  missing = need.required.filter(tool => findOnPath(tool) === null)
+  missing = need.required.filter(tool => findTool(tool) === null)
   if (!installed.ok || missing.length > 0) {
     error(`preflight: could not install ${missing.join(', ') || packages.join(', ')} with apt-get (log: ${installed.log}); ${installHint(missing.length > 0 ? missing : need.required)}`)
     return EXIT.installFailed

@@ -2,11 +2,12 @@
 import { parseArgs } from 'node:util'
 import { readFileSync, writeFileSync, rmSync } from 'node:fs'
 import { loadConfigFile, ConfigError } from './config/load.js'
-import { gatewayJsonSchema } from './config/schema.js'
+import { adminListen, gatewayJsonSchema } from './config/schema.js'
 import { checkCompiles } from './config/compile.js'
 import { Gateway, splitHostPort } from './server.js'
 import type { LogLevel } from './log.js'
 import { explain } from './explain.js'
+import { limitsCommand } from './cli-limits.js'
 import { isWorker, notifyReady, registerWorkerMetrics, runPrimary } from './workers.js'
 import { createLogger } from './log.js'
 
@@ -18,6 +19,7 @@ Commands:
   schema                print the JSON Schema of gateway.yaml
   reload                validate, signal the running gateway, wait for its verdict (needs --pid-file)
   explain METHOD URL    show the route and every limit that would apply to a request
+  limits get|reset      show or reset a client's limits on the running gateway (admin API)
   help [COMMAND]        print this help, or one command's
 
 Options:
@@ -93,6 +95,8 @@ export async function main (argv: string[]): Promise<number> {
 }
 
 async function run (argv: string[]): Promise<number> {
+  // its own options (--route, --token): parsed by src/cli-limits.ts
+  if (argv[0] === 'limits') return await limitsCommand(argv.slice(1))
   const { values, positionals } = parseArgs({
     args: argv,
     allowPositionals: true,
@@ -223,7 +227,7 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
     process.stderr.write(`gateway reload: not signalled, ${configFile} is invalid:\n`)
     return reportConfigError(err, configFile)
   }
-  const adminUrl = adminClientUrl(adminOption ?? loaded.config.admin ?? '127.0.0.1:9901')
+  const adminUrl = adminClientUrl(adminOption ?? adminListen(loaded.config))
   let before: ReloadView | null = null
   try {
     before = await readReloadView(adminUrl)

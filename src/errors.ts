@@ -5,6 +5,8 @@ import { STATUS_CODES, type ServerResponse } from 'node:http'
 
 export const ERRORS = Object.freeze({
   GW_ERR_NOT_FOUND: { status: 404, message: 'no route matches this request' },
+  GW_ERR_METHOD_NOT_ALLOWED: { status: 405, message: 'the route does not accept this method' },
+  GW_ERR_NOT_IMPLEMENTED: { status: 501, message: 'the request uses a transfer coding the gateway does not implement' },
   GW_ERR_BAD_PATH: { status: 400, message: 'the request path is malformed' },
   GW_ERR_BAD_REQUEST: { status: 400, message: 'the request is malformed' },
   GW_ERR_BODY_TOO_LARGE: { status: 413, message: 'the request body exceeds the route limit' },
@@ -12,12 +14,20 @@ export const ERRORS = Object.freeze({
   GW_ERR_HEADERS_TOO_LARGE: { status: 431, message: 'the request headers are too large' },
   GW_ERR_UNAUTHORIZED: { status: 401, message: 'missing or invalid credentials' },
   GW_ERR_RATE_LIMITED: { status: 429, message: 'rate limit exceeded' },
+  GW_ERR_CONCURRENCY_LIMITED: { status: 429, message: 'too many requests in flight' },
   GW_ERR_LIMITER_UNAVAILABLE: { status: 503, message: 'the rate limiter is unavailable' },
   GW_ERR_UPSTREAM_UNAVAILABLE: { status: 502, message: 'the upstream refused or reset the connection' },
+  GW_ERR_UPSTREAM_DNS: { status: 502, message: 'the upstream host name did not resolve' },
+  GW_ERR_UPSTREAM_BAD_RESPONSE: { status: 502, message: 'the upstream sent a response the gateway cannot relay' },
   GW_ERR_UPSTREAM_TIMEOUT: { status: 504, message: 'the upstream did not answer in time' },
   GW_ERR_NO_HEALTHY_UPSTREAM: { status: 503, message: 'no healthy upstream target' },
   GW_ERR_SHUTTING_DOWN: { status: 503, message: 'the gateway is shutting down' },
-  GW_ERR_CONFIG_INVALID: { status: 500, message: 'the configuration is invalid' }
+  GW_ERR_TOO_MANY_TUNNELS: { status: 503, message: 'too many open WebSocket tunnels (server.maxWebSockets)' },
+  GW_ERR_CONFIG_INVALID: { status: 500, message: 'the configuration is invalid' },
+  GW_ERR_NOT_READY: { status: 503, message: 'no configuration is loaded yet' },
+  GW_ERR_ADMIN_BUSY: { status: 503, message: 'too many live subscribers on the admin listener' },
+  GW_ERR_ADMIN_UNAUTHORIZED: { status: 401, message: 'this admin endpoint needs Authorization: Bearer <admin.token>' },
+  GW_ERR_ADMIN_FORBIDDEN: { status: 403, message: 'no admin.token is configured: mutating admin endpoints are disabled' }
 } as const)
 
 export type ErrorCode = keyof typeof ERRORS

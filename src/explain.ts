@@ -20,7 +20,7 @@ function userFromHeaders (config: GatewayConfig, headers: Map<string, string>): 
   if ('header' in id) return headers.get(id.header.toLowerCase()) ?? null
   if ('apiKeys' in id) {
     const key = headers.get(id.apiKeys.header.toLowerCase())
-    return key === undefined ? null : (id.apiKeys.keys[key] ?? null)
+    return key === undefined ? null : ((id.apiKeys.keys ?? {})[key] ?? null)
   }
   return null
 }

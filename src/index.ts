@@ -9,6 +9,7 @@
 import { loadConfigFile, ConfigError, formatProblem, type ConfigProblem, type LoadedConfig } from './config/load.js'
 import { checkCompiles } from './config/compile.js'
 import { Gateway, splitHostPort, type ReloadResult } from './server.js'
+import { adminListen } from './config/schema.js'
 import type { GatewayConfig } from './config/schema.js'
 import type { Logger, LogLevel } from './log.js'
 
@@ -73,7 +74,7 @@ export async function startGateway (options: StartOptions | string): Promise<Gat
   const config = (gw.runtime as NonNullable<Gateway['runtime']>).config
   const addresses = Object.freeze({
     listen: Object.freeze({ host: splitHostPort(config.listen ?? '0.0.0.0:8080').host, port: gw.port }),
-    admin: Object.freeze({ host: splitHostPort(config.admin ?? '127.0.0.1:9901').host, port: gw.adminPort })
+    admin: Object.freeze({ host: splitHostPort(adminListen(config)).host, port: gw.adminPort })
   })
   return Object.freeze({
     addresses,

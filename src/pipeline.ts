@@ -7,13 +7,18 @@ import type { Duplex } from 'node:stream'
 import { randomUUID } from 'node:crypto'
 import { normalizePath } from './router/normalize-path.js'
 import { normalizeHost } from './router/route-table.js'
+import { checkRequestHead } from './router/request-head.js'
 import { looksLikeMisconfiguredProxy } from './identify/client-ip.js'
 import { forwardRequest, type ForwardContext, type ForwardErrorKind, type ForwardResult } from './proxy/forward.js'
 import type { createWebSocketProxy } from './proxy/websocket.js'
 import { ERRORS, sendError, sendJson, writeRawError, type ErrorCode } from './errors.js'
 import type { CompiledRoute, Runtime } from './config/compile.js'
 import type { LimitVerdict } from './limit/limiter.js'
+import type { HeldLease } from './limit/concurrency.js'
 import type { IdentityResult } from './identify/identity.js'
+import { limitsFor } from './limit/plan.js'
+
+const ANONYMOUS: IdentityResult = Object.freeze({ ok: true, user: null })
 import type { Telemetry } from './telemetry.js'
 import type { Logger } from './log.js'
 import { setTrace, traceOf } from './tracing.js'
@@ -34,10 +39,12 @@ const REQUEST_ID_RE = /^[A-Za-z0-9._:@/+=-]{1,128}$/
 
 // What gateway_upstream_errors_total counts. A 413, a header undici refuses or a client that left
 // are the client's doing: counting them would page whoever watches the upstreams.
-const UPSTREAM_FAILURES: ReadonlySet<ForwardErrorKind> = new Set<ForwardErrorKind>(['refused', 'reset', 'connect_timeout', 'response_timeout', 'no_healthy'])
+const UPSTREAM_FAILURES: ReadonlySet<ForwardErrorKind> = new Set<ForwardErrorKind>(['refused', 'dns', 'bad_response', 'reset', 'connect_timeout', 'response_timeout', 'no_healthy'])
 
-function requestIdOf (req: IncomingMessage): string {
-  const given = req.headers['x-request-id']
+// A client-chosen id would let it forge or collide with other requests' log lines: only our own
+// proxies (trustedProxies) may hand one over.
+function requestIdOf (req: IncomingMessage, trustedPeer: boolean): string {
+  const given = trustedPeer ? req.headers['x-request-id'] : undefined
   return typeof given === 'string' && REQUEST_ID_RE.test(given) ? given : randomUUID()
 }
 
@@ -52,7 +59,7 @@ interface Admission {
   storeMs: number
 }
 
-type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown>, ipKey: string }
+type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown>, headers?: ReadonlyArray<readonly [string, string]>, ipKey: string }
 
 function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage): Early {
   // The client IP comes first: a request that fails to route is still charged to its address.
@@ -66,6 +73,8 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
       state.logger.warn({ peer }, 'requests arrive with X-Forwarded-For from a private address but trustedProxies is empty: every client behind that proxy shares one IP limit')
     }
   }
+  const head = checkRequestHead(req, rt.server.maxHeadersCount)
+  if (head !== null) return { ok: false, code: head.code, extra: { reason: head.reason }, ipKey: client.key }
   const url = req.url ?? '/'
   let rawPath = url
   let query = ''
@@ -82,8 +91,17 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   }
   const normalized = normalizePath(rawPath)
   if (!normalized.ok) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: normalized.reason }, ipKey: client.key }
-  const route = rt.routes.match(normalizeHost(req.headers.host), req.method ?? 'GET', normalized.path)
-  if (route === null) return { ok: false, code: 'GW_ERR_NOT_FOUND', ipKey: client.key }
+  const host = normalizeHost(req.headers.host)
+  const route = rt.routes.match(host, req.method ?? 'GET', normalized.path)
+  if (route === null) {
+    // A route has this path but not this method: 405 with Allow (RFC 9110 §15.5.6), not 404.
+    const allow = rt.routes.allowedMethods(host, normalized.path)
+    if (allow !== null) return { ok: false, code: 'GW_ERR_METHOD_NOT_ALLOWED', headers: [['allow', allow.join(', ')]], ipKey: client.key }
+    return { ok: false, code: 'GW_ERR_NOT_FOUND', ipKey: client.key }
+  }
+  // Servlet containers and others strip ";params" from path segments: "/admin;x=1" would miss an
+  // "/admin" route here, fall through to a catch-all and be served as /admin upstream.
+  if (!route.allowPathParams && normalized.path.includes(';')) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: 'path parameters (";") are not allowed on this route (allowPathParams)' }, ipKey: client.key }
   return { ok: true, admission: { route, path: normalized.path + query, clientIp: client.ip, ipKey: client.key, user: null, storeMs: 0 } }
 }
 
@@ -109,7 +127,7 @@ function identifyAndLimit (rt: Runtime, req: IncomingMessage, a: Admission, requ
       return
     }
     a.user = identity.user
-    const verdict = rt.limiter.check({ route: a.route.name, plan: a.route.limits, ipKey: a.ipKey, user: a.user, requestId })
+    const verdict = rt.limiter.check({ route: a.route.name, plan: limitsFor(a.route, identity.plan ?? null), ipKey: a.ipKey, user: a.user, requestId })
     if (verdict instanceof Promise) {
       const asked = performance.now()
       verdict.then(v => {
@@ -120,7 +138,16 @@ function identifyAndLimit (rt: Runtime, req: IncomingMessage, a: Admission, requ
     else next(identity, verdict)
   }
   try {
-    const found = rt.identity.resolve(req.headers)
+    const auth = a.route.auth
+    if (auth === 'none') {
+      // Not verified here, so not forwarded either: the upstream must never take an unchecked
+      // credential for one the gateway vouched for.
+      const header = rt.identity.credentialHeader
+      if (header !== null) delete req.headers[header]
+      limit(ANONYMOUS)
+      return
+    }
+    const found = rt.identity.resolve(req.headers, auth === null ? undefined : auth === 'required')
     if (found instanceof Promise) found.then(limit).catch(fail)
     else limit(found)
   } catch (err) {
@@ -133,7 +160,8 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
     const started = process.hrtime.bigint()
     const rt = state.runtime
     rt.activity.inflight++
-    const requestId = requestIdOf(req)
+    const trustedPeer = rt.isTrustedPeer(req.socket.remoteAddress)
+    const requestId = requestIdOf(req, trustedPeer)
     setTrace(req, rt.tracer.start(req, Date.now()))
     const early = routeRequest(state, rt, req)
     const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
@@ -143,12 +171,26 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
       return
     }
     if (!early.ok) {
-      const sent = sendError(res, early.code, requestId, early.extra)
+      const sent = sendError(res, early.code, requestId, early.extra, early.headers)
       finish(state, rt, req, requestId, started, null, null, ERRORS[early.code].status, null, null, sent)
       return
     }
     const a = early.admission
+    // Concurrency leases go back when the response closes: finished, failed or abandoned.
+    let lease: HeldLease | null = null
+    let closed = false
+    state.telemetry.inflight(a.route.name, 1)
+    res.once('close', () => {
+      closed = true
+      state.telemetry.inflight(a.route.name, -1)
+      if (lease !== null) rt.limiter.release(lease)
+    })
     identifyAndLimit(rt, req, a, requestId, (identity, v) => {
+      if (v.kind === 'allow' && v.lease !== null) {
+        // the client may have left while the limiter decided
+        if (closed) rt.limiter.release(v.lease)
+        else lease = v.lease
+      }
       if (!identity.ok) {
         if (v.kind === 'reject') {
           const sent = sendJson(res, v.status, { ...v.body, requestId }, requestId, v.headers)
@@ -174,6 +216,7 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
         clientIp: a.clientIp,
         proto: state.proto,
         path: a.path,
+        trustedPeer,
         ...(v.headers !== null ? { extraResponseHeaders: v.headers } : {})
       }
       const go = (): void => {
@@ -210,7 +253,8 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
     const started = process.hrtime.bigint()
     const rt = state.runtime
     rt.activity.inflight++
-    const requestId = requestIdOf(req)
+    const trustedPeer = rt.isTrustedPeer(req.socket.remoteAddress)
+    const requestId = requestIdOf(req, trustedPeer)
     setTrace(req, rt.tracer.start(req, Date.now()))
     socket.on('error', () => socket.destroy())
     const fail = (status: number, payload: Record<string, unknown>, a: Admission | null, headers?: ReadonlyArray<readonly [string, string]>, outcome: string | null = null, limit: string | null = null): void => {
@@ -224,7 +268,7 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
       return
     }
     if (!early.ok) {
-      fail(ERRORS[early.code].status, { error: early.code, message: ERRORS[early.code].message, ...early.extra }, null)
+      fail(ERRORS[early.code].status, { error: early.code, message: ERRORS[early.code].message, ...early.extra }, null, early.headers)
       return
     }
     const a = early.admission
@@ -232,7 +276,20 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
       fail(400, { error: 'GW_ERR_BAD_REQUEST', message: 'this route does not accept WebSocket upgrades' }, a)
       return
     }
+    // A WebSocket holds its leases until the tunnel closes, from either side.
+    let lease: HeldLease | null = null
+    let open = false
+    let closed = false
+    socket.once('close', () => {
+      closed = true
+      if (lease !== null) rt.limiter.release(lease)
+      if (open) state.telemetry.websocketsOpen(a.route.name, -1)
+    })
     identifyAndLimit(rt, req, a, requestId, (identity, v) => {
+      if (v.kind === 'allow' && v.lease !== null) {
+        if (closed) rt.limiter.release(v.lease)
+        else lease = v.lease
+      }
       if (!identity.ok) {
         if (v.kind === 'reject') return fail(v.status, { ...v.body }, a, v.headers, 'rejected', v.body.limit)
         return fail(401, { error: 'GW_ERR_UNAUTHORIZED', message: identity.reason }, a, undefined, 'unauthorized')
@@ -240,8 +297,12 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
       if (v.kind === 'reject') return fail(v.status, { ...v.body }, a, v.headers, 'rejected', v.body.limit)
       if (v.kind === 'unavailable') return fail(503, { error: 'GW_ERR_LIMITER_UNAVAILABLE', message: ERRORS.GW_ERR_LIMITER_UNAVAILABLE.message }, a, undefined, 'limiter_unavailable')
       // Logged and counted once the handshake is decided: 101, or the refusal the client got.
-      const upgrade = (): void => state.ws.upgrade(req, socket, head, a.route.forward, { requestId, clientIp: a.clientIp, proto: state.proto, path: a.path }, (result) => {
+      const upgrade = (): void => state.ws.upgrade(req, socket, head, a.route.forward, { requestId, clientIp: a.clientIp, proto: state.proto, path: a.path, trustedPeer }, (result) => {
         if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
+        if (result.status === 101 && !closed) {
+          open = true
+          state.telemetry.websocketsOpen(a.route.name, 1)
+        }
         finish(state, rt, req, requestId, started, a, result, result.status, null)
         if (result.status === 101) trackWebSocket(state, rt, req, socket, requestId, a, result.target)
       })
@@ -266,9 +327,7 @@ function trackWebSocket (state: PipelineState, rt: Runtime, req: IncomingMessage
   // http-proxy writes the 101 head right after the listener that reported it: counted from after it
   let writtenAtOpen = conn.bytesWritten ?? 0
   process.nextTick(() => { writtenAtOpen = conn.bytesWritten ?? writtenAtOpen })
-  state.telemetry.webSocket(1)
   socket.once('close', () => {
-    state.telemetry.webSocket(-1)
     if (!state.logger.isLevelEnabled('info')) return
     state.logger.info({
       requestId,
@@ -308,6 +367,7 @@ function finish (
   const seconds = Number(process.hrtime.bigint() - started) / 1e9
   const route = a?.route.name ?? '-'
   state.telemetry.request(route, req.method ?? 'GET', status, seconds)
+  if (outcome === 'rejected') state.telemetry.clientRejected(a?.clientIp ?? req.socket.remoteAddress ?? '-', a?.user ?? null)
   const trace = traceOf(req)
   if (trace !== undefined && trace.span !== null) {
     rt.tracer.end(trace, {
@@ -334,6 +394,7 @@ function finish (
       route,
       target: result?.target ?? undefined,
       status,
+      sentStatus: result?.sentStatus,
       durationMs: Math.round(seconds * 1e6) / 1e3,
       bytesIn: result?.bytesIn ?? 0,
       bytesOut: result?.bytesOut ?? ownBytes,

@@ -11,10 +11,17 @@ import { ResourceCache, type RedisStatus } from './config/resources.js'
 import { createRequestHandler, createUpgradeHandler, type PipelineState } from './pipeline.js'
 import { createWebSocketProxy } from './proxy/websocket.js'
 import { GatewayMetrics } from './admin/metrics.js'
-import { createAdminServer } from './admin/admin-server.js'
+import { createAdminServer, healthOf, json, type AdminSource } from './admin/admin-server.js'
+import { createLimitsApi } from './admin/limits-api.js'
+import { LiveTelemetry } from './admin/live-stats.js'
+import { LiveFeed } from './admin/live-feed.js'
+import { describeRoutes } from './admin/dashboard.js'
+import { sendLiveFrames } from './workers.js'
 import { redactConfig } from './admin/redact.js'
+import { cutByShutdown } from './proxy/shutdown-cut.js'
 import { createLogger, type Logger, type LogLevel } from './log.js'
 import { writeRawError, type ErrorCode } from './errors.js'
+import { adminListen, adminToken } from './config/schema.js'
 
 export interface GatewayOptions {
   readonly configFile: string
@@ -43,6 +50,10 @@ export function splitHostPort (hp: string): { host: string, port: number } {
   return { host: hp.slice(0, i).replace(/^\[|\]$/g, '') || '0.0.0.0', port: Number(hp.slice(i + 1)) }
 }
 
+function isLoopback (host: string): boolean {
+  return host === 'localhost' || host === '::1' || /^(::ffff:)?127\.\d+\.\d+\.\d+$/.test(host)
+}
+
 function listen (server: Server | HttpsServer, address: string): Promise<AddressInfo> {
   const { host, port } = splitHostPort(address)
   return new Promise((resolve, reject) => {
@@ -54,6 +65,8 @@ function listen (server: Server | HttpsServer, address: string): Promise<Address
   })
 }
 
+const RELOAD_HISTORY = 20
+
 export class Gateway {
   readonly logger: Logger
   readonly metrics: GatewayMetrics
@@ -64,10 +77,20 @@ export class Gateway {
   private generation = 0
   private reloading: Promise<ReloadResult> | null = null
   lastReload: ReloadOutcome | null = null
+  /** The last RELOAD_HISTORY reloads, newest last: the admin page's reload history. */
+  readonly reloadHistory: ReloadOutcome[] = []
+  /** Forwards to the metrics and counts each second for the admin page. */
+  readonly live: LiveTelemetry
+  private feed: LiveFeed | null = null
+  private stopLiveFrames: (() => void) | null = null
   private pendingReload: Promise<ReloadResult> | null = null
   private readonly draining = new Set<Runtime>()
   private shuttingDown = false
   private readonly sockets = new Set<Socket>()
+  /** Responses not closed yet: told to close their connection when draining starts. */
+  private readonly responses = new Set<ServerResponse>()
+  /** Per connection, requests whose response has not closed, and what to write once they all have. */
+  private readonly unanswered = new WeakMap<Socket, { count: number, then: (() => void) | null }>()
   /** HTTP requests whose response has not closed yet (WebSocket tunnels are not requests). */
   private inflight = 0
   private listenAddress = ''
@@ -78,6 +101,7 @@ export class Gateway {
     this.logger = logger
     this.resources = new ResourceCache(logger)
     this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth(), inflight: () => this.inflight })
+    this.live = new LiveTelemetry(this.metrics)
   }
 
   /** Loads the file, starts both listeners; throws ConfigError with located problems. */
@@ -113,19 +137,24 @@ export class Gateway {
     for (const [upstream, pool] of rt.pools) for (const t of pool.health()) yield { upstream, target: t.url, healthy: t.healthy }
   }
 
+  /** Client connections open on the public listener (WebSocket tunnels included). */
+  openConnections (): number {
+    return this.sockets.size
+  }
+
   redisStatus (): RedisStatus {
     const rt = this.runtime
     return rt === null ? { configured: false, connected: false, breaker: null, instances: 1 } : this.resources.redisStatus(rt.config)
   }
 
   private async boot (loaded: LoadedConfig): Promise<void> {
-    const runtime = await compileRuntime(loaded, ++this.generation, this.resources, this.metrics)
+    const runtime = await compileRuntime(loaded, ++this.generation, this.resources, this.live)
     this.metrics.generation.set(runtime.generation)
     const tls = runtime.config.tls
     const proto = tls === undefined ? 'http' : 'https'
     this.state = {
       runtime,
-      telemetry: this.metrics,
+      telemetry: this.live,
       logger: this.logger,
       proto,
       ws: createWebSocketProxy(),
@@ -146,9 +175,28 @@ export class Gateway {
       ? createHttpServer(serverOptions)
       : createHttpsServer({ ...serverOptions, cert: readFileSync(tls.cert), key: readFileSync(tls.key) })
     const handleRequest = createRequestHandler(this.state)
+    // One more than the limit, so the pipeline sees a request over it (431) rather than node:http
+    // dropping the fields beyond its own limit without a word.
+    server.maxHeadersCount = s.maxHeadersCount + 1
     server.on('request', (req: IncomingMessage, res: ServerResponse) => {
       this.inflight++
-      res.once('close', () => { this.inflight-- })
+      // While draining, every response says Connection: close, so keep-alive clients reconnect
+      // elsewhere instead of sending their next request to a gateway about to go.
+      if (this.shuttingDown) res.shouldKeepAlive = false
+      this.responses.add(res)
+      const socket = req.socket
+      const open = this.unanswered.get(socket)
+      if (open === undefined) this.unanswered.set(socket, { count: 1, then: null })
+      else open.count++
+      res.once('close', () => {
+        this.inflight--
+        this.responses.delete(res)
+        const left = this.unanswered.get(socket)
+        if (left !== undefined && --left.count === 0) {
+          this.unanswered.delete(socket)
+          left.then?.()
+        }
+      })
       handleRequest(req, res)
     })
     server.on('upgrade', createUpgradeHandler(this.state))
@@ -165,29 +213,51 @@ export class Gateway {
         : code === 'ERR_HTTP_REQUEST_TIMEOUT' ? [408, 'GW_ERR_BAD_REQUEST'] : [400, 'GW_ERR_BAD_REQUEST']
       // No request was parsed, so no id was given: one is made, as for every other error answer.
       const requestId = randomUUID()
-      writeRawError(socket, status, { error, message: code === '' ? 'bad request' : code, requestId }, requestId)
+      const answer = (): void => { writeRawError(socket, status, { error, message: code === '' ? 'bad request' : code, requestId }, requestId) }
+      // Pipelined requests before the malformed one are answered first, in order (RFC 9112 §9.3.2):
+      // the error waits for their responses instead of being written in the middle of them.
+      const open = this.unanswered.get(socket)
+      if (open === undefined) answer()
+      else open.then = answer
       // Counted and logged like any answered request: oversized headers and slowloris are worth seeing.
-      this.metrics.request('-', '-', status, 0)
+      this.live.request('-', '-', status, 0)
       this.logger.info({ requestId, ip: socket.remoteAddress, route: '-', status, error: code === '' ? 'bad_request' : code }, 'request')
     })
     this.server = server
     this.listenAddress = runtime.config.listen ?? '0.0.0.0:8080'
     this.port = (await listen(server, this.listenAddress)).port
 
-    if (this.options.adminListener === false) {
-      this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
-      return
-    }
     const self = this // eslint-disable-line @typescript-eslint/no-this-alias
-    const admin = createAdminServer({
+    const source: AdminSource = {
       get runtime () { return self.runtime },
       get shuttingDown () { return self.shuttingDown },
       get lastReload () { return self.lastReload },
+      reloadHistory: this.reloadHistory,
       metrics: this.metrics,
-      redisStatus: () => this.redisStatus()
-    })
+      redisStatus: () => this.redisStatus(),
+      limits: createLimitsApi({
+        runtime: () => this.runtime,
+        peek: async (rt, checks) => await this.resources.peekLimits(rt.config, checks),
+        reset: async (rt, message) => await this.resources.resetLimits(rt.config, message),
+        logger: this.logger
+      }, json)
+    }
+    if (this.options.adminListener === false) {
+      // a worker: the primary's admin page sums every worker's frames
+      this.stopLiveFrames = sendLiveFrames(() => this.live.takeFrame(), () => healthOf(source), () => this.runtime === null ? null : describeRoutes(this.runtime))
+      this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
+      return
+    }
+    this.feed = new LiveFeed(() => this.live.takeFrame(), () => healthOf(source))
+    this.feed.start()
+    const admin = createAdminServer(source, this.feed)
     this.admin = admin
-    this.adminPort = (await listen(admin, runtime.config.admin ?? '127.0.0.1:9901')).port
+    const adminAddress = adminListen(runtime.config)
+    this.adminPort = (await listen(admin, adminAddress)).port
+    if (!isLoopback(splitHostPort(adminAddress).host) && adminToken(runtime.config) === null) {
+      // The admin listener has no access token: /config and /metrics are open to whoever reaches it.
+      this.logger.warn({ admin: adminAddress }, 'the admin listener binds a non-loopback address and has no access token: anyone who can reach it reads /config and /metrics')
+    }
     this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, adminPort: this.adminPort, generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
   }
 
@@ -214,6 +284,8 @@ export class Gateway {
         problems: result.ok ? [] : result.error.split('\n'),
         at: new Date().toISOString()
       }
+      this.reloadHistory.push(this.lastReload)
+      if (this.reloadHistory.length > RELOAD_HISTORY) this.reloadHistory.shift()
       return result
     }).finally(() => { this.reloading = null })
     return this.reloading
@@ -225,7 +297,7 @@ export class Gateway {
     let runtime: Runtime
     try {
       const loaded = await loadConfigFile(this.options.configFile, this.options.env)
-      runtime = await compileRuntime(loaded, this.generation + 1, this.resources, this.metrics)
+      runtime = await compileRuntime(loaded, this.generation + 1, this.resources, this.live)
       this.refreshTls(runtime)
     } catch (err) {
       this.metrics.reload('failure')
@@ -236,6 +308,8 @@ export class Gateway {
       return { ok: false, error: problems.join('\n') }
     }
     this.generation = runtime.generation
+    // read by node:http when a connection starts: new connections get the new limit
+    if (this.server !== null) this.server.maxHeadersCount = runtime.server.maxHeadersCount + 1
     const previous = state.runtime
     state.runtime = runtime
     this.metrics.generation.set(runtime.generation)
@@ -284,6 +358,7 @@ export class Gateway {
     const timeoutMs = this.runtime?.server.shutdownTimeoutMs ?? 10_000
     const server = this.server
     if (server !== null) {
+      for (const res of this.responses) if (!res.headersSent) res.shouldKeepAlive = false
       const closed = new Promise<void>(resolve => server.close(() => resolve()))
       server.closeIdleConnections()
       // The drain waits for HTTP requests only. server.close() alone would also wait for every open
@@ -298,10 +373,14 @@ export class Gateway {
       const deadline = new Promise<void>(resolve => setTimeout(resolve, timeoutMs).unref())
       await Promise.race([closed, requestsDone, deadline])
       clearInterval(idle)
+      // What is still running now is cut by the gateway: logged as shutting_down, not as 499.
+      for (const res of this.responses) cutByShutdown.add(res)
       server.closeAllConnections()
       for (const s of this.sockets) s.destroy()
     }
     this.state?.ws.close()
+    this.feed?.stop()
+    this.stopLiveFrames?.()
     await this.resources.closeAll()
     if (this.admin !== null) {
       const admin = this.admin

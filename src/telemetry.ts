@@ -13,11 +13,17 @@ export interface Telemetry {
   upstreamEjection (upstream: string, target: string, reason: string): void
   /** `limit` is the limit's name as the 429 body gives it (`ip`, `login.ip`, `local`). */
   limitDecision (route: string, dimension: string, limit: string, level: LimitLevel, result: LimitResult): void
+  /** A request refused by a limit (the admin page's top limited clients; never a metric label). */
+  clientRejected (ip: string, user: string | null): void
   redisCall (seconds: number, ok: boolean, errorKind: string | null): void
   breakerState (state: 0 | 1 | 2): void
   reload (result: 'success' | 'failure'): void
-  /** A WebSocket tunnel opened (+1) or closed (-1). */
-  webSocket (delta: 1 | -1): void
+  /** A request refused by a concurrency limit (issue 10); dimension is ip, user or route. */
+  concurrencyRejected (route: string, dimension: string, level: LimitLevel): void
+  /** HTTP requests of a route in flight on this instance: +1 when routed, -1 when the response closed. */
+  inflight (route: string, delta: 1 | -1): void
+  /** WebSockets of a route open on this instance: +1 on 101, -1 when the tunnel closed. */
+  websocketsOpen (route: string, delta: 1 | -1): void
 }
 
 export const NOOP_TELEMETRY: Telemetry = Object.freeze({
@@ -26,8 +32,11 @@ export const NOOP_TELEMETRY: Telemetry = Object.freeze({
   upstreamResponse () {},
   upstreamEjection () {},
   limitDecision () {},
+  clientRejected () {},
   redisCall () {},
   breakerState () {},
   reload () {},
-  webSocket () {}
+  concurrencyRejected () {},
+  inflight () {},
+  websocketsOpen () {}
 })

@@ -8,10 +8,26 @@ import { loadConfigFile, type LoadedConfig } from './config/load.js'
 import { effectiveConfig } from './config/effective.js'
 import { redactConfig } from './admin/redact.js'
 import { json } from './admin/admin-server.js'
+import { handleDashboard, type RouteView } from './admin/dashboard.js'
+import { LiveFeed } from './admin/live-feed.js'
+import type { LiveFrame } from './admin/live-stats.js'
 import type { Logger } from './log.js'
 import { splitHostPort } from './server.js'
+import { adminListen } from './config/schema.js'
 
 export const WORKER_ADMIN_ENV = 'GATEWAY_WORKER'
+
+/** What a worker sends the primary once a second for the admin page. */
+interface LiveMessage {
+  readonly type: 'gateway:live'
+  readonly frame: LiveFrame
+  readonly health: Record<string, unknown>
+  /** The worker's compiled routes, sent when its generation changed (and on its first frame). */
+  readonly routes?: { generation: number, local: unknown, routes: RouteView[] }
+}
+
+const isLiveMessage = (msg: unknown): msg is LiveMessage =>
+  typeof msg === 'object' && msg !== null && (msg as { type?: unknown }).type === 'gateway:live'
 
 interface PrimaryOptions {
   readonly configFile: string
@@ -28,12 +44,22 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   let shuttingDown = false
   const ready = new Set<number>()
   const aggregator = new AggregatorRegistry()
+  // The admin page in workers mode: every worker's frame summed, health as the newest worker saw it.
+  let workerHealth: Record<string, unknown> = {}
+  let routesView: LiveMessage['routes'] | null = null
+  const feed = new LiveFeed(() => null, () => ({ ...workerHealth, workers, workersReady: ready.size }))
+  feed.start()
   cluster.setupPrimary({ args: [...options.workerArgs], silent: false })
 
   const fork = (): Worker => {
     const w = cluster.fork({ [WORKER_ADMIN_ENV]: '1' })
     w.on('message', (msg: unknown) => {
       if (msg === 'gateway:ready') ready.add(w.id)
+      else if (isLiveMessage(msg)) {
+        feed.ingest(msg.frame)
+        workerHealth = msg.health
+        if (msg.routes !== undefined) routesView = msg.routes
+      }
     })
     return w
   }
@@ -60,9 +86,14 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       }, (err: unknown) => json(res, 500, { error: 'metrics_failed', message: String(err) }))
       return
     }
-    json(res, 404, { error: 'GW_ERR_NOT_FOUND', message: 'admin endpoints: /healthz /readyz /metrics /config' })
+    if (path === '/routes') {
+      if (routesView === null) return json(res, 503, { error: 'GW_ERR_NOT_READY', message: 'no worker has reported yet' })
+      return json(res, 200, routesView)
+    }
+    if (handleDashboard(req, res, path ?? '/', feed, () => null, json)) return
+    json(res, 404, { error: 'GW_ERR_NOT_FOUND', message: 'admin endpoints: / (page) /events /routes /healthz /readyz /metrics /config' })
   })
-  const { host, port } = splitHostPort(loaded.config.admin ?? '127.0.0.1:9901')
+  const { host, port } = splitHostPort(adminListen(loaded.config))
   await new Promise<void>((resolve, reject) => {
     admin.once('error', reject)
     admin.listen(port, host, () => resolve())
@@ -79,7 +110,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       if (shuttingDown) return
       shuttingDown = true
       logger.info({ signal }, 'shutting down workers')
-      const done = (): void => { admin.close(); resolve(0) }
+      const done = (): void => { feed.stop(); admin.close(); resolve(0) }
       const liveWorkers = (): Worker[] => Object.values(cluster.workers ?? {}).filter((w): w is Worker => w !== undefined && !w.isDead())
       // cluster.workers drops a worker once it has exited: done when none is left
       cluster.on('exit', () => { if (liveWorkers().length === 0) done() })
@@ -101,3 +132,21 @@ export function registerWorkerMetrics (registry: import('prom-client').Registry)
 
 export const isWorker = (): boolean => cluster.isWorker
 export const notifyReady = (): void => { process.send?.('gateway:ready') }
+
+/**
+ * In a worker: sends this process's live frame to the primary once a second (with the compiled
+ * routes whenever the generation changed). Returns the function that stops it.
+ */
+export function sendLiveFrames (takeFrame: () => LiveFrame, health: () => Record<string, unknown>, routes: () => LiveMessage['routes'] | null): () => void {
+  if (process.send === undefined) return () => {}
+  let sentGeneration = -1
+  const timer = setInterval(() => {
+    const view = routes()
+    const withRoutes = view !== null && view !== undefined && view.generation !== sentGeneration
+    if (withRoutes) sentGeneration = view.generation
+    const msg: LiveMessage = { type: 'gateway:live', frame: takeFrame(), health: health(), ...(withRoutes ? { routes: view } : {}) }
+    process.send?.(msg)
+  }, 1000)
+  timer.unref()
+  return () => clearInterval(timer)
+}

@@ -28,6 +28,8 @@ t.test('one access line per request with requestId, ip, user, method, path, rout
   const refusing = await refusingUrl()
   const gw = await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
+# the test client stands for a trusted proxy: the request ids it sends are kept (issue 15 item 11)
+trustedProxies: [127.0.0.1]
 identity: { header: x-user-id }
 upstreams:
   backend: { targets: [${upstream.url}] }
@@ -54,7 +56,7 @@ routes:
   t.match(l1, {
     level: 30,
     requestId: 'log-1',
-    ip: '127.0.0.1',
+    ip: '203.0.113.9',
     method: 'GET',
     path: '/api/items?q=%2e%2e&x=1',
     route: 'api',

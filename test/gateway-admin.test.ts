@@ -21,7 +21,12 @@ routes:
   t.same(await health.json(), { status: 'ok' })
   const ready = await fetch(`${gw.adminUrl}/readyz`)
   t.equal(ready.status, 200)
-  t.same(await ready.json(), { status: 'ready', generation: 1, redis: { state: 'not_configured' } })
+  t.same(await ready.json(), {
+    status: 'ready',
+    generation: 1,
+    redis: { state: 'not_configured' },
+    upstreams: { backend: [{ url: upstream.url, healthy: true, ejectedForMs: 0, consecutiveFailures: 0 }] }
+  })
 
   const unknown = await fetch(`${gw.adminUrl}/nope`)
   t.equal(unknown.status, 404)
@@ -130,7 +135,7 @@ routes:
   t.equal(ready.status, 200, 'degraded is still ready')
   t.match(await ready.json(), { status: 'degraded', generation: 1, redis: { state: 'fallback' } })
   const metrics = await (await fetch(`${gw.adminUrl}/metrics`)).text()
-  t.match(metrics, /gateway_ratelimit_decisions_total\{route="api",dimension="ip",level="fallback",result="allowed"\} \d+/)
+  t.match(metrics, /gateway_ratelimit_decisions_total\{route="api",dimension="ip",limit="[^"]+",level="fallback",result="allowed"\} \d+/)
   t.match(metrics, /gateway_redis_breaker_state [12]/)
 
   const res = await fetch(`${gw.adminUrl}/config`)

@@ -14,6 +14,8 @@ interface Teardown { teardown: (fn: () => unknown) => void }
 function config (upstream: Upstream, refusing: string): string {
   return `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
+# the test client stands for a trusted proxy: the request ids it sends are kept (issue 15 item 11)
+trustedProxies: [127.0.0.1]
 upstreams:
   backend: { targets: [${upstream.url}] }
   down: { targets: [${refusing}] }

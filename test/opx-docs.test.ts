@@ -147,7 +147,7 @@ routes:
   t.equal(c.ipv6Prefix, 64)
 })
 
-t.test('${VAR} is substituted in string values only: not into numbers, not into map keys', async t => {
+t.test('${VAR} is substituted in string values and API-key map keys only: not into numbers', async t => {
   const yaml = `
 upstreams:
   backend: { targets: ["\${BACKEND:-http://127.0.0.1:3000}"] }
@@ -159,9 +159,9 @@ routes:
   const ok = parseConfigText(yaml.replace('LIMIT_HERE', '5'), 'g.yaml', { API_KEY: 'k1' })
   t.equal((ok.config.upstreams.backend?.targets[0]), 'http://127.0.0.1:3000', 'a string value takes the default')
   const identity = ok.config.identity as { apiKeys: { keys: Record<string, string> } }
-  t.same(Object.keys(identity.apiKeys.keys), ['${API_KEY}'], 'a map key is taken as written')
+  t.same(Object.keys(identity.apiKeys.keys), ['k1'], 'an API key from the environment (issue 9)')
   const err = (() => {
-    try { parseConfigText(yaml.replace('LIMIT_HERE', '"${LIMIT:-5}"'), 'g.yaml', {}); return null } catch (e) { return e }
+    try { parseConfigText(yaml.replace('LIMIT_HERE', '"${LIMIT:-5}"'), 'g.yaml', { API_KEY: 'k1' }); return null } catch (e) { return e }
   })()
   t.ok(err instanceof ConfigError, 'a number from a variable is rejected')
   t.match((err as ConfigError).message, /^g\.yaml:7:\d+ routes\[0\]\.limits\.ip\.limit: .*expected number, received string/m)

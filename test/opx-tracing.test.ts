@@ -2,6 +2,7 @@
 // span (the caller's trace kept, or a new one), and the access log line carries the trace id.
 import t from 'tap'
 import { once } from 'node:events'
+import type { IncomingMessage } from 'node:http'
 import { WebSocket } from 'ws'
 import { startGateway } from './helpers/gateway.js'
 import { startHttpServer, startUpstream, type EchoBody } from './helpers/upstream.js'
@@ -32,7 +33,7 @@ t.test('a caller\'s traceparent: same trace upstream, the gateway\'s span as par
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url))
   const incoming = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'
-  const res = await fetch(`${gw.url}/x`, { headers: { traceparent: incoming, tracestate: 'vendor=1', 'x-request-id': 'tp-1' } })
+  const res = await fetch(`${gw.url}/x`, { headers: { traceparent: incoming, tracestate: 'vendor=1' } })
   const echo = await res.json() as EchoBody
   const sent = TRACEPARENT.exec(echo.headers.traceparent as string)
   t.ok(sent !== null, `upstream got a valid traceparent: ${String(echo.headers.traceparent)}`)
@@ -41,7 +42,7 @@ t.test('a caller\'s traceparent: same trace upstream, the gateway\'s span as par
   t.not(parentId, '00f067aa0ba902b7', 'the parent is the gateway\'s span, not the caller\'s')
   t.equal(flags, '01', 'the sampled flag is kept')
   t.equal(echo.headers.tracestate, 'vendor=1', 'tracestate passes through')
-  t.equal((await lineOf(gw.lines, 'tp-1')).traceId, '4bf92f3577b34da6a3ce929d0e0e4736')
+  t.equal((await lineOf(gw.lines, res.headers.get('x-request-id') ?? '')).traceId, '4bf92f3577b34da6a3ce929d0e0e4736')
 })
 
 t.test('no traceparent, or an invalid one: a new trace, propagated and logged', async t => {
@@ -57,14 +58,15 @@ t.test('no traceparent, or an invalid one: a new trace, propagated and logged', 
   ]
   const seen = new Set<string>()
   for (const [i, header] of invalid.entries()) {
-    const headers: Record<string, string> = { 'x-request-id': `new-${i}` }
+    const headers: Record<string, string> = {}
     if (header !== undefined) headers.traceparent = header
-    const echo = await (await fetch(`${gw.url}/x`, { headers })).json() as EchoBody
+    const res = await fetch(`${gw.url}/x`, { headers })
+    const echo = await res.json() as EchoBody
     const sent = TRACEPARENT.exec(echo.headers.traceparent as string)
     t.ok(sent !== null, `${String(header)}: upstream got a valid traceparent`)
     const traceId = (sent as RegExpExecArray)[1] as string
     t.not(traceId, '4bf92f3577b34da6a3ce929d0e0e4736', `${String(header)}: a new trace`)
-    t.equal((await lineOf(gw.lines, `new-${i}`)).traceId, traceId, 'the logged trace id is the propagated one')
+    t.equal((await lineOf(gw.lines, res.headers.get('x-request-id') ?? '')).traceId, traceId, 'the logged trace id is the propagated one')
     seen.add(traceId)
   }
   t.equal(seen.size, invalid.length, 'every new trace has its own id')
@@ -76,12 +78,16 @@ t.test('no traceparent, or an invalid one: a new trace, propagated and logged', 
 t.test('a WebSocket upgrade carries the trace too, and its lines the trace id', async t => {
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url))
-  const ws = new WebSocket(`ws://127.0.0.1:${gw.port}/ws`, { headers: { traceparent: '00-11111111111111111111111111111111-2222222222222222-00', 'x-request-id': 'ws-t' } })
-  await once(ws, 'open')
+  const ws = new WebSocket(`ws://127.0.0.1:${gw.port}/ws`, { headers: { traceparent: '00-11111111111111111111111111111111-2222222222222222-00' } })
+  // 'open' follows 'upgrade' in the same tick: both are awaited from the start
+  const opened = once(ws, 'open')
+  const [upgrade] = await once(ws, 'upgrade') as [IncomingMessage]
+  const id = String(upgrade.headers['x-request-id'])
+  await opened
   t.match(up.upgrades.at(-1)?.headers.traceparent, /^00-11111111111111111111111111111111-[0-9a-f]{16}-00$/)
   ws.close()
-  t.equal((await lineOf(gw.lines, 'ws-t')).traceId, '11111111111111111111111111111111')
-  t.equal((await lineOf(gw.lines, 'ws-t', 'websocket closed')).traceId, '11111111111111111111111111111111')
+  t.equal((await lineOf(gw.lines, id)).traceId, '11111111111111111111111111111111')
+  t.equal((await lineOf(gw.lines, id, 'websocket closed')).traceId, '11111111111111111111111111111111')
 })
 
 interface OtlpValue { stringValue?: string, intValue?: number | string, doubleValue?: number }

@@ -34,20 +34,20 @@ t.test('nothing installed and no way to install: one line naming every tool and 
   t.equal(r.stdout, '')
   const out = lines(r.stderr)
   t.equal(out.length, 1, 'exactly one line')
-  t.match(out[0], /^preflight: test needs redis-server, redis-cli, redis-sentinel, openssl, not found on PATH/)
-  t.match(out[0], 'Debian/Ubuntu: sudo apt-get install -y redis-server redis-tools redis-sentinel openssl')
-  t.match(out[0], 'Fedora: sudo dnf install -y redis openssl')
-  t.match(out[0], 'macOS: brew install redis openssl')
+  t.match(out[0], /^preflight: test needs redis-server, redis-cli, redis-sentinel, openssl, chromium, not found on PATH/)
+  t.match(out[0], 'Debian/Ubuntu: sudo apt-get install -y redis-server redis-tools redis-sentinel openssl chromium')
+  t.match(out[0], 'Fedora: sudo dnf install -y redis openssl chromium')
+  t.match(out[0], 'macOS: brew install redis openssl && brew install --cask chromium')
 })
 
 t.test('only the missing tools are named', async t => {
-  const r = preflight('test', binDir(t, { 'redis-server': 'exit 0', 'redis-cli': 'exit 0', openssl: 'exit 0' }))
+  const r = preflight('test', binDir(t, { 'redis-server': 'exit 0', 'redis-cli': 'exit 0', openssl: 'exit 0', 'chromium-browser': 'exit 0' }))
   t.equal(r.status, 2)
   t.match(r.stderr, /^preflight: test needs redis-sentinel, not found on PATH; to install: Debian\/Ubuntu: sudo apt-get install -y redis-sentinel \|/)
 })
 
 t.test('everything on PATH: silent, exit 0', async t => {
-  const r = preflight('test', binDir(t, { 'redis-server': 'exit 0', 'redis-cli': 'exit 0', 'redis-sentinel': 'exit 0', openssl: 'exit 0' }))
+  const r = preflight('test', binDir(t, { 'redis-server': 'exit 0', 'redis-cli': 'exit 0', 'redis-sentinel': 'exit 0', openssl: 'exit 0', chromium: 'exit 0' }))
   t.same([r.status, r.stdout, r.stderr], [0, '', ''])
 })
 
@@ -58,8 +58,8 @@ t.test('apt-get that fails: one line with the log path and the hint (root), or t
   t.equal(out.length, 1)
   if (isRoot) {
     t.equal(r.status, 3, 'root with apt-get: the install was tried and failed')
-    t.match(lines(r.stdout), ['preflight: installing redis-server redis-tools redis-sentinel openssl from the OS packages (apt-get, as root)'])
-    t.match(out[0], /^preflight: could not install redis-server, redis-cli, redis-sentinel, openssl with apt-get \(log: .*gateway-preflight-apt\.log\); to install: /)
+    t.match(lines(r.stdout), ['preflight: installing redis-server redis-tools redis-sentinel openssl chromium from the OS packages (apt-get, as root)'])
+    t.match(out[0], /^preflight: could not install redis-server, redis-cli, redis-sentinel, openssl, chromium with apt-get \(log: .*gateway-preflight-apt\.log\); to install: /)
   } else {
     t.equal(r.status, 2, 'not root: no install is tried')
   }
@@ -68,7 +68,7 @@ t.test('apt-get that fails: one line with the log path and the hint (root), or t
 t.test('apt-get that installs: exit 0 once the tools are there (root); the hint alone otherwise', async t => {
   const dir = binDir(t, {})
   // an apt-get that "installs" by creating the commands in its own directory
-  const script = `case "$1" in install) for c in redis-server redis-cli redis-sentinel openssl; do printf '#!/bin/sh\\nexit 0\\n' > "${dir}/$c"; /bin/chmod +x "${dir}/$c"; done;; esac; exit 0`
+  const script = `case "$1" in install) for c in redis-server redis-cli redis-sentinel openssl chromium; do printf '#!/bin/sh\\nexit 0\\n' > "${dir}/$c"; /bin/chmod +x "${dir}/$c"; done;; esac; exit 0`
   writeFileSync(join(dir, 'apt-get'), `#!/bin/sh\n${script}\n`)
   chmodSync(join(dir, 'apt-get'), 0o755)
   const r = preflight('test', dir)

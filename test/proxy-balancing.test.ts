@@ -60,14 +60,30 @@ t.test('a PUT with a body is retried when the body was not sent yet', async (t) 
   t.equal(answer.json.body, 'the whole body', 'the retried request carries the whole body')
 })
 
-t.test('POST is not retried', async (t) => {
+t.test('a POST whose connection was refused is retried on another target with its whole body', async (t) => {
   const second = await startUpstream(t, 'second')
   const front = await startFront(t, planOf(poolOf(t, [{ url: await refusingUrl() }, { url: second.url }])))
   const answer = await call(front.url + '/', 'POST', 'payload')
+  t.equal(answer.status, 200)
+  t.equal(answer.json.body, 'payload', 'nothing of the body was lost on the refused attempt')
+  t.equal(second.requests, 1)
+  t.match(front.results[0], { status: 200, target: second.url, errorKind: null })
+})
+
+t.test('a POST the target received and then reset is not retried: 502, the other target never sees it', async (t) => {
+  let resetting = 0
+  const { url: resetUrl } = await startHttpServer(t, (req) => {
+    req.resume()
+    req.on('end', () => { resetting++; req.socket.destroy() })
+  })
+  const second = await startUpstream(t, 'second')
+  const front = await startFront(t, planOf(poolOf(t, [{ url: resetUrl }, { url: second.url }])))
+  const answer = await call(front.url + '/', 'POST', 'payload')
   t.equal(answer.status, 502)
   t.equal(answer.json.error, 'GW_ERR_UPSTREAM_UNAVAILABLE')
-  t.equal(second.requests, 0)
-  t.match(front.results[0], { status: 502, errorKind: 'refused' })
+  t.equal(resetting, 1, 'the first target received the POST once')
+  t.equal(second.requests, 0, 'a POST that may have been processed is never sent twice')
+  t.match(front.results[0], { status: 502, errorKind: 'reset' })
 })
 
 t.test('503 GW_ERR_NO_HEALTHY_UPSTREAM while every target is ejected, until ejectMs passes', async (t) => {

@@ -213,7 +213,7 @@ t.test('a response body that stalls is cut: the client sees an incomplete respon
   res.resume()
   const [err] = await once(res, 'error') as [Error]
   t.match(err.message, /aborted/)
-  t.match(await front.nextResult(), { status: 200, errorKind: 'response_timeout', errorCode: 'GW_ERR_UPSTREAM_TIMEOUT' })
+  t.match(await front.nextResult(), { status: 504, sentStatus: 200, errorKind: 'response_timeout', errorCode: 'GW_ERR_UPSTREAM_TIMEOUT' })
 })
 
 t.test('413 GW_ERR_BODY_TOO_LARGE from Content-Length, before anything reaches the upstream', async (t) => {

@@ -91,19 +91,23 @@ t.test('onError local: a killed Redis never yields a 500, limits keep rejecting 
   t.ok(await metric(gw.adminUrl, 'gateway_redis_breaker_state') >= 1, 'breaker gauge open or half-open')
   t.ok(await metric(gw.adminUrl, 'gateway_redis_errors_total') >= 1, 'Redis errors counted')
 
-  // The breaker's probe pause grows: 0.5 s after opening, then 1 s, 2 s ... up to 5 s. Traffic
-  // every 50 ms gives it a request as soon as a pause ends; three probes show two pauses.
+  // The breaker's probe pause grows: 0.25 s after opening, then 0.5 s, 1 s, and stays at 1 s (the
+  // cap keeps recovery within about a second of Redis coming back). Traffic every 50 ms and the
+  // breaker's own probe timer give it a probe as soon as a pause ends; four probes show three pauses.
   const switches = (breaker: string): Array<Record<string, unknown>> =>
     gw.lines.filter(l => l.msg === 'rate limiter falling back: Redis unavailable' && l.breaker === breaker)
   let user = 0
-  await eventually('three probes of the dead Redis', async () => {
+  await eventually('four probes of the dead Redis', async () => {
     await send(url, { headers: { 'x-user-id': `dead-${user++}` } })
-    return switches('half-open').length >= 3
+    return switches('half-open').length >= 4
   }, 20_000, 50)
   const probes = switches('half-open').map(l => Date.parse(String(l.time)))
   const pauses = probes.slice(1).map((at, i) => at - (probes[i] as number))
-  // lower bounds from the server's own log clock: a constant pause gives ~500 ms each
-  t.ok((pauses[0] as number) >= 995 && (pauses[1] as number) >= 1995, `pauses between probes grow: ${pauses.join(', ')} ms`)
+  // From the server's own log clock: lower bounds (a constant pause gives ~250 ms each), and the
+  // cap (an uncapped pause would be 2 s by the third).
+  const [p0, p1, p2] = pauses as [number, number, number]
+  t.ok(p0 >= 495 && p1 >= 995, `pauses between probes grow: ${pauses.join(', ')} ms`)
+  t.ok(p2 >= 995 && p2 < 1900, `the pause stays at its 1 s cap: ${p2} ms`)
   // Logged once per switch, never per request: the first opening, then one line per failed
   // probe (half-open) and one per re-opening.
   const opened = switches('open').length

@@ -1,7 +1,10 @@
-// The admin listener, on its own address: /healthz /readyz /metrics /config.
+// The admin listener, on its own address: /healthz /readyz /metrics /config, and the admin page
+// (/, /events, /routes: src/admin/dashboard.ts).
 import { createServer, type Server } from 'node:http'
 import type { GatewayMetrics } from './metrics.js'
 import { redactConfig } from './redact.js'
+import { handleDashboard } from './dashboard.js'
+import type { LiveFeed } from './live-feed.js'
 import { effectiveConfig } from '../config/effective.js'
 import type { Runtime } from '../config/compile.js'
 import type { RedisStatus } from '../config/resources.js'
@@ -11,8 +14,39 @@ export interface AdminSource {
   readonly shuttingDown: boolean
   /** Absent on listeners that do not reload themselves (the workers primary). */
   readonly lastReload?: unknown
+  /** The last reloads, newest last (bounded), for the admin page. */
+  readonly reloadHistory?: readonly unknown[]
   readonly metrics: GatewayMetrics
   redisStatus (): RedisStatus
+  /** /limits and /consumers/NAME (src/admin/limits-api.ts); absent on the workers primary. */
+  readonly limits?: (req: import('node:http').IncomingMessage, res: import('node:http').ServerResponse) => boolean
+}
+
+/** What /readyz answers: readiness, the Redis state and passive health per upstream target. */
+export function readiness (source: AdminSource): { ready: boolean, body: Record<string, unknown> } {
+  const rt = source.runtime
+  const redis = source.redisStatus()
+  const ready = rt !== null && !source.shuttingDown
+  const redisUp = redis.connected && redis.breaker === 'closed'
+  const degraded = redis.configured && !redisUp
+  return {
+    ready,
+    body: {
+      status: !ready ? (source.shuttingDown ? 'shutting_down' : 'not_ready') : degraded ? 'degraded' : 'ready',
+      generation: rt?.generation ?? null,
+      redis: redis.configured
+        ? { state: redisUp ? 'up' : 'fallback', connected: redis.connected, breaker: redis.breaker, instances: redis.instances, ...(redis.nodes !== undefined && redis.nodes.some(n => n.node !== '*') ? { nodes: redis.nodes } : {}) }
+        : { state: 'not_configured' },
+      // Passive health per target: an ejected target is visible here before anyone reads a log.
+      upstreams: rt === null ? {} : Object.fromEntries([...rt.pools].map(([name, pool]) => [name, pool.health()]))
+    }
+  }
+}
+
+/** The admin page's health panel: readiness plus the running config and its reload history. */
+export function healthOf (source: AdminSource): Record<string, unknown> {
+  const rt = source.runtime
+  return { ...readiness(source).body, hash: rt?.hash ?? null, loadedAt: rt?.loadedAt ?? null, reloads: source.reloadHistory ?? [] }
 }
 
 /** Admin answers: pretty JSON, never cached. Also used by the workers primary's admin listener. */
@@ -22,26 +56,17 @@ export function json (res: import('node:http').ServerResponse, status: number, b
   res.end(text)
 }
 
-export function createAdminServer (source: AdminSource): Server {
+export function createAdminServer (source: AdminSource, live: LiveFeed | null = null): Server {
   return createServer((req, res) => {
-    const path = (req.url ?? '/').split('?')[0]
+    const path = (req.url ?? '/').split('?')[0] ?? '/'
+    if (source.limits?.(req, res) === true) return
     if (req.method !== 'GET' && req.method !== 'HEAD') return json(res, 405, { error: 'GW_ERR_BAD_REQUEST', message: 'admin endpoints are read-only' })
     switch (path) {
       case '/healthz':
         return json(res, 200, { status: 'ok' })
       case '/readyz': {
-        const rt = source.runtime
-        const redis = source.redisStatus()
-        const ready = rt !== null && !source.shuttingDown
-        const redisUp = redis.connected && redis.breaker === 'closed'
-        const degraded = redis.configured && !redisUp
-        return json(res, ready ? 200 : 503, {
-          status: !ready ? (source.shuttingDown ? 'shutting_down' : 'not_ready') : degraded ? 'degraded' : 'ready',
-          generation: rt?.generation ?? null,
-          redis: redis.configured ? { state: redisUp ? 'up' : 'fallback', connected: redis.connected, breaker: redis.breaker, instances: redis.instances } : { state: 'not_configured' },
-          // Passive health per target: an ejected target is visible here before anyone reads a log.
-          upstreams: rt === null ? {} : Object.fromEntries([...rt.pools].map(([name, pool]) => [name, pool.health()]))
-        })
+        const { ready, body } = readiness(source)
+        return json(res, ready ? 200 : 503, body)
       }
       case '/metrics':
         source.metrics.registry.metrics().then(text => {
@@ -51,12 +76,13 @@ export function createAdminServer (source: AdminSource): Server {
         return
       case '/config': {
         const rt = source.runtime
-        if (rt === null) return json(res, 503, { error: 'not_ready' })
+        if (rt === null) return json(res, 503, { error: 'GW_ERR_NOT_READY', message: 'no configuration loaded yet' })
         // the config in force: the file with every default written in, secrets redacted
         return json(res, 200, { generation: rt.generation, hash: rt.hash, file: rt.file, loadedAt: rt.loadedAt, lastReload: source.lastReload ?? null, config: redactConfig(effectiveConfig(rt.config, rt.server)) })
       }
       default:
-        return json(res, 404, { error: 'GW_ERR_NOT_FOUND', message: 'admin endpoints: /healthz /readyz /metrics /config' })
+        if (handleDashboard(req, res, path, live, () => source.runtime, json)) return
+        return json(res, 404, { error: 'GW_ERR_NOT_FOUND', message: 'admin endpoints: / (page) /events /routes /healthz /readyz /metrics /config /limits /consumers/NAME' })
     }
   })
 }

@@ -27,8 +27,11 @@ export class GatewayMetrics implements Telemetry {
   private readonly redisDuration: Histogram
   private readonly redisErrors: Counter
   private readonly breaker: Gauge
-  private readonly webSockets: Gauge
   readonly generation: Gauge
+  private readonly concurrencyRejections: Counter
+  private readonly inflightGauge: Gauge
+  private readonly websocketsGauge: Gauge
+  private readonly inflightChildren = new Map<string, ReturnType<Gauge['labels']>>()
   private readonly requestChildren = new Map<string, Map<string, CounterChild[]>>()
   private readonly durationChildren = new Map<string, HistogramChild>()
   private readonly decisionChildren = new Map<string, Map<string, Map<string, Map<string, Map<string, CounterChild>>>>>()
@@ -82,7 +85,6 @@ export class GatewayMetrics implements Telemetry {
     })
     this.redisErrors = new Counter({ name: 'gateway_redis_errors_total', help: 'Failed limiter calls to Redis by kind', labelNames: ['kind'], registers })
     this.breaker = new Gauge({ name: 'gateway_redis_breaker_state', help: 'Redis circuit breaker: 0 closed, 1 open, 2 half-open', registers })
-    this.webSockets = new Gauge({ name: 'gateway_websockets_open', help: 'WebSocket tunnels open now', registers })
     this.generation = new Gauge({ name: 'gateway_config_generation', help: 'Generation of the running configuration', registers })
     new Gauge({
       name: 'gateway_ratelimit_local_keys',
@@ -91,6 +93,24 @@ export class GatewayMetrics implements Telemetry {
       collect () { this.set(sources.localKeys()) }
     })
     for (const result of ['success', 'failure']) this.reloads.labels(result).inc(0)
+    // issue 10: concurrency limits
+    this.concurrencyRejections = new Counter({ name: 'gateway_concurrency_rejected_total', help: 'Requests refused by a concurrency limit, by route, dimension (ip, user, route) and level', labelNames: ['route', 'dimension', 'level'], registers })
+    this.inflightGauge = new Gauge({ name: 'gateway_inflight', help: 'HTTP requests in flight on this instance, by route', labelNames: ['route'], registers })
+    this.websocketsGauge = new Gauge({ name: 'gateway_websockets_open', help: 'WebSockets open through this instance, by route', labelNames: ['route'], registers })
+  }
+
+  concurrencyRejected (route: string, dimension: string, level: LimitLevel): void {
+    this.concurrencyRejections.labels(route, dimension, level).inc()
+  }
+
+  inflight (route: string, delta: 1 | -1): void {
+    let g = this.inflightChildren.get(route)
+    if (g === undefined) this.inflightChildren.set(route, g = this.inflightGauge.labels(route))
+    g.inc(delta)
+  }
+
+  websocketsOpen (route: string, delta: 1 | -1): void {
+    this.websocketsGauge.labels(route).inc(delta)
   }
 
   request (route: string, method: string, status: number, seconds: number): void {
@@ -137,6 +157,9 @@ export class GatewayMetrics implements Telemetry {
     c.inc()
   }
 
+  // Clients are unbounded: they go to the admin page's top-k sketch (live-stats.ts), not to labels.
+  clientRejected (): void {}
+
   redisCall (seconds: number, ok: boolean, errorKind: string | null): void {
     this.redisDuration.observe(seconds)
     if (!ok) this.redisErrors.labels(errorKind ?? 'other').inc()
@@ -148,9 +171,5 @@ export class GatewayMetrics implements Telemetry {
 
   reload (result: 'success' | 'failure'): void {
     this.reloads.labels(result).inc()
-  }
-
-  webSocket (delta: 1 | -1): void {
-    this.webSockets.inc(delta)
   }
 }

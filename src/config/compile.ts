@@ -7,10 +7,11 @@ import type { LoadedConfig } from './load.js'
 import { durationOr, parseDuration, parseSize } from './units.js'
 import { compileRouteTable, type RoutePattern, type RouteTable } from '../router/route-table.js'
 import { compileClientIpResolver } from '../identify/client-ip.js'
-import { compileIdentity, type IdentityResolver } from '../identify/identity.js'
+import { compileTrustedPeer, type TrustedPeerCheck } from '../proxy/trusted-peer.js'
+import { compileIdentity, type ConsumerDirectory, type IdentityResolver } from '../identify/identity.js'
 import { UpstreamPool, type UpstreamConfig } from '../proxy/upstream-pool.js'
-import { createForwardPlan, type BodyHandling, type ForwardPlan, type HeaderRules } from '../proxy/forward.js'
-import { compileFailurePlan, compileRouteLimitPlan, type RouteLimitPlan } from '../limit/plan.js'
+import { createForwardPlan, type BodyHandling, type ForwardPlan, type TunnelHandling, type HeaderRules } from '../proxy/forward.js'
+import { compileFailurePlan, compilePlanLimits, compileRouteLimitPlan, type RouteLimitPlan } from '../limit/plan.js'
 import { Limiter } from '../limit/limiter.js'
 import type { ResourceCache } from './resources.js'
 import type { Telemetry } from '../telemetry.js'
@@ -24,9 +25,15 @@ export interface CompiledRoute {
   readonly pathPrefix?: string
   readonly methods?: readonly string[]
   readonly websocket: boolean
+  /** ";" (path parameters) may appear in the path; otherwise such a request gets 400. */
+  readonly allowPathParams: boolean
   readonly upstream: string
   readonly forward: ForwardPlan
   readonly limits: RouteLimitPlan
+  /** The limits of each plan's consumers on this route (issue 9); `limitsFor` picks one. */
+  readonly planLimits: ReadonlyMap<string, RouteLimitPlan>
+  /** `auth` of the route; null = `identity.required` decides. */
+  readonly auth: 'required' | 'optional' | 'none' | null
 }
 
 export interface ServerSettings {
@@ -34,11 +41,14 @@ export interface ServerSettings {
   readonly requestTimeoutMs: number
   readonly keepAliveTimeoutMs: number
   readonly maxHeaderSize: number
+  readonly maxHeadersCount: number
   readonly shutdownTimeoutMs: number
   readonly bufferBodies: number
   readonly bufferBodiesTotal: number
   readonly clientBodyTimeoutMs: number
   readonly sendTimeoutMs: number
+  readonly websocketIdleTimeoutMs: number
+  readonly maxWebSockets: number
 }
 
 export interface Runtime {
@@ -52,7 +62,11 @@ export interface Runtime {
   readonly pools: ReadonlyMap<string, UpstreamPool>
   readonly limiter: Limiter
   readonly resolveClientIp: ReturnType<typeof compileClientIpResolver>
+  /** The peer is in trustedProxies: its X-Request-Id and client-address headers are kept. */
+  readonly isTrustedPeer: TrustedPeerCheck
   readonly identity: IdentityResolver
+  /** consumers, defaultPlan and plan names, as identity resolves them (the admin API reads it too). */
+  readonly consumers: ConsumerDirectory
   /** What a request that failed identity is charged against (gateway ip limit + identity.failureLimit). */
   readonly failurePlan: RouteLimitPlan
   readonly server: ServerSettings
@@ -75,12 +89,18 @@ export function serverSettings (config: GatewayConfig): ServerSettings {
     requestTimeoutMs: durationOr(s?.requestTimeout, 300_000),
     keepAliveTimeoutMs: durationOr(s?.keepAliveTimeout, 5_000),
     maxHeaderSize: s?.maxHeaderSize ?? 16_384,
+    // Envoy's default; node:http's own 2000 drops the fields beyond it silently
+    maxHeadersCount: s?.maxHeadersCount ?? 100,
     shutdownTimeoutMs: durationOr(s?.shutdownTimeout, 10_000),
     // nginx's defaults: client_body_timeout and send_timeout 60 s; bodies are buffered by default
     bufferBodies: s?.bufferBodies !== undefined ? parseSize(s.bufferBodies) : 1024 * 1024,
     bufferBodiesTotal: s?.bufferBodiesTotal !== undefined ? parseSize(s.bufferBodiesTotal) : 64 * 1024 * 1024,
     clientBodyTimeoutMs: durationOr(s?.clientBodyTimeout, 60_000),
-    sendTimeoutMs: durationOr(s?.sendTimeout, 60_000)
+    sendTimeoutMs: durationOr(s?.sendTimeout, 60_000),
+    // Envoy's default idle timeout for upgraded connections; the cap keeps tunnels (which outlive
+    // any request timeout) from holding every file descriptor
+    websocketIdleTimeoutMs: durationOr(s?.websocketIdleTimeout, 300_000),
+    maxWebSockets: s?.maxWebSockets ?? 10_000
   })
 }
 
@@ -112,9 +132,11 @@ function headerRules (rules: { set?: Record<string, string>, remove?: string[] }
 }
 
 /** The matching part of a route, in the form the route table indexes (lowercase host, uppercase methods). */
-function routePattern (route: RouteConfig): RoutePattern {
+function routePattern (route: RouteConfig, defaults: GatewayConfig['routing']): RoutePattern {
   return {
     name: route.name,
+    caseInsensitive: route.caseInsensitive ?? defaults?.caseInsensitive ?? false,
+    matchTrailingSlash: route.matchTrailingSlash ?? defaults?.matchTrailingSlash ?? false,
     ...(route.host !== undefined ? { host: route.host.toLowerCase() } : {}),
     ...(route.path !== undefined ? { path: route.path } : {}),
     ...(route.pathPrefix !== undefined ? { pathPrefix: route.pathPrefix } : {}),
@@ -127,12 +149,21 @@ function routePattern (route: RouteConfig): RoutePattern {
  * keys), without opening pools or connections: `gateway validate` runs it, like `nginx -t`.
  */
 export async function checkCompiles (config: GatewayConfig): Promise<void> {
-  compileRouteTable(config.routes.map(routePattern))
+  compileRouteTable(config.routes.map(r => routePattern(r, config.routing)))
   compileClientIpResolver({ trustedProxies: config.trustedProxies ?? [], ipv6Prefix: config.ipv6Prefix ?? 64 })
-  await compileIdentity(config.identity)
+  await compileIdentity(config.identity, consumerDirectory(config))
 }
 
-function compileRoute (config: GatewayConfig, route: RouteConfig, pool: UpstreamPool, upstream: UpstreamConfig, body: BodyHandling): CompiledRoute {
+/** `consumers`, `defaultPlan` and `plans` in the form identity resolution looks them up. */
+export function consumerDirectory (config: GatewayConfig): ConsumerDirectory {
+  return Object.freeze({
+    plans: new Map(Object.entries(config.consumers ?? {}).map(([name, c]) => [name, c.plan])),
+    defaultPlan: config.defaultPlan ?? null,
+    known: new Set(Object.keys(config.plans ?? {}))
+  })
+}
+
+function compileRoute (config: GatewayConfig, route: RouteConfig, pool: UpstreamPool, upstream: UpstreamConfig, body: BodyHandling & TunnelHandling): CompiledRoute {
   const forward = createForwardPlan({
     ...body,
     pool,
@@ -144,11 +175,14 @@ function compileRoute (config: GatewayConfig, route: RouteConfig, pool: Upstream
     responseHeaders: headerRules(route.headers?.response)
   })
   return Object.freeze({
-    ...routePattern(route),
+    ...routePattern(route, config.routing),
     websocket: route.websocket === true,
+    allowPathParams: route.allowPathParams ?? config.routing?.allowPathParams ?? false,
     upstream: route.upstream,
     forward,
-    limits: compileRouteLimitPlan(config, route)
+    limits: compileRouteLimitPlan(config, route),
+    planLimits: compilePlanLimits(config, route),
+    auth: route.auth ?? null
   })
 }
 
@@ -164,7 +198,9 @@ export async function compileRuntime (
   for (const [name, up] of upstreams) pools.set(name, resources.pool(up, telemetry))
 
   const server = serverSettings(config)
-  const body: BodyHandling = {
+  const body: BodyHandling & TunnelHandling = {
+    websocketIdleTimeoutMs: server.websocketIdleTimeoutMs,
+    maxWebSockets: server.maxWebSockets,
     bufferBodies: server.bufferBodies,
     bodyBudget: resources.bodyBudget(server.bufferBodiesTotal),
     clientBodyTimeoutMs: server.clientBodyTimeoutMs,
@@ -180,9 +216,11 @@ export async function compileRuntime (
     memory: config.redis === undefined ? resources.memoryStore(config) : null,
     guard: config.redis === undefined ? null : resources.redisGuard(config, telemetry),
     legacyHeaders: config.legacyHeaders === true,
-    telemetry
+    telemetry,
+    leases: resources.leaseKeeper(config)
   })
-  const identity = await compileIdentity(config.identity)
+  const consumers = consumerDirectory(config)
+  const identity = await compileIdentity(config.identity, consumers)
   await resources.redisReady(config)
   return Object.freeze({
     generation,
@@ -195,7 +233,9 @@ export async function compileRuntime (
     pools,
     limiter,
     resolveClientIp: compileClientIpResolver({ trustedProxies: config.trustedProxies ?? [], ipv6Prefix: config.ipv6Prefix ?? 64 }),
+    isTrustedPeer: compileTrustedPeer(config.trustedProxies ?? []),
     identity,
+    consumers,
     failurePlan: compileFailurePlan(config),
     server,
     trustedProxiesEmpty: (config.trustedProxies ?? []).length === 0,

@@ -5,10 +5,12 @@
 import { readFile } from 'node:fs/promises'
 import { createHash } from 'node:crypto'
 import { LineCounter, parseDocument, isMap, isSeq, isScalar, type Document, type Node as YamlNode } from 'yaml'
-import { configSchema, gatewayJsonSchema, BUCKET_ALGORITHMS, type GatewayConfig, type LimitConfig } from './schema.js'
+import { dirname, resolve } from 'node:path'
+import { adminListen, configSchema, gatewayJsonSchema, BUCKET_ALGORITHMS, type GatewayConfig, type LimitConfig } from './schema.js'
 import { compileLimitSpec } from '../limit/plan.js'
 import { validateLimitSpec } from '../limit/algorithms/index.js'
 import ipaddr from 'ipaddr.js'
+import { parseDuration } from './units.js'
 import type { z } from 'zod'
 
 export type KeyPath = ReadonlyArray<string | number>
@@ -89,6 +91,11 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
   const config = parsed.data
   for (const [path, message] of crossChecks(config)) problems.push(at(locate(doc, path), path, message))
   if (problems.length > 0) throw new ConfigError(problems)
+  // The API key file is named relative to gateway.yaml, wherever the gateway was started from.
+  const identity = config.identity
+  if (identity !== undefined && 'apiKeys' in identity && identity.apiKeys.file !== undefined) {
+    identity.apiKeys.file = resolve(dirname(file), identity.apiKeys.file)
+  }
 
   return { file, config, hash: createHash('sha256').update(text).digest('hex') }
 }
@@ -151,7 +158,17 @@ function substituteEnv (value: unknown, path: KeyPath, env: NodeJS.ProcessEnv, f
   if (Array.isArray(value)) return value.map((v, i) => substituteEnv(v, [...path, i], env, fail))
   if (value !== null && typeof value === 'object') {
     const out: Record<string, unknown> = {}
-    for (const [k, v] of Object.entries(value)) out[k] = substituteEnv(v, [...path, k], env, fail)
+    for (const [k, v] of Object.entries(value)) {
+      // Map keys too (an API key from the environment, issue 9). A "${" that is not a complete
+      // reference is refused: a literal "${X" key would otherwise be accepted silently.
+      let key = k
+      if (k.includes('${')) {
+        key = substituteEnv(k, [...path, k], env, fail) as string
+        if (key.includes('${') && k.replace(ENV_RE, '').includes('${')) fail([...path, k], `"\${" in a key is not a complete \${VAR} reference`)
+        else if (Object.hasOwn(out, key)) fail([...path, k], `key "${k}" is substituted to a key that is already present`)
+      }
+      out[key] = substituteEnv(v, [...path, k], env, fail)
+    }
     return out
   }
   return value
@@ -275,24 +292,36 @@ function crossChecks (config: GatewayConfig): Array<[KeyPath, string]> {
     const limit = config.limits?.[dim]
     if (limit !== undefined) out.push(...checkLimit(limit, ['limits', dim]))
   }
-  const hasUserLimit = config.limits?.user !== undefined || config.routes.some(r => r.limits?.user !== undefined)
+  const hasUserLimit = config.limits?.user !== undefined || config.routes.some(r => r.limits?.user !== undefined) ||
+    Object.values(config.plans ?? {}).some(p => p.limits !== undefined || p.routes !== undefined)
   if (hasUserLimit && config.identity === undefined) {
-    out.push([['identity'], 'a "user" limit is configured but no identity: add identity.header, identity.apiKeys or identity.jwt'])
+    out.push([['identity'], 'a "user" limit, plan or quota is configured but no identity: add identity.header, identity.apiKeys or identity.jwt'])
   }
   const jwt = config.identity !== undefined && 'jwt' in config.identity ? config.identity.jwt : undefined
   if (jwt !== undefined) {
     const sources = [jwt.secret, jwt.publicKey, jwt.jwksUrl].filter(v => v !== undefined).length
     if (sources !== 1) out.push([['identity', 'jwt'], 'give exactly one of "secret", "publicKey" or "jwksUrl"'])
   }
-  const sharedLimits = config.limits !== undefined || config.routes.some(r => r.limits !== undefined)
+  // Concurrency limits (issue 10): a user cap needs users; a lease renewed every third of its TTL
+  // needs a TTL a stalled event loop does not outlast.
+  const hasUserConcurrency = config.concurrency?.user !== undefined || config.routes.some(r => r.concurrency?.user !== undefined)
+  if (hasUserConcurrency && config.identity === undefined) {
+    out.push([['identity'], 'a "concurrency.user" limit is configured but no identity: add identity.header, identity.apiKeys or identity.jwt'])
+  }
+  if (config.redis?.leaseTtl !== undefined && parseDuration(config.redis.leaseTtl) < 1000) {
+    out.push([['redis', 'leaseTtl'], 'leaseTtl must be at least 1s (leases are renewed every third of it)'])
+  }
+  const sharedLimits = config.limits !== undefined || config.concurrency !== undefined || config.routes.some(r => r.limits !== undefined || r.concurrency !== undefined)
   if ((config.workers ?? 1) > 1 && config.redis === undefined && sharedLimits) {
     out.push([['workers'], 'workers > 1 needs "redis:" for the shared limits: without it each worker would enforce every limit on its own (N times the budget)'])
   }
   const listen = config.listen ?? '0.0.0.0:8080'
-  const admin = config.admin ?? '127.0.0.1:9901'
+  const admin = adminListen(config)
   if (sameSocket(listen, admin)) {
-    out.push([[config.admin !== undefined ? 'admin' : 'listen'], `"${admin}" is also the ${config.admin !== undefined ? 'listen' : 'admin'} address: the admin listener needs its own port`])
+    const adminPath = typeof config.admin === 'object' ? ['admin', 'listen'] : ['admin']
+    out.push([config.admin !== undefined ? adminPath : ['listen'], `"${admin}" is also the ${config.admin !== undefined ? 'listen' : 'admin'} address: the admin listener needs its own port`])
   }
+  out.push(...planChecks(config))
   // proxy-addr's keywords, or an address, or a CIDR (parsed by ipaddr.js, as at run time)
   const PROXY_KEYWORDS = new Set(['loopback', 'linklocal', 'uniquelocal'])
   config.trustedProxies?.forEach((p, i) => {
@@ -351,6 +380,41 @@ function checkLimit (limit: LimitConfig, path: KeyPath): Array<[KeyPath, string]
   const capacity = BUCKET_ALGORITHMS.has(algorithm) ? (limit.burst ?? limit.limit) : limit.limit
   if (limit.cost !== undefined && limit.cost > capacity) {
     out.push([[...path, 'cost'], `cost ${limit.cost} is above the capacity ${capacity}: every request would be rejected`])
+  }
+  return out
+}
+
+/** consumers, plans and API keys (issue 9): every plan a name refers to exists, every key leads to a consumer. */
+function planChecks (config: GatewayConfig): Array<[KeyPath, string]> {
+  const out: Array<[KeyPath, string]> = []
+  const plans = config.plans ?? {}
+  const known = Object.keys(plans)
+  const unknownPlan = (name: string): string => `unknown plan "${name}"${known.length === 0 ? ' (no plans are configured)' : ` (plans: ${known.join(', ')})`}`
+  for (const [name, c] of Object.entries(config.consumers ?? {})) {
+    if (!Object.hasOwn(plans, c.plan)) out.push([['consumers', name, 'plan'], unknownPlan(c.plan)])
+  }
+  if (config.defaultPlan !== undefined && !Object.hasOwn(plans, config.defaultPlan)) out.push([['defaultPlan'], unknownPlan(config.defaultPlan)])
+  const routeNames = new Set(config.routes.map(r => r.name))
+  for (const [name, plan] of Object.entries(plans)) {
+    if (plan.limits?.user !== undefined) out.push(...checkLimit(plan.limits.user, ['plans', name, 'limits', 'user']))
+    for (const [route, override] of Object.entries(plan.routes ?? {})) {
+      if (!routeNames.has(route)) out.push([['plans', name, 'routes', route], `unknown route "${route}"`])
+      out.push(...checkLimit(override.user, ['plans', name, 'routes', route, 'user']))
+    }
+    const quota = plan.limits?.quota
+    if (quota?.cost !== undefined && quota.cost > quota.limit) out.push([['plans', name, 'limits', 'quota', 'cost'], `cost ${quota.cost} is above the quota ${quota.limit}: every request would be rejected`])
+  }
+  const identity = config.identity
+  if (identity !== undefined && 'apiKeys' in identity) {
+    const { keys, file } = identity.apiKeys
+    if (keys === undefined && file === undefined) out.push([['identity', 'apiKeys'], 'give "keys", "file" or both'])
+    for (const [key, consumer] of Object.entries(keys ?? {})) {
+      const path: KeyPath = ['identity', 'apiKeys', 'keys', key]
+      if (consumer.length === 0) out.push([path, 'an API key must map to a consumer name'])
+      else if (known.length > 0 && config.defaultPlan === undefined && config.consumers?.[consumer] === undefined) {
+        out.push([path, `API key maps to consumer "${consumer}", which has no entry in consumers (and there is no defaultPlan)`])
+      }
+    }
   }
   return out
 }

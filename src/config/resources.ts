@@ -11,12 +11,17 @@ import { createRedisStore } from '../limit/redis-store.js'
 import { clusterNodes, createRedisClient, whenReady } from '../limit/redis-client.js'
 import { InstanceHeartbeat } from '../limit/heartbeat.js'
 import { RedisGuard, type BreakerState } from '../limit/redis-guard.js'
+import { LeaseKeeper } from '../limit/concurrency.js'
+import { DEFAULT_LEASE_TTL_MS } from '../limit/plan.js'
 import type { LimitStore } from '../limit/types.js'
 import type { Telemetry } from '../telemetry.js'
 import type { Logger } from '../log.js'
 import { PROPAGATING_TRACER, type RequestTracer } from '../tracing.js'
 import { createOtlpTracer, type OtlpTracer } from '../otlp.js'
 import { Cluster, type Redis } from 'ioredis'
+import { ResetBus, deleteRedisKeys, peekRedis, type ResetMessage } from '../limit/limit-admin.js'
+import type { PeekResult } from '../limit/memory-store.js'
+import type { LimitCheck } from '../limit/types.js'
 
 const DEFAULT_MAX_KEYS = 100_000
 // Under Redis Cluster a rejection may come from units a concurrent request is about to refund
@@ -29,6 +34,8 @@ interface RedisBundle {
   readonly store: LimitStore
   readonly heartbeat: InstanceHeartbeat
   readonly guard: RedisGuard
+  readonly bus: ResetBus
+  readonly leases: LeaseKeeper
 }
 
 export interface RedisStatus {
@@ -36,13 +43,15 @@ export interface RedisStatus {
   /** The client's connection is up (an idle gateway learns of a dead Redis before any request fails). */
   readonly connected: boolean
   readonly breaker: BreakerState | null
+  /** Per node under Cluster (each master has its own breaker); one entry '*' otherwise. */
+  readonly nodes?: ReadonlyArray<{ node: string, state: BreakerState }>
   readonly instances: number
 }
 
 export class ResourceCache {
   private readonly pools = new Map<string, UpstreamPool>()
   private readonly locals = new Map<string, LocalLevel>()
-  private memory: { readonly store: MemoryStore, readonly maxKeys: number } | null = null
+  private memory: { readonly store: MemoryStore, readonly maxKeys: number, readonly leases: LeaseKeeper } | null = null
   private readonly denies = new Map<string, DenyCache>()
   private readonly redis = new Map<string, RedisBundle>()
   /** Span exporters by collector: kept across reloads that do not change `tracing`. */
@@ -112,8 +121,20 @@ export class ResourceCache {
       if (this.memory.maxKeys !== max) this.logger.warn({ maxKeys: this.memory.maxKeys, requested: max }, 'local.maxKeys of the in-process limit store changes at the next restart')
       return this.memory.store
     }
-    this.memory = { store: createMemoryStore({ maxKeys: max }), maxKeys: max }
+    const store = createMemoryStore({ maxKeys: max })
+    this.memory = { store, maxKeys: max, leases: new LeaseKeeper({ memory: store, ttlMs: DEFAULT_LEASE_TTL_MS }) }
     return this.memory.store
+  }
+
+  /** Who releases and renews concurrency leases: the Redis connection's keeper, or the in-process one. */
+  leaseKeeper (config: GatewayConfig): LeaseKeeper {
+    if (config.redis === undefined) {
+      this.memoryStore(config)
+      return (this.memory as { readonly leases: LeaseKeeper }).leases
+    }
+    const bundle = this.redis.get(redisConnectionKey(config.redis))
+    if (bundle === undefined) throw new Error('leaseKeeper before redisGuard')
+    return bundle.leases
   }
 
   redisGuard (config: GatewayConfig, telemetry: Telemetry): RedisGuard {
@@ -165,8 +186,16 @@ export class ResourceCache {
       })
       // Cluster: a new slot map may name a promoted replica for a dead master's slots
       if (client instanceof Cluster) client.on('refresh', () => guard.probeNow())
-      this.redis.set(key, bundle = { client, store, heartbeat, guard })
+      const bus = new ResetBus(client, `${keyPrefix}:admin:reset`, (m) => this.applyReset(m), (err) => { this.logger.debug({ err: err.message }, 'redis reset subscriber error') })
+      bus.start()
+      const leases = new LeaseKeeper({
+        redis: { client, guard },
+        ttlMs: DEFAULT_LEASE_TTL_MS,
+        onError: (err, what) => { this.logger.debug({ err: (err as Error).message, what }, 'concurrency lease call failed: the lease expires within leaseTtl') }
+      })
+      this.redis.set(key, bundle = { client, store, heartbeat, guard, bus, leases })
     }
+    bundle.leases.ttlMs = r.leaseTtl !== undefined ? parseDuration(r.leaseTtl) : DEFAULT_LEASE_TTL_MS
     bundle.guard.expectedInstances = r.expectedInstances ?? 1
     bundle.guard.timeoutMs = r.timeout !== undefined ? parseDuration(r.timeout) : 50
     return bundle.guard
@@ -191,7 +220,45 @@ export class ResourceCache {
   redisStatus (config: GatewayConfig): RedisStatus {
     if (config.redis === undefined) return { configured: false, connected: false, breaker: null, instances: 1 }
     const bundle = this.redis.get(redisConnectionKey(config.redis))
-    return { configured: true, connected: bundle?.client.status === 'ready', breaker: bundle?.guard.breaker ?? null, instances: bundle?.guard.instances ?? 1 }
+    return { configured: true, connected: bundle?.client.status === 'ready', breaker: bundle?.guard.breaker ?? null, nodes: bundle?.guard.breakerStates() ?? [], instances: bundle?.guard.instances ?? 1 }
+  }
+
+  /** Every limit of `checks` read without consuming (admin GET /limits). */
+  async peekLimits (config: GatewayConfig, checks: readonly LimitCheck[]): Promise<PeekResult[]> {
+    if (config.redis === undefined) return this.memoryStore(config).peek(checks)
+    const bundle = this.redis.get(redisConnectionKey(config.redis))
+    if (bundle === undefined) throw new Error('Redis is not connected')
+    return await peekRedis(bundle.client, checks)
+  }
+
+  /**
+   * Resets a client's limits (admin DELETE /limits): deletes the keys in the shared store, then
+   * has every instance (over Redis pub/sub) drop its local bucket and deny-cache entries for them.
+   * Resolves with the keys that existed and the instances that received the reset.
+   */
+  async resetLimits (config: GatewayConfig, message: ResetMessage): Promise<{ deleted: number, instances: number | null }> {
+    if (config.redis === undefined) {
+      const store = this.memoryStore(config)
+      const deleted = message.keys.length
+      this.applyReset(message)
+      for (const k of message.keys) store.forget(k)
+      return { deleted, instances: 1 }
+    }
+    const bundle = this.redis.get(redisConnectionKey(config.redis))
+    if (bundle === undefined) throw new Error('Redis is not connected')
+    const deleted = await deleteRedisKeys(bundle.client, message.keys)
+    // applied here at once too: the answer must not depend on our own subscriber's delivery
+    this.applyReset(message)
+    const instances = await bundle.bus.publish(message)
+    return { deleted, instances }
+  }
+
+  /** Drops local state for one client: local-level bucket, deny-cache entries, in-process keys. */
+  applyReset (message: ResetMessage): void {
+    if (message.ipKey !== null) for (const level of this.locals.values()) level.forget(message.ipKey)
+    for (const deny of this.denies.values()) for (const k of message.denyKeys) deny.forget(k)
+    if (this.memory !== null) for (const k of message.keys) this.memory.store.forget(k)
+    this.logger.debug({ ipKey: message.ipKey, keys: message.keys.length }, 'local limit state reset')
   }
 
   localKeys (): number {
@@ -285,6 +352,8 @@ function denyCacheKey (config: GatewayConfig): string {
 }
 
 async function closeRedis (bundle: RedisBundle): Promise<void> {
+  bundle.bus.stop()
+  await bundle.leases.close()
   bundle.guard.close()
   await bundle.heartbeat.stop()
   await bundle.store.close()

@@ -31,9 +31,54 @@ export const limitSchema = z.strictObject({
   onError: z.enum(ON_ERROR).optional().describe('when Redis fails; default redis.onError')
 })
 
+// Plans, consumers and quotas (issue 9). Plan names cannot hold "." or ":" so that a plan's limit
+// names ("free:user", "free:login.user", "free:quota") never read two ways.
+export const PLAN_NAME_RE = /^[A-Za-z0-9_-]+$/
+export const QUOTA_PERIODS = ['hour', 'day', 'week', 'month'] as const
+
+export const quotaSchema = z.strictObject({
+  limit: z.int().positive().describe('requests (in cost units) per calendar period'),
+  period: z.enum(QUOTA_PERIODS).describe('calendar period in UTC: hour, day, week (from Monday) or month'),
+  cost: z.int().positive().optional().describe('what one request takes; default 1'),
+  status: z.int().min(400).max(599).optional().describe('status of a rejection; default 429'),
+  onError: z.enum(ON_ERROR).optional().describe('when Redis fails; default redis.onError')
+})
+
+export const planSchema = z.strictObject({
+  limits: z.strictObject({
+    user: limitSchema.optional().describe("replaces the gateway-wide limits.user for this plan's consumers"),
+    quota: quotaSchema.optional()
+  }).optional(),
+  routes: z.record(z.string(), z.strictObject({ user: limitSchema })).optional()
+    .describe("per route name: replaces that route's user limit for this plan's consumers")
+})
+
+// Concurrency limits (issue 10): requests in flight, or WebSockets open, at once.
+const inFlight = z.int().positive()
+const concurrencySchema = z.strictObject({
+  ip: inFlight.optional().describe('in flight at once per client IP, across all instances'),
+  user: inFlight.optional().describe('in flight at once per user, across all instances')
+})
+const routeConcurrencySchema = z.strictObject({
+  ip: inFlight.optional().describe('in flight at once per client IP on this route (open WebSockets on a websocket route)'),
+  user: inFlight.optional().describe('in flight at once per user on this route (open WebSockets on a websocket route)'),
+  route: inFlight.optional().describe('the route\'s total in flight, across all instances')
+})
+
+// RFC 9110 §5.1 (field-name = token) and §5.5 (field-value: no CR, LF or NUL; node:http also
+// refuses other controls). A rule breaking either would make every request on the route fail.
+const HEADER_NAME_RE = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
+const HEADER_NAME_MESSAGE = 'expected a header name (letters, digits and !#$%&\'*+.^_`|~-)'
+const headerName = z.string().regex(HEADER_NAME_RE, HEADER_NAME_MESSAGE)
+const headerValue = z.string().regex(/^[\t\x20-\x7e\x80-\xff]*$/, 'a header value cannot contain CR, LF, NUL or other control characters')
 const headerRules = z.strictObject({
-  set: z.record(z.string(), z.string()).optional(),
-  remove: z.array(z.string()).optional()
+  // Names checked here rather than as the record's key schema: zod would only say "Invalid key in record".
+  set: z.record(z.string(), headerValue).superRefine((rules, ctx) => {
+    for (const name of Object.keys(rules)) {
+      if (!HEADER_NAME_RE.test(name)) ctx.addIssue({ code: 'custom', message: HEADER_NAME_MESSAGE, path: [name] })
+    }
+  }).optional(),
+  remove: z.array(headerName).optional()
 })
 
 const target = z.union([httpUrl, z.strictObject({ url: httpUrl, weight: z.int().min(1).max(1000).optional() })])
@@ -59,10 +104,16 @@ export const routeSchema = z.strictObject({
   upstream: z.string(),
   stripPrefix: z.string().startsWith('/').optional(),
   websocket: z.boolean().optional(),
+  caseInsensitive: z.boolean().optional().describe('match the path ignoring case (/Admin is /admin); default routing.caseInsensitive'),
+  matchTrailingSlash: z.boolean().optional().describe('path: /a also matches /a/, pathPrefix: /a/ also matches /a; default routing.matchTrailingSlash'),
+  allowPathParams: z.boolean().optional().describe('accept ";" in the path (matrix/path parameters); otherwise 400; default routing.allowPathParams'),
   timeouts: z.strictObject({ response: duration.optional() }).optional(),
   maxBodySize: size.optional(),
   headers: z.strictObject({ request: headerRules.optional(), response: headerRules.optional() }).optional(),
-  limits: z.strictObject({ api: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional()
+  limits: z.strictObject({ api: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional(),
+  auth: z.enum(['required', 'optional', 'none']).optional()
+    .describe('required: 401 without credentials; optional: verified when present; none: not verified, the credential header is removed; default from identity.required'),
+  concurrency: routeConcurrencySchema.optional()
 })
 
 // Requests that fail identity are charged to their IP here and against the gateway-wide ip limit.
@@ -71,7 +122,11 @@ const failureLimit = limitSchema.optional().describe('budget of failed identity 
 const identitySchema = z.union([
   z.strictObject({ header: z.string().min(1), required: z.boolean().optional(), failureLimit }),
   z.strictObject({
-    apiKeys: z.strictObject({ header: z.string().min(1), keys: z.record(z.string(), z.string()) }),
+    apiKeys: z.strictObject({
+      header: z.string().min(1),
+      keys: z.record(z.string(), z.string()).optional().describe('API key -> consumer'),
+      file: z.string().min(1).optional().describe('more "key: consumer" lines, relative to this file; re-read on SIGHUP')
+    }),
     required: z.boolean().optional(),
     failureLimit
   }),
@@ -81,6 +136,7 @@ const identitySchema = z.union([
       publicKey: z.string().min(1).optional(),
       jwksUrl: httpUrl.optional(),
       claim: z.string().optional(),
+      planClaim: z.string().min(1).optional().describe('a claim naming the plan of the token\'s consumer'),
       header: z.string().optional(),
       issuer: z.string().optional(),
       audience: z.string().optional(),
@@ -102,6 +158,7 @@ export const redisSchema = z.strictObject({
   timeout: duration.optional().describe('bound on every Redis call; default 50ms'),
   onError: z.enum(ON_ERROR).optional().describe('default local'),
   autoPipelining: z.boolean().optional(),
+  leaseTtl: duration.optional().describe('concurrency leases of an instance that died are reclaimed within this; default 10s'),
   expectedInstances: z.int().min(1).max(1024).optional()
     .describe('gateway instances sharing the budget: the least the onError: local fallback divides each limit by; default 1')
 })
@@ -109,11 +166,23 @@ export const redisSchema = z.strictObject({
 export const configSchema = z.strictObject({
   $schema: z.string().optional(),
   listen: hostPort.optional().describe('default 0.0.0.0:8080'),
-  admin: hostPort.optional().describe('default 127.0.0.1:9901; /healthz /readyz /metrics /config'),
+  admin: z.union([
+    hostPort,
+    z.strictObject({
+      listen: hostPort.optional().describe('default 127.0.0.1:9901'),
+      token: z.string().min(16, 'expected a token of at least 16 characters').optional()
+        .describe('Bearer token every mutating admin endpoint requires (DELETE /limits)')
+    })
+  ]).optional().describe('address (default 127.0.0.1:9901), or { listen, token }; /healthz /readyz /metrics /config /limits /consumers'),
   workers: z.int().min(1).max(256).optional(),
   trustedProxies: z.array(z.string()).optional().describe('CIDRs whose X-Forwarded-For is believed'),
   ipv6Prefix: z.int().min(1).max(128).optional().describe('IPv6 clients are limited per prefix; default 64'),
   legacyHeaders: z.boolean().optional().describe('also send X-RateLimit-Limit/Remaining/Reset'),
+  routing: z.strictObject({
+    caseInsensitive: z.boolean().optional().describe('default for every route; false'),
+    matchTrailingSlash: z.boolean().optional().describe('default for every route; false'),
+    allowPathParams: z.boolean().optional().describe('default for every route; false')
+  }).optional(),
   log: z.strictObject({
     level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).optional(),
     redactQuery: z.array(z.string().min(1)).optional().describe('query parameters whose values the access log shows as [redacted]; default token, key, api_key, password, secret, signature; [] logs every query as sent')
@@ -123,11 +192,14 @@ export const configSchema = z.strictObject({
     requestTimeout: duration.optional(),
     keepAliveTimeout: duration.optional(),
     maxHeaderSize: z.int().min(1024).max(1048576).optional(),
+    maxHeadersCount: z.int().min(8).max(10000).optional().describe('more header fields than this get 431; default 100'),
     shutdownTimeout: duration.optional(),
     bufferBodies: size.optional().describe('request bodies up to this size are read whole before an upstream connection is taken; 0 streams every body; default 1mb'),
     bufferBodiesTotal: size.optional().describe('gateway-wide cap on bytes held by bufferBodies; beyond it bodies stream; default 64mb'),
     clientBodyTimeout: duration.optional().describe('longest pause between two reads of a request body; default 60s'),
-    sendTimeout: duration.optional().describe('longest a response write may wait for the client to read; default 60s')
+    sendTimeout: duration.optional().describe('longest a response write may wait for the client to read; default 60s'),
+    websocketIdleTimeout: duration.optional().describe('a WebSocket tunnel with no traffic either way for this long is closed; default 5m'),
+    maxWebSockets: z.int().positive().optional().describe('open WebSocket tunnels, gateway-wide; an upgrade beyond it gets 503; default 10000')
   }).optional(),
   tls: z.strictObject({ cert: z.string(), key: z.string() }).optional(),
   redis: redisSchema.optional(),
@@ -143,6 +215,10 @@ export const configSchema = z.strictObject({
     maxKeys: z.int().positive().optional()
   }).optional(),
   limits: z.strictObject({ global: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional(),
+  consumers: z.record(z.string().min(1).max(256), z.strictObject({ plan: z.string() })).optional(),
+  defaultPlan: z.string().optional().describe('plan of identified consumers without an entry; anonymous requests have no plan'),
+  plans: z.record(z.string().regex(PLAN_NAME_RE, 'expected a plan name of letters, digits, "_" or "-"'), planSchema).optional(),
+  concurrency: concurrencySchema.optional().describe('gateway-wide: at most N requests in flight per client, across all instances'),
   upstreams: z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/), upstreamSchema),
   routes: z.array(routeSchema).min(1)
 })
@@ -152,6 +228,20 @@ export type LimitConfig = z.infer<typeof limitSchema>
 export type RouteConfig = z.infer<typeof routeSchema>
 export type UpstreamConfigInput = z.infer<typeof upstreamSchema>
 export type RedisConfig = z.infer<typeof redisSchema>
+export type QuotaConfig = z.infer<typeof quotaSchema>
+export type PlanConfig = z.infer<typeof planSchema>
+
+/** The admin listener's address, from either form of `admin`. */
+export function adminListen (config: GatewayConfig): string {
+  const a = config.admin
+  return (typeof a === 'string' ? a : a?.listen) ?? '127.0.0.1:9901'
+}
+
+/** `admin.token`, or null when none is configured (mutating admin endpoints then answer 403). */
+export function adminToken (config: GatewayConfig): string | null {
+  const a = config.admin
+  return typeof a === 'object' ? (a.token ?? null) : null
+}
 
 /** The JSON Schema editors use to autocomplete gateway.yaml (committed as gateway.schema.json). */
 export function gatewayJsonSchema (): Record<string, unknown> {

@@ -3,6 +3,7 @@ import { createPublicKey } from 'node:crypto'
 import { createRemoteJWKSet, importSPKI, jwtVerify, type CryptoKey, type JWTPayload, type JWTVerifyGetKey, type JWTVerifyOptions } from 'jose'
 import { LRUCache } from 'lru-cache'
 import { GatewayError } from '../errors.js'
+import { readApiKeyFile } from './api-key-file.js'
 
 // Who is the user? Compiled once per config into a resolver. `compileIdentity` is async because
 // importing a PEM key is (WebCrypto); the resolver it returns answers synchronously for the header
@@ -10,7 +11,7 @@ import { GatewayError } from '../errors.js'
 
 export type IdentityConfig =
   | { header: string; required?: boolean }
-  | { apiKeys: { header: string; keys: Readonly<Record<string, string>> }; required?: boolean }
+  | { apiKeys: { header: string; keys?: Readonly<Record<string, string>>; file?: string }; required?: boolean }
   | {
     jwt: {
       secret?: string
@@ -18,6 +19,8 @@ export type IdentityConfig =
       jwksUrl?: string
       /** Claim naming the user; default `sub`. */
       claim?: string
+      /** Claim naming the consumer's plan (issue 9); a plan not in `plans` is ignored. */
+      planClaim?: string
       /** Default `authorization`, with the Bearer scheme (RFC 6750 §2.1). */
       header?: string
       issuer?: string
@@ -27,11 +30,30 @@ export type IdentityConfig =
     required?: boolean
   }
 
+/** Who is on which plan: `consumers`, `defaultPlan` and the names of `plans` (issue 9). */
+export interface ConsumerDirectory {
+  /** consumer -> plan name */
+  readonly plans: ReadonlyMap<string, string>
+  /** Plan of identified consumers without an entry; null = none (route limits as configured). */
+  readonly defaultPlan: string | null
+  /** Every configured plan name: a JWT's plan claim must name one of them. */
+  readonly known: ReadonlySet<string>
+}
+
+export const NO_CONSUMERS: ConsumerDirectory = Object.freeze({ plans: new Map(), defaultPlan: null, known: new Set<string>() })
+
 /** `ok: false` -> the caller answers 401. `reason` never contains a credential. */
-export type IdentityResult = { ok: true; user: string | null } | { ok: false; reason: string }
+/** `plan` is the consumer's plan (issue 9); absent = none: the route's own limits apply. */
+export type IdentityResult = { ok: true; user: string | null; plan?: string } | { ok: false; reason: string }
 
 export interface IdentityResolver {
-  resolve(headers: IncomingHttpHeaders): IdentityResult | Promise<IdentityResult>
+  /**
+   * `required` is the route's `auth` (true: 401 without credentials; false: anonymous without);
+   * undefined = `identity.required`. A credential that is present is always verified.
+   */
+  resolve(headers: IncomingHttpHeaders, required?: boolean): IdentityResult | Promise<IdentityResult>
+  /** The (lowercase) header carrying the credential: removed on `auth: none` routes. Null without identity. */
+  readonly credentialHeader: string | null
 }
 
 /** Longest user name taken from a header or a claim: it becomes part of limiter keys. */
@@ -43,7 +65,17 @@ const CACHE_MAX_TTL_MS = 60_000
 const ANONYMOUS: IdentityResult = Object.freeze({ ok: true, user: null })
 const failure = (reason: string): IdentityResult => Object.freeze({ ok: false, reason })
 const MISSING = failure('missing credentials')
-const NO_IDENTITY: IdentityResolver = Object.freeze({ resolve: () => ANONYMOUS })
+const NO_IDENTITY: IdentityResolver = Object.freeze({ resolve: () => ANONYMOUS, credentialHeader: null })
+
+/** What a request without credentials gets: 401 when required, else anonymous (no user, no plan). */
+type Absent = (required: boolean | undefined) => IdentityResult
+
+const planOf = (dir: ConsumerDirectory, user: string): string | null => dir.plans.get(user) ?? dir.defaultPlan
+
+/** An identified user, with its plan only when it has one. */
+function identified (user: string, plan: string | null): IdentityResult {
+  return plan === null ? { ok: true, user } : { ok: true, user, plan }
+}
 
 const HMAC_ALGS = ['HS256', 'HS384', 'HS512']
 const ASYMMETRIC_ALGS = ['RS256', 'RS384', 'RS512', 'PS256', 'PS384', 'PS512', 'ES256', 'ES384', 'ES512', 'EdDSA', 'Ed25519']
@@ -53,12 +85,13 @@ const HMAC_MIN_BYTES: Readonly<Record<string, number>> = { HS256: 32, HS384: 48,
 const invalid = (message: string, cause?: unknown): GatewayError =>
   new GatewayError('GW_ERR_CONFIG_INVALID', `identity: ${message}`, cause === undefined ? undefined : { cause })
 
-export async function compileIdentity (config: IdentityConfig | undefined): Promise<IdentityResolver> {
+export async function compileIdentity (config: IdentityConfig | undefined, consumers: ConsumerDirectory = NO_CONSUMERS): Promise<IdentityResolver> {
   if (config === undefined) return NO_IDENTITY
-  const absent = config.required === true ? MISSING : ANONYMOUS
-  if ('header' in config) return compileHeaderIdentity(config.header, absent)
-  if ('apiKeys' in config) return compileApiKeys(config.apiKeys, absent)
-  if ('jwt' in config) return await compileJwt(config.jwt, absent)
+  const requiredByDefault = config.required === true
+  const absent: Absent = (required) => (required ?? requiredByDefault) ? MISSING : ANONYMOUS
+  if ('header' in config) return compileHeaderIdentity(config.header, absent, consumers)
+  if ('apiKeys' in config) return compileApiKeys(config.apiKeys, absent, consumers, await readApiKeyFile(config.apiKeys.file, consumers))
+  if ('jwt' in config) return await compileJwt(config.jwt, absent, consumers)
   throw invalid('expected one of "header", "apiKeys" or "jwt"')
 }
 
@@ -70,42 +103,49 @@ function headerName (name: string): string {
   return lower
 }
 
-function compileHeaderIdentity (header: string, absent: IdentityResult): IdentityResolver {
+function compileHeaderIdentity (header: string, absent: Absent, consumers: ConsumerDirectory): IdentityResolver {
   const name = headerName(header)
   const tooLong = failure('identity header too long')
   const repeated = failure('identity header repeated')
   return {
-    resolve (headers) {
+    credentialHeader: name,
+    resolve (headers, required) {
       const raw = headers[name]
-      if (raw === undefined) return absent
+      if (raw === undefined) return absent(required)
       if (typeof raw !== 'string') return repeated
       const user = raw.trim()
-      if (user.length === 0) return absent
+      if (user.length === 0) return absent(required)
       if (user.length > MAX_USER_LENGTH) return tooLong
-      return { ok: true, user }
+      return identified(user, planOf(consumers, user))
     }
   }
 }
 
-function compileApiKeys (apiKeys: { header: string; keys: Readonly<Record<string, string>> }, absent: IdentityResult): IdentityResolver {
+function compileApiKeys (
+  apiKeys: { header: string; keys?: Readonly<Record<string, string>> },
+  absent: Absent,
+  consumers: ConsumerDirectory,
+  fromFile: ReadonlyArray<readonly [string, string]>
+): IdentityResolver {
   const name = headerName(apiKeys.header)
   // A Map, not the config object: a key named "constructor" or "__proto__" must not find
-  // Object.prototype. Results are built once so a lookup allocates nothing.
+  // Object.prototype. Results (user and plan) are built once so a lookup allocates nothing.
   const users = new Map<string, IdentityResult>()
-  for (const [key, user] of Object.entries(apiKeys.keys)) {
+  for (const [key, user] of [...Object.entries(apiKeys.keys ?? {}), ...fromFile]) {
     if (key.trim() !== key || key.length === 0) throw invalid('API keys must be non-empty without surrounding spaces')
     if (user.length === 0 || user.length > MAX_USER_LENGTH) throw invalid(`API key user names must have 1 to ${MAX_USER_LENGTH} characters`)
-    users.set(key, Object.freeze({ ok: true, user }))
+    users.set(key, Object.freeze(identified(user, planOf(consumers, user))))
   }
   const unknown = failure('unknown API key')
   const repeated = failure('API key header repeated')
   return {
-    resolve (headers) {
+    credentialHeader: name,
+    resolve (headers, required) {
       const raw = headers[name]
-      if (raw === undefined) return absent
+      if (raw === undefined) return absent(required)
       if (typeof raw !== 'string') return repeated
       const key = raw.trim()
-      if (key.length === 0) return absent
+      if (key.length === 0) return absent(required)
       return users.get(key) ?? unknown
     }
   }
@@ -113,7 +153,7 @@ function compileApiKeys (apiKeys: { header: string; keys: Readonly<Record<string
 
 type JwtConfig = Extract<IdentityConfig, { jwt: unknown }>['jwt']
 
-async function compileJwt (jwt: JwtConfig, absent: IdentityResult): Promise<IdentityResolver> {
+async function compileJwt (jwt: JwtConfig, absent: Absent, consumers: ConsumerDirectory): Promise<IdentityResolver> {
   const sources = [jwt.secret, jwt.publicKey, jwt.jwksUrl].filter(s => s !== undefined).length
   if (sources !== 1) throw invalid('jwt needs exactly one of "secret", "publicKey" or "jwksUrl"')
   const { key, algorithms } = await compileJwtKey(jwt)
@@ -151,16 +191,21 @@ async function compileJwt (jwt: JwtConfig, absent: IdentityResult): Promise<Iden
     const value = payload[claim]
     const user = typeof value === 'string' ? value : typeof value === 'number' && Number.isFinite(value) ? String(value) : ''
     if (user.length === 0 || user.length > MAX_USER_LENGTH) return noUser
-    const result: IdentityResult = Object.freeze({ ok: true, user })
+    // The token's plan claim wins over `consumers`; a plan the config does not know is ignored
+    // (the consumer's entry or defaultPlan applies): a token cannot name limits that do not exist.
+    const claimed = jwt.planClaim === undefined ? undefined : payload[jwt.planClaim]
+    const plan = typeof claimed === 'string' && consumers.known.has(claimed) ? claimed : planOf(consumers, user)
+    const result: IdentityResult = Object.freeze(identified(user, plan))
     const ttl = payload.exp === undefined ? CACHE_MAX_TTL_MS : Math.min(CACHE_MAX_TTL_MS, payload.exp * 1000 - Date.now())
     if (ttl >= 1) verified.set(token, result, { ttl: Math.floor(ttl) })
     return result
   }
 
   return {
-    resolve (headers) {
+    credentialHeader: name,
+    resolve (headers, required) {
       const raw = headers[name]
-      if (raw === undefined) return absent
+      if (raw === undefined) return absent(required)
       if (typeof raw !== 'string') return repeated
       const token = bearerToken(raw, bareTokenAllowed)
       if (token === null) return notBearer

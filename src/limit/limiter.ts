@@ -8,16 +8,18 @@ import { dimensionValue, keyFor, type PlannedLimit, type RouteLimitPlan } from '
 import type { DenyCache, LocalLevel } from './local-level.js'
 import type { RedisGuard } from './redis-guard.js'
 import type { LimitLevel, Telemetry } from '../telemetry.js'
+import { calendarPeriod } from './algorithms/calendar-quota.js'
+import type { HeldLease, LeaseKeeper } from './concurrency.js'
 
 export type HeaderList = Array<[string, string]>
 
 export type LimitVerdict =
-  | { readonly kind: 'allow', readonly headers: HeaderList | null, readonly delayMs: number }
+  | { readonly kind: 'allow', readonly headers: HeaderList | null, readonly delayMs: number, readonly lease: HeldLease | null }
   | { readonly kind: 'reject', readonly status: number, readonly body: RejectBody, readonly headers: HeaderList }
   | { readonly kind: 'unavailable' }
 
 export interface RejectBody {
-  readonly error: 'rate_limited'
+  readonly error: 'rate_limited' | 'GW_ERR_CONCURRENCY_LIMITED'
   readonly message: string
   readonly dimension: string
   readonly limit: string
@@ -41,6 +43,8 @@ export interface LimiterOptions {
   readonly guard: RedisGuard | null
   readonly legacyHeaders: boolean
   readonly telemetry: Telemetry
+  /** Releases and renews concurrency leases; null when no limit can take one. */
+  readonly leases?: LeaseKeeper | null
 }
 
 const LOCAL_LIMIT = 'local'
@@ -60,6 +64,16 @@ export class Limiter {
     if (wait === 0) return null
     this.options.telemetry.limitDecision(route, 'local', LOCAL_LIMIT, 'local', 'rejected')
     return this.reject(429, 'local', LOCAL_LIMIT, local.options.limit, wait, local.policy, 0, wait)
+  }
+
+  /** The in-process shared store (no Redis configured), or null: the admin API reads and resets it. */
+  get memory (): MemoryStore | null {
+    return this.options.memory
+  }
+
+  /** ms left on this instance's deny-cache entry for `check` (admin API), 0 when none. */
+  denied (check: LimitCheck): number {
+    return this.options.deny.remaining(denyKey(check), performance.now())
   }
 
   /** Synchronous unless the shared level has to ask Redis: the in-process path allocates no Promise. */
@@ -86,17 +100,27 @@ export class Limiter {
 
     const { memory, guard } = this.options
     if (guard !== null) {
-      return guard.decide(checks, limits, req.requestId).then(g => g.unavailable ? UNAVAILABLE : this.conclude(req, checks, limits, g.decision, g.level, now))
+      return guard.decide(checks, limits, req.requestId).then(g => g.unavailable ? UNAVAILABLE : this.conclude(req, checks, limits, g.decision, g.level, now, g.leaseId, g.share))
     }
-    return this.conclude(req, checks, limits, (memory as MemoryStore).decide(checks, req.requestId), 'memory', now)
+    return this.conclude(req, checks, limits, (memory as MemoryStore).decide(checks, req.requestId), 'memory', now, '', 1)
   }
 
-  private conclude (req: LimitRequest, checks: LimitCheck[], limits: PlannedLimit[], decision: LimitDecision, level: LimitLevel, now: number): LimitVerdict {
+  /** Gives back the leases of a request whose response (or WebSocket) closed. Idempotent. */
+  release (lease: HeldLease): void {
+    this.options.leases?.release(lease)
+  }
+
+  private conclude (req: LimitRequest, checks: LimitCheck[], limits: PlannedLimit[], decision: LimitDecision, level: LimitLevel, now: number, leaseId: string, share: number): LimitVerdict {
     const { deny, telemetry } = this.options
     const route = req.route
     const deciding = limits[decision.limitingIndex]
     if (!decision.allowed) {
       const l = deciding as PlannedLimit
+      // A lease can come back at any moment: never in the deny cache, always Retry-After: 1.
+      if (l.concurrency) {
+        telemetry.concurrencyRejected(route, l.dimension, level)
+        return concurrencyReject(l)
+      }
       telemetry.limitDecision(route, l.dimension, l.name, level, 'rejected')
       // The fallback store is in process already: caching its rejections saves nothing and would
       // outlive Redis's recovery, holding a client to this instance's share of the budget.
@@ -111,14 +135,24 @@ export class Limiter {
       const retry = decision.retryAfterMs > 0 ? decision.retryAfterMs : l.spec.windowMs
       return this.reject(l.status, l.dimension, l.name, l.spec.limit, retry, l.policy, decision.remaining, decision.resetMs)
     }
+    let leaseKeys: string[] | null = null
     for (let i = 0; i < limits.length; i++) {
       const l = limits[i] as PlannedLimit
-      telemetry.limitDecision(route, l.dimension, l.name, level, 'allowed')
+      if (l.concurrency) (leaseKeys ??= []).push((checks[i] as LimitCheck).key)
+      else telemetry.limitDecision(route, l.dimension, l.name, level, 'allowed')
     }
     // only admitted requests count against shadow limits, as they would if they were enforced
     if (req.plan.shadow.length > 0) void this.decideShadow(req)
-    const headers = deciding === undefined ? null : this.headers(deciding.policy, deciding.name, deciding.spec.limit, decision.remaining, decision.resetMs)
-    return { kind: 'allow', headers, delayMs: decision.delayMs }
+    // An admitted lease reports an unbounded remaining (lua/lease.lua): it decides only when no
+    // rate limit applies, and then there is no rate to describe.
+    const headers = deciding === undefined || deciding.concurrency ? null : this.headers(deciding.policy, deciding.name, deciding.spec.limit, decision.remaining, decision.resetMs)
+    if (headers !== null && deciding?.dimension !== 'quota' && decision.remainings !== undefined) appendQuota(headers, limits, decision.remainings)
+    let lease: HeldLease | null = null
+    if (leaseKeys !== null) {
+      lease = { keys: leaseKeys, member: leaseId, level: level === 'redis' ? 'redis' : level === 'fallback' ? 'fallback' : 'memory', units: share, released: false }
+      this.options.leases?.hold(lease)
+    }
+    return { kind: 'allow', headers, delayMs: decision.delayMs, lease }
   }
 
   private async decide (checks: LimitCheck[], limits: PlannedLimit[], requestId: string): Promise<{ decision: LimitDecision, level: LimitLevel }> {
@@ -164,19 +198,49 @@ export class Limiter {
   }
 }
 
-const ALLOW_NO_HEADERS: LimitVerdict = Object.freeze({ kind: 'allow', headers: null, delayMs: 0 })
+const ALLOW_NO_HEADERS: LimitVerdict = Object.freeze({ kind: 'allow', headers: null, delayMs: 0, lease: null })
+
+const CONCURRENCY_HEADERS: HeaderList = [['retry-after', '1']]
+
+/** 429 with Retry-After: 1 and GW_ERR_CONCURRENCY_LIMITED, naming the limit that was full. */
+function concurrencyReject (l: PlannedLimit): LimitVerdict {
+  return {
+    kind: 'reject',
+    status: ERRORS.GW_ERR_CONCURRENCY_LIMITED.status,
+    body: { error: 'GW_ERR_CONCURRENCY_LIMITED', message: ERRORS.GW_ERR_CONCURRENCY_LIMITED.message, dimension: l.dimension, limit: l.name, retryAfterMs: 1000 },
+    headers: CONCURRENCY_HEADERS
+  }
+}
 const UNAVAILABLE: LimitVerdict = Object.freeze({ kind: 'unavailable' })
 
 /**
  * A rejection holds for one (key, cost): the key names the limit's parameters but not its cost,
  * so a reload that changes only the cost must not keep the lockout the old cost earned.
  */
-function denyKey (check: LimitCheck): string {
+export function denyKey (check: LimitCheck): string {
   return check.cost === 1 ? check.key : `${check.key}#${check.cost}`
 }
 
+/**
+ * A plan's quota beside the tightest limit (issue 9): both headers are lists
+ * (draft-ietf-httpapi-ratelimit-headers), so a client sees its daily or monthly budget too.
+ */
+function appendQuota (headers: HeaderList, limits: readonly PlannedLimit[], remainings: readonly number[]): void {
+  for (let i = limits.length - 1; i >= 0; i--) {
+    const l = limits[i] as PlannedLimit
+    if (l.dimension !== 'quota') continue
+    const remaining = remainings[i]
+    if (remaining === undefined || remaining < 0) return
+    const { end } = calendarPeriod(l.spec.windowMs, Date.now() * 1000)
+    const t = Math.max(0, end - Math.floor(Date.now() / 1000))
+    ;(headers[0] as [string, string])[1] += `, ${l.policy}`
+    ;(headers[1] as [string, string])[1] += `, "${l.name}";r=${remaining};t=${t}`
+    return
+  }
+}
+
 /** The checks that apply to this request: a `user` limit is skipped for anonymous requests. */
-function buildChecks (planned: readonly PlannedLimit[], req: LimitRequest): { checks: LimitCheck[], limits: PlannedLimit[] } {
+export function buildChecks (planned: readonly PlannedLimit[], req: LimitRequest): { checks: LimitCheck[], limits: PlannedLimit[] } {
   const checks: LimitCheck[] = []
   const limits: PlannedLimit[] = []
   for (const l of planned) {

@@ -66,6 +66,11 @@ export class LocalLevel {
   get size (): number {
     return this.buckets.size
   }
+
+  /** Gives the client a whole bucket again (admin reset). */
+  forget (clientKey: string): void {
+    this.buckets.delete(clientKey)
+  }
 }
 
 /**
@@ -92,6 +97,11 @@ export class DenyCache {
 
   add (key: string, untilMs: number): void {
     this.until.set(key, untilMs)
+  }
+
+  /** Lifts a deny (admin reset). */
+  forget (key: string): void {
+    this.until.delete(key)
   }
 
   get size (): number {

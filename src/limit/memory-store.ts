@@ -57,14 +57,16 @@ export function decideAt (state: LimitStateMap, checks: readonly LimitCheck[], _
     }
   }
   let delayMs = 0
+  const remainings: number[] = new Array(n)
   for (let i = 0; i < n; i++) {
     const ev = evaluations[i] as Evaluation
     const { state: next, ttlUs } = ev.commit()
     state.set((checks[i] as LimitCheck).key, next, ttlMs(ttlUs))
     delayMs = Math.max(delayMs, msUp(ev.delayUs))
+    remainings[i] = Math.max(0, ev.remaining)
   }
   const ev = evaluations[tightest] as Evaluation
-  return { allowed: true, remaining: ev.remaining, retryAfterMs: 0, resetMs: msUp(ev.resetUs), limitingIndex: tightest, delayMs }
+  return { allowed: true, remaining: ev.remaining, retryAfterMs: 0, resetMs: msUp(ev.resetUs), limitingIndex: tightest, delayMs, remainings }
 }
 
 export interface MemoryStoreOptions {
@@ -84,6 +86,17 @@ export interface MemoryStore extends LimitStore {
   clear(): void
   /** Forgets one key. */
   forget(key: string): void
+  /** Gives back `units` of a concurrency lease count (issue 10); a count reaching 0 is deleted. */
+  release(key: string, units: number): void
+  /** What each check would get now, consuming nothing (the admin API). */
+  peek(checks: readonly LimitCheck[]): PeekResult[]
+}
+
+/** A check read without consuming: units left now, ms until whole, ms until a request of its cost passes (-1 never). */
+export interface PeekResult {
+  readonly remaining: number
+  readonly resetMs: number
+  readonly retryAfterMs: number
 }
 
 const monotonicUs = (): number => Math.floor((performance.timeOrigin + performance.now()) * 1000)
@@ -103,7 +116,8 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
   })
   const map: LimitStateMap = {
     get: (key) => cache.get(key),
-    set: (key, state, ttl) => { cache.set(key, state, { ttl }) }
+    // A lease count never expires in process (a release deletes it at 0): no TTL to track.
+    set: (key, state, ttl) => { if (state.kind === 'lease') cache.set(key, state); else cache.set(key, state, { ttl }) }
   }
   return {
     kind: 'memory',
@@ -115,6 +129,21 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
     get size () { return cache.size },
     clear () { cache.clear() },
     forget (key) { cache.delete(key) },
+    peek (checks) {
+      const t = now()
+      // the same arithmetic as lua/peek.lua
+      return checks.map((c) => {
+        const ev = ALGORITHMS[c.spec.algorithm].check(cache.get(c.key), c.spec, c.cost, t)
+        if (ev.ok) return { remaining: ev.remaining + c.cost, resetMs: msUp(ev.resetUs), retryAfterMs: 0 }
+        return { remaining: Math.max(0, ev.remaining), resetMs: msUp(ev.resetUs), retryAfterMs: ev.retryUs < 0 ? -1 : Math.max(1, msUp(ev.retryUs)) }
+      })
+    },
+    release (key, units) {
+      const state = cache.get(key)
+      if (state?.kind !== 'lease') return
+      if (state.held <= units) cache.delete(key)
+      else cache.set(key, { kind: 'lease', held: state.held - units })
+    },
     async close () { cache.clear() }
   }
 }

@@ -27,11 +27,15 @@ export interface GuardedDecision {
   readonly level: 'redis' | 'fallback'
   /** A limit with `onError: deny` could not be decided: answer 503. */
   readonly unavailable: boolean
+  /** Redis: the id any concurrency lease was taken under ('' otherwise). */
+  readonly leaseId: string
+  /** Units each lease took: 1 in Redis, the live instances n in the fallback (its 1/n share). */
+  readonly share: number
 }
 
 /** What the guard needs of the Redis store: deciding, and writing a fallback's debt back. */
 export interface GuardedStore extends LimitStore {
-  decideDetailed?(checks: readonly LimitCheck[], requestId: string): Promise<{ readonly decision: LimitDecision, readonly remainings: readonly number[] }>
+  decideDetailed?(checks: readonly LimitCheck[], requestId: string): Promise<{ readonly decision: LimitDecision, readonly remainings: readonly number[], readonly callId?: string }>
   charge?(checks: readonly LimitCheck[]): Promise<void>
 }
 
@@ -160,6 +164,12 @@ export class RedisGuard {
     this.learned = new LRUCache({ max: this.maxKeys })
   }
 
+  /** Each node's breaker ('*' without Cluster), for /readyz and the admin page. */
+  breakerStates (): Array<{ node: string, state: BreakerState }> {
+    this.recomputeWorst() // drops the breakers of masters that no longer serve slots
+    return [...this.breakers.values()].map(b => ({ node: b.node, state: b.state }))
+  }
+
   /** The worst state among the breakers (open if any node is open). */
   get breaker (): BreakerState {
     return this.recomputeWorst()
@@ -240,9 +250,11 @@ export class RedisGuard {
     try {
       const store = this.options.store
       let decision: LimitDecision
+      let leaseId = ''
       if (store.decideDetailed !== undefined) {
         const detailed = await this.withTimeout(store.decideDetailed(checks, requestId))
         decision = detailed.decision
+        leaseId = detailed.callId ?? ''
         this.learn(checks, detailed.remainings)
       } else {
         decision = await this.withTimeout(store.decide(checks, requestId))
@@ -259,7 +271,7 @@ export class RedisGuard {
         if (this.worst === 'closed' || this.recomputeWorst() === 'closed') this.endOutage()
         else this.settleKeys(this.outage, checks)
       }
-      return { decision, level: 'redis', unavailable: false }
+      return { decision, level: 'redis', unavailable: false, leaseId, share: 1 }
     } catch (err) {
       const kind = err instanceof RedisTimeoutError ? 'timeout' : errorKind(err)
       this.options.telemetry.redisCall(Number(process.hrtime.bigint() - started) / 1e9, false, kind)
@@ -401,13 +413,13 @@ export class RedisGuard {
     const n = this.instances
     for (let i = 0; i < checks.length; i++) {
       const mode = limits[i]?.onError
-      if (mode === 'deny') return { decision: ALLOW_ALL, level: 'fallback', unavailable: true }
+      if (mode === 'deny') return { decision: ALLOW_ALL, level: 'fallback', unavailable: true, leaseId: '', share: n }
       if (mode === 'allow') continue
       const check = checks[i] as LimitCheck
       kept.push({ key: check.key, spec: check.spec, cost: shareCost(check, n) })
       index.push(i)
     }
-    if (kept.length === 0) return { decision: ALLOW_ALL, level: 'fallback', unavailable: false }
+    if (kept.length === 0) return { decision: ALLOW_ALL, level: 'fallback', unavailable: false, leaseId: '', share: n }
     const outage = this.outage ??= { debt: new Map(), seeded: new Set() }
     for (const check of kept) this.seed(outage, check)
     const d = this.fallbackStore.decide(kept, requestId)
@@ -422,13 +434,25 @@ export class RedisGuard {
       retryAfterMs: d.retryAfterMs < 0 ? Math.min(FALLBACK_RETRY_MS, (kept[d.limitingIndex] as LimitCheck).spec.windowMs) : d.retryAfterMs,
       limitingIndex: d.limitingIndex === -1 ? -1 : index[d.limitingIndex] ?? -1
     }
-    return { decision, level: 'fallback', unavailable: false }
+    return { decision, level: 'fallback', unavailable: false, leaseId: '', share: n }
+  }
+
+  /**
+   * Gives back a concurrency lease the fallback granted (`units` = its share when taken). The
+   * fallback forgets its counts when Redis answers again (endOutage): leases it granted then stop
+   * counting anywhere until they finish, a brief over-admission right after an outage.
+   */
+  releaseFallback (key: string, units: number): void {
+    this.fallbackStore.release(key, units)
   }
 
   // The first time an outage meets a key, its fallback state starts from what Redis last said was
   // left of it: the fleet had R of capacity C left, so this instance's share is R / n, which in
   // fallback units (n per unit) is R, i.e. C - R units are already spent.
   private seed (outage: Outage, check: LimitCheck): void {
+    // Leases are not a budget spent over a window: one in flight in Redis is released to Redis
+    // (or expires there), so the fallback counts only the leases it grants itself.
+    if (check.spec.algorithm === 'lease') return
     if (outage.seeded.has(check.key)) return
     if (outage.seeded.size < this.maxKeys) outage.seeded.add(check.key)
     const known = this.learned.get(check.key)
@@ -438,6 +462,7 @@ export class RedisGuard {
   }
 
   private owe (outage: Outage, check: LimitCheck): void {
+    if (check.spec.algorithm === 'lease') return
     const debt = outage.debt.get(check.key)
     if (debt !== undefined && debt.spec === check.spec) debt.units += check.cost
     else if (outage.debt.size < this.maxKeys) outage.debt.set(check.key, { spec: check.spec, units: check.cost })

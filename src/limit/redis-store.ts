@@ -20,8 +20,8 @@ import type { LimitCheck, LimitDecision, LimitStore } from './types.js'
 
 export { limitKey } from './keys.js'
 
-const detailed = (reply: LimitReply): DetailedDecision => ({ decision: reply.decision, remainings: reply.remainings })
-const NONE: DetailedDecision = Object.freeze({ decision: NO_CHECKS, remainings: [] })
+const detailed = (reply: LimitReply, callId: string): DetailedDecision => ({ decision: reply.decision, remainings: reply.remainings, callId })
+const NONE: DetailedDecision = Object.freeze({ decision: NO_CHECKS, remainings: [], callId: '' })
 
 export interface RedisStoreOptions {
   /** Used, not owned: close() leaves it connected (whoever created it disconnects it). */
@@ -43,6 +43,8 @@ export interface RedisStoreOptions {
 export interface DetailedDecision {
   readonly decision: LimitDecision
   readonly remainings: readonly number[]
+  /** The id this call recorded under: the member of every concurrency lease it took (lua/lease.lua). */
+  readonly callId: string
 }
 
 export interface RedisStore extends LimitStore {
@@ -129,7 +131,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
       group.checks.push(checks[i] as LimitCheck)
     })
     const groups = [...bySlot.entries()]
-    if (groups.length === 1) return detailed(await limit(keys, checks, id, now))
+    if (groups.length === 1) return detailed(await limit(keys, checks, id, now), id)
     const remainings: number[] = new Array(checks.length).fill(-1)
 
     const settled = await Promise.allSettled(groups.map(([, g]) => limit(g.keys, g.checks, id, now)))
@@ -164,7 +166,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
 
     if (failure === undefined && rejecting === undefined) {
       const t = tightest as { index: number, decision: LimitDecision }
-      return { decision: { ...t.decision, limitingIndex: t.index, delayMs }, remainings }
+      return { decision: { ...t.decision, limitingIndex: t.index, delayMs, remainings }, remainings, callId: id }
     }
     // All or nothing: give back what the admitting groups recorded before answering. The
     // admitting groups' remainings then count units about to come back: conservative.
@@ -176,7 +178,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
     // caller to its fallback, which might admit what Redis already refused.
     if (rejecting !== undefined) {
       if (failure !== undefined) onBackgroundError?.(failure.reason)
-      return { decision: { ...rejecting.decision, limitingIndex: rejecting.index }, remainings }
+      return { decision: { ...rejecting.decision, limitingIndex: rejecting.index }, remainings, callId: id }
     }
     throw (failure as { reason: unknown }).reason
   }
@@ -188,7 +190,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
     const now = nowUs?.() ?? 0
     const keys = checks.map((c) => keyPrefix + c.key)
     if (isCluster) return await decideAcrossSlots(keys, checks, id, now)
-    return detailed(await limit(keys, checks, id, now))
+    return detailed(await limit(keys, checks, id, now), id)
   }
 
   return {

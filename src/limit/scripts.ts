@@ -12,7 +12,9 @@ const LIBRARY = [
   'leaky-bucket.lua',
   'sliding-window-log.lua',
   'sliding-window.lua',
-  'fixed-window.lua'
+  'fixed-window.lua',
+  'calendar-quota.lua',
+  'lease.lua'
 ]
 
 const read = (file: string): string => readFileSync(new URL(file, LUA_DIR), 'utf8')
@@ -22,8 +24,15 @@ const library = LIBRARY.map(read).join('\n')
 export const LIMIT_SCRIPT = `${library}\n${read('limit.lua')}`
 /** lua/refund.lua with its library: undoes admissions recorded by LIMIT_SCRIPT. */
 export const REFUND_SCRIPT = `${library}\n${read('refund.lua')}`
+/** lua/peek.lua with its library: what limit.lua would decide, consuming nothing (read-only). */
+export const PEEK_SCRIPT = `${library}\n${read('peek.lua')}`
 /** lua/charge.lua with its library: records units a fallback admitted (a debt). */
 export const CHARGE_SCRIPT = `${library}\n${read('charge.lua')}`
+
+/** lua/lease-release.lua: gives back the leases released in one event-loop turn. */
+export const LEASE_RELEASE_SCRIPT = read('lease-release.lua')
+/** lua/lease-renew.lua: pushes the expiry of held leases one TTL ahead. */
+export const LEASE_RENEW_SCRIPT = read('lease-renew.lua')
 
 type Arg = string | number
 
@@ -85,6 +94,7 @@ export function parseLimitReply (reply: unknown, checkCount: number): LimitReply
   const allowed = r[0] === 1
   const expected = 7 + (allowed ? 2 : 1) * checkCount
   if (r.length !== expected) throw new TypeError(`limit.lua returned ${r.length} values for ${checkCount} checks (expected ${expected})`)
+  const remainings = r.slice(expected - checkCount)
   return {
     decision: {
       allowed,
@@ -92,10 +102,11 @@ export function parseLimitReply (reply: unknown, checkCount: number): LimitReply
       retryAfterMs: r[2] as number,
       resetMs: r[3] as number,
       limitingIndex: r[4] as number,
-      delayMs: r[5] as number
+      delayMs: r[5] as number,
+      ...(allowed && checkCount > 0 ? { remainings } : {})
     },
     nowMs: r[6] as number,
     receipts: allowed ? r.slice(7, 7 + checkCount) : [],
-    remainings: r.slice(expected - checkCount)
+    remainings
   }
 }

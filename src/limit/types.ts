@@ -8,6 +8,9 @@ export type AlgorithmName =
   | 'sliding-window-log'
   | 'sliding-window'
   | 'fixed-window'
+  | 'calendar-quota'
+  /** A concurrency lease (issue 10): limit = leases held at once, window = lease TTL. Never in config. */
+  | 'lease'
 
 /** Numeric code of each algorithm as passed to the Lua scripts (ARGV). */
 export const ALGORITHM_CODES: Readonly<Record<AlgorithmName, number>> = Object.freeze({
@@ -16,7 +19,9 @@ export const ALGORITHM_CODES: Readonly<Record<AlgorithmName, number>> = Object.f
   'leaky-bucket': 3,
   'sliding-window-log': 4,
   'sliding-window': 5,
-  'fixed-window': 6
+  'fixed-window': 6,
+  'calendar-quota': 7,
+  lease: 8
 })
 
 /** A limit compiled from config. Immutable; shared by every request that it applies to. */
@@ -52,6 +57,11 @@ export interface LimitDecision {
   readonly limitingIndex: number
   /** leaky-bucket delay mode: how long to hold the admitted request before forwarding (0 otherwise). */
   readonly delayMs: number
+  /**
+   * Every check's budget left, in the order of the checks, when the store knows them (admitted
+   * requests): a plan's quota is reported in the headers beside the tightest limit (issue 9).
+   */
+  readonly remainings?: readonly number[]
 }
 
 /**

@@ -62,7 +62,14 @@ export interface ForwardedValues {
   readonly requestId: string
   readonly clientIp: string
   readonly proto: 'http' | 'https'
+  /** The peer is one of trustedProxies; absent = not trusted. */
+  readonly trustedPeer?: boolean
 }
+
+// Headers upstreams (and their frameworks) read as the client's address or the original URL.
+// The gateway sets none of them, so from a client that is not our proxy they are forgeries:
+// removed (RFC 7239 §8.1: Forwarded from an untrusted hop must not be believed).
+const CLIENT_FORGEABLE: ReadonlySet<string> = new Set(['forwarded', 'x-real-ip', 'true-client-ip', 'x-original-url', 'x-rewrite-url'])
 
 /**
  * The flat [name, value, ...] list sent upstream. `Host` passes through unchanged, the client's
@@ -75,8 +82,10 @@ export function upstreamRequestHeaders (req: IncomingMessage, plan: CompiledHead
   const named = tokens === null || tokens.length === 0 ? null : tokens
   const host = incoming.host
   const out: string[] = host === undefined ? [] : ['host', host]
+  const untrusted = ctx.trustedPeer !== true
   for (const name in incoming) {
     if (drop.has(name) || (named !== null && named.includes(name))) continue
+    if (untrusted && CLIENT_FORGEABLE.has(name)) continue
     const value = incoming[name]
     if (typeof value === 'string') out.push(name, value)
     else if (value !== undefined) for (const item of value) out.push(name, item)

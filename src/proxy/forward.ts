@@ -7,12 +7,13 @@ import { stripPathPrefix } from './forward-path.js'
 import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
 import type { UpstreamPool, UpstreamTarget } from './upstream-pool.js'
 import { BodyBudget } from './body-budget.js'
+import { cutByShutdown } from './shutdown-cut.js'
 
 export type { HeaderRules } from './forward-headers.js'
 export type { ForwardErrorKind } from './upstream-errors.js'
 
 /** How a route forwards, built once per route at config load. */
-export interface ForwardPlan extends BodyHandling {
+export interface ForwardPlan extends BodyHandling, TunnelHandling {
   readonly pool: UpstreamPool
   /** Removed from the start of the path before forwarding (whole segments only). */
   readonly stripPrefix: string | null
@@ -40,7 +41,15 @@ export interface BodyHandling {
   readonly sendTimeoutMs: number
 }
 
-export type ForwardPlanOptions = Omit<ForwardPlan, 'headers' | 'idleTimeoutMs' | keyof BodyHandling> & Partial<BodyHandling> & { readonly idleTimeoutMs?: number }
+/** WebSocket tunnels (server.websocketIdleTimeout, server.maxWebSockets). */
+export interface TunnelHandling {
+  /** A tunnel with no byte either way for this long is closed. */
+  readonly websocketIdleTimeoutMs: number
+  /** Open (or opening) tunnels, gateway-wide; an upgrade beyond it gets 503. */
+  readonly maxWebSockets: number
+}
+
+export type ForwardPlanOptions = Omit<ForwardPlan, 'headers' | 'idleTimeoutMs' | keyof BodyHandling | keyof TunnelHandling> & Partial<BodyHandling & TunnelHandling> & { readonly idleTimeoutMs?: number }
 
 /** The one way to make a plan: header rules are compiled here, at config load, not per request. */
 export function createForwardPlan (options: ForwardPlanOptions): ForwardPlan {
@@ -50,6 +59,8 @@ export function createForwardPlan (options: ForwardPlanOptions): ForwardPlan {
     bodyBudget: new BodyBudget(64 * 1024 * 1024),
     clientBodyTimeoutMs: 60_000,
     sendTimeoutMs: 60_000,
+    websocketIdleTimeoutMs: 300_000,
+    maxWebSockets: 10_000,
     ...options,
     headers: compileHeaders(options.requestHeaders, options.responseHeaders)
   })
@@ -62,6 +73,8 @@ export interface ForwardContext {
   readonly proto: 'http' | 'https'
   /** Normalized path + '?' + raw query; the query is passed through untouched. */
   readonly path: string
+  /** The peer is one of trustedProxies: its X-Request-Id and Forwarded/X-Real-IP/... are kept. */
+  readonly trustedPeer?: boolean
   /** Added to the response (successful or not), e.g. RateLimit headers from the limiter. */
   readonly extraResponseHeaders?: readonly (readonly [string, string])[]
 }
@@ -78,6 +91,11 @@ export interface ForwardResult {
   bytesOut: number
   errorCode: ErrorCode | null
   errorKind: ForwardErrorKind | null
+  /**
+   * Set when the response failed after its headers went out (cut mid-body): the status those
+   * headers carried. `status` is then the failure's (502, 503, 504), so it counts as an error.
+   */
+  sentStatus?: number
   /** The failure as answered, with the undici error as `cause`; null on success and on client abort. */
   error: GatewayError | null
 }
@@ -125,6 +143,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
   settled = false
   clientGone = false
   bodyTooLarge = false
+  /** The upstream's status or transfer coding cannot be relayed (502). */
+  badResponse = false
   status = 0
   bytesIn = 0
   bytesOut = 0
@@ -320,6 +340,15 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
   onResponseStart (controller: Dispatcher.DispatchController, statusCode: number, headers: Record<string, string | string[] | undefined>): void {
     // 1xx: node:http already sent its own 100 Continue; other interim responses are not relayed.
     if (statusCode < 200 || this.clientGone) return
+    // RFC 9110 §15: a status is three digits, 1xx-5xx. A status node:http would relay as is (600)
+    // or a transfer coding undici does not decode (gzip, chunked: the gzip would be lost, the
+    // client would get compressed bytes unlabelled) cannot be relayed honestly: 502.
+    const te = headers['transfer-encoding']
+    if (statusCode > 599 || (te !== undefined && !isChunkedOnly(te))) {
+      this.badResponse = true
+      controller.abort(new GatewayError('GW_ERR_UPSTREAM_BAD_RESPONSE'))
+      return
+    }
     if (this.target !== null) this.plan.pool.succeeded(this.target)
     const raw = controller.rawHeaders
     const out = clientResponseHeaders(Array.isArray(raw) ? raw : flatten(headers), this.plan.headers, this.ctx.requestId, this.ctx.extraResponseHeaders)
@@ -352,6 +381,16 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
 
   onResponseError (_controller: Dispatcher.DispatchController, err: Error): void {
     if (this.settled) return
+    // A 304 (or 204) carries no body whatever its Content-Length says (RFC 9110 §6.4.1), but
+    // undici counts the missing bytes as a length mismatch: the response is complete.
+    if (this.responded && (this.status === 304 || this.status === 204) && (err as { code?: unknown }).code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH') {
+      this.onResponseEnd()
+      return
+    }
+    if (this.badResponse) {
+      this.fail('bad_response', err)
+      return
+    }
     if (this.timedOut !== null) {
       this.fail(this.timedOut, null)
       return
@@ -367,7 +406,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
     const kind = classifyUpstreamError(err)
     const target = this.target
     if ((kind === 'response_timeout' || kind === 'reset') && target !== null) this.plan.pool.failed(target)
-    if ((kind === 'refused' || kind === 'connect_timeout') && target !== null) {
+    if ((kind === 'refused' || kind === 'dns' || kind === 'connect_timeout') && target !== null) {
       this.plan.pool.eject(target)
       // Nothing reached the upstream: one more target is safe to try for an idempotent method, and
       // for any method once the body is in memory (a refused connection carried no byte of it).
@@ -410,16 +449,30 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
       this.plan.bodyBudget.release(this.heldBytes)
       this.heldBytes = 0
     }
+    // The connection was closed by the gateway's own shutdown, not by the client.
+    if (kind === 'client_abort' && cutByShutdown.has(this.res)) kind = 'shutting_down'
     const code = kind === null ? null : KIND_CODES[kind]
     let status = this.status
-    if (!this.responded) status = code === null ? (kind === 'client_abort' ? 499 : status) : ERRORS[code].status
+    let sentStatus: number | undefined
+    if (!this.responded) {
+      status = code === null ? (kind === 'client_abort' ? 499 : status) : ERRORS[code].status
+    } else if (code !== null) {
+      // Cut mid-body: the client got a 2xx head and half a body, which is a failure to count.
+      sentStatus = status
+      status = ERRORS[code].status
+    }
     try {
-      this.done({ status, target: this.target?.url ?? null, bytesIn: this.bytesIn, bytesOut: this.bytesOut, errorCode: code, errorKind: kind, error })
+      this.done({ status, target: this.target?.url ?? null, bytesIn: this.bytesIn, bytesOut: this.bytesOut, errorCode: code, errorKind: kind, error, ...(sentStatus !== undefined ? { sentStatus } : {}) })
     } catch (err) {
       // A throwing callback must not reach undici's socket handling; report it without crashing.
       process.emitWarning(err instanceof Error ? err : new Error(String(err)), 'GatewayForwardDoneError')
     }
   }
+}
+
+// "chunked" (any case, optional whitespace) is the only coding undici decodes and node:http re-applies.
+function isChunkedOnly (te: string | string[]): boolean {
+  return typeof te === 'string' && te.trim().toLowerCase() === 'chunked'
 }
 
 function flatten (headers: Record<string, string | string[] | undefined>): string[] {

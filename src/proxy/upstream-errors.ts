@@ -3,6 +3,8 @@ import type { ErrorCode } from '../errors.js'
 /** Why a forward failed, as logged and counted. */
 export type ForwardErrorKind =
   | 'refused'
+  | 'dns'
+  | 'bad_response'
   | 'reset'
   | 'connect_timeout'
   | 'response_timeout'
@@ -13,10 +15,13 @@ export type ForwardErrorKind =
   | 'shutting_down'
   | 'client_timeout'
   | 'send_timeout'
+  | 'too_many_tunnels'
 
 /** The stable code answered for each kind; null when nobody is left to answer. */
 export const KIND_CODES: Readonly<Record<ForwardErrorKind, ErrorCode | null>> = Object.freeze({
   refused: 'GW_ERR_UPSTREAM_UNAVAILABLE',
+  dns: 'GW_ERR_UPSTREAM_DNS',
+  bad_response: 'GW_ERR_UPSTREAM_BAD_RESPONSE',
   reset: 'GW_ERR_UPSTREAM_UNAVAILABLE',
   connect_timeout: 'GW_ERR_UPSTREAM_TIMEOUT',
   response_timeout: 'GW_ERR_UPSTREAM_TIMEOUT',
@@ -27,21 +32,26 @@ export const KIND_CODES: Readonly<Record<ForwardErrorKind, ErrorCode | null>> = 
   shutting_down: 'GW_ERR_SHUTTING_DOWN',
   client_timeout: 'GW_ERR_CLIENT_TIMEOUT',
   // the client stopped reading: nobody is left to answer
-  send_timeout: null
+  send_timeout: null,
+  too_many_tunnels: 'GW_ERR_TOO_MANY_TUNNELS'
 })
 
 /**
  * Maps an undici or socket error to a kind by its stable `code` (undici's `UND_ERR_*`, node's `E*`),
- * never by class. 'refused' and 'connect_timeout' mean no byte reached the upstream.
+ * never by class. 'refused', 'dns' and 'connect_timeout' mean no byte reached the upstream.
  */
 export function classifyUpstreamError (err: unknown): ForwardErrorKind {
   switch (errorCode(err)) {
     case 'ECONNREFUSED':
     case 'EHOSTUNREACH':
     case 'ENETUNREACH':
+      return 'refused'
+    // A name that does not resolve is a configuration or DNS problem, not a refusing target:
+    // its own kind, so a dashboard tells them apart. Like 'refused', nothing was sent.
     case 'ENOTFOUND':
     case 'EAI_AGAIN':
-      return 'refused'
+    case 'EAI_FAIL':
+      return 'dns'
     case 'UND_ERR_CONNECT_TIMEOUT':
       return 'connect_timeout'
     case 'UND_ERR_HEADERS_TIMEOUT':

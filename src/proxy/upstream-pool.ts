@@ -1,3 +1,4 @@
+import { continueTolerantConnector } from './interim-responses.js'
 import { Pool } from 'undici'
 
 /** One target of an upstream as written in the config. */
@@ -60,7 +61,7 @@ export class UpstreamTarget {
     this.port = url.port === '' ? (this.secure ? 443 : 80) : Number(url.port)
     this.dispatcher = new Pool(url.origin, {
       connections: upstream.maxConnectionsPerTarget,
-      connectTimeout: upstream.connectTimeoutMs,
+      connect: continueTolerantConnector(upstream.connectTimeoutMs),
       headersTimeout: upstream.responseTimeoutMs,
       bodyTimeout: upstream.idleTimeoutMs ?? upstream.responseTimeoutMs,
       keepAliveTimeout: upstream.keepAliveTimeoutMs,

@@ -1,5 +1,6 @@
 import type { ClientRequest, IncomingMessage } from 'node:http'
 import type { Duplex } from 'node:stream'
+import { Socket } from 'node:net'
 import httpProxy from 'http-proxy'
 import { ERRORS, GatewayError, writeRawError, type ErrorCode } from '../errors.js'
 import type { ForwardContext, ForwardPlan, ForwardResult } from './forward.js'
@@ -38,6 +39,8 @@ export function createWebSocketProxy (): WebSocketProxy {
     upgrade (req, socket, head, plan, ctx, done) {
       if (socket.destroyed) return done === undefined ? undefined : report(done, outcome(499, null, 'client_abort', null))
       if (closed) return refuse(socket, 'GW_ERR_SHUTTING_DOWN', 'shutting_down', ctx, done)
+      // Tunnels outlive every request timeout: without a cap, idle ones pile up past maxConnections.
+      if (tunnels.size >= plan.maxWebSockets) return refuse(socket, 'GW_ERR_TOO_MANY_TUNNELS', 'too_many_tunnels', ctx, done)
       const target = plan.pool.pick()
       if (target === null) return refuse(socket, 'GW_ERR_NO_HEALTHY_UPSTREAM', 'no_healthy', ctx, done)
       const headers: Record<string, string> = {}
@@ -118,6 +121,26 @@ class Tunnel {
       upstream.on('error', noop)
       // http-proxy pipes both ways, which ends a side on a clean end but not on an error or a destroy.
       upstream.once('close', () => closeSoon(this.socket))
+      // A WebSocket has no use for a half-open TCP connection: when the client ends its side, both
+      // sides are closed. Otherwise its socket stays in CLOSE-WAIT for as long as the upstream
+      // keeps its side open (node:http sockets allow half-open). An upstream end already reaches
+      // the client through http-proxy's pipe, and the client closes.
+      // http-proxy's pipe passes the client's end on; an upstream that answers it closes, and
+      // its 'close' (above) closes the client side. One that does not gets CLOSE_GRACE_MS.
+      this.socket.once('end', () => {
+        setTimeout(() => {
+          upstream.destroy()
+          this.socket.destroy()
+        }, CLOSE_GRACE_MS).unref()
+      })
+      // Any byte either way is a write or a read on the client socket, so its inactivity timer
+      // is the tunnel's idle timer (websocketIdleTimeout).
+      if (this.socket instanceof Socket) {
+        this.socket.setTimeout(this.plan.websocketIdleTimeoutMs, () => {
+          closeSoon(upstream)
+          closeSoon(this.socket)
+        })
+      }
       if (this.socket.destroyed) closeSoon(upstream)
     })
     // Not upgraded (e.g. 403 or 404 from the upstream): http-proxy relays that answer as is.
@@ -148,7 +171,7 @@ class Tunnel {
       return
     }
     const kind = this.timeoutKind ?? classifyUpstreamError(err)
-    if (kind === 'refused' || kind === 'connect_timeout') this.plan.pool.eject(this.target)
+    if (kind === 'refused' || kind === 'dns' || kind === 'connect_timeout') this.plan.pool.eject(this.target)
     const code = KIND_CODES[kind] ?? 'GW_ERR_UPSTREAM_UNAVAILABLE'
     // The client may already be gone (its close settled the tunnel); then nobody is answered.
     answer(this.socket, code, this.ctx)

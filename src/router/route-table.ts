@@ -18,14 +18,27 @@ export interface RoutePattern {
    * Write `/api/` to match only below `/api/`.
    */
   readonly pathPrefix?: string
-  /** Uppercase method names; absent = any method. HEAD does not match a route listing only GET. */
+  /** Uppercase method names; absent = any method but TRACE. HEAD does not match a route listing only GET. */
   readonly methods?: readonly string[]
+  /** `/Admin` matches `/admin` (for upstreams that fold case: IIS, Windows file systems). */
+  readonly caseInsensitive?: boolean
+  /** `path: /admin` also matches `/admin/`, and `pathPrefix: /admin/` also matches `/admin`. */
+  readonly matchTrailingSlash?: boolean
 }
 
 export interface RouteTable<R extends RoutePattern> {
   /** `host` as returned by `normalizeHost`, `path` as returned by `normalizePath`. */
   match(host: string, method: string, path: string): R | null
+  /**
+   * For a request `match` found no route for: the methods the routes matching its host and path
+   * accept (for `405` and its `Allow`), or null when no route matches the path at all (404).
+   * A route without `methods` contributes ANY_METHOD.
+   */
+  allowedMethods(host: string, path: string): readonly string[] | null
 }
+
+/** What a route without `methods` accepts, as listed in `Allow` (TRACE only when a route lists it). */
+export const ANY_METHOD: readonly string[] = Object.freeze(['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'])
 
 interface Entry<R> {
   readonly index: number
@@ -45,6 +58,9 @@ interface HostBucket<R> {
   readonly minIndex: number
   readonly exact: Map<string, Entry<R>[]>
   readonly prefixes: PrefixNode<R>
+  /** caseInsensitive routes, keyed and walked by the lowercased path. */
+  readonly exactFolded: Map<string, Entry<R>[]>
+  readonly prefixesFolded: PrefixNode<R>
 }
 
 const DOT = 0x2e
@@ -79,6 +95,8 @@ export function compileRouteTable<R extends RoutePattern> (routes: readonly R[])
   // Keyed by the suffix including its dot: "*.example.com" -> ".example.com".
   const wildcardHosts = new Map<string, HostBucket<R>>()
   let anyHost: HostBucket<R> | null = null
+  // Whether any route folds case: only then does a lookup lowercase the path.
+  let anyFolded = false
 
   routes.forEach((route, index) => {
     const where = `routes[${index}] (${route.name})`
@@ -119,12 +137,25 @@ export function compileRouteTable<R extends RoutePattern> (routes: readonly R[])
     }
 
     const entry: Entry<R> = { index, methods, route }
+    const folded = route.caseInsensitive === true
+    if (folded) anyFolded = true
+    const exactMap = folded ? bucket.exactFolded : bucket.exact
+    const addExact = (key: string): void => {
+      const k = folded ? key.toLowerCase() : key
+      const list = exactMap.get(k)
+      if (list === undefined) exactMap.set(k, [entry])
+      else if (list[list.length - 1] !== entry) list.push(entry)
+    }
+    const slash = route.matchTrailingSlash === true
     if (route.path !== undefined) {
-      const list = bucket.exact.get(route.path)
-      if (list === undefined) bucket.exact.set(route.path, [entry])
-      else list.push(entry)
+      addExact(route.path)
+      // the same resource with or without its trailing slash, as most frameworks serve it
+      if (slash && route.path !== '/') addExact(route.path.endsWith('/') ? route.path.slice(0, -1) : route.path + '/')
     } else {
-      insertPrefix(bucket.prefixes, route.pathPrefix ?? '', entry)
+      const prefix = route.pathPrefix ?? ''
+      insertPrefix(folded ? bucket.prefixesFolded : bucket.prefixes, folded ? prefix.toLowerCase() : prefix, entry)
+      // "/admin/" also takes "/admin"; a prefix without the slash already takes "/admin/"
+      if (slash && prefix.length > 1 && prefix.endsWith('/')) addExact(prefix.slice(0, -1))
     }
   })
 
@@ -134,18 +165,43 @@ export function compileRouteTable<R extends RoutePattern> (routes: readonly R[])
   return {
     match (host: string, method: string, path: string): R | null {
       let best: Entry<R> | null = null
+      const folded = anyFolded ? path.toLowerCase() : null
       const exact = exactHosts.get(host)
-      if (exact !== undefined) best = searchBucket(exact, method, path, best)
+      if (exact !== undefined) best = searchBucket(exact, method, path, folded, best)
       for (let i = 0; i < wildcardLengths.length; i++) {
         const len = wildcardLengths[i] as number
         // ">" not ">=": "*.example.com" needs at least one label before ".example.com".
         if (host.length > len && host.charCodeAt(host.length - len) === DOT) {
           const b = wildcardHosts.get(host.slice(host.length - len))
-          if (b !== undefined) best = searchBucket(b, method, path, best)
+          if (b !== undefined) best = searchBucket(b, method, path, folded, best)
         }
       }
-      if (anyHost !== null) best = searchBucket(anyHost, method, path, best)
+      if (anyHost !== null) best = searchBucket(anyHost, method, path, folded, best)
       return best === null ? null : best.route
+    },
+    allowedMethods (host: string, path: string): readonly string[] | null {
+      // Only reached on a miss, so it walks every candidate bucket without the index shortcuts.
+      const found = new Set<string>()
+      let any = false
+      const folded = anyFolded ? path.toLowerCase() : null
+      const collect = (bucket: HostBucket<R>): void => {
+        for (const e of entriesFor(bucket, path, folded)) {
+          if (e.methods === null) any = true
+          else for (const m of e.methods) found.add(m)
+        }
+      }
+      const exact = exactHosts.get(host)
+      if (exact !== undefined) collect(exact)
+      for (const len of wildcardLengths) {
+        if (host.length > len && host.charCodeAt(host.length - len) === DOT) {
+          const b = wildcardHosts.get(host.slice(host.length - len))
+          if (b !== undefined) collect(b)
+        }
+      }
+      if (anyHost !== null) collect(anyHost)
+      if (!any && found.size === 0) return null
+      if (any) for (const m of ANY_METHOD) found.add(m)
+      return [...found]
     }
   }
 }
@@ -155,7 +211,13 @@ function stripTrailingDot (host: string): string {
 }
 
 function newBucket<R> (minIndex: number): HostBucket<R> {
-  return { minIndex, exact: new Map(), prefixes: { label: '', children: null, entries: null } }
+  return {
+    minIndex,
+    exact: new Map(),
+    prefixes: { label: '', children: null, entries: null },
+    exactFolded: new Map(),
+    prefixesFolded: { label: '', children: null, entries: null }
+  }
 }
 
 function insertPrefix<R> (root: PrefixNode<R>, key: string, entry: Entry<R>): void {
@@ -193,16 +255,45 @@ function firstAllowed<R> (list: Entry<R>[], method: string, best: Entry<R> | nul
   for (let i = 0; i < list.length; i++) {
     const e = list[i] as Entry<R>
     if (best !== null && e.index >= best.index) return best
-    if (e.methods === null || e.methods.includes(method)) return e
+    // TRACE echoes the request, credentials included (cross-site tracing): a route without
+    // `methods` does not take it, only one that lists it.
+    if (e.methods === null ? method !== 'TRACE' : e.methods.includes(method)) return e
   }
   return best
 }
 
-function searchBucket<R> (bucket: HostBucket<R>, method: string, path: string, best: Entry<R> | null): Entry<R> | null {
+// Every entry whose path matches, whatever its methods.
+function * entriesFor<R> (bucket: HostBucket<R>, path: string, folded: string | null): Generator<Entry<R>> {
+  yield * entriesIn(bucket.exact, bucket.prefixes, path)
+  if (folded !== null) yield * entriesIn(bucket.exactFolded, bucket.prefixesFolded, folded)
+}
+
+function * entriesIn<R> (exact: Map<string, Entry<R>[]>, prefixes: PrefixNode<R>, path: string): Generator<Entry<R>> {
+  const list = exact.get(path)
+  if (list !== undefined) yield * list
+  let node = prefixes
+  let pos = 0
+  for (;;) {
+    if (node.entries !== null) yield * node.entries
+    if (node.children === null || pos >= path.length) return
+    const child = node.children.get(path.charCodeAt(pos))
+    if (child === undefined || !path.startsWith(child.label, pos)) return
+    pos += child.label.length
+    node = child
+  }
+}
+
+function searchBucket<R> (bucket: HostBucket<R>, method: string, path: string, folded: string | null, best: Entry<R> | null): Entry<R> | null {
   if (best !== null && bucket.minIndex >= best.index) return best
-  const list = bucket.exact.get(path)
+  best = searchIn(bucket.exact, bucket.prefixes, method, path, best)
+  if (folded !== null) best = searchIn(bucket.exactFolded, bucket.prefixesFolded, method, folded, best)
+  return best
+}
+
+function searchIn<R> (exact: Map<string, Entry<R>[]>, prefixes: PrefixNode<R>, method: string, path: string, best: Entry<R> | null): Entry<R> | null {
+  const list = exact.get(path)
   if (list !== undefined) best = firstAllowed(list, method, best)
-  let node = bucket.prefixes
+  let node = prefixes
   let pos = 0
   for (;;) {
     if (node.entries !== null) best = firstAllowed(node.entries, method, best)

@@ -92,7 +92,7 @@ export async function spawnGateway (t: Teardown, yaml: string, extraArgs: string
   })
   let err = ''
   child.stderr?.on('data', (c: Buffer) => { err += c.toString() })
-  const waitForLog = (match: (line: Record<string, unknown>) => boolean, timeoutMs = 15_000): Promise<Record<string, unknown>> =>
+  const waitForLog = (match: (line: Record<string, unknown>) => boolean, timeoutMs = 30_000): Promise<Record<string, unknown>> =>
     new Promise((resolve, reject) => {
       const check = (): void => {
         const found = logs.find(match)

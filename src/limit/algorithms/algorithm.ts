@@ -12,6 +12,8 @@ export type AlgorithmState =
   | { readonly kind: 'sliding-window-log', readonly entries: number[] }
   | { readonly kind: 'sliding-window', readonly window: number, readonly current: number, readonly previous: number }
   | { readonly kind: 'fixed-window', readonly window: number, readonly count: number }
+  | { readonly kind: 'calendar-quota', readonly period: number, readonly count: number }
+  | { readonly kind: 'lease', readonly held: number }
 
 /** What a check decided; times in µs. */
 export interface Evaluation {

@@ -1,11 +1,13 @@
 import { ALGORITHM_CODES, type AlgorithmName, type LimitCheck, type LimitSpec } from '../types.js'
 import { gcd, type AlgorithmTwin } from './algorithm.js'
 import { fixedWindow } from './fixed-window.js'
+import { calendarQuota, PERIOD_WINDOW_MS } from './calendar-quota.js'
 import { gcra } from './gcra.js'
 import { leakyBucket } from './leaky-bucket.js'
 import { slidingWindow } from './sliding-window.js'
 import { slidingWindowLog } from './sliding-window-log.js'
 import { tokenBucket } from './token-bucket.js'
+import { lease } from './lease.js'
 
 export type { AlgorithmState, AlgorithmTwin, Evaluation } from './algorithm.js'
 export { msUp, rateScale, ttlMs } from './algorithm.js'
@@ -16,7 +18,9 @@ export const ALGORITHMS: Readonly<Record<AlgorithmName, AlgorithmTwin>> = Object
   'leaky-bucket': leakyBucket,
   'sliding-window-log': slidingWindowLog,
   'sliding-window': slidingWindow,
-  'fixed-window': fixedWindow
+  'fixed-window': fixedWindow,
+  'calendar-quota': calendarQuota,
+  lease
 })
 
 /** Largest intermediate value allowed: 2^50 keeps every sum of two values below 2^52, where doubles divide exactly. */
@@ -62,7 +66,12 @@ export function validateLimitSpec (spec: LimitSpec): string | undefined {
       if (spec.limit > MAX_LOG_LIMIT) return `sliding-window-log stores one entry per admitted unit: limit must be <= ${MAX_LOG_LIMIT} (use sliding-window for larger limits)`
       return undefined
     case 'fixed-window':
+    case 'lease':
       if (spec.limit > MAX_EXACT) return 'limit is too large'
+      return undefined
+    case 'calendar-quota':
+      if (spec.limit > MAX_EXACT) return 'limit is too large'
+      if (!Object.values(PERIOD_WINDOW_MS).includes(spec.windowMs)) return 'a calendar quota\'s windowMs names its period (hour, day, week or month)'
       return undefined
   }
 }

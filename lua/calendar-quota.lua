@@ -1,0 +1,105 @@
+-- calendar-quota.lua: a counter per calendar period in UTC (hour, day, ISO week from Monday,
+-- month): a consumer's quota. Twin of src/limit/algorithms/calendar-quota.ts.
+-- KEYS: none of its own (library; the caller passes the check's key).  ARGV: none of its own.
+-- Returns: nothing; registers ALGORITHMS[7].
+-- The period is named by the check's windowMs: 3600000 hour, 86400000 day, 604800000 week,
+-- 2678400000 month (its longest length). Dates use integer arithmetic only (Howard Hinnant's
+-- days_from_civil / civil_from_days): Redis Lua has no os.date.
+-- State: HASH { w = period start in Unix seconds, c = units admitted in it }. As in
+-- fixed-window.lua the period is stored: decisions never depend on when the key expires.
+
+local function cq_days_from_civil (y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = floor(y / 400)
+  local yoe = y - era * 400
+  local mm = m + 9
+  if m > 2 then mm = m - 3 end
+  local doy = floor((153 * mm + 2) / 5) + d - 1
+  local doe = yoe * 365 + floor(yoe / 4) - floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+end
+
+local function cq_civil_from_days (days)
+  local z = days + 719468
+  local era = floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = floor((doe - floor(doe / 1460) + floor(doe / 36524) - floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + floor(yoe / 4) - floor(yoe / 100))
+  local mp = floor((5 * doy + 2) / 153)
+  local m = mp - 9
+  if mp < 10 then m = mp + 3 end
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return y, m
+end
+
+-- start and end (exclusive) in Unix seconds of the period holding `now` (µs)
+local function cq_period (window_ms, now)
+  local s = floor(now / 1000000)
+  local d = floor(s / 86400)
+  if window_ms == 3600000 then
+    local start = floor(s / 3600) * 3600
+    return start, start + 3600
+  elseif window_ms == 86400000 then
+    return d * 86400, (d + 1) * 86400
+  elseif window_ms == 604800000 then
+    -- 1970-01-01 was a Thursday; Lua's % is floored, so this is 0..6 days since Monday
+    local monday = d - (d + 3) % 7
+    return monday * 86400, (monday + 7) * 86400
+  end
+  local y, m = cq_civil_from_days(d)
+  local nxt
+  if m == 12 then nxt = cq_days_from_civil(y + 1, 1, 1) else nxt = cq_days_from_civil(y, m + 1, 1) end
+  return cq_days_from_civil(y, m, 1) * 86400, nxt * 86400
+end
+
+local function cq_read (key, p, now)
+  local start, stop = cq_period(p.window_ms, now)
+  local s = redis.call('HMGET', key, 'w', 'c')
+  local sw, cur = tonumber(s[1]), 0
+  local period = start
+  -- A stored period ahead of now: the clock stepped back; keep counting in that later period.
+  if sw and sw > start then
+    period = sw
+    local _, later_stop = cq_period(p.window_ms, sw * 1000000)
+    stop = later_stop
+  end
+  if sw == period then cur = tonumber(s[2]) or 0 end
+  return period, cur, stop * 1000000 - now
+end
+
+local function cq_check (key, p, now)
+  local period, cur, to_end = cq_read(key, p, now)
+  if p.cost <= p.limit and cur + p.cost <= p.limit then
+    local r = outcome(true, p.limit - cur - p.cost, 0, to_end, 0)
+    r.k, r.cur = period, cur + p.cost
+    return r
+  end
+  local reset = 0
+  if cur > 0 then reset = to_end end
+  if p.cost > p.limit then return outcome(false, max(0, p.limit - cur), -1, reset, 0) end
+  return outcome(false, max(0, p.limit - cur), to_end, reset, 0)
+end
+
+-- receipt = the period start the request was counted in.
+local function cq_commit (key, p, now, r)
+  redis.call('HSET', key, 'w', int(r.k), 'c', int(r.cur))
+  redis.call('PEXPIRE', key, ttl_ms(r.reset))
+  return r.k
+end
+
+local function cq_refund (key, p, now, receipt)
+  local s = redis.call('HMGET', key, 'w', 'c')
+  if tonumber(s[1]) == receipt then
+    redis.call('HSET', key, 'c', int(max(0, (tonumber(s[2]) or 0) - p.cost)))
+  end
+end
+
+-- Records `p.cost` units admitted elsewhere (a fallback's debt), at most one more quota's worth.
+local function cq_charge (key, p, now)
+  local period, cur, to_end = cq_read(key, p, now)
+  redis.call('HSET', key, 'w', int(period), 'c', int(min(cur + p.cost, 2 * p.limit)))
+  redis.call('PEXPIRE', key, ttl_ms(to_end))
+end
+
+ALGORITHMS[7] = { check = cq_check, commit = cq_commit, refund = cq_refund, charge = cq_charge }

@@ -1,0 +1,218 @@
+// The admin API of issue 9, on the admin listener:
+//   GET    /limits?route=R&ip=A&user=U   every limit such a request meets, read without consuming
+//   DELETE /limits?route=R&ip=A&user=U   resets them here and, over Redis pub/sub, on every instance
+//   GET    /consumers/NAME               plan, effective limits per route, quota used
+// Mutating endpoints need `Authorization: Bearer <admin.token>`; without a configured token they
+// answer 403. Reads need no token: they are on the admin listener, which is not public.
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import { createHash, timingSafeEqual } from 'node:crypto'
+import { isIP } from 'node:net'
+import { adminToken } from '../config/schema.js'
+import type { CompiledRoute, Runtime } from '../config/compile.js'
+import { ERRORS, type ErrorCode } from '../errors.js'
+import { buildChecks, denyKey } from '../limit/limiter.js'
+import { limitsFor, type PlannedLimit } from '../limit/plan.js'
+import { calendarPeriod } from '../limit/algorithms/calendar-quota.js'
+import type { PeekResult } from '../limit/memory-store.js'
+import type { ResetMessage } from '../limit/limit-admin.js'
+import type { LimitCheck } from '../limit/types.js'
+import type { Logger } from '../log.js'
+
+export interface LimitsApiDeps {
+  runtime (): Runtime | null
+  peek (rt: Runtime, checks: readonly LimitCheck[]): Promise<PeekResult[]>
+  reset (rt: Runtime, message: ResetMessage): Promise<{ deleted: number, instances: number | null }>
+  readonly logger: Logger
+}
+
+type Json = (res: ServerResponse, status: number, body: unknown) => void
+
+/** The first 12 hex digits of the token's SHA-256: who reset what, without logging the secret. */
+export function tokenId (token: string): string {
+  return createHash('sha256').update(token).digest('hex').slice(0, 12)
+}
+
+/** Compares digests, so neither the content nor the length of the token leaks through timing. */
+function tokenMatches (given: string, expected: string): boolean {
+  const a = createHash('sha256').update(given).digest()
+  const b = createHash('sha256').update(expected).digest()
+  return timingSafeEqual(a, b)
+}
+
+function adminError (json: Json, res: ServerResponse, code: ErrorCode, message?: string, status?: number): void {
+  json(res, status ?? ERRORS[code].status, { error: code, message: message ?? ERRORS[code].message })
+}
+
+interface Target {
+  readonly route: CompiledRoute
+  readonly ip: string | null
+  readonly ipKey: string | null
+  readonly user: string | null
+  readonly plan: string | null
+  readonly limits: PlannedLimit[]
+  readonly checks: LimitCheck[]
+}
+
+/** The consumer's plan as identity would resolve it (a JWT plan claim cannot be known here). */
+function planOf (rt: Runtime, user: string | null): string | null {
+  if (user === null) return null
+  return rt.consumers.plans.get(user) ?? rt.consumers.defaultPlan
+}
+
+function target (rt: Runtime, query: URLSearchParams): Target | string {
+  const routeName = query.get('route')
+  if (routeName === null) return 'give ?route=NAME (and ip=ADDR, user=NAME as the request would have them)'
+  const route = rt.routeList.find(r => r.name === routeName)
+  if (route === undefined) return `unknown route "${routeName}"`
+  const ip = query.get('ip')
+  if (ip !== null && isIP(ip) === 0) return `"${ip}" is not an IP address`
+  const user = query.get('user')
+  if (user !== null && user.length === 0) return 'user is empty'
+  const planParam = query.get('plan')
+  if (planParam !== null && !rt.consumers.known.has(planParam)) return `unknown plan "${planParam}"`
+  const plan = planParam ?? planOf(rt, user)
+  const ipKey = ip === null ? null : rt.resolveClientIp(ip, undefined).key
+  const limits: PlannedLimit[] = []
+  const checks: LimitCheck[] = []
+  const add = (planned: readonly PlannedLimit[]): void => {
+    // ip-keyed limits without an ip, user-keyed ones without a user: not this request's
+    const kept = planned.filter(l => (l.dimension !== 'ip' || ipKey !== null))
+    const built = buildChecks(kept, { route: route.name, plan: limitsFor(route, plan), ipKey: ipKey ?? '', user, requestId: 'admin' })
+    built.checks.forEach((c, i) => {
+      if (checks.some(k => k.key === c.key)) return
+      checks.push(c)
+      limits.push(built.limits[i] as PlannedLimit)
+    })
+  }
+  add(limitsFor(route, plan).all)
+  // the failed-identity budget of this IP is part of what can lock a client out
+  if (ipKey !== null) add(rt.failurePlan.all)
+  return { route, ip, ipKey, user, plan, limits, checks }
+}
+
+/** One limit as the admin API and the admin page show it. */
+export function describeLimit (l: PlannedLimit): Record<string, unknown> {
+  return {
+    name: l.name,
+    dimension: l.dimension,
+    algorithm: l.spec.algorithm,
+    limit: l.spec.limit,
+    windowMs: l.spec.windowMs,
+    ...(l.spec.algorithm === 'calendar-quota' ? { period: periodName(l.spec.windowMs) } : { burst: l.spec.burst }),
+    cost: l.cost,
+    ...(l.shadow ? { mode: 'shadow' } : {})
+  }
+}
+
+const PERIOD_NAMES: ReadonlyMap<number, string> = new Map([[3_600_000, 'hour'], [86_400_000, 'day'], [604_800_000, 'week'], [2_678_400_000, 'month']])
+const periodName = (windowMs: number): string => PERIOD_NAMES.get(windowMs) ?? 'unknown'
+
+export function createLimitsApi (deps: LimitsApiDeps, json: Json): (req: IncomingMessage, res: ServerResponse) => boolean {
+  const unavailable = (res: ServerResponse, err: unknown): void => {
+    deps.logger.warn({ err: (err as Error).message }, 'admin limits request failed')
+    adminError(json, res, 'GW_ERR_LIMITER_UNAVAILABLE', `the limit store did not answer: ${(err as Error).message}`)
+  }
+
+  const getLimits = async (res: ServerResponse, rt: Runtime, t: Target): Promise<void> => {
+    let peeked: PeekResult[]
+    try {
+      peeked = await deps.peek(rt, t.checks)
+    } catch (err) {
+      return unavailable(res, err)
+    }
+    json(res, 200, {
+      route: t.route.name,
+      ip: t.ip,
+      user: t.user,
+      plan: t.plan,
+      limits: t.limits.map((l, i) => {
+        const check = t.checks[i] as LimitCheck
+        const p = peeked[i] as PeekResult
+        return { ...describeLimit(l), key: check.key, remaining: p.remaining, resetMs: p.resetMs, retryAfterMs: p.retryAfterMs, deniedMs: Math.ceil(rt.limiter.denied(check)) }
+      })
+    })
+  }
+
+  const deleteLimits = async (req: IncomingMessage, res: ServerResponse, rt: Runtime, t: Target): Promise<void> => {
+    const token = adminToken(rt.config)
+    if (token === null) return adminError(json, res, 'GW_ERR_ADMIN_FORBIDDEN', 'no admin.token is configured: DELETE /limits is disabled (set admin: { listen, token })')
+    const auth = req.headers.authorization
+    const given = typeof auth === 'string' && /^bearer /i.test(auth) ? auth.slice(7).trim() : null
+    if (given === null || !tokenMatches(given, token)) {
+      deps.logger.warn({ remote: req.socket.remoteAddress, path: req.url }, 'admin request refused: missing or wrong token')
+      return adminError(json, res, 'GW_ERR_ADMIN_UNAUTHORIZED')
+    }
+    const message: ResetMessage = { ipKey: t.ipKey, denyKeys: t.checks.map(denyKey), keys: t.checks.map(c => c.key) }
+    let outcome: { deleted: number, instances: number | null }
+    try {
+      outcome = await deps.reset(rt, message)
+    } catch (err) {
+      return unavailable(res, err)
+    }
+    const reset = t.limits.map((l, i) => ({ name: l.name, dimension: l.dimension, key: (t.checks[i] as LimitCheck).key }))
+    deps.logger.info({ by: tokenId(given), route: t.route.name, ip: t.ip, user: t.user, limits: reset.map(r => r.name), keysDeleted: outcome.deleted, instances: outcome.instances }, 'limits reset')
+    json(res, 200, { route: t.route.name, ip: t.ip, user: t.user, plan: t.plan, reset, keysDeleted: outcome.deleted, localLevel: t.ipKey !== null, instances: outcome.instances })
+  }
+
+  const getConsumer = async (res: ServerResponse, rt: Runtime, name: string): Promise<void> => {
+    const entry = rt.consumers.plans.get(name)
+    const plan = entry ?? rt.consumers.defaultPlan
+    const routes: Record<string, unknown> = {}
+    let quota: PlannedLimit | null = null
+    for (const route of rt.routeList) {
+      const limits = limitsFor(route, plan).all.filter(l => l.dimension === 'user' || l.dimension === 'quota')
+      routes[route.name] = { auth: route.auth ?? (rt.config.identity?.required === true ? 'required' : 'optional'), limits: limits.map(describeLimit) }
+      quota ??= limits.find(l => l.dimension === 'quota') ?? null
+    }
+    let quotaView: Record<string, unknown> | null = null
+    if (quota !== null) {
+      const check: LimitCheck = { key: quota.keyBase + name, spec: quota.spec, cost: quota.cost }
+      let p: PeekResult
+      try {
+        p = (await deps.peek(rt, [check]))[0] as PeekResult
+      } catch (err) {
+        return unavailable(res, err)
+      }
+      const { end } = calendarPeriod(quota.spec.windowMs, Date.now() * 1000)
+      quotaView = { name: quota.name, limit: quota.spec.limit, period: periodName(quota.spec.windowMs), used: quota.spec.limit - p.remaining, remaining: p.remaining, resetsAt: new Date(end * 1000).toISOString(), key: check.key }
+    }
+    json(res, 200, { consumer: name, plan, planFrom: entry !== undefined ? 'consumers' : plan !== null ? 'defaultPlan' : null, routes, quota: quotaView })
+  }
+
+  return (req, res) => {
+    const url = new URL(req.url ?? '/', 'http://admin')
+    const path = url.pathname
+    if (path !== '/limits' && !path.startsWith('/consumers/')) return false
+    const rt = deps.runtime()
+    if (rt === null) {
+      json(res, 503, { error: 'not_ready' })
+      return true
+    }
+    const fail = (err: unknown): void => unavailable(res, err)
+    if (path === '/limits') {
+      if (req.method !== 'GET' && req.method !== 'DELETE') {
+        adminError(json, res, 'GW_ERR_BAD_REQUEST', '/limits answers GET (read) and DELETE (reset)', 405)
+        return true
+      }
+      const t = target(rt, url.searchParams)
+      if (typeof t === 'string') {
+        adminError(json, res, 'GW_ERR_BAD_REQUEST', t)
+        return true
+      }
+      if (req.method === 'GET') getLimits(res, rt, t).catch(fail)
+      else deleteLimits(req, res, rt, t).catch(fail)
+      return true
+    }
+    if (req.method !== 'GET') {
+      adminError(json, res, 'GW_ERR_BAD_REQUEST', '/consumers/NAME is read-only', 405)
+      return true
+    }
+    const name = decodeURIComponent(path.slice('/consumers/'.length))
+    if (name.length === 0 || name.includes('/')) {
+      adminError(json, res, 'GW_ERR_NOT_FOUND', 'expected /consumers/NAME')
+      return true
+    }
+    getConsumer(res, rt, name).catch(fail)
+    return true
+  }
+}

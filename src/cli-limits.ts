@@ -1,0 +1,102 @@
+// gateway limits get|reset --route R [--ip A] [--user U]: the admin API's /limits from a shell
+// (issue 9), so support can see why a client is limited and unblock it without curl.
+import { parseArgs } from 'node:util'
+import { loadConfigFile } from './config/load.js'
+import { adminListen, adminToken } from './config/schema.js'
+import { splitHostPort } from './server.js'
+
+export const LIMITS_HELP = `Usage: gateway limits get|reset --route NAME [--ip ADDR] [--user NAME] [--plan NAME]
+                     [-c FILE] [--admin HOST:PORT] [--token TOKEN] [--json]
+
+get    lists every limit a request on that route from that client would meet, with what is left,
+       read without consuming anything (GET /limits on the admin listener)
+reset  resets them: the Redis keys, and the local level and deny cache on every instance
+       (DELETE /limits; needs the admin token: --token, $GATEWAY_ADMIN_TOKEN or the file's admin.token)
+The admin address is --admin, else the config file's admin. Exit 0 ok, 1 refused, 2 usage,
+4 admin listener unreachable.
+`
+
+interface LimitView {
+  readonly name: string
+  readonly dimension: string
+  readonly algorithm: string
+  readonly limit: number
+  readonly remaining: number
+  readonly resetMs: number
+  readonly retryAfterMs: number
+  readonly deniedMs: number
+  readonly key: string
+}
+
+export async function limitsCommand (argv: string[]): Promise<number> {
+  const { values, positionals } = parseArgs({
+    args: argv,
+    allowPositionals: true,
+    options: {
+      config: { type: 'string', short: 'c' },
+      admin: { type: 'string' },
+      token: { type: 'string' },
+      route: { type: 'string' },
+      ip: { type: 'string' },
+      user: { type: 'string' },
+      plan: { type: 'string' },
+      json: { type: 'boolean' },
+      help: { type: 'boolean', short: 'h' }
+    }
+  })
+  const action = positionals[0]
+  if (values.help === true) {
+    process.stdout.write(LIMITS_HELP)
+    return 0
+  }
+  if ((action !== 'get' && action !== 'reset') || values.route === undefined) {
+    process.stderr.write(LIMITS_HELP)
+    return 2
+  }
+  let admin = values.admin
+  let token = values.token ?? process.env.GATEWAY_ADMIN_TOKEN
+  if (admin === undefined || (action === 'reset' && token === undefined)) {
+    // the file supplies what the options do not (its ${VAR} references substituted as at start)
+    const loaded = await loadConfigFile(values.config ?? process.env.GATEWAY_CONFIG ?? 'gateway.yaml')
+    admin ??= adminListen(loaded.config)
+    token ??= adminToken(loaded.config) ?? undefined
+  }
+  const { host, port } = splitHostPort(admin)
+  const h = host === '0.0.0.0' ? '127.0.0.1' : host === '::' ? '::1' : host
+  const query = new URLSearchParams({ route: values.route })
+  if (values.ip !== undefined) query.set('ip', values.ip)
+  if (values.user !== undefined) query.set('user', values.user)
+  if (values.plan !== undefined) query.set('plan', values.plan)
+  const url = `http://${h.includes(':') ? `[${h}]` : h}:${port}/limits?${query.toString()}`
+  let res: Response
+  try {
+    res = await fetch(url, {
+      method: action === 'get' ? 'GET' : 'DELETE',
+      headers: token !== undefined ? { authorization: `Bearer ${token}` } : {},
+      signal: AbortSignal.timeout(5000)
+    })
+  } catch (err) {
+    process.stderr.write(`gateway limits: admin listener ${url.split('/limits')[0]} unreachable: ${(err as Error).message}\n`)
+    return 4
+  }
+  const body = await res.json() as Record<string, unknown>
+  if (values.json === true) process.stdout.write(JSON.stringify(body, null, 2) + '\n')
+  if (!res.ok) {
+    process.stderr.write(`gateway limits ${action}: ${res.status} ${String(body.error)}: ${String(body.message)}\n`)
+    return 1
+  }
+  if (values.json === true) return 0
+  const who = `route ${values.route}${values.ip !== undefined ? `, ip ${values.ip}` : ''}${values.user !== undefined ? `, user ${values.user}` : ''}${body.plan !== null && body.plan !== undefined ? `, plan ${String(body.plan)}` : ''}`
+  if (action === 'get') {
+    const limits = body.limits as LimitView[]
+    process.stdout.write(`${who}: ${limits.length} limit(s)\n`)
+    for (const l of limits) {
+      const state = l.retryAfterMs !== 0 ? `limited, retry in ${l.retryAfterMs < 0 ? 'never' : `${l.retryAfterMs} ms`}` : 'ok'
+      process.stdout.write(`  ${l.name} (${l.dimension}, ${l.algorithm}) remaining ${l.remaining}/${l.limit}, reset in ${l.resetMs} ms, ${state}${l.deniedMs > 0 ? `, deny-cached ${l.deniedMs} ms here` : ''}  ${l.key}\n`)
+    }
+    return 0
+  }
+  const reset = body.reset as Array<{ name: string, key: string }>
+  process.stdout.write(`${who}: reset ${reset.map(r => r.name).join(', ') || 'nothing'} (${String(body.keysDeleted)} key(s) deleted, ${String(body.instances)} instance(s) notified)\n`)
+  return 0
+}

@@ -1,0 +1,67 @@
+// `identity.apiKeys.file`: more "key: consumer" lines kept outside gateway.yaml (so keys can be
+// rotated without touching the config, and kept with tighter permissions). Read when the runtime is
+// compiled, so SIGHUP re-reads it; a bad file is a located error and the running config keeps serving.
+import { readFile } from 'node:fs/promises'
+import { LineCounter, parseDocument, isMap, isScalar } from 'yaml'
+import { ConfigError, type ConfigProblem } from '../config/load.js'
+import type { ConsumerDirectory } from './identity.js'
+
+/**
+ * Why `consumer` cannot be the target of an API key, or null. With plans configured, a key must
+ * lead to a consumer that has an entry in `consumers`, unless `defaultPlan` catches the rest.
+ */
+export function consumerProblem (consumer: string, consumers: ConsumerDirectory): string | null {
+  if (consumer.length === 0) return 'an API key must map to a consumer name'
+  if (consumers.known.size > 0 && consumers.defaultPlan === null && !consumers.plans.has(consumer)) {
+    return `API key maps to consumer "${consumer}", which has no entry in consumers (and there is no defaultPlan)`
+  }
+  return null
+}
+
+/** The [key, consumer] pairs of the file; [] without a file. Throws ConfigError located in the file. */
+export async function readApiKeyFile (file: string | undefined, consumers: ConsumerDirectory): Promise<Array<[string, string]>> {
+  if (file === undefined) return []
+  let text: string
+  try {
+    text = await readFile(file, 'utf8')
+  } catch (err) {
+    const reason = (err as NodeJS.ErrnoException).code === 'ENOENT' ? 'API key file not found' : (err as Error).message
+    throw new ConfigError([{ file, line: 0, column: 0, path: '', message: reason }])
+  }
+  const lineCounter = new LineCounter()
+  const doc = parseDocument(text, { lineCounter, prettyErrors: false, uniqueKeys: true })
+  const at = (offset: number | undefined, path: string, message: string): ConfigProblem => {
+    const pos = lineCounter.linePos(offset ?? 0)
+    return { file, line: pos.line, column: pos.col, path, message }
+  }
+  if (doc.errors.length > 0) throw new ConfigError(doc.errors.map(e => at(e.pos[0], '', e.message.split('\n')[0] ?? e.message)))
+  const out: Array<[string, string]> = []
+  const problems: ConfigProblem[] = []
+  if (doc.contents === null) return out
+  if (!isMap(doc.contents)) throw new ConfigError([at(doc.contents.range?.[0], '', 'expected "key: consumer" lines')])
+  // an entry is named by its position ([0], [1], ...), never by the key: errors must not print secrets
+  for (const [i, pair] of doc.contents.items.entries()) {
+    const keyNode = pair.key
+    const valueNode = pair.value
+    const key = isScalar(keyNode) ? String(keyNode.value) : ''
+    const where = isScalar(keyNode) ? keyNode.range?.[0] : undefined
+    if (!isScalar(keyNode) || key.length === 0 || key.trim() !== key) {
+      problems.push(at(where, `[${i}]`, 'an API key must be non-empty without surrounding spaces'))
+      continue
+    }
+    if (key.includes('${')) {
+      // gateway.yaml substitutes ${VAR}; this file does not: never accept the literal silently
+      problems.push(at(where, `[${i}]`, '"${" in an API key: environment references are not substituted in the key file'))
+      continue
+    }
+    const consumer = isScalar(valueNode) && valueNode.value !== null ? String(valueNode.value) : ''
+    const problem = consumerProblem(consumer, consumers)
+    if (problem !== null) {
+      problems.push(at(isScalar(valueNode) ? valueNode.range?.[0] : where, `[${i}]`, problem))
+      continue
+    }
+    out.push([key, consumer])
+  }
+  if (problems.length > 0) throw new ConfigError(problems)
+  return out
+}

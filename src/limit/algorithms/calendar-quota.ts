@@ -1,0 +1,79 @@
+import { admitted, rejected, type AlgorithmTwin } from './algorithm.js'
+
+// Twin of lua/calendar-quota.lua: a counter per calendar period (hour, day, ISO week from Monday,
+// month) in UTC. The period is named by the spec's windowMs (PERIOD_WINDOW_MS), so a quota travels
+// to Redis as an ordinary check. Dates are computed with integer arithmetic only (Howard
+// Hinnant's days_from_civil / civil_from_days), the same operations as the Lua side.
+
+export type QuotaPeriod = 'hour' | 'day' | 'week' | 'month'
+
+/** The windowMs each period is passed as: its longest length (a month is at most 31 days). */
+export const PERIOD_WINDOW_MS: Readonly<Record<QuotaPeriod, number>> = Object.freeze({
+  hour: 3_600_000,
+  day: 86_400_000,
+  week: 604_800_000,
+  month: 2_678_400_000
+})
+
+const DAY_S = 86_400
+
+export function daysFromCivil (year: number, month: number, day: number): number {
+  const y = month <= 2 ? year - 1 : year
+  const era = Math.floor(y / 400)
+  const yoe = y - era * 400
+  const doy = Math.floor((153 * (month > 2 ? month - 3 : month + 9) + 2) / 5) + day - 1
+  const doe = yoe * 365 + Math.floor(yoe / 4) - Math.floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+}
+
+export function civilFromDays (days: number): { year: number, month: number } {
+  const z = days + 719468
+  const era = Math.floor(z / 146097)
+  const doe = z - era * 146097
+  const yoe = Math.floor((doe - Math.floor(doe / 1460) + Math.floor(doe / 36524) - Math.floor(doe / 146096)) / 365)
+  const doy = doe - (365 * yoe + Math.floor(yoe / 4) - Math.floor(yoe / 100))
+  const mp = Math.floor((5 * doy + 2) / 153)
+  const month = mp < 10 ? mp + 3 : mp - 9
+  return { year: yoe + era * 400 + (month <= 2 ? 1 : 0), month }
+}
+
+/** Start and end (exclusive), in Unix seconds, of the UTC period holding `nowUs`. */
+export function calendarPeriod (windowMs: number, nowUs: number): { start: number, end: number } {
+  const s = Math.floor(nowUs / 1_000_000)
+  const d = Math.floor(s / DAY_S)
+  switch (windowMs) {
+    case PERIOD_WINDOW_MS.hour: {
+      const start = Math.floor(s / 3600) * 3600
+      return { start, end: start + 3600 }
+    }
+    case PERIOD_WINDOW_MS.day:
+      return { start: d * DAY_S, end: (d + 1) * DAY_S }
+    case PERIOD_WINDOW_MS.week: {
+      // 1970-01-01 was a Thursday: (d + 3) mod 7 counts days since Monday (ISO 8601 weeks)
+      const monday = d - ((d + 3) % 7 + 7) % 7
+      return { start: monday * DAY_S, end: (monday + 7) * DAY_S }
+    }
+    default: {
+      const { year, month } = civilFromDays(d)
+      const next = month === 12 ? daysFromCivil(year + 1, 1, 1) : daysFromCivil(year, month + 1, 1)
+      return { start: daysFromCivil(year, month, 1) * DAY_S, end: next * DAY_S }
+    }
+  }
+}
+
+export const calendarQuota: AlgorithmTwin = {
+  name: 'calendar-quota',
+  check (state, spec, cost, now) {
+    const { start, end } = calendarPeriod(spec.windowMs, now)
+    const stored = state?.kind === 'calendar-quota' ? state : undefined
+    // A stored period ahead of now: the clock stepped back; keep counting in the later period.
+    const period = Math.max(start, stored?.period ?? -Infinity)
+    const count = stored !== undefined && stored.period === period ? stored.count : 0
+    const toEnd = (period === start ? end : calendarPeriod(spec.windowMs, period * 1_000_000).end) * 1_000_000 - now
+    if (cost <= spec.limit && count + cost <= spec.limit) {
+      return admitted(spec.limit - count - cost, toEnd, 0,
+        () => ({ state: { kind: 'calendar-quota', period, count: count + cost }, ttlUs: toEnd }))
+    }
+    return rejected(Math.max(0, spec.limit - count), cost > spec.limit ? -1 : toEnd, count > 0 ? toEnd : 0)
+  }
+}

@@ -1,0 +1,194 @@
+// Concurrency leases (issue 10): what a request holds while it is in flight, and their return.
+//
+// A lease is taken by the limiter's one store call, beside the rate limits (lua/lease.lua in
+// Redis, the `lease` twin in process), so a request refused by either takes nothing from the
+// other. This module keeps the leases taken afterwards:
+//   - release: when the response finished or failed or the client left (the pipeline calls it on
+//     the response's or the socket's 'close'); every release of one event-loop turn goes to Redis
+//     in one call (lua/lease-release.lua), one per hash slot under Cluster;
+//   - renewal: every third of the lease TTL, one call pushes the expiry of every lease this
+//     instance still holds (lua/lease-renew.lua), so a long download or an open WebSocket keeps
+//     its lease while the leases of an instance that died expire within the TTL.
+import { Cluster, type Redis } from 'ioredis'
+import { keySlot } from './keys.js'
+import { LEASE_RELEASE_SCRIPT, LEASE_RENEW_SCRIPT } from './scripts.js'
+import type { MemoryStore } from './memory-store.js'
+import type { RedisGuard } from './redis-guard.js'
+
+/** Leases one admitted request holds, one per concurrency limit that applied to it. */
+export interface HeldLease {
+  /** The lease keys, as passed to the store. */
+  readonly keys: readonly string[]
+  /** Redis: the lease id (the member in every key); '' in process. */
+  readonly member: string
+  /** Where the leases were taken: Redis, the `onError: local` fallback, or the in-process store. */
+  readonly level: 'redis' | 'fallback' | 'memory'
+  /** What each lease counts in its key: 1, or the fallback's share n (1/n of the cap per instance). */
+  readonly units: number
+  released: boolean
+}
+
+export interface LeaseKeeperOptions {
+  /** No Redis configured: the in-process store holds the counts. */
+  readonly memory?: MemoryStore
+  readonly redis?: {
+    readonly client: Redis | Cluster
+    readonly guard: RedisGuard
+    /** Prepended to every key, as the Redis store does (default none). */
+    readonly keyPrefix?: string
+  }
+  /** Lease TTL in ms (`redis.leaseTtl`); renewals run every third of it. */
+  readonly ttlMs: number
+  /** A release or renewal Redis did not take: the lease then expires within the TTL. */
+  readonly onError?: (err: unknown, what: 'release' | 'renew') => void
+}
+
+interface LeaseCommands {
+  gatewayLeaseRelease(numKeys: number, ...keysAndArgs: string[]): Promise<unknown>
+  gatewayLeaseRenew(numKeys: number, ...keysAndArgs: string[]): Promise<unknown>
+}
+
+/** Most leases per release or renewal call: a large fleet of held leases goes in bounded pieces. */
+const BATCH = 512
+
+export class LeaseKeeper {
+  /** Leases held in Redis, renewed until released. */
+  private readonly held = new Set<HeldLease>()
+  /** Redis releases of this event-loop turn. */
+  private pending: HeldLease[] = []
+  private flushing: NodeJS.Immediate | null = null
+  private renewer: NodeJS.Timeout | null = null
+  private renewEveryMs = 0
+  /** `redis.leaseTtl`; a reload that changes it updates it in place. */
+  ttlMs: number
+  /** Calls to Redis this keeper made (releases and renewals), for tests and the benchmark. */
+  calls = 0
+
+  constructor (private readonly options: LeaseKeeperOptions) {
+    this.ttlMs = options.ttlMs
+    const client = options.redis?.client
+    if (client !== undefined) {
+      client.defineCommand('gatewayLeaseRelease', { lua: LEASE_RELEASE_SCRIPT })
+      client.defineCommand('gatewayLeaseRenew', { lua: LEASE_RENEW_SCRIPT })
+    }
+  }
+
+  /** Leases held in Redis by this instance right now. */
+  get heldInRedis (): number {
+    return this.held.size
+  }
+
+  /** Starts keeping a lease the limiter just took. */
+  hold (lease: HeldLease): void {
+    if (lease.level !== 'redis') return
+    this.held.add(lease)
+    this.startRenewing()
+  }
+
+  /** Gives a request's leases back; a second call does nothing. */
+  release (lease: HeldLease): void {
+    if (lease.released) return
+    lease.released = true
+    switch (lease.level) {
+      case 'memory':
+        for (const key of lease.keys) this.options.memory?.release(key, lease.units)
+        return
+      case 'fallback':
+        for (const key of lease.keys) this.options.redis?.guard.releaseFallback(key, lease.units)
+        return
+      case 'redis':
+        this.held.delete(lease)
+        this.pending.push(lease)
+        // setImmediate runs after this turn's I/O callbacks: every response that closed in the
+        // same turn joins one call.
+        this.flushing ??= setImmediate(() => this.flush())
+    }
+  }
+
+  private flush (): Array<Promise<unknown>> {
+    this.flushing = null
+    const batch = this.pending
+    this.pending = []
+    const pairs: Array<[string, string]> = []
+    for (let i = 0; i < batch.length; i++) {
+      const lease = batch[i] as HeldLease
+      for (let k = 0; k < lease.keys.length; k++) pairs.push([lease.keys[k] as string, lease.member])
+    }
+    return this.send(pairs, [], 'release')
+  }
+
+  private startRenewing (): void {
+    const every = Math.max(100, Math.floor(this.ttlMs / 3))
+    if (this.renewer !== null && every === this.renewEveryMs) return
+    if (this.renewer !== null) clearInterval(this.renewer)
+    this.renewEveryMs = every
+    this.renewer = setInterval(() => this.renew(), every)
+    this.renewer.unref()
+  }
+
+  private renew (): void {
+    if (this.held.size === 0) {
+      if (this.renewer !== null) clearInterval(this.renewer)
+      this.renewer = null
+      return
+    }
+    const pairs: Array<[string, string]> = []
+    for (const lease of this.held) for (const key of lease.keys) pairs.push([key, lease.member])
+    this.send(pairs, [String(this.ttlMs)], 'renew')
+    // a reload may have changed the TTL
+    if (Math.max(100, Math.floor(this.ttlMs / 3)) !== this.renewEveryMs) this.startRenewing()
+  }
+
+  /** One call per batch (per hash slot under Cluster): KEYS = the keys, ARGV = `head` then the members. */
+  private send (pairs: ReadonlyArray<readonly [string, string]>, head: readonly string[], what: 'release' | 'renew'): Array<Promise<unknown>> {
+    const redis = this.options.redis
+    const sent: Array<Promise<unknown>> = []
+    if (redis === undefined || pairs.length === 0) return sent
+    const prefix = redis.keyPrefix ?? ''
+    const groups: Array<Array<readonly [string, string]>> = []
+    if (redis.client instanceof Cluster) {
+      const bySlot = new Map<number, Array<readonly [string, string]>>()
+      for (const pair of pairs) {
+        const slot = keySlot(prefix + pair[0])
+        let group = bySlot.get(slot)
+        if (group === undefined) bySlot.set(slot, group = [])
+        group.push(pair)
+      }
+      groups.push(...bySlot.values())
+    } else {
+      groups.push(pairs as Array<readonly [string, string]>)
+    }
+    const commands = redis.client as unknown as LeaseCommands
+    for (const group of groups) {
+      for (let i = 0; i < group.length; i += BATCH) {
+        const part = group.slice(i, i + BATCH)
+        const args: string[] = []
+        for (const [key] of part) args.push(prefix + key)
+        args.push(...head)
+        for (const [, member] of part) args.push(member)
+        this.calls++
+        const call = what === 'release' ? commands.gatewayLeaseRelease(part.length, ...args) : commands.gatewayLeaseRenew(part.length, ...args)
+        sent.push(call.catch((err: unknown) => this.options.onError?.(err, what)))
+      }
+    }
+    return sent
+  }
+
+  /**
+   * Stops renewing and gives back every lease still held or queued, waiting (at most `timeoutMs`)
+   * for Redis to take them: a gateway that stops does not leave its leases to expire.
+   */
+  async close (timeoutMs = 1000): Promise<void> {
+    if (this.renewer !== null) clearInterval(this.renewer)
+    this.renewer = null
+    if (this.flushing !== null) clearImmediate(this.flushing)
+    for (const lease of this.held) {
+      lease.released = true
+      this.pending.push(lease)
+    }
+    this.held.clear()
+    const sent = this.flush()
+    if (sent.length === 0) return
+    await Promise.race([Promise.allSettled(sent), new Promise(resolve => setTimeout(resolve, timeoutMs).unref())])
+  }
+}

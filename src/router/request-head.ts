@@ -1,0 +1,43 @@
+// Checks on the request head that node:http does not make, run before routing so that a request
+// the upstream would read differently from us is refused here (issue 15 items 7, 8 and 10).
+import type { IncomingMessage } from 'node:http'
+import type { ErrorCode } from '../errors.js'
+
+export interface HeadProblem {
+  readonly code: ErrorCode
+  readonly reason: string
+}
+
+// RFC 9110 §7.2 / RFC 3986 §3.2.2: reg-name or IP-literal, then an optional port. Stricter than
+// reg-name (no sub-delims, no "%"): "a@b", "x/y" or "host:abc" would be read as another
+// authority by an upstream that rebuilds a URL from Host.
+const HOST_RE = /^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~-]+)?(?::[0-9]{0,5})?$/
+
+const TOO_MANY: HeadProblem = Object.freeze({ code: 'GW_ERR_HEADERS_TOO_LARGE', reason: 'too many header fields (server.maxHeadersCount)' })
+const TWO_HOSTS: HeadProblem = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', reason: 'more than one Host header' })
+const UNKNOWN_CODING: HeadProblem = Object.freeze({ code: 'GW_ERR_NOT_IMPLEMENTED', reason: 'only the chunked transfer coding is supported' })
+const BAD_HOST: HeadProblem = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', reason: 'invalid Host header' })
+
+/**
+ * null when the head is acceptable. `maxHeadersCount` is the configured limit; node:http keeps at
+ * least one field more than that (the server is created with maxHeadersCount + 1), so a request
+ * over the limit is seen here instead of losing its last fields silently.
+ */
+export function checkRequestHead (req: IncomingMessage, maxHeadersCount: number): HeadProblem | null {
+  const raw = req.rawHeaders
+  if (raw.length > maxHeadersCount * 2) return TOO_MANY
+  // node:http keeps the first Host and drops the others; an upstream or cache may keep the last.
+  let hosts = 0
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i] as string
+    if (name.length === 4 && name.toLowerCase() === 'host' && ++hosts > 1) return TWO_HOSTS
+  }
+  // RFC 9112 §6.1: a transfer coding the server does not understand is a 501. node:http decodes
+  // only "chunked" and would silently drop the others ("gzip, chunked" would reach the upstream
+  // as an unlabelled gzip body).
+  const te = req.headers['transfer-encoding']
+  if (te !== undefined && te.trim().toLowerCase() !== 'chunked') return UNKNOWN_CODING
+  const host = req.headers.host
+  if (host !== undefined && !HOST_RE.test(host)) return BAD_HOST
+  return null
+}

@@ -1,0 +1,109 @@
+// Issue 10: concurrency leases when things die. An instance SIGKILLed while holding leases leaves
+// them to expire within `redis.leaseTtl` (nobody releases them); Redis going away sends leases to
+// the `onError: local` fallback, which holds 1/n of each cap per live instance.
+import t from 'tap'
+import { startGateway, spawnGateway } from './helpers/gateway.js'
+import { startRedis } from './helpers/redis.js'
+import { startUpstream } from './helpers/upstream.js'
+import { burst, eventually, metric, send, statusCounts } from './helpers/ratelimit.js'
+
+const ALICE = { headers: { 'x-user-id': 'alice' } }
+
+t.test('SIGKILL an instance holding leases: they return within leaseTtl', async t => {
+  const redis = await startRedis()
+  t.teardown(() => redis.stop())
+  const reader = redis.client()
+  const up = await startUpstream(t)
+  const yaml = `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+redis: { url: ${redis.url}, timeout: 2s, onError: deny, leaseTtl: 2s }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}], timeouts: { response: 60s } }
+routes:
+  - name: dl
+    pathPrefix: /
+    upstream: backend
+    concurrency: { user: 2 }
+`
+  const victim = await spawnGateway(t, yaml)
+  const survivor = await startGateway(t, yaml)
+  // two requests that never end hold both of alice's leases on the victim
+  const held = [send(`${victim.url}/hang`, ALICE).catch(() => null), send(`${victim.url}/hang`, ALICE).catch(() => null)]
+  await eventually('the victim holds 2 leases', async () => await reader.zcard('gw:lease:dl.user:alice') === 2, 5000)
+  t.equal((await send(`${survivor.url}/x`, ALICE)).json?.error, 'GW_ERR_CONCURRENCY_LIMITED', 'the other instance sees the cap full')
+  // held past one whole TTL: renewal keeps them
+  await new Promise(resolve => setTimeout(resolve, 2500))
+  t.equal((await send(`${survivor.url}/x`, ALICE)).json?.error, 'GW_ERR_CONCURRENCY_LIMITED', 'still full after a whole TTL (renewed)')
+
+  victim.child.kill('SIGKILL')
+  await victim.exited
+  const killedAt = Date.now()
+  await Promise.all(held)
+  let admittedAfter = -1
+  const refusals: unknown[] = []
+  while (Date.now() - killedAt < 6000) {
+    const r = await send(`${survivor.url}/x`, ALICE)
+    if (r.status === 200) {
+      admittedAfter = Date.now() - killedAt
+      break
+    }
+    refusals.push(r.json?.error)
+    await new Promise(resolve => setTimeout(resolve, 100))
+  }
+  t.ok(refusals.length > 0 && refusals.every(e => e === 'GW_ERR_CONCURRENCY_LIMITED'), `refused by the cap until the leases expired (${refusals.length} tries)`)
+  t.ok(admittedAfter >= 0, `admitted again ${admittedAfter} ms after the kill`)
+  // the last renewal was at most a third of the TTL before the kill: expiry within the TTL, plus
+  // a margin for a loaded machine
+  t.ok(admittedAfter <= 2000 + 700, `within leaseTtl (2 s) of the kill: ${admittedAfter} ms`)
+  t.same(statusCounts(await burst(2, `${survivor.url}/slow?ms=200`, ALICE)), { 200: 2 }, 'both of the dead instance\'s leases came back')
+})
+
+t.test('Redis down with onError: local: each of n instances holds 1/n of the cap, and gives it back', async t => {
+  const redis = await startRedis()
+  t.teardown(() => redis.stop())
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+log: { level: warn }
+redis: { url: ${redis.url}, timeout: 200ms, onError: local, expectedInstances: 2 }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - name: fb
+    pathPrefix: /
+    upstream: backend
+    concurrency: { user: 4 }
+`)
+  t.same(statusCounts(await burst(4, `${gw.url}/slow?ms=300`, ALICE)), { 200: 4 }, 'Redis up: the whole cap of 4')
+  await redis.kill()
+  // the first calls fail and open the breaker; they are decided by the fallback too
+  const replies = await burst(10, `${gw.url}/slow?ms=1200`, ALICE)
+  t.same(statusCounts(replies), { 200: 2, 429: 8 }, 'Redis down, 2 instances: this one holds 4 / 2 = 2')
+  t.equal(await metric(gw.adminUrl, 'gateway_concurrency_rejected_total', { route: 'fb', dimension: 'user', level: 'fallback' }), 8, 'refusals counted at level fallback')
+  t.same(statusCounts(await burst(2, `${gw.url}/slow?ms=200`, ALICE)), { 200: 2 }, 'the fallback\'s leases came back')
+})
+
+t.test('Redis down with onError: deny: a request under a concurrency limit gets 503 GW_ERR_LIMITER_UNAVAILABLE', async t => {
+  const redis = await startRedis()
+  t.teardown(() => redis.stop())
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+log: { level: warn }
+redis: { url: ${redis.url}, timeout: 200ms, onError: deny }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - name: dn
+    pathPrefix: /
+    upstream: backend
+    concurrency: { user: 1 }
+`)
+  await redis.kill()
+  const r = await send(`${gw.url}/x`, ALICE)
+  t.equal(r.status, 503)
+  t.equal(r.json?.error, 'GW_ERR_LIMITER_UNAVAILABLE')
+})

@@ -1,0 +1,251 @@
+// Issue 10: concurrency limits shared by every instance, held as leases in Redis. Two gateways on
+// one Redis share a `user: 2` cap exactly; leases come back when responses finish, when clients
+// leave mid-body and when the upstream fails; a lease taken with the rate limits is all or nothing;
+// no Redis: the same caps in process.
+import t from 'tap'
+import net from 'node:net'
+import { request } from 'node:http'
+import { startGateway } from './helpers/gateway.js'
+import { startRedis } from './helpers/redis.js'
+import { startUpstream } from './helpers/upstream.js'
+import { burst, count, eventually, metric, send, sleep, statusCounts, type Reply } from './helpers/ratelimit.js'
+
+const redis = await startRedis()
+t.teardown(() => redis.stop())
+const reader = redis.client()
+
+// A generous bound: on a loaded 2-core machine a 50 ms timeout could hand decisions to the
+// fallback, which would hide (not cause) a miscount.
+function config (upstream: string, opts: { redis?: boolean, extra?: string, route?: string } = {}): string {
+  return `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+log: { level: info }
+${opts.redis === false ? '' : `redis: { url: ${redis.url}, timeout: 2s, onError: deny, keyPrefix: ${opts.route ?? 'gw'} }`}
+identity: { header: x-user-id }
+${opts.extra ?? ''}
+upstreams:
+  backend: { targets: [${upstream}] }
+routes:
+  - name: ${opts.route ?? 'upload'}
+    pathPrefix: /
+    upstream: backend
+    concurrency: { user: 2, route: 200 }
+`
+}
+
+/** Leases held in a lease key (members whose expiry is ahead of Redis's clock). */
+async function liveLeases (key: string): Promise<number> {
+  const [sec, usec] = await reader.time()
+  return await reader.zcount(key, `(${Number(sec) * 1000 + Math.floor(Number(usec) / 1000)}`, '+inf')
+}
+
+const ALICE = { headers: { 'x-user-id': 'alice' } }
+
+function concurrencyShapeProblem (r: Reply, limit: string): string | null {
+  if (r.status !== 429) return `status ${r.status}`
+  if (r.headers['retry-after'] !== '1') return `Retry-After ${String(r.headers['retry-after'])}`
+  const body = r.json
+  if (body?.error !== 'GW_ERR_CONCURRENCY_LIMITED' || body.limit !== limit || typeof body.requestId !== 'string') return `body ${r.text}`
+  return null
+}
+
+t.test('two instances on one Redis share `user: 2` exactly under 50 concurrent slow requests', async t => {
+  const up = await startUpstream(t)
+  const a = await startGateway(t, config(up.url, { route: 'two' }))
+  const b = await startGateway(t, config(up.url, { route: 'two' }))
+  // 1.5 s upstream: every one of the 50 arrives while the first two still hold their leases
+  const replies = await Promise.all(Array.from({ length: 50 }, (_, i) => send(`${(i % 2 === 0 ? a : b).url}/slow?ms=1500`, ALICE)))
+  t.same(statusCounts(replies), { 200: 2, 429: 48 }, '2 answered, 48 refused')
+  t.equal(up.log.filter(u => u.startsWith('/slow')).length, 2, 'the upstream saw exactly 2 requests')
+  const bad = replies.filter(r => r.status === 429).map(r => concurrencyShapeProblem(r, 'two.concurrency.user')).filter(p => p !== null)
+  t.same(bad, [], 'every refusal is 429 GW_ERR_CONCURRENCY_LIMITED with Retry-After: 1')
+  const refusedA = await metric(a.adminUrl, 'gateway_concurrency_rejected_total', { route: 'two', dimension: 'user', level: 'redis' })
+  const refusedB = await metric(b.adminUrl, 'gateway_concurrency_rejected_total', { route: 'two', dimension: 'user', level: 'redis' })
+  t.equal(refusedA + refusedB, 48, 'both instances counted their refusals by route and dimension')
+  await eventually('leases released', async () => await liveLeases('two:lease:two.user:alice') === 0, 3000)
+  await eventually('route leases released', async () => await liveLeases('two:lease:two.route:_') === 0, 3000)
+  const again = await burst(2, `${a.url}/slow?ms=10`, ALICE)
+  t.same(statusCounts(again), { 200: 2 }, 'finished responses gave their leases back')
+})
+
+t.test('leases come back when the client leaves mid-response and mid-request-body', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, { route: 'free' }))
+  const key = 'free:lease:free.user:alice'
+
+  // mid-response: headers arrive, then the client goes away during a 30 s drip
+  const req = request(`${gw.url}/drip?chunks=300&intervalMs=100`, { headers: ALICE.headers, agent: false })
+  const res = await new Promise<import('node:http').IncomingMessage>((resolve, reject) => { req.on('response', resolve); req.on('error', reject); req.end() })
+  t.equal(res.statusCode, 200)
+  t.equal(await liveLeases(key), 1, 'the streaming response holds a lease')
+  req.on('error', () => {})
+  req.destroy()
+  await eventually('lease freed after the client left mid-response', async () => await liveLeases(key) === 0, 3000)
+
+  // mid-request-body: 10 bytes of an announced 1 MB, then the connection is closed
+  const socket = net.connect(gw.port, '127.0.0.1')
+  socket.on('error', () => {})
+  await new Promise(resolve => socket.once('connect', resolve))
+  socket.write('POST /upload HTTP/1.1\r\nHost: x\r\nx-user-id: alice\r\nContent-Length: 1000000\r\n\r\n0123456789')
+  await eventually('the trickling upload holds a lease', async () => await liveLeases(key) === 1, 3000)
+  socket.destroy()
+  await eventually('lease freed after the client left mid-body', async () => await liveLeases(key) === 0, 3000)
+
+  // the whole cap is free again
+  t.same(statusCounts(await burst(2, `${gw.url}/slow?ms=300`, ALICE)), { 200: 2 })
+})
+
+t.test('an upstream that fails gives the lease back (502 each time, never 429)', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, { route: 'fail' }))
+  // four failures in a row against a cap of 2: each one's lease came back before the next
+  for (let i = 0; i < 4; i++) {
+    const r = await send(`${gw.url}/reset`, { ...ALICE, method: 'POST' })
+    t.equal(r.status, 502, `request ${i}: 502 from the reset, not 429`)
+  }
+  await eventually('no lease left', async () => await liveLeases('fail:lease:fail.user:alice') === 0, 3000)
+  t.same(statusCounts(await burst(2, `${gw.url}/slow?ms=300`, ALICE)), { 200: 2 }, 'the whole cap is free')
+})
+
+t.test('all or nothing with the rate limits: a refusal by either takes nothing from the other', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+redis: { url: ${redis.url}, timeout: 2s, onError: deny, keyPrefix: aon }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - name: aon
+    pathPrefix: /
+    upstream: backend
+    limits:
+      user: { algorithm: fixed-window, limit: 3, window: 1h }
+    concurrency: { user: 1 }
+`)
+  const holding = send(`${gw.url}/slow?ms=1500`, ALICE)
+  await eventually('first request holds the lease', async () => await liveLeases('aon:lease:aon.user:alice') === 1, 3000)
+  const refused = await burst(5, `${gw.url}/x`, ALICE)
+  t.same(statusCounts(refused), { 429: 5 }, 'the cap refused 5')
+  t.ok(refused.every(r => r.json?.error === 'GW_ERR_CONCURRENCY_LIMITED'), 'refused by the concurrency limit')
+  t.equal((await holding).status, 200)
+  await eventually('lease back', async () => await liveLeases('aon:lease:aon.user:alice') === 0, 3000)
+  // the 5 refusals took no rate-limit unit: 2 of 3 are left
+  t.equal((await send(`${gw.url}/x`, ALICE)).status, 200)
+  t.equal((await send(`${gw.url}/x`, ALICE)).status, 200)
+  const limited = await send(`${gw.url}/x`, ALICE)
+  t.equal(limited.status, 429)
+  t.equal(limited.json?.error, 'rate_limited', 'the fourth is refused by the rate limit')
+  t.equal(await liveLeases('aon:lease:aon.user:alice'), 0, 'the rate-limited request took no lease')
+  t.equal(await reader.zcard('aon:lease:aon.user:alice'), 0, 'nothing recorded in the lease key')
+})
+
+t.test('leases are renewed while held: a response longer than leaseTtl keeps its lease', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+redis: { url: ${redis.url}, timeout: 2s, onError: deny, keyPrefix: renew, leaseTtl: 1s }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - name: renew
+    pathPrefix: /
+    upstream: backend
+    concurrency: { user: 1 }
+`)
+  // 3 s of response, three lease TTLs
+  const long = send(`${gw.url}/drip?chunks=30&intervalMs=100`, ALICE)
+  await eventually('lease taken', async () => await liveLeases('renew:lease:renew.user:alice') === 1, 3000)
+  await sleep(2200)
+  t.equal(await liveLeases('renew:lease:renew.user:alice'), 1, 'still held after two TTLs')
+  const second = await send(`${gw.url}/x`, ALICE)
+  t.equal(second.json?.error, 'GW_ERR_CONCURRENCY_LIMITED', 'a second request is still refused')
+  t.equal((await long).status, 200)
+  await eventually('released at the end', async () => await liveLeases('renew:lease:renew.user:alice') === 0, 3000)
+})
+
+t.test('no Redis configured: the same caps in process, gauges per route', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, { redis: false, route: 'mem' }))
+  const slow = Array.from({ length: 10 }, () => send(`${gw.url}/slow?ms=1200`, ALICE))
+  await eventually('two in flight', async () => await metric(gw.adminUrl, 'gateway_inflight', { route: 'mem' }) === 2 && up.requests === 2, 3000)
+  const replies = await Promise.all(slow)
+  t.same(statusCounts(replies), { 200: 2, 429: 8 })
+  t.equal(await metric(gw.adminUrl, 'gateway_concurrency_rejected_total', { route: 'mem', dimension: 'user', level: 'memory' }), 8)
+  t.equal(await metric(gw.adminUrl, 'gateway_inflight', { route: 'mem' }), 0, 'gateway_inflight back to 0')
+  // bob has his own cap; alice's is free again
+  t.same(statusCounts(await burst(2, `${gw.url}/slow?ms=200`, { headers: { 'x-user-id': 'bob' } })), { 200: 2 })
+  t.same(statusCounts(await burst(2, `${gw.url}/slow?ms=200`, ALICE)), { 200: 2 })
+  t.equal(count(replies, 200), 2)
+})
+
+t.test('a route\'s total cap and a gateway-wide user cap shared by two routes', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+redis: { url: ${redis.url}, timeout: 2s, onError: deny, keyPrefix: wide }
+identity: { header: x-user-id }
+concurrency: { user: 1 }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: a, pathPrefix: /a/, upstream: backend, stripPrefix: /a, concurrency: { route: 3 } }
+  - { name: b, pathPrefix: /b/, upstream: backend, stripPrefix: /b }
+`)
+  // six users at once on route a: the route's total is 3
+  const six = await Promise.all(Array.from({ length: 6 }, (_, i) => send(`${gw.url}/a/slow?ms=1000`, { headers: { 'x-user-id': `u${i}` } })))
+  t.same(statusCounts(six), { 200: 3, 429: 3 })
+  t.ok(six.filter(r => r.status === 429).every(r => r.json?.limit === 'a.concurrency.route' && r.json.dimension === 'route'), 'refused by a.concurrency.route')
+  // alice's one request in flight on route a uses her gateway-wide lease for route b too
+  const holding = send(`${gw.url}/a/slow?ms=1000`, ALICE)
+  await eventually('alice holds her lease', async () => await liveLeases('wide:lease:*.user:alice') === 1, 3000)
+  const other = await send(`${gw.url}/b/x`, ALICE)
+  t.equal(other.json?.limit, 'concurrency.user', 'route b refuses alice: concurrency.user is gateway-wide')
+  t.equal((await holding).status, 200)
+})
+
+t.test('releases of one event-loop turn go to Redis in one call', async t => {
+  const { Limiter } = await import('../src/limit/limiter.js')
+  const { DenyCache } = await import('../src/limit/local-level.js')
+  const { createRedisStore } = await import('../src/limit/redis-store.js')
+  const { RedisGuard } = await import('../src/limit/redis-guard.js')
+  const { LeaseKeeper } = await import('../src/limit/concurrency.js')
+  const { compileRouteLimitPlan } = await import('../src/limit/plan.js')
+  const { NOOP_TELEMETRY } = await import('../src/telemetry.js')
+  const { Redis } = await import('ioredis')
+  const client = new Redis(redis.url)
+  t.teardown(() => client.disconnect())
+  const store = createRedisStore({ client })
+  const guard = new RedisGuard({ store, fallbackMaxKeys: 1000, timeoutMs: 2000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
+  const leases = new LeaseKeeper({ redis: { client, guard }, ttlMs: 10_000 })
+  const limiter = new Limiter({ local: null, deny: new DenyCache(1000), memory: null, guard, legacyHeaders: false, telemetry: NOOP_TELEMETRY, leases })
+  const route = { name: 'batch', pathPrefix: '/', upstream: 'u', concurrency: { user: 100 } }
+  const plan = compileRouteLimitPlan({ redis: { url: redis.url }, upstreams: { u: { targets: ['http://127.0.0.1:1'] } }, routes: [route] }, route)
+  const verdicts = await Promise.all(Array.from({ length: 20 }, async (_, i) => await limiter.check({ route: 'batch', plan, ipKey: '127.0.0.1', user: 'alice', requestId: `r${i}` })))
+  t.equal(await reader.zcard('gw:lease:batch.user:alice'), 20, '20 leases held')
+  const before = leases.calls
+  for (const v of verdicts) if (v.kind === 'allow' && v.lease !== null) limiter.release(v.lease)
+  await eventually('all released', async () => await reader.zcard('gw:lease:batch.user:alice') === 0, 3000)
+  t.equal(leases.calls - before, 1, '20 releases, one Redis call')
+  await leases.close()
+})
+
+t.test('a gateway that shuts down gives its leases back at once', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { shutdownTimeout: 300ms }
+redis: { url: ${redis.url}, timeout: 2s, onError: deny, keyPrefix: bye, leaseTtl: 60s }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: bye, pathPrefix: /, upstream: backend, concurrency: { user: 5 } }
+`)
+  const held = [send(`${gw.url}/hang`, ALICE).catch(() => null), send(`${gw.url}/hang`, ALICE).catch(() => null)]
+  await eventually('2 leases held', async () => await liveLeases('bye:lease:bye.user:alice') === 2, 3000)
+  await gw.close()
+  await Promise.all(held)
+  t.equal(await reader.zcard('bye:lease:bye.user:alice'), 0, 'no lease left behind (the TTL is 60 s)')
+})

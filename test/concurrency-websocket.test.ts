@@ -1,0 +1,78 @@
+// Issue 10: a WebSocket holds its concurrency lease until either side closes, so `concurrency:
+// { user: N }` on a websocket route caps the WebSockets a user has open across all instances.
+import t from 'tap'
+import { once } from 'node:events'
+import type { IncomingMessage } from 'node:http'
+import { WebSocket } from 'ws'
+import { startGateway } from './helpers/gateway.js'
+import { startRedis } from './helpers/redis.js'
+import { startUpstream } from './helpers/upstream.js'
+import { eventually, metric } from './helpers/ratelimit.js'
+
+interface Teardown { teardown: (fn: () => unknown) => void }
+
+const redis = await startRedis()
+t.teardown(() => redis.stop())
+const reader = redis.client()
+
+type Outcome = { ok: true, ws: WebSocket } | { ok: false, status: number, retryAfter: string | undefined, body: Record<string, unknown> }
+
+/** Opens a WebSocket as `user`; answers the open socket or the refusal the gateway wrote. */
+async function open (t: Teardown, url: string, user: string): Promise<Outcome> {
+  const ws = new WebSocket(url, { headers: { 'x-user-id': user } })
+  t.teardown(() => ws.terminate())
+  ws.on('error', () => {})
+  return await Promise.race([
+    once(ws, 'open', { signal: AbortSignal.timeout(5000) }).then((): Outcome => ({ ok: true, ws })),
+    once(ws, 'unexpected-response').then(async ([, res]): Promise<Outcome> => {
+      const r = res as IncomingMessage
+      let text = ''
+      for await (const chunk of r) text += String(chunk)
+      return { ok: false, status: r.statusCode ?? 0, retryAfter: r.headers['retry-after'] as string | undefined, body: JSON.parse(text) as Record<string, unknown> }
+    })
+  ])
+}
+
+function config (upstream: string, store: 'redis' | 'memory'): string {
+  return `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+${store === 'redis' ? `redis: { url: ${redis.url}, timeout: 2s, onError: deny, keyPrefix: ws }` : ''}
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${upstream}] }
+routes:
+  - name: events
+    pathPrefix: /ws/
+    websocket: true
+    upstream: backend
+    concurrency: { user: 2 }
+`
+}
+
+for (const store of ['redis', 'memory'] as const) {
+  t.test(`${store}: at most 2 open WebSockets per user; a close from either side frees one`, async t => {
+    const up = await startUpstream(t)
+    const gw = await startGateway(t, config(up.url, store))
+    const url = `${gw.url.replace(/^http/, 'ws')}/ws/feed`
+    const first = await open(t, url, 'alice')
+    const second = await open(t, url, 'alice')
+    t.ok(first.ok && second.ok, 'two open')
+    t.equal(await metric(gw.adminUrl, 'gateway_websockets_open', { route: 'events' }), 2, 'gateway_websockets_open{route} = 2')
+    const third = await open(t, url, 'alice')
+    t.match(third, { ok: false, status: 429, retryAfter: '1', body: { error: 'GW_ERR_CONCURRENCY_LIMITED', dimension: 'user', limit: 'events.concurrency.user' } }, 'the third is refused with 429')
+    t.equal(up.upgrades.length, 2, 'the upstream saw 2 upgrades')
+    t.ok((await open(t, url, 'bob')).ok, 'another user has a cap of his own')
+
+    // the client closes one
+    if (first.ok) first.ws.close()
+    await eventually('gauge back to 2 (alice 1, bob 1)', async () => await metric(gw.adminUrl, 'gateway_websockets_open', { route: 'events' }) === 2, 3000)
+    let reopened: Outcome = { ok: false, status: 0, retryAfter: undefined, body: {} }
+    await eventually('a client close frees a lease', async () => (reopened = await open(t, url, 'alice')).ok, 3000, 100)
+    t.ok(reopened.ok)
+
+    // the upstream closes one ('close-me' makes the echo server close it)
+    if (second.ok) second.ws.send('close-me')
+    await eventually('an upstream close frees a lease', async () => (await open(t, url, 'alice')).ok, 3000, 100)
+    if (store === 'redis') t.equal(await reader.zcard('ws:lease:events.user:alice'), 2, 'Redis holds exactly alice\'s 2 open WebSockets')
+  })
+}

@@ -1,0 +1,80 @@
+// identity.apiKeys.file (issue 9): more "key: consumer" lines outside gateway.yaml, re-read on
+// SIGHUP by a real `bin/gateway` process; a bad file is a located error and the old keys keep working.
+import t from 'tap'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { spawnGateway, startGateway } from './helpers/gateway.js'
+import { startUpstream } from './helpers/upstream.js'
+import { send } from './helpers/ratelimit.js'
+import { ConfigError } from '../src/config/load.js'
+
+function keyDir (t: { teardown: (fn: () => unknown) => void }): string {
+  const dir = mkdtempSync(join(tmpdir(), 'gw-keys-'))
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  return dir
+}
+
+function config (upstream: string, keyFile: string): string {
+  return `listen: "127.0.0.1:0"
+admin: 127.0.0.1:0
+identity:
+  apiKeys:
+    header: x-api-key
+    keys: { k-inline: alice }
+    file: ${keyFile}
+  required: true
+consumers:
+  alice: { plan: pro }
+  bob: { plan: free }
+plans:
+  free: { limits: { user: { algorithm: sliding-window-log, limit: 1, window: 1h } } }
+  pro: { limits: { user: { algorithm: sliding-window-log, limit: 5, window: 1h } } }
+upstreams:
+  backend: { targets: [${upstream}] }
+routes:
+  - { name: api, pathPrefix: /, upstream: backend }
+`
+}
+
+t.test('the key file is re-read on SIGHUP; a bad one is rejected with its location and the old keys keep working', async t => {
+  const up = await startUpstream(t)
+  const dir = keyDir(t)
+  const keyFile = join(dir, 'api-keys.yaml')
+  writeFileSync(keyFile, 'k-bob-1: bob\n')
+  const gw = await spawnGateway(t, config(up.url, keyFile))
+  const status = async (key: string): Promise<number> => (await send(`${gw.url}/x`, { headers: { 'x-api-key': key } })).status
+  t.equal(await status('k-bob-1'), 200, 'a key from the file')
+  t.equal(await status('k-bob-1'), 429, 'bob is on free (1 an hour): the file\'s consumer has its plan')
+  t.equal(await status('k-inline'), 200, 'inline keys work beside the file')
+  t.equal(await status('k-bob-2'), 401, 'not in the file yet')
+
+  writeFileSync(keyFile, 'k-bob-2: bob\nk-alice-2: alice\n')
+  gw.child.kill('SIGHUP')
+  await gw.waitForLog(l => l.msg === 'configuration reloaded')
+  t.equal(await status('k-alice-2'), 200, 'a key added to the file works after SIGHUP')
+  t.equal(await status('k-bob-1'), 401, 'a key removed from the file is refused after SIGHUP')
+
+  writeFileSync(keyFile, 'k-alice-3: alice\nk-zoe: zoe\n')
+  gw.child.kill('SIGHUP')
+  const rejected = await gw.waitForLog(l => l.msg === 'reload rejected; the running configuration keeps serving')
+  t.same(rejected.problems, [`${keyFile}:2:8 [1]: API key maps to consumer "zoe", which has no entry in consumers (and there is no defaultPlan)`], 'located in the key file, the key itself not printed')
+  t.equal(await status('k-alice-2'), 200, 'the previous keys keep working')
+  t.equal(await status('k-alice-3'), 401, 'nothing of the bad file was taken')
+})
+
+t.test('a missing or malformed key file stops the start with a located error', async t => {
+  const up = await startUpstream(t)
+  const dir = keyDir(t)
+  const missing = join(dir, 'nope.yaml')
+  await t.rejects(startGateway(t, config(up.url, missing)), new ConfigError([{ file: missing, line: 0, column: 0, path: '', message: 'API key file not found' }]))
+  const bad = join(dir, 'bad.yaml')
+  writeFileSync(bad, 'k-1: alice\nk-1: bob\n')
+  const err = await startGateway(t, config(up.url, bad)).then(() => null, (e: unknown) => e)
+  t.ok(err instanceof ConfigError)
+  t.match((err as ConfigError).message, new RegExp(`^${bad.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}:2:1: Map keys must be unique`))
+  const empty = join(dir, 'empty.yaml')
+  writeFileSync(empty, 'k-1:\n')
+  const err2 = await startGateway(t, config(up.url, empty)).then(() => null, (e: unknown) => e)
+  t.match((err2 as ConfigError).message, `${empty}:1:5 [0]: an API key must map to a consumer name`)
+})

@@ -1,0 +1,48 @@
+// Issue 15 item 6: /config never shows a credential, whatever a header is named or a password
+// contains, and an admin listener open to the network is called out at start.
+import t from 'tap'
+import { startGateway } from './helpers/gateway.js'
+import { startUpstream } from './helpers/upstream.js'
+
+t.test('/config hides every header-rule value and a URL password containing "@" or "/"', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+redis:
+  url: "redis://user:Pa@ss/Word-1@127.0.0.1:9"
+  timeout: 50ms
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - name: api
+    pathPrefix: /
+    upstream: backend
+    headers:
+      request: { set: { x-upstream-auth: Upstream-Auth-2, x-internal-key: Internal-Key-3 } }
+      response: { set: { x-served-by: Node-Name-4 } }
+`)
+  const text = await (await fetch(`${gw.adminUrl}/config`)).text()
+  for (const secret of ['Pa@ss', 'ss/Word', 'Word-1', 'Upstream-Auth-2', 'Internal-Key-3', 'Node-Name-4']) t.notMatch(text, secret, `${secret} is not shown`)
+  const config = (JSON.parse(text) as { config: { redis: { url: string }, routes: Array<{ headers: { request: { set: Record<string, string> }, response: { set: Record<string, string> } } }> } }).config
+  t.equal(config.redis.url, 'redis://[redacted]@127.0.0.1:9', 'the host of the URL is still shown')
+  t.same(config.routes[0]?.headers.request.set, { 'x-upstream-auth': '[redacted]', 'x-internal-key': '[redacted]' }, 'header names are shown, values are not')
+  t.same(config.routes[0]?.headers.response.set, { 'x-served-by': '[redacted]' })
+})
+
+t.test('an admin listener on a non-loopback address is warned about at start; a loopback one is not', async t => {
+  const upstream = await startUpstream(t)
+  const yaml = (admin: string): string => `
+listen: 127.0.0.1:0
+admin: ${admin}
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`
+  const open = await startGateway(t, yaml('0.0.0.0:0'))
+  const warning = open.lines.find(l => l.level === 40 && typeof l.msg === 'string' && l.msg.includes('admin listener'))
+  t.match(warning, { admin: '0.0.0.0:0', msg: /non-loopback address and has no access token/ })
+  const local = await startGateway(t, yaml('127.0.0.1:0'))
+  t.equal(local.lines.filter(l => typeof l.msg === 'string' && l.msg.includes('admin listener')).length, 0, 'no warning on loopback')
+})

@@ -1,0 +1,100 @@
+// Issue 15 item 16: what clients and the access log see while the gateway drains, and when a
+// response is cut half-way.
+import t from 'tap'
+import http from 'node:http'
+import net from 'node:net'
+import { once } from 'node:events'
+import { startGateway } from './helpers/gateway.js'
+import { startUpstream } from './helpers/upstream.js'
+import { metric } from './helpers/ratelimit.js'
+
+interface Teardown { teardown: (fn: () => unknown) => void }
+
+const sleep = (ms: number): Promise<void> => new Promise(resolve => setTimeout(resolve, ms))
+
+function config (upstream: string, shutdownTimeout = '5s'): string {
+  return `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { shutdownTimeout: ${shutdownTimeout} }
+upstreams:
+  backend: { targets: [${upstream}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`
+}
+
+/** A GET on a keep-alive agent; answers status, headers and body, or the error that ended it. */
+function get (url: string, agent: http.Agent): Promise<{ status: number, headers: http.IncomingHttpHeaders, body: string, error: string | null }> {
+  return new Promise(resolve => {
+    const req = http.get(url, { agent }, res => {
+      let body = ''
+      res.setEncoding('utf8')
+      res.on('data', (c: string) => { body += c })
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body, error: null }))
+      res.on('error', err => resolve({ status: res.statusCode ?? 0, headers: res.headers, body, error: err.message }))
+      res.on('aborted', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body, error: 'aborted' }))
+    })
+    req.on('error', err => resolve({ status: 0, headers: {}, body: '', error: err.message }))
+  })
+}
+
+t.test('while draining, responses carry Connection: close', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, config(upstream.url))
+  const agent = new http.Agent({ keepAlive: true })
+  t.teardown(() => agent.destroy())
+  const before = await get(`${gw.url}/warm`, agent)
+  t.equal(before.headers.connection, 'keep-alive', 'before: keep-alive')
+  const inflight = get(`${gw.url}/slow?ms=600`, agent)
+  await sleep(150)
+  const closing = gw.close()
+  const reply = await inflight
+  t.equal(reply.status, 200, 'the request in flight finishes')
+  t.equal(reply.headers.connection, 'close', 'and tells the client to close')
+  await closing
+})
+
+t.test('a request cut at shutdownTimeout is logged as shutting_down (503), not as a client abort (499)', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, config(upstream.url, '300ms'))
+  const agent = new http.Agent({ keepAlive: true })
+  t.teardown(() => agent.destroy())
+  const hanging = get(`${gw.url}/hang`, agent)
+  const dripping = get(`${gw.url}/drip?chunks=50&intervalMs=100`, new http.Agent())
+  await sleep(200)
+  await gw.close()
+  await hanging
+  const drip = await dripping
+  t.equal(drip.status, 200, 'the dripping response had started')
+  t.ok(drip.error !== null, 'and was cut')
+  const line = (path: string): Record<string, unknown> | undefined => gw.lines.find(l => l.msg === 'request' && l.path === path)
+  t.match(line('/hang'), { status: 503, error: 'shutting_down' })
+  t.match(line('/drip?chunks=50&intervalMs=100'), { status: 503, sentStatus: 200, error: 'shutting_down' }, 'cut mid-body: an error, with the status its head had carried')
+  t.equal(gw.lines.filter(l => l.status === 499).length, 0, 'nothing logged as a client abort')
+})
+
+async function resettingUpstream (t: Teardown): Promise<string> {
+  // Headers and half the announced body, then a reset.
+  const server = net.createServer(socket => {
+    socket.on('error', () => {})
+    socket.once('data', () => {
+      socket.write('HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhalf of it', () => setTimeout(() => socket.resetAndDestroy(), 50))
+    })
+  })
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  t.teardown(() => server.close())
+  return `http://127.0.0.1:${(server.address() as net.AddressInfo).port}`
+}
+
+t.test('a response cut mid-body by the upstream is logged and counted as an error, not as a 2xx', async t => {
+  const gw = await startGateway(t, config(await resettingUpstream(t)))
+  const reply = await get(`${gw.url}/cut`, new http.Agent())
+  t.equal(reply.status, 200, 'the client got the head')
+  t.ok(reply.error !== null, 'and a cut body')
+  await sleep(50)
+  t.match(gw.lines.find(l => l.msg === 'request' && l.path === '/cut'), { status: 502, sentStatus: 200, error: 'reset' })
+  t.equal(await metric(gw.adminUrl, 'gateway_requests_total', { route: 'all', status_class: '5xx' }), 1, 'counted as 5xx')
+  t.equal(await metric(gw.adminUrl, 'gateway_requests_total', { route: 'all', status_class: '2xx' }), 0, 'not as 2xx')
+})

@@ -1,0 +1,76 @@
+// Issue 15 items 7 and 8: request heads node:http accepts but the gateway must refuse, because the
+// upstream (or the gateway's own client-IP and routing decisions) would read them differently.
+import t from 'tap'
+import { startGateway } from './helpers/gateway.js'
+import { startUpstream } from './helpers/upstream.js'
+import { rawRequest } from './helpers/raw-http.js'
+
+function junk (n: number): string {
+  let out = ''
+  for (let i = 0; i < n; i++) out += `x-junk-${i}: y\r\n`
+  return out
+}
+
+t.test('server.maxHeadersCount: more header fields get 431 (an X-Forwarded-For after 1000 junk lines is not lost silently)', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+trustedProxies: [127.0.0.1]
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  // Host + Connection (added by rawRequest) + 98 = 100 fields: the default limit, accepted
+  const ok = await rawRequest(gw.port, `GET /ok HTTP/1.1\r\nHost: a\r\n${junk(97)}X-Forwarded-For: 203.0.113.9\r\n`)
+  t.equal(ok.status, 200, '100 fields pass')
+  t.equal((ok.json?.headers as Record<string, string>)['x-forwarded-for'], '203.0.113.9, 127.0.0.1', 'the last field reached the upstream')
+  const over = await rawRequest(gw.port, `GET /over HTTP/1.1\r\nHost: a\r\n${junk(98)}X-Forwarded-For: 203.0.113.9\r\n`)
+  t.equal(over.status, 431, '101 fields: 431')
+  t.match(over.json, { error: 'GW_ERR_HEADERS_TOO_LARGE', reason: /maxHeadersCount/, requestId: String })
+  const attack = await rawRequest(gw.port, `GET /attack HTTP/1.1\r\nHost: a\r\n${junk(1000)}X-Forwarded-For: 203.0.113.9\r\n`)
+  t.equal(attack.status, 431, '1000 junk lines then X-Forwarded-For: 431')
+  t.same(upstream.log, ['/ok'], 'neither request over the limit reached the upstream')
+  const lines = gw.lines.filter(l => l.msg === 'request' && l.status === 431)
+  t.equal(lines.length, 2, 'both refusals are logged')
+})
+
+t.test('server.maxHeadersCount is configurable', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { maxHeadersCount: 20 }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  t.equal((await rawRequest(gw.port, `GET / HTTP/1.1\r\nHost: a\r\n${junk(18)}`)).status, 200, '20 fields')
+  t.equal((await rawRequest(gw.port, `GET / HTTP/1.1\r\nHost: a\r\n${junk(19)}`)).status, 431, '21 fields')
+})
+
+t.test('two Host headers, or an invalid Host, get 400 and never reach the upstream', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const two = await rawRequest(gw.port, 'GET /two HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n')
+  t.equal(two.status, 400, 'two Host lines')
+  t.match(two.json, { error: 'GW_ERR_BAD_REQUEST', reason: 'more than one Host header', requestId: String })
+  for (const host of ['a@b', 'x/y', 'host:abc', 'a b', 'a\\b', 'evil.com#x']) {
+    const reply = await rawRequest(gw.port, `GET /bad HTTP/1.1\r\nHost: ${host}\r\n`)
+    t.equal(reply.status, 400, `Host: ${host}`)
+    t.equal(reply.json?.reason, 'invalid Host header')
+  }
+  for (const host of ['api.example.com', 'api.example.com:8080', '127.0.0.1:80', '[::1]:8080', 'a_b.local.']) {
+    t.equal((await rawRequest(gw.port, `GET /good HTTP/1.1\r\nHost: ${host}\r\n`)).status, 200, `Host: ${host} passes`)
+  }
+  t.equal(upstream.log.filter(u => u !== '/good').length, 0, 'no refused request reached the upstream')
+})

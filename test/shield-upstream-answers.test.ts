@@ -1,0 +1,118 @@
+// Issue 15 item 10 (and from issue 11: 405 with Allow, DNS failures as their own kind): upstream
+// answers the gateway relayed wrongly, and methods and codings it let through.
+import t from 'tap'
+import net from 'node:net'
+import { once } from 'node:events'
+import { startGateway } from './helpers/gateway.js'
+import { startUpstream } from './helpers/upstream.js'
+import { rawRequest } from './helpers/raw-http.js'
+import { metric } from './helpers/ratelimit.js'
+
+interface Teardown { teardown: (fn: () => unknown) => void }
+
+// Answers written byte for byte, by request path: what node:http would never send itself.
+const ANSWERS: Record<string, string> = {
+  '/304': 'HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\nETag: "v1"\r\n\r\n',
+  '/600': 'HTTP/1.1 600 Weird\r\nContent-Length: 2\r\n\r\nok',
+  '/gzip-chunked': 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
+  '/ok': 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok',
+  '/continue': 'HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal'
+}
+
+async function rawUpstream (t: Teardown): Promise<string> {
+  const server = net.createServer(socket => {
+    socket.on('error', () => {})
+    let buf = ''
+    socket.on('data', (d: Buffer) => {
+      buf += d.toString('latin1')
+      const end = buf.indexOf('\r\n\r\n')
+      if (end === -1) return
+      const path = buf.split(' ')[1] ?? ''
+      buf = buf.slice(end + 4)
+      socket.write(ANSWERS[path] ?? 'HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n')
+    })
+  })
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  t.teardown(() => server.close())
+  return `http://127.0.0.1:${(server.address() as net.AddressInfo).port}`
+}
+
+const config = (upstream: string, routes = '  - { name: all, pathPrefix: /, upstream: backend }'): string => `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${upstream}] }
+routes:
+${routes}
+`
+
+t.test('an upstream 304 with Content-Length and no body is relayed as a 304', async t => {
+  const gw = await startGateway(t, config(await rawUpstream(t)))
+  const reply = await rawRequest(gw.port, 'GET /304 HTTP/1.1\r\nHost: a\r\nIf-None-Match: "v1"\r\n')
+  t.equal(reply.status, 304)
+  t.equal(reply.headers.etag, '"v1"')
+  t.match(gw.lines.find(l => l.msg === 'request' && l.path === '/304'), { status: 304, error: undefined }, 'logged as a success')
+  t.equal((await rawRequest(gw.port, 'GET /ok HTTP/1.1\r\nHost: a\r\n')).status, 200, 'the next request is fine')
+})
+
+t.test('an upstream 100 Continue (even twice) then the final response: the final response is relayed', async t => {
+  const gw = await startGateway(t, config(await rawUpstream(t)))
+  const get = await rawRequest(gw.port, 'GET /continue HTTP/1.1\r\nHost: a\r\n')
+  t.equal(get.status, 200)
+  t.equal(get.body, 'final')
+  const post = await rawRequest(gw.port, 'POST /continue HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n', 'data')
+  t.equal(post.status, 200, 'with a request body too')
+  t.equal(post.body, 'final')
+  t.equal((await rawRequest(gw.port, 'GET /ok HTTP/1.1\r\nHost: a\r\n')).body, 'ok', 'the pooled connection still reads the next response right')
+  t.equal(gw.lines.filter(l => l.msg === 'request' && l.error !== undefined).length, 0, 'no error logged')
+})
+
+t.test('an invalid upstream status (600) or an unknown transfer coding gets 502, counted as an upstream error', async t => {
+  const gw = await startGateway(t, config(await rawUpstream(t)))
+  for (const path of ['/600', '/gzip-chunked']) {
+    const reply = await rawRequest(gw.port, `GET ${path} HTTP/1.1\r\nHost: a\r\n`)
+    t.equal(reply.status, 502, `${path}: 502`)
+    t.equal(reply.json?.error, 'GW_ERR_UPSTREAM_BAD_RESPONSE')
+  }
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { kind: 'bad_response' }), 2)
+})
+
+t.test('a request with a transfer coding other than chunked gets 501 and never reaches the upstream', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, config(upstream.url))
+  const reply = await rawRequest(gw.port, 'POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n', '2\r\nok\r\n0\r\n\r\n')
+  t.equal(reply.status, 501)
+  t.equal(reply.json?.error, 'GW_ERR_NOT_IMPLEMENTED')
+  t.equal(upstream.requests, 0)
+  const chunked = await rawRequest(gw.port, 'POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n', '2\r\nok\r\n0\r\n\r\n')
+  t.equal(chunked.status, 200, 'plain chunked passes')
+})
+
+t.test('TRACE gets 405 unless a route lists it; a method no route of the path accepts gets 405 with Allow', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, config(upstream.url, `  - { name: login, path: /login, methods: [POST], upstream: backend }
+  - { name: debug, pathPrefix: /debug/, methods: [GET, TRACE], upstream: backend }
+  - { name: all, pathPrefix: /api/, upstream: backend }`))
+  const trace = await rawRequest(gw.port, 'TRACE /api/x HTTP/1.1\r\nHost: a\r\nCookie: session=secret\r\n')
+  t.equal(trace.status, 405, 'TRACE on a route without methods')
+  t.equal(trace.json?.error, 'GW_ERR_METHOD_NOT_ALLOWED')
+  t.equal(trace.headers.allow, 'GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS', 'Allow lists what the route takes, without TRACE')
+  t.equal((await rawRequest(gw.port, 'TRACE /debug/x HTTP/1.1\r\nHost: a\r\n')).status, 200, 'a route that lists TRACE takes it')
+  const get = await rawRequest(gw.port, 'GET /login HTTP/1.1\r\nHost: a\r\n')
+  t.equal(get.status, 405, 'GET on a POST-only path: 405, not 404')
+  t.equal(get.headers.allow, 'POST')
+  t.equal((await rawRequest(gw.port, 'GET /nowhere HTTP/1.1\r\nHost: a\r\n')).status, 404, 'a path no route has: 404')
+  t.same(upstream.log, ['/debug/x'], 'only the listed TRACE reached the upstream')
+})
+
+t.test('an upstream host name that does not resolve is logged and counted as dns, not refused', async t => {
+  // .invalid never resolves (RFC 6761 §6.4)
+  const gw = await startGateway(t, config('http://gw-test.invalid:80'))
+  const reply = await rawRequest(gw.port, 'GET /x HTTP/1.1\r\nHost: a\r\n')
+  t.equal(reply.status, 502)
+  t.equal(reply.json?.error, 'GW_ERR_UPSTREAM_DNS')
+  t.match(gw.lines.find(l => l.msg === 'request' && l.path === '/x'), { error: 'dns' })
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { kind: 'dns' }), 1)
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { kind: 'refused' }), 0)
+})
