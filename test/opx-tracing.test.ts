@@ -57,7 +57,7 @@ t.test('no traceparent, or an invalid one: a new trace, propagated and logged', 
     '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra' // version 00 with more fields
   ]
   const seen = new Set<string>()
-  for (const [i, header] of invalid.entries()) {
+  for (const header of invalid) {
     const headers: Record<string, string> = {}
     if (header !== undefined) headers.traceparent = header
     const res = await fetch(`${gw.url}/x`, { headers })
