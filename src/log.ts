@@ -64,7 +64,10 @@ export function compileQueryRedactor (names: readonly string[] = DEFAULT_REDACT_
       const eq = part.indexOf('=')
       const rawName = eq === -1 ? part : part.slice(0, eq)
       let name = rawName
-      try { name = decodeURIComponent(rawName.replace(/\+/g, ' ')) } catch { /* malformed escape: compare as written */ }
+      // decoding is the slow part: only names with an escape need it
+      if (rawName.includes('%') || rawName.includes('+')) {
+        try { name = decodeURIComponent(rawName.replace(/\+/g, ' ')) } catch { /* malformed escape: compare as written */ }
+      }
       if (redacted.has(name.toLowerCase())) {
         parts[i] = `${rawName}=[redacted]`
         changed = true

@@ -21,6 +21,7 @@ import { limitsFor } from './limit/plan.js'
 const ANONYMOUS: IdentityResult = Object.freeze({ ok: true, user: null })
 import type { Telemetry } from './telemetry.js'
 import type { Logger } from './log.js'
+import { setTrace, traceOf } from './tracing.js'
 
 export interface PipelineState {
   /** The live runtime; read once per request so a reload never changes a request mid-way. */
@@ -54,6 +55,8 @@ interface Admission {
   clientIp: string
   ipKey: string
   user: string | null
+  /** Milliseconds the limiter waited on its store (Redis) for this request; 0 when decided in process. */
+  storeMs: number
 }
 
 type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown>, headers?: ReadonlyArray<readonly [string, string]>, ipKey: string }
@@ -99,7 +102,7 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   // Servlet containers and others strip ";params" from path segments: "/admin;x=1" would miss an
   // "/admin" route here, fall through to a catch-all and be served as /admin upstream.
   if (!route.allowPathParams && normalized.path.includes(';')) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: 'path parameters (";") are not allowed on this route (allowPathParams)' }, ipKey: client.key }
-  return { ok: true, admission: { route, path: normalized.path + query, clientIp: client.ip, ipKey: client.key, user: null } }
+  return { ok: true, admission: { route, path: normalized.path + query, clientIp: client.ip, ipKey: client.key, user: null, storeMs: 0 } }
 }
 
 /**
@@ -125,7 +128,13 @@ function identifyAndLimit (rt: Runtime, req: IncomingMessage, a: Admission, requ
     }
     a.user = identity.user
     const verdict = rt.limiter.check({ route: a.route.name, plan: limitsFor(a.route, identity.plan ?? null), ipKey: a.ipKey, user: a.user, requestId })
-    if (verdict instanceof Promise) verdict.then(v => next(identity, v)).catch(fail)
+    if (verdict instanceof Promise) {
+      const asked = performance.now()
+      verdict.then(v => {
+        a.storeMs = performance.now() - asked
+        next(identity, v)
+      }).catch(fail)
+    }
     else next(identity, verdict)
   }
   try {
@@ -153,6 +162,7 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
     rt.activity.inflight++
     const trustedPeer = rt.isTrustedPeer(req.socket.remoteAddress)
     const requestId = requestIdOf(req, trustedPeer)
+    setTrace(req, rt.tracer.start(req, Date.now()))
     const early = routeRequest(state, rt, req)
     const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
     if (shed !== null && shed.kind === 'reject') {
@@ -245,6 +255,7 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
     rt.activity.inflight++
     const trustedPeer = rt.isTrustedPeer(req.socket.remoteAddress)
     const requestId = requestIdOf(req, trustedPeer)
+    setTrace(req, rt.tracer.start(req, Date.now()))
     socket.on('error', () => socket.destroy())
     const fail = (status: number, payload: Record<string, unknown>, a: Admission | null, headers?: ReadonlyArray<readonly [string, string]>, outcome: string | null = null, limit: string | null = null): void => {
       const sent = writeRawError(socket, status, { ...payload, requestId }, requestId, headers)
@@ -320,6 +331,7 @@ function trackWebSocket (state: PipelineState, rt: Runtime, req: IncomingMessage
     if (!state.logger.isLevelEnabled('info')) return
     state.logger.info({
       requestId,
+      traceId: traceOf(req)?.traceId,
       ip: a.clientIp,
       user: a.user ?? undefined,
       path: rt.redactQuery(a.path),
@@ -356,9 +368,24 @@ function finish (
   const route = a?.route.name ?? '-'
   state.telemetry.request(route, req.method ?? 'GET', status, seconds)
   if (outcome === 'rejected') state.telemetry.clientRejected(a?.clientIp ?? req.socket.remoteAddress ?? '-', a?.user ?? null)
+  const trace = traceOf(req)
+  if (trace !== undefined && trace.span !== null) {
+    rt.tracer.end(trace, {
+      route,
+      method: req.method ?? 'GET',
+      status,
+      outcome,
+      limit,
+      upstream: a?.route.upstream ?? null,
+      target: result?.target ?? null,
+      redisMs: a?.storeMs ?? 0,
+      error: result?.errorKind ?? null
+    })
+  }
   if (state.logger.isLevelEnabled('info')) {
     state.logger.info({
       requestId,
+      traceId: trace?.traceId,
       ip: a?.clientIp ?? req.socket.remoteAddress,
       user: a?.user ?? undefined,
       method: req.method,

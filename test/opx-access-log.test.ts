@@ -11,12 +11,14 @@ import { startUpstream } from './helpers/upstream.js'
 type Line = Record<string, unknown>
 const sleep = (ms: number): Promise<void> => new Promise(resolve => setTimeout(resolve, ms))
 
-function send (port: number, path: string, headers: Record<string, string> = {}): Promise<{ status: number, bytes: number }> {
+// The request id is the gateway's (a client's X-Request-Id is believed from trusted proxies only):
+// lines are found by the id the response carries.
+function send (port: number, path: string, headers: Record<string, string> = {}): Promise<{ status: number, bytes: number, id: string }> {
   return new Promise((resolve, reject) => {
     const req = http.request({ host: '127.0.0.1', port, path, headers, agent: false }, res => {
       let bytes = 0
       res.on('data', (c: Buffer) => { bytes += c.length })
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, bytes }))
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, bytes, id: String(res.headers['x-request-id']) }))
     })
     req.on('error', reject)
     req.end()
@@ -48,26 +50,26 @@ routes:
 `)
   const byId = (id: string): Promise<Line> => lineOf(gw.lines, l => l.msg === 'request' && l.requestId === id)
 
-  const notFound = await send(gw.port, '/nowhere', { 'x-request-id': 'nf', 'user-agent': 'probe/1.0', host: 'edge.example' })
+  const notFound = await send(gw.port, '/nowhere', { 'user-agent': 'probe/1.0', host: 'edge.example' })
   t.equal(notFound.status, 404)
   t.ok(notFound.bytes > 0)
-  t.match(await byId('nf'), { status: 404, bytesOut: notFound.bytes, host: 'edge.example', userAgent: 'probe/1.0', route: '-' })
+  t.match(await byId(notFound.id), { status: 404, bytesOut: notFound.bytes, host: 'edge.example', userAgent: 'probe/1.0', route: '-' })
 
-  const unauthorized = await send(gw.port, '/api/x', { 'x-request-id': 'ua' })
+  const unauthorized = await send(gw.port, '/api/x')
   t.equal(unauthorized.status, 401)
-  const ua = await byId('ua')
+  const ua = await byId(unauthorized.id)
   t.match(ua, { status: 401, bytesOut: unauthorized.bytes, outcome: 'unauthorized' })
   t.equal(ua.limit, undefined, 'no limit was involved')
 
-  const ok = await send(gw.port, '/api/x', { 'x-request-id': 'ok', 'x-user': 'alice' })
+  const ok = await send(gw.port, '/api/x', { 'x-user': 'alice' })
   t.equal(ok.status, 200)
-  const okLine = await byId('ok')
+  const okLine = await byId(ok.id)
   t.equal(okLine.outcome, undefined, 'forwarded: no outcome of the gateway\'s own')
   t.equal(okLine.bytesOut, ok.bytes)
 
-  const limited = await send(gw.port, '/api/x', { 'x-request-id': 'rl', 'x-user': 'alice' })
+  const limited = await send(gw.port, '/api/x', { 'x-user': 'alice' })
   t.equal(limited.status, 429)
-  t.match(await byId('rl'), { status: 429, bytesOut: limited.bytes, outcome: 'rejected', limit: 'api.ip' })
+  t.match(await byId(limited.id), { status: 429, bytesOut: limited.bytes, outcome: 'rejected', limit: 'api.ip' })
 })
 
 t.test('query parameters named in log.redactQuery are redacted (default list, then a custom one)', async t => {
@@ -82,19 +84,19 @@ routes:
 `
   const gw = await startGateway(t, yaml(''))
   const path = '/x?token=abc&q=1&API_KEY=k1&Signature=s&password=p&secret=z&key=kk&other=2'
-  const r = await send(gw.port, path, { 'x-request-id': 'rq' })
+  const r = await send(gw.port, path)
   t.equal(r.status, 200)
   // the upstream still gets the query as sent: only the log line is redacted
   t.equal(up.log.at(-1), path)
-  const line = await lineOf(gw.lines, l => l.requestId === 'rq')
+  const line = await lineOf(gw.lines, l => l.requestId === r.id)
   t.equal(line.path, '/x?token=[redacted]&q=1&API_KEY=[redacted]&Signature=[redacted]&password=[redacted]&secret=[redacted]&key=[redacted]&other=2')
-  const noQuery = await send(gw.port, '/plain', { 'x-request-id': 'nq' })
+  const noQuery = await send(gw.port, '/plain')
   t.equal(noQuery.status, 200)
-  t.equal((await lineOf(gw.lines, l => l.requestId === 'nq')).path, '/plain')
+  t.equal((await lineOf(gw.lines, l => l.requestId === noQuery.id)).path, '/plain')
 
   const custom = await startGateway(t, yaml('log: { redactQuery: [q, sig] }'))
-  await send(custom.port, '/x?token=abc&q=1&sig=2', { 'x-request-id': 'rc' })
-  t.equal((await lineOf(custom.lines, l => l.requestId === 'rc')).path, '/x?token=abc&q=[redacted]&sig=[redacted]')
+  const rc = await send(custom.port, '/x?token=abc&q=1&sig=2')
+  t.equal((await lineOf(custom.lines, l => l.requestId === rc.id)).path, '/x?token=abc&q=[redacted]&sig=[redacted]')
 })
 
 t.test('a WebSocket gets a closing line with its duration and bytes both ways', async t => {
@@ -106,8 +108,12 @@ upstreams:
 routes:
   - { name: ws, pathPrefix: /ws, upstream: backend, websocket: true }
 `)
-  const ws = new WebSocket(`ws://127.0.0.1:${gw.port}/ws?token=secret`, { headers: { 'x-request-id': 'wsl' } })
-  await once(ws, 'open')
+  const ws = new WebSocket(`ws://127.0.0.1:${gw.port}/ws?token=secret`)
+  // 'open' follows 'upgrade' in the same tick: both are awaited from the start
+  const opened = once(ws, 'open')
+  const [upgrade] = await once(ws, 'upgrade') as [http.IncomingMessage]
+  const wsl = String(upgrade.headers['x-request-id'])
+  await opened
   const message = 'm'.repeat(1000)
   ws.send(message)
   const [echo] = await once(ws, 'message') as [Buffer]
@@ -116,13 +122,13 @@ routes:
   t.match(open, /^gateway_websockets_open\{route="ws"\} 1$/m)
   await sleep(300)
   ws.close()
-  const closed = await lineOf(gw.lines, l => l.msg === 'websocket closed' && l.requestId === 'wsl')
+  const closed = await lineOf(gw.lines, l => l.msg === 'websocket closed' && l.requestId === wsl)
   t.match(closed, { route: 'ws', target: up.url, path: '/ws?token=[redacted]' })
   // a 1000-byte text frame: 4 bytes of header (+4 of mask from the client), both ways, plus the close frames
   t.ok((closed.bytesIn as number) >= 1008 && (closed.bytesIn as number) < 1100, `bytesIn ${String(closed.bytesIn)}`)
   t.ok((closed.bytesOut as number) >= 1004 && (closed.bytesOut as number) < 1100, `bytesOut ${String(closed.bytesOut)}`)
   t.ok((closed.durationMs as number) >= 250, `durationMs ${String(closed.durationMs)}`)
-  t.match(gw.lines.find(l => l.msg === 'request' && l.requestId === 'wsl'), { status: 101 })
+  t.match(gw.lines.find(l => l.msg === 'request' && l.requestId === wsl), { status: 101 })
   const after = await (await fetch(`${gw.adminUrl}/metrics`)).text()
   t.match(after, /^gateway_websockets_open\{route="ws"\} 0$/m)
 })

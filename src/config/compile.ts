@@ -16,6 +16,7 @@ import { Limiter } from '../limit/limiter.js'
 import type { ResourceCache } from './resources.js'
 import type { Telemetry } from '../telemetry.js'
 import { compileQueryRedactor } from '../log.js'
+import type { RequestTracer } from '../tracing.js'
 
 export interface CompiledRoute {
   readonly name: string
@@ -77,6 +78,8 @@ export interface Runtime {
   readonly activity: { inflight: number }
   /** The access log's path with the values of `log.redactQuery` parameters replaced. */
   readonly redactQuery: (path: string) => string
+  /** W3C trace context for every request; spans exported when `tracing.otlp` is set. */
+  readonly tracer: RequestTracer
 }
 
 export function serverSettings (config: GatewayConfig): ServerSettings {
@@ -237,6 +240,7 @@ export async function compileRuntime (
     server,
     trustedProxiesEmpty: (config.trustedProxies ?? []).length === 0,
     activity: { inflight: 0 },
-    redactQuery: compileQueryRedactor(config.log?.redactQuery)
+    redactQuery: compileQueryRedactor(config.log?.redactQuery),
+    tracer: resources.tracer(config)
   })
 }

@@ -80,6 +80,7 @@ export function effectiveConfig (c: GatewayConfig, s: ServerSettings = serverSet
         }
       : {}),
     ...(identity !== undefined ? { identity } : {}),
+    ...(c.tracing !== undefined ? { tracing: { ...c.tracing, serviceName: c.tracing.serviceName ?? 'edge-gateway' } } : {}),
     ...(c.local !== undefined ? { local: { ...c.local, burst: c.local.burst ?? c.local.limit, maxKeys: c.local.maxKeys ?? 100_000 } } : {}),
     ...(c.limits !== undefined ? { limits: limits(c.limits, onError) } : {}),
     upstreams: Object.fromEntries(Object.entries(c.upstreams).map(([name, up]) => {

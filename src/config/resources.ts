@@ -16,6 +16,8 @@ import { DEFAULT_LEASE_TTL_MS } from '../limit/plan.js'
 import type { LimitStore } from '../limit/types.js'
 import type { Telemetry } from '../telemetry.js'
 import type { Logger } from '../log.js'
+import { PROPAGATING_TRACER, type RequestTracer } from '../tracing.js'
+import { createOtlpTracer, type OtlpTracer } from '../otlp.js'
 import { Cluster, type Redis } from 'ioredis'
 import { ResetBus, deleteRedisKeys, peekRedis, type ResetMessage } from '../limit/limit-admin.js'
 import type { PeekResult } from '../limit/memory-store.js'
@@ -52,6 +54,8 @@ export class ResourceCache {
   private memory: { readonly store: MemoryStore, readonly maxKeys: number, readonly leases: LeaseKeeper } | null = null
   private readonly denies = new Map<string, DenyCache>()
   private readonly redis = new Map<string, RedisBundle>()
+  /** Span exporters by collector: kept across reloads that do not change `tracing`. */
+  private readonly tracers = new Map<string, OtlpTracer>()
 
   /** One per gateway, across reloads: a reload must not hand out a second full budget. */
   private readonly bodies = new BodyBudget(0)
@@ -74,6 +78,15 @@ export class ResourceCache {
       }
     }
     return pool
+  }
+
+  tracer (config: GatewayConfig): RequestTracer {
+    const t = config.tracing
+    if (t === undefined) return PROPAGATING_TRACER
+    const key = tracerKey(config) as string
+    let tracer = this.tracers.get(key)
+    if (tracer === undefined) this.tracers.set(key, tracer = createOtlpTracer(t.otlp, t.serviceName ?? 'edge-gateway'))
+    return tracer
   }
 
   localLevel (config: GatewayConfig): LocalLevel | null {
@@ -270,6 +283,13 @@ export class ResourceCache {
       closing.push(this.memory.store.close())
       this.memory = null
     }
+    const liveTracer = tracerKey(config)
+    for (const [key, tracer] of this.tracers) {
+      if (key !== liveTracer) {
+        this.tracers.delete(key)
+        closing.push(tracer.shutdown())
+      }
+    }
     const liveRedis = config.redis === undefined ? null : redisConnectionKey(config.redis)
     for (const [key, bundle] of this.redis) {
       if (key !== liveRedis) {
@@ -285,6 +305,9 @@ export class ResourceCache {
     for (const pool of this.pools.values()) closing.push(pool.close())
     if (this.memory !== null) closing.push(this.memory.store.close())
     for (const bundle of this.redis.values()) closing.push(closeRedis(bundle))
+    // buffered spans are exported before the gateway stops
+    for (const tracer of this.tracers.values()) closing.push(tracer.shutdown())
+    this.tracers.clear()
     this.pools.clear()
     this.memory = null
     this.redis.clear()
@@ -333,4 +356,9 @@ async function closeRedis (bundle: RedisBundle): Promise<void> {
   await bundle.heartbeat.stop()
   await bundle.store.close()
   bundle.client.disconnect()
+}
+
+function tracerKey (config: GatewayConfig): string | null {
+  const t = config.tracing
+  return t === undefined ? null : JSON.stringify([t.otlp, t.serviceName ?? 'edge-gateway'])
 }

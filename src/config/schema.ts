@@ -203,6 +203,10 @@ export const configSchema = z.strictObject({
   }).optional(),
   tls: z.strictObject({ cert: z.string(), key: z.string() }).optional(),
   redis: redisSchema.optional(),
+  tracing: z.strictObject({
+    otlp: httpUrl.describe('OTLP/HTTP collector: one span per request is exported there (http://collector:4318 gets /v1/traces)'),
+    serviceName: z.string().min(1).optional().describe('service.name of the exported spans; default edge-gateway')
+  }).optional(),
   identity: identitySchema.optional(),
   local: z.strictObject({
     limit: z.int().positive(),

@@ -1,0 +1,64 @@
+// `tracing: { otlp: URL }`: one span per request, exported over OTLP/HTTP with the OpenTelemetry
+// JS SDK in batches (a collector that is slow or down costs a dropped batch, never a request).
+// Only this module imports the SDK; the pipeline sees the RequestTracer interface of tracing.ts.
+import type { IncomingMessage } from 'node:http'
+import { ROOT_CONTEXT, SpanKind, SpanStatusCode, TraceFlags, trace as otelTrace, type Span, type Tracer } from '@opentelemetry/api'
+import { BatchSpanProcessor, TracerProvider } from '@opentelemetry/sdk-trace'
+import { resourceFromAttributes } from '@opentelemetry/resources'
+import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http'
+import { parseTraceparent, traceparentOf, type RequestTracer, type SpanEnd, type TraceContext } from './tracing.js'
+
+export interface OtlpTracer extends RequestTracer {
+  /** Exports what is buffered, then stops. */
+  shutdown (): Promise<void>
+}
+
+/** A bare collector address (`http://collector:4318`) gets the OTLP/HTTP traces path. */
+export function otlpTracesUrl (url: string): string {
+  const u = new URL(url)
+  if (u.pathname === '/' || u.pathname === '') u.pathname = '/v1/traces'
+  return u.toString()
+}
+
+export function createOtlpTracer (url: string, serviceName: string): OtlpTracer {
+  const provider = new TracerProvider({
+    resource: resourceFromAttributes({ 'service.name': serviceName }),
+    spanProcessors: [new BatchSpanProcessor({ exporter: new OTLPTraceExporter({ url: otlpTracesUrl(url) }), scheduledDelayMillis: 500 })]
+  })
+  const tracer: Tracer = provider.getTracer('edge-gateway')
+  return {
+    start (req: IncomingMessage, startedAtMs: number): TraceContext {
+      const parent = parseTraceparent(req.headers.traceparent)
+      const context = parent === null
+        ? ROOT_CONTEXT
+        : otelTrace.setSpanContext(ROOT_CONTEXT, { traceId: parent.traceId, spanId: parent.parentSpanId, traceFlags: parseInt(parent.flags, 16), isRemote: true })
+      const span = tracer.startSpan(req.method ?? 'GET', {
+        kind: SpanKind.SERVER,
+        startTime: startedAtMs,
+        attributes: { 'http.request.method': req.method ?? 'GET', 'url.path': (req.url ?? '/').split('?')[0] ?? '/' }
+      }, context)
+      const sc = span.spanContext()
+      // the SDK decides sampling (parent-based): the flags sent on are its decision
+      const flags = (sc.traceFlags & TraceFlags.SAMPLED) === TraceFlags.SAMPLED ? '01' : '00'
+      const trace: TraceContext = { traceId: sc.traceId, spanId: sc.spanId, parentSpanId: parent?.parentSpanId ?? null, flags, span }
+      req.headers.traceparent = traceparentOf(trace)
+      return trace
+    },
+    end (trace: TraceContext, e: SpanEnd): void {
+      const span = trace.span as Span
+      span.updateName(`${e.method} ${e.route}`)
+      span.setAttribute('http.route', e.route)
+      span.setAttribute('http.response.status_code', e.status)
+      span.setAttribute('gateway.redis.duration_ms', Math.round(e.redisMs * 1000) / 1000)
+      if (e.outcome !== null) span.setAttribute('gateway.outcome', e.outcome)
+      if (e.limit !== null) span.setAttribute('gateway.limit', e.limit)
+      if (e.upstream !== null) span.setAttribute('gateway.upstream', e.upstream)
+      if (e.target !== null) span.setAttribute('gateway.upstream.target', e.target)
+      if (e.error !== null) span.setAttribute('error.type', e.error)
+      // OTel HTTP semantic conventions: a server span is an error for 5xx only
+      if (e.status >= 500) span.setStatus({ code: SpanStatusCode.ERROR })
+      span.end()
+    },
+    shutdown: () => provider.shutdown()
+  }
+}

@@ -1,0 +1,164 @@
+// W3C Trace Context through a real gateway: the upstream gets a traceparent naming the gateway's
+// span (the caller's trace kept, or a new one), and the access log line carries the trace id.
+import t from 'tap'
+import { once } from 'node:events'
+import type { IncomingMessage } from 'node:http'
+import { WebSocket } from 'ws'
+import { startGateway } from './helpers/gateway.js'
+import { startHttpServer, startUpstream, type EchoBody } from './helpers/upstream.js'
+import { startRedis } from './helpers/redis.js'
+
+type Line = Record<string, unknown>
+const TRACEPARENT = /^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/
+const sleep = (ms: number): Promise<void> => new Promise(resolve => setTimeout(resolve, ms))
+
+async function lineOf (lines: Line[], requestId: string, msg = 'request'): Promise<Line> {
+  for (let i = 0; i < 500; i++) {
+    const found = lines.find(l => l.msg === msg && l.requestId === requestId)
+    if (found !== undefined) return found
+    await sleep(10)
+  }
+  throw new Error(`no ${msg} line for ${requestId}`)
+}
+
+const config = (upstream: string): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: ["${upstream}"] }
+routes:
+  - { name: api, pathPrefix: /, upstream: backend, websocket: true }
+`
+
+t.test('a caller\'s traceparent: same trace upstream, the gateway\'s span as parent, trace id logged', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url))
+  const incoming = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'
+  const res = await fetch(`${gw.url}/x`, { headers: { traceparent: incoming, tracestate: 'vendor=1' } })
+  const echo = await res.json() as EchoBody
+  const sent = TRACEPARENT.exec(echo.headers.traceparent as string)
+  t.ok(sent !== null, `upstream got a valid traceparent: ${String(echo.headers.traceparent)}`)
+  const [, traceId, parentId, flags] = sent as RegExpExecArray
+  t.equal(traceId, '4bf92f3577b34da6a3ce929d0e0e4736', 'the caller\'s trace')
+  t.not(parentId, '00f067aa0ba902b7', 'the parent is the gateway\'s span, not the caller\'s')
+  t.equal(flags, '01', 'the sampled flag is kept')
+  t.equal(echo.headers.tracestate, 'vendor=1', 'tracestate passes through')
+  t.equal((await lineOf(gw.lines, res.headers.get('x-request-id') ?? '')).traceId, '4bf92f3577b34da6a3ce929d0e0e4736')
+})
+
+t.test('no traceparent, or an invalid one: a new trace, propagated and logged', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url))
+  const invalid = [
+    undefined,
+    '00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01', // uppercase
+    '00-00000000000000000000000000000000-00f067aa0ba902b7-01', // zero trace id
+    '00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01', // zero parent id
+    'ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', // version ff
+    '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra' // version 00 with more fields
+  ]
+  const seen = new Set<string>()
+  for (const header of invalid) {
+    const headers: Record<string, string> = {}
+    if (header !== undefined) headers.traceparent = header
+    const res = await fetch(`${gw.url}/x`, { headers })
+    const echo = await res.json() as EchoBody
+    const sent = TRACEPARENT.exec(echo.headers.traceparent as string)
+    t.ok(sent !== null, `${String(header)}: upstream got a valid traceparent`)
+    const traceId = (sent as RegExpExecArray)[1] as string
+    t.not(traceId, '4bf92f3577b34da6a3ce929d0e0e4736', `${String(header)}: a new trace`)
+    t.equal((await lineOf(gw.lines, res.headers.get('x-request-id') ?? '')).traceId, traceId, 'the logged trace id is the propagated one')
+    seen.add(traceId)
+  }
+  t.equal(seen.size, invalid.length, 'every new trace has its own id')
+  // a later version is read by its first four fields (W3C Trace Context §3.2.4)
+  const future = await (await fetch(`${gw.url}/x`, { headers: { traceparent: 'cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-the-future-holds' } })).json() as EchoBody
+  t.match(future.headers.traceparent, /^00-4bf92f3577b34da6a3ce929d0e0e4736-[0-9a-f]{16}-01$/)
+})
+
+t.test('a WebSocket upgrade carries the trace too, and its lines the trace id', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url))
+  const ws = new WebSocket(`ws://127.0.0.1:${gw.port}/ws`, { headers: { traceparent: '00-11111111111111111111111111111111-2222222222222222-00' } })
+  // 'open' follows 'upgrade' in the same tick: both are awaited from the start
+  const opened = once(ws, 'open')
+  const [upgrade] = await once(ws, 'upgrade') as [IncomingMessage]
+  const id = String(upgrade.headers['x-request-id'])
+  await opened
+  t.match(up.upgrades.at(-1)?.headers.traceparent, /^00-11111111111111111111111111111111-[0-9a-f]{16}-00$/)
+  ws.close()
+  t.equal((await lineOf(gw.lines, id)).traceId, '11111111111111111111111111111111')
+  t.equal((await lineOf(gw.lines, id, 'websocket closed')).traceId, '11111111111111111111111111111111')
+})
+
+interface OtlpValue { stringValue?: string, intValue?: number | string, doubleValue?: number }
+interface OtlpSpan { traceId: string, spanId: string, parentSpanId?: string, name: string, kind: number, attributes: Array<{ key: string, value: OtlpValue }>, status?: { code?: number } }
+interface OtlpExport { resourceSpans: Array<{ resource: { attributes: Array<{ key: string, value: OtlpValue }> }, scopeSpans: Array<{ spans: OtlpSpan[] }> }> }
+
+const attr = (span: OtlpSpan, key: string): string | number | undefined => {
+  const v = span.attributes.find(a => a.key === key)?.value
+  if (v === undefined) return undefined
+  return v.stringValue ?? (v.intValue !== undefined ? Number(v.intValue) : v.doubleValue)
+}
+
+t.test('tracing.otlp: one span per request, exported over OTLP/HTTP to a local receiver', async t => {
+  const exports: OtlpExport[] = []
+  const paths: string[] = []
+  const receiver = await startHttpServer(t, (req, res) => {
+    const chunks: Buffer[] = []
+    req.on('data', (c: Buffer) => chunks.push(c))
+    req.on('end', () => {
+      paths.push(`${req.method ?? ''} ${req.url ?? ''} ${req.headers['content-type'] ?? ''}`)
+      exports.push(JSON.parse(Buffer.concat(chunks).toString()) as OtlpExport)
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{}')
+    })
+  })
+  const redis = await startRedis()
+  t.teardown(() => redis.stop())
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+tracing: { otlp: "${receiver.url}", serviceName: gw-under-test }
+redis: { url: "${redis.url}" }
+upstreams:
+  backend: { targets: ["${up.url}"] }
+routes:
+  - name: api
+    pathPrefix: /
+    upstream: backend
+    limits:
+      ip: { algorithm: fixed-window, limit: 1, window: 1m }
+`)
+  const parent = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'
+  const ok = await fetch(`${gw.url}/items?id=1`, { headers: { traceparent: parent } })
+  const echo = await ok.json() as EchoBody
+  const limited = await fetch(`${gw.url}/items`)
+  t.equal(limited.status, 429)
+  await gw.close() // flushes the batch
+  const spans = exports.flatMap(e => e.resourceSpans.flatMap(r => r.scopeSpans.flatMap(s => s.spans)))
+  t.equal(spans.length, 2, 'one span per request')
+  t.match(paths[0], /^POST \/v1\/traces application\/json/, 'OTLP/HTTP on the traces path')
+  const service = exports[0]?.resourceSpans[0]?.resource.attributes.find(a => a.key === 'service.name')?.value.stringValue
+  t.equal(service, 'gw-under-test')
+
+  const first = spans.find(s => attr(s, 'http.response.status_code') === 200) as OtlpSpan
+  t.ok(first !== undefined)
+  t.equal(first.traceId, '0af7651916cd43dd8448eb211c80319c', 'the caller\'s trace')
+  t.equal(first.parentSpanId, 'b7ad6b7169203331', 'the caller\'s span is the parent')
+  t.equal(echo.headers.traceparent, `00-${first.traceId}-${first.spanId}-01`, 'the upstream\'s parent is this span')
+  t.equal(first.name, 'GET api')
+  t.equal(first.kind, 2, 'SERVER')
+  t.equal(attr(first, 'http.route'), 'api')
+  t.equal(attr(first, 'gateway.upstream'), 'backend')
+  t.equal(attr(first, 'gateway.upstream.target'), up.url)
+  t.ok((attr(first, 'gateway.redis.duration_ms') as number) > 0, `Redis time recorded: ${String(attr(first, 'gateway.redis.duration_ms'))} ms`)
+  t.equal(attr(first, 'gateway.outcome'), undefined)
+
+  const second = spans.find(s => attr(s, 'http.response.status_code') === 429) as OtlpSpan
+  t.ok(second !== undefined)
+  t.not(second.traceId, first.traceId, 'a request without traceparent starts its own trace')
+  t.equal(second.parentSpanId ?? '', '', 'a root span')
+  t.equal(attr(second, 'gateway.outcome'), 'rejected')
+  t.equal(attr(second, 'gateway.limit'), 'api.ip')
+  const logged = gw.lines.filter(l => l.msg === 'request').map(l => l.traceId)
+  t.same(logged.sort(), [first.traceId, second.traceId].sort(), 'the access log names the exported traces')
+})
