@@ -6,7 +6,7 @@ import { Cluster } from 'ioredis'
 import { startGateway } from './helpers/gateway.js'
 import { startRedisCluster } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
-import { burst, eventually, send, statusCounts } from './helpers/ratelimit.js'
+import { eventually, send } from './helpers/ratelimit.js'
 import { keySlot } from '../src/limit/keys.js'
 import { compileLimitSpec } from '../src/limit/plan.js'
 
@@ -42,15 +42,18 @@ t.test('two instances on a Cluster share `user: 2`; refusals by either kind take
   const a = await startGateway(t, config(up.url))
   const b = await startGateway(t, config(up.url))
   const replies = await Promise.all(Array.from({ length: 20 }, (_, i) => send(`${(i % 2 === 0 ? a : b).url}/slow?ms=1500`, ALICE)))
-  t.same(statusCounts(replies), { 200: 2, 429: 18 }, 'exactly 2 admitted across both instances')
+  // Never more than the cap; under load a refusal may be the rate limit's while a concurrent
+  // request's units are on their way back from the other slot (briefly under-admitting), so 1 or 2.
+  const admitted = replies.filter(r => r.status === 200).length
+  t.ok(admitted >= 1 && admitted <= 2, `at most 2 admitted across both instances (${admitted})`)
+  t.equal(admitted + replies.filter(r => r.status === 429).length, 20, 'every other request refused with 429')
   // A refusal may also be the rate limit's: units a concurrent request is about to have refunded
   // from the other slot (README: never over-admit, at worst briefly under-admit).
   t.ok(replies.filter(r => r.status === 429).every(r => r.json?.error === 'GW_ERR_CONCURRENCY_LIMITED' || r.json?.error === 'rate_limited'), 'every refusal is the cap\'s or the rate limit\'s')
   t.ok(replies.some(r => r.json?.error === 'GW_ERR_CONCURRENCY_LIMITED'), 'the cap refused some')
   await eventually('leases back', async () => await reader.zcard(leaseKey) === 0, 3000)
-  // the 18 refusals were refunded in the rate limit's slot: 6 - 2 = 4 left
-  t.same(statusCounts(await burst(2, `${a.url}/slow?ms=100`, ALICE)), { 200: 2 })
-  t.same(statusCounts(await burst(2, `${b.url}/slow?ms=100`, ALICE)), { 200: 2 })
+  // the refusals were refunded in the rate limit's slot: 6 - admitted left, one at a time on each instance
+  for (let i = 0; i < 6 - admitted; i++) t.equal((await send(`${(i % 2 === 0 ? a : b).url}/slow?ms=10`, ALICE)).status, 200, `request ${i + 1} of the ${6 - admitted} left`)
   const limited = await send(`${a.url}/x`, ALICE)
   t.equal(limited.json?.error, 'rate_limited', 'the seventh is refused by the rate limit')
   await eventually('the rate-limited request\'s lease was refunded', async () => await reader.zcard(leaseKey) === 0, 3000)
