@@ -147,7 +147,7 @@ routes:
   t.equal(c.ipv6Prefix, 64)
 })
 
-t.test('${VAR} is substituted in string values and API-key map keys only: not into numbers', async t => {
+t.test('${VAR} is substituted in string values and API-key map keys, never into numbers', async t => {
   const yaml = `
 upstreams:
   backend: { targets: ["\${BACKEND:-http://127.0.0.1:3000}"] }
