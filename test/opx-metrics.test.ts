@@ -24,7 +24,7 @@ routes:
     stripPrefix: /api
     upstream: backend
     limits:
-      ip: { algorithm: fixed-window, limit: 3, window: 1m }
+      ip: { algorithm: fixed-window, limit: 3, window: 1h }
   - { name: gone, pathPrefix: /gone/, upstream: dead }
 `)
   const statuses: number[] = []
