@@ -1,6 +1,7 @@
 // pino JSON logs. Secrets never reach a log line: credentials are redacted by path, and the
 // config is logged only in its redacted form (see admin/redact.ts).
 import { pino, type Logger as PinoLogger, type DestinationStream } from 'pino'
+import { LogSink, type LogSinkOptions } from './log-sink.js'
 
 export type Logger = PinoLogger
 export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent'
@@ -16,31 +17,116 @@ const REDACT_PATHS = [
   'redis.password', 'config.redis.password', 'password', 'secret', 'token'
 ]
 
-/** Lines are written in batches of at least this many bytes, or on the flush timer. */
-export const LOG_BATCH_BYTES = 8 * 1024
-/** Longest a finished request's line waits in the buffer. */
-export const LOG_FLUSH_MS = 100
+const liveSinks = new Set<WeakRef<LogSink>>()
+let exitHookInstalled = false
 
 /**
- * stdout (or `fd`), buffered: one write per batch instead of one per line through the thread
- * pool, flushed every LOG_FLUSH_MS and, through pino, synchronously at exit (pino registers its
- * own destinations for that), so no line of a finished request is lost on SIGTERM.
+ * stdout (or `fd`), buffered and bounded (src/log-sink.ts): one write per batch instead of one
+ * per line through the thread pool, flushed every LOG_FLUSH_MS, at drain (Gateway.stop) and
+ * synchronously at exit, so no line of a finished request is lost on SIGTERM.
  */
-export function createLogDestination (fd = 1): DestinationStream {
-  const stream = pino.destination({ dest: fd, sync: false, minLength: LOG_BATCH_BYTES, maxWrite: 4 * LOG_BATCH_BYTES, periodicFlush: LOG_FLUSH_MS })
-  // Not bounded yet (as before): with sonic-boom's maxLength, or a bound kept in front of it, a
-  // destination that had dropped lines while stdout was blocked never wrote again once stdout
-  // drained (seen with sonic-boom 4.2.1). Open in issue 13.
-  return stream
+export function createLogDestination (fd = 1, options: Omit<LogSinkOptions, 'fd'> = {}): LogSink {
+  const sink = new LogSink({ ...options, fd })
+  for (const ref of liveSinks) if (ref.deref() === undefined) liveSinks.delete(ref)
+  liveSinks.add(new WeakRef(sink))
+  if (!exitHookInstalled) {
+    exitHookInstalled = true
+    process.once('exit', () => { for (const ref of liveSinks) ref.deref()?.flushSync() })
+  }
+  return sink
 }
 
+/** The sink under each logger made by createLogger: access lines are written to it directly. */
+const sinkOf = new WeakMap<Logger, LogSink>()
+
 export function createLogger (level: LogLevel = 'info', destination?: DestinationStream): Logger {
-  return pino({
+  const dest = destination ?? createLogDestination()
+  const logger = pino({
     level,
     base: { pid: process.pid },
     timestamp: pino.stdTimeFunctions.isoTime,
     redact: { paths: REDACT_PATHS, censor: '[redacted]' }
-  }, destination ?? createLogDestination())
+  }, dest)
+  if (dest instanceof LogSink) sinkOf.set(logger, dest)
+  return logger
+}
+
+/** Lines the logger's sink dropped (stdout blocked past its bound); 0 for a logger of the embedder's. */
+export function droppedLogLines (logger: Logger): number {
+  return sinkOf.get(logger)?.dropped ?? 0
+}
+
+/** One access-log line: the fields are a contract (README, access log section). */
+export interface AccessRecord {
+  readonly requestId: string
+  readonly traceId: string | undefined
+  readonly ip: string | undefined
+  readonly user: string | undefined
+  readonly method: string | undefined
+  readonly host: string | undefined
+  readonly path: string
+  readonly route: string
+  readonly target: string | undefined
+  readonly status: number
+  readonly sentStatus: number | undefined
+  readonly durationMs: number
+  readonly bytesIn: number
+  readonly bytesOut: number
+  readonly error: string | undefined
+  readonly outcome: string | undefined
+  readonly limit: string | undefined
+  readonly userAgent: string | undefined
+}
+
+export type AccessLog = (record: AccessRecord) => void
+
+const INFO = 30
+
+/**
+ * The access line of every request. On a logger made by createLogger it is serialized here and
+ * handed to the sink: the same JSON pino writes (level, time, pid, the fields in this order,
+ * msg; undefined fields left out), at a fraction of pino's cost per line (issue 13: pino's
+ * generic serializer and redaction were most of the 8-12 µs a line cost). Access records carry
+ * no credential (no headers; the path went through the query redactor), so redaction has
+ * nothing to do on them. An embedder's own logger gets the record through `info` as before.
+ */
+export function createAccessLog (logger: Logger): AccessLog {
+  const sink = sinkOf.get(logger)
+  if (sink === undefined) {
+    return record => { if (logger.isLevelEnabled('info')) logger.info(record, 'request') }
+  }
+  const pidPart = `","pid":${process.pid}`
+  let lastMs = 0
+  let lastIso = ''
+  return record => {
+    if (logger.levelVal > INFO) return
+    const now = Date.now()
+    if (now !== lastMs) {
+      lastMs = now
+      lastIso = new Date(now).toISOString()
+    }
+    let line = '{"level":30,"time":"' + lastIso + pidPart + ',"requestId":' + JSON.stringify(record.requestId)
+    if (record.traceId !== undefined) line += ',"traceId":' + JSON.stringify(record.traceId)
+    if (record.ip !== undefined) line += ',"ip":' + JSON.stringify(record.ip)
+    if (record.user !== undefined) line += ',"user":' + JSON.stringify(record.user)
+    if (record.method !== undefined) line += ',"method":' + JSON.stringify(record.method)
+    if (record.host !== undefined) line += ',"host":' + JSON.stringify(record.host)
+    line += ',"path":' + JSON.stringify(record.path) + ',"route":' + JSON.stringify(record.route)
+    if (record.target !== undefined) line += ',"target":' + JSON.stringify(record.target)
+    line += ',"status":' + numberJson(record.status)
+    if (record.sentStatus !== undefined) line += ',"sentStatus":' + numberJson(record.sentStatus)
+    line += ',"durationMs":' + numberJson(record.durationMs) + ',"bytesIn":' + numberJson(record.bytesIn) + ',"bytesOut":' + numberJson(record.bytesOut)
+    if (record.error !== undefined) line += ',"error":' + JSON.stringify(record.error)
+    if (record.outcome !== undefined) line += ',"outcome":' + JSON.stringify(record.outcome)
+    if (record.limit !== undefined) line += ',"limit":' + JSON.stringify(record.limit)
+    if (record.userAgent !== undefined) line += ',"userAgent":' + JSON.stringify(record.userAgent)
+    sink.write(line + ',"msg":"request"}\n')
+  }
+}
+
+// JSON has no NaN or Infinity: pino writes null for them, so does this
+function numberJson (n: number): string {
+  return Number.isFinite(n) ? String(n) : 'null'
 }
 
 /** Query parameters whose values never reach a log line unless `log.redactQuery` says otherwise. */

@@ -20,7 +20,7 @@ import { limitsFor } from './limit/plan.js'
 
 const ANONYMOUS: IdentityResult = Object.freeze({ ok: true, user: null })
 import type { Telemetry } from './telemetry.js'
-import type { Logger } from './log.js'
+import type { AccessLog, Logger } from './log.js'
 import { setTrace, traceOf } from './tracing.js'
 
 export interface PipelineState {
@@ -28,6 +28,8 @@ export interface PipelineState {
   runtime: Runtime
   readonly telemetry: Telemetry
   readonly logger: Logger
+  /** The access line of every request (src/log.ts: serialized without pino's generic path). */
+  readonly accessLog: AccessLog
   readonly proto: 'http' | 'https'
   readonly ws: ReturnType<typeof createWebSocketProxy>
   warnedProxyMisconfig: boolean
@@ -382,26 +384,24 @@ function finish (
       error: result?.errorKind ?? null
     })
   }
-  if (state.logger.isLevelEnabled('info')) {
-    state.logger.info({
-      requestId,
-      traceId: trace?.traceId,
-      ip: a?.clientIp ?? req.socket.remoteAddress,
-      user: a?.user ?? undefined,
-      method: req.method,
-      host: req.headers.host,
-      path: rt.redactQuery(a?.path ?? req.url ?? '/'),
-      route,
-      target: result?.target ?? undefined,
-      status,
-      sentStatus: result?.sentStatus,
-      durationMs: Math.round(seconds * 1e6) / 1e3,
-      bytesIn: result?.bytesIn ?? 0,
-      bytesOut: result?.bytesOut ?? ownBytes,
-      error: result?.errorKind ?? undefined,
-      outcome: outcome ?? undefined,
-      limit: limit ?? undefined,
-      userAgent: req.headers['user-agent']
-    }, 'request')
-  }
+  state.accessLog({
+    requestId,
+    traceId: trace?.traceId,
+    ip: a?.clientIp ?? req.socket.remoteAddress,
+    user: a?.user ?? undefined,
+    method: req.method,
+    host: req.headers.host,
+    path: rt.redactQuery(a?.path ?? req.url ?? '/'),
+    route,
+    target: result?.target ?? undefined,
+    status,
+    sentStatus: result?.sentStatus,
+    durationMs: Math.round(seconds * 1e6) / 1e3,
+    bytesIn: result?.bytesIn ?? 0,
+    bytesOut: result?.bytesOut ?? ownBytes,
+    error: result?.errorKind ?? undefined,
+    outcome: outcome ?? undefined,
+    limit: limit ?? undefined,
+    userAgent: req.headers['user-agent']
+  })
 }

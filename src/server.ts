@@ -19,7 +19,7 @@ import { describeRoutes } from './admin/dashboard.js'
 import { sendLiveFrames } from './workers.js'
 import { redactConfig } from './admin/redact.js'
 import { cutByShutdown } from './proxy/shutdown-cut.js'
-import { createLogger, type Logger, type LogLevel } from './log.js'
+import { createAccessLog, createLogger, droppedLogLines, type Logger, type LogLevel } from './log.js'
 import { writeRawError, type ErrorCode } from './errors.js'
 import { adminListen, adminToken } from './config/schema.js'
 
@@ -66,6 +66,8 @@ function listen (server: Server | HttpsServer, address: string): Promise<Address
 }
 
 const RELOAD_HISTORY = 20
+/** Longest the exit waits for the log buffer to reach stdout once the gateway has stopped. */
+const LOG_DRAIN_MS = 2000
 
 export class Gateway {
   readonly logger: Logger
@@ -100,7 +102,7 @@ export class Gateway {
   private constructor (private readonly options: GatewayOptions, logger: Logger) {
     this.logger = logger
     this.resources = new ResourceCache(logger)
-    this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth(), inflight: () => this.inflight })
+    this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth(), inflight: () => this.inflight, logDropped: () => droppedLogLines(this.logger) })
     this.live = new LiveTelemetry(this.metrics)
   }
 
@@ -156,6 +158,7 @@ export class Gateway {
       runtime,
       telemetry: this.live,
       logger: this.logger,
+      accessLog: createAccessLog(this.logger),
       proto,
       ws: createWebSocketProxy(),
       warnedProxyMisconfig: false,
@@ -391,7 +394,11 @@ export class Gateway {
       await new Promise<void>(resolve => { admin.close(() => resolve()); admin.closeAllConnections() })
     }
     this.logger.info('gateway stopped')
-    this.logger.flush()
+    // wait for the log to reach stdout, but a blocked stdout must not hold the exit forever
+    await new Promise<void>(resolve => {
+      const giveUp = setTimeout(resolve, LOG_DRAIN_MS)
+      this.logger.flush(() => { clearTimeout(giveUp); resolve() })
+    })
   }
 
   /** The effective config, secrets redacted (also served on /config). */

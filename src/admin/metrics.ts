@@ -14,6 +14,8 @@ export interface MetricsSources {
   inflight?: () => number
   /** Every target of the live upstreams with its health, read when /metrics is scraped. */
   targets?: () => Iterable<{ upstream: string, target: string, healthy: boolean }>
+  /** Log lines dropped because stdout stayed blocked past the log buffer's bound. */
+  logDropped?: () => number
 }
 
 export class GatewayMetrics implements Telemetry {
@@ -91,6 +93,16 @@ export class GatewayMetrics implements Telemetry {
       help: 'Client keys held by the local level',
       registers,
       collect () { this.set(sources.localKeys()) }
+    })
+    const logDropped = sources.logDropped
+    new Counter({
+      name: 'gateway_log_dropped_lines_total',
+      help: 'Log lines dropped because stdout stayed blocked until the log buffer was full',
+      registers,
+      collect () {
+        this.reset()
+        this.inc(logDropped === undefined ? 0 : logDropped())
+      }
     })
     for (const result of ['success', 'failure']) this.reloads.labels(result).inc(0)
     // issue 10: concurrency limits

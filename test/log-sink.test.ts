@@ -1,0 +1,171 @@
+// The log sink (issue 13): access lines written without pino's generic serializer must be the
+// very JSON pino writes, and a stdout that stops being read costs counted lines, never unbounded
+// memory, and the sink writes again once the reader is back.
+import t from 'tap'
+import { closeSync, openSync, readFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { execFileSync, spawn } from 'node:child_process'
+import { once } from 'node:events'
+import type { LogSink } from '../src/log-sink.js'
+import { request } from 'undici'
+import { createAccessLog, createLogDestination, createLogger, type AccessRecord } from '../src/log.js'
+import { Gateway } from '../src/server.js'
+import { writeConfig } from './helpers/gateway.js'
+import { startUpstream } from './helpers/upstream.js'
+
+const flushed = async (logger: ReturnType<typeof createLogger>): Promise<void> => {
+  await new Promise<void>(resolve => { logger.flush(() => resolve()) })
+}
+
+const parseLines = (file: string): Array<Record<string, unknown>> =>
+  readFileSync(file, 'utf8').split('\n').filter(l => l !== '').map(l => JSON.parse(l) as Record<string, unknown>)
+
+const RECORDS: AccessRecord[] = [
+  { requestId: 'r-1', traceId: undefined, ip: '127.0.0.1', user: undefined, method: 'GET', host: 'a.test', path: '/x?token=[redacted]', route: 'api', target: 'http://127.0.0.1:1', status: 200, sentStatus: undefined, durationMs: 1.234, bytesIn: 0, bytesOut: 101, error: undefined, outcome: undefined, limit: undefined, userAgent: 'curl/8' },
+  // every field set, and the strings a hostile client controls: quotes, backslashes, control
+  // characters, non-ASCII, a lone surrogate, a would-be field injection
+  { requestId: 'r-2', traceId: '0af7651916cd43dd8448eb211c80319c', ip: '::1', user: 'ali"ce\\', method: 'POST', host: 'h\u0000\u001f\u007f', path: '/é/😀/\ud800', route: 'r', target: undefined, status: 429, sentStatus: 200, durationMs: 0, bytesIn: 12, bytesOut: 0, error: 'reset', outcome: 'rejected', limit: 'login.ip', userAgent: '","status":999,"x":"' },
+  { requestId: 'r-3', traceId: undefined, ip: undefined, user: undefined, method: undefined, host: undefined, path: '/', route: '-', target: undefined, status: 400, sentStatus: undefined, durationMs: Number.NaN, bytesIn: 0, bytesOut: 57, error: undefined, outcome: 'bad_request', limit: undefined, userAgent: undefined }
+]
+
+t.test('an access line is the JSON pino writes for the same record: same keys, same order, same values', async t => {
+  const dir = t.testdir()
+  const fastFile = join(dir, 'fast.log')
+  const pinoFile = join(dir, 'pino.log')
+  const fastFd = openSync(fastFile, 'w')
+  const pinoFd = openSync(pinoFile, 'w')
+  t.teardown(() => { closeSync(fastFd); closeSync(pinoFd) })
+  const fastLogger = createLogger('info', createLogDestination(fastFd))
+  const pinoLogger = createLogger('info', createLogDestination(pinoFd))
+  const accessLog = createAccessLog(fastLogger)
+  for (const r of RECORDS) {
+    accessLog(r)
+    pinoLogger.info(r, 'request')
+  }
+  await flushed(fastLogger)
+  await flushed(pinoLogger)
+  const fast = parseLines(fastFile)
+  const viaPino = parseLines(pinoFile)
+  t.equal(fast.length, RECORDS.length)
+  for (let i = 0; i < RECORDS.length; i++) {
+    const { time: fastTime, ...f } = fast[i] as Record<string, unknown>
+    const { time: pinoTime, ...p } = viaPino[i] as Record<string, unknown>
+    t.same(Object.keys(f), Object.keys(p), `record ${i}: same keys in the same order`)
+    // one deliberate difference: pino writes a lone surrogate raw (it becomes U+FFFD in UTF-8),
+    // the access line escapes it, so the line stays valid JSON and keeps what the client sent
+    if (i === 1) {
+      t.equal(f.path, RECORDS[1]?.path, 'a lone surrogate survives as an escape')
+      p.path = f.path
+    }
+    t.strictSame(f, p, `record ${i}: same values`)
+    t.ok(Math.abs(Date.parse(String(fastTime)) - Date.parse(String(pinoTime))) < 5000, `record ${i}: an ISO time`)
+  }
+  t.equal(fast[1]?.userAgent, '","status":999,"x":"', 'a hostile user agent stays one string value')
+  t.equal(fast[1]?.status, 429)
+})
+
+t.test('above info, no access line is written', async t => {
+  const file = join(t.testdir(), 'warn.log')
+  const fd = openSync(file, 'w')
+  t.teardown(() => closeSync(fd))
+  const logger = createLogger('warn', createLogDestination(fd))
+  createAccessLog(logger)(RECORDS[0] as AccessRecord)
+  logger.warn('marker')
+  await flushed(logger)
+  t.same(parseLines(file).map(l => l.msg), ['marker'])
+})
+
+/**
+ * A FIFO nobody reads: writes fill the kernel's pipe buffer, then block, as a stalled stdout. At
+ * teardown a reader drains it, so the write blocked in libuv's thread pool can finish.
+ */
+function stalledPipe (t: { testdir: () => string, teardown: (fn: () => unknown) => void }): { dir: string, fifo: string, fd: number, own: (sink: LogSink) => void } {
+  // t.testdir() recreates the directory on each call: called once per test
+  const dir = t.testdir()
+  const fifo = join(dir, 'stdout.fifo')
+  execFileSync('mkfifo', [fifo])
+  // read-write open: does not wait for a reader, and keeps the pipe open with nobody reading
+  const fd = openSync(fifo, 'r+')
+  let sink: LogSink | null = null
+  t.teardown(async () => {
+    const drain = spawn('sh', ['-c', `cat "${fifo}" > /dev/null`], { stdio: 'ignore' })
+    sink?.end()
+    closeSync(fd)
+    await once(drain, 'exit')
+  })
+  return { dir, fifo, fd, own: s => { sink = s } }
+}
+
+t.test('a blocked stdout: the buffer stays bounded, drops are counted, and writing resumes once it is read again', async t => {
+  const { dir, fifo, fd, own } = stalledPipe(t)
+  const sink = createLogDestination(fd, { maxBufferBytes: 64 * 1024, batchBytes: 4096, flushMs: 10 })
+  own(sink)
+  const logger = createLogger('info', sink)
+  const pad = 'x'.repeat(150)
+  let maxPending = 0
+  for (let i = 0; i < 5000; i++) {
+    logger.info({ i, pad }, 'stalled')
+    maxPending = Math.max(maxPending, sink.pendingBytes)
+    // let the one write in flight reach the pipe and block there
+    if (i % 200 === 0) await new Promise(resolve => setTimeout(resolve, 5))
+  }
+  // about 1 MB offered, 64 KiB in the pipe and 64 KiB in the buffer: most of it must be dropped
+  t.ok(maxPending <= 64 * 1024, `pending stayed within the bound (max ${maxPending} bytes)`)
+  t.ok(sink.dropped > 3000, `${sink.dropped} lines dropped and counted`)
+
+  // a reader comes back: what was kept is delivered and new lines are written again
+  const out = join(dir, 'read.log')
+  const reader = spawn('sh', ['-c', `cat "${fifo}" > "${out}"`], { stdio: 'ignore' })
+  t.teardown(() => { reader.kill() })
+  // what was held while blocked reaches the reader first; lines offered before that are dropped
+  await flushed(logger)
+  const droppedWhileBlocked = sink.dropped
+  for (let i = 0; i < 10; i++) logger.info({ i }, 'after')
+  await flushed(logger)
+  // cat writes what it read to the file; poll its content (the server's own bytes, no timing asserted)
+  const deadline = Date.now() + 10_000
+  let lines: Array<Record<string, unknown>> = []
+  while (Date.now() < deadline) {
+    lines = parseLines(out)
+    if (lines.some(l => l.msg === 'after' && l.i === 9)) break
+    await new Promise(resolve => setTimeout(resolve, 50))
+  }
+  t.ok(lines.some(l => l.msg === 'stalled' && l.i === 0), 'the first lines, held while blocked, are delivered')
+  t.same(lines.filter(l => l.msg === 'after').map(l => l.i), [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], 'every line after the reader came back is written, in order')
+  const stalled = lines.filter(l => l.msg === 'stalled').length
+  t.equal(stalled + droppedWhileBlocked, 5000, 'each line is either delivered or counted as dropped')
+  t.equal(sink.dropped, droppedWhileBlocked, 'nothing dropped once the reader is back')
+})
+
+t.test('a gateway whose stdout is blocked keeps answering and reports the dropped lines in /metrics', async t => {
+  const up = await startUpstream(t)
+  const { fd, own } = stalledPipe(t)
+  const file = writeConfig(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+log: { level: info }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - name: all
+    pathPrefix: /
+    upstream: backend
+`)
+  const sink = createLogDestination(fd, { maxBufferBytes: 32 * 1024, batchBytes: 4096, flushMs: 10 })
+  own(sink)
+  const gw = await Gateway.start({ configFile: file, logger: createLogger('info', sink) })
+  t.teardown(() => gw.close())
+  const statuses = new Map<number, number>()
+  for (let i = 0; i < 1500; i++) {
+    const res = await request(`http://127.0.0.1:${gw.port}/r/${i}`)
+    await res.body.text()
+    statuses.set(res.statusCode, (statuses.get(res.statusCode) ?? 0) + 1)
+  }
+  t.same([...statuses], [[200, 1500]], 'every request answered 200 while the log could not be written')
+  t.ok(sink.pendingBytes <= 32 * 1024, `log buffer within its bound (${sink.pendingBytes} bytes)`)
+  const metrics = await (await request(`http://127.0.0.1:${gw.adminPort}/metrics`)).body.text()
+  const m = /^gateway_log_dropped_lines_total (\d+)$/m.exec(metrics)
+  t.ok(m, 'the metric is exposed')
+  const dropped = Number(m?.[1])
+  t.ok(dropped > 500, `${dropped} dropped lines counted`)
+  t.ok(dropped <= sink.dropped, 'the metric reads the sink\'s own count')
+})
