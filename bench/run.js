@@ -82,6 +82,7 @@ const settings = {
  * @property {string} label
  * @property {string} [config]     gateway config template in bench/configs
  * @property {boolean} [needsRedis]
+ * @property {string} [logLevel]  gateways: the log level it runs at (default warn: access log off)
  * @property {string} [url]
  * @property {string} [adminUrl]  gateways only
  * @property {number} [pid]
@@ -99,20 +100,36 @@ const contenders = [
   { id: 'gw-redis', letter: 'e', label: 'gateway, local + 4 shared on Redis', config: 'gateway-shared-redis.yaml', needsRedis: true, skipped: null, notes: [], runs: [] },
   { id: 'gw-memory', letter: 'f', label: 'gateway, local + 4 shared in-process', config: 'gateway-shared-memory.yaml', skipped: null, notes: [], runs: [] },
   { id: 'flood', letter: 'g', label: 'gateway under flood (Redis)', config: 'gateway-flood.yaml', needsRedis: true, skipped: null, notes: [], runs: [] },
-  { id: 'nginx', letter: 'h', label: 'nginx proxy_pass keepalive', skipped: null, notes: [], runs: [] }
+  { id: 'nginx', letter: 'h', label: 'nginx proxy_pass keepalive', skipped: null, notes: [], runs: [] },
+  // (e) with its access log on, stdout a pipe the bench drains: the difference to (e) is one line's cost
+  { id: 'gw-redis-log', letter: 'i', label: 'gateway (e), access log on', config: 'gateway-shared-redis.yaml', needsRedis: true, logLevel: 'info', skipped: null, notes: [], runs: [] },
+  // the peer (bench/peer): fastify + @fastify/http-proxy, and with @fastify/rate-limit on Redis (1 limit)
+  { id: 'fastify', letter: 'j', label: 'fastify + @fastify/http-proxy', skipped: null, notes: [], runs: [] },
+  { id: 'fastify-rl', letter: 'k', label: 'fastify + http-proxy + rate-limit on Redis (1 limit)', needsRedis: true, skipped: null, notes: [], runs: [] }
 ]
 /** @param {string} id */
 const byId = (id) => /** @type {Contender} */ (contenders.find((c) => c.id === id))
 
 // Order inside a round: each ratio's pair sits side by side where possible (gw-none|bare,
 // bare|gw-redis, gw-redis|direct); gw-redis|nginx is two apart. Odd rounds run it backwards.
-const ROUND_ORDER = ['gw-local', 'gw-memory', 'gw-none', 'bare', 'gw-redis', 'direct', 'nginx', 'flood']
+// (i) sits next to (e) (the access line's cost) and to (k) (the peer with its log off, as (e)).
+const ROUND_ORDER = ['gw-local', 'gw-memory', 'gw-none', 'fastify', 'bare', 'gw-redis', 'gw-redis-log', 'fastify-rl', 'direct', 'nginx', 'flood']
 const RATIOS = [
   { name: 'gateway(e) / direct', num: 'gw-redis', den: 'direct' },
   { name: 'gateway(e) / bare proxy', num: 'gw-redis', den: 'bare' },
   { name: 'gateway(e) / nginx', num: 'gw-redis', den: 'nginx' },
-  { name: 'gateway(c) / bare proxy', num: 'gw-none', den: 'bare' }
+  { name: 'gateway(c) / bare proxy', num: 'gw-none', den: 'bare' },
+  { name: 'gateway(f) / bare proxy', num: 'gw-memory', den: 'bare' },
+  { name: 'gateway(i) log on / bare proxy', num: 'gw-redis-log', den: 'bare' },
+  { name: 'gateway(i) log on / gateway(e) log off', num: 'gw-redis-log', den: 'gw-redis' },
+  { name: 'gateway(e) 4 limits / fastify+rate-limit(k) 1 limit', num: 'gw-redis', den: 'fastify-rl' },
+  { name: 'fastify(j) / bare proxy', num: 'fastify', den: 'bare' }
 ]
+// CPU µs per request of num minus den, per round: what one feature costs on its own
+const DIFFERENCES = [
+  { name: 'access line (i) - (e), CPU µs/req', num: 'gw-redis-log', den: 'gw-redis' }
+]
+const PEER_DIR = join(BENCH, 'peer')
 
 // --- starting everything ------------------------------------------------------------------
 
@@ -160,7 +177,7 @@ async function startGateway (c, env) {
     REDIS_URL: env.redisUrl ?? 'redis://127.0.0.1:1'
   })
   const args = [join(ROOT, 'bin', 'gateway'), 'start', '-c', '']
-  if (env.logFlag) args.push('--log-level', 'warn')
+  if (env.logFlag) args.push('--log-level', c.logLevel ?? 'warn')
   for (let attempt = 0; attempt < 2; attempt++) {
     const file = join(env.dir, `${c.id}.yaml`)
     writeFileSync(file, text)
@@ -419,6 +436,16 @@ function ratios () {
   })
 }
 
+function differences () {
+  return DIFFERENCES.map(({ name, num, den }) => {
+    const a = byId(num)
+    const b = byId(den)
+    if (a.skipped || b.skipped || a.runs.length === 0 || b.runs.length === 0) return { name, num, den, skipped: a.skipped ?? b.skipped ?? 'no runs' }
+    const perRound = a.runs.map((ra) => Number(ra.cpuPerReq) - Number(/** @type {Record<string, unknown>} */ (b.runs.find((x) => x.round === ra.round)).cpuPerReq))
+    return { name, num, den, cpuPerReq: spread(perRound), perRound }
+  })
+}
+
 function machineInfo () {
   /** @param {string} cmd @param {string[]} args */
   const tryRun = (cmd, args) => {
@@ -481,7 +508,7 @@ async function main () {
 
   /** @type {Awaited<ReturnType<typeof startRedis>> | null} */
   let redis = null
-  if (contenders.some((c) => !c.skipped && c.config)) {
+  if (contenders.some((c) => !c.skipped && (c.config || c.needsRedis))) {
     try {
       redis = await startRedis(dir)
     } catch (err) {
@@ -502,6 +529,15 @@ async function main () {
         const child = await startProcess('bare-proxy', process.execPath, [join(BENCH, 'bare-proxy.js'), String(port), upstreamOrigin], {
           ready: () => answers200(`http://127.0.0.1:${port}/`)
         })
+        c.url = `http://127.0.0.1:${port}`
+        pids.set(c.id, child.pid)
+      } else if (c.id === 'fastify' || c.id === 'fastify-rl') {
+        if (!existsSync(join(PEER_DIR, 'node_modules', 'fastify'))) { c.skipped = 'bench/peer not installed (npm ci --prefix bench/peer)'; continue }
+        if (c.id === 'fastify-rl' && !redis) { c.skipped = 'no redis-server'; continue }
+        const port = await freePort()
+        const args = [join(PEER_DIR, 'fastify-proxy.js'), String(port), upstreamOrigin]
+        if (c.id === 'fastify-rl') args.push(/** @type {string} */ (redis?.url))
+        const child = await startProcess(c.id, process.execPath, args, { cwd: PEER_DIR, ready: () => answers200(`http://127.0.0.1:${port}/`) })
         c.url = `http://127.0.0.1:${port}`
         pids.set(c.id, child.pid)
       } else if (c.id === 'nginx') {
@@ -567,6 +603,7 @@ async function main () {
       runs: c.runs
     })),
     ratios: ratios(),
+    differences: differences(),
     warmup
   }
   printReport(report)

@@ -19,7 +19,7 @@ function table (header, rows) {
  */
 
 /**
- * @param {{ settings: { rounds: number, durationS: number, connections: number, floodRate: number }, contenders: ContenderReport[], ratios: RatioReport[] }} report
+ * @param {{ settings: { rounds: number, durationS: number, connections: number, floodRate: number }, contenders: ContenderReport[], ratios: RatioReport[], differences?: Array<{ name: string, skipped?: string, cpuPerReq?: Spread }> }} report
  */
 export function printReport (report) {
   const { settings } = report
@@ -44,6 +44,9 @@ export function printReport (report) {
     ))
   }
   for (const r of report.ratios) if (r.skipped) console.log(`${r.name}: not measured (${r.skipped.split('\n')[0]})`)
+  for (const d of report.differences ?? []) {
+    console.log(d.skipped ? `${d.name}: not measured (${String(d.skipped).split('\n')[0]})` : `${d.name}: ${fmtSpread(d.cpuPerReq)}`)
+  }
 
   const flood = report.contenders.find((c) => c.id === 'flood' && c.summary)
   if (flood) {
