@@ -1,5 +1,5 @@
 -- limit.lua: decides every limit check of one request in one atomic call, all or nothing.
--- Appended after common.lua and the algorithm files by src/limit/scripts.ts.
+-- Appended after common.lua, the algorithm files and decide.lua by src/limit/scripts.ts.
 --
 -- KEYS[i]  the state key of check i. Keys are distinct; under Redis Cluster one call only gets
 --          keys of one hash slot (src/limit/redis-store.ts groups them).
@@ -17,9 +17,7 @@
 -- The deciding check is, when rejected, the rejecting check with the longest wait (first on a
 -- tie); when allowed, the check with the least remaining (first on a tie).
 --
--- Phase 1 evaluates every check against the current state without writing anything. Only if
--- all of them admit does phase 2 write all of them: a request rejected by one dimension
--- consumes nothing in the others, and rejected requests are never recorded.
+-- The decision itself is decide_request in decide.lua (shared with limit-batch.lua).
 
 local now = read_clock(ARGV[1])
 local id = ARGV[2]
@@ -27,50 +25,6 @@ local n = #KEYS
 if #ARGV ~= 2 + n then
   return redis.error_reply('ERR limit.lua: expected ' .. (2 + n) .. ' arguments, got ' .. #ARGV)
 end
-local now_ms = floor(now / 1000)
-if n == 0 then return { 1, 0, 0, 0, -1, 0, now_ms } end
-
--- -1 (never) is the longest wait of all.
-local function longer (a, b)
-  if a < 0 then return b >= 0 end
-  return b >= 0 and a > b
-end
-
-local params, results = {}, {}
-local rejecting, tightest = 0, 0
-for i = 1, n do
-  local p = read_params(ARGV[2 + i])
-  local algorithm = p and ALGORITHMS[p.code]
-  if not algorithm then
-    return redis.error_reply('ERR limit.lua: bad check parameters ' .. tostring(ARGV[2 + i]))
-  end
-  local r = algorithm.check(KEYS[i], p, now)
-  params[i], results[i] = p, r
-  if not r.ok then
-    if rejecting == 0 or longer(r.retry, results[rejecting].retry) then rejecting = i end
-  elseif tightest == 0 or r.remaining < results[tightest].remaining then
-    tightest = i
-  end
-end
-
-if rejecting > 0 then
-  local r = results[rejecting]
-  local retry = -1
-  if r.retry >= 0 then retry = max(1, ms_up(r.retry)) end
-  local denied = { 0, r.remaining, retry, ms_up(r.reset), rejecting - 1, 0, now_ms }
-  for i = 1, n do
-    -- An admitting check's remaining counts this request, which was not recorded: add it back.
-    if results[i].ok then denied[7 + i] = results[i].remaining + params[i].cost else denied[7 + i] = max(0, results[i].remaining) end
-  end
-  return denied
-end
-
-local reply = { 1, results[tightest].remaining, 0, ms_up(results[tightest].reset), tightest - 1, 0, now_ms }
-local delay = 0
-for i = 1, n do
-  reply[7 + i] = ALGORITHMS[params[i].code].commit(KEYS[i], params[i], now, results[i], id)
-  delay = max(delay, ms_up(results[i].delay))
-end
-reply[6] = delay
-for i = 1, n do reply[7 + n + i] = max(0, results[i].remaining) end
+local reply, problem = decide_request(KEYS, 0, ARGV, 2, n, id, now)
+if not reply then return redis.error_reply('ERR limit.lua: ' .. problem) end
 return reply

@@ -3,7 +3,8 @@ import { Cluster, type Redis } from 'ioredis'
 import { assertDecidable } from './algorithms/index.js'
 import { keySlot } from './keys.js'
 import { NO_CHECKS, longer } from './memory-store.js'
-import { CHARGE_SCRIPT, LIMIT_SCRIPT, REFUND_SCRIPT, chargeArgs, limitArgs, parseLimitReply, refundArgs, type LimitReply } from './scripts.js'
+import { createLimitBatcher, DEFAULT_MAX_BATCH } from './redis-batch.js'
+import { CHARGE_SCRIPT, LIMIT_BATCH_SCRIPT, LIMIT_SCRIPT, REFUND_SCRIPT, chargeArgs, limitArgs, parseLimitReply, refundArgs, type LimitReply } from './scripts.js'
 import type { LimitCheck, LimitDecision, LimitStore } from './types.js'
 
 // The shared store: every check of a request decided by one call of lua/limit.lua.
@@ -37,6 +38,11 @@ export interface RedisStoreOptions {
   readonly onBackgroundError?: (err: unknown) => void
   /** Namespace of the refund markers (lua/refund.lua). Default 'gw'. */
   readonly markerPrefix?: string
+  /**
+   * Most limit requests of one event-loop turn sent in one call (lua/limit-batch.lua); 1 sends
+   * one call per request. Standalone and Sentinel only; Cluster always calls per slot group.
+   */
+  readonly maxBatch?: number
 }
 
 /** A decision and every check's budget left, in the order of the checks (-1 = unknown). */
@@ -63,6 +69,7 @@ export interface RedisStore extends LimitStore {
 }
 
 interface ScriptCommands {
+  gatewayLimitBatch(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown>
   gatewayLimit(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown>
   gatewayLimitRefund(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown>
   gatewayLimitCharge(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown>
@@ -99,14 +106,16 @@ interface Group {
 }
 
 export function createRedisStore (options: RedisStoreOptions): RedisStore {
-  const { client, keyPrefix = '', nowUs, onBackgroundError, markerPrefix = 'gw' } = options
+  const { client, keyPrefix = '', nowUs, onBackgroundError, markerPrefix = 'gw', maxBatch = DEFAULT_MAX_BATCH } = options
   // defineCommand sends EVALSHA and falls back to EVAL on NOSCRIPT (a restarted or flushed
   // server), per connection; the script text is only sent when the server lacks it.
   client.defineCommand('gatewayLimit', { lua: LIMIT_SCRIPT })
+  client.defineCommand('gatewayLimitBatch', { lua: LIMIT_BATCH_SCRIPT })
   client.defineCommand('gatewayLimitRefund', { lua: REFUND_SCRIPT })
   client.defineCommand('gatewayLimitCharge', { lua: CHARGE_SCRIPT })
   const commands = client as unknown as ScriptCommands
   const isCluster = client instanceof Cluster
+  const batched = isCluster || maxBatch <= 1 ? null : createLimitBatcher(commands, maxBatch)
 
   // Request ids are not trusted to be unique (a client may send its own X-Request-Id, or the
   // same one twice): a per-store tag and counter make every call's log members unique, and the
@@ -190,6 +199,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
     const now = nowUs?.() ?? 0
     const keys = checks.map((c) => keyPrefix + c.key)
     if (isCluster) return await decideAcrossSlots(keys, checks, id, now)
+    if (batched !== null) return detailed(await batched(keys, checks, id, now), id)
     return detailed(await limit(keys, checks, id, now), id)
   }
 

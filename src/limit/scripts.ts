@@ -14,7 +14,8 @@ const LIBRARY = [
   'sliding-window.lua',
   'fixed-window.lua',
   'calendar-quota.lua',
-  'lease.lua'
+  'lease.lua',
+  'decide.lua'
 ]
 
 const read = (file: string): string => readFileSync(new URL(file, LUA_DIR), 'utf8')
@@ -22,6 +23,8 @@ const library = LIBRARY.map(read).join('\n')
 
 /** lua/limit.lua with its library: decides all checks of a request atomically, all or nothing. */
 export const LIMIT_SCRIPT = `${library}\n${read('limit.lua')}`
+/** lua/limit-batch.lua with its library: the limit requests of one event-loop turn in one call. */
+export const LIMIT_BATCH_SCRIPT = `${library}\n${read('limit-batch.lua')}`
 /** lua/refund.lua with its library: undoes admissions recorded by LIMIT_SCRIPT. */
 export const REFUND_SCRIPT = `${library}\n${read('refund.lua')}`
 /** lua/peek.lua with its library: what limit.lua would decide, consuming nothing (read-only). */
@@ -58,6 +61,44 @@ export function limitArgs (checks: readonly LimitCheck[], requestId: string, now
   const args: Arg[] = [nowOverrideUs, requestId]
   for (const check of checks) pushCheck(args, check)
   return args
+}
+
+/** One request of a LIMIT_BATCH_SCRIPT call: its keys (prefixed) and checks, in the same order. */
+export interface BatchedRequest {
+  readonly keys: readonly string[]
+  readonly checks: readonly LimitCheck[]
+  readonly id: string
+}
+
+/**
+ * KEYS and ARGV of LIMIT_BATCH_SCRIPT, as one array after the key count: every request's keys,
+ * then now override, the request count, and per request its id, check count and checks.
+ */
+export function batchKeysAndArgs (batch: readonly BatchedRequest[], nowOverrideUs = 0): { numKeys: number, keysAndArgs: Arg[] } {
+  const keysAndArgs: Arg[] = []
+  for (const r of batch) for (const key of r.keys) keysAndArgs.push(key)
+  const numKeys = keysAndArgs.length
+  keysAndArgs.push(nowOverrideUs, batch.length)
+  for (const r of batch) {
+    keysAndArgs.push(r.id, r.checks.length)
+    for (const check of r.checks) pushCheck(keysAndArgs, check)
+  }
+  return { numKeys, keysAndArgs }
+}
+
+/** Splits LIMIT_BATCH_SCRIPT's reply into one limit.lua reply per request; throws on anything else. */
+export function parseBatchReply (reply: unknown, batch: readonly BatchedRequest[]): LimitReply[] {
+  if (!Array.isArray(reply)) throw new TypeError(`unexpected reply from limit-batch.lua: ${JSON.stringify(reply)}`)
+  const out: LimitReply[] = []
+  let at = 0
+  for (const r of batch) {
+    const length = reply[at]
+    if (typeof length !== 'number' || at + 1 + length > reply.length) throw new TypeError('limit-batch.lua returned fewer replies than requests')
+    out.push(parseLimitReply(reply.slice(at + 1, at + 1 + length), r.checks.length))
+    at += 1 + length
+  }
+  if (at !== reply.length) throw new TypeError('limit-batch.lua returned more replies than requests')
+  return out
 }
 
 /** ARGV of REFUND_SCRIPT: as limitArgs, each check followed by its receipt from the limit reply. */

@@ -1,0 +1,31 @@
+-- limit-batch.lua: the limit requests of one event-loop turn of one gateway instance, decided in
+-- one call, in arrival order, each all or nothing exactly as one limit.lua call per request in
+-- that order would decide it (decide_request in decide.lua; the parity test compares both).
+-- Standalone Redis and Sentinel only: the keys of a batch span hash slots.
+--
+-- KEYS     every request's check keys, request after request (a key may repeat).
+-- ARGV[1]  now override in µs: "0" in production (Redis TIME, read once for the batch).
+-- ARGV[2]  the number of requests R.
+-- Then per request: its id, its number of checks n, and its n check strings (as limit.lua).
+-- Returns a flat array: per request, the length of its reply followed by limit.lua's reply.
+
+local now = read_clock(ARGV[1])
+local count = tonumber(ARGV[2])
+if not count or count < 1 then return redis.error_reply('ERR limit-batch.lua: bad request count ' .. tostring(ARGV[2])) end
+local out = {}
+local k, a = 0, 2
+for _ = 1, count do
+  local id = ARGV[a + 1]
+  local n = tonumber(ARGV[a + 2])
+  if not id or not n or a + 2 + n > #ARGV or k + n > #KEYS then
+    return redis.error_reply('ERR limit-batch.lua: arguments do not match the request count')
+  end
+  local reply, problem = decide_request(KEYS, k, ARGV, a + 2, n, id, now)
+  if not reply then return redis.error_reply('ERR limit-batch.lua: ' .. problem) end
+  out[#out + 1] = #reply
+  for i = 1, #reply do out[#out + 1] = reply[i] end
+  k = k + n
+  a = a + 2 + n
+end
+if k ~= #KEYS or a ~= #ARGV then return redis.error_reply('ERR limit-batch.lua: arguments do not match the request count') end
+return out
