@@ -20,10 +20,11 @@ export function printLimitReport (report) {
     console.log(`\nRedis store from one process, ${report.settings.inflight} decisions in flight (decisions/s), against redis-benchmark replaying the same script call (-c 50 -P 16):\n`)
     const memory = new Map((report.memoryStore ?? []).map((/** @type {any} */ m) => [m.scenario, m]))
     console.log(table(
-      ['scenario', 'checks', 'no auto-pipelining', 'auto-pipelining', 'Redis ceiling calls/s', 'best / ceiling', 'calls/decision', 'cmds in script', 'client µs/decision', 'redis µs/decision', 'in-process decisions/s'],
+      ['scenario', 'checks', 'one call per decision', 'batched', 'Redis ceiling calls/s', 'best / ceiling', 'calls/decision', 'cmds in script', 'client µs/decision', 'redis µs/decision', 'in-process decisions/s'],
       report.redisStore.map((/** @type {any} */ r) => {
-        const off = r.store.noAutoPipelining
-        const on = r.store.autoPipelining
+        // results written before issue 13 compared auto-pipelining off / on instead of batching
+        const off = r.store.perRequest ?? r.store.noAutoPipelining
+        const on = r.store.batched ?? r.store.autoPipelining
         const ceiling = r.ceiling?.rps
         const best = Math.max(off?.perSecond ?? 0, on?.perSecond ?? 0)
         return [r.scenario, String(r.checks), fmt(off?.perSecond), fmt(on?.perSecond), ceiling ? fmt(ceiling) : (r.ceiling?.skipped ?? '-'),
@@ -32,7 +33,7 @@ export function printLimitReport (report) {
           fmt(/** @type {any} */ (memory.get(r.scenario))?.perSecond)]
       })
     ))
-    console.log('(client and redis µs/decision: without / with auto-pipelining)')
+    console.log('(calls/decision and cmds in script: batched; client and redis µs/decision: one call per decision / batched)')
   } else if (Array.isArray(report.memoryStore)) {
     console.log('\nIn-process store (decisions/s):\n')
     console.log(table(['scenario', 'decisions/s', 'µs/decision'], report.memoryStore.map((/** @type {any} */ m) => [m.scenario, fmt(m.perSecond), fmt(m.cpuPerDecision)])))
