@@ -325,6 +325,7 @@ export class Gateway {
     this.retired.add(previous)
     void this.whenIdle(previous).then(() => {
       this.draining.delete(previous)
+      if (previous.activity.inflight === 0) this.retired.delete(previous)
       return this.sweep()
     })
     return { ok: true, generation: runtime.generation }
