@@ -4,8 +4,7 @@ import { createHash } from 'node:crypto'
 import { Cluster, type Redis } from 'ioredis'
 import { PEEK_SCRIPT, limitArgs } from './scripts.js'
 import { replyCode } from './redis-client.js'
-import type { PeekResult } from './memory-store.js'
-import type { LimitCheck } from './types.js'
+import type { LimitCheck, PeekResult } from './types.js'
 
 const PEEK_SHA = createHash('sha1').update(PEEK_SCRIPT).digest('hex')
 

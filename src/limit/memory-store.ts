@@ -1,6 +1,6 @@
 import { LRUCache } from 'lru-cache'
 import { ALGORITHMS, assertDecidable, msUp, ttlMs, type AlgorithmState, type Evaluation } from './algorithms/index.js'
-import { NO_CHECKS, longer, type LimitCheck, type LimitDecision, type LimitStore, type SharedDecision, type SharedLevel } from './types.js'
+import { NO_CHECKS, longer, type LimitCheck, type LimitDecision, type LimitStore, type PeekResult, type SharedDecision, type SharedLevel } from './types.js'
 
 // The in-process store: the TypeScript twins of lua/*.lua over a bounded LRU. It decides
 // synchronously (it is on the hot path) and all-or-nothing, like lua/limit.lua.
@@ -82,12 +82,8 @@ export interface MemoryStore extends LimitStore {
   peek(checks: readonly LimitCheck[]): PeekResult[]
 }
 
-/** A check read without consuming: units left now, ms until whole, ms until a request of its cost passes (-1 never). */
-export interface PeekResult {
-  readonly remaining: number
-  readonly resetMs: number
-  readonly retryAfterMs: number
-}
+// Where the admin API's callers have always imported it from.
+export type { PeekResult } from './types.js'
 
 const monotonicUs = (): number => Math.floor((performance.timeOrigin + performance.now()) * 1000)
 

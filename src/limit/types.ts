@@ -115,3 +115,10 @@ export interface SharedLevel {
    */
   readonly denyCacheMaxMs: number
 }
+
+/** A check read without consuming (the admin API): units left now, ms until whole, ms until a request of its cost passes (-1 never). */
+export interface PeekResult {
+  readonly remaining: number
+  readonly resetMs: number
+  readonly retryAfterMs: number
+}
