@@ -20,7 +20,6 @@ import { RequestRecord, type Admission as RecordedAdmission } from './request-re
 import type { HeldLease } from './limit/concurrency.js'
 import type { IdentityResult } from './identify/identity.js'
 import { limitsFor } from './limit/plan.js'
-
 import type { Telemetry } from './telemetry.js'
 import type { Logger } from './log.js'
 import { traceOf } from './tracing.js'
