@@ -1,8 +1,8 @@
 import { STATUS_CODES, type ServerResponse } from 'node:http'
 
 // One table of every error the gateway returns to a client (public and admin listeners), with its
-// HTTP status. Clients match on `error` (the stable code), never on the message. No body anywhere
-// else spells a code: the writers below and `errorBody` take an ErrorCode and read this table.
+// HTTP status. Clients match on `error` (the stable code), never on the message. Bodies are built
+// by the writers below and `errorBody`, which take an ErrorCode and read this table.
 
 /** One row of the table. */
 export interface ErrorEntry {
