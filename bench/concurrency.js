@@ -49,7 +49,7 @@ if (!existsSync(join(DIST, 'limit/limiter.js'))) {
 }
 /** @param {string} f */
 const load = (f) => import(pathToFileURL(join(DIST, f)).href)
-const [{ Limiter }, { DenyCache }, { createMemoryStore }, { createRedisStore }, { RedisGuard }, { LeaseKeeper }, { compileRouteLimitPlan }, { NOOP_TELEMETRY }] = await Promise.all([
+const [{ Limiter }, { DenyCache }, { createMemoryStore, createInProcessLevel }, { createRedisStore }, { RedisGuard }, { LeaseKeeper }, { compileRouteLimitPlan }, { NOOP_TELEMETRY }] = await Promise.all([
   'limit/limiter.js', 'limit/local-level.js', 'limit/memory-store.js', 'limit/redis-store.js', 'limit/redis-guard.js',
   'limit/concurrency.js', 'limit/plan.js', 'telemetry.js'
 ].map(load))
@@ -124,11 +124,11 @@ async function run (storeKind, redis) {
     const store = createRedisStore({ client })
     const guard = new RedisGuard({ store, fallbackMaxKeys: 100_000, timeoutMs: 2000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
     leases = new LeaseKeeper({ redis: { client, guard }, ttlMs: 10_000 })
-    limiter = new Limiter({ local: null, deny: new DenyCache(100_000), memory: null, guard, legacyHeaders: false, telemetry: NOOP_TELEMETRY, leases })
+    limiter = new Limiter({ local: null, deny: new DenyCache(100_000), shared: guard, legacyHeaders: false, telemetry: NOOP_TELEMETRY, leases })
   } else {
     const memory = createMemoryStore({ maxKeys: 100_000 })
     leases = new LeaseKeeper({ memory, ttlMs: 10_000 })
-    limiter = new Limiter({ local: null, deny: new DenyCache(100_000), memory, guard: null, legacyHeaders: false, telemetry: NOOP_TELEMETRY, leases })
+    limiter = new Limiter({ local: null, deny: new DenyCache(100_000), shared: createInProcessLevel(memory), legacyHeaders: false, telemetry: NOOP_TELEMETRY, leases })
   }
   const plans = { A: plan(false, storeKind === 'redis'), B: plan(true, storeKind === 'redis') }
   const internal = commandsUsedByScripts(join(ROOT, 'lua'))
@@ -168,7 +168,7 @@ async function run (storeKind, redis) {
 function tightLoop () {
   const memory = createMemoryStore({ maxKeys: 100_000 })
   const leases = new LeaseKeeper({ memory, ttlMs: 10_000 })
-  const limiter = new Limiter({ local: null, deny: new DenyCache(100_000), memory, guard: null, legacyHeaders: false, telemetry: NOOP_TELEMETRY, leases })
+  const limiter = new Limiter({ local: null, deny: new DenyCache(100_000), shared: createInProcessLevel(memory), legacyHeaders: false, telemetry: NOOP_TELEMETRY, leases })
   const plans = { A: plan(false, false), B: plan(true, false) }
   const n = 200_000
   /** @param {any} p */

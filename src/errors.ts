@@ -1,9 +1,21 @@
 import { STATUS_CODES, type ServerResponse } from 'node:http'
 
-// One table of every error the gateway returns to a client, with its HTTP status.
-// Clients match on `error` (the stable code), never on the message.
+// One table of every error the gateway returns to a client (public and admin listeners), with its
+// HTTP status. Clients match on `error` (the stable code), never on the message. Bodies are built
+// by the writers below and `errorBody`, which take an ErrorCode and read this table.
 
-export const ERRORS = Object.freeze({
+/** One row of the table. */
+export interface ErrorEntry {
+  readonly status: number
+  readonly message: string
+  /**
+   * What the body's `error` says when it is not the code itself: a value clients were written
+   * against before the table existed (the 429's `rate_limited`), kept because it is a contract.
+   */
+  readonly bodyCode?: string
+}
+
+const TABLE = {
   GW_ERR_NOT_FOUND: { status: 404, message: 'no route matches this request' },
   GW_ERR_METHOD_NOT_ALLOWED: { status: 405, message: 'the route does not accept this method' },
   GW_ERR_NOT_IMPLEMENTED: { status: 501, message: 'the request uses a transfer coding the gateway does not implement' },
@@ -13,7 +25,7 @@ export const ERRORS = Object.freeze({
   GW_ERR_CLIENT_TIMEOUT: { status: 408, message: 'the request body stopped arriving (server.clientBodyTimeout)' },
   GW_ERR_HEADERS_TOO_LARGE: { status: 431, message: 'the request headers are too large' },
   GW_ERR_UNAUTHORIZED: { status: 401, message: 'missing or invalid credentials' },
-  GW_ERR_RATE_LIMITED: { status: 429, message: 'rate limit exceeded' },
+  GW_ERR_RATE_LIMITED: { status: 429, message: 'rate limit exceeded', bodyCode: 'rate_limited' },
   GW_ERR_CONCURRENCY_LIMITED: { status: 429, message: 'too many requests in flight' },
   GW_ERR_LIMITER_UNAVAILABLE: { status: 503, message: 'the rate limiter is unavailable' },
   GW_ERR_UPSTREAM_UNAVAILABLE: { status: 502, message: 'the upstream refused or reset the connection' },
@@ -27,10 +39,27 @@ export const ERRORS = Object.freeze({
   GW_ERR_NOT_READY: { status: 503, message: 'no configuration is loaded yet' },
   GW_ERR_ADMIN_BUSY: { status: 503, message: 'too many live subscribers on the admin listener' },
   GW_ERR_ADMIN_UNAUTHORIZED: { status: 401, message: 'this admin endpoint needs Authorization: Bearer <admin.token>' },
-  GW_ERR_ADMIN_FORBIDDEN: { status: 403, message: 'no admin.token is configured: mutating admin endpoints are disabled' }
-} as const)
+  GW_ERR_ADMIN_FORBIDDEN: { status: 403, message: 'no admin.token is configured: mutating admin endpoints are disabled' },
+  GW_ERR_ADMIN_NOT_READY: { status: 503, message: 'no configuration is loaded yet', bodyCode: 'not_ready' },
+  GW_ERR_METRICS_FAILED: { status: 500, message: 'the metrics could not be collected', bodyCode: 'metrics_failed' }
+} satisfies Record<string, ErrorEntry>
 
-export type ErrorCode = keyof typeof ERRORS
+export type ErrorCode = keyof typeof TABLE
+
+export const ERRORS: Readonly<Record<ErrorCode, ErrorEntry>> = Object.freeze(TABLE)
+
+/** The `error` value of `code`'s body: the code itself, or the value its clients know it by. */
+export function errorBodyCode (code: ErrorCode): string {
+  return ERRORS[code].bodyCode ?? code
+}
+
+/**
+ * `{ error, message, ...extra }` for `code`. `message` replaces the table's when the answer can
+ * say more (which endpoint, which limit); the code, which clients match on, never changes.
+ */
+export function errorBody (code: ErrorCode, message?: string, extra?: Readonly<Record<string, unknown>>): Record<string, unknown> {
+  return { error: errorBodyCode(code), message: message ?? ERRORS[code].message, ...extra }
+}
 
 /** An error with a stable code; `cause` keeps the underlying (undici, ioredis) error. */
 export class GatewayError extends Error {
@@ -57,8 +86,7 @@ export function sendError (
   headers?: ReadonlyArray<readonly [string, string]>,
   status?: number
 ): number {
-  const { message } = ERRORS[code]
-  return sendJson(res, status ?? ERRORS[code].status, { error: code, message, requestId, ...extra }, requestId, headers)
+  return sendJson(res, status ?? ERRORS[code].status, { error: errorBodyCode(code), message: ERRORS[code].message, requestId, ...extra }, requestId, headers)
 }
 
 export function sendJson (
@@ -97,4 +125,15 @@ export function writeRawError (
   socket.write(head + '\r\n' + body)
   socket.end()
   return Buffer.byteLength(body)
+}
+
+/** sendError's body on a raw socket: a refused Upgrade, or a request node:http could not parse. */
+export function writeError (
+  socket: { write: (s: string) => unknown, end: () => unknown, destroyed: boolean },
+  code: ErrorCode,
+  requestId: string,
+  extra?: Readonly<Record<string, unknown>>,
+  headers?: ReadonlyArray<readonly [string, string]>
+): number {
+  return writeRawError(socket, ERRORS[code].status, { error: errorBodyCode(code), message: ERRORS[code].message, requestId, ...extra }, requestId, headers)
 }

@@ -1,27 +1,30 @@
 // The order of stages a request goes through, defined here and nowhere else:
 //   client IP -> normalize path -> route -> local level (by IP; also charges 404s and 400s)
-//   -> identity (a failure is charged to the IP in the shared store) -> shared limits -> forward
+//   -> identity (a failure is charged to the IP in the shared store) -> shared limits
+//   -> concurrency leases -> forward (HTTP) or tunnel (WebSocket)
+// HTTP requests and WebSocket upgrades go through the same admit(); they differ only in how a
+// refusal is written (a response, or raw bytes on the socket) and in what follows admission.
 // Every stage only looks things up in the runtime compiled at load time.
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Duplex } from 'node:stream'
-import { randomUUID } from 'node:crypto'
 import { normalizePath } from './router/normalize-path.js'
 import { normalizeHost } from './router/route-table.js'
 import { checkRequestHead } from './router/request-head.js'
 import { looksLikeMisconfiguredProxy } from './identify/client-ip.js'
-import { forwardRequest, type ForwardContext, type ForwardErrorKind, type ForwardResult } from './proxy/forward.js'
+import { forwardRequest, type ForwardContext, type ForwardErrorKind } from './proxy/forward.js'
 import type { createWebSocketProxy } from './proxy/websocket.js'
-import { ERRORS, sendError, sendJson, writeRawError, type ErrorCode } from './errors.js'
+import { ERRORS, sendError, sendJson, writeError, writeRawError, type ErrorCode } from './errors.js'
 import type { CompiledRoute, Runtime } from './config/compile.js'
 import type { LimitVerdict } from './limit/limiter.js'
+import { RequestRecord, type Admission as RecordedAdmission } from './request-record.js'
 import type { HeldLease } from './limit/concurrency.js'
 import type { IdentityResult } from './identify/identity.js'
 import { limitsFor } from './limit/plan.js'
-
-const ANONYMOUS: IdentityResult = Object.freeze({ ok: true, user: null })
 import type { Telemetry } from './telemetry.js'
 import type { AccessLog, Logger } from './log.js'
-import { setTrace, traceOf } from './tracing.js'
+import { traceOf } from './tracing.js'
+
+const ANONYMOUS: IdentityResult = Object.freeze({ ok: true, user: null })
 
 export interface PipelineState {
   /** The live runtime; read once per request so a reload never changes a request mid-way. */
@@ -37,28 +40,13 @@ export interface PipelineState {
   proxyCheckedPeer: string | undefined
 }
 
-const REQUEST_ID_RE = /^[A-Za-z0-9._:@/+=-]{1,128}$/
-
 // What gateway_upstream_errors_total counts. A 413, a header undici refuses or a client that left
 // are the client's doing: counting them would page whoever watches the upstreams.
 const UPSTREAM_FAILURES: ReadonlySet<ForwardErrorKind> = new Set<ForwardErrorKind>(['refused', 'dns', 'bad_response', 'reset', 'connect_timeout', 'response_timeout', 'no_healthy'])
 
-// A client-chosen id would let it forge or collide with other requests' log lines: only our own
-// proxies (trustedProxies) may hand one over.
-function requestIdOf (req: IncomingMessage, trustedPeer: boolean): string {
-  const given = trustedPeer ? req.headers['x-request-id'] : undefined
-  return typeof given === 'string' && REQUEST_ID_RE.test(given) ? given : randomUUID()
-}
-
-/** What the early stages found, or the error that ended the request. */
-interface Admission {
-  route: CompiledRoute
-  path: string
-  clientIp: string
-  ipKey: string
-  user: string | null
-  /** Milliseconds the limiter waited on its store (Redis) for this request; 0 when decided in process. */
-  storeMs: number
+/** What the early stages found: the record's admission, with the compiled route. */
+interface Admission extends RecordedAdmission {
+  readonly route: CompiledRoute
 }
 
 type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown>, headers?: ReadonlyArray<readonly [string, string]>, ipKey: string }
@@ -157,68 +145,119 @@ function identifyAndLimit (rt: Runtime, req: IncomingMessage, a: Admission, requ
   }
 }
 
+type HeaderPairs = ReadonlyArray<readonly [string, string]>
+type RejectVerdict = Extract<LimitVerdict, { kind: 'reject' }>
+type AllowVerdict = Extract<LimitVerdict, { kind: 'allow' }>
+
+/** An error answer from the table, with what it adds to the table's body. */
+interface Refusal {
+  readonly code: ErrorCode
+  readonly extra?: Readonly<Record<string, unknown>>
+  readonly headers?: HeaderPairs
+}
+
+const BEARER: HeaderPairs = Object.freeze([Object.freeze(['www-authenticate', 'Bearer'] as const)])
+const NOT_A_WEBSOCKET_ROUTE: Refusal = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', extra: Object.freeze({ reason: 'this route does not accept WebSocket upgrades' }) })
+
+/**
+ * What differs between an HTTP request and a WebSocket upgrade while it is being admitted: how a
+ * refusal is written (a response, or raw bytes on the socket) and when the client is gone.
+ */
+interface Transport {
+  /** Writes the answer of `refusal` from the error table; returns the body's bytes. */
+  refuse (refusal: Refusal, requestId: string): number
+  /** Writes a limiter's 429 (its body names the dimension, the limit and the wait). */
+  reject (verdict: RejectVerdict, requestId: string): number
+  /** Calls `f` once, when the client's side closes (the response, or the socket). */
+  onClose (f: () => void): void
+  /** The request has a route: a refusal if this transport cannot use it, else null. */
+  routed (a: Admission): Refusal | null
+}
+
+class HttpTransport implements Transport {
+  constructor (private readonly res: ServerResponse, private readonly telemetry: Telemetry) {}
+  refuse (r: Refusal, requestId: string): number { return sendError(this.res, r.code, requestId, r.extra, r.headers) }
+  reject (v: RejectVerdict, requestId: string): number { return sendJson(this.res, v.status, { ...v.body, requestId }, requestId, v.headers) }
+  onClose (f: () => void): void { this.res.once('close', f) }
+  routed (a: Admission): null {
+    const { telemetry } = this
+    telemetry.inflight(a.route.name, 1)
+    this.res.once('close', () => telemetry.inflight(a.route.name, -1))
+    return null
+  }
+}
+
+class UpgradeTransport implements Transport {
+  constructor (private readonly req: IncomingMessage, private readonly socket: Duplex) {}
+  refuse (r: Refusal, requestId: string): number { return writeError(this.socket, r.code, requestId, r.extra, r.headers) }
+  reject (v: RejectVerdict, requestId: string): number { return writeRawError(this.socket, v.status, { ...v.body, requestId }, requestId, v.headers) }
+  onClose (f: () => void): void { this.socket.once('close', f) }
+  routed (a: Admission): Refusal | null {
+    return a.route.websocket && (this.req.headers.upgrade ?? '').toLowerCase() === 'websocket' ? null : NOT_A_WEBSOCKET_ROUTE
+  }
+}
+
+/**
+ * Every stage before forwarding, for HTTP requests and upgrades alike. A refusal is written by
+ * `transport` and finishes the record; an admitted request goes to `admitted` with the limiter's
+ * verdict (its RateLimit headers, delay and leases, which go back when the client's side closes).
+ */
+function admit (state: PipelineState, rt: Runtime, record: RequestRecord, transport: Transport, admitted: (a: Admission, v: AllowVerdict) => void): void {
+  const { req, requestId } = record
+  const refuse = (refusal: Refusal, outcome: string | null = null): void => {
+    const sent = transport.refuse(refusal, requestId)
+    record.finish({ status: ERRORS[refusal.code].status, outcome, ownBytes: sent })
+  }
+  const reject = (v: RejectVerdict): void => {
+    const sent = transport.reject(v, requestId)
+    record.finish({ status: v.status, outcome: 'rejected', limit: v.body.limit, ownBytes: sent })
+  }
+  const early = routeRequest(state, rt, req)
+  if (early.ok) record.admission = early.admission
+  const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
+  if (shed !== null && shed.kind === 'reject') return reject(shed)
+  if (!early.ok) return refuse(early)
+  const a = early.admission
+  const wrongRoute = transport.routed(a)
+  if (wrongRoute !== null) return refuse(wrongRoute)
+  // Concurrency leases go back when the client's side closes: finished, failed or abandoned.
+  let lease: HeldLease | null = null
+  let closed = false
+  transport.onClose(() => {
+    closed = true
+    if (lease !== null) rt.limiter.release(lease)
+  })
+  identifyAndLimit(rt, req, a, requestId, (identity, v) => {
+    if (v.kind === 'allow' && v.lease !== null) {
+      // the client may have left while the limiter decided
+      if (closed) rt.limiter.release(v.lease)
+      else lease = v.lease
+    }
+    if (v.kind === 'reject') return reject(v)
+    if (!identity.ok) return refuse({ code: 'GW_ERR_UNAUTHORIZED', extra: { reason: identity.reason }, headers: BEARER }, 'unauthorized')
+    if (v.kind === 'unavailable') return refuse({ code: 'GW_ERR_LIMITER_UNAVAILABLE' }, 'limiter_unavailable')
+    admitted(a, v)
+  }, (err: unknown) => {
+    // A stage failing must never become a crash: log it with the request id and answer 503,
+    // unless the request was answered already (then the answer stands and is logged once).
+    state.logger.error({ err, requestId }, 'request pipeline failed')
+    if (!record.finished) refuse({ code: 'GW_ERR_LIMITER_UNAVAILABLE' }, 'pipeline_error')
+  })
+}
+
 export function createRequestHandler (state: PipelineState): (req: IncomingMessage, res: ServerResponse) => void {
   return (req, res) => {
-    const started = process.hrtime.bigint()
     const rt = state.runtime
-    rt.activity.inflight++
-    const trustedPeer = rt.isTrustedPeer(req.socket.remoteAddress)
-    const requestId = requestIdOf(req, trustedPeer)
-    setTrace(req, rt.tracer.start(req, Date.now()))
-    const early = routeRequest(state, rt, req)
-    const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
-    if (shed !== null && shed.kind === 'reject') {
-      const sent = sendJson(res, shed.status, { ...shed.body, requestId }, requestId, shed.headers)
-      finish(state, rt, req, requestId, started, early.ok ? early.admission : null, null, shed.status, 'rejected', shed.body.limit, sent)
-      return
-    }
-    if (!early.ok) {
-      const sent = sendError(res, early.code, requestId, early.extra, early.headers)
-      finish(state, rt, req, requestId, started, null, null, ERRORS[early.code].status, null, null, sent)
-      return
-    }
-    const a = early.admission
-    // Concurrency leases go back when the response closes: finished, failed or abandoned.
-    let lease: HeldLease | null = null
-    let closed = false
-    state.telemetry.inflight(a.route.name, 1)
-    res.once('close', () => {
-      closed = true
-      state.telemetry.inflight(a.route.name, -1)
-      if (lease !== null) rt.limiter.release(lease)
-    })
-    identifyAndLimit(rt, req, a, requestId, (identity, v) => {
-      if (v.kind === 'allow' && v.lease !== null) {
-        // the client may have left while the limiter decided
-        if (closed) rt.limiter.release(v.lease)
-        else lease = v.lease
-      }
-      if (!identity.ok) {
-        if (v.kind === 'reject') {
-          const sent = sendJson(res, v.status, { ...v.body, requestId }, requestId, v.headers)
-          finish(state, rt, req, requestId, started, a, null, v.status, 'rejected', v.body.limit, sent)
-          return
-        }
-        const sent = sendError(res, 'GW_ERR_UNAUTHORIZED', requestId, { reason: identity.reason }, [['www-authenticate', 'Bearer']])
-        finish(state, rt, req, requestId, started, a, null, 401, 'unauthorized', null, sent)
-        return
-      }
-      if (v.kind === 'reject') {
-        const sent = sendJson(res, v.status, { ...v.body, requestId }, requestId, v.headers)
-        finish(state, rt, req, requestId, started, a, null, v.status, 'rejected', v.body.limit, sent)
-        return
-      }
-      if (v.kind === 'unavailable') {
-        const sent = sendError(res, 'GW_ERR_LIMITER_UNAVAILABLE', requestId)
-        finish(state, rt, req, requestId, started, a, null, 503, 'limiter_unavailable', null, sent)
-        return
-      }
+    const record = new RequestRecord(state, rt, req, false)
+    // In flight until the response closes: what the shutdown drain and the pool sweep wait for.
+    res.once('close', () => record.leave())
+    admit(state, rt, record, new HttpTransport(res, state.telemetry), (a, v) => {
       const ctx: ForwardContext = {
-        requestId,
+        requestId: record.requestId,
         clientIp: a.clientIp,
         proto: state.proto,
         path: a.path,
-        trustedPeer,
+        trustedPeer: record.trustedPeer,
         ...(v.headers !== null ? { extraResponseHeaders: v.headers } : {})
       }
       const go = (): void => {
@@ -226,94 +265,52 @@ export function createRequestHandler (state: PipelineState): (req: IncomingMessa
         forwardRequest(req, res, a.route.forward, ctx, (result) => {
           if (result.target !== null) state.telemetry.upstreamResponse(a.route.upstream, Number(process.hrtime.bigint() - dispatched) / 1e9)
           if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
-          finish(state, rt, req, requestId, started, a, result, result.status, null)
+          record.finish({ status: result.status, result })
         })
       }
       if (v.delayMs > 0) {
         // leaky-bucket delay mode: hold the request until its slot (nginx limit_req without nodelay)
         let held = true
         const timer = setTimeout(() => { held = false; go() }, v.delayMs)
+        // once dispatched, the forward reports a client that leaves (with what it had sent)
         res.once('close', () => {
           if (!held) return
           clearTimeout(timer)
-          finish(state, rt, req, requestId, started, a, null, 499, 'client_abort')
+          record.finish({ status: 499, outcome: 'client_abort' })
         })
       } else {
         go()
       }
-    }, (err: unknown) => {
-      // A stage failing must never become a crash: log it with the request id and answer 503.
-      state.logger.error({ err, requestId }, 'request pipeline failed')
-      const sent = sendError(res, 'GW_ERR_LIMITER_UNAVAILABLE', requestId)
-      finish(state, rt, req, requestId, started, a, null, 503, 'pipeline_error', null, sent)
     })
   }
 }
 
 export function createUpgradeHandler (state: PipelineState): (req: IncomingMessage, socket: Duplex, head: Buffer) => void {
   return (req, socket, head) => {
-    const started = process.hrtime.bigint()
     const rt = state.runtime
-    rt.activity.inflight++
-    const trustedPeer = rt.isTrustedPeer(req.socket.remoteAddress)
-    const requestId = requestIdOf(req, trustedPeer)
-    setTrace(req, rt.tracer.start(req, Date.now()))
+    // An upgrade is a request until its handshake is decided; an open tunnel is not one.
+    const record = new RequestRecord(state, rt, req, true)
     socket.on('error', () => socket.destroy())
-    const fail = (status: number, payload: Record<string, unknown>, a: Admission | null, headers?: ReadonlyArray<readonly [string, string]>, outcome: string | null = null, limit: string | null = null): void => {
-      const sent = writeRawError(socket, status, { ...payload, requestId }, requestId, headers)
-      finish(state, rt, req, requestId, started, a, null, status, outcome, limit, sent)
-    }
-    const early = routeRequest(state, rt, req)
-    const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
-    if (shed !== null && shed.kind === 'reject') {
-      fail(shed.status, { ...shed.body }, early.ok ? early.admission : null, shed.headers, 'rejected', shed.body.limit)
-      return
-    }
-    if (!early.ok) {
-      fail(ERRORS[early.code].status, { error: early.code, message: ERRORS[early.code].message, ...early.extra }, null, early.headers)
-      return
-    }
-    const a = early.admission
-    if (!a.route.websocket || (req.headers.upgrade ?? '').toLowerCase() !== 'websocket') {
-      fail(400, { error: 'GW_ERR_BAD_REQUEST', message: 'this route does not accept WebSocket upgrades' }, a)
-      return
-    }
-    // A WebSocket holds its leases until the tunnel closes, from either side.
-    let lease: HeldLease | null = null
-    let open = false
     let closed = false
+    let open = false
     socket.once('close', () => {
       closed = true
-      if (lease !== null) rt.limiter.release(lease)
-      if (open) state.telemetry.websocketsOpen(a.route.name, -1)
+      if (open && record.admission !== null) state.telemetry.websocketsOpen(record.admission.route.name, -1)
     })
-    identifyAndLimit(rt, req, a, requestId, (identity, v) => {
-      if (v.kind === 'allow' && v.lease !== null) {
-        if (closed) rt.limiter.release(v.lease)
-        else lease = v.lease
-      }
-      if (!identity.ok) {
-        if (v.kind === 'reject') return fail(v.status, { ...v.body }, a, v.headers, 'rejected', v.body.limit)
-        return fail(401, { error: 'GW_ERR_UNAUTHORIZED', message: identity.reason }, a, undefined, 'unauthorized')
-      }
-      if (v.kind === 'reject') return fail(v.status, { ...v.body }, a, v.headers, 'rejected', v.body.limit)
-      if (v.kind === 'unavailable') return fail(503, { error: 'GW_ERR_LIMITER_UNAVAILABLE', message: ERRORS.GW_ERR_LIMITER_UNAVAILABLE.message }, a, undefined, 'limiter_unavailable')
+    admit(state, rt, record, new UpgradeTransport(req, socket), (a, v) => {
       // Logged and counted once the handshake is decided: 101, or the refusal the client got.
-      const upgrade = (): void => state.ws.upgrade(req, socket, head, a.route.forward, { requestId, clientIp: a.clientIp, proto: state.proto, path: a.path, trustedPeer }, (result) => {
+      const upgrade = (): void => state.ws.upgrade(req, socket, head, a.route.forward, { requestId: record.requestId, clientIp: a.clientIp, proto: state.proto, path: a.path, trustedPeer: record.trustedPeer }, (result) => {
         if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
         if (result.status === 101 && !closed) {
           open = true
           state.telemetry.websocketsOpen(a.route.name, 1)
         }
-        finish(state, rt, req, requestId, started, a, result, result.status, null)
-        if (result.status === 101) trackWebSocket(state, rt, req, socket, requestId, a, result.target)
+        record.finish({ status: result.status, result })
+        if (result.status === 101) trackWebSocket(state, rt, req, socket, record.requestId, a, result.target)
       })
       // leaky-bucket delay mode holds an upgrade until its slot, like any request
-      if (v.delayMs > 0) setTimeout(() => { if (socket.destroyed) finish(state, rt, req, requestId, started, a, null, 499, 'client_abort'); else upgrade() }, v.delayMs)
+      if (v.delayMs > 0) setTimeout(() => { if (socket.destroyed) record.finish({ status: 499, outcome: 'client_abort' }); else upgrade() }, v.delayMs)
       else upgrade()
-    }, (err: unknown) => {
-      state.logger.error({ err, requestId }, 'upgrade pipeline failed')
-      fail(503, { error: 'GW_ERR_LIMITER_UNAVAILABLE', message: ERRORS.GW_ERR_LIMITER_UNAVAILABLE.message }, a)
     })
   }
 }
@@ -344,64 +341,5 @@ function trackWebSocket (state: PipelineState, rt: Runtime, req: IncomingMessage
       bytesOut: (conn.bytesWritten ?? 0) - writtenAtOpen,
       host: req.headers.host
     }, 'websocket closed')
-  })
-}
-
-/**
- * One access-log line and the request metrics, whatever way the request ended. `outcome` is what
- * the gateway decided when it answered itself (rejected, unauthorized, ...), `limit` the name of
- * the limit that rejected, `ownBytes` the body of that answer.
- */
-function finish (
-  state: PipelineState,
-  rt: Runtime,
-  req: IncomingMessage,
-  requestId: string,
-  started: bigint,
-  a: Admission | null,
-  result: ForwardResult | null,
-  status: number,
-  outcome: string | null,
-  limit: string | null = null,
-  ownBytes = 0
-): void {
-  if (rt.activity.inflight > 0) rt.activity.inflight--
-  const seconds = Number(process.hrtime.bigint() - started) / 1e9
-  const route = a?.route.name ?? '-'
-  state.telemetry.request(route, req.method ?? 'GET', status, seconds)
-  if (outcome === 'rejected') state.telemetry.clientRejected(a?.clientIp ?? req.socket.remoteAddress ?? '-', a?.user ?? null)
-  const trace = traceOf(req)
-  if (trace !== undefined && trace.span !== null) {
-    rt.tracer.end(trace, {
-      route,
-      method: req.method ?? 'GET',
-      status,
-      outcome,
-      limit,
-      upstream: a?.route.upstream ?? null,
-      target: result?.target ?? null,
-      redisMs: a?.storeMs ?? 0,
-      error: result?.errorKind ?? null
-    })
-  }
-  state.accessLog({
-    requestId,
-    traceId: trace?.traceId,
-    ip: a?.clientIp ?? req.socket.remoteAddress,
-    user: a?.user ?? undefined,
-    method: req.method,
-    host: req.headers.host,
-    path: rt.redactQuery(a?.path ?? req.url ?? '/'),
-    route,
-    target: result?.target ?? undefined,
-    status,
-    sentStatus: result?.sentStatus,
-    durationMs: Math.round(seconds * 1e6) / 1e3,
-    bytesIn: result?.bytesIn ?? 0,
-    bytesOut: result?.bytesOut ?? ownBytes,
-    error: result?.errorKind ?? undefined,
-    outcome: outcome ?? undefined,
-    limit: limit ?? undefined,
-    userAgent: req.headers['user-agent']
   })
 }

@@ -87,14 +87,14 @@ export class Gateway {
   private stopLiveFrames: (() => void) | null = null
   private pendingReload: Promise<ReloadResult> | null = null
   private readonly draining = new Set<Runtime>()
+  /** Replaced runtimes that still have requests in flight (kept past the drain deadline, for the count). */
+  private readonly retired = new Set<Runtime>()
   private shuttingDown = false
   private readonly sockets = new Set<Socket>()
   /** Responses not closed yet: told to close their connection when draining starts. */
   private readonly responses = new Set<ServerResponse>()
   /** Per connection, requests whose response has not closed, and what to write once they all have. */
   private readonly unanswered = new WeakMap<Socket, { count: number, then: (() => void) | null }>()
-  /** HTTP requests whose response has not closed yet (WebSocket tunnels are not requests). */
-  private inflight = 0
   private listenAddress = ''
   port = 0
   adminPort = 0
@@ -102,7 +102,7 @@ export class Gateway {
   private constructor (private readonly options: GatewayOptions, logger: Logger) {
     this.logger = logger
     this.resources = new ResourceCache(logger)
-    this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth(), inflight: () => this.inflight, logDropped: () => droppedLogLines(this.logger) })
+    this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth(), inflight: () => this.inflightRequests(), logDropped: () => droppedLogLines(this.logger) })
     this.live = new LiveTelemetry(this.metrics)
   }
 
@@ -182,7 +182,6 @@ export class Gateway {
     // dropping the fields beyond its own limit without a word.
     server.maxHeadersCount = s.maxHeadersCount + 1
     server.on('request', (req: IncomingMessage, res: ServerResponse) => {
-      this.inflight++
       // While draining, every response says Connection: close, so keep-alive clients reconnect
       // elsewhere instead of sending their next request to a gateway about to go.
       if (this.shuttingDown) res.shouldKeepAlive = false
@@ -192,7 +191,6 @@ export class Gateway {
       if (open === undefined) this.unanswered.set(socket, { count: 1, then: null })
       else open.count++
       res.once('close', () => {
-        this.inflight--
         this.responses.delete(res)
         const left = this.unanswered.get(socket)
         if (left !== undefined && --left.count === 0) {
@@ -327,8 +325,10 @@ export class Gateway {
     // The old runtime's requests may be admitted but not yet dispatched (waiting on Redis, a JWKS,
     // a delay slot): its pools close only once it has no request left.
     this.draining.add(previous)
+    this.retired.add(previous)
     void this.whenIdle(previous).then(() => {
       this.draining.delete(previous)
+      if (previous.activity.inflight === 0) this.retired.delete(previous)
       return this.sweep()
     })
     return { ok: true, generation: runtime.generation }
@@ -348,6 +348,20 @@ export class Gateway {
     const pools = [...live.pools.values()]
     for (const rt of this.draining) pools.push(...rt.pools.values())
     await this.resources.sweep(live.config, pools)
+  }
+
+  /**
+   * Requests in flight, from the one counter each runtime keeps (src/request-record.ts): HTTP
+   * requests until their response closes, upgrades until their handshake is decided. The
+   * shutdown drain waits on it, and a replaced runtime's pools close once its own count is 0.
+   */
+  private inflightRequests (): number {
+    let n = this.state?.runtime.activity.inflight ?? 0
+    for (const rt of this.retired) {
+      if (rt.activity.inflight === 0) this.retired.delete(rt)
+      else n += rt.activity.inflight
+    }
+    return n
   }
 
   private async whenIdle (rt: Runtime): Promise<void> {
@@ -375,7 +389,7 @@ export class Gateway {
       // keep-alive connections that finish their request become idle: close them as they do
       const idle = setInterval(() => {
         server.closeIdleConnections()
-        if (this.inflight === 0) drained()
+        if (this.inflightRequests() === 0) drained()
       }, 50)
       const deadline = new Promise<void>(resolve => setTimeout(resolve, timeoutMs).unref())
       await Promise.race([closed, requestsDone, deadline])

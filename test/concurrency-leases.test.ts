@@ -226,7 +226,7 @@ t.test('releases of one event-loop turn go to Redis in one call', async t => {
   const store = createRedisStore({ client })
   const guard = new RedisGuard({ store, fallbackMaxKeys: 1000, timeoutMs: 2000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
   const leases = new LeaseKeeper({ redis: { client, guard }, ttlMs: 10_000 })
-  const limiter = new Limiter({ local: null, deny: new DenyCache(1000), memory: null, guard, legacyHeaders: false, telemetry: NOOP_TELEMETRY, leases })
+  const limiter = new Limiter({ local: null, deny: new DenyCache(1000), shared: guard, legacyHeaders: false, telemetry: NOOP_TELEMETRY, leases })
   const route = { name: 'batch', pathPrefix: '/', upstream: 'u', concurrency: { user: 100 } }
   const plan = compileRouteLimitPlan({ redis: { url: redis.url }, upstreams: { u: { targets: ['http://127.0.0.1:1'] } }, routes: [route] }, route)
   const verdicts = await Promise.all(Array.from({ length: 20 }, async (_, i) => await limiter.check({ route: 'batch', plan, ipKey: '127.0.0.1', user: 'alice', requestId: `r${i}` })))

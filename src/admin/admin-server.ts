@@ -8,6 +8,7 @@ import type { LiveFeed } from './live-feed.js'
 import { effectiveConfig } from '../config/effective.js'
 import type { Runtime } from '../config/compile.js'
 import type { RedisStatus } from '../config/resources.js'
+import { ERRORS, errorBody } from '../errors.js'
 
 export interface AdminSource {
   readonly runtime: Runtime | null
@@ -60,7 +61,7 @@ export function createAdminServer (source: AdminSource, live: LiveFeed | null = 
   return createServer((req, res) => {
     const path = (req.url ?? '/').split('?')[0] ?? '/'
     if (source.limits?.(req, res) === true) return
-    if (req.method !== 'GET' && req.method !== 'HEAD') return json(res, 405, { error: 'GW_ERR_BAD_REQUEST', message: 'admin endpoints are read-only' })
+    if (req.method !== 'GET' && req.method !== 'HEAD') return json(res, 405, errorBody('GW_ERR_BAD_REQUEST', 'admin endpoints are read-only'))
     switch (path) {
       case '/healthz':
         return json(res, 200, { status: 'ok' })
@@ -72,17 +73,17 @@ export function createAdminServer (source: AdminSource, live: LiveFeed | null = 
         source.metrics.registry.metrics().then(text => {
           res.writeHead(200, { 'content-type': source.metrics.registry.contentType })
           res.end(text)
-        }, (err: unknown) => json(res, 500, { error: 'metrics_failed', message: String(err) }))
+        }, (err: unknown) => json(res, ERRORS.GW_ERR_METRICS_FAILED.status, errorBody('GW_ERR_METRICS_FAILED', String(err))))
         return
       case '/config': {
         const rt = source.runtime
-        if (rt === null) return json(res, 503, { error: 'GW_ERR_NOT_READY', message: 'no configuration loaded yet' })
+        if (rt === null) return json(res, ERRORS.GW_ERR_NOT_READY.status, errorBody('GW_ERR_NOT_READY', 'no configuration loaded yet'))
         // the config in force: the file with every default written in, secrets redacted
         return json(res, 200, { generation: rt.generation, hash: rt.hash, file: rt.file, loadedAt: rt.loadedAt, lastReload: source.lastReload ?? null, config: redactConfig(effectiveConfig(rt.config, rt.server)) })
       }
       default:
         if (handleDashboard(req, res, path, live, () => source.runtime, json)) return
-        return json(res, 404, { error: 'GW_ERR_NOT_FOUND', message: 'admin endpoints: / (page) /events /routes /healthz /readyz /metrics /config /limits /consumers/NAME' })
+        return json(res, ERRORS.GW_ERR_NOT_FOUND.status, errorBody('GW_ERR_NOT_FOUND', 'admin endpoints: / (page) /events /routes /healthz /readyz /metrics /config /limits /consumers/NAME'))
     }
   })
 }

@@ -3,7 +3,7 @@
 // The page's client lookup and reset use the admin API's /limits endpoints.
 import { readFileSync } from 'node:fs'
 import type { IncomingMessage, ServerResponse } from 'node:http'
-import { ERRORS } from '../errors.js'
+import { ERRORS, errorBody } from '../errors.js'
 import type { LiveFeed } from './live-feed.js'
 import type { Runtime } from '../config/compile.js'
 import { describeLimit } from './limits-api.js'
@@ -91,15 +91,15 @@ export function handleDashboard (req: IncomingMessage, res: ServerResponse, path
   }
   if (path === '/events') {
     if (feed === null) {
-      json(res, 404, { error: 'GW_ERR_NOT_FOUND', message: 'no live data on this listener' })
+      json(res, ERRORS.GW_ERR_NOT_FOUND.status, errorBody('GW_ERR_NOT_FOUND', 'no live data on this listener'))
     } else if (!feed.subscribe(res)) {
-      json(res, ERRORS.GW_ERR_ADMIN_BUSY.status, { error: 'GW_ERR_ADMIN_BUSY', message: `${ERRORS.GW_ERR_ADMIN_BUSY.message} (at most ${feed.maxSubscribers})` })
+      json(res, ERRORS.GW_ERR_ADMIN_BUSY.status, errorBody('GW_ERR_ADMIN_BUSY', `${ERRORS.GW_ERR_ADMIN_BUSY.message} (at most ${feed.maxSubscribers})`))
     }
     return true
   }
   if (path === '/routes') {
     const rt = runtime()
-    if (rt === null) json(res, 503, { error: 'GW_ERR_NOT_READY', message: 'no configuration loaded yet' })
+    if (rt === null) json(res, ERRORS.GW_ERR_NOT_READY.status, errorBody('GW_ERR_NOT_READY', 'no configuration loaded yet'))
     else json(res, 200, describeRoutes(rt))
     return true
   }

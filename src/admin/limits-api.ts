@@ -9,7 +9,7 @@ import { createHash, timingSafeEqual } from 'node:crypto'
 import { isIP } from 'node:net'
 import { adminToken } from '../config/schema.js'
 import type { CompiledRoute, Runtime } from '../config/compile.js'
-import { ERRORS, type ErrorCode } from '../errors.js'
+import { ERRORS, errorBody, type ErrorCode } from '../errors.js'
 import { buildChecks, denyKey } from '../limit/limiter.js'
 import { keyFor, limitsFor, type PlannedLimit } from '../limit/plan.js'
 import { calendarPeriod, quotaOffsetSeconds } from '../limit/algorithms/calendar-quota.js'
@@ -40,7 +40,7 @@ function tokenMatches (given: string, expected: string): boolean {
 }
 
 function adminError (json: Json, res: ServerResponse, code: ErrorCode, message?: string, status?: number): void {
-  json(res, status ?? ERRORS[code].status, { error: code, message: message ?? ERRORS[code].message })
+  json(res, status ?? ERRORS[code].status, errorBody(code, message))
 }
 
 interface Target {
@@ -185,7 +185,7 @@ export function createLimitsApi (deps: LimitsApiDeps, json: Json): (req: Incomin
     if (path !== '/limits' && !path.startsWith('/consumers/')) return false
     const rt = deps.runtime()
     if (rt === null) {
-      json(res, 503, { error: 'not_ready' })
+      adminError(json, res, 'GW_ERR_ADMIN_NOT_READY')
       return true
     }
     const fail = (err: unknown): void => unavailable(res, err)

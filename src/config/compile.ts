@@ -13,6 +13,7 @@ import { UpstreamPool, type UpstreamConfig } from '../proxy/upstream-pool.js'
 import { createForwardPlan, type BodyHandling, type ForwardPlan, type TunnelHandling, type HeaderRules } from '../proxy/forward.js'
 import { compileFailurePlan, compilePlanLimits, compileRouteLimitPlan, type RouteLimitPlan } from '../limit/plan.js'
 import { Limiter } from '../limit/limiter.js'
+import { createInProcessLevel } from '../limit/memory-store.js'
 import type { ResourceCache } from './resources.js'
 import type { Telemetry } from '../telemetry.js'
 import { compileQueryRedactor } from '../log.js'
@@ -213,8 +214,7 @@ export async function compileRuntime (
   const limiter = new Limiter({
     local: resources.localLevel(config),
     deny: resources.denyCache(config),
-    memory: config.redis === undefined ? resources.memoryStore(config) : null,
-    guard: config.redis === undefined ? null : resources.redisGuard(config, telemetry),
+    shared: config.redis === undefined ? createInProcessLevel(resources.memoryStore(config)) : resources.redisGuard(config, telemetry),
     legacyHeaders: config.legacyHeaders === true,
     telemetry,
     leases: resources.leaseKeeper(config)

@@ -3,8 +3,8 @@
 import { createHash } from 'node:crypto'
 import { Cluster, type Redis } from 'ioredis'
 import { PEEK_SCRIPT, limitArgs } from './scripts.js'
-import type { PeekResult } from './memory-store.js'
-import type { LimitCheck } from './types.js'
+import { replyCode } from './redis-client.js'
+import type { LimitCheck, PeekResult } from './types.js'
 
 const PEEK_SHA = createHash('sha1').update(PEEK_SCRIPT).digest('hex')
 
@@ -19,7 +19,7 @@ export async function peekRedis (client: Redis | Cluster, checks: readonly Limit
     try {
       reply = await client.call('EVALSHA_RO', PEEK_SHA, ...args)
     } catch (err) {
-      if (!String((err as Error).message).includes('NOSCRIPT')) throw err
+      if (replyCode(err) !== 'NOSCRIPT') throw err
       reply = await client.call('EVAL_RO', PEEK_SCRIPT, ...args)
     }
     if (!Array.isArray(reply) || reply.length !== 3 || !reply.every(v => typeof v === 'number')) {

@@ -1,13 +1,12 @@
 // The limiting pipeline of one request, in order: the local level (in-process token bucket per
 // client), the deny cache (keys the shared level already rejected), then every shared limit that
-// applies, decided all-or-nothing in one store call.
-import type { LimitCheck, LimitDecision } from './types.js'
-import { ERRORS } from '../errors.js'
-import type { MemoryStore } from './memory-store.js'
+// applies, decided all-or-nothing in one call of the shared level (in process or Redis: the
+// limiter does not know which, see SharedLevel in ./types.ts).
+import type { LimitCheck, SharedDecision, SharedLevel } from './types.js'
+import { ERRORS, errorBodyCode } from '../errors.js'
 import { dimensionValue, keyFor, type PlannedLimit, type RouteLimitPlan } from './plan.js'
 import type { DenyCache, LocalLevel } from './local-level.js'
-import type { RedisGuard } from './redis-guard.js'
-import type { LimitLevel, Telemetry } from '../telemetry.js'
+import type { Telemetry } from '../telemetry.js'
 import { calendarPeriod, quotaOffsetSeconds } from './algorithms/calendar-quota.js'
 import type { HeldLease, LeaseKeeper } from './concurrency.js'
 
@@ -19,7 +18,8 @@ export type LimitVerdict =
   | { readonly kind: 'unavailable' }
 
 export interface RejectBody {
-  readonly error: 'rate_limited' | 'GW_ERR_CONCURRENCY_LIMITED'
+  /** From the error table (src/errors.ts): `rate_limited` for a rate, GW_ERR_CONCURRENCY_LIMITED for a lease. */
+  readonly error: string
   readonly message: string
   readonly dimension: string
   readonly limit: string
@@ -38,9 +38,8 @@ export interface LimitRequest {
 export interface LimiterOptions {
   readonly local: LocalLevel | null
   readonly deny: DenyCache
-  /** Memory store (no Redis configured) or null when `guard` is set. */
-  readonly memory: MemoryStore | null
-  readonly guard: RedisGuard | null
+  /** Decides the shared limits: in process (`createInProcessLevel`) or Redis (`RedisGuard`). */
+  readonly shared: SharedLevel
   readonly legacyHeaders: boolean
   readonly telemetry: Telemetry
   /** Releases and renews concurrency leases; null when no limit can take one. */
@@ -48,6 +47,8 @@ export interface LimiterOptions {
 }
 
 const LOCAL_LIMIT = 'local'
+const RATE_LIMITED = errorBodyCode('GW_ERR_RATE_LIMITED')
+const CONCURRENCY_LIMITED = errorBodyCode('GW_ERR_CONCURRENCY_LIMITED')
 
 export class Limiter {
   constructor (private readonly options: LimiterOptions) {}
@@ -95,11 +96,9 @@ export class Limiter {
       return ALLOW_NO_HEADERS
     }
 
-    const { memory, guard } = this.options
-    if (guard !== null) {
-      return guard.decide(checks, limits, req.requestId).then(g => g.unavailable ? UNAVAILABLE : this.conclude(req, checks, limits, g.decision, g.level, now, g.leaseId, g.share))
-    }
-    return this.conclude(req, checks, limits, (memory as MemoryStore).decide(checks, req.requestId), 'memory', now, '', 1)
+    const decided = this.options.shared.decide(checks, limits, req.requestId)
+    if (decided instanceof Promise) return decided.then(d => this.conclude(req, checks, limits, d, now))
+    return this.conclude(req, checks, limits, decided, now)
   }
 
   /** Gives back the leases of a request whose response (or WebSocket) closed. Idempotent. */
@@ -107,7 +106,9 @@ export class Limiter {
     this.options.leases?.release(lease)
   }
 
-  private conclude (req: LimitRequest, checks: LimitCheck[], limits: PlannedLimit[], decision: LimitDecision, level: LimitLevel, now: number, leaseId: string, share: number): LimitVerdict {
+  private conclude (req: LimitRequest, checks: LimitCheck[], limits: PlannedLimit[], shared: SharedDecision, now: number): LimitVerdict {
+    if (shared.unavailable) return UNAVAILABLE
+    const { decision, level } = shared
     const { deny, telemetry } = this.options
     const route = req.route
     const deciding = limits[decision.limitingIndex]
@@ -124,8 +125,7 @@ export class Limiter {
       if (decision.retryAfterMs > 0 && level !== 'fallback') {
         // A Redis Cluster rejection may be a refund race (RedisGuardOptions.denyCacheMaxMs):
         // cached whole, it would lock the client out for the full wait.
-        const hold = level === 'redis' && this.options.guard !== null ? Math.min(decision.retryAfterMs, this.options.guard.denyCacheMaxMs) : decision.retryAfterMs
-        deny.add(denyKey(checks[decision.limitingIndex] as LimitCheck), now + hold)
+        deny.add(denyKey(checks[decision.limitingIndex] as LimitCheck), now + Math.min(decision.retryAfterMs, this.options.shared.denyCacheMaxMs))
       }
       // -1 ("never": the cost is above what the limit can ever hold, e.g. a fallback share):
       // a whole window is the most honest wait to advertise.
@@ -146,16 +146,10 @@ export class Limiter {
     if (headers !== null && deciding?.dimension !== 'quota' && decision.remainings !== undefined) appendQuota(headers, limits, decision.remainings)
     let lease: HeldLease | null = null
     if (leaseKeys !== null) {
-      lease = { keys: leaseKeys, member: leaseId, level: level === 'redis' ? 'redis' : level === 'fallback' ? 'fallback' : 'memory', units: share, released: false }
+      lease = { keys: leaseKeys, member: shared.leaseId, level, units: shared.share, released: false }
       this.options.leases?.hold(lease)
     }
     return { kind: 'allow', headers, delayMs: decision.delayMs, lease }
-  }
-
-  private async decide (checks: LimitCheck[], limits: PlannedLimit[], requestId: string): Promise<{ decision: LimitDecision, level: LimitLevel }> {
-    const { memory, guard } = this.options
-    if (guard !== null) return guard.decide(checks, limits, requestId)
-    return { decision: (memory as MemoryStore).decide(checks, requestId), level: 'memory' }
   }
 
   // Shadow limits are counted and reported, never enforced: decided after the enforced ones
@@ -164,7 +158,7 @@ export class Limiter {
     const { checks, limits } = buildChecks(req.plan.shadow, req)
     if (checks.length === 0) return
     try {
-      const { decision, level } = await this.decide(checks, limits, req.requestId + ':shadow')
+      const { decision, level } = await this.options.shared.decide(checks, limits, req.requestId + ':shadow')
       for (const l of limits) this.options.telemetry.limitDecision(req.route, l.dimension, l.name, level, decision.allowed ? 'allowed' : 'shadow')
     } catch {
       // a shadow limit never affects the request
@@ -176,7 +170,7 @@ export class Limiter {
     headers.push(['retry-after', String(Math.max(1, Math.ceil(retryAfterMs / 1000)))])
     // the local level and the deny cache measure waits on performance.now(): a client gets whole ms
     const wholeMs = Math.max(1, Math.ceil(retryAfterMs))
-    return { kind: 'reject', status, body: { error: 'rate_limited', message: ERRORS.GW_ERR_RATE_LIMITED.message, dimension, limit: name, retryAfterMs: wholeMs }, headers }
+    return { kind: 'reject', status, body: { error: RATE_LIMITED, message: ERRORS.GW_ERR_RATE_LIMITED.message, dimension, limit: name, retryAfterMs: wholeMs }, headers }
   }
 
   // draft-ietf-httpapi-ratelimit-headers: RateLimit-Policy names the quota, RateLimit carries the
@@ -204,7 +198,7 @@ function concurrencyReject (l: PlannedLimit): LimitVerdict {
   return {
     kind: 'reject',
     status: ERRORS.GW_ERR_CONCURRENCY_LIMITED.status,
-    body: { error: 'GW_ERR_CONCURRENCY_LIMITED', message: ERRORS.GW_ERR_CONCURRENCY_LIMITED.message, dimension: l.dimension, limit: l.name, retryAfterMs: 1000 },
+    body: { error: CONCURRENCY_LIMITED, message: ERRORS.GW_ERR_CONCURRENCY_LIMITED.message, dimension: l.dimension, limit: l.name, retryAfterMs: 1000 },
     headers: CONCURRENCY_HEADERS
   }
 }

@@ -1,6 +1,6 @@
 import { LRUCache } from 'lru-cache'
 import { ALGORITHMS, assertDecidable, msUp, ttlMs, type AlgorithmState, type Evaluation } from './algorithms/index.js'
-import type { LimitCheck, LimitDecision, LimitStore } from './types.js'
+import { NO_CHECKS, longer, type LimitCheck, type LimitDecision, type LimitStore, type PeekResult, type SharedDecision, type SharedLevel } from './types.js'
 
 // The in-process store: the TypeScript twins of lua/*.lua over a bounded LRU. It decides
 // synchronously (it is on the hot path) and all-or-nothing, like lua/limit.lua.
@@ -11,16 +11,6 @@ export interface LimitStateMap {
   set(key: string, state: AlgorithmState, ttlMs: number): void
 }
 
-export const NO_CHECKS: LimitDecision = Object.freeze({
-  allowed: true, remaining: 0, retryAfterMs: 0, resetMs: 0, limitingIndex: -1, delayMs: 0
-})
-
-// -1 (never) is the longest wait of all.
-/** Whether wait `a` is longer than `b`; -1 (never) is the longest of all. */
-export function longer (a: number, b: number): boolean {
-  if (a < 0) return b >= 0
-  return b >= 0 && a > b
-}
 
 /**
  * Decides `checks` at `nowUs` against `state`, with exactly the rules of lua/limit.lua: phase 1
@@ -92,12 +82,8 @@ export interface MemoryStore extends LimitStore {
   peek(checks: readonly LimitCheck[]): PeekResult[]
 }
 
-/** A check read without consuming: units left now, ms until whole, ms until a request of its cost passes (-1 never). */
-export interface PeekResult {
-  readonly remaining: number
-  readonly resetMs: number
-  readonly retryAfterMs: number
-}
+// Where the admin API's callers have always imported it from.
+export type { PeekResult } from './types.js'
 
 const monotonicUs = (): number => Math.floor((performance.timeOrigin + performance.now()) * 1000)
 
@@ -148,5 +134,18 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
       else cache.set(key, { kind: 'lease', held: state.held - units })
     },
     async close () { cache.clear() }
+  }
+}
+
+/**
+ * The shared level without Redis: the in-process store decides, synchronously. It is never
+ * unavailable, so `onError` does not apply, and its rejections are cached whole.
+ */
+export function createInProcessLevel (store: MemoryStore): SharedLevel {
+  return {
+    denyCacheMaxMs: Infinity,
+    decide (checks, _limits, requestId): SharedDecision {
+      return { decision: store.decide(checks, requestId), level: 'memory', unavailable: false, leaseId: '', share: 1 }
+    }
   }
 }

@@ -1,4 +1,4 @@
-import { Cluster, Redis, type ClusterOptions, type RedisOptions } from 'ioredis'
+import { Cluster, Redis, ReplyError, type ClusterOptions, type RedisOptions } from 'ioredis'
 import { keySlot } from './keys.js'
 
 // Builds the ioredis client the Redis store runs on: standalone (url), Cluster or Sentinel.
@@ -140,4 +140,56 @@ export function clusterNodes (cluster: Cluster): { nodeOf: (key: string) => stri
       return live
     }
   }
+}
+
+/**
+ * What went wrong with a Redis call, as gateway_redis_errors_total{kind} counts it:
+ * - timeout: the guard's own bound (code GW_ERR_REDIS_TIMEOUT);
+ * - connection: no usable connection (a socket error code, or ioredis refusing to send);
+ * - noscript: the server lacks the script (flushed or restarted);
+ * - cluster: the slot moved or the cluster is not serving it (MOVED, ASK, TRYAGAIN, CLUSTERDOWN);
+ * - unavailable: the server is up but cannot run commands now (BUSY, LOADING, READONLY, MASTERDOWN);
+ * - other: anything else (a script error, a bug).
+ */
+export type RedisErrorKind = 'timeout' | 'connection' | 'noscript' | 'cluster' | 'unavailable' | 'other'
+
+/** The first word of a Redis error reply is its error code (https://redis.io/docs/latest/develop/reference/protocol-spec/#simple-errors). */
+const REPLY_KINDS: Readonly<Record<string, RedisErrorKind>> = Object.freeze({
+  NOSCRIPT: 'noscript',
+  MOVED: 'cluster',
+  ASK: 'cluster',
+  TRYAGAIN: 'cluster',
+  CLUSTERDOWN: 'cluster',
+  BUSY: 'unavailable',
+  LOADING: 'unavailable',
+  READONLY: 'unavailable',
+  MASTERDOWN: 'unavailable'
+})
+
+// ioredis rejects these without a code of its own; it matches them by these exact texts itself
+// (built/utils CONNECTION_CLOSED_ERROR_MSG, the offline-queue check in Redis.sendCommand).
+const CLIENT_SIDE_CONNECTION = new Set(['Connection is closed.', "Stream isn't writeable and enableOfflineQueue options is false"])
+
+/** The code of a Redis error reply (NOSCRIPT, BUSY, MOVED...), or null when `err` is not a reply. */
+export function replyCode (err: unknown): string | null {
+  if (!(err instanceof ReplyError)) return null
+  const message = (err as Error).message
+  const space = message.indexOf(' ')
+  return space === -1 ? message : message.slice(0, space)
+}
+
+/** Classifies a failed Redis call by class and code, never by searching its message. */
+export function classifyRedisError (err: unknown): RedisErrorKind {
+  if (typeof err !== 'object' || err === null) return 'other'
+  const code = (err as { code?: unknown }).code
+  if (code === 'GW_ERR_REDIS_TIMEOUT') return 'timeout'
+  const reply = replyCode(err)
+  if (reply !== null) return REPLY_KINDS[reply] ?? 'other'
+  // a node:net error (ECONNREFUSED, ECONNRESET, EPIPE, ETIMEDOUT...) from the socket under ioredis
+  if (typeof code === 'string' && code.startsWith('E')) return 'connection'
+  const name = (err as { name?: unknown }).name
+  if (name === 'MaxRetriesPerRequestError') return 'connection'
+  if (name === 'ClusterAllFailedError') return 'cluster'
+  if (CLIENT_SIDE_CONNECTION.has((err as Error).message)) return 'connection'
+  return 'other'
 }

@@ -14,24 +14,16 @@
 import { LRUCache } from 'lru-cache'
 import { MAX_EXACT } from './algorithms/index.js'
 import { createMemoryStore, type MemoryStore } from './memory-store.js'
-import type { LimitCheck, LimitDecision, LimitSpec, LimitStore } from './types.js'
+import { classifyRedisError } from './redis-client.js'
+import type { LimitCheck, LimitDecision, LimitSpec, LimitStore, SharedDecision, SharedLevel } from './types.js'
 import type { OnError } from './plan.js'
 import type { Telemetry } from '../telemetry.js'
 
 export type BreakerState = 'closed' | 'open' | 'half-open'
 const BREAKER_GAUGE: Readonly<Record<BreakerState, 0 | 1 | 2>> = { closed: 0, open: 1, 'half-open': 2 }
 
-export interface GuardedDecision {
-  readonly decision: LimitDecision
-  /** Which store decided: 'redis', or 'fallback' while Redis is unavailable. */
-  readonly level: 'redis' | 'fallback'
-  /** A limit with `onError: deny` could not be decided: answer 503. */
-  readonly unavailable: boolean
-  /** Redis: the id any concurrency lease was taken under ('' otherwise). */
-  readonly leaseId: string
-  /** Units each lease took: 1 in Redis, the live instances n in the fallback (its 1/n share). */
-  readonly share: number
-}
+/** The guard's answers: 'redis', or 'fallback' while Redis is unavailable. */
+export type GuardedDecision = SharedDecision & { readonly level: 'redis' | 'fallback' }
 
 /** What the guard needs of the Redis store: deciding, and writing a fallback's debt back. */
 export interface GuardedStore extends LimitStore {
@@ -131,7 +123,7 @@ class Breaker {
   }
 }
 
-export class RedisGuard {
+export class RedisGuard implements SharedLevel {
   /** Keyed by node ('*' without Cluster). A master's breaker only sends its own slots to the fallback. */
   private readonly breakers = new Map<string, Breaker>()
   private readonly fallbackStore: MemoryStore
@@ -273,7 +265,7 @@ export class RedisGuard {
       }
       return { decision, level: 'redis', unavailable: false, leaseId, share: 1 }
     } catch (err) {
-      const kind = err instanceof RedisTimeoutError ? 'timeout' : errorKind(err)
+      const kind = classifyRedisError(err)
       this.options.telemetry.redisCall(Number(process.hrtime.bigint() - started) / 1e9, false, kind)
       for (const b of involved) {
         b.failures++
@@ -484,12 +476,4 @@ function capacity (spec: LimitSpec): number {
 export function shareCost (check: LimitCheck, n: number): number {
   if (n === 1) return check.cost
   return Math.min(check.cost * n, capacity(check.spec) + 1, MAX_EXACT)
-}
-
-function errorKind (err: unknown): string {
-  const msg = (err as Error | undefined)?.message ?? ''
-  if (/NOSCRIPT/.test(msg)) return 'noscript'
-  if (/Connection is closed|writeable|ECONNREFUSED|ECONNRESET|EPIPE/i.test(msg)) return 'connection'
-  if (/CLUSTERDOWN|MOVED|ASK|TRYAGAIN/.test(msg)) return 'cluster'
-  return 'other'
 }

@@ -2,10 +2,9 @@ import { randomBytes } from 'node:crypto'
 import { Cluster, type Redis } from 'ioredis'
 import { assertDecidable } from './algorithms/index.js'
 import { keySlot } from './keys.js'
-import { NO_CHECKS, longer } from './memory-store.js'
 import { createLimitBatcher, DEFAULT_MAX_BATCH } from './redis-batch.js'
 import { CHARGE_SCRIPT, LIMIT_BATCH_SCRIPT, LIMIT_SCRIPT, REFUND_SCRIPT, chargeArgs, limitArgs, parseLimitReply, refundArgs, type LimitReply } from './scripts.js'
-import type { LimitCheck, LimitDecision, LimitStore } from './types.js'
+import { NO_CHECKS, longer, type LimitCheck, type LimitDecision, type LimitStore } from './types.js'
 
 // The shared store: every check of a request decided by one call of lua/limit.lua.
 //

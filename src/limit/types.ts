@@ -1,5 +1,6 @@
 // The contract between the limiter pipeline and its stores. Every number is an integer:
 // Redis Lua truncates floats on return, so integers are kept end to end (ms and µs).
+import type { OnError } from './plan.js'
 
 export type AlgorithmName =
   | 'gcra'
@@ -72,4 +73,52 @@ export interface LimitStore {
   readonly kind: 'memory' | 'redis'
   decide(checks: readonly LimitCheck[], requestId: string): LimitDecision | Promise<LimitDecision>
   close(): Promise<void>
+}
+
+/** The answer to a request with no checks: allowed, nothing to report. */
+export const NO_CHECKS: LimitDecision = Object.freeze({
+  allowed: true, remaining: 0, retryAfterMs: 0, resetMs: 0, limitingIndex: -1, delayMs: 0
+})
+
+/** Whether wait `a` is longer than `b`; -1 (never) is the longest of all. */
+export function longer (a: number, b: number): boolean {
+  if (a < 0) return b >= 0
+  return b >= 0 && a > b
+}
+
+/** A shared level's answer for one request. */
+export interface SharedDecision {
+  readonly decision: LimitDecision
+  /** Which store decided: the in-process one, Redis, or the in-process fallback while Redis is away. */
+  readonly level: 'memory' | 'redis' | 'fallback'
+  /** A limit with `onError: deny` could not be decided: answer 503. */
+  readonly unavailable: boolean
+  /** Redis: the id any concurrency lease was taken under ('' otherwise). */
+  readonly leaseId: string
+  /** Units each lease took: 1, or the live instances n in the Redis fallback (its 1/n share). */
+  readonly share: number
+}
+
+/**
+ * The one interface the limiter (src/limit/limiter.ts) talks to for the limits shared across
+ * requests: decide every check of a request, all-or-nothing. Implemented in process
+ * (`createInProcessLevel`, synchronous: the hot path allocates no Promise) and over Redis
+ * (`RedisGuard`: timeouts, breaker and `onError` fallback around the Redis store).
+ * test/store-contract.test.ts runs one suite against every implementation.
+ */
+export interface SharedLevel {
+  /** `limits[i].onError` says what check i falls back to when its store is unavailable. */
+  decide(checks: readonly LimitCheck[], limits: readonly { readonly onError: OnError }[], requestId: string): SharedDecision | Promise<SharedDecision>
+  /**
+   * Longest the deny cache may hold a rejection this level decided (Infinity: its whole wait).
+   * Redis Cluster's rejections can come from a refund race and must not be cached whole.
+   */
+  readonly denyCacheMaxMs: number
+}
+
+/** A check read without consuming (the admin API): units left now, ms until whole, ms until a request of its cost passes (-1 never). */
+export interface PeekResult {
+  readonly remaining: number
+  readonly resetMs: number
+  readonly retryAfterMs: number
 }

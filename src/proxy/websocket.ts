@@ -2,7 +2,7 @@ import type { ClientRequest, IncomingMessage } from 'node:http'
 import type { Duplex } from 'node:stream'
 import { Socket } from 'node:net'
 import httpProxy from 'http-proxy'
-import { ERRORS, GatewayError, writeRawError, type ErrorCode } from '../errors.js'
+import { ERRORS, GatewayError, writeError, type ErrorCode } from '../errors.js'
 import type { ForwardContext, ForwardPlan, ForwardResult } from './forward.js'
 import { upstreamRequestHeaders } from './forward-headers.js'
 import { stripPathPrefix } from './forward-path.js'
@@ -229,7 +229,7 @@ function answer (socket: Duplex, code: ErrorCode, ctx: ForwardContext): void {
   if (socket.destroyed) return
   socket.once('finish', () => socket.destroy())
   setTimeout(() => socket.destroy(), CLOSE_GRACE_MS).unref()
-  writeRawError(socket, ERRORS[code].status, { error: code, message: ERRORS[code].message, requestId: ctx.requestId }, ctx.requestId, ctx.extraResponseHeaders)
+  writeError(socket, code, ctx.requestId, undefined, ctx.extraResponseHeaders)
 }
 
 // Ends the socket so buffered frames still go out, then destroys it: at once when flushed, or after the grace.

@@ -1,0 +1,79 @@
+// Redis errors are classified by class and reply code (src/limit/redis-client.ts), the way
+// gateway_redis_errors_total{kind} counts them: each kind below is a real failure of a real
+// redis-server or Cluster (only the guard's own timeout, an error of ours, is built here).
+import t from 'tap'
+import { Redis } from 'ioredis'
+import { startRedis, startRedisCluster, startRedisReplica } from './helpers/redis.js'
+import { classifyRedisError, createRedisClient, replyCode } from '../src/limit/redis-client.js'
+
+async function failureOf (call: () => Promise<unknown>): Promise<unknown> {
+  try {
+    await call()
+  } catch (err) {
+    return err
+  }
+  throw new Error('the call was expected to fail')
+}
+
+const redis = await startRedis()
+t.teardown(() => redis.stop())
+
+t.test('error replies by their code', async (t) => {
+  const client = redis.client()
+  const noscript = await failureOf(async () => await client.evalsha('0'.repeat(40), 0))
+  t.equal(replyCode(noscript), 'NOSCRIPT')
+  t.equal(classifyRedisError(noscript), 'noscript')
+  const scriptError = await failureOf(async () => await client.eval('return redis.call("NOSUCHCOMMAND")', 0))
+  t.equal(classifyRedisError(scriptError), 'other', 'a script error is not an outage')
+  const wrongType = await failureOf(async () => {
+    await client.set('errors:string', 'x')
+    return await client.lpush('errors:string', 'y')
+  })
+  t.equal(replyCode(wrongType), 'WRONGTYPE')
+  t.equal(classifyRedisError(wrongType), 'other')
+})
+
+t.test('READONLY from a replica: the server is up but cannot take the write', async (t) => {
+  const replica = await startRedisReplica(redis.port)
+  t.teardown(() => replica.stop())
+  const readonly = await failureOf(async () => await replica.client().set('errors:k', '1'))
+  t.equal(replyCode(readonly), 'READONLY')
+  t.equal(classifyRedisError(readonly), 'unavailable')
+})
+
+t.test('MOVED from a Cluster master that does not own the slot', async (t) => {
+  const cluster = await startRedisCluster()
+  t.teardown(() => cluster.stop())
+  // A plain connection to one master does not follow redirections: some of these keys live elsewhere.
+  const node = new Redis({ port: cluster.ports[0], host: '127.0.0.1', maxRetriesPerRequest: 0 })
+  node.on('error', () => {})
+  t.teardown(() => node.disconnect())
+  let moved: unknown = null
+  for (let i = 0; i < 20 && moved === null; i++) moved = await node.set(`errors:${i}`, '1').then(() => null, (err: unknown) => err)
+  t.equal(replyCode(moved), 'MOVED')
+  t.equal(classifyRedisError(moved), 'cluster')
+})
+
+t.test('no connection: a refused socket, a client that will not queue', async (t) => {
+  const dead = await startRedis()
+  const deadPort = dead.port
+  await dead.stop()
+  // the gateway's own client settings: no offline queue, so a call fails at once while Redis is away
+  const client = createRedisClient({ url: `redis://127.0.0.1:${deadPort}`, connectTimeoutMs: 500, onError: () => {} })
+  t.teardown(() => client.disconnect())
+  const offline = await failureOf(async () => await client.ping())
+  t.equal(classifyRedisError(offline), 'connection', `${(offline as Error).message}`)
+  const refused = await new Promise<unknown>((resolve) => {
+    const probe = new Redis({ port: deadPort, host: '127.0.0.1', lazyConnect: true, retryStrategy: () => null, maxRetriesPerRequest: 0 })
+    probe.on('error', resolve)
+    probe.connect().catch(() => {})
+    t.teardown(() => probe.disconnect())
+  })
+  t.equal((refused as { code?: string }).code, 'ECONNREFUSED')
+  t.equal(classifyRedisError(refused), 'connection')
+})
+
+t.test('the guard\'s own timeout, by its code', async (t) => {
+  t.equal(classifyRedisError(Object.assign(new Error('no answer within 50ms'), { code: 'GW_ERR_REDIS_TIMEOUT' })), 'timeout')
+  t.equal(classifyRedisError('not an error'), 'other')
+})
