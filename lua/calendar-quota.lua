@@ -62,7 +62,7 @@ local function cq_read (key, p, now)
   local off = 0
   if p.max_delay_ms ~= 0 then off = (p.max_delay_ms - 1440) * 60 end
   local start, stop = cq_period(p.window_ms, floor(now / 1000000) + off)
-  local s = redis.call('HMGET', key, 'w', 'c')
+  local s = hash_get(key, 'w', 'c')
   local sw, cur = tonumber(s[1]), 0
   local period = start
   -- A stored period ahead of now: the clock stepped back; keep counting in that later period.
@@ -90,8 +90,7 @@ end
 
 -- receipt = the period start the request was counted in.
 local function cq_commit (key, p, now, r)
-  redis.call('HSET', key, 'w', int(r.k), 'c', int(r.cur))
-  redis.call('PEXPIRE', key, ttl_ms(r.reset))
+  hash_set(key, ttl_ms(r.reset), 'w', int(r.k), 'c', int(r.cur))
   return r.k
 end
 

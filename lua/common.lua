@@ -51,6 +51,96 @@ local function ttl_ms (us)
   return int(max(1, ms_up(us)) + ttl_slack_ms)
 end
 
+-- The string and hash state of the algorithms, read and written through these helpers. Outside a
+-- batch they are plain GET / SET PX / HMGET / HSET + PEXPIRE. Inside one (limit-batch.lua sets
+-- batch_keys to a table) every key is read from Redis once, then kept here, and every key written
+-- is written once, by flush_batch_keys at the end of the batch: the global and api keys that every
+-- request of a batch shares cost one read and one write per batch, not per request. The result
+-- is the state one call per request would leave (the batch parity test compares both).
+local batch_keys = nil
+
+local function state_get (key)
+  if not batch_keys then return redis.call('GET', key) end
+  local e = batch_keys[key]
+  if e == nil then
+    e = { v = redis.call('GET', key) } -- false when absent
+    batch_keys[key] = e
+  end
+  return e.v
+end
+
+local function state_set (key, value, ttl)
+  if not batch_keys then
+    redis.call('SET', key, value, 'PX', ttl)
+    return
+  end
+  batch_keys[key] = { v = value, ttl = ttl, dirty = true }
+end
+
+-- HMGET key f1 f2 [f3]: a table of the values, false for an absent field.
+local function hash_get (key, f1, f2, f3)
+  if not batch_keys then
+    if f3 then return redis.call('HMGET', key, f1, f2, f3) end
+    return redis.call('HMGET', key, f1, f2)
+  end
+  local e = batch_keys[key]
+  if e == nil then
+    e = { h = {}, w = {} }
+    batch_keys[key] = e
+  end
+  local h = e.h
+  if h[f1] == nil or h[f2] == nil or (f3 and h[f3] == nil) then
+    local s
+    if f3 then s = redis.call('HMGET', key, f1, f2, f3) else s = redis.call('HMGET', key, f1, f2) end
+    -- a field written earlier in the batch is newer than what Redis holds
+    if not e.w[f1] then h[f1] = s[1] end
+    if not e.w[f2] then h[f2] = s[2] end
+    if f3 and not e.w[f3] then h[f3] = s[3] end
+  end
+  if f3 then return { h[f1], h[f2], h[f3] } end
+  return { h[f1], h[f2] }
+end
+
+-- HSET key field value ... then PEXPIRE key ttl.
+local function hash_set (key, ttl, ...)
+  if not batch_keys then
+    redis.call('HSET', key, ...)
+    redis.call('PEXPIRE', key, ttl)
+    return
+  end
+  local e = batch_keys[key]
+  if e == nil then
+    e = { h = {}, w = {} }
+    batch_keys[key] = e
+  end
+  local args = { ... }
+  for i = 1, #args, 2 do
+    e.h[args[i]] = args[i + 1]
+    e.w[args[i]] = true
+  end
+  e.ttl = ttl
+  e.dirty = true
+end
+
+local function flush_batch_keys ()
+  for key, e in pairs(batch_keys) do
+    if e.dirty then
+      if e.h then
+        local args = {}
+        for f in pairs(e.w) do
+          args[#args + 1] = f
+          args[#args + 1] = e.h[f]
+        end
+        redis.call('HSET', key, unpack(args))
+        redis.call('PEXPIRE', key, e.ttl)
+      else
+        redis.call('SET', key, e.v, 'PX', e.ttl)
+      end
+    end
+  end
+  batch_keys = nil
+end
+
 local function gcd (a, b)
   while b ~= 0 do
     a, b = b, a % b

@@ -8,7 +8,7 @@
 
 local function fw_read (key, p, now)
   local k = floor(now / p.window_us)
-  local s = redis.call('HMGET', key, 'w', 'c')
+  local s = hash_get(key, 'w', 'c')
   local sw, cur = tonumber(s[1]), 0
   -- A stored window ahead of now means the clock stepped back (failover to a skewed replica, an
   -- NTP step): keep counting in that later window rather than overwrite it with an empty one.
@@ -32,8 +32,7 @@ end
 
 -- receipt = the window index the request was counted in.
 local function fw_commit (key, p, now, r)
-  redis.call('HSET', key, 'w', int(r.k), 'c', int(r.cur))
-  redis.call('PEXPIRE', key, ttl_ms(r.reset))
+  hash_set(key, ttl_ms(r.reset), 'w', int(r.k), 'c', int(r.cur))
   return r.k
 end
 

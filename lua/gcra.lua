@@ -12,7 +12,7 @@ end
 local function gcra_check (key, p, now)
   local t = gcra_interval(p)
   local tau = p.burst * t
-  local tat = tonumber(redis.call('GET', key)) or now
+  local tat = tonumber(state_get(key)) or now
   if tat < now then tat = now end
   local held = tat - now
   local available = max(0, floor((tau - held) / t))
@@ -25,7 +25,7 @@ local function gcra_check (key, p, now)
 end
 
 local function gcra_commit (key, p, now, r)
-  redis.call('SET', key, int(r.tat), 'PX', ttl_ms(r.tat - now))
+  state_set(key, int(r.tat), ttl_ms(r.tat - now))
   return r.tat
 end
 

@@ -12,7 +12,7 @@
 
 local function lb_read (key, p, now)
   local w, l = scale(p)
-  local s = redis.call('HMGET', key, 'wt', 'ts')
+  local s = hash_get(key, 'wt', 'ts')
   local water, ts = tonumber(s[1]), tonumber(s[2])
   if not water or not ts then water, ts = 0, now end
   if now > ts then
@@ -49,8 +49,7 @@ end
 -- receipt = the µs at which the bucket is empty after this request (rounded down).
 local function lb_commit (key, p, now, r)
   local w, l = scale(p)
-  redis.call('HSET', key, 'wt', int(r.water), 'ts', int(r.ts))
-  redis.call('PEXPIRE', key, ttl_ms(r.reset))
+  hash_set(key, ttl_ms(r.reset), 'wt', int(r.water), 'ts', int(r.ts))
   return r.ts + floor(r.water / l)
 end
 

@@ -8,12 +8,16 @@
 -- ARGV[2]  the number of requests R.
 -- Then per request: its id, its number of checks n, and its n check strings (as limit.lua).
 -- Returns a flat array: per request, the length of its reply followed by limit.lua's reply.
+-- A malformed batch is refused whole (no reply); the string and hash state of its requests is
+-- not written (sliding-window-log entries are, as they go straight to their sorted sets).
 
 local now = read_clock(ARGV[1])
 local count = tonumber(ARGV[2])
 if not count or count < 1 then return redis.error_reply('ERR limit-batch.lua: bad request count ' .. tostring(ARGV[2])) end
 local out = {}
 local k, a = 0, 2
+-- string and hash keys read once and written once for the whole batch (common.lua)
+batch_keys = {}
 for _ = 1, count do
   local id = ARGV[a + 1]
   local n = tonumber(ARGV[a + 2])
@@ -28,4 +32,5 @@ for _ = 1, count do
   a = a + 2 + n
 end
 if k ~= #KEYS or a ~= #ARGV then return redis.error_reply('ERR limit-batch.lua: arguments do not match the request count') end
+flush_batch_keys()
 return out

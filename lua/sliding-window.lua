@@ -12,7 +12,7 @@
 
 local function sw_read (key, p, now)
   local k = floor(now / p.window_us)
-  local s = redis.call('HMGET', key, 'w', 'c', 'p')
+  local s = hash_get(key, 'w', 'c', 'p')
   local sw, sc, sp = tonumber(s[1]), tonumber(s[2]) or 0, tonumber(s[3]) or 0
   -- A stored window ahead of now: the clock stepped back. Keep that later window (as at its
   -- very start) instead of overwriting it with an empty one.
@@ -57,8 +57,7 @@ end
 
 -- receipt = the window index the request was counted in.
 local function sw_commit (key, p, now, r)
-  redis.call('HSET', key, 'w', int(r.k), 'c', int(r.cur), 'p', int(r.prev))
-  redis.call('PEXPIRE', key, ttl_ms((r.k + 2) * p.window_us - now))
+  hash_set(key, ttl_ms((r.k + 2) * p.window_us - now), 'w', int(r.k), 'c', int(r.cur), 'p', int(r.prev))
   return r.k
 end
 

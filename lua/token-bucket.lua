@@ -7,7 +7,7 @@
 local function tb_read (key, p, now)
   local w, l = scale(p)
   local cap = p.burst * w
-  local s = redis.call('HMGET', key, 'tk', 'ts')
+  local s = hash_get(key, 'tk', 'ts')
   local tokens, ts = tonumber(s[1]), tonumber(s[2])
   if not tokens or not ts then tokens, ts = cap, now end
   if tokens > cap then tokens = cap end
@@ -40,8 +40,7 @@ end
 -- refund can only return less than was taken).
 local function tb_commit (key, p, now, r)
   local w, l = scale(p)
-  redis.call('HSET', key, 'tk', int(r.tokens), 'ts', int(r.ts))
-  redis.call('PEXPIRE', key, ttl_ms(r.reset))
+  hash_set(key, ttl_ms(r.reset), 'tk', int(r.tokens), 'ts', int(r.ts))
   return r.ts + floor((p.burst * w - r.tokens) / l)
 end
 

@@ -111,8 +111,10 @@ t.test('a batch decides and stores exactly what one call per request in the same
         }
       }
       for (const key of allKeys) {
-        const [a, b] = await Promise.all([stateOf(reader, `batched:${key}`), stateOf(reader, `single:${key}`)])
+        const [a, b, ttlA, ttlB] = await Promise.all([stateOf(reader, `batched:${key}`), stateOf(reader, `single:${key}`), reader.pttl(`batched:${key}`), reader.pttl(`single:${key}`)])
         if (a !== b) mismatches.push(`scenario ${scenario} turn ${turn} key ${key}: one by one ${b} batched ${a}`)
+        // the same expiry, up to the real time between the two writes (a loaded machine: 5 s of margin)
+        if ((ttlA < 0 || ttlB < 0) ? ttlA !== ttlB : Math.abs(ttlA - ttlB) > 5000) mismatches.push(`scenario ${scenario} turn ${turn} key ${key}: PTTL one by one ${ttlB} batched ${ttlA}`)
       }
     }
   }
