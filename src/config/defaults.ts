@@ -103,7 +103,7 @@ function origin (url: string): string {
 function upstream (up: GatewayConfig['upstreams'][string]): ResolvedUpstream {
   return {
     targets: up.targets.map(t => typeof t === 'string' ? { url: origin(t), weight: 1 } : { url: origin(t.url), weight: t.weight ?? 1 }),
-    timeouts: { connect: up.timeouts?.connect ?? '2s', response: up.timeouts?.response ?? '30s', idle: up.timeouts?.idle ?? '60s' },
+    timeouts: { connect: up.timeouts?.connect ?? '2s', response: up.timeouts?.response ?? '30s', idle: up.timeouts?.idle ?? '1m' },
     ejectFor: up.ejectFor ?? '10s',
     consecutiveFailures: up.consecutiveFailures ?? 5,
     maxConnections: up.maxConnections ?? 256
@@ -148,8 +148,8 @@ export function applyDefaults (c: GatewayConfig): ResolvedConfig {
       // nginx's defaults: client_body_timeout and send_timeout 60 s; bodies are buffered by default
       bufferBodies: s?.bufferBodies !== undefined ? parseSize(s.bufferBodies) : 1024 * 1024,
       bufferBodiesTotal: s?.bufferBodiesTotal !== undefined ? parseSize(s.bufferBodiesTotal) : 64 * 1024 * 1024,
-      clientBodyTimeout: s?.clientBodyTimeout ?? '60s',
-      sendTimeout: s?.sendTimeout ?? '60s',
+      clientBodyTimeout: s?.clientBodyTimeout ?? '1m',
+      sendTimeout: s?.sendTimeout ?? '1m',
       // Envoy's default idle timeout for upgraded connections; the cap keeps tunnels (which outlive
       // any request timeout) from holding every file descriptor
       websocketIdleTimeout: s?.websocketIdleTimeout ?? '5m',
