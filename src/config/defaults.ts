@@ -5,6 +5,10 @@ import type { GatewayConfig, LimitConfig, QuotaConfig, RedisConfig, RouteConfig 
 import { BUCKET_ALGORITHMS } from './schema.js'
 import { parseSize } from './units.js'
 import { DEFAULT_REDACT_QUERY } from '../log.js'
+// Values a stage also falls back to when used on its own: defined there once, applied here.
+import { DEFAULT_IPV6_PREFIX } from '../identify/client-ip.js'
+import { DEFAULT_JWT_CLAIM, DEFAULT_JWT_HEADER } from '../identify/identity.js'
+import { DEFAULT_CONSECUTIVE_FAILURES } from '../proxy/upstream-pool.js'
 
 export const DEFAULT_LISTEN = '0.0.0.0:8080'
 export const DEFAULT_ADMIN = '127.0.0.1:9901'
@@ -105,14 +109,14 @@ function upstream (up: GatewayConfig['upstreams'][string]): ResolvedUpstream {
     targets: up.targets.map(t => typeof t === 'string' ? { url: origin(t), weight: 1 } : { url: origin(t.url), weight: t.weight ?? 1 }),
     timeouts: { connect: up.timeouts?.connect ?? '2s', response: up.timeouts?.response ?? '30s', idle: up.timeouts?.idle ?? '1m' },
     ejectFor: up.ejectFor ?? '10s',
-    consecutiveFailures: up.consecutiveFailures ?? 5,
+    consecutiveFailures: up.consecutiveFailures ?? DEFAULT_CONSECUTIVE_FAILURES,
     maxConnections: up.maxConnections ?? 256
   }
 }
 
 function identity (id: IdentityConfig, onError: ResolvedLimit['onError']): ResolvedIdentity {
   const common = { required: id.required ?? false, failureLimit: limit(id.failureLimit ?? DEFAULT_FAILURE_LIMIT, onError) }
-  if ('jwt' in id) return { ...id, ...common, jwt: { ...id.jwt, claim: id.jwt.claim ?? 'sub', header: id.jwt.header ?? 'authorization' } }
+  if ('jwt' in id) return { ...id, ...common, jwt: { ...id.jwt, claim: id.jwt.claim ?? DEFAULT_JWT_CLAIM, header: id.jwt.header ?? DEFAULT_JWT_HEADER } }
   return { ...id, ...common }
 }
 
@@ -133,7 +137,7 @@ export function applyDefaults (c: GatewayConfig): ResolvedConfig {
     admin: typeof c.admin === 'object' ? { ...c.admin, listen: c.admin.listen ?? DEFAULT_ADMIN } : (c.admin ?? DEFAULT_ADMIN),
     workers: c.workers ?? 1,
     trustedProxies: c.trustedProxies ?? [],
-    ipv6Prefix: c.ipv6Prefix ?? 64,
+    ipv6Prefix: c.ipv6Prefix ?? DEFAULT_IPV6_PREFIX,
     legacyHeaders: c.legacyHeaders ?? false,
     routing,
     log: { level: c.log?.level ?? 'info', redactQuery: [...(c.log?.redactQuery ?? DEFAULT_REDACT_QUERY)] },
