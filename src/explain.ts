@@ -37,7 +37,7 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   if (!normalized.ok) return `400 GW_ERR_BAD_PATH: ${normalized.reason}\n`
   const hostHeader = headers.host ?? (absolute ? url.host : undefined)
   const host = normalizeHost(hostHeader)
-  lines.push(`request: ${method} ${normalized.path}${url.search} (host "${hostHeader ?? ''}")`)
+  lines.push(`request: ${method} ${normalized.path}${url.search} (${hostHeader === undefined ? 'no Host header' : `host "${hostHeader}"`})`)
   const route = rt.routes.match(host, method, normalized.path)
   if (route === null) {
     const allow = rt.routes.allowedMethods(host, normalized.path)
