@@ -95,8 +95,6 @@ export interface Runtime {
   readonly trustedProxiesEmpty: boolean
   /** null: plain HTTP. */
   readonly tls: TlsFiles | null
-  /** The shared limits run in process (no `redis:`, or compiled offline by validate/explain). */
-  readonly inProcess: boolean
   /**
    * Requests that started on this runtime and have not finished: a reload closes the pools
    * only this runtime used once it reaches 0 (admitted requests may not have dispatched yet).
@@ -426,7 +424,6 @@ export async function compileRuntime (
     server,
     trustedProxiesEmpty: config.trustedProxies.length === 0,
     tls,
-    inProcess,
     activity: { inflight: 0 },
     redactQuery: compileQueryRedactor(config.log.redactQuery),
     tracer: resources.tracer(config)
