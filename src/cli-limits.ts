@@ -2,7 +2,7 @@
 // (issue 9), so support can see why a client is limited and unblock it without curl.
 import { parseArgs } from 'node:util'
 import { loadConfigFile } from './config/load.js'
-import { adminListen, adminToken } from './config/schema.js'
+import { adminListen, adminToken } from './config/defaults.js'
 import { splitHostPort } from './server.js'
 
 export const LIMITS_HELP = `Usage: gateway limits get|reset --route NAME [--ip ADDR] [--user NAME] [--plan NAME]

@@ -2,8 +2,9 @@
 import { parseArgs } from 'node:util'
 import { readFileSync, writeFileSync, rmSync } from 'node:fs'
 import { loadConfigFile, ConfigError } from './config/load.js'
-import { adminListen, gatewayJsonSchema } from './config/schema.js'
-import { checkCompiles } from './config/compile.js'
+import { gatewayJsonSchema } from './config/schema.js'
+import { adminListen } from './config/defaults.js'
+import { checkRuntime, compileOffline } from './runtime.js'
 import { Gateway, splitHostPort } from './server.js'
 import type { LogLevel } from './log.js'
 import { explain } from './explain.js'
@@ -141,7 +142,7 @@ async function run (argv: string[]): Promise<number> {
     case 'validate':
       try {
         const loaded = await loadConfigFile(configFile)
-        await checkCompiles(loaded.config)
+        await checkRuntime(loaded)
         process.stdout.write(`${configFile}: ok (${loaded.config.routes.length} routes, ${Object.keys(loaded.config.upstreams).length} upstreams)\n`)
         return 0
       } catch (err) {
@@ -157,7 +158,13 @@ async function run (argv: string[]): Promise<number> {
           return EXIT_USAGE
         }
         const loaded = await loadConfigFile(configFile)
-        process.stdout.write(await explain(loaded.config, { method, url, ip: values.ip ?? '127.0.0.1', user: values.user ?? null, headers: values.header ?? [] }))
+        // the runtime the live gateway would compile from this file, so both decide alike
+        const { runtime, close } = await compileOffline(loaded)
+        try {
+          process.stdout.write(await explain(runtime, { method, url, ip: values.ip ?? '127.0.0.1', user: values.user ?? null, headers: values.header ?? [] }))
+        } finally {
+          await close()
+        }
         return 0
       } catch (err) {
         return reportConfigError(err)
@@ -222,7 +229,7 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
   let loaded
   try {
     loaded = await loadConfigFile(configFile)
-    await checkCompiles(loaded.config)
+    await checkRuntime(loaded)
   } catch (err) {
     process.stderr.write(`gateway reload: not signalled, ${configFile} is invalid:\n`)
     return reportConfigError(err, configFile)
@@ -274,10 +281,10 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
     } catch (err) {
       return reportConfigError(err)
     }
-    const workers = loaded.config.workers ?? 1
+    const workers = loaded.config.workers
     if (workers > 1) {
       if (pidFile !== undefined) writeFileSync(pidFile, `${process.pid}\n`)
-      const logger = createLogger(logLevel ?? loaded.config.log?.level ?? 'info')
+      const logger = createLogger(logLevel ?? loaded.config.log.level)
       const code = await runPrimary({ configFile, loaded, workers, workerArgs: process.argv.slice(2), logger })
       if (pidFile !== undefined) rmSync(pidFile, { force: true })
       return code

@@ -1,64 +1,85 @@
 // `gateway explain`: what the gateway would do with one request, without starting it: the route
-// that matches and each limit that applies, with its algorithm, parameters and Redis key.
-import type { GatewayConfig } from './config/schema.js'
-import { compileRouteTable } from './router/route-table.js'
+// that matches, who the client is, and each limit that applies, with its algorithm, parameters and
+// store key. It asks the runtime compiled by src/runtime.ts (the live gateway's own factory, run
+// offline), so it cannot disagree with the gateway on routing, identity or plans.
 import { normalizePath } from './router/normalize-path.js'
-import { compileClientIpResolver } from './identify/client-ip.js'
-import { compileRouteLimitPlan, dimensionValue, keyFor } from './limit/plan.js'
+import { normalizeHost } from './router/route-table.js'
+import { dimensionValue, keyFor, limitsFor } from './limit/plan.js'
+import type { IdentityResult } from './identify/identity.js'
+import type { Runtime } from './runtime.js'
 
 export interface ExplainRequest {
   readonly method: string
   readonly url: string
   readonly ip: string
+  /** `--user`: taken as identified (its plan from `consumers`/`defaultPlan`), no credential checked. */
   readonly user: string | null
   readonly headers: readonly string[]
 }
 
-function userFromHeaders (config: GatewayConfig, headers: Map<string, string>): string | null {
-  const id = config.identity
-  if (id === undefined) return null
-  if ('header' in id) return headers.get(id.header.toLowerCase()) ?? null
-  if ('apiKeys' in id) {
-    const key = headers.get(id.apiKeys.header.toLowerCase())
-    return key === undefined ? null : ((id.apiKeys.keys ?? {})[key] ?? null)
-  }
-  return null
+/** `--user U` stands for a verified credential of U: the plan is the one U's requests get. */
+function asUser (rt: Runtime, user: string): IdentityResult {
+  const plan = rt.consumers.plans.get(user) ?? rt.consumers.defaultPlan
+  return plan === null ? { ok: true, user } : { ok: true, user, plan }
 }
 
-export async function explain (config: GatewayConfig, req: ExplainRequest): Promise<string> {
+export async function explain (rt: Runtime, req: ExplainRequest): Promise<string> {
+  const absolute = /^https?:\/\//i.test(req.url)
   const url = new URL(req.url, 'http://localhost')
-  const headers = new Map<string, string>()
+  const headers: Record<string, string> = {}
   for (const h of req.headers) {
     const i = h.indexOf(':')
-    if (i > 0) headers.set(h.slice(0, i).trim().toLowerCase(), h.slice(i + 1).trim())
+    if (i > 0) headers[h.slice(0, i).trim().toLowerCase()] = h.slice(i + 1).trim()
   }
+  const method = req.method.toUpperCase()
   const lines: string[] = []
   const normalized = normalizePath(url.pathname)
   if (!normalized.ok) return `400 GW_ERR_BAD_PATH: ${normalized.reason}\n`
-  const table = compileRouteTable(config.routes)
-  const host = headers.get('host') ?? url.hostname
-  const route = table.match(host === 'localhost' && !req.url.startsWith('http') ? '' : host.toLowerCase(), req.method.toUpperCase(), normalized.path)
-  lines.push(`request: ${req.method.toUpperCase()} ${normalized.path}${url.search} (host "${host}")`)
-  if (route === null) return lines.concat('route:   none -> 404 GW_ERR_NOT_FOUND', '').join('\n')
-  lines.push(`route:   ${route.name} -> upstream ${route.upstream}${route.websocket === true ? ' (websocket)' : ''}`)
-  const client = compileClientIpResolver({ trustedProxies: config.trustedProxies ?? [], ipv6Prefix: config.ipv6Prefix ?? 64 })(req.ip, headers.get('x-forwarded-for'))
-  const user = req.user ?? userFromHeaders(config, headers)
-  lines.push(`client:  ip ${client.ip} (limit key ${client.key}), user ${user ?? '(anonymous)'}`)
-  if (config.local !== undefined) {
-    lines.push(`local:   token bucket ${config.local.limit}/${config.local.window} burst ${config.local.burst ?? config.local.limit} per client "${user ?? client.key}" (in process)`)
+  const hostHeader = headers.host ?? (absolute ? url.host : undefined)
+  const host = normalizeHost(hostHeader)
+  lines.push(`request: ${method} ${normalized.path}${url.search} (${hostHeader === undefined ? 'no Host header' : `host "${hostHeader}"`})`)
+  const route = rt.routes.match(host, method, normalized.path)
+  if (route === null) {
+    const allow = rt.routes.allowedMethods(host, normalized.path)
+    if (allow !== null) return lines.concat(`route:   none for ${method} -> 405 GW_ERR_METHOD_NOT_ALLOWED (Allow: ${allow.join(', ')})`, '').join('\n')
+    return lines.concat('route:   none -> 404 GW_ERR_NOT_FOUND', '').join('\n')
   }
-  const plan = compileRouteLimitPlan(config, route)
-  const store = config.redis === undefined ? 'in process' : 'redis'
-  if (plan.all.length === 0) lines.push('limits:  none')
-  for (const l of plan.all) {
+  if (!route.allowPathParams && normalized.path.includes(';')) {
+    return lines.concat(`route:   ${route.name} -> 400 GW_ERR_BAD_PATH (path parameters ";" are not allowed on this route)`, '').join('\n')
+  }
+  lines.push(`route:   ${route.name} -> upstream ${route.upstream}${route.websocket ? ' (websocket)' : ''}`)
+  const client = rt.resolveClientIp(req.ip, headers['x-forwarded-for'])
+  // The same identity resolver and route `auth` as the pipeline (src/pipeline.ts)
+  let identity: IdentityResult
+  if (req.user !== null) identity = asUser(rt, req.user)
+  else if (route.auth === 'none') identity = { ok: true, user: null }
+  else identity = await rt.identity.resolve(headers, route.auth === null ? undefined : route.auth === 'required')
+  if (!identity.ok) {
+    lines.push(`client:  ip ${client.ip} (limit key ${client.key}), identity refused: ${identity.reason}`)
+    lines.push(`result:  401 GW_ERR_UNAUTHORIZED (charged to the client IP: ${rt.failurePlan.all.map(l => l.name).join(', ')})`)
+    return lines.join('\n') + '\n'
+  }
+  const user = identity.user
+  const plan = identity.plan ?? null
+  lines.push(`client:  ip ${client.ip} (limit key ${client.key}), user ${user ?? '(anonymous)'}${plan === null ? '' : `, plan ${plan}`}`)
+  const local = rt.config.local
+  if (local !== undefined) {
+    lines.push(`local:   token bucket ${local.limit}/${local.window} burst ${local.burst} per client "${client.key}" (in process)`)
+  }
+  const limits = limitsFor(route, plan)
+  const store = rt.config.redis === undefined ? 'in process' : 'redis'
+  if (limits.all.length === 0) lines.push('limits:  none')
+  for (const l of limits.all) {
     const value = dimensionValue(l.dimension, client.key, user)
     const s = l.spec
+    const key = value === null ? '(skipped: anonymous request)' : keyFor(l.keyBase, value)
     if (l.concurrency) {
-      lines.push(`limit:   ${l.name} [${l.dimension}] concurrency: at most ${s.limit} in flight (lease TTL ${s.windowMs}ms); ${store} key ${value === null ? '(skipped: anonymous request)' : keyFor(l.keyBase, value)}; onError ${l.onError}; rejects with 429 GW_ERR_CONCURRENCY_LIMITED`)
+      lines.push(`limit:   ${l.name} [${l.dimension}] concurrency: at most ${s.limit} in flight (lease TTL ${s.windowMs}ms); ${store} key ${key}; onError ${l.onError}; rejects with 429 GW_ERR_CONCURRENCY_LIMITED`)
       continue
     }
-    const params = `limit ${s.limit} per ${s.windowMs}ms` + (s.burst !== s.limit ? `, burst ${s.burst}` : '') + (l.cost !== 1 ? `, cost ${l.cost}` : '') + (s.maxDelayMs > 0 ? `, delay up to ${s.maxDelayMs}ms` : '')
-    const key = value === null ? '(skipped: anonymous request)' : keyFor(l.keyBase, value)
+    const params = s.algorithm === 'calendar-quota'
+      ? `limit ${s.limit} per calendar ${l.name.slice(l.name.indexOf(':') + 1)} period` + (l.cost !== 1 ? `, cost ${l.cost}` : '')
+      : `limit ${s.limit} per ${s.windowMs}ms` + (s.burst !== s.limit ? `, burst ${s.burst}` : '') + (l.cost !== 1 ? `, cost ${l.cost}` : '') + (s.maxDelayMs > 0 ? `, delay up to ${s.maxDelayMs}ms` : '')
     lines.push(`limit:   ${l.name} [${l.dimension}] ${s.algorithm}: ${params}${l.shadow ? ' (shadow)' : ''}; ${store} key ${key}; onError ${l.onError}; rejects with ${l.status}`)
   }
   return lines.join('\n') + '\n'

@@ -7,14 +7,15 @@
 // The same Gateway the CLI runs (src/server.ts): same config file, same reload and drain rules.
 // It installs no signal handlers: the embedding process decides what SIGHUP and SIGTERM mean.
 import { loadConfigFile, ConfigError, formatProblem, type ConfigProblem, type LoadedConfig } from './config/load.js'
-import { checkCompiles } from './config/compile.js'
+import { checkRuntime } from './runtime.js'
 import { Gateway, splitHostPort, type ReloadResult } from './server.js'
-import { adminListen } from './config/schema.js'
+import { adminListen } from './config/defaults.js'
 import type { GatewayConfig } from './config/schema.js'
+import type { ResolvedConfig } from './config/defaults.js'
 import type { Logger, LogLevel } from './log.js'
 
 export { ConfigError, formatProblem }
-export type { ConfigProblem, GatewayConfig, LoadedConfig, Logger, LogLevel, ReloadResult }
+export type { ConfigProblem, GatewayConfig, LoadedConfig, Logger, LogLevel, ReloadResult, ResolvedConfig }
 
 export interface StartOptions {
   /** Path of the gateway.yaml; `reload()` re-reads it. */
@@ -52,12 +53,14 @@ export interface GatewayHandle {
 }
 
 /**
- * Reads and validates a config file as the gateway would (schema, `${VAR}`, references, limits
- * that compile). Throws ConfigError, whose `problems` are located (`file:line:col key.path`).
+ * Reads and validates a config file as the gateway would: schema, `${VAR}`, references, and every
+ * check of compiling the runtime (routes, identity, trusted proxies, header rules, TLS files, the
+ * API key file), without opening a connection. Throws ConfigError, whose `problems` are located
+ * (`file:line:col key.path`). `config` comes back with every default written in.
  */
 export async function loadConfig (file: string, env: NodeJS.ProcessEnv = process.env): Promise<LoadedConfig> {
   const loaded = await loadConfigFile(file, env)
-  await checkCompiles(loaded.config)
+  await checkRuntime(loaded)
   return loaded
 }
 
@@ -73,7 +76,7 @@ export async function startGateway (options: StartOptions | string): Promise<Gat
   // the addresses the sockets were bound with: a reload that edits `listen` needs a restart
   const config = (gw.runtime as NonNullable<Gateway['runtime']>).config
   const addresses = Object.freeze({
-    listen: Object.freeze({ host: splitHostPort(config.listen ?? '0.0.0.0:8080').host, port: gw.port }),
+    listen: Object.freeze({ host: splitHostPort(config.listen).host, port: gw.port }),
     admin: Object.freeze({ host: splitHostPort(adminListen(config)).host, port: gw.adminPort })
   })
   return Object.freeze({

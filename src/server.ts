@@ -2,12 +2,11 @@
 // reload (SIGHUP) and graceful shutdown. The per-request order lives in pipeline.ts.
 import { createServer as createHttpServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import { createServer as createHttpsServer, type Server as HttpsServer } from 'node:https'
-import { readFileSync } from 'node:fs'
 import { randomUUID } from 'node:crypto'
 import type { AddressInfo, Socket } from 'node:net'
-import { loadConfigFile, ConfigError, type LoadedConfig } from './config/load.js'
-import { compileRuntime, type Runtime } from './config/compile.js'
-import { ResourceCache, type RedisStatus } from './config/resources.js'
+import { loadConfigFile, ConfigError, formatProblem, type LoadedConfig } from './config/load.js'
+import { compileRuntime, type Runtime } from './runtime.js'
+import { ResourceCache, type RedisStatus } from './runtime-resources.js'
 import { createRequestHandler, createUpgradeHandler, type PipelineState } from './pipeline.js'
 import { createWebSocketProxy } from './proxy/websocket.js'
 import { GatewayMetrics } from './admin/metrics.js'
@@ -21,7 +20,7 @@ import { redactConfig } from './admin/redact.js'
 import { cutByShutdown } from './proxy/shutdown-cut.js'
 import { createAccessLog, createLogger, droppedLogLines, type Logger, type LogLevel } from './log.js'
 import { writeRawError, type ErrorCode } from './errors.js'
-import { adminListen, adminToken } from './config/schema.js'
+import { adminListen, adminToken } from './config/defaults.js'
 
 export interface GatewayOptions {
   readonly configFile: string
@@ -109,7 +108,7 @@ export class Gateway {
   /** Loads the file, starts both listeners; throws ConfigError with located problems. */
   static async start (options: GatewayOptions): Promise<Gateway> {
     const loaded = await loadConfigFile(options.configFile, options.env)
-    const logger = options.logger ?? createLogger(options.logLevel ?? loaded.config.log?.level ?? 'info')
+    const logger = options.logger ?? createLogger(options.logLevel ?? loaded.config.log.level)
     const gw = new Gateway(options, logger)
     try {
       await gw.boot(loaded)
@@ -150,10 +149,12 @@ export class Gateway {
   }
 
   private async boot (loaded: LoadedConfig): Promise<void> {
-    const runtime = await compileRuntime(loaded, ++this.generation, this.resources, this.live)
+    const prepared = await compileRuntime(loaded, ++this.generation, this.resources, this.live)
+    prepared.commit()
+    const runtime = prepared.runtime
     this.metrics.generation.set(runtime.generation)
-    const tls = runtime.config.tls
-    const proto = tls === undefined ? 'http' : 'https'
+    const tls = runtime.tls
+    const proto = tls === null ? 'http' : 'https'
     this.state = {
       runtime,
       telemetry: this.live,
@@ -174,9 +175,9 @@ export class Gateway {
       connectionsCheckingInterval: Math.max(100, Math.min(1000, Math.floor(s.headersTimeoutMs / 2))),
       maxHeaderSize: s.maxHeaderSize
     }
-    const server = tls === undefined
+    const server = tls === null
       ? createHttpServer(serverOptions)
-      : createHttpsServer({ ...serverOptions, cert: readFileSync(tls.cert), key: readFileSync(tls.key) })
+      : createHttpsServer({ ...serverOptions, cert: tls.cert, key: tls.key })
     const handleRequest = createRequestHandler(this.state)
     // One more than the limit, so the pipeline sees a request over it (431) rather than node:http
     // dropping the fields beyond its own limit without a word.
@@ -229,7 +230,7 @@ export class Gateway {
       this.logger.info({ requestId, ip: socket.remoteAddress, route: '-', status, error: code === '' ? 'bad_request' : code }, 'request')
     })
     this.server = server
-    this.listenAddress = runtime.config.listen ?? '0.0.0.0:8080'
+    this.listenAddress = runtime.config.listen
     this.port = (await listen(server, this.listenAddress)).port
 
     const self = this // eslint-disable-line @typescript-eslint/no-this-alias
@@ -269,7 +270,8 @@ export class Gateway {
   /**
    * Re-reads the file. A valid config is compiled aside and swapped in with one assignment:
    * requests in flight finish on the runtime they started with. An invalid one is logged with
-   * its located problems and the old config keeps serving.
+   * its located problems and the old config keeps serving, unchanged: nothing shared with it
+   * (Redis timeout, body budget, TLS context) is touched before the swap.
    */
   reload (): Promise<ReloadResult> {
     // A SIGHUP during a reload may follow an edit the running reload did not read: it queues
@@ -299,27 +301,31 @@ export class Gateway {
   private async doReload (): Promise<ReloadResult> {
     const state = this.state
     if (state === null || this.shuttingDown) return { ok: false, error: 'gateway not running' }
-    let runtime: Runtime
+    let prepared: Awaited<ReturnType<typeof compileRuntime>>
     try {
       const loaded = await loadConfigFile(this.options.configFile, this.options.env)
-      runtime = await compileRuntime(loaded, this.generation + 1, this.resources, this.live)
-      this.refreshTls(runtime)
+      prepared = await compileRuntime(loaded, this.generation + 1, this.resources, this.live)
     } catch (err) {
       this.metrics.reload('failure')
-      const problems = err instanceof ConfigError ? err.problems.map(p => `${p.file}:${p.line}:${p.column} ${p.path}: ${p.message}`) : [(err as Error).message]
+      const problems = err instanceof ConfigError ? err.problems.map(formatProblem) : [(err as Error).message]
       this.logger.error({ problems, generation: state.runtime.generation }, 'reload rejected; the running configuration keeps serving')
       // anything the failed compile created but the live runtime does not use is released
       await this.sweep()
       return { ok: false, error: problems.join('\n') }
     }
+    // The commit: from here on nothing can fail, and the new runtime's settings reach what it
+    // shares with the previous one in the same turn of the event loop as the swap.
+    const runtime = prepared.runtime
     this.generation = runtime.generation
     // read by node:http when a connection starts: new connections get the new limit
     if (this.server !== null) this.server.maxHeadersCount = runtime.server.maxHeadersCount + 1
     const previous = state.runtime
     state.runtime = runtime
+    prepared.commit()
+    this.refreshTls(runtime)
     this.metrics.generation.set(runtime.generation)
     this.metrics.reload('success')
-    const newListen = runtime.config.listen ?? '0.0.0.0:8080'
+    const newListen = runtime.config.listen
     if (newListen !== this.listenAddress) this.logger.warn({ listen: newListen, current: this.listenAddress }, 'listen address changes need a restart; still listening on the old one')
     this.logger.info({ generation: runtime.generation, previous: previous.generation, hash: runtime.hash }, 'configuration reloaded')
     // The old runtime's requests may be admitted but not yet dispatched (waiting on Redis, a JWKS,
@@ -334,11 +340,12 @@ export class Gateway {
     return { ok: true, generation: runtime.generation }
   }
 
-  // A renewed certificate is picked up by SIGHUP without a restart.
+  // A renewed certificate is picked up by SIGHUP without a restart. The files were read and
+  // checked to form a pair when the runtime compiled, so this cannot fail after the swap.
   private refreshTls (runtime: Runtime): void {
-    const tls = runtime.config.tls
-    if (tls === undefined || this.server === null || !('setSecureContext' in this.server)) return
-    this.server.setSecureContext({ cert: readFileSync(tls.cert), key: readFileSync(tls.key) })
+    const tls = runtime.tls
+    if (tls === null || this.server === null || !('setSecureContext' in this.server)) return
+    this.server.setSecureContext({ cert: tls.cert, key: tls.key })
   }
 
   /** Closes what neither the live runtime nor a draining one uses. */

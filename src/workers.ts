@@ -5,7 +5,6 @@ import cluster, { type Worker } from 'node:cluster'
 import { createServer } from 'node:http'
 import { AggregatorRegistry } from 'prom-client'
 import { loadConfigFile, type LoadedConfig } from './config/load.js'
-import { effectiveConfig } from './config/effective.js'
 import { redactConfig } from './admin/redact.js'
 import { json } from './admin/admin-server.js'
 import { handleDashboard, type RouteView } from './admin/dashboard.js'
@@ -13,7 +12,7 @@ import { LiveFeed } from './admin/live-feed.js'
 import type { LiveFrame } from './admin/live-stats.js'
 import type { Logger } from './log.js'
 import { splitHostPort } from './server.js'
-import { adminListen } from './config/schema.js'
+import { adminListen } from './config/defaults.js'
 
 export const WORKER_ADMIN_ENV = 'GATEWAY_WORKER'
 
@@ -78,7 +77,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     const path = (req.url ?? '/').split('?')[0]
     if (path === '/healthz') return json(res, 200, { status: 'ok' })
     if (path === '/readyz') return json(res, ready.size === workers && !shuttingDown ? 200 : 503, { status: ready.size === workers ? 'ready' : 'not_ready', workers, ready: ready.size })
-    if (path === '/config') return json(res, 200, { hash: loaded.hash, file: loaded.file, workers, config: redactConfig(effectiveConfig(loaded.config)) })
+    if (path === '/config') return json(res, 200, { hash: loaded.hash, file: loaded.file, workers, config: redactConfig(loaded.config) })
     if (path === '/metrics') {
       aggregator.clusterMetrics().then(text => {
         res.writeHead(200, { 'content-type': aggregator.contentType })

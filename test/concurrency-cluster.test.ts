@@ -35,7 +35,7 @@ routes:
 }
 
 t.test('two instances on a Cluster share `user: 2`; refusals by either kind take nothing from the other', async t => {
-  const rateKey = `gw:${compileLimitSpec('cl', 'user', { algorithm: 'fixed-window', limit: 6, window: '1h' }).id}:alice`
+  const rateKey = `gw:${compileLimitSpec('cl', 'user', { algorithm: 'fixed-window', limit: 6, windowMs: 3_600_000, burst: 6, maxDelayMs: 0 }).id}:alice`
   const leaseKey = 'gw:lease:cl.user:alice'
   t.not(keySlot(rateKey), keySlot(leaseKey), 'the rate-limit key and the lease key are in different slots')
   const up = await startUpstream(t)

@@ -2,7 +2,7 @@
 // rejected, a user cap without identity and a lease TTL too short to renew refused at load.
 import t from 'tap'
 import { loadConfigFile, ConfigError } from '../src/config/load.js'
-import { compileRouteLimitPlan } from '../src/limit/plan.js'
+import { routeLimitPlan } from '../src/runtime.js'
 
 async function problems (file: string): Promise<string[]> {
   try {
@@ -62,7 +62,7 @@ routes:
     concurrency: { user: 5 }
 `)
   const { config } = await loadConfigFile(file, {})
-  const upload = compileRouteLimitPlan(config, config.routes[0] as (typeof config.routes)[0])
+  const upload = routeLimitPlan(config, config.routes[0] as (typeof config.routes)[0])
   t.same(upload.enforced.map(l => [l.name, l.concurrency, l.spec.limit]), [
     ['upload.user', false, 5],
     ['concurrency.ip', true, 50],

@@ -218,7 +218,8 @@ t.test('releases of one event-loop turn go to Redis in one call', async t => {
   const { createRedisStore } = await import('../src/limit/redis-store.js')
   const { RedisGuard } = await import('../src/limit/redis-guard.js')
   const { LeaseKeeper } = await import('../src/limit/concurrency.js')
-  const { compileRouteLimitPlan } = await import('../src/limit/plan.js')
+  const { routeLimitPlan } = await import('../src/runtime.js')
+  const { applyDefaults } = await import('../src/config/defaults.js')
   const { NOOP_TELEMETRY } = await import('../src/telemetry.js')
   const { Redis } = await import('ioredis')
   const client = new Redis(redis.url)
@@ -228,7 +229,8 @@ t.test('releases of one event-loop turn go to Redis in one call', async t => {
   const leases = new LeaseKeeper({ redis: { client, guard }, ttlMs: 10_000 })
   const limiter = new Limiter({ local: null, deny: new DenyCache(1000), shared: guard, legacyHeaders: false, telemetry: NOOP_TELEMETRY, leases })
   const route = { name: 'batch', pathPrefix: '/', upstream: 'u', concurrency: { user: 100 } }
-  const plan = compileRouteLimitPlan({ redis: { url: redis.url }, upstreams: { u: { targets: ['http://127.0.0.1:1'] } }, routes: [route] }, route)
+  const config = applyDefaults({ redis: { url: redis.url }, upstreams: { u: { targets: ['http://127.0.0.1:1'] } }, routes: [route] })
+  const plan = routeLimitPlan(config, config.routes[0] as (typeof config.routes)[0])
   const verdicts = await Promise.all(Array.from({ length: 20 }, async (_, i) => await limiter.check({ route: 'batch', plan, ipKey: '127.0.0.1', user: 'alice', requestId: `r${i}` })))
   t.equal(await reader.zcard('gw:lease:batch.user:alice'), 20, '20 leases held')
   const before = leases.calls

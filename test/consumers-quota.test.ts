@@ -7,7 +7,8 @@ import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { burst, send, statusCounts } from './helpers/ratelimit.js'
 import { parseConfigText } from '../src/config/load.js'
-import { compileRouteLimitPlan, keyFor, type PlannedLimit } from '../src/limit/plan.js'
+import { keyFor, type PlannedLimit } from '../src/limit/plan.js'
+import { routeLimitPlan } from '../src/runtime.js'
 import { createRedisStore } from '../src/limit/redis-store.js'
 import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import { createMemoryStore } from '../src/limit/memory-store.js'
@@ -74,7 +75,7 @@ upstreams:
 routes:
   - { name: r, pathPrefix: /, upstream: b }
 `, 'gateway.yaml')
-  const plan = compileRouteLimitPlan(loaded.config, loaded.config.routes[0] as never, 'p')
+  const plan = routeLimitPlan(loaded.config, loaded.config.routes[0] as never, 'p')
   const planned = plan.all.find(l => l.dimension === 'quota') as PlannedLimit
   return { check: { key: keyFor(planned.keyBase, who), spec: planned.spec, cost: planned.cost }, planned }
 }

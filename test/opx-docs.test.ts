@@ -157,7 +157,8 @@ routes:
   - { name: api, pathPrefix: /, upstream: backend, limits: { ip: { limit: LIMIT_HERE, window: 1m } } }
 `
   const ok = parseConfigText(yaml.replace('LIMIT_HERE', '5'), 'g.yaml', { API_KEY: 'k1' })
-  t.equal((ok.config.upstreams.backend?.targets[0]), 'http://127.0.0.1:3000', 'a string value takes the default')
+  // the loaded config has its defaults applied: a target is written as { url, weight }
+  t.same((ok.config.upstreams.backend?.targets[0]), { url: 'http://127.0.0.1:3000', weight: 1 }, 'a string value takes the default')
   const identity = ok.config.identity as { apiKeys: { keys: Record<string, string> } }
   t.same(Object.keys(identity.apiKeys.keys), ['k1'], 'an API key from the environment (issue 9)')
   const err = (() => {

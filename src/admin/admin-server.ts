@@ -5,9 +5,8 @@ import type { GatewayMetrics } from './metrics.js'
 import { redactConfig } from './redact.js'
 import { handleDashboard } from './dashboard.js'
 import type { LiveFeed } from './live-feed.js'
-import { effectiveConfig } from '../config/effective.js'
-import type { Runtime } from '../config/compile.js'
-import type { RedisStatus } from '../config/resources.js'
+import type { Runtime } from '../runtime.js'
+import type { RedisStatus } from '../runtime-resources.js'
 import { ERRORS, errorBody } from '../errors.js'
 
 export interface AdminSource {
@@ -79,7 +78,7 @@ export function createAdminServer (source: AdminSource, live: LiveFeed | null = 
         const rt = source.runtime
         if (rt === null) return json(res, ERRORS.GW_ERR_NOT_READY.status, errorBody('GW_ERR_NOT_READY', 'no configuration loaded yet'))
         // the config in force: the file with every default written in, secrets redacted
-        return json(res, 200, { generation: rt.generation, hash: rt.hash, file: rt.file, loadedAt: rt.loadedAt, lastReload: source.lastReload ?? null, config: redactConfig(effectiveConfig(rt.config, rt.server)) })
+        return json(res, 200, { generation: rt.generation, hash: rt.hash, file: rt.file, loadedAt: rt.loadedAt, lastReload: source.lastReload ?? null, config: redactConfig(rt.config) })
       }
       default:
         if (handleDashboard(req, res, path, live, () => source.runtime, json)) return

@@ -5,7 +5,7 @@ import { readFileSync } from 'node:fs'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { ERRORS, errorBody } from '../errors.js'
 import type { LiveFeed } from './live-feed.js'
-import type { Runtime } from '../config/compile.js'
+import type { Runtime } from '../runtime.js'
 import { describeLimit } from './limits-api.js'
 
 const UI_DIR = new URL('../../admin-ui/', import.meta.url)

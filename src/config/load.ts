@@ -6,8 +6,8 @@ import { readFile } from 'node:fs/promises'
 import { createHash } from 'node:crypto'
 import { LineCounter, parseDocument, isMap, isSeq, isScalar, type Document, type Node as YamlNode } from 'yaml'
 import { dirname, resolve } from 'node:path'
-import { adminListen, configSchema, gatewayJsonSchema, BUCKET_ALGORITHMS, type GatewayConfig, type LimitConfig } from './schema.js'
-import { compileLimitSpec } from '../limit/plan.js'
+import { configSchema, gatewayJsonSchema, BUCKET_ALGORITHMS, type GatewayConfig, type LimitConfig } from './schema.js'
+import { adminListen, applyDefaults, type ResolvedConfig } from './defaults.js'
 import { utcOffsetMinutes } from '../limit/algorithms/calendar-quota.js'
 import { validateLimitSpec } from '../limit/algorithms/index.js'
 import ipaddr from 'ipaddr.js'
@@ -35,9 +35,15 @@ export class ConfigError extends Error {
 
 export interface LoadedConfig {
   readonly file: string
-  readonly config: GatewayConfig
+  /** The file with every default applied (src/config/defaults.ts), frozen. */
+  readonly config: ResolvedConfig
   /** sha256 of the file text: shown on /config so operators can tell which file is live. */
   readonly hash: string
+  /**
+   * A problem found after loading (while compiling the runtime) located like the schema's: at
+   * the value of `path` in the file, or at its deepest ancestor that is written there.
+   */
+  readonly problemAt: (path: KeyPath, message: string) => ConfigProblem
 }
 
 export function formatProblem (p: ConfigProblem): string {
@@ -89,16 +95,22 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
     throw new ConfigError(problems)
   }
 
-  const config = parsed.data
-  for (const [path, message] of crossChecks(config)) problems.push(at(locate(doc, path), path, message))
-  if (problems.length > 0) throw new ConfigError(problems)
+  const written = parsed.data
   // The API key file is named relative to gateway.yaml, wherever the gateway was started from.
-  const identity = config.identity
+  const identity = written.identity
   if (identity !== undefined && 'apiKeys' in identity && identity.apiKeys.file !== undefined) {
     identity.apiKeys.file = resolve(dirname(file), identity.apiKeys.file)
   }
+  const config = applyDefaults(written)
+  for (const [path, message] of crossChecks(written, config)) problems.push(at(locate(doc, path), path, message))
+  if (problems.length > 0) throw new ConfigError(problems)
 
-  return { file, config, hash: createHash('sha256').update(text).digest('hex') }
+  return {
+    file,
+    config,
+    hash: createHash('sha256').update(text).digest('hex'),
+    problemAt: (path, message) => at(locate(doc, path), path, message)
+  }
 }
 
 type Issue = z.core.$ZodIssue
@@ -264,8 +276,8 @@ function rangeStart (node: unknown): number | undefined {
   return (node as YamlNode | null)?.range?.[0]
 }
 
-/** Checks zod cannot express per field: references, uniqueness, combinations. */
-function crossChecks (config: GatewayConfig): Array<[KeyPath, string]> {
+/** Checks zod cannot express per field: references, uniqueness, combinations (`resolved`: with defaults). */
+function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[KeyPath, string]> {
   const out: Array<[KeyPath, string]> = []
   const names = new Map<string, number>()
   config.routes.forEach((route, i) => {
@@ -313,11 +325,11 @@ function crossChecks (config: GatewayConfig): Array<[KeyPath, string]> {
     out.push([['redis', 'leaseTtl'], 'leaseTtl must be at least 1s (leases are renewed every third of it)'])
   }
   const sharedLimits = config.limits !== undefined || config.concurrency !== undefined || config.routes.some(r => r.limits !== undefined || r.concurrency !== undefined)
-  if ((config.workers ?? 1) > 1 && config.redis === undefined && sharedLimits) {
+  if (resolved.workers > 1 && config.redis === undefined && sharedLimits) {
     out.push([['workers'], 'workers > 1 needs "redis:" for the shared limits: without it each worker would enforce every limit on its own (N times the budget)'])
   }
-  const listen = config.listen ?? '0.0.0.0:8080'
-  const admin = adminListen(config)
+  const listen = resolved.listen
+  const admin = adminListen(resolved)
   if (sameSocket(listen, admin)) {
     const adminPath = typeof config.admin === 'object' ? ['admin', 'listen'] : ['admin']
     out.push([config.admin !== undefined ? adminPath : ['listen'], `"${admin}" is also the ${config.admin !== undefined ? 'listen' : 'admin'} address: the admin listener needs its own port`])
@@ -376,7 +388,15 @@ function checkLimit (limit: LimitConfig, path: KeyPath): Array<[KeyPath, string]
   if (limit.onLimit === 'delay' && limit.maxDelay === undefined) {
     out.push([[...path, 'maxDelay'], '"onLimit: delay" needs "maxDelay" (the longest a request may wait)'])
   }
-  const invalid = validateLimitSpec(compileLimitSpec('check', 'api', limit))
+  // the limit stage's own validator, on the spec it would compile (see limitRule in src/runtime.ts)
+  const invalid = validateLimitSpec({
+    id: 'check',
+    algorithm,
+    limit: limit.limit,
+    windowMs: parseDuration(limit.window),
+    burst: BUCKET_ALGORITHMS.has(algorithm) ? (limit.burst ?? limit.limit) : limit.limit,
+    maxDelayMs: limit.onLimit === 'delay' && limit.maxDelay !== undefined ? parseDuration(limit.maxDelay) : 0
+  })
   if (invalid !== undefined) out.push([path, invalid])
   const capacity = BUCKET_ALGORITHMS.has(algorithm) ? (limit.burst ?? limit.limit) : limit.limit
   if (limit.cost !== undefined && limit.cost > capacity) {

@@ -1,6 +1,6 @@
 // The gateway.yaml contract. The schema only validates (no transforms) so that the same object
-// yields the JSON Schema editors use (`gateway schema`); conversion to runtime values happens in
-// compile.ts. Every object is strict: a typo must never silently disable a limit.
+// yields the JSON Schema editors use (`gateway schema`); defaults are applied in defaults.ts
+// and conversion to runtime values in src/runtime.ts. Every object is strict: a typo must never silently disable a limit.
 import { z } from 'zod'
 
 export const DURATION_RE = /^(\d+)(ms|s|m|h)$/
@@ -231,18 +231,6 @@ export type UpstreamConfigInput = z.infer<typeof upstreamSchema>
 export type RedisConfig = z.infer<typeof redisSchema>
 export type QuotaConfig = z.infer<typeof quotaSchema>
 export type PlanConfig = z.infer<typeof planSchema>
-
-/** The admin listener's address, from either form of `admin`. */
-export function adminListen (config: GatewayConfig): string {
-  const a = config.admin
-  return (typeof a === 'string' ? a : a?.listen) ?? '127.0.0.1:9901'
-}
-
-/** `admin.token`, or null when none is configured (mutating admin endpoints then answer 403). */
-export function adminToken (config: GatewayConfig): string | null {
-  const a = config.admin
-  return typeof a === 'object' ? (a.token ?? null) : null
-}
 
 /** The JSON Schema editors use to autocomplete gateway.yaml (committed as gateway.schema.json). */
 export function gatewayJsonSchema (): Record<string, unknown> {

@@ -3,8 +3,25 @@
 // compiled, so SIGHUP re-reads it; a bad file is a located error and the running config keeps serving.
 import { readFile } from 'node:fs/promises'
 import { LineCounter, parseDocument, isMap, isScalar } from 'yaml'
-import { ConfigError, type ConfigProblem } from '../config/load.js'
 import type { ConsumerDirectory } from './identity.js'
+
+/** A problem at a place in the key file; line 0 = the file itself (missing, unreadable). */
+export interface KeyFileProblem {
+  readonly file: string
+  readonly line: number
+  readonly column: number
+  /** The entry by position (`[3]`), never the key: errors must not print secrets. */
+  readonly path: string
+  readonly message: string
+}
+
+/** The key file cannot be used; the assembler reports `problems` like config errors. */
+export class ApiKeyFileError extends Error {
+  readonly code = 'GW_ERR_CONFIG_INVALID'
+  constructor (readonly problems: readonly KeyFileProblem[]) {
+    super(problems.map(p => `${p.file}:${p.line}:${p.column}${p.path === '' ? '' : ' ' + p.path}: ${p.message}`).join('\n'))
+  }
+}
 
 /**
  * Why `consumer` cannot be the target of an API key, or null. With plans configured, a key must
@@ -18,7 +35,7 @@ export function consumerProblem (consumer: string, consumers: ConsumerDirectory)
   return null
 }
 
-/** The [key, consumer] pairs of the file; [] without a file. Throws ConfigError located in the file. */
+/** The [key, consumer] pairs of the file; [] without a file. Throws ApiKeyFileError located in the file. */
 export async function readApiKeyFile (file: string | undefined, consumers: ConsumerDirectory): Promise<Array<[string, string]>> {
   if (file === undefined) return []
   let text: string
@@ -26,19 +43,19 @@ export async function readApiKeyFile (file: string | undefined, consumers: Consu
     text = await readFile(file, 'utf8')
   } catch (err) {
     const reason = (err as NodeJS.ErrnoException).code === 'ENOENT' ? 'API key file not found' : (err as Error).message
-    throw new ConfigError([{ file, line: 0, column: 0, path: '', message: reason }])
+    throw new ApiKeyFileError([{ file, line: 0, column: 0, path: '', message: reason }])
   }
   const lineCounter = new LineCounter()
   const doc = parseDocument(text, { lineCounter, prettyErrors: false, uniqueKeys: true })
-  const at = (offset: number | undefined, path: string, message: string): ConfigProblem => {
+  const at = (offset: number | undefined, path: string, message: string): KeyFileProblem => {
     const pos = lineCounter.linePos(offset ?? 0)
     return { file, line: pos.line, column: pos.col, path, message }
   }
-  if (doc.errors.length > 0) throw new ConfigError(doc.errors.map(e => at(e.pos[0], '', e.message.split('\n')[0] ?? e.message)))
+  if (doc.errors.length > 0) throw new ApiKeyFileError(doc.errors.map(e => at(e.pos[0], '', e.message.split('\n')[0] ?? e.message)))
   const out: Array<[string, string]> = []
-  const problems: ConfigProblem[] = []
+  const problems: KeyFileProblem[] = []
   if (doc.contents === null) return out
-  if (!isMap(doc.contents)) throw new ConfigError([at(doc.contents.range?.[0], '', 'expected "key: consumer" lines')])
+  if (!isMap(doc.contents)) throw new ApiKeyFileError([at(doc.contents.range?.[0], '', 'expected "key: consumer" lines')])
   // an entry is named by its position ([0], [1], ...), never by the key: errors must not print secrets
   for (const [i, pair] of doc.contents.items.entries()) {
     const keyNode = pair.key
@@ -62,6 +79,6 @@ export async function readApiKeyFile (file: string | undefined, consumers: Consu
     }
     out.push([key, consumer])
   }
-  if (problems.length > 0) throw new ConfigError(problems)
+  if (problems.length > 0) throw new ApiKeyFileError(problems)
   return out
 }

@@ -9,6 +9,9 @@ import { GatewayError } from '../errors.js'
 // such); each proxy appends the address it saw, so only entries written by trusted hops are
 // believable, and we walk from the right until the first address that is not ours.
 
+/** One customer site: what src/config writes in when `ipv6Prefix` is absent. */
+export const DEFAULT_IPV6_PREFIX = 64
+
 export interface ClientIpOptions {
   /** CIDRs, single addresses or proxy-addr names (`loopback`, `linklocal`, `uniquelocal`). */
   readonly trustedProxies: readonly string[]
@@ -34,7 +37,7 @@ const MAX_CACHED_KEY = 256
 const MAPPED_V4_PREFIX = '::ffff:'
 
 export function compileClientIpResolver (opts: ClientIpOptions): ClientIpResolver {
-  const prefix = opts.ipv6Prefix ?? 64
+  const prefix = opts.ipv6Prefix ?? DEFAULT_IPV6_PREFIX
   if (!Number.isInteger(prefix) || prefix < 1 || prefix > 128) {
     throw new GatewayError('GW_ERR_CONFIG_INVALID', `ipv6Prefix must be an integer from 1 to 128, got ${prefix}`)
   }

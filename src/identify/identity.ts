@@ -56,6 +56,10 @@ export interface IdentityResolver {
   readonly credentialHeader: string | null
 }
 
+/** The claim naming the user, and the header carrying the token (RFC 6750 §2.1), when not configured. */
+export const DEFAULT_JWT_CLAIM = 'sub'
+export const DEFAULT_JWT_HEADER = 'authorization'
+
 /** Longest user name taken from a header or a claim: it becomes part of limiter keys. */
 export const MAX_USER_LENGTH = 256
 // Real tokens are well under this; bigger ones are refused before any crypto work.
@@ -161,12 +165,12 @@ async function compileJwt (jwt: JwtConfig, absent: Absent, consumers: ConsumerDi
   if (sources !== 1) throw invalid('jwt needs exactly one of "secret", "publicKey" or "jwksUrl"')
   const { key, algorithms } = await compileJwtKey(jwt)
   const remote = jwt.jwksUrl !== undefined
-  const claim = jwt.claim ?? 'sub'
+  const claim = jwt.claim ?? DEFAULT_JWT_CLAIM
   const options: JWTVerifyOptions = { algorithms }
   if (jwt.issuer !== undefined) options.issuer = jwt.issuer
   if (jwt.audience !== undefined) options.audience = jwt.audience
 
-  const name = headerName(jwt.header ?? 'authorization')
+  const name = headerName(jwt.header ?? DEFAULT_JWT_HEADER)
   // A custom header may carry the bare token; Authorization must say "Bearer <token>".
   const bareTokenAllowed = name !== 'authorization'
   // Anything else in the header (another scheme, "Bearer\t", "Bearer:", a bare token) is refused:

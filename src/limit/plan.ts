@@ -1,12 +1,10 @@
-// Turns the limits of gateway.yaml into per-route plans at load time, so a request only has to
-// append its dimension value to a precomputed key base.
+// Turns the configured limits into per-route plans at load time, so a request only has to
+// append its dimension value to a precomputed key base. The options are this stage's own, in
+// runtime units (ms) with every default already applied: src/runtime.ts builds them from the config.
 import { createHash } from 'node:crypto'
-import type { LimitConfig, GatewayConfig, QuotaConfig, RouteConfig } from '../config/schema.js'
-import { BUCKET_ALGORITHMS } from '../config/schema.js'
-import { parseDuration } from '../config/units.js'
 import type { AlgorithmName, LimitCheck, LimitSpec } from './types.js'
 import { escapeKeyValue } from './keys.js'
-import { PERIOD_WINDOW_MS, utcOffsetMinutes } from './algorithms/calendar-quota.js'
+import { PERIOD_WINDOW_MS, utcOffsetMinutes, type QuotaPeriod } from './algorithms/calendar-quota.js'
 
 // The scope of gateway-wide limits in their ids: "*" cannot be a route name (schema), so a route
 // can never share a gateway-wide limit's keys by being named like its scope.
@@ -42,6 +40,64 @@ export interface RouteLimitPlan {
   readonly all: readonly PlannedLimit[]
 }
 
+/** One rate limit, resolved: every field given, durations in ms. */
+export interface LimitRule {
+  readonly algorithm: Exclude<AlgorithmName, 'calendar-quota' | 'lease'>
+  readonly limit: number
+  readonly windowMs: number
+  /** Capacity of bucket algorithms; equals `limit` for window algorithms. */
+  readonly burst: number
+  /** leaky-bucket with `onLimit: delay`: the longest wait; 0 rejects instead. */
+  readonly maxDelayMs: number
+  readonly cost: number
+  readonly shadow: boolean
+  readonly status: number
+  readonly onError: OnError
+}
+
+/** A plan's calendar quota (issue 9). */
+export interface QuotaRule {
+  readonly period: QuotaPeriod
+  readonly limit: number
+  readonly cost: number
+  readonly status: number
+  readonly onError: OnError
+}
+
+/** A plan's limits: `user` replaces the gateway-wide user limit, `routes` a route's user limit. */
+export interface PlanRules {
+  readonly user: LimitRule | null
+  readonly quota: QuotaRule | null
+  readonly routes: ReadonlyMap<string, LimitRule>
+}
+
+/** The gateway-wide part of every route's plan. */
+export interface LimitPlanOptions {
+  /** Prefix of every store key (`redis.keyPrefix`). */
+  readonly keyPrefix: string
+  /** What concurrency leases do when the store fails (`redis.onError`). */
+  readonly leaseOnError: OnError
+  readonly leaseTtlMs: number
+  /** IANA zone of calendar quota periods; null = UTC. */
+  readonly quotaTimezone: string | null
+  readonly global: LimitRule | null
+  readonly ip: LimitRule | null
+  readonly user: LimitRule | null
+  readonly concurrency: { readonly ip: number | null, readonly user: number | null }
+  readonly plans: ReadonlyMap<string, PlanRules>
+  /** Budget of failed identity checks per IP; null = no identity configured (nothing can fail). */
+  readonly failureLimit: LimitRule | null
+}
+
+/** A route's own limits. */
+export interface RouteLimitOptions {
+  readonly name: string
+  readonly api: LimitRule | null
+  readonly ip: LimitRule | null
+  readonly user: LimitRule | null
+  readonly concurrency: { readonly ip: number | null, readonly user: number | null, readonly route: number | null }
+}
+
 export const EMPTY_PLAN: RouteLimitPlan = Object.freeze({ enforced: [], shadow: [], all: [] })
 
 /** `<keyPrefix>:<limit id>:<dimension value>` from the precomputed key base. */
@@ -61,11 +117,8 @@ export function dimensionValue (dimension: Dimension, ipKey: string, user: strin
   }
 }
 
-export function compileLimitSpec (scope: string, dimension: Dimension, limit: LimitConfig): LimitSpec {
-  const algorithm: AlgorithmName = limit.algorithm ?? 'gcra'
-  const windowMs = parseDuration(limit.window)
-  const burst = BUCKET_ALGORITHMS.has(algorithm) ? (limit.burst ?? limit.limit) : limit.limit
-  const maxDelayMs = limit.onLimit === 'delay' && limit.maxDelay !== undefined ? parseDuration(limit.maxDelay) : 0
+export function compileLimitSpec (scope: string, dimension: Dimension, limit: Pick<LimitRule, 'algorithm' | 'limit' | 'windowMs' | 'burst' | 'maxDelayMs'>): LimitSpec {
+  const { algorithm, windowMs, burst, maxDelayMs } = limit
   // The id changes exactly when the state's meaning changes: a reload that keeps a limit keeps
   // its keys (and so its budget); a changed limit starts fresh under new keys.
   const digest = createHash('sha256')
@@ -75,42 +128,33 @@ export function compileLimitSpec (scope: string, dimension: Dimension, limit: Li
   return Object.freeze({ id: `${scope}.${dimension}.${digest}`, algorithm, limit: limit.limit, windowMs, burst, maxDelayMs })
 }
 
-function planLimit (
-  config: GatewayConfig,
-  scope: string,
-  dimension: Dimension,
-  limit: LimitConfig,
-  keyPrefix: string
-): PlannedLimit {
+function planLimit (scope: string, dimension: Dimension, limit: LimitRule, keyPrefix: string): PlannedLimit {
   const spec = compileLimitSpec(scope, dimension, limit)
   const name = scope === GATEWAY_SCOPE ? dimension : `${scope}.${dimension}`
-  const onError = limit.onError ?? config.redis?.onError ?? 'local'
   const keyBase = `${keyPrefix}:${spec.id}:`
   return Object.freeze({
     name,
     dimension,
     spec,
-    cost: limit.cost ?? 1,
-    shadow: limit.mode === 'shadow',
-    status: limit.status ?? 429,
-    onError,
+    cost: limit.cost,
+    shadow: limit.shadow,
+    status: limit.status,
+    onError: limit.onError,
     keyBase,
     policy: `"${name}";q=${spec.limit};w=${Math.max(1, Math.ceil(spec.windowMs / 1000))}`,
-    fixedCheck: dimension === 'global' || dimension === 'api' ? Object.freeze({ key: keyFor(keyBase, '_'), spec, cost: limit.cost ?? 1 }) : null,
+    fixedCheck: dimension === 'global' || dimension === 'api' ? Object.freeze({ key: keyFor(keyBase, '_'), spec, cost: limit.cost }) : null,
     concurrency: false
   })
 }
-
-/** The lease TTL when `redis.leaseTtl` is not given (and in process, where leases never expire). */
-export const DEFAULT_LEASE_TTL_MS = 10_000
 
 /**
  * A concurrency limit as a limit check: the lease algorithm (lua/lease.lua) with limit = the most
  * held at once and window = the lease TTL. Its key does not name the cap, so a reload that changes
  * the cap keeps counting the leases already held.
  */
-function planConcurrency (config: GatewayConfig, scope: string, dimension: 'ip' | 'user' | 'route', max: number, keyPrefix: string): PlannedLimit {
-  const windowMs = config.redis?.leaseTtl !== undefined ? parseDuration(config.redis.leaseTtl) : DEFAULT_LEASE_TTL_MS
+function planConcurrency (options: LimitPlanOptions, scope: string, dimension: 'ip' | 'user' | 'route', max: number): PlannedLimit {
+  const windowMs = options.leaseTtlMs
+  const keyPrefix = options.keyPrefix
   const spec: LimitSpec = Object.freeze({ id: `${scope}.concurrency.${dimension}`, algorithm: 'lease', limit: max, windowMs, burst: max, maxDelayMs: 0 })
   const name = scope === GATEWAY_SCOPE ? `concurrency.${dimension}` : `${scope}.concurrency.${dimension}`
   const keyBase = `${keyPrefix}:lease:${scope}.${dimension}:`
@@ -121,7 +165,7 @@ function planConcurrency (config: GatewayConfig, scope: string, dimension: 'ip' 
     cost: 1,
     shadow: false,
     status: 429,
-    onError: config.redis?.onError ?? 'local',
+    onError: options.leaseOnError,
     keyBase,
     policy: '',
     fixedCheck: dimension === 'route' ? Object.freeze({ key: keyFor(keyBase, '_'), spec, cost: 1 }) : null,
@@ -138,27 +182,27 @@ const policyOf = (name: string, limit: number, windowMs: number): string => `"${
  * is re-read at the first use in every minute, and DST changes happen on whole minutes, so every
  * decision uses the offset in force at that minute.
  */
-function planQuota (config: GatewayConfig, plan: string, quota: QuotaConfig, keyPrefix: string): PlannedLimit {
+function planQuota (options: LimitPlanOptions, plan: string, quota: QuotaRule): PlannedLimit {
   const windowMs = PERIOD_WINDOW_MS[quota.period]
-  const zone = config.quotaTimezone
-  const id = zone === undefined ? `quota.${quota.period}` : `quota.${quota.period}.${zone}`
-  const specAt = (offsetMin: number): LimitSpec => Object.freeze({ id, algorithm: 'calendar-quota' as const, limit: quota.limit, windowMs, burst: quota.limit, maxDelayMs: zone === undefined ? 0 : offsetMin + 1440 })
+  const zone = options.quotaTimezone
+  const id = zone === null ? `quota.${quota.period}` : `quota.${quota.period}.${zone}`
+  const specAt = (offsetMin: number): LimitSpec => Object.freeze({ id, algorithm: 'calendar-quota' as const, limit: quota.limit, windowMs, burst: quota.limit, maxDelayMs: zone === null ? 0 : offsetMin + 1440 })
   let current = specAt(0)
   let minute = -Infinity
   const name = `${plan}:quota`
   const planned = {
     name,
     dimension: 'quota' as const,
-    cost: quota.cost ?? 1,
+    cost: quota.cost,
     shadow: false,
-    status: quota.status ?? 429,
-    onError: quota.onError ?? config.redis?.onError ?? 'local',
+    status: quota.status,
+    onError: quota.onError,
     concurrency: false,
-    keyBase: `${keyPrefix}:${id}:`,
+    keyBase: `${options.keyPrefix}:${id}:`,
     policy: policyOf(name, quota.limit, windowMs),
     fixedCheck: null
   }
-  if (zone === undefined) return Object.freeze({ ...planned, spec: current })
+  if (zone === null) return Object.freeze({ ...planned, spec: current })
   Object.defineProperty(planned, 'spec', {
     enumerable: true,
     get (): LimitSpec {
@@ -180,36 +224,35 @@ function planQuota (config: GatewayConfig, plan: string, quota: QuotaConfig, key
  * `limits.user` replaces the gateway-wide user limit, `plans.<p>.routes.<route>.user` replaces the
  * route's, and the plan's quota is one more check decided in the same all-or-nothing call.
  */
-export function compileRouteLimitPlan (config: GatewayConfig, route: RouteConfig, plan?: string): RouteLimitPlan {
-  const keyPrefix = config.redis?.keyPrefix ?? 'gw'
+export function compileRouteLimitPlan (options: LimitPlanOptions, route: RouteLimitOptions, plan?: string): RouteLimitPlan {
+  const keyPrefix = options.keyPrefix
   const all: PlannedLimit[] = []
-  const top = config.limits
-  const p = plan === undefined ? undefined : config.plans?.[plan]
-  if (top?.global !== undefined) all.push(planLimit(config, GATEWAY_SCOPE, 'global', top.global, keyPrefix))
-  if (route.limits?.api !== undefined) all.push(planLimit(config, route.name, 'api', route.limits.api, keyPrefix))
-  if (top?.ip !== undefined) all.push(planLimit(config, GATEWAY_SCOPE, 'ip', top.ip, keyPrefix))
-  if (route.limits?.ip !== undefined) all.push(planLimit(config, route.name, 'ip', route.limits.ip, keyPrefix))
-  const planUser = p?.limits?.user
-  if (planUser !== undefined && plan !== undefined) {
+  const p = plan === undefined ? undefined : options.plans.get(plan)
+  if (options.global !== null) all.push(planLimit(GATEWAY_SCOPE, 'global', options.global, keyPrefix))
+  if (route.api !== null) all.push(planLimit(route.name, 'api', route.api, keyPrefix))
+  if (options.ip !== null) all.push(planLimit(GATEWAY_SCOPE, 'ip', options.ip, keyPrefix))
+  if (route.ip !== null) all.push(planLimit(route.name, 'ip', route.ip, keyPrefix))
+  const planUser = p?.user ?? null
+  if (planUser !== null && plan !== undefined) {
     // scope "free:*": ":" is in no route name, so these keys are the plan's own
-    const l = planLimit(config, `${plan}:${GATEWAY_SCOPE}`, 'user', planUser, keyPrefix)
+    const l = planLimit(`${plan}:${GATEWAY_SCOPE}`, 'user', planUser, keyPrefix)
     all.push(Object.freeze({ ...l, name: `${plan}:user`, policy: policyOf(`${plan}:user`, l.spec.limit, l.spec.windowMs) }))
-  } else if (top?.user !== undefined) {
-    all.push(planLimit(config, GATEWAY_SCOPE, 'user', top.user, keyPrefix))
+  } else if (options.user !== null) {
+    all.push(planLimit(GATEWAY_SCOPE, 'user', options.user, keyPrefix))
   }
-  const routeUser = p?.routes?.[route.name]?.user
-  if (routeUser !== undefined && plan !== undefined) all.push(planLimit(config, `${plan}:${route.name}`, 'user', routeUser, keyPrefix))
-  else if (route.limits?.user !== undefined) all.push(planLimit(config, route.name, 'user', route.limits.user, keyPrefix))
-  const quota = p?.limits?.quota
-  if (quota !== undefined && plan !== undefined) all.push(planQuota(config, plan, quota, keyPrefix))
+  const routeUser = p?.routes.get(route.name)
+  if (routeUser !== undefined && plan !== undefined) all.push(planLimit(`${plan}:${route.name}`, 'user', routeUser, keyPrefix))
+  else if (route.user !== null) all.push(planLimit(route.name, 'user', route.user, keyPrefix))
+  const quota = p?.quota ?? null
+  if (quota !== null && plan !== undefined) all.push(planQuota(options, plan, quota))
   // Leases last, in the same all-or-nothing call: a request refused by a rate limit takes none.
-  const gateway = config.concurrency
+  const gateway = options.concurrency
   const own = route.concurrency
-  if (gateway?.ip !== undefined) all.push(planConcurrency(config, GATEWAY_SCOPE, 'ip', gateway.ip, keyPrefix))
-  if (gateway?.user !== undefined) all.push(planConcurrency(config, GATEWAY_SCOPE, 'user', gateway.user, keyPrefix))
-  if (own?.ip !== undefined) all.push(planConcurrency(config, route.name, 'ip', own.ip, keyPrefix))
-  if (own?.user !== undefined) all.push(planConcurrency(config, route.name, 'user', own.user, keyPrefix))
-  if (own?.route !== undefined) all.push(planConcurrency(config, route.name, 'route', own.route, keyPrefix))
+  if (gateway.ip !== null) all.push(planConcurrency(options, GATEWAY_SCOPE, 'ip', gateway.ip))
+  if (gateway.user !== null) all.push(planConcurrency(options, GATEWAY_SCOPE, 'user', gateway.user))
+  if (own.ip !== null) all.push(planConcurrency(options, route.name, 'ip', own.ip))
+  if (own.user !== null) all.push(planConcurrency(options, route.name, 'user', own.user))
+  if (own.route !== null) all.push(planConcurrency(options, route.name, 'route', own.route))
   if (all.length === 0) return EMPTY_PLAN
   return Object.freeze({
     enforced: Object.freeze(all.filter(l => !l.shadow)),
@@ -218,30 +261,27 @@ export function compileRouteLimitPlan (config: GatewayConfig, route: RouteConfig
   })
 }
 
-/** What `identity.failureLimit` is when the file does not say: 10 failed checks per minute per IP. */
-export const DEFAULT_FAILURE_LIMIT: LimitConfig = Object.freeze({ limit: 10, window: '1m' })
 export const FAILURE_LIMIT_NAME = 'identity.failures'
 
 /**
  * The limits a request that failed identity is charged against, in one store call: the
  * gateway-wide `ip` limit and the failed-identity budget of its IP. Empty without identity.
  */
-export function compileFailurePlan (config: GatewayConfig): RouteLimitPlan {
-  const identity = config.identity
-  if (identity === undefined) return EMPTY_PLAN
-  const keyPrefix = config.redis?.keyPrefix ?? 'gw'
+export function compileFailurePlan (options: LimitPlanOptions): RouteLimitPlan {
+  if (options.failureLimit === null) return EMPTY_PLAN
+  const keyPrefix = options.keyPrefix
   const all: PlannedLimit[] = []
-  if (config.limits?.ip !== undefined && config.limits.ip.mode !== 'shadow') all.push(planLimit(config, GATEWAY_SCOPE, 'ip', config.limits.ip, keyPrefix))
+  if (options.ip !== null && !options.ip.shadow) all.push(planLimit(GATEWAY_SCOPE, 'ip', options.ip, keyPrefix))
   // "*identity" cannot be a route name (schema), so no route's ip limit can share these keys.
-  const failures = planLimit(config, '*identity', 'ip', { ...(identity.failureLimit ?? DEFAULT_FAILURE_LIMIT), mode: 'enforce' }, keyPrefix)
+  const failures = planLimit('*identity', 'ip', { ...options.failureLimit, shadow: false }, keyPrefix)
   all.push(Object.freeze({ ...failures, name: FAILURE_LIMIT_NAME, policy: `"${FAILURE_LIMIT_NAME}";q=${failures.spec.limit};w=${Math.max(1, Math.ceil(failures.spec.windowMs / 1000))}` }))
   return Object.freeze({ enforced: Object.freeze(all), shadow: Object.freeze([]), all: Object.freeze(all) })
 }
 
 /** Every plan's limits for `route`, by plan name: what a request of a consumer on that plan is checked against. */
-export function compilePlanLimits (config: GatewayConfig, route: RouteConfig): ReadonlyMap<string, RouteLimitPlan> {
+export function compilePlanLimits (options: LimitPlanOptions, route: RouteLimitOptions): ReadonlyMap<string, RouteLimitPlan> {
   const out = new Map<string, RouteLimitPlan>()
-  for (const plan of Object.keys(config.plans ?? {})) out.set(plan, compileRouteLimitPlan(config, route, plan))
+  for (const plan of options.plans.keys()) out.set(plan, compileRouteLimitPlan(options, route, plan))
   return out
 }
 

@@ -1,6 +1,9 @@
 import { continueTolerantConnector } from './interim-responses.js'
 import { Pool } from 'undici'
 
+/** Response timeouts or resets in a row that eject a target, when not configured. */
+export const DEFAULT_CONSECUTIVE_FAILURES = 5
+
 /** One target of an upstream as written in the config. */
 export interface UpstreamTargetConfig {
   readonly url: string
@@ -98,7 +101,7 @@ export class UpstreamPool {
     this.config = config
     this.signature = upstreamSignature(config)
     this.targets = config.targets.map((target) => new UpstreamTarget(target, config))
-    this.#failureThreshold = config.consecutiveFailures ?? 5
+    this.#failureThreshold = config.consecutiveFailures ?? DEFAULT_CONSECUTIVE_FAILURES
   }
 
   /**

@@ -1,29 +1,31 @@
 // Long-lived things a runtime uses, keyed by the config that shapes them. A reload asks for them
 // again; whatever config did not change comes back as the same object (connections and limiter
 // state survive), and `sweep` closes what the live runtime no longer uses.
-import type { GatewayConfig } from './schema.js'
-import { parseDuration } from './units.js'
-import { UpstreamPool, upstreamSignature, type UpstreamConfig } from '../proxy/upstream-pool.js'
-import { BodyBudget } from '../proxy/body-budget.js'
-import { LocalLevel, DenyCache } from '../limit/local-level.js'
-import { createMemoryStore, type MemoryStore } from '../limit/memory-store.js'
-import { createRedisStore } from '../limit/redis-store.js'
-import { clusterNodes, createRedisClient, whenReady } from '../limit/redis-client.js'
-import { InstanceHeartbeat } from '../limit/heartbeat.js'
-import { RedisGuard, type BreakerState } from '../limit/redis-guard.js'
-import { LeaseKeeper } from '../limit/concurrency.js'
-import { DEFAULT_LEASE_TTL_MS } from '../limit/plan.js'
-import type { LimitStore } from '../limit/types.js'
-import type { Telemetry } from '../telemetry.js'
-import type { Logger } from '../log.js'
-import { PROPAGATING_TRACER, type RequestTracer } from '../tracing.js'
-import { createOtlpTracer, type OtlpTracer } from '../otlp.js'
+//
+// Asking never changes an object a running runtime uses: settings that may change on a reload
+// (the Redis timeout, the lease TTL, the body budget) are applied by `commit`, which the gateway
+// calls only once the new runtime compiled completely and is swapped in (a reload is a transaction).
+import { parseDuration } from './config/units.js'
+import { limitStateOf, type ResolvedConfig, type ResolvedRedis } from './config/defaults.js'
+import { UpstreamPool, upstreamSignature, type UpstreamConfig } from './proxy/upstream-pool.js'
+import { BodyBudget } from './proxy/body-budget.js'
+import { LocalLevel, DenyCache } from './limit/local-level.js'
+import { createMemoryStore, type MemoryStore } from './limit/memory-store.js'
+import { createRedisStore } from './limit/redis-store.js'
+import { clusterNodes, createRedisClient, whenReady } from './limit/redis-client.js'
+import { InstanceHeartbeat } from './limit/heartbeat.js'
+import { RedisGuard, type BreakerState } from './limit/redis-guard.js'
+import { LeaseKeeper } from './limit/concurrency.js'
+import type { LimitStore } from './limit/types.js'
+import type { Telemetry } from './telemetry.js'
+import type { Logger } from './log.js'
+import { PROPAGATING_TRACER, type RequestTracer } from './tracing.js'
+import { createOtlpTracer, type OtlpTracer } from './otlp.js'
 import { Cluster, type Redis } from 'ioredis'
-import { ResetBus, deleteRedisKeys, peekRedis, type ResetMessage } from '../limit/limit-admin.js'
-import type { PeekResult } from '../limit/memory-store.js'
-import type { LimitCheck } from '../limit/types.js'
+import { ResetBus, deleteRedisKeys, peekRedis, type ResetMessage } from './limit/limit-admin.js'
+import type { PeekResult } from './limit/memory-store.js'
+import type { LimitCheck } from './limit/types.js'
 
-const DEFAULT_MAX_KEYS = 100_000
 // Under Redis Cluster a rejection may come from units a concurrent request is about to refund
 // (src/limit/redis-store.ts): remember it this long at most, so that under-admission stays brief
 // while a key hammered by one client still costs at most a few Redis calls a second.
@@ -60,11 +62,35 @@ export class ResourceCache {
   /** One per gateway, across reloads: a reload must not hand out a second full budget. */
   private readonly bodies = new BodyBudget(0)
 
-  constructor (private readonly logger: Logger) {}
+  /**
+   * `offline`: for `gateway validate` and `gateway explain`, which compile a runtime without
+   * serving: no Redis connection, no span exporter (the shared level runs in process).
+   */
+  constructor (private readonly logger: Logger, private readonly offline = false) {}
 
-  bodyBudget (limitBytes: number): BodyBudget {
-    this.bodies.limit = limitBytes
+  /** The gateway-wide body budget; its size is `server.bufferBodiesTotal` from `commit` on. */
+  bodyBudget (): BodyBudget {
     return this.bodies
+  }
+
+  /**
+   * Applies what `config` sets on objects shared with the running runtime. Called once the
+   * runtime compiled from `config` is swapped in, never before: a rejected reload changes nothing.
+   */
+  commit (config: ResolvedConfig): void {
+    this.bodies.limit = config.server.bufferBodiesTotal
+    const r = config.redis
+    if (r === undefined) return
+    const bundle = this.redis.get(redisConnectionKey(r))
+    if (bundle === undefined) return
+    bundle.leases.ttlMs = parseDuration(r.leaseTtl)
+    bundle.guard.expectedInstances = r.expectedInstances
+    bundle.guard.timeoutMs = parseDuration(r.timeout)
+  }
+
+  /** Whether the shared limits are decided in process: no `redis:`, or compiled offline. */
+  inProcess (config: ResolvedConfig): boolean {
+    return config.redis === undefined || this.offline
   }
 
   pool (config: UpstreamConfig, telemetry?: Telemetry): UpstreamPool {
@@ -80,19 +106,19 @@ export class ResourceCache {
     return pool
   }
 
-  tracer (config: GatewayConfig): RequestTracer {
+  tracer (config: ResolvedConfig): RequestTracer {
     const t = config.tracing
-    if (t === undefined) return PROPAGATING_TRACER
+    if (t === undefined || this.offline) return PROPAGATING_TRACER
     const key = tracerKey(config) as string
     let tracer = this.tracers.get(key)
-    if (tracer === undefined) this.tracers.set(key, tracer = createOtlpTracer(t.otlp, t.serviceName ?? 'edge-gateway'))
+    if (tracer === undefined) this.tracers.set(key, tracer = createOtlpTracer(t.otlp, t.serviceName))
     return tracer
   }
 
-  localLevel (config: GatewayConfig): LocalLevel | null {
+  localLevel (config: ResolvedConfig): LocalLevel | null {
     const l = config.local
     if (l === undefined) return null
-    const options = { limit: l.limit, windowMs: parseDuration(l.window), burst: l.burst ?? l.limit, maxKeys: l.maxKeys ?? DEFAULT_MAX_KEYS }
+    const options = { limit: l.limit, windowMs: parseDuration(l.window), burst: l.burst, maxKeys: l.maxKeys }
     const key = JSON.stringify(options)
     let level = this.locals.get(key)
     if (level === undefined) this.locals.set(key, level = new LocalLevel(options))
@@ -103,10 +129,10 @@ export class ResourceCache {
    * Keys the shared level rejected. A new Redis endpoint starts a new cache: rejections decided by
    * another store say nothing about this one.
    */
-  denyCache (config: GatewayConfig): DenyCache {
+  denyCache (config: ResolvedConfig): DenyCache {
     const key = denyCacheKey(config)
     let deny = this.denies.get(key)
-    if (deny === undefined) this.denies.set(key, deny = new DenyCache(config.local?.maxKeys ?? DEFAULT_MAX_KEYS))
+    if (deny === undefined) this.denies.set(key, deny = new DenyCache(limitStateOf(config).maxKeys))
     return deny
   }
 
@@ -115,20 +141,20 @@ export class ResourceCache {
    * a changed `local.maxKeys` is applied at the next restart rather than by starting everyone
    * over with a fresh budget.
    */
-  memoryStore (config: GatewayConfig): MemoryStore {
-    const max = config.local?.maxKeys ?? DEFAULT_MAX_KEYS
+  memoryStore (config: ResolvedConfig): MemoryStore {
+    const max = limitStateOf(config).maxKeys
     if (this.memory !== null) {
       if (this.memory.maxKeys !== max) this.logger.warn({ maxKeys: this.memory.maxKeys, requested: max }, 'local.maxKeys of the in-process limit store changes at the next restart')
       return this.memory.store
     }
     const store = createMemoryStore({ maxKeys: max })
-    this.memory = { store, maxKeys: max, leases: new LeaseKeeper({ memory: store, ttlMs: DEFAULT_LEASE_TTL_MS }) }
+    this.memory = { store, maxKeys: max, leases: new LeaseKeeper({ memory: store, ttlMs: parseDuration(limitStateOf(config).leaseTtl) }) }
     return this.memory.store
   }
 
   /** Who releases and renews concurrency leases: the Redis connection's keeper, or the in-process one. */
-  leaseKeeper (config: GatewayConfig): LeaseKeeper {
-    if (config.redis === undefined) {
+  leaseKeeper (config: ResolvedConfig): LeaseKeeper {
+    if (this.inProcess(config) || config.redis === undefined) {
       this.memoryStore(config)
       return (this.memory as { readonly leases: LeaseKeeper }).leases
     }
@@ -137,21 +163,21 @@ export class ResourceCache {
     return bundle.leases
   }
 
-  redisGuard (config: GatewayConfig, telemetry: Telemetry): RedisGuard {
+  redisGuard (config: ResolvedConfig, telemetry: Telemetry): RedisGuard {
     const r = config.redis
     if (r === undefined) throw new Error('redisGuard without redis config')
     const key = redisConnectionKey(r)
     let bundle = this.redis.get(key)
     if (bundle === undefined) {
-      const keyPrefix = r.keyPrefix ?? 'gw'
+      const keyPrefix = r.keyPrefix
       const client = createRedisClient({
         ...(r.url !== undefined ? { url: r.url } : {}),
         ...(r.cluster !== undefined ? { cluster: r.cluster } : {}),
         ...(r.sentinels !== undefined ? { sentinels: r.sentinels.map(hp => ({ host: hp.slice(0, hp.lastIndexOf(':')), port: Number(hp.slice(hp.lastIndexOf(':') + 1)) })) } : {}),
         ...(r.name !== undefined ? { name: r.name } : {}),
         ...(r.password !== undefined ? { password: r.password } : {}),
-        ...(r.tls !== undefined ? { tls: r.tls } : {}),
-        ...(r.autoPipelining !== undefined ? { enableAutoPipelining: r.autoPipelining } : {}),
+        tls: r.tls,
+        enableAutoPipelining: r.autoPipelining,
         onError: (err: Error) => { this.logger.debug({ err: err.message }, 'redis client error') }
       })
       const heartbeat = new InstanceHeartbeat(client, `${keyPrefix}:instances`)
@@ -163,9 +189,10 @@ export class ResourceCache {
       })
       const guard = new RedisGuard({
         store,
-        fallbackMaxKeys: config.local?.maxKeys ?? DEFAULT_MAX_KEYS,
-        timeoutMs: r.timeout !== undefined ? parseDuration(r.timeout) : 50,
-        ...(r.expectedInstances !== undefined ? { expectedInstances: r.expectedInstances } : {}),
+        fallbackMaxKeys: limitStateOf(config).maxKeys,
+        // a new connection: nothing running uses it yet, so its settings are given here
+        timeoutMs: parseDuration(r.timeout),
+        expectedInstances: r.expectedInstances,
         ...(client instanceof Cluster ? clusterNodes(client) : { ping: () => client.ping() }),
         onDebtError: (err, keys) => { this.logger.warn({ err: (err as Error).message, keys }, 'could not write the fallback\'s admissions back to Redis') },
         ...(r.cluster !== undefined ? { denyCacheMaxMs: CLUSTER_DENY_CACHE_MAX_MS } : {}),
@@ -190,14 +217,12 @@ export class ResourceCache {
       bus.start()
       const leases = new LeaseKeeper({
         redis: { client, guard },
-        ttlMs: DEFAULT_LEASE_TTL_MS,
+        ttlMs: parseDuration(r.leaseTtl),
         onError: (err, what) => { this.logger.debug({ err: (err as Error).message, what }, 'concurrency lease call failed: the lease expires within leaseTtl') }
       })
       this.redis.set(key, bundle = { client, store, heartbeat, guard, bus, leases })
     }
-    bundle.leases.ttlMs = r.leaseTtl !== undefined ? parseDuration(r.leaseTtl) : DEFAULT_LEASE_TTL_MS
-    bundle.guard.expectedInstances = r.expectedInstances ?? 1
-    bundle.guard.timeoutMs = r.timeout !== undefined ? parseDuration(r.timeout) : 50
+    // An existing connection keeps its settings until `commit`: the running runtime uses it.
     return bundle.guard
   }
 
@@ -205,8 +230,8 @@ export class ResourceCache {
    * Waits (bounded) for the Redis connection so the first requests are decided by Redis rather
    * than by the fallback; a Redis that is down at start-up is logged, not fatal.
    */
-  async redisReady (config: GatewayConfig, timeoutMs = 2000): Promise<void> {
-    if (config.redis === undefined) return
+  async redisReady (config: ResolvedConfig, timeoutMs = 2000): Promise<void> {
+    if (this.inProcess(config) || config.redis === undefined) return
     const bundle = this.redis.get(redisConnectionKey(config.redis))
     if (bundle === undefined) return
     try {
@@ -217,14 +242,14 @@ export class ResourceCache {
     }
   }
 
-  redisStatus (config: GatewayConfig): RedisStatus {
+  redisStatus (config: ResolvedConfig): RedisStatus {
     if (config.redis === undefined) return { configured: false, connected: false, breaker: null, instances: 1 }
     const bundle = this.redis.get(redisConnectionKey(config.redis))
     return { configured: true, connected: bundle?.client.status === 'ready', breaker: bundle?.guard.breaker ?? null, nodes: bundle?.guard.breakerStates() ?? [], instances: bundle?.guard.instances ?? 1 }
   }
 
   /** Every limit of `checks` read without consuming (admin GET /limits). */
-  async peekLimits (config: GatewayConfig, checks: readonly LimitCheck[]): Promise<PeekResult[]> {
+  async peekLimits (config: ResolvedConfig, checks: readonly LimitCheck[]): Promise<PeekResult[]> {
     if (config.redis === undefined) return this.memoryStore(config).peek(checks)
     const bundle = this.redis.get(redisConnectionKey(config.redis))
     if (bundle === undefined) throw new Error('Redis is not connected')
@@ -236,7 +261,7 @@ export class ResourceCache {
    * has every instance (over Redis pub/sub) drop its local bucket and deny-cache entries for them.
    * Resolves with the keys that existed and the instances that received the reset.
    */
-  async resetLimits (config: GatewayConfig, message: ResetMessage): Promise<{ deleted: number, instances: number | null }> {
+  async resetLimits (config: ResolvedConfig, message: ResetMessage): Promise<{ deleted: number, instances: number | null }> {
     if (config.redis === undefined) {
       // one instance, one in-process store: applyReset forgets the keys there
       this.applyReset(message)
@@ -266,7 +291,7 @@ export class ResourceCache {
   }
 
   /** Closes whatever `config` no longer uses (pools drain their in-flight requests first). */
-  async sweep (config: GatewayConfig, livePools: Iterable<UpstreamPool>): Promise<void> {
+  async sweep (config: ResolvedConfig, livePools: Iterable<UpstreamPool>): Promise<void> {
     const keep = new Set(livePools)
     const closing: Promise<unknown>[] = []
     for (const [key, pool] of this.pools) {
@@ -279,7 +304,7 @@ export class ResourceCache {
     for (const [key, level] of this.locals) if (level !== liveLocal) this.locals.delete(key)
     const liveDeny = denyCacheKey(config)
     for (const key of this.denies.keys()) if (key !== liveDeny) this.denies.delete(key)
-    if (this.memory !== null && config.redis !== undefined) {
+    if (this.memory !== null && !this.inProcess(config)) {
       closing.push(this.memory.store.close())
       this.memory = null
     }
@@ -290,7 +315,7 @@ export class ResourceCache {
         closing.push(tracer.shutdown())
       }
     }
-    const liveRedis = config.redis === undefined ? null : redisConnectionKey(config.redis)
+    const liveRedis = this.inProcess(config) || config.redis === undefined ? null : redisConnectionKey(config.redis)
     for (const [key, bundle] of this.redis) {
       if (key !== liveRedis) {
         this.redis.delete(key)
@@ -319,7 +344,7 @@ export class ResourceCache {
  * What identifies a Redis connection: a reload that changes only `timeout` or `onError` keeps the
  * client, its breaker state and its heartbeat (onError is read per limit from the plan).
  */
-function redisConnectionKey (r: NonNullable<GatewayConfig['redis']>): string {
+function redisConnectionKey (r: ResolvedRedis): string {
   return JSON.stringify([r.url, r.cluster, r.sentinels, r.name, r.password, r.tls, r.keyPrefix, r.autoPipelining])
 }
 
@@ -345,8 +370,8 @@ function refreshSlotsWhileOpen (cluster: Cluster, breaker: () => string): void {
   timer.unref()
 }
 
-function denyCacheKey (config: GatewayConfig): string {
-  return JSON.stringify([config.local?.maxKeys ?? DEFAULT_MAX_KEYS, config.redis === undefined ? null : redisConnectionKey(config.redis)])
+function denyCacheKey (config: ResolvedConfig): string {
+  return JSON.stringify([limitStateOf(config).maxKeys, config.redis === undefined ? null : redisConnectionKey(config.redis)])
 }
 
 async function closeRedis (bundle: RedisBundle): Promise<void> {
@@ -358,7 +383,7 @@ async function closeRedis (bundle: RedisBundle): Promise<void> {
   bundle.client.disconnect()
 }
 
-function tracerKey (config: GatewayConfig): string | null {
+function tracerKey (config: ResolvedConfig): string | null {
   const t = config.tracing
-  return t === undefined ? null : JSON.stringify([t.otlp, t.serviceName ?? 'edge-gateway'])
+  return t === undefined ? null : JSON.stringify([t.otlp, t.serviceName])
 }

@@ -1,0 +1,234 @@
+// The one place where defaults are applied. Its output, the resolved config, is what the gateway
+// runs and what /config shows (redacted): every key that has a default is written in, and the
+// whole object is frozen, so no later stage can disagree about what an absent key meant.
+import type { GatewayConfig, LimitConfig, QuotaConfig, RedisConfig, RouteConfig } from './schema.js'
+import { BUCKET_ALGORITHMS } from './schema.js'
+import { parseSize } from './units.js'
+import { DEFAULT_REDACT_QUERY } from '../log.js'
+// Values a stage also falls back to when used on its own: defined there once, applied here.
+import { DEFAULT_IPV6_PREFIX } from '../identify/client-ip.js'
+import { DEFAULT_JWT_CLAIM, DEFAULT_JWT_HEADER } from '../identify/identity.js'
+import { DEFAULT_CONSECUTIVE_FAILURES } from '../proxy/upstream-pool.js'
+
+export const DEFAULT_LISTEN = '0.0.0.0:8080'
+export const DEFAULT_ADMIN = '127.0.0.1:9901'
+/** Keys held in process by the local level, the deny cache and the in-process store. */
+export const DEFAULT_MAX_KEYS = 100_000
+export const DEFAULT_KEY_PREFIX = 'gw'
+export const DEFAULT_ON_ERROR = 'local'
+/** `redis.leaseTtl`; also the bookkeeping pace of in-process leases (which never expire). */
+export const DEFAULT_LEASE_TTL = '10s'
+/** What `identity.failureLimit` is when the file does not say: 10 failed checks per minute per IP. */
+export const DEFAULT_FAILURE_LIMIT: LimitConfig = Object.freeze({ limit: 10, window: '1m' })
+
+type Filled<T, K extends keyof T> = Omit<T, K> & { [P in K]-?: Exclude<T[P], undefined> }
+
+export type ResolvedLimit = Filled<LimitConfig, 'algorithm' | 'cost' | 'mode' | 'status' | 'onError'>
+export type ResolvedQuota = Filled<QuotaConfig, 'cost' | 'status' | 'onError'>
+export type ResolvedRedis = Filled<RedisConfig, 'tls' | 'keyPrefix' | 'timeout' | 'onError' | 'autoPipelining' | 'leaseTtl' | 'expectedInstances'>
+export interface ResolvedTarget { url: string, weight: number }
+export interface ResolvedUpstream {
+  targets: ResolvedTarget[]
+  timeouts: { connect: string, response: string, idle: string }
+  ejectFor: string
+  consecutiveFailures: number
+  maxConnections: number
+}
+export interface ResolvedRouteLimits { api?: ResolvedLimit, ip?: ResolvedLimit, user?: ResolvedLimit }
+export type ResolvedRoute = Filled<Omit<RouteConfig, 'limits' | 'timeouts'>, 'websocket' | 'caseInsensitive' | 'matchTrailingSlash' | 'allowPathParams'> & {
+  timeouts: { response: string }
+  limits?: ResolvedRouteLimits
+}
+type IdentityConfig = NonNullable<GatewayConfig['identity']>
+type JwtConfig = Extract<IdentityConfig, { jwt: unknown }>['jwt']
+export type ResolvedIdentity =
+  | (Omit<Extract<IdentityConfig, { header: string }>, 'required' | 'failureLimit'> & { required: boolean, failureLimit: ResolvedLimit })
+  | (Omit<Extract<IdentityConfig, { apiKeys: unknown }>, 'required' | 'failureLimit'> & { required: boolean, failureLimit: ResolvedLimit })
+  | { jwt: Filled<JwtConfig, 'claim' | 'header'>, required: boolean, failureLimit: ResolvedLimit }
+export interface ResolvedPlan {
+  limits?: { user?: ResolvedLimit, quota?: ResolvedQuota }
+  routes?: Record<string, { user: ResolvedLimit }>
+}
+type ServerConfig = NonNullable<GatewayConfig['server']>
+export type ResolvedServer = Required<Omit<ServerConfig, 'bufferBodies' | 'bufferBodiesTotal'>> & { bufferBodies: number, bufferBodiesTotal: number }
+
+/** gateway.yaml with every default written in (frozen). */
+export type ResolvedConfig = Omit<GatewayConfig,
+'listen' | 'admin' | 'workers' | 'trustedProxies' | 'ipv6Prefix' | 'legacyHeaders' | 'routing' | 'log' | 'server' | 'redis' |
+'tracing' | 'identity' | 'local' | 'limits' | 'plans' | 'upstreams' | 'routes'> & {
+  listen: string
+  admin: string | { listen: string, token?: string }
+  workers: number
+  trustedProxies: string[]
+  ipv6Prefix: number
+  legacyHeaders: boolean
+  routing: { caseInsensitive: boolean, matchTrailingSlash: boolean, allowPathParams: boolean }
+  log: { level: NonNullable<NonNullable<GatewayConfig['log']>['level']>, redactQuery: string[] }
+  server: ResolvedServer
+  redis?: ResolvedRedis
+  tracing?: { otlp: string, serviceName: string }
+  identity?: ResolvedIdentity
+  local?: Required<NonNullable<GatewayConfig['local']>>
+  limits?: { global?: ResolvedLimit, ip?: ResolvedLimit, user?: ResolvedLimit }
+  plans?: Record<string, ResolvedPlan>
+  upstreams: Record<string, ResolvedUpstream>
+  routes: ResolvedRoute[]
+}
+
+function limit (l: LimitConfig, onError: ResolvedLimit['onError']): ResolvedLimit {
+  const algorithm = l.algorithm ?? 'gcra'
+  return {
+    ...l,
+    algorithm,
+    ...(BUCKET_ALGORITHMS.has(algorithm) ? { burst: l.burst ?? l.limit } : {}),
+    cost: l.cost ?? 1,
+    mode: l.mode ?? 'enforce',
+    status: l.status ?? 429,
+    onError: l.onError ?? onError
+  }
+}
+
+function limitSet<K extends string> (set: Partial<Record<K, LimitConfig>> | undefined, onError: ResolvedLimit['onError']): Partial<Record<K, ResolvedLimit>> | undefined {
+  if (set === undefined) return undefined
+  const out: Partial<Record<K, ResolvedLimit>> = {}
+  for (const [k, v] of Object.entries(set) as Array<[K, LimitConfig | undefined]>) if (v !== undefined) out[k] = limit(v, onError)
+  return out
+}
+
+/** A target as its origin (a path is a located error at load; an unparsable URL is kept for that check). */
+function origin (url: string): string {
+  try {
+    return new URL(url).origin
+  } catch {
+    return url
+  }
+}
+
+function upstream (up: GatewayConfig['upstreams'][string]): ResolvedUpstream {
+  return {
+    targets: up.targets.map(t => typeof t === 'string' ? { url: origin(t), weight: 1 } : { url: origin(t.url), weight: t.weight ?? 1 }),
+    timeouts: { connect: up.timeouts?.connect ?? '2s', response: up.timeouts?.response ?? '30s', idle: up.timeouts?.idle ?? '1m' },
+    ejectFor: up.ejectFor ?? '10s',
+    consecutiveFailures: up.consecutiveFailures ?? DEFAULT_CONSECUTIVE_FAILURES,
+    maxConnections: up.maxConnections ?? 256
+  }
+}
+
+function identity (id: IdentityConfig, onError: ResolvedLimit['onError']): ResolvedIdentity {
+  const common = { required: id.required ?? false, failureLimit: limit(id.failureLimit ?? DEFAULT_FAILURE_LIMIT, onError) }
+  if ('jwt' in id) return { ...id, ...common, jwt: { ...id.jwt, claim: id.jwt.claim ?? DEFAULT_JWT_CLAIM, header: id.jwt.header ?? DEFAULT_JWT_HEADER } }
+  return { ...id, ...common }
+}
+
+/** Applies every default of gateway.yaml, once; the result is deeply frozen. */
+export function applyDefaults (c: GatewayConfig): ResolvedConfig {
+  const onError = c.redis?.onError ?? DEFAULT_ON_ERROR
+  const routing = {
+    caseInsensitive: c.routing?.caseInsensitive ?? false,
+    matchTrailingSlash: c.routing?.matchTrailingSlash ?? false,
+    allowPathParams: c.routing?.allowPathParams ?? false
+  }
+  const upstreams = Object.fromEntries(Object.entries(c.upstreams).map(([name, up]) => [name, upstream(up)]))
+  const s = c.server
+  const limits = limitSet(c.limits, onError)
+  const resolved: ResolvedConfig = {
+    ...c,
+    listen: c.listen ?? DEFAULT_LISTEN,
+    admin: typeof c.admin === 'object' ? { ...c.admin, listen: c.admin.listen ?? DEFAULT_ADMIN } : (c.admin ?? DEFAULT_ADMIN),
+    workers: c.workers ?? 1,
+    trustedProxies: c.trustedProxies ?? [],
+    ipv6Prefix: c.ipv6Prefix ?? DEFAULT_IPV6_PREFIX,
+    legacyHeaders: c.legacyHeaders ?? false,
+    routing,
+    log: { level: c.log?.level ?? 'info', redactQuery: [...(c.log?.redactQuery ?? DEFAULT_REDACT_QUERY)] },
+    server: {
+      headersTimeout: s?.headersTimeout ?? '10s',
+      requestTimeout: s?.requestTimeout ?? '5m',
+      keepAliveTimeout: s?.keepAliveTimeout ?? '5s',
+      maxHeaderSize: s?.maxHeaderSize ?? 16_384,
+      // Envoy's default; node:http's own 2000 drops the fields beyond it silently
+      maxHeadersCount: s?.maxHeadersCount ?? 100,
+      shutdownTimeout: s?.shutdownTimeout ?? '10s',
+      // nginx's defaults: client_body_timeout and send_timeout 60 s; bodies are buffered by default
+      bufferBodies: s?.bufferBodies !== undefined ? parseSize(s.bufferBodies) : 1024 * 1024,
+      bufferBodiesTotal: s?.bufferBodiesTotal !== undefined ? parseSize(s.bufferBodiesTotal) : 64 * 1024 * 1024,
+      clientBodyTimeout: s?.clientBodyTimeout ?? '1m',
+      sendTimeout: s?.sendTimeout ?? '1m',
+      // Envoy's default idle timeout for upgraded connections; the cap keeps tunnels (which outlive
+      // any request timeout) from holding every file descriptor
+      websocketIdleTimeout: s?.websocketIdleTimeout ?? '5m',
+      maxWebSockets: s?.maxWebSockets ?? 10_000
+    },
+    upstreams,
+    routes: c.routes.map(r => ({
+      ...r,
+      websocket: r.websocket ?? false,
+      caseInsensitive: r.caseInsensitive ?? routing.caseInsensitive,
+      matchTrailingSlash: r.matchTrailingSlash ?? routing.matchTrailingSlash,
+      allowPathParams: r.allowPathParams ?? routing.allowPathParams,
+      timeouts: { response: r.timeouts?.response ?? upstreams[r.upstream]?.timeouts.response ?? '30s' },
+      ...(r.limits !== undefined ? { limits: limitSet(r.limits, onError) } : {})
+    })) as ResolvedRoute[]
+  } as ResolvedConfig
+  if (c.redis !== undefined) {
+    resolved.redis = {
+      ...c.redis,
+      tls: c.redis.tls ?? false,
+      keyPrefix: c.redis.keyPrefix ?? DEFAULT_KEY_PREFIX,
+      timeout: c.redis.timeout ?? '50ms',
+      onError,
+      autoPipelining: c.redis.autoPipelining ?? false,
+      leaseTtl: c.redis.leaseTtl ?? DEFAULT_LEASE_TTL,
+      expectedInstances: c.redis.expectedInstances ?? 1
+    }
+  }
+  if (c.identity !== undefined) resolved.identity = identity(c.identity, onError)
+  if (c.tracing !== undefined) resolved.tracing = { ...c.tracing, serviceName: c.tracing.serviceName ?? 'edge-gateway' }
+  if (c.local !== undefined) resolved.local = { ...c.local, burst: c.local.burst ?? c.local.limit, maxKeys: c.local.maxKeys ?? DEFAULT_MAX_KEYS }
+  if (limits !== undefined) resolved.limits = limits
+  if (c.plans !== undefined) {
+    resolved.plans = Object.fromEntries(Object.entries(c.plans).map(([name, p]) => {
+      const plan: ResolvedPlan = {}
+      if (p.limits !== undefined) {
+        plan.limits = {
+          ...(p.limits.user !== undefined ? { user: limit(p.limits.user, onError) } : {}),
+          ...(p.limits.quota !== undefined ? { quota: { ...p.limits.quota, cost: p.limits.quota.cost ?? 1, status: p.limits.quota.status ?? 429, onError: p.limits.quota.onError ?? onError } } : {})
+        }
+      }
+      if (p.routes !== undefined) plan.routes = Object.fromEntries(Object.entries(p.routes).map(([route, o]) => [route, { user: limit(o.user, onError) }]))
+      return [name, plan]
+    }))
+  }
+  return deepFreeze(resolved)
+}
+
+/**
+ * What the limit state uses when `redis:` or `local:` is absent (and so cannot hold a default):
+ * the key prefix and onError of the in-process store, its lease pace, the in-process key cap.
+ */
+export function limitStateOf (config: ResolvedConfig): { keyPrefix: string, onError: ResolvedLimit['onError'], leaseTtl: string, maxKeys: number } {
+  return {
+    keyPrefix: config.redis?.keyPrefix ?? DEFAULT_KEY_PREFIX,
+    onError: config.redis?.onError ?? DEFAULT_ON_ERROR,
+    leaseTtl: config.redis?.leaseTtl ?? DEFAULT_LEASE_TTL,
+    maxKeys: config.local?.maxKeys ?? DEFAULT_MAX_KEYS
+  }
+}
+
+/** The admin listener's address, from either form of `admin`. */
+export function adminListen (config: ResolvedConfig): string {
+  return typeof config.admin === 'string' ? config.admin : config.admin.listen
+}
+
+/** `admin.token`, or null when none is configured (mutating admin endpoints then answer 403). */
+export function adminToken (config: ResolvedConfig): string | null {
+  return typeof config.admin === 'object' ? (config.admin.token ?? null) : null
+}
+
+function deepFreeze<T> (value: T): T {
+  if (value !== null && typeof value === 'object' && !Object.isFrozen(value)) {
+    Object.freeze(value)
+    for (const v of Object.values(value)) deepFreeze(v)
+  }
+  return value
+}

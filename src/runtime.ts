@@ -1,0 +1,454 @@
+// The assembler: turns the resolved config (src/config: read, substituted, validated, defaulted)
+// into the frozen runtime a request looks things up in, by calling each stage's own factory with
+// options in the stage's own terms: route table (src/router), client IP and identity
+// (src/identify), limiter plans (src/limit), forward plans and pools (src/proxy). The stages import
+// nothing from src/config; this module is where the two meet.
+//
+// Long-lived resources (pools, stores, the Redis client, local buckets) come from a ResourceCache
+// so a reload that leaves them unchanged keeps them. Compiling changes nothing a running runtime
+// uses: what must change on shared objects is applied by `commit`, once the runtime is swapped in.
+// A stage that rejects its options becomes a located problem (`file:line:col key.path: message`),
+// all of them reported together, like the schema's.
+import { readFile } from 'node:fs/promises'
+import { createSecureContext } from 'node:tls'
+import { ConfigError, type ConfigProblem, type KeyPath, type LoadedConfig } from './config/load.js'
+import type { ResolvedConfig, ResolvedLimit, ResolvedRoute } from './config/defaults.js'
+import { limitStateOf } from './config/defaults.js'
+import { parseDuration, parseSize } from './config/units.js'
+import { compileRouteTable, type RoutePattern, type RouteTable } from './router/route-table.js'
+import { compileClientIpResolver, type ClientIpResolver } from './identify/client-ip.js'
+import { compileTrustedPeer, type TrustedPeerCheck } from './proxy/trusted-peer.js'
+import { compileIdentity, type ConsumerDirectory, type IdentityConfig, type IdentityResolver } from './identify/identity.js'
+import { ApiKeyFileError } from './identify/api-key-file.js'
+import { UpstreamPool, type UpstreamConfig } from './proxy/upstream-pool.js'
+import { createForwardPlan, type BodyHandling, type ForwardPlan, type TunnelHandling, type HeaderRules } from './proxy/forward.js'
+import {
+  compileFailurePlan, compilePlanLimits, compileRouteLimitPlan,
+  type LimitPlanOptions, type LimitRule, type PlanRules, type RouteLimitOptions, type RouteLimitPlan
+} from './limit/plan.js'
+import { Limiter } from './limit/limiter.js'
+import { createInProcessLevel } from './limit/memory-store.js'
+import { ResourceCache } from './runtime-resources.js'
+import { NOOP_TELEMETRY, type Telemetry } from './telemetry.js'
+import { compileQueryRedactor, createLogger } from './log.js'
+import type { RequestTracer } from './tracing.js'
+
+export interface CompiledRoute {
+  readonly name: string
+  readonly host?: string
+  readonly path?: string
+  readonly pathPrefix?: string
+  readonly methods?: readonly string[]
+  readonly caseInsensitive: boolean
+  readonly matchTrailingSlash: boolean
+  readonly websocket: boolean
+  /** ";" (path parameters) may appear in the path; otherwise such a request gets 400. */
+  readonly allowPathParams: boolean
+  readonly upstream: string
+  readonly forward: ForwardPlan
+  readonly limits: RouteLimitPlan
+  /** The limits of each plan's consumers on this route (issue 9); `limitsFor` picks one. */
+  readonly planLimits: ReadonlyMap<string, RouteLimitPlan>
+  /** `auth` of the route; null = `identity.required` decides. */
+  readonly auth: 'required' | 'optional' | 'none' | null
+}
+
+export interface ServerSettings {
+  readonly headersTimeoutMs: number
+  readonly requestTimeoutMs: number
+  readonly keepAliveTimeoutMs: number
+  readonly maxHeaderSize: number
+  readonly maxHeadersCount: number
+  readonly shutdownTimeoutMs: number
+  readonly bufferBodies: number
+  readonly bufferBodiesTotal: number
+  readonly clientBodyTimeoutMs: number
+  readonly sendTimeoutMs: number
+  readonly websocketIdleTimeoutMs: number
+  readonly maxWebSockets: number
+}
+
+/** `tls.cert` and `tls.key` as read (and checked to form a pair) when the runtime was compiled. */
+export interface TlsFiles {
+  readonly cert: Buffer
+  readonly key: Buffer
+}
+
+export interface Runtime {
+  readonly generation: number
+  readonly file: string
+  readonly hash: string
+  readonly loadedAt: string
+  readonly config: ResolvedConfig
+  readonly routes: RouteTable<CompiledRoute>
+  readonly routeList: readonly CompiledRoute[]
+  readonly pools: ReadonlyMap<string, UpstreamPool>
+  readonly limiter: Limiter
+  readonly resolveClientIp: ClientIpResolver
+  /** The peer is in trustedProxies: its X-Request-Id and client-address headers are kept. */
+  readonly isTrustedPeer: TrustedPeerCheck
+  readonly identity: IdentityResolver
+  /** consumers, defaultPlan and plan names, as identity resolves them (the admin API reads it too). */
+  readonly consumers: ConsumerDirectory
+  /** What a request that failed identity is charged against (gateway ip limit + identity.failureLimit). */
+  readonly failurePlan: RouteLimitPlan
+  readonly server: ServerSettings
+  readonly trustedProxiesEmpty: boolean
+  /** null: plain HTTP. */
+  readonly tls: TlsFiles | null
+  /**
+   * Requests that started on this runtime and have not finished: a reload closes the pools
+   * only this runtime used once it reaches 0 (admitted requests may not have dispatched yet).
+   */
+  readonly activity: { inflight: number }
+  /** The access log's path with the values of `log.redactQuery` parameters replaced. */
+  readonly redactQuery: (path: string) => string
+  /** W3C trace context for every request; spans exported when `tracing.otlp` is set. */
+  readonly tracer: RequestTracer
+}
+
+/** A runtime compiled aside, and what swapping it in changes on shared objects. */
+export interface PreparedRuntime {
+  readonly runtime: Runtime
+  /** Applies the new settings to objects the previous runtime shares (Redis timeout, body budget). */
+  commit (): void
+}
+
+export function serverSettings (config: ResolvedConfig): ServerSettings {
+  const s = config.server
+  return Object.freeze({
+    headersTimeoutMs: parseDuration(s.headersTimeout),
+    requestTimeoutMs: parseDuration(s.requestTimeout),
+    keepAliveTimeoutMs: parseDuration(s.keepAliveTimeout),
+    maxHeaderSize: s.maxHeaderSize,
+    maxHeadersCount: s.maxHeadersCount,
+    shutdownTimeoutMs: parseDuration(s.shutdownTimeout),
+    bufferBodies: s.bufferBodies,
+    bufferBodiesTotal: s.bufferBodiesTotal,
+    clientBodyTimeoutMs: parseDuration(s.clientBodyTimeout),
+    sendTimeoutMs: parseDuration(s.sendTimeout),
+    websocketIdleTimeoutMs: parseDuration(s.websocketIdleTimeout),
+    maxWebSockets: s.maxWebSockets
+  })
+}
+
+function upstreamConfig (config: ResolvedConfig, name: string): UpstreamConfig {
+  const up = config.upstreams[name]
+  if (up === undefined) throw new Error(`unknown upstream "${name}"`)
+  return Object.freeze({
+    name,
+    targets: Object.freeze(up.targets.map(t => Object.freeze({ url: t.url, weight: t.weight }))),
+    connectTimeoutMs: parseDuration(up.timeouts.connect),
+    responseTimeoutMs: parseDuration(up.timeouts.response),
+    idleTimeoutMs: parseDuration(up.timeouts.idle),
+    consecutiveFailures: up.consecutiveFailures,
+    ejectMs: parseDuration(up.ejectFor),
+    maxConnectionsPerTarget: up.maxConnections,
+    keepAliveTimeoutMs: 4_000
+  })
+}
+
+function headerRules (rules: { set?: Record<string, string>, remove?: string[] } | undefined): HeaderRules {
+  return Object.freeze({
+    set: Object.freeze(Object.entries(rules?.set ?? {}).map(([k, v]) => Object.freeze([k.toLowerCase(), v] as const))),
+    remove: Object.freeze((rules?.remove ?? []).map(h => h.toLowerCase()))
+  })
+}
+
+/** The matching part of a route, in the form the route table indexes (lowercase host, uppercase methods). */
+function routePattern (route: ResolvedRoute): RoutePattern & { readonly caseInsensitive: boolean, readonly matchTrailingSlash: boolean } {
+  return {
+    name: route.name,
+    caseInsensitive: route.caseInsensitive,
+    matchTrailingSlash: route.matchTrailingSlash,
+    ...(route.host !== undefined ? { host: route.host.toLowerCase() } : {}),
+    ...(route.path !== undefined ? { path: route.path } : {}),
+    ...(route.pathPrefix !== undefined ? { pathPrefix: route.pathPrefix } : {}),
+    ...(route.methods !== undefined ? { methods: Object.freeze(route.methods.map(m => m.toUpperCase())) } : {})
+  }
+}
+
+/** A limit of the config in the limit stage's terms. */
+export function limitRule (l: ResolvedLimit): LimitRule {
+  const bucket = l.algorithm === 'gcra' || l.algorithm === 'token-bucket' || l.algorithm === 'leaky-bucket'
+  return Object.freeze({
+    algorithm: l.algorithm,
+    limit: l.limit,
+    windowMs: parseDuration(l.window),
+    burst: bucket ? (l.burst ?? l.limit) : l.limit,
+    maxDelayMs: l.onLimit === 'delay' && l.maxDelay !== undefined ? parseDuration(l.maxDelay) : 0,
+    cost: l.cost,
+    shadow: l.mode === 'shadow',
+    status: l.status,
+    onError: l.onError
+  })
+}
+
+const ruleOrNull = (l: ResolvedLimit | undefined): LimitRule | null => l === undefined ? null : limitRule(l)
+
+/** The gateway-wide limit settings every route's plan starts from. */
+export function limitPlanOptions (config: ResolvedConfig): LimitPlanOptions {
+  const plans = new Map<string, PlanRules>()
+  for (const [name, p] of Object.entries(config.plans ?? {})) {
+    const quota = p.limits?.quota
+    plans.set(name, Object.freeze({
+      user: ruleOrNull(p.limits?.user),
+      quota: quota === undefined ? null : Object.freeze({ period: quota.period, limit: quota.limit, cost: quota.cost, status: quota.status, onError: quota.onError }),
+      routes: new Map(Object.entries(p.routes ?? {}).map(([route, o]) => [route, limitRule(o.user)]))
+    }))
+  }
+  const state = limitStateOf(config)
+  return Object.freeze({
+    keyPrefix: state.keyPrefix,
+    leaseOnError: state.onError,
+    leaseTtlMs: parseDuration(state.leaseTtl),
+    quotaTimezone: config.quotaTimezone ?? null,
+    global: ruleOrNull(config.limits?.global),
+    ip: ruleOrNull(config.limits?.ip),
+    user: ruleOrNull(config.limits?.user),
+    concurrency: Object.freeze({ ip: config.concurrency?.ip ?? null, user: config.concurrency?.user ?? null }),
+    plans,
+    failureLimit: config.identity === undefined ? null : limitRule(config.identity.failureLimit)
+  })
+}
+
+export function routeLimitOptions (route: ResolvedRoute): RouteLimitOptions {
+  return Object.freeze({
+    name: route.name,
+    api: ruleOrNull(route.limits?.api),
+    ip: ruleOrNull(route.limits?.ip),
+    user: ruleOrNull(route.limits?.user),
+    concurrency: Object.freeze({ ip: route.concurrency?.ip ?? null, user: route.concurrency?.user ?? null, route: route.concurrency?.route ?? null })
+  })
+}
+
+/** The limits of `route` (for the consumers of `plan`) as the runtime compiles them. */
+export function routeLimitPlan (config: ResolvedConfig, route: ResolvedRoute, plan?: string): RouteLimitPlan {
+  return compileRouteLimitPlan(limitPlanOptions(config), routeLimitOptions(route), plan)
+}
+
+/** `consumers`, `defaultPlan` and `plans` in the form identity resolution looks them up. */
+export function consumerDirectory (config: ResolvedConfig): ConsumerDirectory {
+  return Object.freeze({
+    plans: new Map(Object.entries(config.consumers ?? {}).map(([name, c]) => [name, c.plan])),
+    defaultPlan: config.defaultPlan ?? null,
+    known: new Set(Object.keys(config.plans ?? {}))
+  })
+}
+
+/** The identity stage's options: the config's, less what only the limit stage reads. */
+function identityOptions (config: ResolvedConfig): IdentityConfig | undefined {
+  const id = config.identity
+  if (id === undefined) return undefined
+  if ('header' in id) return { header: id.header, required: id.required }
+  if ('apiKeys' in id) return { apiKeys: id.apiKeys, required: id.required }
+  return { jwt: id.jwt, required: id.required }
+}
+
+/**
+ * Collects located problems: a stage that throws while compiling is reported at the key path of
+ * the options it was given, and compiling goes on so that every problem is reported at once.
+ */
+class Problems {
+  readonly list: ConfigProblem[] = []
+  constructor (private readonly loaded: LoadedConfig) {}
+
+  at (path: KeyPath, err: unknown, strip = ''): void {
+    if (err instanceof ConfigError || err instanceof ApiKeyFileError) {
+      this.list.push(...err.problems)
+      return
+    }
+    let message = err instanceof Error ? err.message : String(err)
+    if (strip !== '' && message.startsWith(strip)) message = message.slice(strip.length)
+    this.list.push(this.loaded.problemAt(path, message))
+  }
+
+  try<T> (path: KeyPath, build: () => T, strip?: string): T | null {
+    try {
+      return build()
+    } catch (err) {
+      this.at(path, err, strip)
+      return null
+    }
+  }
+
+  async tryAsync<T> (path: KeyPath, build: () => Promise<T>, strip?: string): Promise<T | null> {
+    try {
+      return await build()
+    } catch (err) {
+      this.at(path, err, strip)
+      return null
+    }
+  }
+}
+
+/** The route table, with each route's host, path and methods checked alone first to locate a refusal. */
+function compileRoutes (problems: Problems, patterns: ReadonlyArray<RoutePattern>): void {
+  patterns.forEach((pattern, i) => {
+    for (const field of ['host', 'path', 'pathPrefix', 'methods'] as const) {
+      if (pattern[field] === undefined) continue
+      // the route table names a route "routes[0] (name)" in its messages: here it is the only one
+      problems.try(['routes', i, field], () => compileRouteTable([{ name: pattern.name, [field]: pattern[field] }]), `routes[0] (${pattern.name}): `)
+    }
+  })
+  if (problems.list.length === 0) problems.try(['routes'], () => compileRouteTable(patterns))
+}
+
+async function readTls (problems: Problems, config: ResolvedConfig): Promise<TlsFiles | null> {
+  const tls = config.tls
+  if (tls === undefined) return null
+  const read = async (which: 'cert' | 'key'): Promise<Buffer | null> => await problems.tryAsync(['tls', which], async () => {
+    try {
+      return await readFile(tls[which])
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code
+      throw new Error(code === 'ENOENT' ? `file not found: ${tls[which]}` : `cannot read ${tls[which]}: ${(err as Error).message}`, { cause: err })
+    }
+  })
+  const cert = await read('cert')
+  const key = await read('key')
+  if (cert === null || key === null) return null
+  // What the listener would refuse at start or on SIGHUP (not PEM, key not matching the cert)
+  return problems.try(['tls'], () => {
+    try {
+      createSecureContext({ cert, key })
+    } catch (err) {
+      throw new Error(`cert and key cannot be used together: ${(err as Error).message}`, { cause: err })
+    }
+    return Object.freeze({ cert, key })
+  })
+}
+
+/**
+ * Compiles `loaded` into a runtime, aside: throws ConfigError with every located problem, and
+ * changes nothing the running runtime uses until `commit` (see PreparedRuntime).
+ */
+export async function compileRuntime (
+  loaded: LoadedConfig,
+  generation: number,
+  resources: ResourceCache,
+  telemetry: Telemetry
+): Promise<PreparedRuntime> {
+  const { config } = loaded
+  const problems = new Problems(loaded)
+
+  const patterns = config.routes.map(routePattern)
+  compileRoutes(problems, patterns)
+  config.trustedProxies.forEach((p, i) => problems.try(['trustedProxies', i], () => compileClientIpResolver({ trustedProxies: [p], ipv6Prefix: config.ipv6Prefix })))
+  const resolveClientIp = problems.try(['trustedProxies'], () => compileClientIpResolver({ trustedProxies: config.trustedProxies, ipv6Prefix: config.ipv6Prefix }))
+  const consumers = consumerDirectory(config)
+  const identityMode = config.identity === undefined ? [] : ['header' in config.identity ? 'header' : 'apiKeys' in config.identity ? 'apiKeys' : 'jwt']
+  const identity = await problems.tryAsync(['identity', ...identityMode], async () => await compileIdentity(identityOptions(config), consumers), 'identity: ')
+  const tls = await readTls(problems, config)
+
+  const server = serverSettings(config)
+  const body: BodyHandling & TunnelHandling = {
+    websocketIdleTimeoutMs: server.websocketIdleTimeoutMs,
+    maxWebSockets: server.maxWebSockets,
+    bufferBodies: server.bufferBodies,
+    bodyBudget: resources.bodyBudget(),
+    clientBodyTimeoutMs: server.clientBodyTimeoutMs,
+    sendTimeoutMs: server.sendTimeoutMs
+  }
+  const pools = new Map<string, UpstreamPool>()
+  const upstreams = new Map<string, UpstreamConfig>()
+  for (const name of Object.keys(config.upstreams)) {
+    const up = upstreamConfig(config, name)
+    const pool = problems.try(['upstreams', name], () => resources.pool(up, telemetry))
+    if (pool !== null) {
+      pools.set(name, pool)
+      upstreams.set(name, up)
+    }
+  }
+  const limitOptions = limitPlanOptions(config)
+  const routeList: CompiledRoute[] = []
+  config.routes.forEach((route, i) => {
+    const pool = pools.get(route.upstream)
+    const up = upstreams.get(route.upstream)
+    if (pool === undefined || up === undefined) return
+    const forward = problems.try(['routes', i, 'headers'], () => createForwardPlan({
+      ...body,
+      pool,
+      idleTimeoutMs: up.idleTimeoutMs ?? up.responseTimeoutMs,
+      stripPrefix: route.stripPrefix ?? null,
+      responseTimeoutMs: parseDuration(route.timeouts.response),
+      maxBodySize: route.maxBodySize !== undefined ? parseSize(route.maxBodySize) : Infinity,
+      requestHeaders: headerRules(route.headers?.request),
+      responseHeaders: headerRules(route.headers?.response)
+    }))
+    const own = routeLimitOptions(route)
+    const limits = problems.try(['routes', i, 'limits'], () => ({ limits: compileRouteLimitPlan(limitOptions, own), planLimits: compilePlanLimits(limitOptions, own) }))
+    if (forward === null || limits === null) return
+    routeList.push(Object.freeze({
+      ...(patterns[i] as RoutePattern & { caseInsensitive: boolean, matchTrailingSlash: boolean }),
+      websocket: route.websocket,
+      allowPathParams: route.allowPathParams,
+      upstream: route.upstream,
+      forward,
+      limits: limits.limits,
+      planLimits: limits.planLimits,
+      auth: route.auth ?? null
+    }))
+  })
+  const failurePlan = problems.try(['identity', 'failureLimit'], () => compileFailurePlan(limitOptions))
+  if (problems.list.length > 0 || resolveClientIp === null || identity === null || failurePlan === null) {
+    throw new ConfigError(problems.list)
+  }
+
+  // Nothing below can refuse the config: only now are shared resources asked for.
+  const inProcess = resources.inProcess(config)
+  const limiter = new Limiter({
+    local: resources.localLevel(config),
+    deny: resources.denyCache(config),
+    shared: inProcess ? createInProcessLevel(resources.memoryStore(config)) : resources.redisGuard(config, telemetry),
+    legacyHeaders: config.legacyHeaders,
+    telemetry,
+    leases: resources.leaseKeeper(config)
+  })
+  await resources.redisReady(config)
+  const runtime: Runtime = Object.freeze({
+    generation,
+    file: loaded.file,
+    hash: loaded.hash,
+    loadedAt: new Date().toISOString(),
+    config,
+    routes: compileRouteTable(routeList),
+    routeList: Object.freeze(routeList),
+    pools,
+    limiter,
+    resolveClientIp,
+    isTrustedPeer: compileTrustedPeer(config.trustedProxies),
+    identity,
+    consumers,
+    failurePlan,
+    server,
+    trustedProxiesEmpty: config.trustedProxies.length === 0,
+    tls,
+    activity: { inflight: 0 },
+    redactQuery: compileQueryRedactor(config.log.redactQuery),
+    tracer: resources.tracer(config)
+  })
+  return Object.freeze({ runtime, commit: () => resources.commit(config) })
+}
+
+/**
+ * The runtime the live gateway would compile from `loaded`, compiled offline (no Redis
+ * connection, no span exporter): `gateway validate` runs every check the gateway would, and
+ * `gateway explain` asks the same route table, identity and plans. `close` releases it.
+ */
+export async function compileOffline (loaded: LoadedConfig): Promise<{ runtime: Runtime, close: () => Promise<void> }> {
+  const resources = new ResourceCache(createLogger('silent'), true)
+  try {
+    const { runtime } = await compileRuntime(loaded, 0, resources, NOOP_TELEMETRY)
+    return { runtime, close: async () => { await resources.closeAll() } }
+  } catch (err) {
+    await resources.closeAll()
+    throw err
+  }
+}
+
+/** `gateway validate`: every problem the gateway would refuse `loaded` for, located; nothing is opened. */
+export async function checkRuntime (loaded: LoadedConfig): Promise<void> {
+  const { close } = await compileOffline(loaded)
+  await close()
+}

@@ -1,0 +1,70 @@
+// Issue 7 item 6 (and issue 9's "explain doesn't know plans"): `gateway explain` asks the runtime
+// compiled by the live gateway's own factory, so it cannot disagree with it. Each case sends the
+// same request to `bin/gateway explain` and to a running gateway started from the same file.
+// Regressions: explain called a bad API key "anonymous" (live: 401), ignored `routing:` defaults
+// such as caseInsensitive (explain: 404, live: routed), and did not know consumers' plans.
+import t from 'tap'
+import { spawnSync } from 'node:child_process'
+import { childEnv, startGateway } from './helpers/gateway.js'
+import { startUpstream } from './helpers/upstream.js'
+import { send } from './helpers/ratelimit.js'
+
+function explain (file: string, ...args: string[]): string {
+  const out = spawnSync(process.execPath, ['bin/gateway', 'explain', '-c', file, ...args], { encoding: 'utf8', env: childEnv() })
+  if (out.status !== 0) throw new Error(`explain exited ${String(out.status)}: ${out.stderr}`)
+  return out.stdout
+}
+
+t.test('explain and the live gateway agree: bad API key, routing defaults, plans', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+routing: { caseInsensitive: true }
+identity:
+  apiKeys: { header: x-api-key, keys: { k-alice: alice, k-bob: bob } }
+consumers:
+  alice: { plan: pro }
+defaultPlan: free
+plans:
+  free: { limits: { user: { algorithm: fixed-window, limit: 2, window: 1m } } }
+  pro: { limits: { user: { algorithm: fixed-window, limit: 100, window: 1m } } }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: admin, pathPrefix: /Admin/, upstream: backend }
+  - { name: api, pathPrefix: /api/, upstream: backend }
+`)
+  const file = gw.runtime?.file as string
+
+  t.test('a bad API key: 401 in both', async t => {
+    const text = explain(file, 'GET', '/api/x', '--header', 'x-api-key:not-a-key')
+    t.match(text, /^result: +401 GW_ERR_UNAUTHORIZED/m, text)
+    t.notMatch(text, /anonymous/, 'not "anonymous"')
+    const live = await send(`${gw.url}/api/x`, { headers: { 'x-api-key': 'not-a-key' } })
+    t.equal(live.status, 401)
+    t.equal(live.json?.error, 'GW_ERR_UNAUTHORIZED')
+  })
+
+  t.test('routing.caseInsensitive applies to every route: routed in both', async t => {
+    const text = explain(file, 'GET', '/admin/users')
+    t.match(text, /^route: +admin -> upstream backend$/m, text)
+    const live = await send(`${gw.url}/admin/users`)
+    t.equal(live.status, 200, 'the live gateway routes it')
+    t.equal(live.json?.url, '/admin/users', 'and the upstream got it')
+  })
+
+  t.test("a consumer's plan decides its limits: the same limit in both", async t => {
+    for (const [key, user, plan, limit] of [['k-alice', 'alice', 'pro', 100], ['k-bob', 'bob', 'free', 2]] as const) {
+      const text = explain(file, 'GET', '/api/x', '--header', `x-api-key:${key}`)
+      t.match(text, new RegExp(`^client: .*user ${user}, plan ${plan}$`, 'm'), text)
+      t.match(text, new RegExp(`^limit: +${plan}:user \\[user\\] fixed-window: limit ${limit} per 60000ms;`, 'm'), `${user}: the plan's user limit`)
+      t.equal(text.split('\n').filter(l => l.startsWith('limit:')).length, 1, `${user}: and no other`)
+      const live = await send(`${gw.url}/api/x`, { headers: { 'x-api-key': key } })
+      t.equal(live.status, 200)
+      t.match(String(live.headers['ratelimit-policy']), `"${plan}:user";q=${limit};w=60`, `${user}: the live gateway applies the same limit`)
+    }
+    // --user names a consumer without a credential: its plan is the one its requests get
+    t.match(explain(file, 'GET', '/api/x', '--user', 'alice'), /^limit: +pro:user /m, '--user alice: plan pro')
+    t.match(explain(file, 'GET', '/api/x', '--user', 'carol'), /^limit: +free:user /m, '--user carol: the defaultPlan')
+  })
+})
