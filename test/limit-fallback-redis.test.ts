@@ -42,7 +42,7 @@ t.test('a partition: the fallback starts from Redis\'s remaining and its admissi
       onStateChange: () => {},
       onDebtError: (err) => { debtError = err }
     })
-    // as src/config/resources.ts wires it: reconnected -> probe at once
+    // as src/runtime-resources.ts wires it: reconnected -> probe at once
     client.on('ready', () => guard.probeNow())
     const s = spec(algorithm, 20, 600_000)
     const check = { key: `debt-${algorithm}`, spec: s, cost: 1 }
