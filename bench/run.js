@@ -121,6 +121,7 @@ const RATIOS = [
   { name: 'gateway(c) / bare proxy', num: 'gw-none', den: 'bare' },
   { name: 'gateway(f) / bare proxy', num: 'gw-memory', den: 'bare' },
   { name: 'gateway(i) log on / bare proxy', num: 'gw-redis-log', den: 'bare' },
+  { name: 'gateway(d) local level / bare proxy', num: 'gw-local', den: 'bare' },
   { name: 'gateway(i) log on / gateway(e) log off', num: 'gw-redis-log', den: 'gw-redis' },
   { name: 'gateway(e) 4 limits / fastify+rate-limit(k) 1 limit', num: 'gw-redis', den: 'fastify-rl' },
   { name: 'fastify(j) / bare proxy', num: 'fastify', den: 'bare' }
@@ -420,6 +421,7 @@ function ratios () {
         cpuPerReq: Number(ra.cpuPerReq) / Number(rb.cpuPerReq),
         totalServerCpuPerReq: Number(ra.totalServerCpuPerReq) / Number(rb.totalServerCpuPerReq),
         rps: Number(ra.rps) / Number(rb.rps),
+        p99Ms: Number(ra.p99Ms) / Number(rb.p99Ms),
         positionsApart: Math.abs(Number(ra.position) - Number(rb.position))
       }
     })
@@ -430,6 +432,7 @@ function ratios () {
       cpuPerReq: spread(perRound.map((r) => r.cpuPerReq)),
       totalServerCpuPerReq: spread(perRound.map((r) => r.totalServerCpuPerReq)),
       rps: spread(perRound.map((r) => r.rps)),
+      p99Ms: spread(perRound.map((r) => r.p99Ms)),
       positionsApart: perRound[0]?.positionsApart,
       perRound
     }
