@@ -4,7 +4,7 @@
 // test/bench-readme.test.ts checks that the README holds exactly what this renders.
 //   node bench/readme-table.js [results.json] [--check]
 import { readFileSync, readdirSync, writeFileSync } from 'node:fs'
-import { join } from 'node:path'
+import { join, relative, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
@@ -77,7 +77,7 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
   const report = JSON.parse(readFileSync(file, 'utf8'))
   const readmePath = join(ROOT, 'README.md')
   const readme = readFileSync(readmePath, 'utf8')
-  const next = withTable(readme, renderTable(report, file.slice(ROOT.length).replace(/^\/+/, '')))
+  const next = withTable(readme, renderTable(report, relative(ROOT, resolve(file))))
   if (args.includes('--check')) {
     if (next !== readme) { console.error('README.md performance table differs from bench/readme-table.js output: run npm run bench:readme'); process.exit(1) }
   } else {
