@@ -27,7 +27,8 @@ export const ERRORS = Object.freeze({
   GW_ERR_NOT_READY: { status: 503, message: 'no configuration is loaded yet' },
   GW_ERR_ADMIN_BUSY: { status: 503, message: 'too many live subscribers on the admin listener' },
   GW_ERR_ADMIN_UNAUTHORIZED: { status: 401, message: 'this admin endpoint needs Authorization: Bearer <admin.token>' },
-  GW_ERR_ADMIN_FORBIDDEN: { status: 403, message: 'no admin.token is configured: mutating admin endpoints are disabled' }
+  GW_ERR_ADMIN_FORBIDDEN: { status: 403, message: 'no admin.token is configured: mutating admin endpoints are disabled' },
+  GW_ERR_ADMIN_WORKERS_UNAVAILABLE: { status: 503, message: 'a worker did not answer the admin request in time (workers: N)' }
 } as const)
 
 export type ErrorCode = keyof typeof ERRORS
