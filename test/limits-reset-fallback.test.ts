@@ -2,7 +2,9 @@
 // limits the client in process then; a reset must free it there too (RedisGuard.forgetFallback),
 // answer within a bound even when Redis stalls, and say that the Redis keys were not reset.
 import t, { type Test } from 'tap'
-import { startGateway } from './helpers/gateway.js'
+import { execFile } from 'node:child_process'
+import { promisify } from 'node:util'
+import { childEnv, startGateway } from './helpers/gateway.js'
 import { startRedis, type RedisServer } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { send, type Reply } from './helpers/ratelimit.js'
@@ -21,7 +23,8 @@ routes:
 `
 }
 
-async function limitedInFallback (t: Test, away: (redis: RedisServer) => Promise<void>): Promise<void> {
+/** Limits the client in the fallback, resets it; resolves with the admin address and how long the reset took. */
+async function limitedInFallback (t: Test, away: (redis: RedisServer) => Promise<void>): Promise<{ admin: string, waited: number }> {
   const redis = await startRedis()
   t.teardown(() => redis.stop())
   const up = await startUpstream(t)
@@ -44,18 +47,23 @@ async function limitedInFallback (t: Test, away: (redis: RedisServer) => Promise
   const after: number[] = []
   for (let i = 0; i < 4; i++) after.push((await send(`${gw.url}/x`)).status)
   t.same(after, [200, 200, 200, 429], 'the client is admitted again: a whole fallback budget of 3')
+  return { admin: gw.adminUrl.replace('http://', ''), waited }
 }
 
-t.test('Redis stopped: a client limited by the fallback is freed by a reset', async t => {
-  await limitedInFallback(t, async (redis) => { await redis.kill() })
+t.test('Redis stopped: a client limited by the fallback is freed by a reset; the CLI says it was partial', async t => {
+  const { admin } = await limitedInFallback(t, async (redis) => { await redis.kill() })
+  const cli = await promisify(execFile)(process.execPath, ['bin/gateway', 'limits', 'reset', '--route', 'api', '--ip', '127.0.0.1', '--admin', admin, '--token', TOKEN], { env: childEnv() })
+  t.equal(cli.stdout, 'route api, ip 127.0.0.1: reset ip (Redis keys not deleted, other instances not told)\n')
+  t.match(cli.stderr, /^gateway limits reset: warning: Redis did not answer/, 'exit 0, with a warning on stderr')
 })
 
 t.test('Redis paused (SIGSTOP): the reset answers within its bound and frees the client', async t => {
-  await limitedInFallback(t, async (redis) => {
+  const { waited } = await limitedInFallback(t, async (redis) => {
     const info = await redis.client().info('server')
     const pid = Number(/process_id:(\d+)/.exec(info)?.[1])
     t.ok(pid > 0, 'redis-server pid')
     process.kill(pid, 'SIGSTOP')
     t.teardown(() => { try { process.kill(pid, 'SIGCONT') } catch { /* gone */ } })
   })
+  t.ok(waited >= 950, `the reset waited out the 1 s bound on Redis (${waited} ms)`)
 })
