@@ -97,6 +97,7 @@ export class Limiter {
 
     const { memory, guard } = this.options
     if (guard !== null) {
+      this.options.leases?.flushReleases() // releases first: see LeaseKeeper.flushReleases
       return guard.decide(checks, limits, req.requestId).then(g => g.unavailable ? UNAVAILABLE : this.conclude(req, checks, limits, g.decision, g.level, now, g.leaseId, g.share))
     }
     return this.conclude(req, checks, limits, (memory as MemoryStore).decide(checks, req.requestId), 'memory', now, '', 1)
