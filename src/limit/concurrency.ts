@@ -55,9 +55,9 @@ const BATCH = 512
 /**
  * Longest a release waits for a limit call to ride with. Riding with it, the release is written
  * with that call and its reply read with that call's, rather than costing the process a wake-up of
- * its own, which was most of a concurrency limit's CPU on the Redis path (issue 10's benchmark:
- * 11.5 -> 6.7 µs per request, medians of 8 paired runs on a loaded machine). Another instance sees
- * the lease at most this much longer; this instance never does (flushReleases).
+ * its own, which was most of a concurrency limit's CPU on the Redis path (issue 10; figures in
+ * bench/README.md). Another instance sees the lease at most this much longer; this instance never
+ * does (flushReleases).
  */
 export const RELEASE_WAIT_MS = 10
 
