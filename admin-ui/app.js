@@ -230,11 +230,18 @@ async function lookup () {
     return
   }
   const limits = Array.isArray(body.limits) ? body.limits : []
-  msg.textContent = limits.length === 0 ? 'No limit applies to this client on this route.' : `${limits.length} limit${limits.length === 1 ? '' : 's'} apply.`
+  // workers: N: the primary combined every worker's answer (src/admin/limits-over-workers.ts)
+  const across = body.combined === 'summed'
+    ? ` Summed over ${body.workers} workers, each with its own budget.`
+    : body.combined === 'shared' ? ` ${body.workers} workers share the Redis budget.` : ''
+  msg.textContent = limits.length === 0 ? 'No limit applies to this client on this route.' : `${limits.length} limit${limits.length === 1 ? '' : 's'} apply.${across}`
+  const perWorker = (l) => body.combined === 'summed' && Array.isArray(l.perWorker)
+    ? ` (${l.perWorker.map(p => formatCount(p.remaining)).join(' + ')})`
+    : ''
   $('lookup-table').tBodies[0].replaceChildren(...limits.map(l => el('tr', { 'data-limit': l.name },
     el('th', { scope: 'row' }, l.name), el('td', {}, l.dimension ?? ''), el('td', {}, l.algorithm ?? ''),
     el('td', { class: 'num' }, `${formatCount(l.limit)} per ${formatMs(l.windowMs ?? l.window)}`),
-    el('td', { class: 'num', 'data-remaining': l.remaining }, formatCount(l.remaining)),
+    el('td', { class: 'num', 'data-remaining': l.remaining }, formatCount(l.remaining) + perWorker(l)),
     el('td', { class: 'num' }, formatMs(l.resetMs)),
     el('td', {}, el('code', {}, l.key ?? '')))))
   $('lookup-table').hidden = limits.length === 0
@@ -263,7 +270,9 @@ async function reset () {
   sessionStorage.setItem('gateway-admin-token', token)
   $('admin-token').value = ''
   await lookup()
-  msg.textContent = `Reset done. ${msg.textContent}`
+  const where = typeof body.workers === 'number' ? ` in ${body.workers} workers` : ''
+  const partial = body.complete === false && body.warning ? ` ${body.warning}.` : ''
+  msg.textContent = `Reset done${where}.${partial} ${msg.textContent}`
 }
 
 // ---- wiring ------------------------------------------------------------------------------------

@@ -9,8 +9,9 @@
 // (process.cpuUsage: the gateway's side) and in redis-server (/proc), per request; the same two
 // plans are also run on the in-process store (no Redis configured).
 //
-//   node bench/concurrency.js [--seconds 5] [--rounds 3] [--rate 3000] [--hold-ms 2] [--inflight 1000]
-import { mkdtempSync, rmSync, existsSync } from 'node:fs'
+//   node bench/concurrency.js [--seconds 5] [--rounds 3] [--rate 3000] [--hold-ms 2] [--inflight 1000] [--json FILE]
+// --json writes the figures (medians and ranges over rounds) for `npm run bench` (bench/run.js).
+import { mkdtempSync, rmSync, existsSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
@@ -30,7 +31,8 @@ const { values: flags } = parseArgs({
     rounds: { type: 'string' },
     inflight: { type: 'string' },
     'hold-ms': { type: 'string' },
-    rate: { type: 'string' }
+    rate: { type: 'string' },
+    json: { type: 'string' }
   }
 })
 const settings = {
@@ -193,9 +195,12 @@ function tightLoop () {
   console.log(`  A one rate limit             CPU µs/req ${fmtSpread(spread(r.A))}`)
   console.log(`  B + concurrency: { user }    CPU µs/req ${fmtSpread(spread(r.B))}`)
   console.log(`  B - A (same pass pair)       CPU µs/req ${fmtSpread(spread(extra))}`)
+  return { n, A: spread(r.A), B: spread(r.B), extra: spread(extra) }
 }
 
-tightLoop()
+const tight = tightLoop()
+/** @type {Record<string, unknown>} */
+const figures = { settings, tightLoop: tight }
 const dir = mkdtempSync(join(tmpdir(), 'gw-bench-conc-'))
 process.once('exit', () => { killAllSync(); rmSync(dir, { recursive: true, force: true }) })
 const redis = await startRedis(dir)
@@ -208,6 +213,14 @@ for (const kind of /** @type {const} */ (['redis', 'memory'])) {
   console.log(`  B + concurrency: { user }   client CPU µs/req ${fmtSpread(spread(r.B.client))}  req/s ${fmtSpread(spread(r.B.perSecond))}${kind === 'redis' ? `  redis CPU µs/req ${fmtSpread(spread(r.B.redis))}  Redis calls/req ${fmtSpread(spread(r.B.calls))}` : ''}`)
   console.log(`  B - A (same round)          client CPU µs/req ${fmtSpread(spread(extra))}${kind === 'redis' ? `  redis CPU µs/req ${fmtSpread(spread(r.B.redis.map((b, i) => b - /** @type {number} */ (r.A.redis[i]))))}` : ''}`)
   if (kind === 'redis') console.log(`  (releases batched: ${fmt((spread(r.B.calls)?.median ?? 0) - 1)} extra Redis calls per request)`)
+  figures[kind] = {
+    A: { clientCpuUs: spread(r.A.client), reqPerSecond: spread(r.A.perSecond), ...(kind === 'redis' ? { redisCpuUs: spread(r.A.redis), redisCalls: spread(r.A.calls) } : {}) },
+    B: { clientCpuUs: spread(r.B.client), reqPerSecond: spread(r.B.perSecond), ...(kind === 'redis' ? { redisCpuUs: spread(r.B.redis), redisCalls: spread(r.B.calls) } : {}) },
+    // paired within a round: the machine's noise hits both plans of a round alike
+    extraClientCpuUs: spread(extra),
+    ...(kind === 'redis' ? { extraRedisCpuUs: spread(r.B.redis.map((b, i) => b - /** @type {number} */ (r.A.redis[i]))) } : {})
+  }
 }
+if (flags.json !== undefined) writeFileSync(flags.json, JSON.stringify(figures, null, 2) + '\n')
 await redis.client.quit()
 await stopAll()

@@ -7,6 +7,9 @@
 //
 //   node bench/run.js [--duration 10] [--rounds 3] [--warmup 3] [--connections 50]
 //                     [--only a,b,e,h] [--out-dir bench/results]
+// After the contenders, bench/concurrency.js measures the extra CPU per request of one
+// concurrency limit (issue 10) and its figures join the report (`--only` without "concurrency"
+// skips it when other contenders are named).
 // Each flag also reads an environment variable: BENCH_DURATION, BENCH_ROUNDS, BENCH_WARMUP,
 // BENCH_CONNECTIONS, BENCH_ONLY, BENCH_OUT_DIR; --flood-rate (BENCH_FLOOD_RATE) sets the flood's offered req/s.
 import { existsSync, mkdtempSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
@@ -610,6 +613,7 @@ async function main () {
     warmup
   }
   printReport(report)
+  report.concurrency = concurrencyFigures(dir)
   mkdirSync(settings.outDir, { recursive: true })
   const base = join(settings.outDir, report.date)
   writeFileSync(`${base}.json`, JSON.stringify(report, null, 2) + '\n')
@@ -619,6 +623,29 @@ async function main () {
   await redis?.client.quit()
   await stopAll()
   rmSync(dir, { recursive: true, force: true })
+}
+
+/**
+ * Issue 10's figure: the extra CPU per request of one concurrency limit, from bench/concurrency.js
+ * (its own rounds, plans A and B paired within each round; its output is shown as it runs).
+ * @param {string} dir
+ */
+function concurrencyFigures (dir) {
+  if (settings.only.length > 0 && !settings.only.includes('concurrency')) return { skipped: 'not selected (--only)' }
+  const file = join(dir, 'concurrency.json')
+  const args = ['--rounds', String(Math.max(3, settings.rounds)), '--seconds', String(Math.min(5, settings.durationS)), '--json', file]
+  console.log(`
+concurrency limit: node bench/concurrency.js ${args.slice(0, 4).join(' ')}`)
+  try {
+    execFileSync(process.execPath, [join(BENCH, 'concurrency.js'), ...args], { stdio: 'inherit', timeout: 15 * 60_000 })
+  } catch (err) {
+    console.log(`  concurrency bench failed: ${/** @type {Error} */ (err).message}`)
+    return { skipped: `failed: ${/** @type {Error} */ (err).message}` }
+  }
+  const figures = JSON.parse(readFileSync(file, 'utf8'))
+  const show = (/** @type {any} */ s) => s ? `${fmt(s.median)} [${fmt(s.min)}-${fmt(s.max)}]` : '-'
+  console.log(`concurrency limit, extra CPU per request (B - A, median [range] of rounds; target <= 5 µs): Redis path ${show(figures.redis?.extraClientCpuUs)} µs, in-process ${show(figures.memory?.extraClientCpuUs)} µs, in-process tight loop ${show(figures.tightLoop?.extra)} µs`)
+  return figures
 }
 
 process.on('exit', killAllSync)

@@ -97,6 +97,10 @@ export async function limitsCommand (argv: string[]): Promise<number> {
     return 0
   }
   const reset = body.reset as Array<{ name: string, key: string }>
-  process.stdout.write(`${who}: reset ${reset.map(r => r.name).join(', ') || 'nothing'} (${String(body.keysDeleted)} key(s) deleted, ${String(body.instances)} instance(s) notified)\n`)
+  // Redis away: reset only where it could be; exit 0 (the client is freed here), but say so
+  const partial = body.complete === false
+  const effect = partial ? 'Redis keys not deleted, other instances not told' : `${String(body.keysDeleted)} key(s) deleted, ${String(body.instances)} instance(s) notified`
+  process.stdout.write(`${who}: reset ${reset.map(r => r.name).join(', ') || 'nothing'} (${effect})\n`)
+  if (partial) process.stderr.write(`gateway limits reset: warning: ${String(body.warning)}\n`)
   return 0
 }

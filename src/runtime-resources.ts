@@ -22,7 +22,7 @@ import type { Logger } from './log.js'
 import { PROPAGATING_TRACER, type RequestTracer } from './tracing.js'
 import { createOtlpTracer, type OtlpTracer } from './otlp.js'
 import { Cluster, type Redis } from 'ioredis'
-import { ResetBus, deleteRedisKeys, peekRedis, type ResetMessage } from './limit/limit-admin.js'
+import { ResetBus, deleteRedisKeys, peekRedis, type ResetMessage, type ResetOutcome } from './limit/limit-admin.js'
 import type { PeekResult } from './limit/memory-store.js'
 import type { LimitCheck } from './limit/types.js'
 
@@ -261,19 +261,23 @@ export class ResourceCache {
    * has every instance (over Redis pub/sub) drop its local bucket and deny-cache entries for them.
    * Resolves with the keys that existed and the instances that received the reset.
    */
-  async resetLimits (config: ResolvedConfig, message: ResetMessage): Promise<{ deleted: number, instances: number | null }> {
-    if (config.redis === undefined) {
-      // one instance, one in-process store: applyReset forgets the keys there
-      this.applyReset(message)
-      return { deleted: message.keys.length, instances: 1 }
-    }
-    const bundle = this.redis.get(redisConnectionKey(config.redis))
-    if (bundle === undefined) throw new Error('Redis is not connected')
-    const deleted = await deleteRedisKeys(bundle.client, message.keys)
-    // applied here at once too: the answer must not depend on our own subscriber's delivery
+  async resetLimits (config: ResolvedConfig, message: ResetMessage): Promise<ResetOutcome> {
+    // Local state first: while Redis is away the fallback is what limits the client, and the
+    // reset must free it then too (the answer says that Redis itself was not reset).
     this.applyReset(message)
-    const instances = await bundle.bus.publish(message)
-    return { deleted, instances }
+    if (config.redis === undefined) return { deleted: message.keys.length, instances: 1 }
+    const bundle = this.redis.get(redisConnectionKey(config.redis))
+    if (bundle === undefined) return { deleted: null, instances: null, redisError: 'Redis is not connected' }
+    try {
+      const deleted = await deleteRedisKeys(bundle.client, message.keys)
+      // again once the keys are gone: a rejection decided meanwhile may have refilled the deny cache,
+      // and the answer must not depend on our own subscriber's delivery
+      this.applyReset(message)
+      const instances = await bundle.bus.publish(message)
+      return { deleted, instances }
+    } catch (err) {
+      return { deleted: null, instances: null, redisError: (err as Error).message }
+    }
   }
 
   /** Drops local state for one client: local-level bucket, deny-cache entries, in-process keys. */
@@ -281,6 +285,7 @@ export class ResourceCache {
     if (message.ipKey !== null) for (const level of this.locals.values()) level.forget(message.ipKey)
     for (const deny of this.denies.values()) for (const k of message.denyKeys) deny.forget(k)
     if (this.memory !== null) for (const k of message.keys) this.memory.store.forget(k)
+    for (const bundle of this.redis.values()) bundle.guard.forgetFallback(message.keys)
     this.logger.debug({ ipKey: message.ipKey, keys: message.keys.length }, 'local limit state reset')
   }
 

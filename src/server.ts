@@ -11,11 +11,11 @@ import { createRequestHandler, createUpgradeHandler, type PipelineState } from '
 import { createWebSocketProxy } from './proxy/websocket.js'
 import { GatewayMetrics } from './admin/metrics.js'
 import { createAdminServer, healthOf, json, type AdminSource } from './admin/admin-server.js'
-import { createLimitsApi } from './admin/limits-api.js'
+import { createLimitsApi, createLimitsOps, type LimitsApiDeps } from './admin/limits-api.js'
 import { LiveTelemetry } from './admin/live-stats.js'
 import { LiveFeed } from './admin/live-feed.js'
 import { describeRoutes } from './admin/dashboard.js'
-import { sendLiveFrames } from './workers.js'
+import { answerAdminRequests, sendLiveFrames } from './workers.js'
 import { redactConfig } from './admin/redact.js'
 import { cutByShutdown } from './proxy/shutdown-cut.js'
 import { createAccessLog, createLogger, droppedLogLines, type Logger, type LogLevel } from './log.js'
@@ -49,7 +49,7 @@ export function splitHostPort (hp: string): { host: string, port: number } {
   return { host: hp.slice(0, i).replace(/^\[|\]$/g, '') || '0.0.0.0', port: Number(hp.slice(i + 1)) }
 }
 
-function isLoopback (host: string): boolean {
+export function isLoopback (host: string): boolean {
   return host === 'localhost' || host === '::1' || /^(::ffff:)?127\.\d+\.\d+\.\d+$/.test(host)
 }
 
@@ -234,6 +234,12 @@ export class Gateway {
     this.port = (await listen(server, this.listenAddress)).port
 
     const self = this // eslint-disable-line @typescript-eslint/no-this-alias
+    const limitsDeps: LimitsApiDeps = {
+      runtime: () => this.runtime,
+      peek: async (rt, checks) => await this.resources.peekLimits(rt.config, checks),
+      reset: async (rt, message) => await this.resources.resetLimits(rt.config, message),
+      logger: this.logger
+    }
     const source: AdminSource = {
       get runtime () { return self.runtime },
       get shuttingDown () { return self.shuttingDown },
@@ -241,16 +247,13 @@ export class Gateway {
       reloadHistory: this.reloadHistory,
       metrics: this.metrics,
       redisStatus: () => this.redisStatus(),
-      limits: createLimitsApi({
-        runtime: () => this.runtime,
-        peek: async (rt, checks) => await this.resources.peekLimits(rt.config, checks),
-        reset: async (rt, message) => await this.resources.resetLimits(rt.config, message),
-        logger: this.logger
-      }, json)
+      limits: createLimitsApi(limitsDeps, json)
     }
     if (this.options.adminListener === false) {
-      // a worker: the primary's admin page sums every worker's frames
-      this.stopLiveFrames = sendLiveFrames(() => this.live.takeFrame(), () => healthOf(source), () => this.runtime === null ? null : describeRoutes(this.runtime))
+      // a worker: the primary's admin page sums every worker's frames and asks each for /limits
+      const stopFrames = sendLiveFrames(() => this.live.takeFrame(), () => healthOf(source), () => this.runtime === null ? null : describeRoutes(this.runtime))
+      const stopAdmin = answerAdminRequests(createLimitsOps(limitsDeps))
+      this.stopLiveFrames = () => { stopFrames(); stopAdmin() }
       this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
       return
     }

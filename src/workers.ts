@@ -1,18 +1,22 @@
 // `workers: N` (node:cluster): N worker processes share the public listener and the Redis budget.
 // The primary only supervises: it relays SIGHUP/SIGTERM, restarts a crashed worker, and serves
-// the admin listener with metrics aggregated over all workers (prom-client AggregatorRegistry).
+// the admin listener with metrics aggregated over all workers (prom-client AggregatorRegistry)
+// and the admin API answered by every worker over IPC (src/admin/limits-over-workers.ts).
 import cluster, { type Worker } from 'node:cluster'
 import { createServer } from 'node:http'
 import { AggregatorRegistry } from 'prom-client'
 import { loadConfigFile, type LoadedConfig } from './config/load.js'
 import { redactConfig } from './admin/redact.js'
 import { json } from './admin/admin-server.js'
+import { ERRORS, errorBody } from './errors.js'
+import { adminError, serveLimitsApi, type AdminAnswer, type LimitsOps } from './admin/limits-api.js'
+import { createWorkersLimitsOps, type AdminOp, type WorkerAnswer } from './admin/limits-over-workers.js'
 import { handleDashboard, type RouteView } from './admin/dashboard.js'
 import { LiveFeed } from './admin/live-feed.js'
 import type { LiveFrame } from './admin/live-stats.js'
 import type { Logger } from './log.js'
-import { splitHostPort } from './server.js'
-import { adminListen } from './config/defaults.js'
+import { isLoopback, splitHostPort } from './server.js'
+import { adminListen, adminToken } from './config/defaults.js'
 
 export const WORKER_ADMIN_ENV = 'GATEWAY_WORKER'
 
@@ -27,6 +31,73 @@ interface LiveMessage {
 
 const isLiveMessage = (msg: unknown): msg is LiveMessage =>
   typeof msg === 'object' && msg !== null && (msg as { type?: unknown }).type === 'gateway:live'
+
+/** The primary asks a worker one admin API operation (src/admin/limits-api.ts LimitsOps). */
+interface AdminRequest {
+  readonly type: 'gateway:admin'
+  readonly id: number
+  readonly op: AdminOp
+  /** The query string (lookup, reset) or the consumer's name. */
+  readonly arg: string
+  /** Who asked (the token's id), for the worker's reset log line. */
+  readonly by: string
+}
+
+interface AdminReply {
+  readonly type: 'gateway:admin-reply'
+  readonly id: number
+  readonly answer: AdminAnswer
+}
+
+const isAdminRequest = (msg: unknown): msg is AdminRequest =>
+  typeof msg === 'object' && msg !== null && (msg as { type?: unknown }).type === 'gateway:admin'
+const isAdminReply = (msg: unknown): msg is AdminReply =>
+  typeof msg === 'object' && msg !== null && (msg as { type?: unknown }).type === 'gateway:admin-reply'
+
+/**
+ * How long the primary waits for each worker's admin answer. Above the workers' own bound on
+ * Redis (1 s per call, a reset makes two: src/limit/limit-admin.ts), so a slow Redis is reported
+ * as the store's failure and only a stuck or dying worker as GW_ERR_ADMIN_WORKERS_UNAVAILABLE.
+ */
+export const ADMIN_IPC_TIMEOUT_MS = 3000
+
+/** The primary's side of the admin IPC: requests out, replies matched by id, a bounded wait. */
+class WorkerAdminClient {
+  private nextId = 1
+  private readonly pending = new Map<number, { readonly worker: Worker, readonly settle: (a: WorkerAnswer) => void }>()
+
+  constructor (private readonly timeoutMs: number) {}
+
+  async ask (workers: readonly Worker[], op: AdminOp, arg: string, by: string): Promise<WorkerAnswer[]> {
+    return await Promise.all(workers.map(async (worker) => await new Promise<WorkerAnswer>((resolve) => {
+      const id = this.nextId++
+      const pid = worker.process.pid ?? 0
+      const timer = setTimeout(() => settle({ pid, answer: null, reason: `no answer within ${this.timeoutMs} ms` }), this.timeoutMs)
+      const settle = (a: WorkerAnswer): void => {
+        if (!this.pending.delete(id)) return
+        clearTimeout(timer)
+        resolve(a)
+      }
+      this.pending.set(id, { worker, settle })
+      const request: AdminRequest = { type: 'gateway:admin', id, op, arg, by }
+      try {
+        worker.send(request, (err: Error | null) => { if (err !== null) settle({ pid, answer: null, reason: `not sent: ${err.message}` }) })
+      } catch (err) {
+        settle({ pid, answer: null, reason: `not sent: ${(err as Error).message}` })
+      }
+    })))
+  }
+
+  reply (worker: Worker, msg: AdminReply): void {
+    const p = this.pending.get(msg.id)
+    if (p?.worker === worker) p.settle({ pid: worker.process.pid ?? 0, answer: msg.answer })
+  }
+
+  /** A worker exited: what it was asked will not be answered. */
+  gone (worker: Worker): void {
+    for (const p of [...this.pending.values()]) if (p.worker === worker) p.settle({ pid: worker.process.pid ?? 0, answer: null, reason: 'the worker exited' })
+  }
+}
 
 interface PrimaryOptions {
   readonly configFile: string
@@ -49,6 +120,15 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   const feed = new LiveFeed(() => null, () => ({ ...workerHealth, workers, workersReady: ready.size }))
   feed.start()
   cluster.setupPrimary({ args: [...options.workerArgs], silent: false })
+  const adminIpc = new WorkerAdminClient(ADMIN_IPC_TIMEOUT_MS)
+  const readyWorkers = (): Worker[] => [...ready].map(id => cluster.workers?.[id]).filter((w): w is Worker => w !== undefined && !w.isDead())
+  // Same paths, methods and token rules as a single process; the answers come from every worker.
+  const limitsApi = serveLimitsApi({
+    ops: createWorkersLimitsOps(async (op, arg, by) => await adminIpc.ask(readyWorkers(), op, arg, by), () => loaded.config.redis !== undefined, ADMIN_IPC_TIMEOUT_MS),
+    ready: () => ready.size > 0 && !shuttingDown,
+    adminToken: () => adminToken(loaded.config),
+    logger
+  }, json)
 
   const fork = (): Worker => {
     const w = cluster.fork({ [WORKER_ADMIN_ENV]: '1' })
@@ -58,13 +138,14 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
         feed.ingest(msg.frame)
         workerHealth = msg.health
         if (msg.routes !== undefined) routesView = msg.routes
-      }
+      } else if (isAdminReply(msg)) adminIpc.reply(w, msg)
     })
     return w
   }
   let restarts = 0
   cluster.on('exit', (w, code, signal) => {
     ready.delete(w.id)
+    adminIpc.gone(w)
     if (shuttingDown) return
     // a crashed worker is replaced, with a growing pause so a crash loop does not spin the CPU
     restarts++
@@ -75,6 +156,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
 
   const admin = createServer((req, res) => {
     const path = (req.url ?? '/').split('?')[0]
+    if (limitsApi(req, res)) return
     if (path === '/healthz') return json(res, 200, { status: 'ok' })
     if (path === '/readyz') return json(res, ready.size === workers && !shuttingDown ? 200 : 503, { status: ready.size === workers ? 'ready' : 'not_ready', workers, ready: ready.size })
     if (path === '/config') return json(res, 200, { hash: loaded.hash, file: loaded.file, workers, config: redactConfig(loaded.config) })
@@ -82,22 +164,27 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       aggregator.clusterMetrics().then(text => {
         res.writeHead(200, { 'content-type': aggregator.contentType })
         res.end(text)
-      }, (err: unknown) => json(res, 500, { error: 'metrics_failed', message: String(err) }))
+      }, (err: unknown) => json(res, ERRORS.GW_ERR_METRICS_FAILED.status, errorBody('GW_ERR_METRICS_FAILED', String(err))))
       return
     }
     if (path === '/routes') {
-      if (routesView === null) return json(res, 503, { error: 'GW_ERR_NOT_READY', message: 'no worker has reported yet' })
+      if (routesView === null) return json(res, ERRORS.GW_ERR_NOT_READY.status, errorBody('GW_ERR_NOT_READY', 'no worker has reported yet'))
       return json(res, 200, routesView)
     }
     if (handleDashboard(req, res, path ?? '/', feed, () => null, json)) return
-    json(res, 404, { error: 'GW_ERR_NOT_FOUND', message: 'admin endpoints: / (page) /events /routes /healthz /readyz /metrics /config' })
+    json(res, ERRORS.GW_ERR_NOT_FOUND.status, errorBody('GW_ERR_NOT_FOUND', 'admin endpoints: / (page) /events /routes /healthz /readyz /metrics /config /limits /consumers/NAME'))
   })
-  const { host, port } = splitHostPort(adminListen(loaded.config))
+  const adminAddress = adminListen(loaded.config)
+  const { host, port } = splitHostPort(adminAddress)
   await new Promise<void>((resolve, reject) => {
     admin.once('error', reject)
     admin.listen(port, host, () => resolve())
   })
   const adminPort = (admin.address() as { port: number }).port
+  if (!isLoopback(host) && adminToken(loaded.config) === null) {
+    // as in a single process (src/server.ts): /config and /metrics are open to whoever reaches it
+    logger.warn({ admin: adminAddress }, 'the admin listener binds a non-loopback address and has no access token: anyone who can reach it reads /config and /metrics')
+  }
   logger.info({ workers, adminPort, primary: process.pid }, 'gateway primary started')
 
   process.on('SIGHUP', () => {
@@ -148,4 +235,23 @@ export function sendLiveFrames (takeFrame: () => LiveFrame, health: () => Record
   }, 1000)
   timer.unref()
   return () => clearInterval(timer)
+}
+
+/**
+ * In a worker: answers the primary's admin API requests from this process's stores. Returns the
+ * function that stops it.
+ */
+export function answerAdminRequests (ops: LimitsOps): () => void {
+  if (process.send === undefined) return () => {}
+  const onMessage = (msg: unknown): void => {
+    if (!isAdminRequest(msg)) return
+    const pending = msg.op === 'lookup' ? ops.lookup(msg.arg) : msg.op === 'reset' ? ops.reset(msg.arg, msg.by) : ops.consumer(msg.arg)
+    pending.catch((err: unknown): AdminAnswer => adminError('GW_ERR_LIMITER_UNAVAILABLE', `the limit store did not answer: ${(err as Error).message}`)).then((answer) => {
+      const reply: AdminReply = { type: 'gateway:admin-reply', id: msg.id, answer }
+      // the channel may be closing (shutdown): the primary's wait is bounded anyway
+      process.send?.(reply, undefined, undefined, () => {})
+    }, () => {})
+  }
+  process.on('message', onMessage)
+  return () => { process.off('message', onMessage) }
 }

@@ -1,11 +1,13 @@
 // The admin page in a real headless Chromium, against a real gateway: the routes table, live
 // numbers that move with traffic, a limited client in the top list, a rejected reload's located
-// error, and a layout that holds at phone width. A screenshot under load is saved to
-// reports/dashboard.png (the README's picture comes from it).
+// error, and a layout that holds at phone width; lookup and reset on the primary of `workers: 2`.
+// A screenshot under load is saved to reports/dashboard.png (the README's picture comes from it).
 import t from 'tap'
 import { mkdirSync, writeFileSync } from 'node:fs'
 import { request } from 'undici'
-import { startGateway } from './helpers/gateway.js'
+import { spawnGateway, startGateway } from './helpers/gateway.js'
+import { startRedis } from './helpers/redis.js'
+import { send } from './helpers/ratelimit.js'
 import { startUpstream } from './helpers/upstream.js'
 import { launchBrowser } from './helpers/browser.js'
 
@@ -130,4 +132,53 @@ routes:
   t.match(await row.innerText(), `user ${evil}`, 'shown as text')
   t.equal(await page.evaluate('window.__owned ?? null'), null, 'never run')
   t.equal(await page.locator('#top-table img').count(), 0, 'no element made from it')
+})
+
+t.test('workers: 2 (bin/gateway, Redis): the primary\'s page looks a limited client up and resets it in every worker', async t => {
+  const redis = await startRedis()
+  t.teardown(() => redis.stop())
+  const upstream = await startUpstream(t)
+  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
+admin: { listen: 127.0.0.1:0, token: ${TOKEN} }
+workers: 2
+redis: { url: ${redis.url} }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - name: api
+    pathPrefix: /api/
+    upstream: backend
+    limits:
+      ip: { algorithm: fixed-window, limit: 5, window: 1h }
+`)
+  const primary = await gw.waitForLog(l => l.msg === 'gateway primary started')
+  const adminUrl = `http://127.0.0.1:${primary.adminPort as number}`
+  await until('both workers ready', async () => (await send(`${adminUrl}/readyz`)).status === 200, 30_000)
+  // a fresh connection per request: the primary hands connections to the workers in turn
+  const statuses: number[] = []
+  for (let i = 0; i < 8; i++) statuses.push((await send(`${gw.url}/api/x`)).status)
+  t.same(statuses, [200, 200, 200, 200, 200, 429, 429, 429])
+
+  const browser = await launchBrowser(t)
+  const page = await browser.newPage({ viewport: { width: 1280, height: 800 } })
+  const problems: string[] = []
+  page.on('console', msg => { if (msg.type() === 'error') problems.push(msg.text()) })
+  page.on('pageerror', err => problems.push(err.message))
+  await page.goto(adminUrl + '/')
+  // the limited client appears in the top list (summed over the workers' frames): look it up from there
+  await page.locator('#lookup-route option[value="api"]').waitFor({ state: 'attached', timeout: 10_000 })
+  await page.locator('#top-table tbody tr', { hasText: '127.0.0.1' }).locator('button', { hasText: 'Look up' }).click({ timeout: 10_000 })
+  const limitRow = page.locator('#lookup-table tr[data-limit="api.ip"]')
+  await limitRow.waitFor()
+  t.equal(await limitRow.locator('[data-remaining]').getAttribute('data-remaining'), '0', 'the primary shows the spent shared budget')
+  t.match(await page.locator('#lookup-message').innerText(), /2 workers share the Redis budget/)
+
+  await page.getByLabel('Admin token').fill(TOKEN)
+  await page.getByRole('button', { name: 'Reset these limits' }).click()
+  await page.locator('#lookup-message', { hasText: 'Reset done in 2 workers' }).waitFor()
+  t.equal(await limitRow.locator('[data-remaining]').getAttribute('data-remaining'), '5', 'the lookup after the reset shows the whole budget')
+  const after: number[] = []
+  for (let i = 0; i < 6; i++) after.push((await send(`${gw.url}/api/x`)).status)
+  t.same(after, [200, 200, 200, 200, 200, 429], 'admitted again across both workers, by the shared budget')
+  t.same(problems, [], 'no script error in the page')
 })

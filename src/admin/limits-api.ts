@@ -4,6 +4,8 @@
 //   GET    /consumers/NAME               plan, effective limits per route, quota used
 // Mutating endpoints need `Authorization: Bearer <admin.token>`; without a configured token they
 // answer 403. Reads need no token: they are on the admin listener, which is not public.
+// The HTTP side (methods, token) is one function for every listener; what answers is a LimitsOps:
+// this process's stores, or on the workers primary every worker over IPC (src/workers.ts).
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { createHash, timingSafeEqual } from 'node:crypto'
 import { isIP } from 'node:net'
@@ -14,14 +16,14 @@ import { buildChecks, denyKey } from '../limit/limiter.js'
 import { keyFor, limitsFor, type PlannedLimit } from '../limit/plan.js'
 import { calendarPeriod, quotaOffsetSeconds } from '../limit/algorithms/calendar-quota.js'
 import type { PeekResult } from '../limit/memory-store.js'
-import type { ResetMessage } from '../limit/limit-admin.js'
+import type { ResetMessage, ResetOutcome } from '../limit/limit-admin.js'
 import type { LimitCheck } from '../limit/types.js'
 import type { Logger } from '../log.js'
 
 export interface LimitsApiDeps {
   runtime (): Runtime | null
   peek (rt: Runtime, checks: readonly LimitCheck[]): Promise<PeekResult[]>
-  reset (rt: Runtime, message: ResetMessage): Promise<{ deleted: number, instances: number | null }>
+  reset (rt: Runtime, message: ResetMessage): Promise<ResetOutcome>
   readonly logger: Logger
 }
 
@@ -39,8 +41,25 @@ function tokenMatches (given: string, expected: string): boolean {
   return timingSafeEqual(a, b)
 }
 
-function adminError (json: Json, res: ServerResponse, code: ErrorCode, message?: string, status?: number): void {
-  json(res, status ?? ERRORS[code].status, errorBody(code, message))
+/** A JSON answer of the admin API, built apart from the response so it can cross IPC. */
+export interface AdminAnswer {
+  readonly status: number
+  readonly body: Record<string, unknown>
+}
+
+export function adminError (code: ErrorCode, message?: string, status?: number): AdminAnswer {
+  return { status: status ?? ERRORS[code].status, body: errorBody(code, message) }
+}
+
+/**
+ * What the admin API does, given the request's query string (`route=R&ip=A&user=U`). Answered
+ * from this process's stores (createLimitsOps) or, on the workers primary, by every worker.
+ */
+export interface LimitsOps {
+  lookup (query: string): Promise<AdminAnswer>
+  /** `by`: who asked (tokenId of the admin token), for the log line. */
+  reset (query: string, by: string): Promise<AdminAnswer>
+  consumer (name: string): Promise<AdminAnswer>
 }
 
 interface Target {
@@ -107,54 +126,83 @@ export function describeLimit (l: PlannedLimit): Record<string, unknown> {
 const PERIOD_NAMES: ReadonlyMap<number, string> = new Map([[3_600_000, 'hour'], [86_400_000, 'day'], [604_800_000, 'week'], [2_678_400_000, 'month']])
 const periodName = (windowMs: number): string => PERIOD_NAMES.get(windowMs) ?? 'unknown'
 
-export function createLimitsApi (deps: LimitsApiDeps, json: Json): (req: IncomingMessage, res: ServerResponse) => boolean {
-  const unavailable = (res: ServerResponse, err: unknown): void => {
+export function createLimitsOps (deps: LimitsApiDeps): LimitsOps {
+  const unavailable = (err: unknown): AdminAnswer => {
     deps.logger.warn({ err: (err as Error).message }, 'admin limits request failed')
-    adminError(json, res, 'GW_ERR_LIMITER_UNAVAILABLE', `the limit store did not answer: ${(err as Error).message}`)
+    return adminError('GW_ERR_LIMITER_UNAVAILABLE', `the limit store did not answer: ${(err as Error).message}`)
+  }
+  const NOT_READY = adminError('GW_ERR_NOT_READY')
+  const resolve = (query: string): { rt: Runtime, t: Target } | AdminAnswer => {
+    const rt = deps.runtime()
+    if (rt === null) return NOT_READY
+    const t = target(rt, new URLSearchParams(query))
+    return typeof t === 'string' ? adminError('GW_ERR_BAD_REQUEST', t) : { rt, t }
   }
 
-  const getLimits = async (res: ServerResponse, rt: Runtime, t: Target): Promise<void> => {
+  const lookup = async (query: string): Promise<AdminAnswer> => {
+    const found = resolve(query)
+    if (!('rt' in found)) return found
+    const { rt, t } = found
     let peeked: PeekResult[]
     try {
       peeked = await deps.peek(rt, t.checks)
     } catch (err) {
-      return unavailable(res, err)
+      return unavailable(err)
     }
-    json(res, 200, {
-      route: t.route.name,
-      ip: t.ip,
-      user: t.user,
-      plan: t.plan,
-      limits: t.limits.map((l, i) => {
-        const check = t.checks[i] as LimitCheck
-        const p = peeked[i] as PeekResult
-        return { ...describeLimit(l), key: check.key, remaining: p.remaining, resetMs: p.resetMs, retryAfterMs: p.retryAfterMs, deniedMs: Math.ceil(rt.limiter.denied(check)) }
-      })
-    })
+    return {
+      status: 200,
+      body: {
+        route: t.route.name,
+        ip: t.ip,
+        user: t.user,
+        plan: t.plan,
+        limits: t.limits.map((l, i) => {
+          const check = t.checks[i] as LimitCheck
+          const p = peeked[i] as PeekResult
+          return { ...describeLimit(l), key: check.key, remaining: p.remaining, resetMs: p.resetMs, retryAfterMs: p.retryAfterMs, deniedMs: Math.ceil(rt.limiter.denied(check)) }
+        })
+      }
+    }
   }
 
-  const deleteLimits = async (req: IncomingMessage, res: ServerResponse, rt: Runtime, t: Target): Promise<void> => {
-    const token = adminToken(rt.config)
-    if (token === null) return adminError(json, res, 'GW_ERR_ADMIN_FORBIDDEN', 'no admin.token is configured: DELETE /limits is disabled (set admin: { listen, token })')
-    const auth = req.headers.authorization
-    const given = typeof auth === 'string' && /^bearer /i.test(auth) ? auth.slice(7).trim() : null
-    if (given === null || !tokenMatches(given, token)) {
-      deps.logger.warn({ remote: req.socket.remoteAddress, path: req.url }, 'admin request refused: missing or wrong token')
-      return adminError(json, res, 'GW_ERR_ADMIN_UNAUTHORIZED')
-    }
+  const reset = async (query: string, by: string): Promise<AdminAnswer> => {
+    const found = resolve(query)
+    if (!('rt' in found)) return found
+    const { rt, t } = found
     const message: ResetMessage = { ipKey: t.ipKey, denyKeys: t.checks.map(denyKey), keys: t.checks.map(c => c.key) }
-    let outcome: { deleted: number, instances: number | null }
+    let outcome: ResetOutcome
     try {
       outcome = await deps.reset(rt, message)
     } catch (err) {
-      return unavailable(res, err)
+      return unavailable(err)
     }
-    const reset = t.limits.map((l, i) => ({ name: l.name, dimension: l.dimension, key: (t.checks[i] as LimitCheck).key }))
-    deps.logger.info({ by: tokenId(given), route: t.route.name, ip: t.ip, user: t.user, limits: reset.map(r => r.name), keysDeleted: outcome.deleted, instances: outcome.instances }, 'limits reset')
-    json(res, 200, { route: t.route.name, ip: t.ip, user: t.user, plan: t.plan, reset, keysDeleted: outcome.deleted, localLevel: t.ipKey !== null, instances: outcome.instances })
+    const done = t.limits.map((l, i) => ({ name: l.name, dimension: l.dimension, key: (t.checks[i] as LimitCheck).key }))
+    const complete = outcome.redisError === undefined
+    const log = { by, route: t.route.name, ip: t.ip, user: t.user, limits: done.map(r => r.name), keysDeleted: outcome.deleted, instances: outcome.instances }
+    if (complete) deps.logger.info(log, 'limits reset')
+    else deps.logger.warn({ ...log, redisError: outcome.redisError }, 'limits reset in this process only: Redis did not answer')
+    return {
+      status: 200,
+      body: {
+        route: t.route.name,
+        ip: t.ip,
+        user: t.user,
+        plan: t.plan,
+        reset: done,
+        keysDeleted: outcome.deleted,
+        localLevel: t.ipKey !== null,
+        instances: outcome.instances,
+        complete,
+        ...(complete
+          ? {}
+          : { warning: `Redis did not answer (${outcome.redisError as string}): the local state and the Redis fallback were reset here, but the Redis keys may still hold the old state and other instances were not told; reset again once Redis is back` })
+      }
+    }
   }
 
-  const getConsumer = async (res: ServerResponse, rt: Runtime, name: string): Promise<void> => {
+  const consumer = async (name: string): Promise<AdminAnswer> => {
+    const rt = deps.runtime()
+    if (rt === null) return NOT_READY
     const entry = rt.consumers.plans.get(name)
     const plan = entry ?? rt.consumers.defaultPlan
     const routes: Record<string, unknown> = {}
@@ -171,48 +219,92 @@ export function createLimitsApi (deps: LimitsApiDeps, json: Json): (req: Incomin
       try {
         p = (await deps.peek(rt, [check]))[0] as PeekResult
       } catch (err) {
-        return unavailable(res, err)
+        return unavailable(err)
       }
       const { end } = calendarPeriod(quota.spec.windowMs, Date.now() * 1000, quotaOffsetSeconds(quota.spec.maxDelayMs))
       quotaView = { name: quota.name, limit: quota.spec.limit, period: periodName(quota.spec.windowMs), used: quota.spec.limit - p.remaining, remaining: p.remaining, resetsAt: new Date(end * 1000).toISOString(), key: check.key }
     }
-    json(res, 200, { consumer: name, plan, planFrom: entry !== undefined ? 'consumers' : plan !== null ? 'defaultPlan' : null, routes, quota: quotaView })
+    return { status: 200, body: { consumer: name, plan, planFrom: entry !== undefined ? 'consumers' : plan !== null ? 'defaultPlan' : null, routes, quota: quotaView } }
   }
 
+  return { lookup, reset, consumer }
+}
+
+/** What the HTTP side needs besides the operations. */
+export interface LimitsEndpoint {
+  readonly ops: LimitsOps
+  /** False until a configuration is loaded: every answer is then 503. */
+  ready (): boolean
+  /** The configured admin.token, or null (mutations are then refused with 403). */
+  adminToken (): string | null
+  readonly logger: Logger
+}
+
+/**
+ * The admin API's HTTP side: paths, methods and the admin token, the same on every listener.
+ * Returns false for paths it does not serve.
+ */
+export function serveLimitsApi (endpoint: LimitsEndpoint, json: Json): (req: IncomingMessage, res: ServerResponse) => boolean {
+  const send = (res: ServerResponse, answer: AdminAnswer): void => json(res, answer.status, answer.body)
+  const run = (res: ServerResponse, pending: Promise<AdminAnswer>): void => {
+    pending.then(answer => send(res, answer), (err: unknown) => {
+      endpoint.logger.warn({ err: (err as Error).message }, 'admin limits request failed')
+      send(res, adminError('GW_ERR_LIMITER_UNAVAILABLE', `the limit store did not answer: ${(err as Error).message}`))
+    })
+  }
   return (req, res) => {
     const url = new URL(req.url ?? '/', 'http://admin')
     const path = url.pathname
     if (path !== '/limits' && !path.startsWith('/consumers/')) return false
-    const rt = deps.runtime()
-    if (rt === null) {
-      adminError(json, res, 'GW_ERR_ADMIN_NOT_READY')
+    if (!endpoint.ready()) {
+      send(res, adminError('GW_ERR_ADMIN_NOT_READY'))
       return true
     }
-    const fail = (err: unknown): void => unavailable(res, err)
     if (path === '/limits') {
-      if (req.method !== 'GET' && req.method !== 'DELETE') {
-        adminError(json, res, 'GW_ERR_BAD_REQUEST', '/limits answers GET (read) and DELETE (reset)', 405)
-        return true
+      if (req.method === 'GET') {
+        run(res, endpoint.ops.lookup(url.search))
+      } else if (req.method === 'DELETE') {
+        const by = authorize(req, endpoint)
+        if (typeof by === 'string') run(res, endpoint.ops.reset(url.search, by))
+        else send(res, by)
+      } else {
+        send(res, adminError('GW_ERR_BAD_REQUEST', '/limits answers GET (read) and DELETE (reset)', 405))
       }
-      const t = target(rt, url.searchParams)
-      if (typeof t === 'string') {
-        adminError(json, res, 'GW_ERR_BAD_REQUEST', t)
-        return true
-      }
-      if (req.method === 'GET') getLimits(res, rt, t).catch(fail)
-      else deleteLimits(req, res, rt, t).catch(fail)
       return true
     }
     if (req.method !== 'GET') {
-      adminError(json, res, 'GW_ERR_BAD_REQUEST', '/consumers/NAME is read-only', 405)
+      send(res, adminError('GW_ERR_BAD_REQUEST', '/consumers/NAME is read-only', 405))
       return true
     }
     const name = decodeURIComponent(path.slice('/consumers/'.length))
-    if (name.length === 0 || name.includes('/')) {
-      adminError(json, res, 'GW_ERR_NOT_FOUND', 'expected /consumers/NAME')
-      return true
-    }
-    getConsumer(res, rt, name).catch(fail)
+    if (name.length === 0 || name.includes('/')) send(res, adminError('GW_ERR_NOT_FOUND', 'expected /consumers/NAME'))
+    else run(res, endpoint.ops.consumer(name))
     return true
   }
+}
+
+/** A mutation's bearer token checked: who asked (tokenId), or the refusal to send. */
+function authorize (req: IncomingMessage, endpoint: LimitsEndpoint): string | AdminAnswer {
+  const token = endpoint.adminToken()
+  if (token === null) return adminError('GW_ERR_ADMIN_FORBIDDEN', 'no admin.token is configured: DELETE /limits is disabled (set admin: { listen, token })')
+  const auth = req.headers.authorization
+  const given = typeof auth === 'string' && /^bearer /i.test(auth) ? auth.slice(7).trim() : null
+  if (given === null || !tokenMatches(given, token)) {
+    endpoint.logger.warn({ remote: req.socket.remoteAddress, path: req.url }, 'admin request refused: missing or wrong token')
+    return adminError('GW_ERR_ADMIN_UNAUTHORIZED')
+  }
+  return tokenId(given)
+}
+
+/** The admin API of one gateway process, answered from its own stores. */
+export function createLimitsApi (deps: LimitsApiDeps, json: Json): (req: IncomingMessage, res: ServerResponse) => boolean {
+  return serveLimitsApi({
+    ops: createLimitsOps(deps),
+    ready: () => deps.runtime() !== null,
+    adminToken: () => {
+      const rt = deps.runtime()
+      return rt === null ? null : adminToken(rt.config)
+    },
+    logger: deps.logger
+  }, json)
 }

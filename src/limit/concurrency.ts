@@ -4,8 +4,9 @@
 // Redis, the `lease` twin in process), so a request refused by either takes nothing from the
 // other. This module keeps the leases taken afterwards:
 //   - release: when the response finished or failed or the client left (the pipeline calls it on
-//     the response's or the socket's 'close'); every release of one event-loop turn goes to Redis
-//     in one call (lua/lease-release.lua), one per hash slot under Cluster;
+//     the response's or the socket's 'close'). Releases wait for the next call to Redis that takes
+//     leases or rate-limit units (the limiter calls flushReleases first), or RELEASE_WAIT_MS at
+//     most, and then go in one call (lua/lease-release.lua), one per hash slot under Cluster;
 //   - renewal: every third of the lease TTL, one call pushes the expiry of every lease this
 //     instance still holds (lua/lease-renew.lua), so a long download or an open WebSocket keeps
 //     its lease while the leases of an instance that died expire within the TTL.
@@ -51,12 +52,21 @@ interface LeaseCommands {
 /** Most leases per release or renewal call: a large fleet of held leases goes in bounded pieces. */
 const BATCH = 512
 
+/**
+ * Longest a release waits for a limit call to ride with. Riding with it, the release is written
+ * with that call and its reply read with that call's, rather than costing the process a wake-up of
+ * its own, which was most of a concurrency limit's CPU on the Redis path (issue 10; figures in
+ * bench/README.md). Another instance sees the lease at most this much longer; this instance never
+ * does (flushReleases).
+ */
+export const RELEASE_WAIT_MS = 10
+
 export class LeaseKeeper {
   /** Leases held in Redis, renewed until released. */
   private readonly held = new Set<HeldLease>()
   /** Redis releases of this event-loop turn. */
   private pending: HeldLease[] = []
-  private flushing: NodeJS.Immediate | null = null
+  private flushing: NodeJS.Timeout | null = null
   private renewer: NodeJS.Timeout | null = null
   private renewEveryMs = 0
   /** `redis.leaseTtl`; a reload that changes it updates it in place. */
@@ -99,10 +109,22 @@ export class LeaseKeeper {
       case 'redis':
         this.held.delete(lease)
         this.pending.push(lease)
-        // setImmediate runs after this turn's I/O callbacks: every response that closed in the
-        // same turn joins one call.
-        this.flushing ??= setImmediate(() => this.flush())
+        if (this.flushing === null) {
+          this.flushing = setTimeout(() => this.flush(), RELEASE_WAIT_MS)
+          this.flushing.unref()
+        }
     }
+  }
+
+  /**
+   * Sends the waiting releases now. The limiter calls it before each call to Redis: on the same
+   * connection the releases then reach Redis first, so a request following a finished one from the
+   * same client is never refused by the lease that finished one still seemed to hold.
+   */
+  flushReleases (): void {
+    if (this.pending.length === 0) return
+    if (this.flushing !== null) clearTimeout(this.flushing)
+    this.flush()
   }
 
   private flush (): Array<Promise<unknown>> {
@@ -181,7 +203,7 @@ export class LeaseKeeper {
   async close (timeoutMs = 1000): Promise<void> {
     if (this.renewer !== null) clearInterval(this.renewer)
     this.renewer = null
-    if (this.flushing !== null) clearImmediate(this.flushing)
+    if (this.flushing !== null) clearTimeout(this.flushing)
     for (const lease of this.held) {
       lease.released = true
       this.pending.push(lease)

@@ -9,11 +9,30 @@ import type { LimitCheck, PeekResult } from './types.js'
 const PEEK_SHA = createHash('sha1').update(PEEK_SCRIPT).digest('hex')
 
 /**
+ * Bound on each admin call to Redis. The gateway's clients fail at once while disconnected
+ * (enableOfflineQueue: false), but a Redis that stalls (paused, overloaded) keeps the connection
+ * and would leave the operator's request hanging.
+ */
+export const ADMIN_REDIS_TIMEOUT_MS = 1000
+
+async function bounded<T> (p: Promise<T>, what: string, ms = ADMIN_REDIS_TIMEOUT_MS): Promise<T> {
+  let timer: NodeJS.Timeout | undefined
+  const late = new Promise<never>((_resolve, reject) => {
+    timer = setTimeout(() => reject(new Error(`Redis did not answer ${what} within ${ms} ms`)), ms)
+  })
+  try {
+    return await Promise.race([p, late])
+  } finally {
+    clearTimeout(timer)
+  }
+}
+
+/**
  * Each check read by lua/peek.lua through EVALSHA_RO: Redis refuses any write from it, so reading
  * can never spend budget. One key per call keeps every call in one slot (Redis Cluster).
  */
 export async function peekRedis (client: Redis | Cluster, checks: readonly LimitCheck[], nowOverrideUs = 0): Promise<PeekResult[]> {
-  return await Promise.all(checks.map(async (check) => {
+  return await bounded(Promise.all(checks.map(async (check) => {
     const args = [1, check.key, ...limitArgs([check], 'peek', nowOverrideUs)]
     let reply: unknown
     try {
@@ -27,13 +46,23 @@ export async function peekRedis (client: Redis | Cluster, checks: readonly Limit
     }
     const [remaining, resetMs, retryAfterMs] = reply as [number, number, number]
     return { remaining, resetMs, retryAfterMs }
-  }))
+  })), 'the read')
 }
 
 /** Deletes the keys one by one (each its own slot under Cluster); resolves with how many existed. */
 export async function deleteRedisKeys (client: Redis | Cluster, keys: readonly string[]): Promise<number> {
-  const counts = await Promise.all(keys.map(async (k) => await client.del(k)))
+  const counts = await bounded(Promise.all(keys.map(async (k) => await client.del(k))), 'the deletion')
   return counts.reduce((a, b) => a + b, 0)
+}
+
+/** What a reset did: the Redis keys that existed, the instances told, or why Redis could not be reached. */
+export interface ResetOutcome {
+  /** Keys deleted; null when Redis did not answer (then the keys may still hold the old state). */
+  readonly deleted: number | null
+  /** Instances that received the reset over pub/sub; null on Cluster or when Redis did not answer. */
+  readonly instances: number | null
+  /** Set when Redis failed: only this process's local state (and its Redis fallback) was reset. */
+  readonly redisError?: string
 }
 
 /** What one reset asks every instance to forget. */
@@ -91,7 +120,7 @@ export class ResetBus {
    * Cluster: there PUBLISH reaches every node but counts only the subscribers of the node it ran on.
    */
   async publish (message: ResetMessage): Promise<number | null> {
-    const received = await this.client.publish(this.channel, JSON.stringify(message))
+    const received = await bounded(this.client.publish(this.channel, JSON.stringify(message)), 'the publish')
     return this.client instanceof Cluster ? null : received
   }
 

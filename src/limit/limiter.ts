@@ -96,6 +96,8 @@ export class Limiter {
       return ALLOW_NO_HEADERS
     }
 
+    // releases first: see LeaseKeeper.flushReleases (nothing waits when no lease is held in Redis)
+    this.options.leases?.flushReleases()
     const decided = this.options.shared.decide(checks, limits, req.requestId)
     if (decided instanceof Promise) return decided.then(d => this.conclude(req, checks, limits, d, now))
     return this.conclude(req, checks, limits, decided, now)

@@ -440,6 +440,19 @@ export class RedisGuard implements SharedLevel {
     this.fallbackStore.release(key, units)
   }
 
+  /**
+   * Admin reset (DELETE /limits) of these keys: the fallback forgets their state, the remaining it
+   * learned from Redis (a later outage would start from it) and its debt for them (written back,
+   * it would spend the fresh budget again once Redis answers).
+   */
+  forgetFallback (keys: readonly string[]): void {
+    for (const key of keys) {
+      this.fallbackStore.forget(key)
+      this.learned.delete(key)
+      this.outage?.debt.delete(key)
+    }
+  }
+
   // The first time an outage meets a key, its fallback state starts from what Redis last said was
   // left of it: the fleet had R of capacity C left, so this instance's share is R / n, which in
   // fallback units (n per unit) is R, i.e. C - R units are already spent.
