@@ -19,7 +19,7 @@ import { answerAdminRequests, sendLiveFrames } from './workers.js'
 import { redactConfig } from './admin/redact.js'
 import { cutByShutdown } from './proxy/shutdown-cut.js'
 import { createAccessLog, createLogger, droppedLogLines, type Logger, type LogLevel } from './log.js'
-import { writeRawError, type ErrorCode } from './errors.js'
+import { errorBody, writeRawError, type ErrorCode } from './errors.js'
 import { adminListen, adminToken } from './config/defaults.js'
 
 export interface GatewayOptions {
@@ -212,14 +212,15 @@ export class Gateway {
       // an answer. Destroying the socket closes the request in flight, which is then logged as a
       // client abort and gives back what it held (concurrency leases, buffer budget).
       if (err.code === 'HPE_INVALID_EOF_STATE' || err.code === 'ECONNRESET') return socket.destroy()
-      // 431 for oversized headers (RFC 6585 §5), 408 for a header timeout, else 400; always JSON
+      // 431 for oversized headers (RFC 6585 §5), else 400, always JSON from the error table; a header
+      // timeout is GW_ERR_BAD_REQUEST with 408 (README error table)
       const code = err.code ?? ''
       const [status, error]: [number, ErrorCode] = code === 'HPE_HEADER_OVERFLOW'
         ? [431, 'GW_ERR_HEADERS_TOO_LARGE']
         : code === 'ERR_HTTP_REQUEST_TIMEOUT' ? [408, 'GW_ERR_BAD_REQUEST'] : [400, 'GW_ERR_BAD_REQUEST']
       // No request was parsed, so no id was given: one is made, as for every other error answer.
       const requestId = randomUUID()
-      const answer = (): void => { writeRawError(socket, status, { error, message: code === '' ? 'bad request' : code, requestId }, requestId) }
+      const answer = (): void => { writeRawError(socket, status, errorBody(error, code === '' ? 'bad request' : code, { requestId }), requestId) }
       // Pipelined requests before the malformed one are answered first, in order (RFC 9112 §9.3.2):
       // the error waits for their responses instead of being written in the middle of them.
       const open = this.unanswered.get(socket)
