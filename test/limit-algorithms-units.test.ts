@@ -185,3 +185,106 @@ t.test('assertDecidable: a located RangeError for each check no store can decide
   t.throws(() => assertDecidable([{ key: 'a', spec: good, cost: 1 }, { key: 'b', spec: good, cost: 1 }, { key: 'a', spec: good, cost: 1 }]),
     new RangeError('duplicate limit key in one request: a'))
 })
+
+t.test('each twin is registered under its own name', async t => {
+  for (const [name, twin] of Object.entries(ALGORITHMS)) t.equal(twin.name, name)
+})
+
+t.test('another algorithm\'s state counts as none (a route switched algorithm on reload)', async t => {
+  const now = 5_250_000
+  const foreign = { kind: 'lease', held: 7 } as const
+  for (const name of ['gcra', 'token-bucket', 'leaky-bucket', 'sliding-window', 'sliding-window-log', 'fixed-window'] as const) {
+    const s = spec(name, { limit: 10, windowMs: 1000, burst: 5 })
+    const fresh = ALGORITHMS[name].check(undefined, s, 2, now)
+    const other = ALGORITHMS[name].check(foreign, s, 2, now)
+    t.same({ ...other, commit: null, state: other.commit() }, { ...fresh, commit: null, state: fresh.commit() }, name)
+  }
+})
+
+// 3000 per second: one token is 1000 units and 3 units flow per µs, so every wait is rounded up
+// from a third of a µs (a rate of 10 per second, 1 unit per µs, cannot tell * from /).
+const THREE_PER_US = { limit: 3000, windowMs: 1000, burst: 5 }
+
+t.test('token-bucket: exact refill, waits and stored tokens at 3 units per µs', async t => {
+  const bucket = ALGORITHMS['token-bucket']
+  const s = spec('token-bucket', THREE_PER_US)
+  const now = 10_000_000
+  const fresh = bucket.check(undefined, s, 1, now)
+  t.match(fresh, { ok: true, remaining: 4, resetUs: 334 }, '1000 units back in ceil(1000 / 3) µs')
+  t.same(fresh.commit(), { state: { kind: 'token-bucket', tokens: 4000, ts: now }, ttlUs: 334 })
+  // exactly the refill time: full again, not one unit more
+  t.same(bucket.check({ kind: 'token-bucket', tokens: 4000, ts: now - 334 }, s, 1, now).commit().state, { kind: 'token-bucket', tokens: 4000, ts: now })
+  t.same(bucket.check({ kind: 'token-bucket', tokens: 4000, ts: now - 500 }, s, 1, now).commit().state, { kind: 'token-bucket', tokens: 4000, ts: now }, 'a refill never passes the capacity')
+  // 100 µs refill 300 units: 4300, 700 short of full
+  t.match(bucket.check({ kind: 'token-bucket', tokens: 4000, ts: now - 100 }, s, 5, now), { ok: false, remaining: 4, retryUs: 234, resetUs: 234 })
+  // the clock stepped back 3 ms: no refill, and every wait starts where the stored clock is
+  const back = bucket.check({ kind: 'token-bucket', tokens: 2000, ts: now + 3000 }, s, 1, now)
+  t.match(back, { ok: true, remaining: 1, resetUs: 3000 + 1334 })
+  t.same(back.commit().state, { kind: 'token-bucket', tokens: 1000, ts: now + 3000 })
+})
+
+t.test('leaky-bucket: exact drain, waits, delays and stored water at 3 units per µs', async t => {
+  const bucket = ALGORITHMS['leaky-bucket']
+  const meter = spec('leaky-bucket', THREE_PER_US)
+  const now = 10_000_000
+  // 1000 units drain in exactly ceil(1000 / 3) = 334 µs: empty, not 2 units below empty
+  t.same(bucket.check({ kind: 'leaky-bucket', water: 1000, ts: now - 334 }, meter, 1, now).commit().state, { kind: 'leaky-bucket', water: 1000, ts: now })
+  // 2000 - 300 = 1700 left after 100 µs
+  const admitted = bucket.check({ kind: 'leaky-bucket', water: 2000, ts: now - 100 }, meter, 1, now)
+  t.match(admitted, { ok: true, remaining: 2, resetUs: 900, delayUs: 0 })
+  t.same(admitted.commit(), { state: { kind: 'leaky-bucket', water: 2700, ts: now }, ttlUs: 900 })
+  t.match(bucket.check({ kind: 'leaky-bucket', water: 2000, ts: now - 100 }, meter, 4, now), { ok: false, remaining: 3, retryUs: 234, resetUs: 567 })
+  // shaper: held ceil(2000 / 3) µs for its slot, within maxDelay 1 ms (3000 units)
+  const shaper = spec('leaky-bucket', { ...THREE_PER_US, maxDelayMs: 1 })
+  t.match(bucket.check({ kind: 'leaky-bucket', water: 2000, ts: now }, shaper, 1, now), { ok: true, delayUs: 667, resetUs: 1000, remaining: 2 })
+  t.match(bucket.check({ kind: 'leaky-bucket', water: 3001, ts: now }, shaper, 1, now), { ok: false }, 'one unit past maxDelay')
+  // the clock stepped back: no drain, and the stored clock's lead counts in every wait
+  const meter10 = spec('leaky-bucket', { limit: 10, windowMs: 1000, burst: 5 })
+  const back = bucket.check({ kind: 'leaky-bucket', water: 200_000, ts: now + 3000 }, meter10, 1, now)
+  t.match(back, { ok: true, remaining: 2, resetUs: 303_000 })
+  t.same(back.commit().state, { kind: 'leaky-bucket', water: 300_000, ts: now + 3000 })
+  const shaper10 = spec('leaky-bucket', { limit: 10, windowMs: 1000, burst: 5, maxDelayMs: 1 })
+  t.match(bucket.check({ kind: 'leaky-bucket', water: 0, ts: now + 2000 }, shaper10, 1, now), { ok: false, remaining: 5, retryUs: 2000, resetUs: 2000 },
+    'an empty bucket whose clock is 2 ms ahead would hold the request 2 ms, beyond maxDelay 1 ms')
+})
+
+t.test('gcra: what a cost above the burst leaves, and how long the state matters', async t => {
+  const s = spec('gcra', { limit: 10, windowMs: 1000, burst: 5 })
+  const now = 7_000_000
+  t.match(ALGORITHMS.gcra.check(undefined, s, 6, now), { ok: false, remaining: 5, retryUs: -1, resetUs: 0 })
+  t.same(ALGORITHMS.gcra.check(undefined, s, 1, now).commit(), { state: { kind: 'gcra', tat: now + 100_000 }, ttlUs: 100_000 })
+})
+
+t.test('fixed-window: a cost of the whole limit waits for the next window', async t => {
+  const s = spec('fixed-window', { limit: 3, windowMs: 1000, burst: 3 })
+  t.match(ALGORITHMS['fixed-window'].check({ kind: 'fixed-window', window: 5, count: 1 }, s, 3, 5_250_000), { ok: false, remaining: 2, retryUs: 750_000, resetUs: 750_000 })
+})
+
+t.test('sliding-window: remaining, waits and resets on each path', async t => {
+  const sw = ALGORITHMS['sliding-window']
+  const s = spec('sliding-window', { limit: 10, windowMs: 1000, burst: 10 })
+  const now = 5_200_000 // 200 ms into window 5
+  t.match(sw.check(undefined, s, 3, now), { ok: true, remaining: 7 }, 'a cost of 3 leaves 7')
+  t.match(sw.check(undefined, s, 11, now), { ok: false, remaining: 10, retryUs: -1, resetUs: 0 }, 'above the limit: never, and nothing to reset')
+  // window 4 admitted 10: weighted by 800/1000 it leaves 2
+  const previous = { kind: 'sliding-window', window: 4, current: 10, previous: 0 } as const
+  t.match(sw.check(previous, s, 3, now), { ok: false, remaining: 2, retryUs: 100_000, resetUs: 800_000 }, 'fits once the previous weight is down to 7: at 300 ms')
+  t.match(sw.check(previous, s, 10, now), { ok: false, remaining: 2, retryUs: 800_000 }, 'the whole limit: once the previous window has no weight left')
+  // the clock stepped back into window 5 while the stored window is 6: window 6 keeps counting
+  const ahead = { kind: 'sliding-window', window: 6, current: 4, previous: 3 } as const
+  const back = sw.check(ahead, s, 1, now)
+  t.match(back, { ok: true, remaining: 2, resetUs: 2_800_000 })
+  t.same(back.commit(), { state: { kind: 'sliding-window', window: 6, current: 5, previous: 3 }, ttlUs: 2_800_000 })
+})
+
+t.test('sliding-window-log: entries stay sorted when the clock steps back; waits on each path', async t => {
+  const log = ALGORITHMS['sliding-window-log']
+  const s = spec('sliding-window-log', { limit: 5, windowMs: 1000, burst: 5 })
+  const now = 9_000_000
+  const back = log.check({ kind: 'sliding-window-log', entries: [now - 1000, now + 5000] }, s, 1, now)
+  t.same(back.commit().state, { kind: 'sliding-window-log', entries: [now - 1000, now, now + 5000] })
+  t.match(log.check(undefined, s, 6, now), { ok: false, remaining: 5, retryUs: -1, resetUs: 0 }, 'above the limit, empty log')
+  const four = { kind: 'sliding-window-log', entries: [now - 4000, now - 3000, now - 2000, now - 1000] } as const
+  t.match(log.check(four, s, 2, now), { ok: false, remaining: 1, retryUs: 996_000, resetUs: 999_000 }, 'fits once the oldest entry leaves')
+  t.match(log.check({ kind: 'sliding-window-log', entries: [now - 1000] }, s, 5, now), { ok: false, remaining: 4, retryUs: 999_000, resetUs: 999_000 }, 'the whole limit waits for the one entry to leave')
+})
