@@ -93,6 +93,7 @@ t.test('calendar-quota: a count per period, reset at the period end, kept when t
   t.match(quota.check(two, day, 2, now), { ok: false, remaining: 1, retryUs: toEnd, resetUs: toEnd }, 'a cost of 2 with 1 left')
   t.match(quota.check(undefined, day, 3, now), { ok: true, remaining: 0 }, 'a cost of the whole limit fits an empty period')
   t.match(quota.check(undefined, day, 4, now), { ok: false, remaining: 3, retryUs: -1, resetUs: 0 }, 'a cost above the limit never fits')
+  t.match(quota.check({ ...two, count: 1 }, day, 3, now), { ok: false, remaining: 2, retryUs: toEnd }, 'a cost of the whole limit fits the next period')
   t.match(quota.check({ kind: 'lease', held: 5 }, day, 1, now), { ok: true, remaining: 2 }, 'another algorithm\'s state counts as none')
   const tomorrow = now + DAY_MS * 1000
   t.match(quota.check({ ...two, count: 3 }, day, 1, tomorrow), { ok: true, remaining: 2, resetUs: toEnd }, 'a new day, a new count')
@@ -258,6 +259,8 @@ t.test('gcra: what a cost above the burst leaves, and how long the state matters
 t.test('fixed-window: a cost of the whole limit waits for the next window', async t => {
   const s = spec('fixed-window', { limit: 3, windowMs: 1000, burst: 3 })
   t.match(ALGORITHMS['fixed-window'].check({ kind: 'fixed-window', window: 5, count: 1 }, s, 3, 5_250_000), { ok: false, remaining: 2, retryUs: 750_000, resetUs: 750_000 })
+  // a sliding-window state has a `window` too: it must still count as none
+  t.match(ALGORITHMS['fixed-window'].check({ kind: 'sliding-window', window: 5, current: 3, previous: 0 }, s, 1, 5_250_000), { ok: true, remaining: 2 })
 })
 
 t.test('sliding-window: remaining, waits and resets on each path', async t => {
