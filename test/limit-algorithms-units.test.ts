@@ -3,7 +3,7 @@
 // what validateLimitSpec and assertDecidable accept (each boundary on both sides). Written from the
 // mutation run's survivors (docs/mutation.md).
 import t from 'tap'
-import { ALGORITHMS, MAX_EXACT, assertDecidable, msUp, ttlMs, validateLimitSpec } from '../src/limit/algorithms/index.js'
+import { ALGORITHMS, MAX_EXACT, assertDecidable, msUp, ttlMs, validateLimitSpec, type AlgorithmState } from '../src/limit/algorithms/index.js'
 import { PERIOD_WINDOW_MS, calendarPeriod, civilFromDays, daysFromCivil, localPeriod, quotaOffsetSeconds, utcOffsetMinutes } from '../src/limit/algorithms/calendar-quota.js'
 import type { AlgorithmName, LimitSpec } from '../src/limit/types.js'
 
@@ -287,7 +287,7 @@ t.test('sliding-window-log: entries stay sorted when the clock steps back; waits
   const back = log.check({ kind: 'sliding-window-log', entries: [now - 1000, now + 5000] }, s, 1, now)
   t.same(back.commit().state, { kind: 'sliding-window-log', entries: [now - 1000, now, now + 5000] })
   t.match(log.check(undefined, s, 6, now), { ok: false, remaining: 5, retryUs: -1, resetUs: 0 }, 'above the limit, empty log')
-  const four = { kind: 'sliding-window-log', entries: [now - 4000, now - 3000, now - 2000, now - 1000] } as const
+  const four: AlgorithmState = { kind: 'sliding-window-log', entries: [now - 4000, now - 3000, now - 2000, now - 1000] }
   t.match(log.check(four, s, 2, now), { ok: false, remaining: 1, retryUs: 996_000, resetUs: 999_000 }, 'fits once the oldest entry leaves')
   t.match(log.check({ kind: 'sliding-window-log', entries: [now - 1000] }, s, 5, now), { ok: false, remaining: 4, retryUs: 999_000, resetUs: 999_000 }, 'the whole limit waits for the one entry to leave')
 })
