@@ -9,8 +9,7 @@ import { startUpstream } from './helpers/upstream.js'
 import { startRedis } from './helpers/redis.js'
 import { SpaceSaving, latencyBucket, bucketUpperMs } from '../src/admin/live-stats.js'
 import { LiveFeed, type LiveUpdate } from '../src/admin/live-feed.js'
-
-interface Teardown { teardown: (fn: () => unknown) => void }
+import type { Teardown } from './helpers/teardown.js'
 
 const config = (upstreamUrl: string): string => `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
@@ -180,8 +179,7 @@ t.test('/events: a rejected reload shows in the health with its located errors; 
 
 t.test('workers: 2: the primary\'s page sums both workers', async t => {
   const upstream = await startUpstream(t)
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const gw = await spawnGateway(t, `workers: 2
 redis: { url: ${redis.url} }
 ${config(upstream.url)}`)

@@ -10,8 +10,7 @@ import { eventually, send } from './helpers/ratelimit.js'
 import { keySlot } from '../src/limit/keys.js'
 import { compileLimitSpec } from '../src/limit/plan.js'
 
-const cluster = await startRedisCluster()
-t.teardown(() => cluster.stop())
+const cluster = await startRedisCluster(t)
 const reader = new Cluster(cluster.ports.map(port => ({ host: '127.0.0.1', port })), { scaleReads: 'master' })
 t.teardown(() => reader.disconnect())
 

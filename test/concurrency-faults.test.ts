@@ -10,8 +10,7 @@ import { burst, eventually, metric, send, statusCounts } from './helpers/ratelim
 const ALICE = { headers: { 'x-user-id': 'alice' } }
 
 t.test('SIGKILL an instance holding leases: they return within leaseTtl', async t => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const reader = redis.client()
   const up = await startUpstream(t)
   const yaml = `listen: 127.0.0.1:0
@@ -60,8 +59,7 @@ routes:
 })
 
 t.test('Redis down with onError: local: each of n instances holds 1/n of the cap, and gives it back', async t => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const up = await startUpstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
@@ -86,8 +84,7 @@ routes:
 })
 
 t.test('Redis down with onError: deny: a request under a concurrency limit gets 503 GW_ERR_LIMITER_UNAVAILABLE', async t => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const up = await startUpstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
@@ -109,8 +106,7 @@ routes:
 })
 
 t.test('Redis down with onError: allow: the caps are skipped', async t => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const up = await startUpstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0

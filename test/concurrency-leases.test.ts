@@ -10,8 +10,7 @@ import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { burst, count, eventually, metric, send, sleep, statusCounts, type Reply } from './helpers/ratelimit.js'
 
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 const reader = redis.client()
 
 // A generous bound: on a loaded 2-core machine a 50 ms timeout could hand decisions to the

@@ -7,13 +7,14 @@ import net from 'node:net'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { metric } from './helpers/ratelimit.js'
+import type { Teardown } from './helpers/teardown.js'
 
 interface Attacker {
   readonly socket: net.Socket
   readonly received: () => string
 }
 
-function attacker (t: { teardown: (fn: () => unknown) => void }, port: number, ip: string): Promise<Attacker> {
+function attacker (t: Teardown, port: number, ip: string): Promise<Attacker> {
   return new Promise((resolve, reject) => {
     let data = ''
     const socket = net.connect(port, '127.0.0.1', () => {

@@ -8,11 +8,9 @@ import { startGateway } from './helpers/gateway.js'
 import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { eventually, metric } from './helpers/ratelimit.js'
+import type { Teardown } from './helpers/teardown.js'
 
-interface Teardown { teardown: (fn: () => unknown) => void }
-
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 const reader = redis.client()
 
 type Outcome = { ok: true, ws: WebSocket } | { ok: false, status: number, retryAfter: string | undefined, body: Record<string, unknown> }

@@ -5,17 +5,16 @@ import t from 'tap'
 import { createHash } from 'node:crypto'
 import { execFile } from 'node:child_process'
 import { promisify } from 'node:util'
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { dirname, join } from 'node:path'
+import { writeFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { tempDir } from './helpers/teardown.js'
 import { childEnv, startGateway } from './helpers/gateway.js'
 import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { eventually, send, type Reply } from './helpers/ratelimit.js'
 
 const run = promisify(execFile)
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 const client = redis.client()
 
 const TOKEN = 'admin-token-0123456789abcdef'
@@ -189,8 +188,7 @@ t.test('gateway limits get|reset calls the admin API', async t => {
   t.equal((await send(`${gw.url}/x`)).status, 200, 'the client is admitted again')
   t.equal((await cli(['get'])).code, 2, 'usage error without --route')
   // without --admin and --token: both from the config file (its ${VAR} substituted)
-  const file = join(mkdtempSync(join(tmpdir(), 'gw-cli-')), 'gateway.yaml')
-  t.teardown(() => rmSync(dirname(file), { recursive: true, force: true }))
+  const file = join(tempDir(t, 'gw-cli'), 'gateway.yaml')
   writeFileSync(file, config(up.url, `{ listen: "${adminAddr}", token: "\${ADMIN_TOKEN}" }`))
   for (let i = 0; i < 3; i++) await send(`${gw.url}/x`)
   const fromFile = await run(process.execPath, ['bin/gateway', 'limits', 'reset', '--route', 'api', '--ip', '127.0.0.1', '-c', file], { env: childEnv({ ADMIN_TOKEN: TOKEN }) })

@@ -9,8 +9,7 @@ import { startUpstream } from './helpers/upstream.js'
 import { eventually, send } from './helpers/ratelimit.js'
 import { keySlot } from '../src/limit/keys.js'
 
-const cluster = await startRedisCluster()
-t.teardown(() => cluster.stop())
+const cluster = await startRedisCluster(t)
 const reader = new Cluster(cluster.ports.map(port => ({ host: '127.0.0.1', port })), { scaleReads: 'master' })
 t.teardown(() => reader.disconnect())
 

@@ -1,19 +1,13 @@
 // identity.apiKeys.file (issue 9): more "key: consumer" lines outside gateway.yaml, re-read on
 // SIGHUP by a real `bin/gateway` process; a bad file is a located error and the old keys keep working.
 import t from 'tap'
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
+import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { spawnGateway, startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { send } from './helpers/ratelimit.js'
 import { ConfigError } from '../src/config/load.js'
-
-function keyDir (t: { teardown: (fn: () => unknown) => void }): string {
-  const dir = mkdtempSync(join(tmpdir(), 'gw-keys-'))
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
-  return dir
-}
+import { tempDir } from './helpers/teardown.js'
 
 function config (upstream: string, keyFile: string): string {
   return `listen: "127.0.0.1:0"
@@ -39,7 +33,7 @@ routes:
 
 t.test('the key file is re-read on SIGHUP; a bad one is rejected with its location and the old keys keep working', async t => {
   const up = await startUpstream(t)
-  const dir = keyDir(t)
+  const dir = tempDir(t, 'gw-keys')
   const keyFile = join(dir, 'api-keys.yaml')
   writeFileSync(keyFile, 'k-bob-1: bob\n')
   const gw = await spawnGateway(t, config(up.url, keyFile))
@@ -65,7 +59,7 @@ t.test('the key file is re-read on SIGHUP; a bad one is rejected with its locati
 
 t.test('a missing or malformed key file stops the start with a located error', async t => {
   const up = await startUpstream(t)
-  const dir = keyDir(t)
+  const dir = tempDir(t, 'gw-keys')
   const missing = join(dir, 'nope.yaml')
   await t.rejects(startGateway(t, config(up.url, missing)), new ConfigError([{ file: missing, line: 0, column: 0, path: '', message: 'API key file not found' }]))
   const bad = join(dir, 'bad.yaml')

@@ -9,8 +9,7 @@ import { startUpstream, type EchoBody } from './helpers/upstream.js'
 import { send, type Reply } from './helpers/ratelimit.js'
 import { parseConfigText, ConfigError } from '../src/config/load.js'
 
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 const client = redis.client()
 
 const PLANS = `consumers:

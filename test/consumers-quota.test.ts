@@ -16,8 +16,7 @@ import { calendarPeriod, PERIOD_WINDOW_MS, utcOffsetMinutes, type QuotaPeriod } 
 import type { LimitCheck, LimitStore } from '../src/limit/types.js'
 import { prng } from './helpers/prng.js'
 
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 const client = redis.client()
 
 function config (upstream: string, store: string): string {

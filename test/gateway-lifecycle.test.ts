@@ -2,10 +2,10 @@
 // SIGTERM drain, `validate`, `schema`, `reload`, and TLS termination with a certificate re-read on SIGHUP.
 import t from 'tap'
 import http, { createServer, type Server } from 'node:http'
-import { writeFileSync, readFileSync, mkdtempSync } from 'node:fs'
+import { writeFileSync, readFileSync } from 'node:fs'
 import { execFileSync, spawnSync } from 'node:child_process'
-import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import { tempDir } from './helpers/teardown.js'
 import { request as httpsRequest } from 'node:https'
 import type { AddressInfo } from 'node:net'
 import { childEnv, spawnGateway } from './helpers/gateway.js'
@@ -147,7 +147,7 @@ t.test('TLS termination; a renewed certificate is picked up by SIGHUP', async t 
   const a = createServer((req, res) => res.end(String(req.headers['x-forwarded-proto'])))
   await new Promise<void>(resolve => a.listen(0, '127.0.0.1', resolve))
   t.teardown(() => a.close())
-  const dir = mkdtempSync(join(tmpdir(), 'gw-tls-'))
+  const dir = tempDir(t, 'gw-tls')
   const first = makeCert(dir, 'first.test')
   const yaml = config(`http://127.0.0.1:${(a.address() as AddressInfo).port}`, `tls: { cert: ${first.cert}, key: ${first.key} }\n`)
   const gw = await spawnGateway(t, yaml)
@@ -175,7 +175,7 @@ t.test('regression: a request admitted before a reload but held (delay slot) sti
 })
 
 t.test('gateway validate also runs the compile-time checks (identity keys)', async t => {
-  const file = join(mkdtempSync(join(tmpdir(), 'gw-validate-')), 'gateway.yaml')
+  const file = join(tempDir(t, 'gw-validate'), 'gateway.yaml')
   writeFileSync(file, config('http://127.0.0.1:1', 'identity: { jwt: { secret: short } }\n'))
   const r = spawnSync(process.execPath, ['bin/gateway', 'validate', '-c', file], { encoding: 'utf8', env: childEnv() })
   t.equal(r.status, 1)

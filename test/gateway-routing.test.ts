@@ -4,6 +4,7 @@ import t from 'tap'
 import http, { type IncomingHttpHeaders } from 'node:http'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream, type EchoBody, type Upstream } from './helpers/upstream.js'
+import type { Teardown } from './helpers/teardown.js'
 
 interface Reply { status: number, headers: IncomingHttpHeaders, body: string }
 
@@ -45,8 +46,6 @@ routes:
   - { name: strip, pathPrefix: /strip/, stripPrefix: /strip, upstream: backend, ${tag('strip')} }
 `
 }
-
-interface Teardown { teardown: (fn: () => unknown) => void }
 
 async function setup (t: Teardown): Promise<{ base: string, upstream: Upstream }> {
   const upstream = await startUpstream(t)

@@ -8,8 +8,7 @@ import type { Duplex } from 'node:stream'
 import { WebSocket } from 'ws'
 import { startGateway } from './helpers/gateway.js'
 import { refusingUrl, startUpstream, type Upstream } from './helpers/upstream.js'
-
-interface Teardown { teardown: (fn: () => unknown) => void }
+import type { Teardown } from './helpers/teardown.js'
 
 function config (upstream: Upstream, refusing: string): string {
   return `listen: 127.0.0.1:0

@@ -118,3 +118,43 @@ t.test('memoized answers equal fresh answers', async (t) => {
   }
   t.equal(cached('fd00::1', ['2001:db8:cc::1', 'fd00::2']).key, '2001:db8:cc::/48')
 })
+
+// From the mutation run's survivors (docs/mutation.md).
+t.test('port suffixes: the edges of what a load balancer appends', async (t) => {
+  const resolve = compileClientIpResolver({ trustedProxies: ['10.0.0.0/8'], ipv6Prefix: 64 })
+  for (const port of ['1', '9', '80', '65535']) t.equal(resolve(LB, `198.51.100.9:${port}`).ip, '198.51.100.9', `port ${port}`)
+  for (const garbage of ['198.51.100.9:1a', '198.51.100.9:0000001', '[::1]x', '[::1]x1', '[::1]:']) t.equal(resolve(LB, garbage).ip, LB, garbage)
+})
+
+t.test('a walk through trusted hops only ends at the left-most entry', async (t) => {
+  const resolve = compileClientIpResolver({ trustedProxies: ['10.0.0.0/8'], ipv6Prefix: 64 })
+  t.equal(resolve(LB, '10.0.0.2, 10.0.0.3').ip, '10.0.0.2')
+  t.equal(resolve(LB, ['10.0.0.2', '10.0.0.3']).ip, '10.0.0.2', 'as repeated header lines')
+})
+
+t.test('cached chains never answer for another peer or another chain', async (t) => {
+  const resolve = compileClientIpResolver({ trustedProxies: ['10.0.0.0/8'], ipv6Prefix: 64 })
+  t.equal(resolve('10.0.0.1', '1.2.3.4').ip, '1.2.3.4')
+  t.equal(resolve('10.0.0.11', '.2.3.4').ip, '10.0.0.11', 'peer and chain glued together would read the same')
+  t.equal(resolve(LB, ['1.2.3.4', '5.6.7.8']).ip, '5.6.7.8')
+  t.equal(resolve(LB, '1.2.3.45.6.7.8').ip, LB, 'header lines glued together would read the same')
+})
+
+t.test('peers that are not addresses, and IPv4-mapped peers in other spellings', async (t) => {
+  const resolve = compileClientIpResolver({ trustedProxies: ['10.0.0.0/8'], ipv6Prefix: 64 })
+  t.same(resolve('not-an-ip', '1.2.3.4'), { ip: 'unknown', key: 'unknown' }, 'with trusted proxies and XFF too')
+  t.same(resolve('::ffff:0102:0304', undefined), { ip: '1.2.3.4', key: '1.2.3.4' }, 'hex form of a mapped address')
+  t.equal(looksLikeMisconfiguredProxy('not-an-ip', '1.2.3.4', []), false)
+})
+
+t.test('ipv6Prefix bounds, and the cause of a trustedProxies error', async (t) => {
+  t.doesNotThrow(() => compileClientIpResolver({ trustedProxies: [], ipv6Prefix: 1 }))
+  t.doesNotThrow(() => compileClientIpResolver({ trustedProxies: [], ipv6Prefix: 128 }))
+  t.throws(() => compileClientIpResolver({ trustedProxies: [], ipv6Prefix: 129 }), { code: 'GW_ERR_CONFIG_INVALID', message: /ipv6Prefix/ })
+  try {
+    compileClientIpResolver({ trustedProxies: ['not-an-ip'], ipv6Prefix: 64 })
+    t.fail('not thrown')
+  } catch (err) {
+    t.type((err as Error).cause, Error, 'proxy-addr\'s own error kept as the cause')
+  }
+})

@@ -17,8 +17,7 @@ const LOCAL = [{ onError: 'local' as const }]
 const SPEC: LimitSpec = Object.freeze({ id: 'breakers', algorithm: 'fixed-window', limit: 1000, windowMs: 600_000, burst: 1000, maxDelayMs: 0 })
 
 // A long node timeout: no failover happens during the test, the dead master stays dead.
-const servers = await startReplicatedCluster(60_000)
-t.teardown(() => servers.stop())
+const servers = await startReplicatedCluster(t, 60_000)
 const cluster = createRedisClient({ cluster: servers.urls }) as Cluster
 t.teardown(() => cluster.disconnect())
 await whenReady(cluster, 15_000)

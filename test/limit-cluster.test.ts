@@ -16,8 +16,7 @@ function spec (algorithm: AlgorithmName, limit: number, windowMs: number): Limit
   return Object.freeze({ id: `${algorithm}-${limit}-${windowMs}`, algorithm, limit, windowMs, burst: limit, maxDelayMs: 0 })
 }
 
-const servers = await startRedisCluster()
-t.teardown(() => servers.stop())
+const servers = await startRedisCluster(t)
 const errors: Error[] = []
 const cluster = createRedisClient({ cluster: servers.urls, onError: (err) => errors.push(err) }) as Cluster
 t.teardown(() => cluster.disconnect())

@@ -20,8 +20,7 @@ function spec (algorithm: AlgorithmName, limit: number, windowMs: number, burst 
   return Object.freeze({ id: `${algorithm}-${limit}-${windowMs}-${burst}`, algorithm, limit, windowMs, burst, maxDelayMs: 0 })
 }
 
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 const plain = redis.client()
 
 t.test('a partition: the fallback starts from Redis\'s remaining and its admissions are charged back, so the window admits exactly the limit', async t => {

@@ -99,8 +99,7 @@ async function redisState (client: Redis, key: string, algorithm: AlgorithmName)
 }
 
 t.test('memory twins and Lua decide identically', async (t) => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const client = createRedisClient({ url: redis.url })
   t.teardown(() => client.disconnect())
   await whenReady(client)

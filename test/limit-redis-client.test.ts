@@ -9,8 +9,7 @@ import type { LimitCheck, LimitSpec } from '../src/limit/types.js'
 const gcra: LimitSpec = Object.freeze({ id: 'client-test', algorithm: 'gcra', limit: 5, windowMs: 60_000, burst: 5, maxDelayMs: 0 })
 const checks = (key: string): LimitCheck[] => [{ key, spec: gcra, cost: 1 }]
 
-const secured = await startRedis({ args: ['--requirepass', 's3cret'], password: 's3cret' })
-t.teardown(() => secured.stop())
+const secured = await startRedis(t, { args: ['--requirepass', 's3cret'], password: 's3cret' })
 
 t.test('url with a password, or the password option', async (t) => {
   for (const opts of [{ url: `redis://:s3cret@127.0.0.1:${secured.port}` }, { url: secured.url, password: 's3cret' }]) {
@@ -34,8 +33,7 @@ t.test('a wrong password: errors go to onError and calls fail, nothing is thrown
 })
 
 t.test('sentinels: commands go to the master they name', async (t) => {
-  const sentinel = await startRedisSentinel(secured.port, 'edge', 's3cret')
-  t.teardown(() => sentinel.stop())
+  const sentinel = await startRedisSentinel(t, secured.port, 'edge', 's3cret')
   const client = createRedisClient({ sentinels: [{ host: '127.0.0.1', port: sentinel.port }], name: 'edge', password: 's3cret' })
   t.teardown(() => client.disconnect())
   await whenReady(client)
@@ -45,7 +43,7 @@ t.test('sentinels: commands go to the master they name', async (t) => {
 })
 
 t.test('nothing listening: calls fail at once instead of queueing for a reconnect', async (t) => {
-  const gone = await startRedis()
+  const gone = await startRedis(t)
   const url = gone.url
   await gone.stop()
   const errors: Error[] = []

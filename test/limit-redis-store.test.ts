@@ -22,8 +22,7 @@ async function windowStart (windowMs: number): Promise<void> {
   await sleep(windowMs - (Date.now() % windowMs) + 5)
 }
 
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 
 // Four gateway instances, each with its own production-configured connection.
 const instances: RedisStore[] = []

@@ -18,8 +18,7 @@ function spec (algorithm: AlgorithmName, limit: number, windowMs: number, burst 
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
 
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 const client = createRedisClient({ url: redis.url })
 t.teardown(() => client.disconnect())
 await whenReady(client)

@@ -5,6 +5,7 @@ import { spawn, execFile, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import net from 'node:net'
 import { childEnv } from './helpers/gateway.js'
+import type { Teardown } from './helpers/teardown.js'
 
 async function freePort (): Promise<number> {
   const server = net.createServer()
@@ -29,7 +30,7 @@ async function refuses (port: number): Promise<boolean> {
 
 interface Demo { child: ChildProcess, stdout: () => string, stderr: () => string, exited: Promise<number | null> }
 
-function startDemo (t: { teardown: (fn: () => unknown) => void }, env: Record<string, string>): Demo {
+function startDemo (t: Teardown, env: Record<string, string>): Demo {
   const child = spawn(process.execPath, ['examples/demo.js'], { env: childEnv(env), stdio: ['ignore', 'pipe', 'pipe'] })
   let out = ''
   let err = ''

@@ -2,10 +2,10 @@
 // sessions print exactly what they show), the 429 example matches a real 429, every metric and
 // config key it names exists, and the claims about /config and ${VAR} hold.
 import t from 'tap'
-import { readFileSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
+import { readFileSync, symlinkSync, writeFileSync } from 'node:fs'
 import { execFile } from 'node:child_process'
-import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
+import { tempDir } from './helpers/teardown.js'
 import { childEnv, startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { parseConfigText, ConfigError } from '../src/config/load.js'
@@ -34,8 +34,7 @@ function sh (command: string, path: string): Promise<string> {
 t.test('every runnable README block runs as shown', async t => {
   const blocks = marked(/^runnable$/)
   t.ok(blocks.length >= 3, `${blocks.length} runnable blocks`)
-  const dir = mkdtempSync(join(tmpdir(), 'gw-docs-'))
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const dir = tempDir(t, 'gw-docs')
   // `gateway` on PATH, as after `npm install -g` or inside `npx`
   symlinkSync(resolve('bin/gateway'), join(dir, 'gateway'))
   const path = `${dir}:${process.env.PATH ?? ''}`

@@ -57,8 +57,7 @@ routes:
 })
 
 t.test('/readyz reports Redis back without any request: the breaker probes on a timer', async t => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const up = await startUpstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0

@@ -22,6 +22,8 @@ function run (cmd: string, args: string[], cwd: string, env: NodeJS.ProcessEnv =
 const npm = process.platform === 'win32' ? 'npm.cmd' : 'npm'
 
 t.test('npm pack, install into an empty directory, npx gateway validate, import { startGateway, loadConfig }', async t => {
+  // Outside the repository on purpose: inside it, Node would resolve the consumer's imports from
+  // the repository's node_modules and the test would no longer show the package installs alone.
   const dir = mkdtempSync(join(tmpdir(), 'gw-pack-'))
   t.teardown(() => rmSync(dir, { recursive: true, force: true }))
   // dist is built by `npm test` (and prepack for a real publish): packing must not rebuild here

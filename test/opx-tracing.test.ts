@@ -112,8 +112,7 @@ t.test('tracing.otlp: one span per request, exported over OTLP/HTTP to a local r
       res.writeHead(200, { 'content-type': 'application/json' }).end('{}')
     })
   })
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const up = await startUpstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0

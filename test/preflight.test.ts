@@ -3,15 +3,15 @@
 // PATH is a directory of this test's own, so the machine's real tools (and apt-get) are not seen.
 import t from 'tap'
 import { spawnSync } from 'node:child_process'
-import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { chmodSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import { tempDir, type Teardown } from './helpers/teardown.js'
 
 const SCRIPT = join(import.meta.dirname, '..', 'scripts', 'preflight.mjs')
 
-function binDir (t: { teardown: (fn: () => unknown) => void }, tools: Record<string, string>): string {
-  const dir = mkdtempSync(join(tmpdir(), 'gw-preflight-'))
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+function binDir (t: Teardown, tools: Record<string, string>): string {
+  const dir = tempDir(t, 'gw-preflight')
   for (const [name, body] of Object.entries(tools)) {
     const file = join(dir, name)
     writeFileSync(file, `#!/bin/sh\n${body}\n`)

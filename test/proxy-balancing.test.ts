@@ -6,8 +6,7 @@ import { UpstreamPool, type UpstreamConfig } from '../src/proxy/upstream-pool.js
 import { forwardRequest, type ForwardPlan, type ForwardResult } from '../src/proxy/forward.js'
 import { TEST_UPSTREAM, testPool as poolOf, testPlan as planOf } from './helpers/proxy-plan.js'
 import { refusingUrl, startBlackhole, startHttpServer, startUpstream } from './helpers/upstream.js'
-
-interface Teardown { teardown: (fn: () => unknown) => void }
+import type { Teardown } from './helpers/teardown.js'
 
 const client = new Agent({ keepAliveTimeout: 1000 })
 t.teardown(() => client.close())

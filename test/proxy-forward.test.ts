@@ -7,8 +7,7 @@ import { Readable } from 'node:stream'
 import { forwardRequest, type ForwardPlan, type ForwardResult } from '../src/proxy/forward.js'
 import { testPool as poolOf, testPlan as planOf } from './helpers/proxy-plan.js'
 import { refusingUrl, startHttpServer, startUpstream, type EchoBody, HOP_BY_HOP_PROBE } from './helpers/upstream.js'
-
-interface Teardown { teardown: (fn: () => unknown) => void }
+import type { Teardown } from './helpers/teardown.js'
 
 interface Front { url: string, results: ForwardResult[], nextResult: () => Promise<ForwardResult> }
 

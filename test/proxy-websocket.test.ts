@@ -9,8 +9,7 @@ import { createWebSocketProxy } from '../src/proxy/websocket.js'
 import type { ForwardPlan, ForwardResult } from '../src/proxy/forward.js'
 import { testPlan, testPool } from './helpers/proxy-plan.js'
 import { refusingUrl, startBlackhole, startHttpServer, startUpstream } from './helpers/upstream.js'
-
-interface Teardown { teardown: (fn: () => unknown) => void }
+import type { Teardown } from './helpers/teardown.js'
 
 function planOf (t: Teardown, urls: string[], over: Partial<UpstreamConfig> = {}, plan: Partial<ForwardPlan> = {}): ForwardPlan {
   return testPlan(testPool(t, urls, { name: 'ws', ...over }), plan)

@@ -6,8 +6,7 @@ import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { evalshaCalls, metric, send } from './helpers/ratelimit.js'
 
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 const admin = redis.client()
 
 const CLIENTS = 200

@@ -22,8 +22,7 @@ async function scriptCalls (port: number): Promise<number> {
 }
 
 t.test('on a 3+3 Cluster every limiter script runs on a master, none on a replica', async t => {
-  const cluster = await startReplicatedCluster()
-  t.teardown(() => cluster.stop())
+  const cluster = await startReplicatedCluster(t)
   const upstream = await startUpstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0

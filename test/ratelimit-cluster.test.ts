@@ -10,8 +10,7 @@ import { burst, inNextWindow, metric, send, statusCounts, type Reply } from './h
 import { keySlot } from '../src/limit/keys.js'
 import type { Gateway } from '../src/server.js'
 
-const cluster = await startRedisCluster()
-t.teardown(() => cluster.stop())
+const cluster = await startRedisCluster(t)
 const reader = new Cluster(cluster.ports.map(port => ({ host: '127.0.0.1', port })), { scaleReads: 'master' })
 reader.on('error', () => {})
 t.teardown(() => reader.disconnect())

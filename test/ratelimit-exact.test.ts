@@ -10,8 +10,7 @@ import { atWindowOffset, burst, count, limitedShapeProblem, metric, statusCounts
 const EXACT = ['gcra', 'token-bucket', 'leaky-bucket', 'sliding-window-log', 'fixed-window'] as const
 const BUCKETS = new Set<string>(['gcra', 'token-bucket', 'leaky-bucket'])
 
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 
 // Redis calls get a generous bound and fail closed: under this burst on a shared 2-core machine a
 // 50 ms timeout could hand decisions to the fallback, which would hide (not cause) a miscount.

@@ -7,8 +7,7 @@ import { startRedis } from './helpers/redis.js'
 import { startHttpServer, startUpstream } from './helpers/upstream.js'
 import { eventually, inNextWindow, limitedShapeProblem, metric, send, statusCounts, type Reply } from './helpers/ratelimit.js'
 
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 
 function config (upstream: string, routeLimits: string, top = ''): string {
   return `listen: 127.0.0.1:0

@@ -7,8 +7,7 @@ import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { send, statusCounts, type Reply } from './helpers/ratelimit.js'
 
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 const admin = redis.client()
 
 function config (upstream: string, top: string, routeLimits: string, listen = '127.0.0.1:0'): string {

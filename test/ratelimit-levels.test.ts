@@ -7,8 +7,7 @@ import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { burst, count, evalshaCalls, inNextWindow, limitedShapeProblem, metric, send, sleep, statusCounts, type Reply } from './helpers/ratelimit.js'
 
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 const admin = redis.client()
 
 const asUser = (user: string): { headers: Record<string, string> } => ({ headers: { 'x-user-id': user } })

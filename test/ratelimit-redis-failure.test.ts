@@ -45,8 +45,7 @@ const decisions = (adminUrl: string, labels: Record<string, string>): Promise<nu
   metric(adminUrl, 'gateway_ratelimit_decisions_total', labels)
 
 t.test('onError local: a killed Redis never yields a 500, limits keep rejecting in process, /readyz shows the fallback; a restart brings Redis back', async t => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url, redis, 'local'))
   const url = `${gw.url}/x`
@@ -139,8 +138,7 @@ t.test('onError local: a killed Redis never yields a 500, limits keep rejecting 
 })
 
 t.test('onError allow: with Redis dead every request passes; never a 500', async t => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url, redis, 'allow'))
   const url = `${gw.url}/x`
@@ -154,8 +152,7 @@ t.test('onError allow: with Redis dead every request passes; never a 500', async
 })
 
 t.test('onError deny: with Redis dead the limited route answers 503 GW_ERR_LIMITER_UNAVAILABLE; never a 500', async t => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url, redis, 'deny'))
   const url = `${gw.url}/x`
@@ -174,8 +171,7 @@ t.test('onError deny: with Redis dead the limited route answers 503 GW_ERR_LIMIT
 })
 
 t.test('per-limit onError: allow, deny and local on one route while Redis is dead', async t => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const up = await startUpstream(t)
   const routes = (name: string, onError: string): string => `  - name: ${name}
     path: /${name}
@@ -200,8 +196,7 @@ ${routes('local', 'local')}${routes('allow', 'allow')}${routes('deny', 'deny')}`
 })
 
 t.test('onError local with two instances: each keeps half the budget, together within the limit', async t => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const up = await startUpstream(t)
   const yaml = config(up.url, redis, 'local', '      user: { algorithm: sliding-window-log, limit: 10, window: 1m }')
   const a = await startGateway(t, yaml)
@@ -218,8 +213,7 @@ t.test('onError local with two instances: each keeps half the budget, together w
 })
 
 t.test('a paused Redis (CLIENT PAUSE) costs at most the timeout, and decisions fall back instead of waiting', async t => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url, redis, 'local').replace('timeout: 500ms', 'timeout: 100ms'))
   const url = `${gw.url}/x`
@@ -237,8 +231,7 @@ t.test('a paused Redis (CLIENT PAUSE) costs at most the timeout, and decisions f
 })
 
 t.test('SCRIPT FLUSH: NOSCRIPT recovers by itself and decisions stay exact', async t => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url, redis, 'deny'))
   const url = `${gw.url}/x`

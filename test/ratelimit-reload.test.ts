@@ -10,8 +10,7 @@ import { startUpstream } from './helpers/upstream.js'
 import { evalshaCalls, eventually, metric, send, type Reply } from './helpers/ratelimit.js'
 import type { Gateway } from '../src/server.js'
 
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 const admin = redis.client()
 
 function config (upstream: string, store: 'redis' | 'memory', changedLimit: number, extra = ''): string {

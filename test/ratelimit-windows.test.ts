@@ -7,8 +7,7 @@ import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { atWindowOffset, burst, count, inNextWindow, sleep, statusCounts } from './helpers/ratelimit.js'
 
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 
 function config (upstream: string, store: 'redis' | 'memory', route: string, limit: string): string {
   return `listen: 127.0.0.1:0

@@ -23,6 +23,10 @@ t.test('normalization (RFC 3986 §6.2.2, §5.2.4)', async (t) => {
     ['/a/../b/../c/', '/c/'],
     ['/%41%62%63', '/Abc'],
     ['/%7e%2D%5f%2E', '/~-_.'],
+    // the ends of each unreserved range (RFC 3986 §2.3) decode too
+    ['/%30%39%41%5A%61%7a', '/09AZaz'],
+    // encoded controls other than NUL are not decoded: they stay encoded, with uppercase hex
+    ['/a%0d%0ab', '/a%0D%0Ab'],
     ['/caf%c3%a9', '/caf%C3%A9'],
     ['/a%3ab', '/a%3Ab'],
     ['/%25', '/%25'],
@@ -74,6 +78,14 @@ t.test('attack strings are rejected', async (t) => {
     '/a%4g',
     '/a%g4',
     '/a%%41',
+    '/%',
+    // ":" follows "9" and "G" follows "F" in ASCII: neither is a hex digit
+    '/a%:0',
+    '/a%0:',
+    // non-ASCII where a hex digit should be, including U+0080 right past the ASCII table
+    '/a%\u00801',
+    '/a%1\u0080',
+    '/a%\u00e91',
     '/a\u0000b',
     '/a\rb',
     '/a\nb',

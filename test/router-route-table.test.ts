@@ -1,5 +1,5 @@
 import t from 'tap'
-import { compileRouteTable, normalizeHost, type RoutePattern } from '../src/router/route-table.js'
+import { ANY_METHOD, compileRouteTable, normalizeHost, type RoutePattern } from '../src/router/route-table.js'
 
 interface Route extends RoutePattern { readonly upstream?: string }
 
@@ -31,7 +31,13 @@ t.test('normalizeHost', async (t) => {
     ['[::1]:8080', '[::1]'],
     ['[2001:DB8::1]', '[2001:db8::1]'],
     ['127.0.0.1:3000', '127.0.0.1'],
-    ['localhost', 'localhost']
+    ['localhost', 'localhost'],
+    // the ends of A-Z, and a name with no character outside them
+    ['A.example.com', 'a.example.com'],
+    ['Zeta.com', 'zeta.com'],
+    ['LOCALHOST', 'localhost'],
+    // an unclosed bracket is not an IPv6 literal: kept whole, for the route lookup to miss
+    ['[::1', '[::1']
   ]
   for (const [input, expected] of cases) t.equal(normalizeHost(input), expected, String(input))
   const already = 'api.example.com'
@@ -99,7 +105,11 @@ t.test('patterns are normalized or refused at compile time', async (t) => {
     [{ name: 'e', methods: [] }, /never match/],
     [{ name: 'f', host: 'api.example.com:8080' }, /without port/],
     [{ name: 'g', host: 'a.*.example.com' }, /host/],
-    [{ name: 'h', path: '/caf%c3%a9' }, /write "\/caf%C3%A9"/]
+    [{ name: 'h', path: '/caf%c3%a9' }, /write "\/caf%C3%A9"/],
+    [{ name: 'i', methods: ['gET'] }, /uppercase/],
+    [{ name: 'j', methods: ['GEt'] }, /uppercase/],
+    [{ name: 'k', host: 'x[::1]' }, /host/],
+    [{ name: 'l', host: '[::1]x' }, /host/]
   ]
   for (const [route, message] of refused) {
     t.throws(() => compileRouteTable([route]), { code: 'GW_ERR_CONFIG_INVALID', message }, route.name)
@@ -177,4 +187,94 @@ t.test('1000 random routes agree with a linear reference matcher', async (t) => 
   }
   t.equal(mismatches, 0, 'no mismatch against the reference')
   t.ok(matched > 5000 && matched < 20000, `a healthy mix of hits and misses (${matched} hits)`)
+})
+
+t.test('an IPv6 literal is a host', async (t) => {
+  const v6: Route = { name: 'v6', host: '[::1]' }
+  t.equal(compileRouteTable([v6]).match('[::1]', 'GET', '/'), v6)
+})
+
+t.test('allowedMethods: what the routes matching host and path accept, for 405 and Allow', async (t) => {
+  const routes: Route[] = [
+    { name: 'get', path: '/items', methods: ['GET'] },
+    { name: 'write', pathPrefix: '/items', methods: ['POST', 'PUT'] },
+    { name: 'open', host: '*.example.com', pathPrefix: '/open' },
+    { name: 'trace', host: '*.example.com', path: '/open/t', methods: ['TRACE'] },
+    { name: 'delete', host: 'api.example.com', path: '/x', methods: ['DELETE'] },
+    { name: 'folded', pathPrefix: '/Admin/', caseInsensitive: true, methods: ['PATCH'] }
+  ]
+  const table = compileRouteTable(routes)
+  const allowed = (host: string, path: string): string[] | null => {
+    const list = table.allowedMethods(host, path)
+    return list === null ? null : [...list].sort()
+  }
+  t.same(allowed('', '/items'), ['GET', 'POST', 'PUT'], 'an exact path and a prefix together')
+  t.same(allowed('a.example.com', '/open/x'), [...ANY_METHOD].sort(), 'a route without methods: any but TRACE')
+  t.same(ANY_METHOD, ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'])
+  t.same(allowed('a.example.com', '/open/t'), [...ANY_METHOD, 'TRACE'].sort(), 'TRACE only where a route lists it')
+  t.same(allowed('api.example.com', '/x'), ['DELETE'], 'an exact host')
+  t.same(allowed('', '/ADMIN/users'), ['PATCH'], 'a case-insensitive route')
+  t.equal(allowed('example.com', '/open/x'), null, 'a wildcard host needs a label before its suffix')
+  t.equal(allowed('', '/nothing'), null, 'no route for the path: 404, not 405')
+  t.equal(allowed('other.org', '/x'), null, 'the path of another host')
+})
+
+t.test('TRACE only reaches a route that lists it', async (t) => {
+  const any: Route = { name: 'any', pathPrefix: '/' }
+  const trace: Route = { name: 'trace', pathPrefix: '/', methods: ['TRACE'] }
+  t.equal(compileRouteTable([any]).match('', 'TRACE', '/x'), null)
+  t.equal(compileRouteTable([any, trace]).match('', 'TRACE', '/x'), trace)
+  t.equal(compileRouteTable([any, trace]).match('', 'GET', '/x'), any)
+})
+
+t.test('caseInsensitive routes match whatever the case; the others do not; file order still wins', async (t) => {
+  const admin: Route = { name: 'admin', pathPrefix: '/admin/', caseInsensitive: true }
+  const login: Route = { name: 'login', path: '/Login', caseInsensitive: true }
+  const plain: Route = { name: 'plain', pathPrefix: '/Plain' }
+  const apiHost: Route = { name: 'api-host', host: 'api.example.com', pathPrefix: '/' }
+  const upper: Route = { name: 'upper', pathPrefix: '/ADMIN/' }
+  const table = compileRouteTable([admin, login, plain, apiHost, upper])
+  const name = (path: string, host = ''): string | undefined => table.match(host, 'GET', path)?.name
+  t.equal(name('/ADMIN/x'), 'admin', 'before the case-sensitive /ADMIN/ route')
+  t.equal(name('/Admin/'), 'admin')
+  t.equal(name('/login'), 'login')
+  t.equal(name('/LOGIN'), 'login')
+  t.equal(name('/plain'), undefined, 'a case-sensitive route')
+  t.equal(name('/Plain/x'), 'plain')
+  t.equal(name('/other', 'api.example.com'), 'api-host', 'a host whose routes all keep case')
+  t.equal(name('/aDmIn/x', 'api.example.com'), 'admin', 'an earlier any-host route folds case on every host')
+})
+
+t.test('matchTrailingSlash: one resource with and without its trailing slash', async (t) => {
+  const routes: Route[] = [
+    { name: 'login', path: '/login', matchTrailingSlash: true },
+    { name: 'logout', path: '/logout/', matchTrailingSlash: true },
+    { name: 'admin', pathPrefix: '/admin/', matchTrailingSlash: true },
+    { name: 'root', path: '/', matchTrailingSlash: true },
+    { name: 'strict', path: '/strict' },
+    { name: 'folded', path: '/Help', matchTrailingSlash: true, caseInsensitive: true }
+  ]
+  const table = compileRouteTable(routes)
+  const name = (path: string): string | undefined => table.match('', 'GET', path)?.name
+  t.equal(name('/login/'), 'login')
+  t.equal(name('/logout'), 'logout')
+  t.equal(name('/admin'), 'admin')
+  t.equal(name('/admin/x'), 'admin')
+  t.equal(name('/'), 'root')
+  t.equal(name('/strict/'), undefined, 'only where asked')
+  t.equal(name('/HELP/'), 'folded')
+})
+
+t.test('wildcard hosts of several lengths: at least one label before the suffix', async (t) => {
+  const wide: Route = { name: 'wide', host: '*.example.com', pathPrefix: '/' }
+  const narrow: Route = { name: 'narrow', host: '*.b.example.com', pathPrefix: '/' }
+  const table = compileRouteTable([wide, narrow])
+  const name = (host: string): string | undefined => table.match(host, 'GET', '/x')?.name
+  t.equal(name('x.b.example.com'), 'wide', 'both match: the first in file order')
+  t.equal(compileRouteTable([narrow, wide]).match('x.b.example.com', 'GET', '/x')?.name, 'narrow')
+  t.equal(name('b.example.com'), 'wide')
+  t.equal(name('example.com'), undefined)
+  t.equal(name('.example.com'), undefined, 'an empty label is not a label')
+  t.equal(name('a.b.other.com'), undefined, 'a dot where a suffix would start, but another suffix')
+  t.equal(name('xexample.com'), undefined)
 })

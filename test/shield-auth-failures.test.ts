@@ -6,8 +6,7 @@ import { startUpstream } from './helpers/upstream.js'
 import { startRedis } from './helpers/redis.js'
 import { evalshaCalls, send, statusCounts } from './helpers/ratelimit.js'
 
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 
 t.test('unknown API keys from one IP: 401 until identity.failureLimit is spent, then 429, one Redis call each', async t => {
   const upstream = await startUpstream(t)

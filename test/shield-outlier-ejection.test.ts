@@ -6,9 +6,10 @@ import { spawn } from 'node:child_process'
 import { once } from 'node:events'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
+import type { Teardown } from './helpers/teardown.js'
 
 /** A real HTTP server in its own process, so it can be stopped with SIGSTOP. */
-async function startStoppableUpstream (t: { teardown: (fn: () => unknown) => void }): Promise<{ url: string, stop: () => void }> {
+async function startStoppableUpstream (t: Teardown): Promise<{ url: string, stop: () => void }> {
   const script = `
     const server = require('node:http').createServer((req, res) => res.end('{"name":"stoppable"}'))
     server.listen(0, '127.0.0.1', () => require('node:fs').writeSync(1, server.address().port + '\\n'))`

@@ -4,8 +4,7 @@ import t from 'tap'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { send } from './helpers/ratelimit.js'
-
-interface Teardown { teardown: (fn: () => unknown) => void }
+import type { Teardown } from './helpers/teardown.js'
 
 async function setup (t: Teardown, adminRoute: string, extra = ''): Promise<(path: string) => Promise<string>> {
   const admin = await startUpstream(t, 'admin')

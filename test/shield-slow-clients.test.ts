@@ -5,6 +5,7 @@ import t from 'tap'
 import net from 'node:net'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
+import type { Teardown } from './helpers/teardown.js'
 
 interface RawClient {
   readonly socket: net.Socket
@@ -14,7 +15,7 @@ interface RawClient {
   readonly closed: Promise<string>
 }
 
-function rawClient (t: { teardown: (fn: () => unknown) => void }, port: number, head: string): Promise<RawClient> {
+function rawClient (t: Teardown, port: number, head: string): Promise<RawClient> {
   return new Promise((resolve, reject) => {
     const socket = net.connect(port, '127.0.0.1', () => {
       socket.write(head)

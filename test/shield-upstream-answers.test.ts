@@ -7,8 +7,7 @@ import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { rawRequest } from './helpers/raw-http.js'
 import { metric } from './helpers/ratelimit.js'
-
-interface Teardown { teardown: (fn: () => unknown) => void }
+import type { Teardown } from './helpers/teardown.js'
 
 // Answers written byte for byte, by request path: what node:http would never send itself.
 const ANSWERS: Record<string, string> = {

@@ -8,8 +8,7 @@ import { WebSocket } from 'ws'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { rawExchange, parseResponses } from './helpers/raw-http.js'
-
-interface Teardown { teardown: (fn: () => unknown) => void }
+import type { Teardown } from './helpers/teardown.js'
 
 const sleep = (ms: number): Promise<void> => new Promise(resolve => setTimeout(resolve, ms))
 

@@ -19,8 +19,7 @@ t.test('two workers serve one listener; metrics aggregate; SIGHUP reaches both; 
   t.teardown(() => upstream.close())
   const target = `http://127.0.0.1:${(upstream.address() as AddressInfo).port}`
   // workers share limits through Redis (without it, workers > 1 with limits is a config error)
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const yaml = (limit: number): string => `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 workers: 2

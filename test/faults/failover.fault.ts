@@ -17,14 +17,11 @@ async function until (what: string, probe: () => Promise<boolean>, timeoutMs: nu
 }
 
 t.test('Sentinel: master SIGKILLed with users mid-budget, replica promoted: at most 1.1x, no 5xx, back on Redis within 1 s', async t => {
-  const master = await startRedis()
-  t.teardown(() => master.stop())
-  const replica = await startRedisReplica(master.port)
-  t.teardown(() => replica.stop())
+  const master = await startRedis(t)
+  const replica = await startRedisReplica(t, master.port)
   const replicaClient = replica.client()
   await until('replica in sync', async () => /master_link_status:up/.test(await replicaClient.info('replication')), 15_000)
-  const sentinel = await startFastSentinel(master.port, 'gwfault', 1000)
-  t.teardown(() => sentinel.stop())
+  const sentinel = await startFastSentinel(t, master.port, 'gwfault', 1000)
   const sentinelClient = new Redis({ host: '127.0.0.1', port: sentinel.port, maxRetriesPerRequest: 1 })
   sentinelClient.on('error', () => {})
   t.teardown(() => sentinelClient.disconnect())
@@ -49,8 +46,7 @@ t.test('Sentinel: master SIGKILLed with users mid-budget, replica promoted: at m
 })
 
 t.test('Cluster 3+3: a master SIGKILLed with users mid-budget, replica promoted: at most 1.1x, no 5xx', async t => {
-  const cluster = await startReplicatedCluster(2000)
-  t.teardown(() => cluster.stop())
+  const cluster = await startReplicatedCluster(t, 2000)
   const victim = await cluster.masterOf(0) as number
   const o = await runScenario(t, {
     redis: `cluster: [${cluster.urls.join(', ')}]`,

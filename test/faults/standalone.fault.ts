@@ -15,8 +15,7 @@ async function admin (port: number): Promise<Redis> {
 }
 
 t.test('no fault: no user admitted more than the limit', async t => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const o = await runScenario(t, { redis: `url: ${redis.url}`, fault: async () => null })
   t.comment(report('none', o))
   // A call past the 50 ms timeout on this loaded machine is decided by the fallback and may
@@ -26,8 +25,7 @@ t.test('no fault: no user admitted more than the limit', async t => {
 })
 
 t.test('DEBUG SLEEP 0.2 every 0.4 s: at most 1.1x the limit, no 5xx', async t => {
-  const redis = await startRedis({ args: ['--enable-debug-command', 'yes'] })
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t, { args: ['--enable-debug-command', 'yes'] })
   const o = await runScenario(t, {
     redis: `url: ${redis.url}`,
     fault: async (at) => {
@@ -47,8 +45,7 @@ t.test('DEBUG SLEEP 0.2 every 0.4 s: at most 1.1x the limit, no 5xx', async t =>
 })
 
 t.test('CLIENT PAUSE 300 WRITE in a loop: at most 1.1x the limit, no 5xx', async t => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const o = await runScenario(t, {
     redis: `url: ${redis.url}`,
     fault: async (at) => {
@@ -68,8 +65,7 @@ t.test('CLIENT PAUSE 300 WRITE in a loop: at most 1.1x the limit, no 5xx', async
 })
 
 t.test('SIGKILL, restarted empty after 1 s: the bound is measured (goal 1.5x), no 5xx, back on Redis within 1 s', async t => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const o = await runScenario(t, {
     redis: `url: ${redis.url}`,
     fault: async (at) => {

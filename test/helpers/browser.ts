@@ -3,8 +3,7 @@
 import { accessSync, constants } from 'node:fs'
 import { delimiter, join } from 'node:path'
 import { chromium, type Browser } from 'playwright-core'
-
-interface Teardown { teardown: (fn: () => unknown) => void }
+import type { Teardown } from './teardown.js'
 
 const NAMES = ['chromium', 'chromium-browser', 'google-chrome']
 

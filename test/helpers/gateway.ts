@@ -1,12 +1,12 @@
 // Starts real gateways for tests: in process (Gateway.start) or as `bin/gateway` (for signals).
 // Every start registers its teardown on the test right away.
-import { mkdtempSync, writeFileSync, rmSync } from 'node:fs'
-import { tmpdir } from 'node:os'
+import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { spawn, type ChildProcess } from 'node:child_process'
 import { Writable } from 'node:stream'
 import { Gateway } from '../../src/server.js'
 import { createLogger } from '../../src/log.js'
+import { tempDir, type Teardown } from './teardown.js'
 
 /**
  * The environment for child processes: without tap's NODE_OPTIONS (its TypeScript loader would
@@ -20,16 +20,12 @@ export function childEnv (extra: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv {
   return { ...env, ...extra }
 }
 
-interface Teardown { teardown: (fn: () => unknown) => void }
-
 export interface LogCapture {
   readonly lines: Array<Record<string, unknown>>
 }
 
 export function writeConfig (t: Teardown, yaml: string): string {
-  const dir = mkdtempSync(join(tmpdir(), 'gw-test-'))
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
-  const file = join(dir, 'gateway.yaml')
+  const file = join(tempDir(t, 'gw-test'), 'gateway.yaml')
   writeFileSync(file, yaml)
   return file
 }

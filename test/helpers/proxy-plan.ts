@@ -2,8 +2,7 @@
 // the same defaults everywhere, overridden per test.
 import { UpstreamPool, type UpstreamConfig } from '../../src/proxy/upstream-pool.js'
 import { createForwardPlan, type ForwardPlan, type ForwardPlanOptions } from '../../src/proxy/forward.js'
-
-interface Teardown { teardown: (fn: () => unknown) => void }
+import type { Teardown } from './teardown.js'
 
 export const TEST_UPSTREAM: Omit<UpstreamConfig, 'targets'> = Object.freeze({
   name: 'test',

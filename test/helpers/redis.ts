@@ -1,16 +1,17 @@
 // Real redis-server processes for tests: one server, or a 3-master cluster, on free ports in
-// temporary directories. Callers register stop() with t.teardown right after starting.
+// temporary directories inside the repository (.tap/fixtures). Every start takes the test and
+// registers stop() as its teardown; stop() may also be called earlier (it is idempotent).
 //
 // No leaked processes, however the test ends: each redis-server runs under a tiny sh watchdog
 // that holds a pipe from this process and SIGKILLs the server when the pipe closes, which the
 // kernel does when this process exits for any reason, SIGKILL included.
 import { spawn, execFile, type ChildProcess } from 'node:child_process'
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
 import { connect, createServer } from 'node:net'
-import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { promisify } from 'node:util'
 import { Redis } from 'ioredis'
+import { FIXTURES, type Teardown } from './teardown.js'
 
 export interface RedisServer {
   readonly port: number
@@ -143,7 +144,8 @@ interface Node {
 }
 
 async function startNode (extraArgs: (dir: string) => string[], withBus: boolean, config?: string): Promise<Node> {
-  const dir = await mkdtemp(join(tmpdir(), 'gw-redis-'))
+  await mkdir(FIXTURES, { recursive: true })
+  const dir = await mkdtemp(join(FIXTURES, 'gw-redis-'))
   // A config file comes first on the command line (sentinel mode needs one it can rewrite).
   const leading: string[] = []
   if (config !== undefined) {
@@ -204,11 +206,30 @@ async function startNode (extraArgs: (dir: string) => string[], withBus: boolean
   }
 }
 
-/** `args` are extra redis-server options, e.g. ['--requirepass', 'secret'] (client() then uses it). */
-export async function startRedis (options: { args?: readonly string[], password?: string } = {}): Promise<RedisServer> {
+async function stopNode (node: Node): Promise<void> {
+  await node.stop()
+  await rm(node.dir, { recursive: true, force: true })
+}
+
+export interface RedisOptions {
+  /** Extra redis-server options, e.g. ['--requirepass', 'secret'] (client() then uses `password`). */
+  readonly args?: readonly string[]
+  readonly password?: string
+}
+
+const isTest = (value: unknown): value is Teardown =>
+  typeof value === 'object' && value !== null && typeof (value as Partial<Teardown>).teardown === 'function'
+
+/** A redis-server, stopped at the end of `t`. */
+export async function startRedis (t: Teardown, options?: RedisOptions): Promise<RedisServer>
+/** @deprecated Pass the test, `startRedis(t)`, which registers its own teardown. */
+export async function startRedis (options?: RedisOptions): Promise<RedisServer>
+export async function startRedis (first?: Teardown | RedisOptions, second?: RedisOptions): Promise<RedisServer> {
+  const t = isTest(first) ? first : null
+  const options = (isTest(first) ? second : first) ?? {}
   const node = await startNode(() => [...(options.args ?? [])], false)
   const clients: Redis[] = []
-  return {
+  const server: RedisServer = {
     port: node.port,
     url: `redis://127.0.0.1:${node.port}`,
     client () {
@@ -229,34 +250,30 @@ export async function startRedis (options: { args?: readonly string[], password?
       await rm(node.dir, { recursive: true, force: true })
     }
   }
+  t?.teardown(() => server.stop())
+  return server
 }
 
 /** A Sentinel watching the master on `masterPort` under the name `name` (quorum 1). */
-export async function startRedisSentinel (masterPort: number, name: string, password?: string): Promise<RedisSentinel> {
+export async function startRedisSentinel (t: Teardown, masterPort: number, name: string, password?: string): Promise<RedisSentinel> {
   const config = `sentinel monitor ${name} 127.0.0.1 ${masterPort} 1\n` + (password !== undefined ? `sentinel auth-pass ${name} ${password}\n` : '')
   const node = await startNode(() => ['--sentinel'], false, config)
+  t.teardown(() => stopNode(node))
   await waitFor('sentinel sees its master', async () =>
     (await rawCommand(node.port, `SENTINEL get-master-addr-by-name ${name}`)).includes(String(masterPort)), 10_000, node.running?.exited)
-  return {
-    port: node.port,
-    async stop () {
-      await node.stop()
-      await rm(node.dir, { recursive: true, force: true })
-    }
-  }
+  return { port: node.port, stop: () => stopNode(node) }
 }
 
 const execFileAsync = promisify(execFile)
 
-/** A real cluster: three masters, no replicas, all 16384 slots assigned. */
-export async function startRedisCluster (): Promise<RedisClusterServers> {
+/** A real cluster: three masters, no replicas, all 16384 slots assigned; stopped at the end of `t`. */
+export async function startRedisCluster (t: Teardown): Promise<RedisClusterServers>
+/** @deprecated Pass the test, `startRedisCluster(t)`, which registers its own teardown. */
+export async function startRedisCluster (): Promise<RedisClusterServers>
+export async function startRedisCluster (t?: Teardown): Promise<RedisClusterServers> {
   const nodes: Node[] = []
-  const stop = async (): Promise<void> => {
-    await Promise.all(nodes.map(async (n) => {
-      await n.stop()
-      await rm(n.dir, { recursive: true, force: true })
-    }))
-  }
+  const stop = async (): Promise<void> => { await Promise.all(nodes.map(stopNode)) }
+  t?.teardown(stop)
   try {
     for (let i = 0; i < 3; i++) {
       nodes.push(await startNode((dir) => ['--cluster-enabled', 'yes', '--cluster-config-file', join(dir, 'nodes.conf'),
@@ -279,29 +296,24 @@ export async function startRedisCluster (): Promise<RedisClusterServers> {
 }
 
 /** A redis-server replicating `masterPort` (for Sentinel failover); `kill()` crashes it. */
-export async function startRedisReplica (masterPort: number): Promise<RedisServer> {
-  return await startRedis({ args: ['--replicaof', '127.0.0.1', String(masterPort)] })
+export async function startRedisReplica (t: Teardown, masterPort: number): Promise<RedisServer> {
+  return await startRedis(t, { args: ['--replicaof', '127.0.0.1', String(masterPort)] })
 }
 
 /**
  * A Sentinel that fails over fast (for fault tests): the master is declared down after
  * `downAfterMs` without answers, quorum 1.
  */
-export async function startFastSentinel (masterPort: number, name: string, downAfterMs = 1000): Promise<RedisSentinel> {
+export async function startFastSentinel (t: Teardown, masterPort: number, name: string, downAfterMs = 1000): Promise<RedisSentinel> {
   const config = `sentinel monitor ${name} 127.0.0.1 ${masterPort} 1\n` +
     `sentinel down-after-milliseconds ${name} ${downAfterMs}\n` +
     `sentinel failover-timeout ${name} 10000\n` +
     `sentinel parallel-syncs ${name} 1\n`
   const node = await startNode(() => ['--sentinel'], false, config)
+  t.teardown(() => stopNode(node))
   await waitFor('sentinel sees its master', async () =>
     (await rawCommand(node.port, `SENTINEL get-master-addr-by-name ${name}`)).includes(String(masterPort)), 10_000, node.running?.exited)
-  return {
-    port: node.port,
-    async stop () {
-      await node.stop()
-      await rm(node.dir, { recursive: true, force: true })
-    }
-  }
+  return { port: node.port, stop: () => stopNode(node) }
 }
 
 export interface ReplicatedCluster extends RedisClusterServers {
@@ -314,14 +326,10 @@ export interface ReplicatedCluster extends RedisClusterServers {
 }
 
 /** A real cluster of three masters each with one replica (3+3); `nodeTimeoutMs` sets failover speed. */
-export async function startReplicatedCluster (nodeTimeoutMs = 2000): Promise<ReplicatedCluster> {
+export async function startReplicatedCluster (t: Teardown, nodeTimeoutMs = 2000): Promise<ReplicatedCluster> {
   const nodes: Node[] = []
-  const stop = async (): Promise<void> => {
-    await Promise.all(nodes.map(async (n) => {
-      await n.stop()
-      await rm(n.dir, { recursive: true, force: true })
-    }))
-  }
+  const stop = async (): Promise<void> => { await Promise.all(nodes.map(stopNode)) }
+  t.teardown(stop)
   try {
     for (let i = 0; i < 6; i++) {
       nodes.push(await startNode((dir) => ['--cluster-enabled', 'yes', '--cluster-config-file', join(dir, 'nodes.conf'),

@@ -16,8 +16,7 @@ import net from 'node:net'
 import { spawn } from 'node:child_process'
 import { EventEmitter, once } from 'node:events'
 import { WebSocketServer, type WebSocket } from 'ws'
-
-interface Teardown { teardown: (fn: () => unknown) => void }
+import type { Teardown } from './teardown.js'
 
 export interface EchoBody {
   name: string
