@@ -135,8 +135,7 @@ routes:
 })
 
 t.test('workers: 2 (bin/gateway, Redis): the primary\'s page looks a limited client up and resets it in every worker', async t => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const upstream = await startUpstream(t)
   const gw = await spawnGateway(t, `listen: 127.0.0.1:0
 admin: { listen: 127.0.0.1:0, token: ${TOKEN} }

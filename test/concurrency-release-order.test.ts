@@ -9,8 +9,7 @@ import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { eventually, send } from './helpers/ratelimit.js'
 
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 const reader = redis.client()
 
 t.test('`user: 1`: 100 requests, each sent as soon as the previous answered, are all admitted', async t => {

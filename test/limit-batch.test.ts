@@ -48,8 +48,7 @@ async function scriptCalls (client: Redis): Promise<number> {
 }
 
 t.test('a batch decides and stores exactly what one call per request in the same order does', async (t) => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const batchedClient = createRedisClient({ url: redis.url })
   const singleClient = createRedisClient({ url: redis.url })
   t.teardown(() => { batchedClient.disconnect(); singleClient.disconnect() })
@@ -125,8 +124,7 @@ t.test('a batch decides and stores exactly what one call per request in the same
 })
 
 t.test('a batch is bounded: more requests in one turn than maxBatch take more calls, still decided in order', async (t) => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const client = createRedisClient({ url: redis.url })
   t.teardown(() => client.disconnect())
   await whenReady(client)
@@ -142,8 +140,7 @@ t.test('a batch is bounded: more requests in one turn than maxBatch take more ca
 })
 
 t.test('a failed batch fails each of its requests (their own onError path), and the next turn works again', async (t) => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const client = createRedisClient({ url: redis.url })
   t.teardown(() => client.disconnect())
   await whenReady(client)

@@ -15,8 +15,7 @@ async function failureOf (call: () => Promise<unknown>): Promise<unknown> {
   throw new Error('the call was expected to fail')
 }
 
-const redis = await startRedis()
-t.teardown(() => redis.stop())
+const redis = await startRedis(t)
 
 t.test('error replies by their code', async (t) => {
   const client = redis.client()
@@ -34,16 +33,14 @@ t.test('error replies by their code', async (t) => {
 })
 
 t.test('READONLY from a replica: the server is up but cannot take the write', async (t) => {
-  const replica = await startRedisReplica(redis.port)
-  t.teardown(() => replica.stop())
+  const replica = await startRedisReplica(t, redis.port)
   const readonly = await failureOf(async () => await replica.client().set('errors:k', '1'))
   t.equal(replyCode(readonly), 'READONLY')
   t.equal(classifyRedisError(readonly), 'unavailable')
 })
 
 t.test('MOVED from a Cluster master that does not own the slot', async (t) => {
-  const cluster = await startRedisCluster()
-  t.teardown(() => cluster.stop())
+  const cluster = await startRedisCluster(t)
   // A plain connection to one master does not follow redirections: some of these keys live elsewhere.
   const node = new Redis({ port: cluster.ports[0], host: '127.0.0.1', maxRetriesPerRequest: 0 })
   node.on('error', () => {})

@@ -25,8 +25,7 @@ routes:
 
 /** Limits the client in the fallback, resets it; resolves with the admin address and how long the reset took. */
 async function limitedInFallback (t: Test, away: (redis: RedisServer) => Promise<void>): Promise<{ admin: string, waited: number }> {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url, redis.url))
   t.equal((await send(`${gw.url}/x`)).status, 200, 'one request decided by Redis')

@@ -35,8 +35,7 @@ const LATE_FAILURES = [
 
 for (const failure of LATE_FAILURES) {
   t.test(`a reload rejected in ${failure.what} compilation leaves the live Redis timeout as it was`, async t => {
-    const redis = await startRedis()
-    t.teardown(() => redis.stop())
+    const redis = await startRedis(t)
     const up = await startUpstream(t)
     const gw = await startGateway(t, config(up.url, redis.url, '100ms'))
     const runtime = gw.runtime

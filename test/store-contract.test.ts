@@ -144,8 +144,7 @@ t.test('in process', async (t) => {
 })
 
 t.test('Redis standalone', async (t) => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const client = createRedisClient({ url: redis.url })
   t.teardown(() => client.disconnect())
   await whenReady(client)
@@ -156,8 +155,7 @@ t.test('Redis standalone', async (t) => {
 })
 
 t.test('Redis Cluster, 3 masters', async (t) => {
-  const servers = await startRedisCluster()
-  t.teardown(() => servers.stop())
+  const servers = await startRedisCluster(t)
   const cluster = createRedisClient({ cluster: servers.urls }) as Cluster
   t.teardown(() => cluster.disconnect())
   await whenReady(cluster, 15_000)

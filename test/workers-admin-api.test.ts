@@ -35,8 +35,7 @@ const servedBy = (gw: GatewayProcess, status: number, from = 0): Set<number> =>
   new Set(gw.logs.slice(from).filter(l => l.msg === 'request' && l.status === status).map(l => l.pid as number))
 
 t.test('workers + Redis: lookup shows the limited client in every worker; reset needs the token and frees it on every worker', async t => {
-  const redis = await startRedis()
-  t.teardown(() => redis.stop())
+  const redis = await startRedis(t)
   const up = await startUpstream(t)
   const gw = await spawnGateway(t, `listen: 127.0.0.1:0
 admin: { listen: 127.0.0.1:0, token: ${TOKEN} }
