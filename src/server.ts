@@ -387,6 +387,8 @@ export class Gateway {
   async close (): Promise<void> {
     if (this.shuttingDown) return
     this.shuttingDown = true
+    // An upgrade on a connection opened before the drain is refused, as the README promises.
+    this.state?.ws.drain()
     const timeoutMs = this.runtime?.server.shutdownTimeoutMs ?? 10_000
     const server = this.server
     if (server !== null) {

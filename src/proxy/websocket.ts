@@ -16,6 +16,8 @@ export interface WebSocketProxy {
    * handshake is decided: 101 (tunnel open), the upstream's own refusal status, or the error answered.
    */
   upgrade (req: IncomingMessage, socket: Duplex, head: Buffer, plan: ForwardPlan, ctx: ForwardContext, done?: (result: ForwardResult) => void): void
+  /** Answers later upgrades 503 GW_ERR_SHUTTING_DOWN; open tunnels stay until close(). */
+  drain (): void
   /** Destroys every tunnel, open or opening; later upgrades are answered 503. */
   close (): void
 }
@@ -65,6 +67,9 @@ export function createWebSocketProxy (): WebSocketProxy {
         // node:http refused to build the upstream request (e.g. a header value it rejects).
         tunnel.failed(err instanceof Error ? err : new Error(String(err)))
       }
+    },
+    drain () {
+      closed = true
     },
     close () {
       closed = true
