@@ -161,14 +161,15 @@ routes:
       api: { algorithm: fixed-window, limit: 100000, window: 1h }
 `)
   const url = `${gw.url}/x`
+  const warmedUp = Date.now()
   t.equal((await send(url, asUser('warm-up'))).status, 200)
   const c0 = await evalshaCalls(admin)
-  const started = Date.now()
   const flood = await burst(150, url, asUser('flooder'))
-  const seconds = (Date.now() - started) / 1000
+  const seconds = (Date.now() - warmedUp) / 1000
   const admitted = count(flood, 200)
-  // a 10/s bucket with 10 tokens: 10 at once plus what refilled while the flood lasted
-  t.ok(admitted >= 10 && admitted <= 10 + Math.ceil(10 * seconds) + 1, `${admitted} admitted in ${seconds.toFixed(2)} s`)
+  // a 10/s bucket with 10 tokens, keyed by IP: the warm-up took one of them, so the flood finds 9
+  // plus what refilled since, and gets at most the whole bucket plus what refilled while it lasted
+  t.ok(admitted >= 9 && admitted <= 10 + Math.ceil(10 * seconds) + 1, `${admitted} admitted, ${seconds.toFixed(2)} s after the warm-up`)
   t.equal(count(flood, 429), 150 - admitted)
   t.equal(await metric(gw.adminUrl, 'gateway_ratelimit_decisions_total', { level: 'local', result: 'rejected', dimension: 'local' }), 150 - admitted, 'rejections counted at level "local"')
   t.equal(await evalshaCalls(admin) - c0, admitted, 'only what the local level let through cost a script call')
