@@ -374,7 +374,11 @@ export async function startReplicatedCluster (t: Teardown, nodeTimeoutMs = 2000)
     urls: ports.map((p) => `redis://127.0.0.1:${p}`),
     stop,
     async masters () {
-      return (await clusterNodes()).split('\n').filter((l) => /[ ,]master[ ,]/.test(l) && !/[ ,]fail[ ,?]/.test(l)).map((l) => Number(/:(\d+)@/.exec(l)?.[1]))
+      // masters that serve slots: right after creation, a node's view may still show a replica
+      // whose CLUSTER REPLICATE has not reached it by gossip as a master without slots
+      return (await clusterNodes()).split('\n')
+        .filter((l) => /[ ,]master[ ,]/.test(l) && !/[ ,]fail[ ,?]/.test(l) && l.trim().split(' ').length > 8)
+        .map((l) => Number(/:(\d+)@/.exec(l)?.[1]))
     },
     async kill (port) {
       const node = nodes.find((n) => n.port === port)
