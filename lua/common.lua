@@ -77,17 +77,23 @@ local function state_set (key, value, ttl)
   batch_keys[key] = { v = value, ttl = ttl, dirty = true }
 end
 
+-- The batch's entry of a hash key: fields known (h) and fields written (w).
+local function batch_hash (key)
+  local e = batch_keys[key]
+  if e == nil then
+    e = { h = {}, w = {} }
+    batch_keys[key] = e
+  end
+  return e
+end
+
 -- HMGET key f1 f2 [f3]: a table of the values, false for an absent field.
 local function hash_get (key, f1, f2, f3)
   if not batch_keys then
     if f3 then return redis.call('HMGET', key, f1, f2, f3) end
     return redis.call('HMGET', key, f1, f2)
   end
-  local e = batch_keys[key]
-  if e == nil then
-    e = { h = {}, w = {} }
-    batch_keys[key] = e
-  end
+  local e = batch_hash(key)
   local h = e.h
   if h[f1] == nil or h[f2] == nil or (f3 and h[f3] == nil) then
     local s
@@ -108,11 +114,7 @@ local function hash_set (key, ttl, ...)
     redis.call('PEXPIRE', key, ttl)
     return
   end
-  local e = batch_keys[key]
-  if e == nil then
-    e = { h = {}, w = {} }
-    batch_keys[key] = e
-  end
+  local e = batch_hash(key)
   local args = { ... }
   for i = 1, #args, 2 do
     e.h[args[i]] = args[i + 1]

@@ -152,10 +152,7 @@ export function createLimitsOps (deps: LimitsApiDeps): LimitsOps {
     return {
       status: 200,
       body: {
-        route: t.route.name,
-        ip: t.ip,
-        user: t.user,
-        plan: t.plan,
+        ...subjectOf(t),
         limits: t.limits.map((l, i) => {
           const check = t.checks[i] as LimitCheck
           const p = peeked[i] as PeekResult
@@ -164,6 +161,10 @@ export function createLimitsOps (deps: LimitsApiDeps): LimitsOps {
       }
     }
   }
+
+  // who an answer is about: the same four fields head a lookup and a reset
+  const subjectOf = (t: { readonly route: { readonly name: string }, readonly ip: string | null, readonly user: string | null, readonly plan: string | null }): Record<string, unknown> =>
+    ({ route: t.route.name, ip: t.ip, user: t.user, plan: t.plan })
 
   const reset = async (query: string, by: string): Promise<AdminAnswer> => {
     const found = resolve(query)
@@ -184,10 +185,7 @@ export function createLimitsOps (deps: LimitsApiDeps): LimitsOps {
     return {
       status: 200,
       body: {
-        route: t.route.name,
-        ip: t.ip,
-        user: t.user,
-        plan: t.plan,
+        ...subjectOf(t),
         reset: done,
         keysDeleted: outcome.deleted,
         localLevel: t.ipKey !== null,
