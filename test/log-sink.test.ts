@@ -17,8 +17,9 @@ const flushed = async (logger: ReturnType<typeof createLogger>): Promise<void> =
   await new Promise<void>(resolve => { logger.flush(() => resolve()) })
 }
 
+// complete lines only: a file another process (cat) is still writing may end in half a line
 const parseLines = (file: string): Array<Record<string, unknown>> =>
-  readFileSync(file, 'utf8').split('\n').filter(l => l !== '').map(l => JSON.parse(l) as Record<string, unknown>)
+  readFileSync(file, 'utf8').split('\n').slice(0, -1).filter(l => l !== '').map(l => JSON.parse(l) as Record<string, unknown>)
 
 const RECORDS: AccessRecord[] = [
   { requestId: 'r-1', traceId: undefined, ip: '127.0.0.1', user: undefined, method: 'GET', host: 'a.test', path: '/x?token=[redacted]', route: 'api', target: 'http://127.0.0.1:1', status: 200, sentStatus: undefined, durationMs: 1.234, bytesIn: 0, bytesOut: 101, error: undefined, outcome: undefined, limit: undefined, userAgent: 'curl/8' },
