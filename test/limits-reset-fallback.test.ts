@@ -42,7 +42,7 @@ async function limitedInFallback (t: Test, away: (redis: RedisServer) => Promise
   t.equal(reset.status, 200, 'the reset is done where it can be')
   t.match(reset.json, { complete: false, keysDeleted: null, instances: null, warning: /Redis did not answer .*reset again once Redis is back/ })
   t.ok(waited < 5000, `answered in ${waited} ms, though Redis does not answer`)
-  t.ok(gw.lines.some(l => l.msg === 'limits reset in this process only: Redis did not answer'), 'logged as partial')
+  t.ok(gw.lines.some(l => l.msg === 'limits reset in this process alone: Redis did not answer'), 'logged as partial')
   const after: number[] = []
   for (let i = 0; i < 4; i++) after.push((await send(`${gw.url}/x`)).status)
   t.same(after, [200, 200, 200, 429], 'the client is admitted again: a whole fallback budget of 3')

@@ -17,7 +17,7 @@ const flushed = async (logger: ReturnType<typeof createLogger>): Promise<void> =
   await new Promise<void>(resolve => { logger.flush(() => resolve()) })
 }
 
-// complete lines only: a file another process (cat) is still writing may end in half a line
+// whole lines: a file another process (cat) is still writing may end in half a line
 const parseLines = (file: string): Array<Record<string, unknown>> =>
   readFileSync(file, 'utf8').split('\n').slice(0, -1).filter(l => l !== '').map(l => JSON.parse(l) as Record<string, unknown>)
 

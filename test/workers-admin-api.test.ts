@@ -116,7 +116,7 @@ routes:
   t.ok(waited < 15_000, `answered after ${waited} ms`)
   const partial = await admin(limitsUrl, 'DELETE', TOKEN)
   t.equal(partial.status, 503)
-  t.match(partial.json?.message, new RegExp(`the reset was applied by worker \\[${pids[1] as number}\\] only: repeat it`))
+  t.match(partial.json?.message, new RegExp(`the reset was applied by worker \\[${pids[1] as number}\\] alone: repeat it`))
   process.kill(stopped, 'SIGCONT')
   await eventually('the stopped worker answers again', async () => (await admin(limitsUrl)).status === 200, 10_000, 200)
 })

@@ -181,7 +181,7 @@ export function createLimitsOps (deps: LimitsApiDeps): LimitsOps {
     const complete = outcome.redisError === undefined
     const log = { by, route: t.route.name, ip: t.ip, user: t.user, limits: done.map(r => r.name), keysDeleted: outcome.deleted, instances: outcome.instances }
     if (complete) deps.logger.info(log, 'limits reset')
-    else deps.logger.warn({ ...log, redisError: outcome.redisError }, 'limits reset in this process only: Redis did not answer')
+    else deps.logger.warn({ ...log, redisError: outcome.redisError }, 'limits reset in this process alone: Redis did not answer')
     return {
       status: 200,
       body: {

@@ -76,7 +76,7 @@ function failure (op: AdminOp, answers: readonly WorkerAnswer[], timeoutMs: numb
   const silent = answers.filter(a => a.answer === null)
   if (silent.length > 0) {
     const done = answers.filter(a => a.answer?.status === 200).map(a => a.pid)
-    const what = op === 'reset' ? `; the reset was applied by worker${done.length === 1 ? '' : 's'} [${done.join(', ')}] only: repeat it` : ''
+    const what = op === 'reset' ? `; the reset was applied by worker${done.length === 1 ? '' : 's'} [${done.join(', ')}] alone: repeat it` : ''
     const base = adminError('GW_ERR_ADMIN_WORKERS_UNAVAILABLE', `${answers.length - silent.length} of ${answers.length} workers answered within ${timeoutMs} ms (no answer from pid ${silent.map(a => `${a.pid}: ${a.reason ?? 'timeout'}`).join(', ')})${what}`)
     return { status: base.status, body: { ...base.body, workers: summary } }
   }
