@@ -200,7 +200,12 @@ ${config(upstream.url)}`)
     return n >= 40 ? n : undefined
   }, 20_000)
   t.equal(total, 40)
-  t.equal(new Set(gw.logs.filter(l => l.msg === 'request').map(l => l.pid)).size, 2, 'both workers served requests')
+  // each worker writes its access lines in batches (up to 100 ms later): wait for the 40
+  const pids = await until('40 access lines', () => {
+    const lines = gw.logs.filter(l => l.msg === 'request' && l.path === '/other')
+    return lines.length >= 40 ? new Set(lines.map(l => l.pid)) : undefined
+  })
+  t.equal(pids.size, 2, 'both workers served requests')
   t.match(updates(stream.events).at(-1)!.health, { workers: 2, workersReady: 2, status: 'ready' })
   const routes = await (await fetch(`${adminUrl}/routes`)).json() as { routes: Array<{ name: string }> }
   t.same(routes.routes.map(r => r.name), ['api', 'rest'], 'the workers\' compiled routes')

@@ -149,6 +149,7 @@ routes:
     await send(`${gw.url}/x`, bad)
     if (i >= 3) await new Promise(resolve => setTimeout(resolve, 50))
   }
+  await eventually('both workers logged a refusal', async () => servedBy(gw, 429).size === 2, 5000)
   t.equal(servedBy(gw, 429).size, 2, 'both workers refuse the client')
   const read = await admin(limitsUrl)
   t.equal(read.status, 200)

@@ -6,6 +6,7 @@ import type { AddressInfo } from 'node:net'
 import { writeFileSync } from 'node:fs'
 import { spawnGateway } from './helpers/gateway.js'
 import { startRedis } from './helpers/redis.js'
+import { eventually } from './helpers/ratelimit.js'
 
 t.test('two workers serve one listener; metrics aggregate; SIGHUP reaches both; SIGTERM exits 0', async t => {
   // /slow answers after 1.5 s: a request kept in flight across SIGTERM
@@ -50,8 +51,11 @@ routes:
   t.same(statuses, new Array(N).fill(200))
   const metrics = await (await fetch(`${adminUrl}/metrics`)).text()
   t.match(metrics, new RegExp(`gateway_requests_total\\{route="all",method="GET",status_class="2xx"\\} ${N}\\b`), 'the primary sums both workers')
-  const servedBy = new Set(gw.logs.filter(l => l.msg === 'request').map(l => l.pid))
-  t.equal(servedBy.size, 2, 'requests were spread over both workers')
+  // each worker writes its access lines in batches (up to 100 ms later): wait for all N
+  const accessLines = (): Array<Record<string, unknown>> => gw.logs.filter(l => l.msg === 'request')
+  await eventually(`${N} access lines`, async () => accessLines().length >= N, 10_000)
+  t.equal(accessLines().length, N, 'one access line per request')
+  t.equal(new Set(accessLines().map(l => l.pid)).size, 2, 'requests were spread over both workers')
 
   // a config change reaches every worker
   writeFileSync(gw.file, yaml(45))
