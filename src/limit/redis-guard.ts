@@ -84,7 +84,7 @@ const FALLBACK_RETRY_MS = 1000
 interface Learned {
   readonly spec: LimitSpec
   remaining: number
-  readonly atMs: number
+  atMs: number
   /** Until then `remaining` caps what Redis reports: other instances' debts may not have landed yet. */
   holdUntil: number
 }
@@ -104,6 +104,16 @@ interface Outage {
 }
 
 const ALLOW_ALL: LimitDecision = Object.freeze({ allowed: true, remaining: -1, retryAfterMs: 0, resetMs: 0, limitingIndex: -1, delayMs: 0 })
+
+/** Calls listed before the list of calls in flight is swept between timer firings. */
+const SWEEP_MIN = 4096
+
+/** A Redis call waiting for its answer or its deadline (see RedisGuard.expireCalls). */
+interface PendingCall {
+  readonly deadline: number
+  readonly reject: (err: unknown) => void
+  settled: boolean
+}
 
 class RedisTimeoutError extends Error {
   readonly code = 'GW_ERR_REDIS_TIMEOUT'
@@ -140,6 +150,12 @@ export class RedisGuard implements SharedLevel {
   private readonly maxOpenMs: number
   private worst: BreakerState = 'closed'
   private pinger: NodeJS.Timeout | null = null
+  private readonly pending: PendingCall[] = []
+  private deadlineTimer: NodeJS.Timeout | null = null
+  private timerDue = Infinity
+  private sweepAt = SWEEP_MIN
+  /** The one breaker of a standalone or Sentinel Redis, as the list decide() walks. */
+  private soleBreaker: readonly Breaker[] | null = null
   readonly denyCacheMaxMs: number
 
   constructor (private readonly options: RedisGuardOptions) {
@@ -211,9 +227,9 @@ export class RedisGuard implements SharedLevel {
   }
 
   /** The breakers of the nodes holding `checks` (one for a standalone or Sentinel Redis). */
-  private breakersFor (checks: readonly LimitCheck[]): Breaker[] {
+  private breakersFor (checks: readonly LimitCheck[]): readonly Breaker[] {
     const nodeOf = this.options.nodeOf
-    if (nodeOf === undefined) return [this.breakerOf('*')]
+    if (nodeOf === undefined) return (this.soleBreaker ??= [this.breakerOf('*')])
     const list: Breaker[] = []
     for (const c of checks) {
       const b = this.breakerOf(nodeOf(c.key))
@@ -231,11 +247,11 @@ export class RedisGuard implements SharedLevel {
       if (b.state === 'closed') continue
       if (b.probing || now - b.openedAt < b.openFor) return this.fallback(checks, limits, requestId)
     }
-    const probes: Breaker[] = []
+    let probes: Breaker[] | null = null
     for (const b of involved) {
       if (b.state === 'closed') continue
       b.probing = true
-      probes.push(b)
+      ;(probes ??= []).push(b)
       this.setState(b, 'half-open', 'probing Redis')
     }
     const started = process.hrtime.bigint()
@@ -269,7 +285,7 @@ export class RedisGuard implements SharedLevel {
       this.options.telemetry.redisCall(Number(process.hrtime.bigint() - started) / 1e9, false, kind)
       for (const b of involved) {
         b.failures++
-        const probe = probes.includes(b)
+        const probe = probes !== null && probes.includes(b)
         if (probe || (b.state === 'closed' && b.failures >= this.threshold)) {
           if (probe) b.openFor = Math.min(this.maxOpenMs, b.openFor * 2)
           b.openedAt = Date.now()
@@ -278,7 +294,7 @@ export class RedisGuard implements SharedLevel {
       }
       return this.fallback(checks, limits, requestId)
     } finally {
-      for (const b of probes) b.probing = false
+      if (probes !== null) for (const b of probes) b.probing = false
     }
   }
 
@@ -327,14 +343,59 @@ export class RedisGuard implements SharedLevel {
   close (): void {
     if (this.pinger !== null) clearInterval(this.pinger)
     this.pinger = null
+    if (this.deadlineTimer !== null) clearTimeout(this.deadlineTimer)
+    this.deadlineTimer = null
+    this.timerDue = Infinity
   }
 
   private withTimeout<T> (p: Promise<T> | T): Promise<T> {
     if (!(p instanceof Promise)) return Promise.resolve(p)
     return new Promise<T>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new RedisTimeoutError(`no answer within ${this.timeoutMs}ms`)), this.timeoutMs)
-      p.then(v => { clearTimeout(timer); resolve(v) }, (e: unknown) => { clearTimeout(timer); reject(e) })
+      const call: PendingCall = { deadline: performance.now() + this.timeoutMs, reject, settled: false }
+      // settled calls are forgotten when the timer fires; with a long timeout under heavy traffic
+      // that is many calls later, so the list is also swept when it has doubled
+      if (this.pending.push(call) >= this.sweepAt) this.expireCalls()
+      // a reload may shorten the timeout: then this call's deadline comes before the armed one
+      if (call.deadline < this.timerDue) this.armDeadlineTimer(call.deadline)
+      p.then(v => { call.settled = true; resolve(v) }, (e: unknown) => { call.settled = true; reject(e) })
     })
+  }
+
+  // One timer for every call in flight instead of one per call (a setTimeout and clearTimeout per
+  // request showed in the profile, issue 13). When it fires it rejects the calls past their
+  // deadline, forgets the settled ones and waits for the earliest deadline left.
+  private armDeadlineTimer (due: number): void {
+    if (this.deadlineTimer !== null) clearTimeout(this.deadlineTimer)
+    this.timerDue = due
+    // Expired after the loop's next I/O phase, not in the timer phase: after an event-loop stall
+    // (a GC pause, a burst of work) timers run before the replies that arrived meanwhile are read,
+    // and those calls would time out although Redis answered in time, opening the breaker.
+    this.deadlineTimer = setTimeout(() => { setImmediate(() => { this.expireCalls() }) }, Math.max(1, Math.ceil(due - performance.now())))
+    this.deadlineTimer.unref()
+  }
+
+  private expireCalls (): void {
+    if (this.deadlineTimer !== null) clearTimeout(this.deadlineTimer)
+    this.deadlineTimer = null
+    this.timerDue = Infinity
+    const now = performance.now()
+    let next = Infinity
+    let kept = 0
+    const pending = this.pending
+    for (let i = 0; i < pending.length; i++) {
+      const call = pending[i] as PendingCall
+      if (call.settled) continue
+      if (call.deadline <= now) {
+        call.settled = true
+        call.reject(new RedisTimeoutError(`no answer within ${this.timeoutMs}ms`))
+        continue
+      }
+      if (call.deadline < next) next = call.deadline
+      pending[kept++] = call
+    }
+    pending.length = kept
+    this.sweepAt = Math.max(SWEEP_MIN, 2 * kept)
+    if (kept > 0) this.armDeadlineTimer(next)
   }
 
   private learn (checks: readonly LimitCheck[], remainings: readonly number[]): void {
@@ -346,12 +407,16 @@ export class RedisGuard implements SharedLevel {
       // a lease's fallback never starts from Redis's count (see seed)
       if (check.spec.algorithm === 'lease') continue
       const known = this.learned.get(check.key)
-      let holdUntil = 0
-      if (known !== undefined && known.holdUntil > atMs && known.spec === check.spec) {
-        remaining = Math.min(remaining, known.remaining)
-        holdUntil = known.holdUntil
+      if (known === undefined || known.spec !== check.spec) {
+        this.learned.set(check.key, { spec: check.spec, remaining, atMs, holdUntil: 0 })
+        continue
       }
-      this.learned.set(check.key, { spec: check.spec, remaining, atMs, holdUntil })
+      // updated in place: the get above already made it the most recent entry, and a set per
+      // check per request was a visible share of the Redis path's CPU (issue 13)
+      if (known.holdUntil > atMs) remaining = Math.min(remaining, known.remaining)
+      else known.holdUntil = 0
+      known.remaining = remaining
+      known.atMs = atMs
     }
   }
 

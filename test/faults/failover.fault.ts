@@ -64,7 +64,9 @@ t.test('Cluster 3+3: a master SIGKILLed with users mid-budget, replica promoted:
   t.comment(report('Cluster failover', o))
   t.ok(o.maxRatio <= 1.1, `max ${o.maxRatio.toFixed(2)}x <= 1.1x`)
   t.equal(o.fiveHundreds, 0)
-  // Measured and reported, not asserted: recovery after a Cluster failover varied from under
-  // 0.1 s to over 2 s between runs on this machine (issue 8 target: 1 s; not met reliably).
-  t.comment(`Cluster recovery: ${o.recoveryMs === null ? 'a breaker still open 1.5 s after the traffic ended' : `${o.recoveryMs} ms`}`)
+  // Back on Redis within 1 s of the replica's promotion. Earlier runs reported up to 5 s here:
+  // the breakers had closed within 0.1 s, and the figure was the last of the later reopenings
+  // (single 50 ms timeouts on this loaded machine), which recoveryMs no longer counts.
+  t.ok(o.recoveryMs !== null && o.recoveryMs <= 1000, `recovery ${o.recoveryMs} ms <= 1000 ms`)
+  if (o.recoveryMs === null || o.recoveryMs > 1000) for (const line of o.breakerLog) t.comment(line)
 })

@@ -29,8 +29,12 @@ export interface Outcome {
   readonly requests: number
   /** ms from Redis reachable to both instances' breakers closed again (null if not measured). */
   readonly recoveryMs: number | null
+  /** Times a breaker opened again after that recovery (a later, separate timeout). */
+  readonly reopenedAfter: number
   /** Breaker transitions seen by polling /readyz (both instances). */
   readonly fallbackPolls: number
+  /** Each instance's breaker warnings, ms relative to Redis reachable again: why a recovery was slow. */
+  readonly breakerLog: string[]
 }
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
@@ -44,7 +48,7 @@ export async function runScenario (t: Teardown, s: Scenario): Promise<Outcome> {
   const up = await startUpstream(t)
   const yaml = `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
-log: { level: warn }
+log: { level: info }
 redis: { ${s.redis}, timeout: 50ms, onError: local }
 identity: { header: x-user-id }
 upstreams:
@@ -67,19 +71,17 @@ routes:
   const at = async (ms: number): Promise<void> => { await sleep(Math.max(0, start + ms - Date.now())) }
 
   let stop = false
-  const closedAt: number[] = [0, 0]
+  // what each instance's /readyz said, in order: when it was on Redis (closed) and when not
+  const polls: Array<Array<{ at: number, closed: boolean }>> = [[], []]
   let fallbackPolls = 0
   const poller = (async () => {
     while (!stop) {
       await Promise.all(gateways.map(async (g, i) => {
         try {
           const body = await (await fetch(`${g.adminUrl}/readyz`)).json() as { redis: { breaker: string } }
-          if (body.redis.breaker !== 'closed') {
-            fallbackPolls++
-            closedAt[i] = 0
-          } else if (closedAt[i] === 0) {
-            closedAt[i] = Date.now()
-          }
+          const closed = body.redis.breaker === 'closed'
+          if (!closed) fallbackPolls++
+          polls[i]?.push({ at: Date.now(), closed })
         } catch { /* admin busy: next poll */ }
       }))
       await sleep(50)
@@ -112,13 +114,28 @@ routes:
     stop = true
     await poller
   }
-  const closed = Math.max(...closedAt)
-  const recoveryMs = reachableAt === null || closedAt.some((c) => c === 0) ? null : Math.max(0, closed - reachableAt)
-  return { limit, admittedPerUser: admitted, maxRatio: Math.max(...admitted) / limit, fiveHundreds, requests, recoveryMs, fallbackPolls }
+  // Recovery: from Redis reachable to the first poll at which both instances are back on Redis.
+  // A breaker that opens again later met a new fault (a call past the 50 ms timeout on this
+  // loaded machine): counted apart, as reopenedAfter.
+  let recoveryMs: number | null = null
+  let reopenedAfter = 0
+  if (reachableAt !== null) {
+    const back = polls.map((p) => p.find((x) => x.at >= reachableAt && x.closed)?.at)
+    if (back.every((b) => b !== undefined)) {
+      const at = Math.max(...(back as number[]))
+      recoveryMs = at - reachableAt
+      for (const p of polls) for (let k = 1; k < p.length; k++) if ((p[k] as { at: number }).at > at && !(p[k] as { closed: boolean }).closed && (p[k - 1] as { closed: boolean }).closed) reopenedAfter++
+    }
+  }
+  const breakerLog = gateways.flatMap((g, i) => g.lines
+    .filter((l) => typeof l.breaker === 'string')
+    .map((l) => `instance ${i} at ${reachableAt === null ? '?' : Date.parse(String(l.time)) - reachableAt} ms: ${String(l.breaker)} (${String(l.reason)})`))
+  return { limit, admittedPerUser: admitted, maxRatio: Math.max(...admitted) / limit, fiveHundreds, requests, recoveryMs, reopenedAfter, fallbackPolls, breakerLog }
 }
 
 /** One line for the test log and the README table. */
 export function report (name: string, o: Outcome): string {
   return `${name}: admitted per user ${Math.min(...o.admittedPerUser)}-${Math.max(...o.admittedPerUser)} of ${o.limit} (max ${o.maxRatio.toFixed(2)}x), ` +
-    `${o.fiveHundreds} 5xx of ${o.requests}` + (o.recoveryMs !== null ? `, breakers closed ${o.recoveryMs} ms after Redis was reachable` : '')
+    `${o.fiveHundreds} 5xx of ${o.requests}` +
+    (o.recoveryMs !== null ? `, breakers closed ${o.recoveryMs} ms after Redis was reachable (opened again ${o.reopenedAfter} times later)` : '')
 }
