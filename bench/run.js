@@ -20,7 +20,7 @@ import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 import { performance } from 'node:perf_hooks'
 import { request } from 'undici'
-import { answers200, freePort, killAllSync, sleep, startProcess, stopAll } from './lib/processes.js'
+import { answers200, freePort, killAllSync, sleep, startProcess, stopAll, stopProcess } from './lib/processes.js'
 import { treeCpuMicros, treePeakRssKb, CLOCK_TICKS } from './lib/proc-stats.js'
 import { startRedis, commandCalls, callsBetween, commandsUsedByScripts } from './lib/redis-server.js'
 import { nginxVersion, startNginx } from './lib/nginx.js'
@@ -332,7 +332,18 @@ async function measureFlood (c, p, durationS) {
   const rejected = a.statusCodes['429'] ?? 0
   const admitted = g.requests - g.non2xx + (a.requests - a.non2xx)
   const rejectionCpu = rejected > 0 ? (flood.cpuMicros - admitted * alone.cpuPerReq) / rejected : NaN
-  const rejectionRedisCalls = rejected > 0 ? (flood.redisCalls - admitted * alone.redisCallsPerReq) / rejected : NaN
+  const decisions = flood.gateway?.decisions ?? {}
+  const rejectedDecisions = Object.entries(decisions).filter(([k]) => k.endsWith(':rejected')).reduce((sum, [, n]) => sum + n, 0)
+  // the local level and the deny cache count as level "local": refused without a Redis call
+  const rejectedWithoutRedis = rejectedDecisions > 0 ? (decisions['local:rejected'] ?? 0) / rejectedDecisions : NaN
+  await sleep(settings.pauseMs)
+  // Saturation (issue 13 item 5): the abusive client alone at full rate, not paced; nearly every
+  // request is refused, so CPU per request is the cost of a rejection. The same load against a
+  // bare node:http server answering the same 429 gives Node's floor in the same round.
+  const saturationLoad = { url, connections: settings.connections, durationS, requests: abusive }
+  const saturated = await measured(p, () => runLoad(saturationLoad))
+  await sleep(settings.pauseMs)
+  const floor = await measureRejectionFloor(saturationLoad, durationS)
   const { load: _load, ...rest } = flood
   return {
     ...rest,
@@ -363,8 +374,34 @@ async function measureFlood (c, p, durationS) {
       abusiveP50Ms: a.p50Ms,
       abusiveP99Ms: a.p99Ms,
       rejectionCpuPerReq: rejectionCpu,
-      rejectionRedisCallsPerReq: rejectionRedisCalls
+      rejectedWithoutRedisShare: rejectedWithoutRedis,
+      saturationRps: saturated.load.rps,
+      saturationRejectedShare: (saturated.load.statusCodes['429'] ?? 0) / (saturated.load.requests || 1),
+      saturationCpuPerReq: saturated.cpuPerReq,
+      saturationRedisCallsPerReq: saturated.redisCallsPerReq,
+      floorRps: floor.load.rps,
+      floorCpuPerReq: floor.cpuPerReq,
+      saturationToFloor: saturated.cpuPerReq / floor.cpuPerReq
     }
+  }
+}
+
+/**
+ * Node's floor for a rejection: bench/floor-429.js (node:http answering the gateway's 429, nothing
+ * else) under `load` pointed at it, CPU per request of its process.
+ * @param {{ url: string, connections: number, durationS: number, requests: ReturnType<typeof clientRequests> }} load
+ * @param {number} durationS
+ */
+async function measureRejectionFloor (load, durationS) {
+  const port = await freePort()
+  const child = await startProcess('floor-429', process.execPath, [join(BENCH, 'floor-429.js'), String(port)], {
+    ready: () => answers200(`http://127.0.0.1:${port}/ready`)
+  })
+  try {
+    return await measured({ pid: child.pid, upstreamPid: child.pid, redisPid: null, redis: null, adminUrl: null },
+      () => runLoad({ ...load, url: `http://127.0.0.1:${port}`, durationS }))
+  } finally {
+    await stopProcess(child)
   }
 }
 
@@ -493,7 +530,7 @@ async function main () {
   for (const c of contenders) if (!wanted(c)) c.skipped = 'not selected (--only)'
 
   // A budget for the whole run, so that nothing can keep the machine busy indefinitely.
-  const perRound = contenders.filter((c) => !c.skipped).length + 1 // the flood is two loads
+  const perRound = contenders.filter((c) => !c.skipped).length + 3 // the flood is four loads
   const budgetS = 2 * (perRound * (settings.warmupS + settings.rounds * settings.durationS + 3 * (settings.rounds + 1))) + 120
   const budget = setTimeout(() => {
     console.error(`bench: over its ${budgetS} s budget, stopping`)

@@ -66,7 +66,12 @@ export function printReport (report) {
       ['', 'abusive p50 / p99 ms', `${fmt(f('abusiveP50Ms')?.median)} / ${fmt(f('abusiveP99Ms')?.median)}`],
       ['', 'CPU µs per rejected request', fmtSpread(f('rejectionCpuPerReq'))],
       ['', 'CPU µs per admitted request', fmtSpread(f('goodAloneCpuPerReq'))],
-      ['', 'Redis calls per rejected request', fmtSpread(f('rejectionRedisCallsPerReq'))]
+      ['', 'rejections decided without Redis (local level, deny cache)', fmtSpread(f('rejectedWithoutRedisShare'))],
+      ['', 'saturation, abusive alone unpaced: req/s, share refused', `${fmtSpread(f('saturationRps'))}, ${fmtSpread(f('saturationRejectedShare'))}`],
+      ['', 'saturation: CPU µs per request (nearly all refused)', fmtSpread(f('saturationCpuPerReq'))],
+      ['', 'saturation: Redis calls per request', fmtSpread(f('saturationRedisCallsPerReq'))],
+      ['', 'Node floor: node:http answering the same 429, CPU µs per request', fmtSpread(f('floorCpuPerReq'))],
+      ['', 'saturation / Node floor', fmtSpread(f('saturationToFloor'))]
     ]))
   }
 
