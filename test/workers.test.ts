@@ -4,7 +4,10 @@ import t from 'tap'
 import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { writeFileSync } from 'node:fs'
-import { spawnGateway } from './helpers/gateway.js'
+import { spawnSync } from 'node:child_process'
+import { join } from 'node:path'
+import { childEnv, spawnGateway } from './helpers/gateway.js'
+import { tempDir } from './helpers/teardown.js'
 import { startRedis } from './helpers/redis.js'
 import { eventually } from './helpers/ratelimit.js'
 
@@ -85,4 +88,27 @@ routes:
   t.equal(await gw.exited, 0)
   const stopped = gw.logs.filter(l => l.msg === 'gateway stopped').length
   t.equal(stopped, 2, 'both live workers drained and stopped')
+})
+
+t.test('workers > 1 without Redis: plans are refused like limits (each worker would grant the whole plan)', async t => {
+  const dir = tempDir(t, 'gw-workers-plans')
+  const file = join(dir, 'gateway.yaml')
+  const yaml = (redis: string): string => `workers: 2
+${redis}identity: { header: x-user-id }
+defaultPlan: free
+plans:
+  free:
+    limits:
+      quota: { limit: 1000, period: day }
+upstreams: { b: { targets: [http://127.0.0.1:1] } }
+routes:
+  - { name: api, pathPrefix: /, upstream: b }
+`
+  writeFileSync(file, yaml(''))
+  const refused = spawnSync(process.execPath, ['bin/gateway', 'validate', '-c', file], { encoding: 'utf8', env: childEnv() })
+  t.equal(refused.status, 1)
+  t.match(refused.stderr, /gateway\.yaml:1:10 workers: workers > 1 needs "redis:" for the shared limits/)
+  writeFileSync(file, yaml('redis: { url: redis://127.0.0.1:6379 }\n'))
+  const accepted = spawnSync(process.execPath, ['bin/gateway', 'validate', '-c', file], { encoding: 'utf8', env: childEnv() })
+  t.equal(accepted.status, 0, accepted.stderr)
 })

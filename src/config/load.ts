@@ -324,7 +324,8 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
   if (config.redis?.leaseTtl !== undefined && parseDuration(config.redis.leaseTtl) < 1000) {
     out.push([['redis', 'leaseTtl'], 'leaseTtl must be at least 1s (leases are renewed every third of it)'])
   }
-  const sharedLimits = config.limits !== undefined || config.concurrency !== undefined || config.routes.some(r => r.limits !== undefined || r.concurrency !== undefined)
+  // plans carry user limits and quotas of their own: without Redis each worker would grant the whole plan
+  const sharedLimits = config.limits !== undefined || config.plans !== undefined || config.concurrency !== undefined || config.routes.some(r => r.limits !== undefined || r.concurrency !== undefined)
   if (resolved.workers > 1 && config.redis === undefined && sharedLimits) {
     out.push([['workers'], 'workers > 1 needs "redis:" for the shared limits: without it each worker would enforce every limit on its own (N times the budget)'])
   }
