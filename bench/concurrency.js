@@ -51,9 +51,9 @@ if (!existsSync(join(DIST, 'limit/limiter.js'))) {
 }
 /** @param {string} f */
 const load = (f) => import(pathToFileURL(join(DIST, f)).href)
-const [{ Limiter }, { DenyCache }, { createMemoryStore, createInProcessLevel }, { createRedisStore }, { RedisGuard }, { LeaseKeeper }, { compileRouteLimitPlan }, { NOOP_TELEMETRY }] = await Promise.all([
+const [{ Limiter }, { DenyCache }, { createMemoryStore, createInProcessLevel }, { createRedisStore }, { RedisGuard }, { LeaseKeeper }, { routeLimitPlan }, { parseConfigText }, { NOOP_TELEMETRY }] = await Promise.all([
   'limit/limiter.js', 'limit/local-level.js', 'limit/memory-store.js', 'limit/redis-store.js', 'limit/redis-guard.js',
-  'limit/concurrency.js', 'limit/plan.js', 'telemetry.js'
+  'limit/concurrency.js', 'runtime.js', 'config/load.js', 'telemetry.js'
 ].map(load))
 
 /**
@@ -62,14 +62,16 @@ const [{ Limiter }, { DenyCache }, { createMemoryStore, createInProcessLevel }, 
  * @param {boolean} redis
  */
 function plan (withConcurrency, redis) {
-  const route = { name: 'bench', pathPrefix: '/', upstream: 'u', ...(withConcurrency ? { concurrency: { user: 1_000_000 } } : {}) }
-  const config = {
-    ...(redis ? { redis: { url: 'redis://unused', leaseTtl: '10s' } } : {}),
-    limits: { user: { algorithm: 'gcra', limit: 1_000_000, window: '1s', burst: 1_000_000 } },
-    upstreams: { u: { targets: ['http://127.0.0.1:1'] } },
-    routes: [route]
-  }
-  return compileRouteLimitPlan(config, route)
+  // through the config loader and the runtime's own plan compiler, so every default applies
+  const yaml = `${redis ? 'redis: { url: "redis://127.0.0.1:1", leaseTtl: 10s }\n' : ''}identity: { header: x-user-id }
+limits:
+  user: { algorithm: gcra, limit: 1000000, window: 1s, burst: 1000000 }
+upstreams: { u: { targets: ["http://127.0.0.1:1"] } }
+routes:
+  - { name: bench, pathPrefix: /, upstream: u${withConcurrency ? ', concurrency: { user: 1000000 }' : ''} }
+`
+  const { config } = parseConfigText(yaml, 'bench/concurrency.js')
+  return routeLimitPlan(config, config.routes[0])
 }
 
 /**
