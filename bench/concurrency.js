@@ -214,7 +214,7 @@ for (const kind of /** @type {const} */ (['redis', 'memory'])) {
   console.log(`  A one rate limit           client CPU µs/req ${fmtSpread(spread(r.A.client))}  req/s ${fmtSpread(spread(r.A.perSecond))}${kind === 'redis' ? `  redis CPU µs/req ${fmtSpread(spread(r.A.redis))}  Redis calls/req ${fmtSpread(spread(r.A.calls))}` : ''}`)
   console.log(`  B + concurrency: { user }   client CPU µs/req ${fmtSpread(spread(r.B.client))}  req/s ${fmtSpread(spread(r.B.perSecond))}${kind === 'redis' ? `  redis CPU µs/req ${fmtSpread(spread(r.B.redis))}  Redis calls/req ${fmtSpread(spread(r.B.calls))}` : ''}`)
   console.log(`  B - A (same round)          client CPU µs/req ${fmtSpread(spread(extra))}${kind === 'redis' ? `  redis CPU µs/req ${fmtSpread(spread(r.B.redis.map((b, i) => b - /** @type {number} */ (r.A.redis[i]))))}` : ''}`)
-  if (kind === 'redis') console.log(`  (releases batched: ${fmt((spread(r.B.calls)?.median ?? 0) - 1)} extra Redis calls per request)`)
+  if (kind === 'redis') console.log(`  (releases batched: ${fmt((spread(r.B.calls)?.median ?? 0) - (spread(r.A.calls)?.median ?? 0))} extra Redis calls per request)`)
   figures[kind] = {
     A: { clientCpuUs: spread(r.A.client), reqPerSecond: spread(r.A.perSecond), ...(kind === 'redis' ? { redisCpuUs: spread(r.A.redis), redisCalls: spread(r.A.calls) } : {}) },
     B: { clientCpuUs: spread(r.B.client), reqPerSecond: spread(r.B.perSecond), ...(kind === 'redis' ? { redisCpuUs: spread(r.B.redis), redisCalls: spread(r.B.calls) } : {}) },

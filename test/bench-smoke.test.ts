@@ -1,0 +1,27 @@
+// The benchmarks are code too: bench/concurrency.js drives the gateway's own limiter through
+// dist/, and once crashed for weeks after the runtime assembler changed the plan compiler's
+// options (it built plans from a raw config). A short run in the suite keeps it working; the
+// figures themselves come from `npm run bench` on a quiet machine, never from a test.
+import t from 'tap'
+import { execFile } from 'node:child_process'
+import { readFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { promisify } from 'node:util'
+import { tempDir } from './helpers/teardown.js'
+
+const run = promisify(execFile)
+
+t.test('bench/concurrency.js runs and writes every figure npm run bench reads', async t => {
+  const out = join(tempDir(t, 'bench-smoke'), 'concurrency.json')
+  await run(process.execPath, ['bench/concurrency.js', '--rounds', '1', '--seconds', '0.4', '--rate', '500', '--json', out], { timeout: 120_000 })
+  const figures = JSON.parse(readFileSync(out, 'utf8')) as Record<string, Record<string, Record<string, { median: number }>>>
+  for (const kind of ['redis', 'memory']) {
+    for (const plan of ['A', 'B']) {
+      const served = figures[kind]?.[plan]?.reqPerSecond?.median ?? 0
+      t.ok(served > 100, `${kind} ${plan}: requests were served (${served}/s)`)
+    }
+    t.ok(Number.isFinite(figures[kind]?.extraClientCpuUs?.median), `${kind}: the extra CPU of a concurrency limit is a number`)
+  }
+  // B takes a lease per request and gives it back: its Redis calls are counted
+  t.ok((figures.redis?.B?.redisCalls?.median ?? 0) > 0, 'B made Redis calls')
+})
