@@ -61,20 +61,25 @@ const wanted = (section) => settings.only.length === 0 || settings.only.includes
  */
 
 async function loadStores () {
-  const files = ['limit/memory-store.js', 'limit/redis-store.js', 'limit/plan.js']
+  const files = ['limit/memory-store.js', 'limit/redis-store.js', 'limit/plan.js', 'config/units.js']
   const missing = files.filter((f) => !existsSync(join(DIST, f)))
   if (missing.length) return { missing }
   /** @param {string} f */
   const load = (f) => import(pathToFileURL(join(DIST, f)).href)
-  const [memory, redis, plan] = await Promise.all(files.map(load))
+  const [memory, redis, plan, units] = await Promise.all(files.map(load))
   return {
     missing,
     /** @type {(opts: { maxKeys: number }) => LimitStore} */
     createMemoryStore: memory.createMemoryStore,
     /** @type {(opts: { client: Redis }) => LimitStore} */
     createRedisStore: redis.createRedisStore,
-    /** @type {(scope: string, dimension: string, limit: Record<string, unknown>) => LimitSpec} */
-    compileLimitSpec: plan.compileLimitSpec
+    /**
+     * A limit as gateway.yaml writes it, with the defaults src/config/defaults.ts applies
+     * (burst = limit, no delay), compiled by the gateway's own plan compiler.
+     * @type {(scope: string, dimension: string, limit: { algorithm: string, limit: number, window: string, burst?: number }) => LimitSpec}
+     */
+    compileLimitSpec: (scope, dimension, l) => plan.compileLimitSpec(scope, dimension,
+      { algorithm: l.algorithm, limit: l.limit, windowMs: units.parseDuration(l.window), burst: l.burst ?? l.limit, maxDelayMs: 0 })
   }
 }
 

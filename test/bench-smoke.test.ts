@@ -4,7 +4,7 @@
 // figures themselves come from `npm run bench` on a quiet machine, never from a test.
 import t from 'tap'
 import { execFile } from 'node:child_process'
-import { readFileSync } from 'node:fs'
+import { readdirSync, readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { promisify } from 'node:util'
 import { tempDir } from './helpers/teardown.js'
@@ -24,4 +24,14 @@ t.test('bench/concurrency.js runs and writes every figure npm run bench reads', 
   }
   // B takes a lease per request and gives it back: its Redis calls are counted
   t.ok((figures.redis?.B?.redisCalls?.median ?? 0) > 0, 'B made Redis calls')
+})
+
+t.test('bench/limit.js runs every store scenario and writes its results file', async t => {
+  const dir = tempDir(t, 'bench-smoke-limit')
+  const { stdout } = await run(process.execPath, ['bench/limit.js', '--seconds', '0.2', '--only', 'redis,memory', '--out-dir', dir], { timeout: 120_000 })
+  t.match(stdout, /Redis store, 200 decisions in flight/)
+  const file = readdirSync(dir).find((f) => f.endsWith('-limit.json'))
+  t.ok(file !== undefined, 'a results file was written')
+  const results = JSON.parse(readFileSync(join(dir, file as string), 'utf8')) as Record<string, unknown>
+  t.ok(Object.keys(results).length > 0, 'with figures in it')
 })
