@@ -4,6 +4,7 @@
 // the event loop was stalled counts as an answer, not as a timeout (issue 8: a GC pause must not
 // send traffic to the fallback). Real redis-server, the gateway's own client and store.
 import t, { type Test } from 'tap'
+import { execFileSync } from 'node:child_process'
 import { startRedis } from './helpers/redis.js'
 import { createRedisStore } from '../src/limit/redis-store.js'
 import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
@@ -84,9 +85,12 @@ t.test('an answer that arrived while the event loop was stalled is an answer, no
     const decision = guard.decide([check(`stall-${i}`)], LOCAL, `s${i}`)
     // the store sends the turn's calls once the turn's I/O is done: let it send this one
     await new Promise((resolve) => setImmediate(resolve))
-    // Redis answers within a millisecond; this process does not read it for 150 ms, three times
-    // the timeout (a GC pause, a burst of synchronous work)
+    // This process does not read its sockets for at least 150 ms, three times the timeout (a GC
+    // pause, a burst of synchronous work). Meanwhile Redis answers: a PING on a connection of its
+    // own, answered during the stall, comes after the call it already holds, so the call's answer
+    // is waiting in this process's socket by the end of the stall, however loaded the machine.
     const until = performance.now() + 150
+    execFileSync('redis-cli', ['-p', String(redis.port), 'PING'])
     while (performance.now() < until) { /* stalled */ }
     const g = await decision
     t.equal(g.level, 'redis', `call ${i} decided by Redis`)
