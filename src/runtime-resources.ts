@@ -211,8 +211,19 @@ export class ResourceCache {
         guard.probeNow()
         void heartbeat.beat()
       })
-      // Cluster: a new slot map may name a promoted replica for a dead master's slots
-      if (client instanceof Cluster) client.on('refresh', () => guard.probeNow())
+      // Cluster: a new slot map may name a promoted replica for a dead master's slots. ioredis
+      // emits 'refresh' after every refresh, changed or not (every 200 ms while a breaker is open,
+      // refreshSlotsWhileOpen): probing on each would undo the breaker's back-off and cost a
+      // request the timeout five times a second, so only a changed set of masters probes.
+      if (client instanceof Cluster) {
+        let masters = slotMasters(client)
+        client.on('refresh', () => {
+          const now = slotMasters(client)
+          if (now === masters) return
+          masters = now
+          guard.probeNow()
+        })
+      }
       const bus = new ResetBus(client, `${keyPrefix}:admin:reset`, (m) => this.applyReset(m), (err) => { this.logger.debug({ err: err.message }, 'redis reset subscriber error') })
       bus.start()
       const leases = new LeaseKeeper({
@@ -351,6 +362,11 @@ export class ResourceCache {
  */
 function redisConnectionKey (r: ResolvedRedis): string {
   return JSON.stringify([r.url, r.cluster, r.sentinels, r.name, r.password, r.tls, r.keyPrefix, r.autoPipelining])
+}
+
+/** The masters serving slots in ioredis's slot map, as one comparable string. */
+function slotMasters (cluster: Cluster): string {
+  return [...clusterNodes(cluster).liveNodes()].sort().join(',')
 }
 
 const SLOT_REFRESH_MS = 200
