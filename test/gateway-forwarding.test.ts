@@ -229,6 +229,17 @@ routes:
   t.equal(streamed.status, 502, 'a streamed POST is not retried')
   t.equal(json(streamed).error, 'GW_ERR_UPSTREAM_UNAVAILABLE')
   t.same(good.log, ['/get/1', '/post/1'], 'the streamed POST never reached the other target')
+  // a POST without a body has nothing to replay: it is retried even when bodies are streamed (a
+  // gateway of its own: the first one has ejected the refusing target)
+  const fresh = await startGateway(t, `${HEAD}server: { bufferBodies: 0 }
+upstreams:
+  for-post: { targets: [${refusing}, ${good.url}], ejectFor: 1m, maxConnections: 8 }
+routes:
+  - { name: post, pathPrefix: /post, upstream: for-post }
+`)
+  const bodiless = await send(fresh.url, '/post/3', { method: 'POST' })
+  t.equal(bodiless.status, 200, 'a POST without a body refused by one target is retried on the other')
+  t.same(good.log, ['/get/1', '/post/1', '/post/3'])
 
   const again = await send(streaming.url, '/post/3', { method: 'POST', body: 'twice' })
   t.equal(again.status, 200, 'the refusing target is ejected, the next POST goes to the healthy one')
