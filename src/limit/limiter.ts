@@ -193,7 +193,8 @@ export class Limiter {
 
 const ALLOW_NO_HEADERS: LimitVerdict = Object.freeze({ kind: 'allow', headers: null, delayMs: 0, lease: null })
 
-const CONCURRENCY_HEADERS: HeaderList = [['retry-after', '1']]
+// shared by every concurrency refusal: frozen, so that no caller can edit it in place
+const CONCURRENCY_HEADERS: HeaderList = Object.freeze([Object.freeze(['retry-after', '1'] as const)]) as unknown as HeaderList
 
 /** 429 with Retry-After: 1 and GW_ERR_CONCURRENCY_LIMITED, naming the limit that was full. */
 function concurrencyReject (l: PlannedLimit): LimitVerdict {
@@ -224,8 +225,10 @@ function appendQuota (headers: HeaderList, limits: readonly PlannedLimit[], rema
     if (l.dimension !== 'quota') continue
     const remaining = remainings[i]
     if (remaining === undefined || remaining < 0) return
-    const { end } = calendarPeriod(l.spec.windowMs, Date.now() * 1000, quotaOffsetSeconds(l.spec.maxDelayMs))
-    const t = Math.max(0, end - Math.floor(Date.now() / 1000))
+    // one clock reading for the period and the wait: two could fall on both sides of its start
+    const nowMs = Date.now()
+    const { end } = calendarPeriod(l.spec.windowMs, nowMs * 1000, quotaOffsetSeconds(l.spec.maxDelayMs))
+    const t = Math.max(0, end - Math.floor(nowMs / 1000))
     ;(headers[0] as [string, string])[1] += `, ${l.policy}`
     ;(headers[1] as [string, string])[1] += `, "${l.name}";r=${remaining};t=${t}`
     return
