@@ -137,6 +137,13 @@ t.test('a batch is bounded: more requests in one turn than maxBatch take more ca
   t.equal(await scriptCalls(reader) - before, 3, '20 requests, at most 8 per call: 3 calls')
   t.same(results.map((d) => d.allowed), [...Array(10).fill(true), ...Array(10).fill(false)], 'the first 10 in arrival order are admitted, exactly')
   t.same(results.slice(0, 10).map((d) => d.remaining), [9, 8, 7, 6, 5, 4, 3, 2, 1, 0], 'each sees the ones before it')
+
+  // the gateway's own bound (README: at most 64 requests per call)
+  const gatewayStore = createRedisStore({ client })
+  const before64 = await scriptCalls(reader)
+  const many = await Promise.all(Array.from({ length: 129 }, (_, i) => gatewayStore.decide([{ key: `k64-${i}`, spec: s, cost: 1 }], `m${i}`)))
+  t.equal(await scriptCalls(reader) - before64, 3, '129 requests in one turn: 64 + 64 + 1, three calls')
+  t.ok(many.every((d) => d.allowed))
 })
 
 t.test('a failed batch fails each of its requests (their own onError path), and the next turn works again', async (t) => {
