@@ -52,6 +52,9 @@ interface LeaseCommands {
 /** Most leases per release or renewal call: a large fleet of held leases goes in bounded pieces. */
 const BATCH = 512
 
+/** Most release and renewal calls waiting for Redis at once (see send). */
+export const MAX_WAITING_CALLS = 64
+
 /**
  * Longest a release waits for a limit call to ride with. Riding with it, the release is written
  * with that call and its reply read with that call's, rather than costing the process a wake-up of
@@ -73,6 +76,10 @@ export class LeaseKeeper {
   ttlMs: number
   /** Calls to Redis this keeper made (releases and renewals), for tests and the benchmark. */
   calls = 0
+  /** Calls sent and not yet answered. */
+  waiting = 0
+  /** Calls not sent because MAX_WAITING_CALLS were waiting. */
+  dropped = 0
 
   constructor (private readonly options: LeaseKeeperOptions) {
     this.ttlMs = options.ttlMs
@@ -188,9 +195,18 @@ export class LeaseKeeper {
         for (const [key] of part) args.push(prefix + key)
         args.push(...head)
         for (const [, member] of part) args.push(member)
+        // A Redis that is stalled but still connected (paused, SIGSTOPped) answers nothing and
+        // fails nothing: these calls would wait in the client without end. Beyond a bound they
+        // are dropped, as a failed call is: the leases expire within leaseTtl.
+        if (this.waiting >= MAX_WAITING_CALLS) {
+          this.dropped++
+          this.options.onError?.(new Error(`${MAX_WAITING_CALLS} lease calls already wait for Redis: ${what} dropped, the leases expire within leaseTtl`), what)
+          continue
+        }
         this.calls++
+        this.waiting++
         const call = what === 'release' ? commands.gatewayLeaseRelease(part.length, ...args) : commands.gatewayLeaseRenew(part.length, ...args)
-        sent.push(call.catch((err: unknown) => this.options.onError?.(err, what)))
+        sent.push(call.catch((err: unknown) => this.options.onError?.(err, what)).finally(() => { this.waiting-- }))
       }
     }
     return sent
