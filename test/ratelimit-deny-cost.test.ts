@@ -6,6 +6,7 @@ import { writeFileSync } from 'node:fs'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { send } from './helpers/ratelimit.js'
+import { startRedis } from './helpers/redis.js'
 
 const config = (upstream: string, cost: number): string => `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
@@ -36,4 +37,21 @@ t.test('lowering a limit\'s cost by reload drops the lockout the old cost earned
   t.equal(after.status, 429, 'the bucket is still empty')
   const waitAfter = Number(after.headers['retry-after'])
   t.ok(waitAfter > 0 && waitAfter <= 360, `cost 1 at 10/h: retry after ${waitAfter} s (~6 min), not the old ${waitBefore} s`)
+})
+
+t.test('a reload to another Redis drops the lockouts the old one earned', async t => {
+  // README: the deny cache "... or a new Redis endpoint, starts without the old lockouts"
+  const [first, second] = [await startRedis(t), await startRedis(t)]
+  const up = await startUpstream(t)
+  const withRedis = (url: string): string => `redis: { url: ${url} }\n${config(up.url, 5)}`
+  const gw = await startGateway(t, withRedis(first.url))
+  const url = `${gw.url}/x`
+  t.same([(await send(url)).status, (await send(url)).status, (await send(url)).status], [200, 200, 429], 'the budget of the first Redis is spent')
+  // script calls, EVALSHA or EVAL (a fresh Redis gets the script once by EVAL)
+  const calls = async (): Promise<number> => [...(await second.client().info('commandstats')).matchAll(/cmdstat_eval(?:sha)?:calls=(\d+)/g)].reduce((n, m) => n + Number(m[1]), 0)
+  writeFileSync(gw.runtime?.file as string, withRedis(second.url))
+  t.ok((await gw.reload()).ok, 'reloaded onto the second Redis')
+  const before = await calls()
+  t.equal((await send(url)).status, 200, 'the second Redis has its own, full budget: no lockout carried over')
+  t.ok(await calls() > before, 'the request was decided by the second Redis, not by a cached denial')
 })
