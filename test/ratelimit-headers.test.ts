@@ -163,3 +163,18 @@ t.test('leaky-bucket onLimit: delay holds requests until their slot; beyond maxD
   // upper bound: the last slot is 1 s away; 2 s more of slack for a loaded machine
   t.ok((heldMs[heldMs.length - 1] as number) < 3000, 'no admitted request held far beyond maxDelay')
 })
+
+t.test('the gateway\'s RateLimit headers replace an upstream\'s of the same name, whatever its case', async t => {
+  const up = await startHttpServer(t, (_req, res) => {
+    res.setHeader('RateLimit-Policy', '"upstream";q=1;w=1')
+    res.setHeader('ratelimit', '"upstream";r=0;t=1')
+    res.setHeader('x-upstream', 'kept')
+    res.end('ok')
+  })
+  const gw = await startGateway(t, config(up.url, '      api: { algorithm: fixed-window, limit: 5, window: 1h }'))
+  const res = await send(`${gw.url}/x`)
+  t.equal(res.status, 200)
+  t.equal(res.headers['x-upstream'], 'kept', 'the upstream\'s other headers pass')
+  t.match(res.headers['ratelimit-policy'], /^"r\.api";q=5;w=3600$/, 'one RateLimit-Policy, the gateway\'s')
+  t.match(res.headers.ratelimit, /^"r\.api";r=4;t=\d+$/, 'one RateLimit, the gateway\'s')
+})

@@ -33,9 +33,11 @@ export interface LiveFrame {
   rejected: Array<[string, number]>
 }
 
+const LOG_LATENCY_FACTOR = Math.log(LATENCY_FACTOR)
+
 export function latencyBucket (ms: number): number {
   if (!(ms > LATENCY_BASE_MS)) return 0
-  const i = Math.ceil(Math.log(ms / LATENCY_BASE_MS) / Math.log(LATENCY_FACTOR))
+  const i = Math.ceil(Math.log(ms / LATENCY_BASE_MS) / LOG_LATENCY_FACTOR)
   return i >= LATENCY_BUCKETS ? LATENCY_BUCKETS - 1 : i
 }
 

@@ -148,8 +148,9 @@ function withoutNamed (headers: string[], named: readonly string[]): string[] {
 }
 
 // The gateway's own headers (e.g. RateLimit-*) replace an upstream's header of the same name.
+// Their names are written in lower case where they are made (src/limit/limiter.ts).
 function isExtra (extra: readonly (readonly [string, string])[], lower: string): boolean {
-  for (let i = 0; i < extra.length; i++) if ((extra[i] as readonly [string, string])[0].toLowerCase() === lower) return true
+  for (let i = 0; i < extra.length; i++) if ((extra[i] as readonly [string, string])[0] === lower) return true
   return false
 }
 
