@@ -39,6 +39,9 @@ export class GatewayMetrics implements Telemetry {
   private readonly decisionChildren = new Map<string, Map<string, Map<string, Map<string, Map<string, CounterChild>>>>>()
   private readonly upstreamDuration: Histogram
   private readonly upstreamDurationChildren = new Map<string, HistogramChild>()
+  private readonly concurrencyChildren = new Map<string, Map<string, Map<string, CounterChild>>>()
+  private readonly websocketChildren = new Map<string, ReturnType<Gauge['labels']>>()
+  private readonly upstreamErrorChildren = new Map<string, Map<string, CounterChild>>()
 
   constructor (sources: MetricsSources) {
     const registers = [this.registry]
@@ -112,7 +115,14 @@ export class GatewayMetrics implements Telemetry {
   }
 
   concurrencyRejected (route: string, dimension: string, level: LimitLevel): void {
-    this.concurrencyRejections.labels(route, dimension, level).inc()
+    // every refusal of a concurrency flood passes here: children cached like the decisions'
+    let byDimension = this.concurrencyChildren.get(route)
+    if (byDimension === undefined) this.concurrencyChildren.set(route, byDimension = new Map())
+    let byLevel = byDimension.get(dimension)
+    if (byLevel === undefined) byDimension.set(dimension, byLevel = new Map())
+    let c = byLevel.get(level)
+    if (c === undefined) byLevel.set(level, c = this.concurrencyRejections.labels(route, dimension, level))
+    c.inc()
   }
 
   inflight (route: string, delta: 1 | -1): void {
@@ -122,7 +132,9 @@ export class GatewayMetrics implements Telemetry {
   }
 
   websocketsOpen (route: string, delta: 1 | -1): void {
-    this.websocketsGauge.labels(route).inc(delta)
+    let g = this.websocketChildren.get(route)
+    if (g === undefined) this.websocketChildren.set(route, g = this.websocketsGauge.labels(route))
+    g.inc(delta)
   }
 
   request (route: string, method: string, status: number, seconds: number): void {
@@ -141,7 +153,11 @@ export class GatewayMetrics implements Telemetry {
   }
 
   upstreamError (upstream: string, kind: string): void {
-    this.upstreamErrors.labels(upstream, kind).inc()
+    let byKind = this.upstreamErrorChildren.get(upstream)
+    if (byKind === undefined) this.upstreamErrorChildren.set(upstream, byKind = new Map())
+    let c = byKind.get(kind)
+    if (c === undefined) byKind.set(kind, c = this.upstreamErrors.labels(upstream, kind))
+    c.inc()
   }
 
   upstreamResponse (upstream: string, seconds: number): void {
