@@ -163,7 +163,19 @@ routes:
   // 3 s of response, three lease TTLs
   const long = send(`${gw.url}/drip?chunks=30&intervalMs=100`, ALICE)
   await eventually('lease taken', async () => await liveLeases('renew:lease:renew.user:alice') === 1, 3000)
-  await sleep(2200)
+  // README: renewed every third of leaseTtl (333 ms here): watch the lease's expiry move
+  const moves: number[] = []
+  let last: string | null = null
+  const watchUntil = Date.now() + 2200
+  while (Date.now() < watchUntil) {
+    const score = (await reader.zrange('renew:lease:renew.user:alice', '0', '0', 'WITHSCORES'))[1] ?? null
+    if (last !== null && score !== last) moves.push(Date.now())
+    last = score
+    await sleep(20)
+  }
+  const gaps = moves.slice(1).map((m, i) => m - (moves[i] as number)).sort((a, b) => a - b)
+  const median = gaps[Math.floor(gaps.length / 2)] ?? NaN
+  t.ok(gaps.length >= 3 && median >= 250 && median <= 450, `renewed every ${median} ms (median of ${gaps.length} gaps; a third of 1 s is 333)`)
   t.equal(await liveLeases('renew:lease:renew.user:alice'), 1, 'still held after two TTLs')
   const second = await send(`${gw.url}/x`, ALICE)
   t.equal(second.json?.error, 'GW_ERR_CONCURRENCY_LIMITED', 'a second request is still refused')
