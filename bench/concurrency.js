@@ -127,7 +127,7 @@ async function run (storeKind, redis) {
     client = new Redis({ host: '127.0.0.1', port: redis.port, maxRetriesPerRequest: 1 })
     const store = createRedisStore({ client })
     const guard = new RedisGuard({ store, fallbackMaxKeys: 100_000, timeoutMs: 2000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
-    leases = new LeaseKeeper({ redis: { client, guard }, ttlMs: 10_000 })
+    leases = new LeaseKeeper({ redis: { client, guard, store }, ttlMs: 10_000 })
     limiter = new Limiter({ local: null, deny: new DenyCache(100_000), shared: guard, legacyHeaders: false, telemetry: NOOP_TELEMETRY, leases })
   } else {
     const memory = createMemoryStore({ maxKeys: 100_000 })

@@ -3,9 +3,13 @@
 -- that order would decide it (decide_request in decide.lua; the parity test compares both).
 -- Standalone Redis and Sentinel only: the keys of a batch span hash slots.
 --
--- KEYS     every request's check keys, request after request (a key may repeat).
+-- KEYS     first the lease keys of the L releases (see below), then every request's check keys,
+--          request after request (a key may repeat).
 -- ARGV[1]  now override in µs: "0" in production (Redis TIME, read once for the batch).
 -- ARGV[2]  the number of requests R.
+-- ARGV[3]  the number of lease releases L riding with this call, then their L lease ids: leases
+--          given back since the instance's last call (src/limit/concurrency.ts), removed before
+--          any request is decided, as lease-release.lua would.
 -- Then per request: its id, its number of checks n, and its n check strings (as limit.lua).
 -- Returns a flat array: per request, the length of its reply followed by limit.lua's reply.
 -- A malformed batch is refused whole (no reply); the string and hash state of its requests is
@@ -14,8 +18,13 @@
 local now = read_clock(ARGV[1])
 local count = tonumber(ARGV[2])
 if not count or count < 1 then return redis.error_reply('ERR limit-batch.lua: bad request count ' .. tostring(ARGV[2])) end
+local releases = tonumber(ARGV[3])
+if not releases or releases < 0 or releases > #KEYS or 3 + releases > #ARGV then
+  return redis.error_reply('ERR limit-batch.lua: bad release count ' .. tostring(ARGV[3]))
+end
+for i = 1, releases do redis.call('ZREM', KEYS[i], ARGV[3 + i]) end
 local out = {}
-local k, a = 0, 2
+local k, a = releases, 3 + releases
 -- string and hash keys read once and written once for the whole batch (common.lua)
 batch_keys = {}
 for _ = 1, count do

@@ -227,7 +227,7 @@ export class ResourceCache {
       const bus = new ResetBus(client, `${keyPrefix}:admin:reset`, (m) => this.applyReset(m), (err) => { this.logger.debug({ err: err.message }, 'redis reset subscriber error') })
       bus.start()
       const leases = new LeaseKeeper({
-        redis: { client, guard },
+        redis: { client, guard, store },
         ttlMs: parseDuration(r.leaseTtl),
         onError: (err, what) => { this.logger.debug({ err: (err as Error).message, what }, 'concurrency lease call failed: the lease expires within leaseTtl') }
       })

@@ -256,6 +256,49 @@ t.test('releases of one event-loop turn go to Redis in one call', async t => {
   await leases.close()
 })
 
+t.test('releases ride with the next limit call: no call of their own, removed before that call decides', async t => {
+  const { Limiter } = await import('../src/limit/limiter.js')
+  const { DenyCache } = await import('../src/limit/local-level.js')
+  const { createRedisStore } = await import('../src/limit/redis-store.js')
+  const { createRedisClient, whenReady } = await import('../src/limit/redis-client.js')
+  const { RedisGuard } = await import('../src/limit/redis-guard.js')
+  const { LeaseKeeper } = await import('../src/limit/concurrency.js')
+  const { NOOP_TELEMETRY } = await import('../src/telemetry.js')
+  const { applyDefaults } = await import('../src/config/defaults.js')
+  const { routeLimitPlan } = await import('../src/runtime.js')
+  const client = createRedisClient({ url: redis.url })
+  await whenReady(client)
+  t.teardown(() => client.disconnect())
+  const store = createRedisStore({ client })
+  const guard = new RedisGuard({ store, fallbackMaxKeys: 1000, timeoutMs: 2000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
+  // as src/runtime-resources.ts builds it: the keeper hands its releases to the store
+  const leases = new LeaseKeeper({ redis: { client, guard, store }, ttlMs: 10_000 })
+  const limiter = new Limiter({ local: null, deny: new DenyCache(1000), shared: guard, legacyHeaders: false, telemetry: NOOP_TELEMETRY, leases })
+  const route = { name: 'ride', pathPrefix: '/', upstream: 'u', concurrency: { user: 1 } }
+  const config = applyDefaults({ redis: { url: redis.url }, upstreams: { u: { targets: ['http://127.0.0.1:1'] } }, routes: [route] })
+  const plan = routeLimitPlan(config, config.routes[0] as (typeof config.routes)[0])
+  const check = async (user: string, i: number): Promise<Awaited<ReturnType<typeof limiter.check>>> => await limiter.check({ route: 'ride', plan, ipKey: '127.0.0.1', user, requestId: `q${i}` })
+  const scripts = async (): Promise<number> => [...(await reader.info('commandstats')).matchAll(/cmdstat_eval(?:sha)?:calls=(\d+)/g)].reduce((n, m) => n + Number(m[1]), 0)
+  // 20 users hold their one lease each
+  const held = await Promise.all(Array.from({ length: 20 }, async (_, i) => await check(`rider${i}`, i)))
+  t.ok(held.every((v) => v.kind === 'allow' && v.lease !== null), '20 leases taken')
+  const callsBefore = leases.calls
+  const scriptsBefore = await scripts()
+  // all 20 given back, and in the same turn rider0 asks again: at user: 1 it is admitted only if
+  // its own release reached Redis before the decision
+  for (const v of held) if (v.kind === 'allow' && v.lease !== null) limiter.release(v.lease)
+  const again = await check('rider0', 100)
+  t.equal(again.kind, 'allow', 'the release went ahead of the decision in the same call')
+  t.equal(await scripts() - scriptsBefore, 1, 'one script call carried the 20 releases and the decision')
+  t.equal(leases.calls - callsBefore, 0, 'no release call of its own')
+  t.equal(leases.carried, 20, '20 releases carried')
+  let live = 0
+  for (let i = 0; i < 20; i++) live += await reader.zcard(`gw:lease:ride.user:rider${i}`)
+  t.equal(live, 1, 'the 20 leases are gone; rider0 holds its new one')
+  if (again.kind === 'allow' && again.lease !== null) limiter.release(again.lease)
+  await leases.close()
+})
+
 t.test('a gateway that shuts down gives its leases back at once', async t => {
   const up = await startUpstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0

@@ -12,7 +12,7 @@
 //     its lease while the leases of an instance that died expire within the TTL.
 import { Cluster, type Redis } from 'ioredis'
 import { keySlot } from './keys.js'
-import { LEASE_RELEASE_SCRIPT, LEASE_RENEW_SCRIPT } from './scripts.js'
+import { LEASE_RELEASE_SCRIPT, LEASE_RENEW_SCRIPT, type LeaseReleases } from './scripts.js'
 import type { MemoryStore } from './memory-store.js'
 import type { RedisGuard } from './redis-guard.js'
 
@@ -35,6 +35,8 @@ export interface LeaseKeeperOptions {
   readonly redis?: {
     readonly client: Redis | Cluster
     readonly guard: RedisGuard
+    /** The limit store on the same client: releases ride with its calls when it batches. */
+    readonly store?: { carryReleases(take: () => LeaseReleases | null): boolean }
     /** Prepended to every key, as the Redis store does (default none). */
     readonly keyPrefix?: string
   }
@@ -76,6 +78,10 @@ export class LeaseKeeper {
   ttlMs: number
   /** Calls to Redis this keeper made (releases and renewals), for tests and the benchmark. */
   calls = 0
+  /** Releases that rode with a limit call instead (see takeReleases). */
+  carried = 0
+  /** True when the limit store carries the releases (standalone Redis, Sentinel). */
+  private readonly riding: boolean
   /** Calls sent and not yet answered. */
   waiting = 0
   /** Calls not sent because MAX_WAITING_CALLS were waiting. */
@@ -88,6 +94,7 @@ export class LeaseKeeper {
       client.defineCommand('gatewayLeaseRelease', { lua: LEASE_RELEASE_SCRIPT })
       client.defineCommand('gatewayLeaseRenew', { lua: LEASE_RENEW_SCRIPT })
     }
+    this.riding = options.redis?.store?.carryReleases(() => this.takeReleases()) ?? false
   }
 
   /** Leases held in Redis by this instance right now. */
@@ -129,9 +136,33 @@ export class LeaseKeeper {
    * same client is never refused by the lease that finished one still seemed to hold.
    */
   flushReleases (): void {
-    if (this.pending.length === 0) return
+    // riding: the store's next call takes them (takeReleases), ahead of its decisions
+    if (this.riding || this.pending.length === 0) return
     if (this.flushing !== null) clearTimeout(this.flushing)
     this.flush()
+  }
+
+  /**
+   * The releases waiting, for the limit store's call about to be sent (at most BATCH; the rest
+   * wait for the next call or the timer). A release that rides costs no call and no reply of its
+   * own: that separate release call was most of a concurrency limit's CPU (bench/README.md).
+   */
+  private takeReleases (): LeaseReleases | null {
+    if (this.pending.length === 0) return null
+    const prefix = this.options.redis?.keyPrefix ?? ''
+    const pairs: Array<readonly [string, string]> = []
+    let taken = 0
+    while (taken < this.pending.length && pairs.length < BATCH) {
+      const lease = this.pending[taken++] as HeldLease
+      for (const key of lease.keys) pairs.push([prefix + key, lease.member])
+    }
+    this.pending = taken === this.pending.length ? [] : this.pending.slice(taken)
+    if (this.pending.length === 0 && this.flushing !== null) {
+      clearTimeout(this.flushing)
+      this.flushing = null
+    }
+    this.carried += pairs.length
+    return pairs
   }
 
   private flush (): Array<Promise<unknown>> {

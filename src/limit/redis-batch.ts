@@ -4,7 +4,7 @@
 // turn share one lua/limit-batch.lua call, decided in arrival order, each all or nothing, as one
 // limit.lua call per request in that order would decide them. Standalone Redis and Sentinel
 // only: under Cluster a batch would span hash slots (src/limit/redis-store.ts groups by slot).
-import { batchKeysAndArgs, limitArgs, parseBatchReply, parseLimitReply, type BatchedRequest, type LimitReply } from './scripts.js'
+import { batchKeysAndArgs, limitArgs, parseBatchReply, parseLimitReply, type BatchedRequest, type LeaseReleases, type LimitReply } from './scripts.js'
 import type { LimitCheck } from './types.js'
 
 /** The script calls the batcher makes: limit.lua for a lone request, limit-batch.lua for more. */
@@ -23,7 +23,13 @@ interface Waiting extends BatchedRequest {
 /** Most requests in one call: bounds the script's run time (Redis runs nothing else meanwhile). */
 export const DEFAULT_MAX_BATCH = 64
 
-export function createLimitBatcher (commands: BatchCommands, maxBatch = DEFAULT_MAX_BATCH): DecideOne {
+/**
+ * `takeReleases`: the lease releases waiting to be sent (src/limit/concurrency.ts). They ride with
+ * the next call, removed by the script before it decides anything, instead of costing a call and
+ * a reply of their own; a call that fails loses them, as a failed release call would (the leases
+ * then expire within leaseTtl).
+ */
+export function createLimitBatcher (commands: BatchCommands, maxBatch = DEFAULT_MAX_BATCH, takeReleases: () => LeaseReleases | null = () => null): DecideOne {
   let queue: Waiting[] = []
   let queueNow = 0
   let scheduled = false
@@ -33,14 +39,15 @@ export function createLimitBatcher (commands: BatchCommands, maxBatch = DEFAULT_
     queue = []
     if (batch.length === 0) return
     const now = queueNow
-    if (batch.length === 1) {
+    const releases = takeReleases()
+    if (batch.length === 1 && releases === null) {
       const r = batch[0] as Waiting
       commands.gatewayLimit(r.keys.length, ...r.keys, ...limitArgs(r.checks, r.id, now)).then(
         (reply) => { settleOne(r, reply) },
         (err: unknown) => { r.reject(err) })
       return
     }
-    const { numKeys, keysAndArgs } = batchKeysAndArgs(batch, now)
+    const { numKeys, keysAndArgs } = batchKeysAndArgs(batch, now, releases ?? undefined)
     commands.gatewayLimitBatch(numKeys, ...keysAndArgs).then((reply) => {
       let replies: LimitReply[]
       try {

@@ -3,7 +3,7 @@ import { Cluster, type Redis } from 'ioredis'
 import { assertDecidable } from './algorithms/index.js'
 import { keySlot } from './keys.js'
 import { createLimitBatcher, DEFAULT_MAX_BATCH } from './redis-batch.js'
-import { CHARGE_SCRIPT, LIMIT_BATCH_SCRIPT, LIMIT_SCRIPT, REFUND_SCRIPT, chargeArgs, limitArgs, parseLimitReply, refundArgs, type LimitReply } from './scripts.js'
+import { CHARGE_SCRIPT, LIMIT_BATCH_SCRIPT, LIMIT_SCRIPT, REFUND_SCRIPT, chargeArgs, limitArgs, parseLimitReply, refundArgs, type LeaseReleases, type LimitReply } from './scripts.js'
 import { NO_CHECKS, longer, type LimitCheck, type LimitDecision, type LimitStore } from './types.js'
 
 // The shared store: every check of a request decided by one call of lua/limit.lua.
@@ -65,6 +65,12 @@ export interface RedisStore extends LimitStore {
    * the `onError: local` fallback's debt, written back once Redis answers again.
    */
   charge(checks: readonly LimitCheck[]): Promise<void>
+  /**
+   * Lets lease releases ride with the limit calls (one script call carries both): `take` is asked
+   * for the waiting releases as each call is sent. False when this store does not batch (Redis
+   * Cluster, maxBatch 1): the caller then sends its releases itself.
+   */
+  carryReleases(take: () => LeaseReleases | null): boolean
 }
 
 interface ScriptCommands {
@@ -114,7 +120,8 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
   client.defineCommand('gatewayLimitCharge', { lua: CHARGE_SCRIPT })
   const commands = client as unknown as ScriptCommands
   const isCluster = client instanceof Cluster
-  const batched = isCluster || maxBatch <= 1 ? null : createLimitBatcher(commands, maxBatch)
+  let releaseSource: (() => LeaseReleases | null) | null = null
+  const batched = isCluster || maxBatch <= 1 ? null : createLimitBatcher(commands, maxBatch, () => releaseSource?.() ?? null)
 
   // Request ids are not trusted to be unique (a client may send its own X-Request-Id, or the
   // same one twice): a per-store tag and counter make every call's log members unique, and the
@@ -229,6 +236,11 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
         commands.gatewayLimitCharge(batch.length, ...batch.map((c) => keyPrefix + c.key), ...chargeArgs(batch, callId('debt'), now))))
       const failed = settled.find((s) => s.status === 'rejected')
       if (failed !== undefined) throw failed.reason
+    },
+    carryReleases (take) {
+      if (batched === null) return false
+      releaseSource = take
+      return true
     },
     async close () {
       // Nothing of its own to release: the client belongs to the caller.

@@ -70,15 +70,23 @@ export interface BatchedRequest {
   readonly id: string
 }
 
+/** Lease releases riding with a limit call: [lease key (prefixed), lease id] pairs. */
+export type LeaseReleases = ReadonlyArray<readonly [string, string]>
+
+const NO_RELEASES: LeaseReleases = Object.freeze([])
+
 /**
- * KEYS and ARGV of LIMIT_BATCH_SCRIPT, as one array after the key count: every request's keys,
- * then now override, the request count, and per request its id, check count and checks.
+ * KEYS and ARGV of LIMIT_BATCH_SCRIPT, as one array after the key count: the releases' lease keys
+ * and every request's keys, then now override, the request count, the release count and lease
+ * ids, and per request its id, check count and checks.
  */
-export function batchKeysAndArgs (batch: readonly BatchedRequest[], nowOverrideUs = 0): { numKeys: number, keysAndArgs: Arg[] } {
+export function batchKeysAndArgs (batch: readonly BatchedRequest[], nowOverrideUs = 0, releases: LeaseReleases = NO_RELEASES): { numKeys: number, keysAndArgs: Arg[] } {
   const keysAndArgs: Arg[] = []
+  for (const [key] of releases) keysAndArgs.push(key)
   for (const r of batch) for (const key of r.keys) keysAndArgs.push(key)
   const numKeys = keysAndArgs.length
-  keysAndArgs.push(nowOverrideUs, batch.length)
+  keysAndArgs.push(nowOverrideUs, batch.length, releases.length)
+  for (const [, member] of releases) keysAndArgs.push(member)
   for (const r of batch) {
     keysAndArgs.push(r.id, r.checks.length)
     for (const check of r.checks) pushCheck(keysAndArgs, check)
