@@ -147,11 +147,20 @@ t.test('unknown keys are located at the key and name the closest valid key', asy
   t.same(problems('routing: { "${K}": true }\n' + BASE, { K: 'caseinsensitive' }), [
     'gw.yaml:1:10 routing.caseinsensitive: unknown key "caseinsensitive" (did you mean caseInsensitive?)'
   ])
+  // ... and so is a key below a key that came from the environment: located at the nearest written ancestor
+  t.same(problems('"${K}": { caseinsensitive: true }\n' + BASE, { K: 'routing' }), [
+    'gw.yaml:1:1 routing.caseinsensitive: unknown key "caseinsensitive" (did you mean caseInsensitive?)'
+  ])
 })
 
 t.test('unions (identity, admin, targets): the branch closest to the text speaks', async t => {
   // a key unknown to every branch is reported alone: the missing keys are its consequence
   t.same(problems('identity:\n  apikeys: { header: x-api-key }\n' + BASE), ['gw.yaml:2:3 identity.apikeys: unknown key "apikeys" (did you mean apiKeys?)'])
+  // failureLimit is in every branch: its unknown key is the header branch's only issue, at its own path
+  t.same(problems('identity: { header: x, failureLimit: { limit: 1, window: 1s, burts: 2 } }\n' + BASE), [
+    'gw.yaml:1:62 identity.failureLimit.burts: unknown key "burts" (did you mean burst?)'
+  ])
+  t.same(problems('identity: { jwt: { secrt: x } }\n' + BASE), ['gw.yaml:1:20 identity.jwt.secrt: unknown key "secrt" (did you mean secret?)'])
   // fewest issues wins; on a tie, the first branch
   t.same(problems('identity: { jwt: { secret: x, claim: 1 } }\n' + BASE), ['gw.yaml:1:38 identity.jwt.claim: Invalid input: expected string, received number'])
   t.same(problems('identity: {}\n' + BASE), ['gw.yaml:1:11 identity.header: required key is missing'])
@@ -369,4 +378,18 @@ t.test('API keys: keys or a file, each key to a consumer the plans know', async 
   t.ok(accepted(api('keys: { k1: alice, k2: bob }', plans + 'defaultPlan: free\n')), 'bob gets the default plan')
   t.ok(accepted(api('keys: { k2: bob }')), 'no plans: consumers are names')
   t.ok(accepted(api('keys: { k1: alice }, file: keys.yaml', plans)))
+})
+
+t.test('regression: a key of another form of a union is not "unknown" with itself as the suggestion', async t => {
+  // identity takes header, apiKeys or jwt: given two, the second used to read
+  // 'unknown key "apiKeys" (did you mean apiKeys?)'
+  t.same(problems('identity: { header: x, apiKeys: { header: y, keys: { k: a } } }\n' + BASE), [
+    'gw.yaml:1:24 identity.apiKeys: key "apiKeys" belongs to another form of identity: it cannot be combined with the keys beside it'
+  ])
+  // with an unknown key deeper in every form, the top-level clash is still reported as such
+  t.same(problems('identity: { header: x, apiKeys: { header: y, keys: { k: a } }, failureLimit: { limit: 1, window: 1s, burts: 2 } }\n' + BASE), [
+    'gw.yaml:1:102 identity.failureLimit.burts: unknown key "burts" (did you mean burst?)',
+    'gw.yaml:1:24 identity.apiKeys: key "apiKeys" belongs to another form of identity: it cannot be combined with the keys beside it'
+  ])
+  t.same(problems('identity: { APIKEYS: { header: y } }\n' + BASE), ['gw.yaml:1:13 identity.APIKEYS: unknown key "APIKEYS" (did you mean apiKeys?)'])
 })

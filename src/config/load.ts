@@ -123,7 +123,11 @@ function reportIssue (issue: Issue, prefix: KeyPath, raw: unknown, doc: Document
     for (const key of issue.keys) {
       const keyPath = [...path, key]
       const suggestion = closestKey(key, validKeysAt(path))
-      problems.push(at(locateKey(doc, keyPath), keyPath, `unknown key "${key}"${suggestion === null ? '' : ` (did you mean ${suggestion}?)`}`))
+      // valid in another branch of a union (identity with both header and apiKeys): not a typo
+      const message = suggestion === key
+        ? `key "${key}" belongs to another form of ${formatKeyPath(path)}: it cannot be combined with the keys beside it`
+        : `unknown key "${key}"${suggestion === null ? '' : ` (did you mean ${suggestion}?)`}`
+      problems.push(at(locateKey(doc, keyPath), keyPath, message))
     }
   } else if (issue.code === 'invalid_union' && issue.errors.length > 0) {
     // zod reports a union as "Invalid input" with every branch's issues inside; a typo'd key
