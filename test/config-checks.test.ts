@@ -393,3 +393,16 @@ t.test('regression: a key of another form of a union is not "unknown" with itsel
   ])
   t.same(problems('identity: { APIKEYS: { header: y } }\n' + BASE), ['gw.yaml:1:13 identity.APIKEYS: unknown key "APIKEYS" (did you mean apiKeys?)'])
 })
+
+t.test('regression: a jwt identity with two wrong values is reported as a jwt identity', async t => {
+  // every form ties at two issues; the first (header) used to win: 'identity.header: required key
+  // is missing' and 'identity.jwt: unknown key "jwt" (did you mean jwt?)'
+  t.same(problems('identity: { jwt: { secret: 1, claim: 2 } }\n' + BASE), [
+    'gw.yaml:1:28 identity.jwt.secret: Invalid input: expected string, received number',
+    'gw.yaml:1:38 identity.jwt.claim: Invalid input: expected string, received number'
+  ])
+  t.same(problems('identity: { apiKeys: { header: 1, keys: 2 } }\n' + BASE), [
+    'gw.yaml:1:32 identity.apiKeys.header: Invalid input: expected string, received number',
+    'gw.yaml:1:41 identity.apiKeys.keys: Invalid input: expected record, received number'
+  ])
+})
