@@ -151,6 +151,8 @@ t.test('unknown keys are located at the key and name the closest valid key', asy
   t.same(problems('"${K}": { caseinsensitive: true }\n' + BASE, { K: 'routing' }), [
     'gw.yaml:1:1 routing.caseinsensitive: unknown key "caseinsensitive" (did you mean caseInsensitive?)'
   ])
+  t.same(problems('"${K}": { ip: { limit: 1, window: 1s, limt: 2 } }\n' + BASE, { K: 'limits' }), ['gw.yaml:1:1 limits.ip.limt: unknown key "limt" (did you mean limit?)'])
+  t.same(problems('"${K}":\n  - { name: a, pathprefix: /, upstream: b }\n' + UP, { K: 'routes' }), ['gw.yaml:1:1 routes[0].pathprefix: unknown key "pathprefix" (did you mean pathPrefix?)'])
 })
 
 t.test('unions (identity, admin, targets): the branch closest to the text speaks', async t => {
@@ -211,6 +213,8 @@ t.test('routes: one of path or pathPrefix, stripPrefix a prefix of it', async t 
 t.test('limits: burst, onLimit: delay and maxDelay go together; the limit stage\'s own bounds', async t => {
   t.same(problems(globalLimit('{ limit: 5, window: 1s, onLimit: delay, maxDelay: 1s }')), ['gw.yaml:2:44 limits.global.onLimit: "onLimit: delay" applies to leaky-bucket only'])
   t.same(problems(globalLimit('{ algorithm: leaky-bucket, limit: 5, window: 1s, maxDelay: 1s }')), ['gw.yaml:2:70 limits.global.maxDelay: "maxDelay" needs "onLimit: delay"'])
+  // a maxDelay that does not apply is not checked against the rate either
+  t.same(problems(globalLimit('{ algorithm: leaky-bucket, limit: 1000, window: 1ms, maxDelay: 999999999h }')), ['gw.yaml:2:74 limits.global.maxDelay: "maxDelay" needs "onLimit: delay"'])
   t.same(problems(globalLimit('{ algorithm: leaky-bucket, limit: 5, window: 1s, onLimit: delay }')), [
     'gw.yaml:2:11 limits.global.maxDelay: "onLimit: delay" needs "maxDelay" (the longest a request may wait)'
   ])
@@ -269,6 +273,10 @@ t.test('a user limit, plan, quota or user concurrency needs an identity', async 
   t.same(problems(BASE + 'plans: { free: { routes: { a: { user: { limit: 1, window: 1s } } } } }\n'), [limitMessage])
   t.same(problems('concurrency: { user: 1 }\n' + BASE), [concurrencyMessage])
   t.same(problems(withLimits('concurrency: { user: 1 }')), [concurrencyMessage])
+  // one route of several is enough
+  const firstOfTwo = (extra: string): string => UP + `routes:\n  - { name: a, pathPrefix: /a, upstream: b, ${extra} }\n  - { name: z, pathPrefix: /, upstream: b }\n`
+  t.same(problems(firstOfTwo('limits: { user: { limit: 1, window: 1s } }')), [limitMessage])
+  t.same(problems(firstOfTwo('concurrency: { user: 1 }')), [concurrencyMessage])
   t.ok(accepted(BASE + 'plans: { free: {} }\n'), 'a plan without limits needs no identity')
   t.ok(accepted('limits: { ip: { limit: 1, window: 1s } }\nconcurrency: { ip: 1 }\n' + withLimits('limits: { api: { limit: 1, window: 1s } }, concurrency: { route: 1 }')))
   t.ok(accepted(ID + 'limits: { user: { limit: 1, window: 1s } }\nconcurrency: { user: 1 }\n' + BASE))
@@ -302,6 +310,7 @@ t.test('workers > 1 without Redis is refused when any limit is shared', async t 
   t.same(problems('workers: 2\nlimits: { ip: { limit: 1, window: 1s } }\n' + BASE), [message])
   t.same(problems('workers: 2\n' + route('concurrency: { route: 1 }')), [message])
   t.same(problems('workers: 2\n' + route('limits: { ip: { limit: 1, window: 1s } }')), [message])
+  t.same(problems('workers: 2\n' + UP + 'routes:\n  - { name: a, pathPrefix: /a, upstream: b, limits: { ip: { limit: 1, window: 1s } } }\n  - { name: z, pathPrefix: /, upstream: b }\n'), [message], 'one route of several')
   t.ok(accepted('workers: 1\nlimits: { ip: { limit: 1, window: 1s } }\n' + BASE))
   t.ok(accepted('workers: 2\n' + BASE))
   t.ok(accepted('workers: 2\nredis: { url: "redis://h:1" }\nlimits: { ip: { limit: 1, window: 1s } }\n' + BASE))
@@ -377,6 +386,9 @@ t.test('API keys: keys or a file, each key to a consumer the plans know', async 
   ])
   t.ok(accepted(api('keys: { k1: alice, k2: bob }', plans + 'defaultPlan: free\n')), 'bob gets the default plan')
   t.ok(accepted(api('keys: { k2: bob }')), 'no plans: consumers are names')
+  t.same(problems(api('keys: { k1: alice }', 'plans: { free: {} }\n')), [
+    'gw.yaml:1:47 identity.apiKeys.keys.k1: API key maps to consumer "alice", which has no entry in consumers (and there is no defaultPlan)'
+  ], 'plans but no consumers at all')
   t.ok(accepted(api('keys: { k1: alice }, file: keys.yaml', plans)))
 })
 
@@ -404,5 +416,16 @@ t.test('regression: a jwt identity with two wrong values is reported as a jwt id
   t.same(problems('identity: { apiKeys: { header: 1, keys: 2 } }\n' + BASE), [
     'gw.yaml:1:32 identity.apiKeys.header: Invalid input: expected string, received number',
     'gw.yaml:1:41 identity.apiKeys.keys: Invalid input: expected record, received number'
+  ])
+})
+
+t.test('a problem inside an alias is located at the alias, where the anchored text is reused', async t => {
+  t.same(problems('upstreams:\n  a: { targets: &t [http://h:1/x] }\n  b: { targets: *t }\n' + ROUTE), [
+    'gw.yaml:2:21 upstreams.a.targets[0]: a target is an origin (scheme, host, port) without a path',
+    'gw.yaml:3:17 upstreams.b.targets[0]: a target is an origin (scheme, host, port) without a path'
+  ])
+  t.same(problems('upstreams:\n  a: &u { targets: [http://h:1], wieght: 1 }\n  b: *u\n' + ROUTE), [
+    'gw.yaml:2:34 upstreams.a.wieght: unknown key "wieght"',
+    'gw.yaml:3:6 upstreams.b.wieght: unknown key "wieght"'
   ])
 })
