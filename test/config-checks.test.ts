@@ -169,6 +169,20 @@ t.test('unions (identity, admin, targets): the branch closest to the text speaks
   // a branch of the wrong type is never chosen
   t.same(problems('admin: { listen: 9901 }\n' + BASE), ['gw.yaml:1:18 admin.listen: Invalid input: expected string, received number'])
   t.same(problems('upstreams:\n  b: { targets: [ftp://x] }\n' + ROUTE), ['gw.yaml:2:18 upstreams.b.targets[0]: expected an http:// or https:// URL'])
+  // a size is a number or a string: each speaks for its own type, wherever its branch is
+  const bodySize = (size: string): string => UP + `routes:\n  - { name: a, pathPrefix: /, upstream: b, maxBodySize: ${size} }\n`
+  t.same(problems(bodySize('-1')), ['gw.yaml:4:57 routes[0].maxBodySize: Too small: expected number to be >=0'])
+  t.same(problems(bodySize('"10 mb"')), ['gw.yaml:4:57 routes[0].maxBodySize: expected a size like 1048576, "512kb", "10mb" or "1gb"'])
+  // two forms given, each unknown to the other: the form with fewer issues speaks (apiKeys is whole, header is empty)
+  t.same(problems('identity: { header: "", apiKeys: { header: y, keys: { k: a } } }\n' + BASE), [
+    'gw.yaml:1:13 identity.header: key "header" belongs to another form of identity: it cannot be combined with the keys beside it'
+  ])
+  // a form that knows every key written beats forms with fewer issues that do not
+  t.same(problems('identity: { apiKeys: { header: 1, keys: 2, file: 3 } }\n' + BASE), [
+    'gw.yaml:1:32 identity.apiKeys.header: Invalid input: expected string, received number',
+    'gw.yaml:1:41 identity.apiKeys.keys: Invalid input: expected record, received number',
+    'gw.yaml:1:50 identity.apiKeys.file: Invalid input: expected string, received number'
+  ])
 })
 
 t.test('a bare port for listen or admin says which form is meant', async t => {
