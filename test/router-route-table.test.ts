@@ -1,7 +1,7 @@
 import t from 'tap'
 import { ANY_METHOD, compileRouteTable, normalizeHost, type RoutePattern } from '../src/router/route-table.js'
 
-interface Route extends RoutePattern { readonly upstream?: string }
+interface Route extends RoutePattern { readonly upstream?: string, readonly websocket?: boolean }
 
 // The reference: a linear scan, obviously correct, that the indexed table must agree with.
 function naiveMatch (routes: readonly Route[], host: string, method: string, path: string): Route | null {
@@ -277,4 +277,72 @@ t.test('wildcard hosts of several lengths: at least one label before the suffix'
   t.equal(name('.example.com'), undefined, 'an empty label is not a label')
   t.equal(name('a.b.other.com'), undefined, 'a dot where a suffix would start, but another suffix')
   t.equal(name('xexample.com'), undefined)
+})
+
+// allowedMethods walks every candidate bucket again (it is reached on a miss alone), so its own
+// copies of the host checks and of the radix walk are tested here at their edges, not via match().
+t.test('405 Allow: methods of every route on the path, across exact, wildcard and any-host routes', async (t) => {
+  const routes: Route[] = [
+    { name: 'exact-host', host: 'api.example.com', path: '/p', methods: ['GET'] },
+    { name: 'wild', host: '*.example.com', pathPrefix: '/p', methods: ['POST'] },
+    { name: 'deep-wild', host: '*.b.example.com', pathPrefix: '/', methods: ['PATCH'] },
+    { name: 'any-host', path: '/p', methods: ['PUT'] },
+    { name: 'any-host-again', pathPrefix: '/', methods: ['PUT', 'DELETE'] }
+  ]
+  const table = compileRouteTable(routes)
+  // in the order a client reads them: exact host, wildcard hosts, any host; each method once
+  t.same(table.allowedMethods('api.example.com', '/p'), ['GET', 'POST', 'PUT', 'DELETE'])
+  t.same(table.allowedMethods('www.example.com', '/p'), ['POST', 'PUT', 'DELETE'])
+  t.same(table.allowedMethods('x.b.example.com', '/p'), ['POST', 'PATCH', 'PUT', 'DELETE'], 'two wildcard suffixes')
+  t.same(table.allowedMethods('b.example.com', '/p'), ['POST', 'PUT', 'DELETE'], 'the apex of the deeper wildcard')
+  t.same(table.allowedMethods('.example.com', '/p'), ['PUT', 'DELETE'], 'a host as long as the suffix has no label before it')
+  t.same(table.allowedMethods('a.b.other.com', '/p'), ['PUT', 'DELETE'], 'a dot where a suffix would start, but another suffix')
+  t.same(table.allowedMethods('other.org', '/q'), ['PUT', 'DELETE'])
+})
+
+t.test('405 Allow on a table without any-host routes', async (t) => {
+  const table = compileRouteTable<Route>([
+    { name: 'api', host: 'api.example.com', pathPrefix: '/v1/', methods: ['GET'] },
+    { name: 'wild', host: '*.example.com', path: '/v1/x', methods: ['POST'] }
+  ])
+  t.same(table.allowedMethods('api.example.com', '/v1/x'), ['GET', 'POST'])
+  t.same(table.allowedMethods('a.example.com', '/v1/x'), ['POST'])
+  t.equal(table.allowedMethods('other.org', '/v1/x'), null)
+  t.equal(table.allowedMethods('a.b.other.com', '/v1/x'), null, 'a dot at a suffix length, no bucket there')
+  t.equal(table.allowedMethods('', '/v1/x'), null)
+})
+
+t.test('405 Allow: prefix and exact routes along a deeper tree', async (t) => {
+  const routes: Route[] = [
+    { name: 'v1', pathPrefix: '/api/v1/', methods: ['GET'] },
+    { name: 'v2', pathPrefix: '/api/v2/', methods: ['POST'] },
+    { name: 'api', pathPrefix: '/api/', methods: ['PUT'] },
+    { name: 'v1-exact', path: '/api/v1/items', methods: ['DELETE'] },
+    { name: 'apiary', pathPrefix: '/apiary', methods: ['PATCH'] },
+    { name: 'events', path: '/api/v1/events', methods: ['GET'], websocket: true },
+    { name: 'events-post', path: '/api/v1/events', methods: ['POST'] }
+  ]
+  const table = compileRouteTable(routes)
+  t.same(table.allowedMethods('', '/api/v1/items'), ['DELETE', 'PUT', 'GET'], 'the exact route, then prefixes from the root down')
+  t.same(table.allowedMethods('', '/api/v1/x'), ['PUT', 'GET'])
+  t.same(table.allowedMethods('', '/api/v2/x'), ['PUT', 'POST'])
+  t.same(table.allowedMethods('', '/api/v3/x'), ['PUT'], 'the path leaves the tree below /api/')
+  t.same(table.allowedMethods('', '/api/v1'), ['PUT'], 'the path ends inside the edge "1/"')
+  t.same(table.allowedMethods('', '/api/v'), ['PUT'], 'the path ends at the node where v1 and v2 part')
+  t.same(table.allowedMethods('', '/api/'), ['PUT'], 'the path ends at the node of a route')
+  t.same(table.allowedMethods('', '/apiary/x'), ['PATCH'])
+  t.same(table.allowedMethods('', '/api/v1/events'), ['GET', 'POST', 'PUT'], 'a websocket route and a plain route on one path')
+  t.equal(table.allowedMethods('', '/apix'), null)
+  t.equal(table.allowedMethods('', '/b'), null, 'the first character leaves the tree')
+  t.equal(table.allowedMethods('', '/'), null)
+})
+
+t.test('405 Allow: a route without methods adds the default list after the listed ones', async (t) => {
+  const table = compileRouteTable<Route>([
+    { name: 'trace', path: '/t', methods: ['TRACE'] },
+    { name: 'open', pathPrefix: '/' }
+  ])
+  t.same(table.allowedMethods('', '/t'), ['TRACE', ...ANY_METHOD])
+  t.same(table.allowedMethods('', '/x'), [...ANY_METHOD])
+  t.equal(compileRouteTable<Route>([{ name: 'p', path: '/p', methods: ['GET'] }]).allowedMethods('', '/q'), null)
 })

@@ -123,7 +123,11 @@ function reportIssue (issue: Issue, prefix: KeyPath, raw: unknown, doc: Document
     for (const key of issue.keys) {
       const keyPath = [...path, key]
       const suggestion = closestKey(key, validKeysAt(path))
-      problems.push(at(locateKey(doc, keyPath), keyPath, `unknown key "${key}"${suggestion === null ? '' : ` (did you mean ${suggestion}?)`}`))
+      // valid in another branch of a union (identity with both header and apiKeys): not a typo
+      const message = suggestion === key
+        ? `key "${key}" belongs to another form of ${formatKeyPath(path)}: it cannot be combined with the keys beside it`
+        : `unknown key "${key}"${suggestion === null ? '' : ` (did you mean ${suggestion}?)`}`
+      problems.push(at(locateKey(doc, keyPath), keyPath, message))
     }
   } else if (issue.code === 'invalid_union' && issue.errors.length > 0) {
     // zod reports a union as "Invalid input" with every branch's issues inside; a typo'd key
@@ -141,16 +145,18 @@ function reportIssue (issue: Issue, prefix: KeyPath, raw: unknown, doc: Document
 
 /**
  * The union branch the text most likely meant. A key unknown to every branch is reported alone
- * (the missing keys are its consequence); otherwise a branch of the wrong type is never chosen
- * and the one with the fewest issues wins.
+ * (the missing keys are its consequence); otherwise a branch of the wrong type is never chosen,
+ * a branch that knows every key written at its top beats one that does not (a jwt identity with
+ * two wrong values is still a jwt identity), and then the one with the fewest issues wins.
  */
 function closestBranch (branches: readonly Issue[][]): Issue[] {
   const unknownIn = (b: Issue[]): Set<string> => new Set(b.flatMap(i => i.code === 'unrecognized_keys' && i.path.length === 0 ? i.keys : []))
   const sets = branches.map(unknownIn)
   const everywhere = [...(sets[0] ?? [])].filter(k => sets.every(s => s.has(k)))
   if (everywhere.length > 0) return [{ code: 'unrecognized_keys', keys: everywhere, path: [], message: '', input: undefined } as unknown as Issue]
-  const score = (b: Issue[]): number => b.some(i => i.code === 'invalid_type' && i.path.length === 0) ? Infinity : b.length
-  return branches.reduce((best, b) => score(b) < score(best) ? b : best)
+  const rank = (b: Issue[]): [number, number] => b.some(i => i.code === 'invalid_type' && i.path.length === 0) ? [Infinity, 0] : [unknownIn(b).size, b.length]
+  const better = (a: [number, number], c: [number, number]): boolean => a[0] < c[0] || (a[0] === c[0] && a[1] < c[1])
+  return branches.reduce((best, b) => better(rank(b), rank(best)) ? b : best)
 }
 
 // `${VAR}` and `${VAR:-default}` in string values only: substitution happens after YAML parsing,
