@@ -387,7 +387,7 @@ function checkLimit (limit: LimitConfig, path: KeyPath): Array<[KeyPath, string]
     out.push([[...path, 'burst'], `"burst" applies to gcra, token-bucket and leaky-bucket, not ${algorithm}`])
   }
   if (limit.onLimit === 'delay' && algorithm !== 'leaky-bucket') {
-    out.push([[...path, 'onLimit'], '"onLimit: delay" applies to leaky-bucket only'])
+    out.push([[...path, 'onLimit'], '"onLimit: delay" needs algorithm: leaky-bucket (the one algorithm that can hold a request for its slot)'])
   }
   if (limit.maxDelay !== undefined && limit.onLimit !== 'delay') {
     out.push([[...path, 'maxDelay'], '"maxDelay" needs "onLimit: delay"'])
