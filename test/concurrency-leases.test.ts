@@ -8,6 +8,7 @@ import { request } from 'node:http'
 import { startGateway } from './helpers/gateway.js'
 import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
+import type { Teardown } from './helpers/teardown.js'
 import { burst, count, eventually, metric, send, sleep, statusCounts, type Reply } from './helpers/ratelimit.js'
 
 const redis = await startRedis(t)
@@ -223,25 +224,36 @@ routes:
   t.equal((await holding).status, 200)
 })
 
-t.test('releases of one event-loop turn go to Redis in one call', async t => {
+/**
+ * The limiter the gateway builds on a standalone Redis, driven directly: one route `name` with a
+ * `user` concurrency cap. `carried`: the keeper hands its releases to the store (as in production).
+ */
+async function limiterOnRedis (t: Teardown, name: string, userCap: number, carried: boolean) {
   const { Limiter } = await import('../src/limit/limiter.js')
   const { DenyCache } = await import('../src/limit/local-level.js')
   const { createRedisStore } = await import('../src/limit/redis-store.js')
+  const { createRedisClient, whenReady } = await import('../src/limit/redis-client.js')
   const { RedisGuard } = await import('../src/limit/redis-guard.js')
   const { LeaseKeeper } = await import('../src/limit/concurrency.js')
-  const { routeLimitPlan } = await import('../src/runtime.js')
-  const { applyDefaults } = await import('../src/config/defaults.js')
   const { NOOP_TELEMETRY } = await import('../src/telemetry.js')
-  const { Redis } = await import('ioredis')
-  const client = new Redis(redis.url)
+  const { applyDefaults } = await import('../src/config/defaults.js')
+  const { routeLimitPlan } = await import('../src/runtime.js')
+  const client = createRedisClient({ url: redis.url })
   t.teardown(() => client.disconnect())
+  await whenReady(client)
   const store = createRedisStore({ client })
   const guard = new RedisGuard({ store, fallbackMaxKeys: 1000, timeoutMs: 2000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
-  const leases = new LeaseKeeper({ redis: { client, guard }, ttlMs: 10_000 })
+  const leases = new LeaseKeeper({ redis: carried ? { client, guard, store } : { client, guard }, ttlMs: 10_000 })
   const limiter = new Limiter({ local: null, deny: new DenyCache(1000), shared: guard, legacyHeaders: false, telemetry: NOOP_TELEMETRY, leases })
-  const route = { name: 'batch', pathPrefix: '/', upstream: 'u', concurrency: { user: 100 } }
+  const route = { name, pathPrefix: '/', upstream: 'u', concurrency: { user: userCap } }
   const config = applyDefaults({ redis: { url: redis.url }, upstreams: { u: { targets: ['http://127.0.0.1:1'] } }, routes: [route] })
   const plan = routeLimitPlan(config, config.routes[0] as (typeof config.routes)[0])
+  return { limiter, leases, plan }
+}
+
+t.test('releases of one event-loop turn go to Redis in one call', async t => {
+  // without the store: the keeper sends its releases in a call of its own
+  const { limiter, leases, plan } = await limiterOnRedis(t, 'batch', 100, false)
   const verdicts = await Promise.all(Array.from({ length: 20 }, async (_, i) => await limiter.check({ route: 'batch', plan, ipKey: '127.0.0.1', user: 'alice', requestId: `r${i}` })))
   t.equal(await reader.zcard('gw:lease:batch.user:alice'), 20, '20 leases held')
   const before = leases.calls
@@ -257,26 +269,8 @@ t.test('releases of one event-loop turn go to Redis in one call', async t => {
 })
 
 t.test('releases ride with the next limit call: no call of their own, removed before that call decides', async t => {
-  const { Limiter } = await import('../src/limit/limiter.js')
-  const { DenyCache } = await import('../src/limit/local-level.js')
-  const { createRedisStore } = await import('../src/limit/redis-store.js')
-  const { createRedisClient, whenReady } = await import('../src/limit/redis-client.js')
-  const { RedisGuard } = await import('../src/limit/redis-guard.js')
-  const { LeaseKeeper } = await import('../src/limit/concurrency.js')
-  const { NOOP_TELEMETRY } = await import('../src/telemetry.js')
-  const { applyDefaults } = await import('../src/config/defaults.js')
-  const { routeLimitPlan } = await import('../src/runtime.js')
-  const client = createRedisClient({ url: redis.url })
-  await whenReady(client)
-  t.teardown(() => client.disconnect())
-  const store = createRedisStore({ client })
-  const guard = new RedisGuard({ store, fallbackMaxKeys: 1000, timeoutMs: 2000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
   // as src/runtime-resources.ts builds it: the keeper hands its releases to the store
-  const leases = new LeaseKeeper({ redis: { client, guard, store }, ttlMs: 10_000 })
-  const limiter = new Limiter({ local: null, deny: new DenyCache(1000), shared: guard, legacyHeaders: false, telemetry: NOOP_TELEMETRY, leases })
-  const route = { name: 'ride', pathPrefix: '/', upstream: 'u', concurrency: { user: 1 } }
-  const config = applyDefaults({ redis: { url: redis.url }, upstreams: { u: { targets: ['http://127.0.0.1:1'] } }, routes: [route] })
-  const plan = routeLimitPlan(config, config.routes[0] as (typeof config.routes)[0])
+  const { limiter, leases, plan } = await limiterOnRedis(t, 'ride', 1, true)
   const check = async (user: string, i: number): Promise<Awaited<ReturnType<typeof limiter.check>>> => await limiter.check({ route: 'ride', plan, ipKey: '127.0.0.1', user, requestId: `q${i}` })
   const scripts = async (): Promise<number> => [...(await reader.info('commandstats')).matchAll(/cmdstat_eval(?:sha)?:calls=(\d+)/g)].reduce((n, m) => n + Number(m[1]), 0)
   // 20 users hold their one lease each
