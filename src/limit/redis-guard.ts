@@ -111,8 +111,9 @@ const SWEEP_MIN = 4096
 /** A Redis call waiting for its answer or its deadline (see RedisGuard.expireCalls). */
 interface PendingCall {
   readonly deadline: number
-  readonly reject: (err: unknown) => void
-  settled: boolean
+  /** Dropped when the call settles: the list keeps a settled call until the next sweep, and
+   * holding its promise that long made V8 promote each request's whole graph (issue 13). */
+  reject: ((err: unknown) => void) | null
 }
 
 class RedisTimeoutError extends Error {
@@ -351,13 +352,13 @@ export class RedisGuard implements SharedLevel {
   private withTimeout<T> (p: Promise<T> | T): Promise<T> {
     if (!(p instanceof Promise)) return Promise.resolve(p)
     return new Promise<T>((resolve, reject) => {
-      const call: PendingCall = { deadline: performance.now() + this.timeoutMs, reject, settled: false }
+      const call: PendingCall = { deadline: performance.now() + this.timeoutMs, reject }
       // settled calls are forgotten when the timer fires; with a long timeout under heavy traffic
       // that is many calls later, so the list is also swept when it has doubled
       if (this.pending.push(call) >= this.sweepAt) this.expireCalls()
       // a reload may shorten the timeout: then this call's deadline comes before the armed one
       if (call.deadline < this.timerDue) this.armDeadlineTimer(call.deadline)
-      p.then(v => { call.settled = true; resolve(v) }, (e: unknown) => { call.settled = true; reject(e) })
+      p.then(v => { call.reject = null; resolve(v) }, (e: unknown) => { call.reject = null; reject(e) })
     })
   }
 
@@ -384,10 +385,11 @@ export class RedisGuard implements SharedLevel {
     const pending = this.pending
     for (let i = 0; i < pending.length; i++) {
       const call = pending[i] as PendingCall
-      if (call.settled) continue
+      const reject = call.reject
+      if (reject === null) continue
       if (call.deadline <= now) {
-        call.settled = true
-        call.reject(new RedisTimeoutError(`no answer within ${this.timeoutMs}ms`))
+        call.reject = null
+        reject(new RedisTimeoutError(`no answer within ${this.timeoutMs}ms`))
         continue
       }
       if (call.deadline < next) next = call.deadline
