@@ -21,6 +21,8 @@ async function until (what: string, probe: () => Promise<boolean>, timeoutMs = 1
 }
 
 const TOKEN = 'admin-token-of-this-test-0123456789'
+// Token buckets, not fixed windows: a fixed window is aligned on the epoch, and a run across the
+// top of the hour would see a fresh window where this asserts kept state (refill: 5 per hour: one token per 12 min).
 const config = (upstreamUrl: string): string => `listen: 127.0.0.1:0
 admin: { listen: 127.0.0.1:0, token: ${TOKEN} }
 upstreams:
@@ -30,7 +32,7 @@ routes:
     pathPrefix: /api/
     upstream: backend
     limits:
-      ip: { algorithm: fixed-window, limit: 5, window: 1h }
+      ip: { algorithm: token-bucket, limit: 5, window: 1h }
   - { name: rest, pathPrefix: /, upstream: backend }
 `
 
@@ -48,7 +50,7 @@ t.test('the admin page: routes, live traffic, the limited client, lookup and res
   // Limits: the compiled routes with their limits
   const apiRow = page.locator('#limits-table tr[data-route="api"]')
   await apiRow.waitFor()
-  t.match(await apiRow.innerText(), /prefix \/api\/[\s\S]*api\.ip \[ip\] fixed-window 5 per 1 h/)
+  t.match(await apiRow.innerText(), /prefix \/api\/[\s\S]*api\.ip \[ip\] token-bucket 5 per 1 h/)
   t.match(await page.locator('#limits-table tr[data-route="rest"]').innerText(), /none/)
 
   // Health from the first event: ready, no Redis
@@ -120,7 +122,7 @@ routes:
     pathPrefix: /
     upstream: backend
     limits:
-      user: { algorithm: fixed-window, limit: 1, window: 1h }
+      user: { algorithm: token-bucket, limit: 1, window: 1h }
 `)
   const evil = '<img src=x onerror="window.__owned=1">'
   for (let i = 0; i < 3; i++) await (await request(`${gw.url}/x`, { headers: { 'x-user-id': evil } })).body.dump()
@@ -148,7 +150,7 @@ routes:
     pathPrefix: /api/
     upstream: backend
     limits:
-      ip: { algorithm: fixed-window, limit: 5, window: 1h }
+      ip: { algorithm: token-bucket, limit: 5, window: 1h }
 `)
   const primary = await gw.waitForLog(l => l.msg === 'gateway primary started')
   const adminUrl = `http://127.0.0.1:${primary.adminPort as number}`

@@ -11,6 +11,8 @@ import { SpaceSaving, latencyBucket, bucketUpperMs } from '../src/admin/live-sta
 import { LiveFeed, type LiveUpdate } from '../src/admin/live-feed.js'
 import type { Teardown } from './helpers/teardown.js'
 
+// Token buckets, not fixed windows: a fixed window is aligned on the epoch, and a run across the
+// top of the hour would see a fresh window where /events asserts 5 admitted and 7 refused.
 const config = (upstreamUrl: string): string => `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 upstreams:
@@ -20,7 +22,7 @@ routes:
     pathPrefix: /api/
     upstream: backend
     limits:
-      ip: { algorithm: fixed-window, limit: 5, window: 1h }
+      ip: { algorithm: token-bucket, limit: 5, window: 1h }
   - { name: rest, pathPrefix: /, upstream: backend, concurrency: { route: 50 } }
 `
 
@@ -105,7 +107,7 @@ t.test('/routes: every route as the compiled runtime sees it, with its limits an
   const api = body.routes[0]!
   t.same(api.match, { host: null, path: null, pathPrefix: '/api/', methods: null, websocket: false })
   t.same(api.upstream, { name: 'backend', targets: [upstream.url] })
-  t.match(api.limits, [{ name: 'api.ip', dimension: 'ip', algorithm: 'fixed-window', limit: 5, windowMs: 3_600_000, cost: 1, shadow: false, onError: 'local', status: 429 }])
+  t.match(api.limits, [{ name: 'api.ip', dimension: 'ip', algorithm: 'token-bucket', limit: 5, windowMs: 3_600_000, cost: 1, shadow: false, onError: 'local', status: 429 }])
   t.match(body.routes[1]!.limits, [{ name: 'rest.concurrency.route', dimension: 'route', algorithm: 'lease', limit: 50, concurrency: true }], 'concurrency limits too')
   t.equal(body.routes[1]!.limits.length, 1)
 })

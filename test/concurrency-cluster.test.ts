@@ -16,6 +16,8 @@ t.teardown(() => reader.disconnect())
 
 const ALICE = { headers: { 'x-user-id': 'alice' } }
 
+// A token bucket, not a fixed window: a fixed window is aligned on the epoch, and a run across the
+// top of the hour would admit a seventh request (6 per hour: one token per 10 min comes back).
 function config (upstream: string): string {
   return `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
@@ -28,13 +30,13 @@ routes:
     pathPrefix: /
     upstream: backend
     limits:
-      user: { algorithm: fixed-window, limit: 6, window: 1h }
+      user: { algorithm: token-bucket, limit: 6, window: 1h }
     concurrency: { user: 2 }
 `
 }
 
 t.test('two instances on a Cluster share `user: 2`; refusals by either kind take nothing from the other', async t => {
-  const rateKey = `gw:${compileLimitSpec('cl', 'user', { algorithm: 'fixed-window', limit: 6, windowMs: 3_600_000, burst: 6, maxDelayMs: 0 }).id}:alice`
+  const rateKey = `gw:${compileLimitSpec('cl', 'user', { algorithm: 'token-bucket', limit: 6, windowMs: 3_600_000, burst: 6, maxDelayMs: 0 }).id}:alice`
   const leaseKey = 'gw:lease:cl.user:alice'
   t.not(keySlot(rateKey), keySlot(leaseKey), 'the rate-limit key and the lease key are in different slots')
   const up = await startUpstream(t)

@@ -127,9 +127,11 @@ routes:
     pathPrefix: /
     upstream: backend
     limits:
-      user: { algorithm: fixed-window, limit: 3, window: 1h }
+      user: { algorithm: token-bucket, limit: 3, window: 1h }
     concurrency: { user: 1 }
 `)
+  // a token bucket (one token per 20 min), not a fixed window: an epoch-aligned window would start
+  // afresh if the run crossed the top of the hour, and admit the fourth
   const holding = send(`${gw.url}/slow?ms=1500`, ALICE)
   await eventually('first request holds the lease', async () => await liveLeases('aon:lease:aon.user:alice') === 1, 3000)
   const refused = await burst(5, `${gw.url}/x`, ALICE)

@@ -12,6 +12,7 @@ import { childEnv, startGateway } from './helpers/gateway.js'
 import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { eventually, send, type Reply } from './helpers/ratelimit.js'
+import { awayFromQuotaEdge } from './helpers/window-edge.js'
 
 const run = promisify(execFile)
 const redis = await startRedis(t)
@@ -137,6 +138,8 @@ t.test('GET /consumers/NAME: plan, effective limits per route, quota used and wh
   await client.flushall()
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url, WITH_TOKEN), { ADMIN_TOKEN: TOKEN })
+  // the quota is a calendar day in UTC: used 2 and the midnight it resets at hold within one day
+  await awayFromQuotaEdge('day', 30_000)
   await send(`${gw.url}/x`, { headers: { 'x-api-key': 'k-bob' } })
   await send(`${gw.url}/x`, { headers: { 'x-api-key': 'k-bob' } })
   const r = await admin(`${gw.adminUrl}/consumers/bob`)

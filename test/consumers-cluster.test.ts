@@ -8,6 +8,7 @@ import { startRedisCluster } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { eventually, send } from './helpers/ratelimit.js'
 import { keySlot } from '../src/limit/keys.js'
+import { awayFromQuotaEdge } from './helpers/window-edge.js'
 
 const cluster = await startRedisCluster(t)
 const reader = new Cluster(cluster.ports.map(port => ({ host: '127.0.0.1', port })), { scaleReads: 'master' })
@@ -42,6 +43,8 @@ t.test('on Redis Cluster: quota exact, GET /limits reads every slot without cons
   const a = await startGateway(t, config(up.url))
   const b = await startGateway(t, config(up.url))
   const key = { headers: { 'x-api-key': 'k-1' } }
+  // the quota is a calendar month in UTC: the burst and the reads that follow stay in one month
+  await awayFromQuotaEdge('month', 30_000)
   const replies = await Promise.all(Array.from({ length: 20 }, (_, i) => send(`${(i % 2 === 0 ? a : b).url}/x`, key)))
   t.equal(replies.filter(r => r.status === 200).length, 3, 'exactly the quota of 3 across both instances')
   t.ok(replies.filter(r => r.status === 429).every(r => r.json?.limit === 'metered:quota'))

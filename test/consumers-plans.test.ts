@@ -8,6 +8,7 @@ import { startRedis } from './helpers/redis.js'
 import { startUpstream, type EchoBody } from './helpers/upstream.js'
 import { send, type Reply } from './helpers/ratelimit.js'
 import { parseConfigText, ConfigError } from '../src/config/load.js'
+import { awayFromQuotaEdge } from './helpers/window-edge.js'
 
 const redis = await startRedis(t)
 const client = redis.client()
@@ -100,6 +101,8 @@ t.test('the quota is in RateLimit-Policy / RateLimit beside the tightest limit',
   await client.flushall()
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url, API_KEYS))
+  // free:quota is a calendar day in UTC: its t and the midnight computed here name the same day
+  await awayFromQuotaEdge('day', 30_000)
   const r = await send(`${gw.url}/api/x`, { headers: { 'x-api-key': 'k-bob' } })
   t.equal(r.status, 200)
   t.equal(r.headers['ratelimit-policy'], '"free:user";q=3;w=3600, "free:quota";q=5;w=86400')
@@ -113,6 +116,8 @@ t.test('all or nothing: a request rejected by the user limit uses no quota, one 
   await client.flushall()
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url, API_KEYS))
+  // the quotas are calendar days in UTC: counts, refusals and Retry-After within one day
+  await awayFromQuotaEdge('day', 30_000)
   const bob = await statuses(6, `${gw.url}/api/x`, { 'x-api-key': 'k-bob' })
   t.same(bob.map(r => r.status), [200, 200, 200, 429, 429, 429])
   t.equal(await client.hget('gw:quota.day:bob', 'c'), '3', 'three admitted requests, three quota units: the rejected ones took none')
@@ -167,6 +172,8 @@ t.test('JWT planClaim names the plan; an unknown plan in a token falls back to t
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url, `identity:\n  jwt: { secret: "${secret}", claim: sub, planClaim: tier }`))
   const auth = async (sub: string, plan?: string): Promise<Record<string, string>> => ({ authorization: `Bearer ${await token(sub, plan)}` })
+  // dave's third request is refused by tiny:quota, a calendar day in UTC: not across midnight
+  await awayFromQuotaEdge('day', 30_000)
   const zed = await statuses(7, `${gw.url}/api/x`, await auth('zed', 'pro'))
   t.same(zed.map(r => r.status), [200, 200, 200, 200, 200, 200, 429], 'zed has no consumers entry; the token says pro')
   t.equal(zed[6]?.json?.limit, 'pro:user')

@@ -15,6 +15,7 @@ import { createMemoryStore } from '../src/limit/memory-store.js'
 import { calendarPeriod, PERIOD_WINDOW_MS, utcOffsetMinutes, type QuotaPeriod } from '../src/limit/algorithms/calendar-quota.js'
 import type { LimitCheck, LimitStore } from '../src/limit/types.js'
 import { prng } from './helpers/prng.js'
+import { awayFromQuotaEdge } from './helpers/window-edge.js'
 
 const redis = await startRedis(t)
 const client = redis.client()
@@ -45,6 +46,8 @@ t.test('quota exactness: 200 concurrent requests across 2 instances admit exactl
   const yaml = config(up.url, `redis: { url: ${redis.url}, timeout: 5s, onError: deny }`)
   const a = await startGateway(t, yaml)
   const b = await startGateway(t, yaml)
+  // the daily quota is a calendar day in UTC: a burst across midnight would count in two days
+  await awayFromQuotaEdge('day', 30_000)
   // one fresh connection per request, all at once, alternating between the two instances
   const all = await Promise.all(Array.from({ length: 200 }, (_, i) => send(`${(i % 2 === 0 ? a : b).url}/x`, { headers: { 'x-api-key': 'k-1' } })))
   t.same(statusCounts(all), { 200: 50, 429: 150 }, 'exactly 50 admitted')
@@ -58,6 +61,7 @@ t.test('quota exactness: 200 concurrent requests across 2 instances admit exactl
 t.test('quota exactness in process (no Redis): 200 concurrent requests, exactly the quota', async t => {
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url, ''))
+  await awayFromQuotaEdge('day', 30_000) // not across midnight UTC, as above
   const all = await burst(200, `${gw.url}/x`, { headers: { 'x-api-key': 'k-1' } })
   t.same(statusCounts(all), { 200: 50, 429: 150 })
   t.equal(up.requests, 50)
@@ -211,6 +215,8 @@ t.test('quotaTimezone through HTTP: Retry-After runs to the zone\'s midnight; an
   const up = await startUpstream(t)
   const yaml = config(up.url, `redis: { url: ${redis.url}, timeout: 5s, onError: deny }\nquotaTimezone: Pacific/Kiritimati`).replace('limit: 50, period: day', 'limit: 1, period: day')
   const gw = await startGateway(t, yaml)
+  // the day at UTC+14 ends at 10:00 UTC: both requests and the expected wait in one local day
+  await awayFromQuotaEdge('day', 30_000, 'Pacific/Kiritimati')
   t.equal((await send(`${gw.url}/x`, { headers: { 'x-api-key': 'k-1' } })).status, 200)
   const over = await send(`${gw.url}/x`, { headers: { 'x-api-key': 'k-1' } })
   t.equal(over.status, 429)

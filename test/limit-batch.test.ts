@@ -130,7 +130,9 @@ t.test('a batch is bounded: more requests in one turn than maxBatch take more ca
   await whenReady(client)
   const reader = redis.client()
   const store = createRedisStore({ client, maxBatch: 8 })
-  const s = spec('fixed-window', 10, 60_000, 10)
+  // a token bucket (one token per 6 min), not a fixed window: a window aligned on the minute would
+  // start afresh if the clock crossed hh:mm:00 between the three script calls
+  const s = spec('token-bucket', 10, 3_600_000, 10)
   await store.decide([{ key: 'warm', spec: s, cost: 1 }], 'warm')
   const before = await scriptCalls(reader)
   const results = await Promise.all(Array.from({ length: 20 }, (_, i) => store.decide([{ key: 'k', spec: s, cost: 1 }], `r${i}`)))

@@ -8,6 +8,7 @@ import { createRedisStore } from '../src/limit/redis-store.js'
 import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import { keySlot, limitKey } from '../src/limit/keys.js'
 import type { AlgorithmName, LimitCheck, LimitSpec } from '../src/limit/types.js'
+import { awayFromWindowEdge } from './helpers/window-edge.js'
 
 const ALL: AlgorithmName[] = ['gcra', 'token-bucket', 'leaky-bucket', 'sliding-window-log', 'sliding-window', 'fixed-window']
 const BUCKETS = new Set<AlgorithmName>(['gcra', 'token-bucket', 'leaky-bucket'])
@@ -50,8 +51,11 @@ t.test('keySlot agrees with CLUSTER KEYSLOT', async (t) => {
   t.equal(keySlot(limitKey('gw', 'id', '{tenant}:a')), await cluster.cluster('KEYSLOT', 'gw:id:%7Btenant%7D:a'), 'an escaped value is hashed whole')
 })
 
+// The fixed-window counters below (1 h, aligned on the epoch) are read as such: each test that
+// counts on one keeps clear of the top of the hour, where the count would start afresh.
 t.test('checks on three masters: 200 concurrent requests, exactly the tightest limit admitted', async (t) => {
   for (const algorithm of ['gcra', 'token-bucket', 'sliding-window-log', 'fixed-window'] as const) {
+    await awayFromWindowEdge(3_600_000, 30_000)
     const tight = keyOn(p1, 'tight')
     const roomy = keyOn(p2, 'roomy')
     const log = keyOn(p3, 'log')
@@ -72,6 +76,7 @@ t.test('checks on three masters: 200 concurrent requests, exactly the tightest l
 
 t.test('when one slot rejects, the other slots get their budget back', async (t) => {
   for (const algorithm of ALL) {
+    await awayFromWindowEdge(3_600_000, 30_000)
     const generous = spec(algorithm, 100, 3_600_000)
     const a = keyOn(p1, `refund-${algorithm}`)
     const b = keyOn(p2, 'one')
@@ -102,6 +107,7 @@ t.test('a slot group that fails: the others are refunded; a known rejection stil
   const background: unknown[] = []
   const watched = createRedisStore({ client: cluster, onBackgroundError: (err) => background.push(err) })
   const fw = spec('fixed-window', 10, 3_600_000)
+  await awayFromWindowEdge(3_600_000, 30_000)
   const ok = keyOn(p1, 'fails-ok')
   const broken = keyOn(p2, 'fails-broken')
   // The wrong type makes the script fail on that slot (WRONGTYPE), after the other admitted.
@@ -126,6 +132,7 @@ t.test('a request whose keys share a slot is one call, all or nothing', async (t
     { key: tagged('y'), spec: spec('fixed-window', 1, 3_600_000), cost: 1 }
   ]
   t.equal(keySlot(tagged('x')), keySlot(tagged('y')))
+  await awayFromWindowEdge(3_600_000, 30_000)
   t.equal((await store.decide(checks, 'a')).allowed, true)
   const tat = await cluster.get(tagged('x'))
   t.equal((await store.decide(checks, 'b')).allowed, false)

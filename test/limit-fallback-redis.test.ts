@@ -12,6 +12,7 @@ import { RedisGuard } from '../src/limit/redis-guard.js'
 import { LIMIT_SCRIPT, REFUND_SCRIPT, parseLimitReply } from '../src/limit/scripts.js'
 import { NOOP_TELEMETRY } from '../src/telemetry.js'
 import type { AlgorithmName, LimitSpec } from '../src/limit/types.js'
+import { awayFromWindowEdge } from './helpers/window-edge.js'
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
 const LOCAL = [{ onError: 'local' as const }]
@@ -45,6 +46,9 @@ t.test('a partition: the fallback starts from Redis\'s remaining and its admissi
     client.on('ready', () => guard.probeNow())
     const s = spec(algorithm, 20, 600_000)
     const check = { key: `debt-${algorithm}`, spec: s, cost: 1 }
+    // fixed and sliding windows of 10 min are aligned on the epoch: the whole partition and
+    // recovery in one window, or the budget would start afresh mid-count
+    await awayFromWindowEdge(600_000, 30_000)
     let admitted = 0
     const levels: string[] = []
     const one = async (): Promise<boolean> => {
@@ -103,6 +107,8 @@ t.test('regression item 5: the clock stepping back across a window boundary keep
 t.test('regression item 6: a refund delivered twice (ioredis Cluster re-send) gives the budget back once', async t => {
   const s = '6,3,600000,3,1,0'
   const key = 'refund-twice'
+  // a fixed window of 10 min, aligned on the epoch (its count is read below): not across a boundary
+  await awayFromWindowEdge(600_000, 5000)
   const take = async (id: string): Promise<{ allowed: boolean, receipts: readonly number[] }> => {
     const r = parseLimitReply(await plain.eval(LIMIT_SCRIPT, 1, key, '0', id, s), 1)
     return { allowed: r.decision.allowed, receipts: r.receipts }
@@ -147,6 +153,8 @@ t.test('redis.expectedInstances floors the divisor of an instance that never saw
   const guard = new RedisGuard({ store: dead, fallbackMaxKeys: 10, timeoutMs: 100, instances: () => 1, expectedInstances: 4, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
   t.equal(guard.instances, 4)
   let admitted = 0
-  for (let i = 0; i < 20; i++) if ((await guard.decide([{ key: 'k', spec: spec('fixed-window', 20, 600_000), cost: 1 }], LOCAL, 'r')).decision.allowed) admitted++
+  // a token bucket (one token per 2 min of this quarter share), not a fixed window: a window aligned
+  // on the epoch would start afresh if the clock crossed hh:m0:00 during the twenty
+  for (let i = 0; i < 20; i++) if ((await guard.decide([{ key: 'k', spec: spec('token-bucket', 20, 600_000), cost: 1 }], LOCAL, 'r')).decision.allowed) admitted++
   t.equal(admitted, 5, 'a quarter of 20')
 })

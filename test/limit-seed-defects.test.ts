@@ -8,6 +8,7 @@ import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import { keySlot } from '../src/limit/keys.js'
 import { LIMIT_SCRIPT, parseLimitReply } from '../src/limit/scripts.js'
 import type { AlgorithmName, LimitCheck, LimitSpec } from '../src/limit/types.js'
+import { awayFromWindowEdge } from './helpers/window-edge.js'
 
 const ALL: AlgorithmName[] = ['gcra', 'token-bucket', 'leaky-bucket', 'sliding-window-log', 'sliding-window', 'fixed-window']
 const BUCKETS = new Set<AlgorithmName>(['gcra', 'token-bucket', 'leaky-bucket'])
@@ -176,6 +177,8 @@ t.test('defect: multi-dimension limits consume the global budget before user/IP 
     { key: keys.ip, spec: spec('sliding-window-log', 10, 60_000), cost: 1 },
     { key: keys.api, spec: spec('gcra', 100, 3_600_000), cost: 1 }
   ]
+  // the user check is a fixed window aligned on the epoch: all eleven requests in one hour
+  await awayFromWindowEdge(3_600_000, 30_000)
   t.equal((await store.decide(checks, 'first')).allowed, true)
   const dump = async (): Promise<Array<string | null>> =>
     await Promise.all([keys.global, keys.ip, keys.api].map(async (k) => (await plain.dumpBuffer(k))?.toString('hex') ?? null))

@@ -46,8 +46,10 @@ routes:
     pathPrefix: /api/
     upstream: backend
     limits:
-      ip: { algorithm: fixed-window, limit: 1, window: 1m }
+      ip: { algorithm: token-bucket, limit: 1, window: 1m }
 `)
+  // a token bucket (one token a minute), not a fixed window: an epoch-aligned minute would start
+  // afresh if the clock crossed hh:mm:00 between alice's two requests
   const byId = (id: string): Promise<Line> => lineOf(gw.lines, l => l.msg === 'request' && l.requestId === id)
 
   const notFound = await send(gw.port, '/nowhere', { 'user-agent': 'probe/1.0', host: 'edge.example' })

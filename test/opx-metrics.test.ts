@@ -24,9 +24,11 @@ routes:
     stripPrefix: /api
     upstream: backend
     limits:
-      ip: { algorithm: fixed-window, limit: 3, window: 1h }
+      ip: { algorithm: token-bucket, limit: 3, window: 1h }
   - { name: gone, pathPrefix: /gone/, upstream: dead }
 `)
+  // a token bucket (one token per 20 min), not a fixed window: an epoch-aligned window would start
+  // afresh if the run crossed the top of the hour, and admit the fourth
   const statuses: number[] = []
   for (let i = 0; i < 2; i++) statuses.push((await fetch(`${gw.url}/api/slow?ms=150`)).status)
   // one request held at the upstream while /metrics is scraped

@@ -125,8 +125,10 @@ routes:
     pathPrefix: /
     upstream: backend
     limits:
-      ip: { algorithm: fixed-window, limit: 1, window: 1m }
+      ip: { algorithm: token-bucket, limit: 1, window: 1m }
 `)
+  // a token bucket (one token a minute), not a fixed window: an epoch-aligned minute would start
+  // afresh if the clock crossed hh:mm:00 between the two requests
   const parent = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'
   const ok = await fetch(`${gw.url}/items?id=1`, { headers: { traceparent: parent } })
   const echo = await ok.json() as EchoBody

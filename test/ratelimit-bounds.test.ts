@@ -28,8 +28,10 @@ routes:
     pathPrefix: /
     upstream: backend
     limits:
-      ip: { algorithm: fixed-window, limit: 1, window: 1h }
+      ip: { algorithm: token-bucket, limit: 1, window: 1h }
 `)
+  // a token bucket (one token an hour), not a fixed window: an epoch-aligned window would start
+  // afresh if the run crossed the top of the hour, and a client's second request would pass
   const from = (i: number): { headers: Record<string, string> } => ({ headers: { 'x-forwarded-for': clientIp(i) } })
   t.equal(await metric(gw.adminUrl, 'gateway_ratelimit_local_keys'), 0, 'no client yet')
   t.equal(await metric(gw.adminUrl, 'gateway_redis_duration_seconds_count'), 0, 'no Redis call yet')

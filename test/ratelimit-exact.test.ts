@@ -5,7 +5,8 @@ import t from 'tap'
 import { startGateway, spawnGateway } from './helpers/gateway.js'
 import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
-import { atWindowOffset, burst, count, limitedShapeProblem, metric, statusCounts } from './helpers/ratelimit.js'
+import { burst, count, limitedShapeProblem, metric, statusCounts } from './helpers/ratelimit.js'
+import { awayFromWindowEdge } from './helpers/window-edge.js'
 
 const EXACT = ['gcra', 'token-bucket', 'leaky-bucket', 'sliding-window-log', 'fixed-window'] as const
 const BUCKETS = new Set<string>(['gcra', 'token-bucket', 'leaky-bucket'])
@@ -32,13 +33,6 @@ routes:
 `
 }
 
-// A fixed or sliding window aligned to the epoch must not roll over mid-burst: stay clear of the
-// hour boundary (at most a 30 s wait, rarely any).
-async function clearOfHourBoundary (): Promise<void> {
-  const hour = 3_600_000
-  if (hour - (Date.now() % hour) < 30_000) await atWindowOffset(hour, 1000)
-}
-
 for (const store of ['redis', 'memory'] as const) {
   for (const algorithm of [...EXACT, 'sliding-window'] as const) {
     t.test(`${algorithm} (${store}): 200 concurrent requests against a limit of 50 admit exactly 50`, async t => {
@@ -46,7 +40,9 @@ for (const store of ['redis', 'memory'] as const) {
       const route = `exact-${algorithm}-${store}`
       const burstOpt = BUCKETS.has(algorithm) ? ', burst: 50' : ''
       const gw = await startGateway(t, config(up.url, store, route, `{ algorithm: ${algorithm}, limit: 50, window: 1h${burstOpt} }`))
-      await clearOfHourBoundary()
+      // A fixed or sliding window aligned to the epoch must not roll over mid-burst: stay clear of
+      // the hour boundary (at most a 30 s wait, rarely any).
+      await awayFromWindowEdge(3_600_000, 30_000)
       const replies = await burst(200, `${gw.url}/x`)
       t.same(statusCounts(replies), { 200: 50, 429: 150 }, 'the gateway answered 50 x 200 and 150 x 429')
       t.equal(up.requests, 50, 'the upstream saw exactly 50 requests')

@@ -6,6 +6,7 @@ import { startGateway } from './helpers/gateway.js'
 import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { burst, count, evalshaCalls, inNextWindow, limitedShapeProblem, metric, send, sleep, statusCounts, type Reply } from './helpers/ratelimit.js'
+import { awayFromWindowEdge } from './helpers/window-edge.js'
 
 const redis = await startRedis(t)
 const admin = redis.client()
@@ -32,6 +33,9 @@ routes:
       user: { algorithm: sliding-window-log, limit: 1, window: 1h }
 `)
   const url = `${gw.url}/x`
+  // The global and API counters are read as such below, so they stay fixed windows; being aligned
+  // on the epoch, they would start afresh if the run crossed the top of the hour: not that close to it.
+  await awayFromWindowEdge(3_600_000, 30_000)
   // 40 users, 40 at once, each sending 2 requests in a row: the second is over the user's own
   // limit and is the first rejection of its key, so the Lua script itself decides it (no deny
   // cache yet). Had those 40 rejections consumed global or API units, 80 > 50 would be spent

@@ -177,8 +177,10 @@ t.test('per-limit onError: allow, deny and local on one route while Redis is dea
     path: /${name}
     upstream: backend
     limits:
-      api: { algorithm: fixed-window, limit: 3, window: 1h, onError: ${onError} }
+      api: { algorithm: token-bucket, limit: 3, window: 1h, onError: ${onError} }
 `
+  // a token bucket (one token per 20 min), not a fixed window: an epoch-aligned window would start
+  // afresh if the run crossed the top of the hour
   const gw = await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 redis: { url: ${redis.url}, timeout: 500ms }

@@ -17,9 +17,11 @@ routes:
     pathPrefix: /
     upstream: backend
     limits:
-      api:  { algorithm: fixed-window, limit: 2, window: 1h }
+      api:  { algorithm: token-bucket, limit: 2, window: 1h }
       user: { algorithm: sliding-window-log, limit: 3, window: 1h, mode: shadow }
 `)
+  // a token bucket (one token per 30 min), not a fixed window: an epoch-aligned window would start
+  // afresh if the run crossed the top of the hour, and admit a third
   const statuses: number[] = []
   for (let i = 0; i < 5; i++) statuses.push((await send(`${gw.url}/x`, { headers: { 'x-user-id': 'alice' } })).status)
   t.same(statuses, [200, 200, 429, 429, 429], 'the enforced api limit decides')

@@ -17,6 +17,7 @@ import { DenyCache } from '../src/limit/local-level.js'
 import type { PlannedLimit, RouteLimitPlan } from '../src/limit/plan.js'
 import type { AlgorithmName, LimitCheck, LimitSpec, SharedDecision, SharedLevel } from '../src/limit/types.js'
 import { NOOP_TELEMETRY } from '../src/telemetry.js'
+import { awayFromQuotaEdge, awayFromWindowEdge } from './helpers/window-edge.js'
 
 interface Subject {
   readonly level: SharedLevel
@@ -26,6 +27,9 @@ interface Subject {
 
 const BUCKETS = new Set<AlgorithmName>(['gcra', 'token-bucket', 'leaky-bucket'])
 const EVERY_ALGORITHM: readonly AlgorithmName[] = ['gcra', 'token-bucket', 'leaky-bucket', 'sliding-window-log', 'sliding-window', 'fixed-window', 'calendar-quota', 'lease']
+// Windows aligned on the epoch (a minute, 10 s) or the calendar (a day) start afresh at their
+// boundary: each part that counts on one waits out the last seconds of a window instead.
+const EPOCH_ALIGNED = new Set<AlgorithmName>(['fixed-window', 'sliding-window'])
 const ON_ERROR = [{ onError: 'local' as const }, { onError: 'local' as const }, { onError: 'local' as const }]
 
 function spec (algorithm: AlgorithmName, limit: number, windowMs: number, burst = limit): LimitSpec {
@@ -67,6 +71,8 @@ async function storeContract (t: Test, subject: Subject): Promise<void> {
     for (const algorithm of EVERY_ALGORITHM) {
       const windowMs = algorithm === 'calendar-quota' ? 86_400_000 : 60_000
       const check: LimitCheck = { key: fresh(algorithm), spec: spec(algorithm, 5, windowMs), cost: 1 }
+      if (algorithm === 'calendar-quota') await awayFromQuotaEdge('day', 5000)
+      if (EPOCH_ALIGNED.has(algorithm)) await awayFromWindowEdge(windowMs, 5000)
       const decisions = await Promise.all(Array.from({ length: 12 }, async () => await decide(level, [check])))
       t.equal(decisions.filter(d => d.decision.allowed).length, 5, `${algorithm}: 5 of 12 admitted`)
       const refused = decisions.filter(d => !d.decision.allowed)
@@ -84,6 +90,7 @@ async function storeContract (t: Test, subject: Subject): Promise<void> {
       const roomy: LimitCheck = { key: fresh('roomy'), spec: spec('gcra', 10, 60_000), cost: 1 }
       const other: LimitCheck = { key: fresh('other'), spec: spec('sliding-window-log', 10, 60_000), cost: 1 }
       const checks = rejectingFirst ? [tight, roomy, other] : [roomy, other, tight]
+      await awayFromWindowEdge(60_000, 5000) // the tight fixed window must still be spent for the five
       const first = await decide(level, checks)
       t.ok(first.decision.allowed, 'the first request passes every check')
       const refusals = await Promise.all(Array.from({ length: 5 }, async () => await decide(level, checks)))
@@ -96,6 +103,7 @@ async function storeContract (t: Test, subject: Subject): Promise<void> {
 
   await t.test('retry-after: the wait until the budget admits again, -1 when it never can', async (t) => {
     const window: LimitCheck = { key: fresh('window'), spec: spec('fixed-window', 2, 10_000), cost: 1 }
+    await awayFromWindowEdge(10_000, 2000) // the third in the window of the first two
     await decide(level, [window])
     await decide(level, [window])
     const w = await decide(level, [window])
@@ -119,6 +127,7 @@ async function storeContract (t: Test, subject: Subject): Promise<void> {
     const plan: RouteLimitPlan = { enforced: [limit], shadow: [], all: [limit] }
     const request = { route: 'contract', plan, ipKey: '192.0.2.7', user: null, requestId: 'contract' }
     const verdicts: LimitVerdict[] = []
+    await awayFromWindowEdge(60_000, 5000) // the four in one fixed window
     for (let i = 0; i < 4; i++) {
       const v = limiter.check(request)
       if (subject.synchronous) t.notOk(v instanceof Promise, 'decided without a Promise')

@@ -34,8 +34,11 @@ routes:
   - name: all
     pathPrefix: /
     upstream: b
-    limits: { api: { algorithm: fixed-window, limit: ${limit}, window: 1h } }
+    limits: { api: { algorithm: token-bucket, limit: ${limit}, window: 1h } }
 `
+  // token buckets, not fixed windows: an epoch-aligned window would start afresh if the run crossed
+  // the top of the hour, between the spent budget of 45 and the 20 refusals after the crash (45 per
+  // hour: one token per 80 s comes back)
   const gw = await spawnGateway(t, yaml(100000))
   const primary = await gw.waitForLog(l => l.msg === 'gateway primary started')
   const adminUrl = `http://127.0.0.1:${primary.adminPort as number}`
