@@ -165,14 +165,25 @@ function renderHealth () {
     : reloads.map(r => el('li', { class: r.ok ? '' : 'rejected-reload' },
       `${r.at}: ${r.ok ? `generation ${r.generation} loaded` : 'rejected, the running configuration kept serving'}`,
       r.ok ? null : el('pre', { class: 'error-lines' }, (r.problems ?? []).join('\n'))))))
-  if (state.routes && h.generation !== state.routes.generation) loadRoutes()
+  // also until a first answer: under workers the primary has no routes before a worker reports
+  if (state.routes === null || h.generation !== state.routes.generation) void loadRoutes()
 }
 
 // ---- limits (the compiled runtime) ------------------------------------------------------------
+let routesLoading = false
 async function loadRoutes () {
-  const res = await fetch('/routes', { cache: 'no-store' })
-  if (!res.ok) return
-  state.routes = await res.json()
+  if (routesLoading) return
+  routesLoading = true
+  let res
+  try {
+    res = await fetch('/routes', { cache: 'no-store' })
+    if (!res.ok) return
+    state.routes = await res.json()
+  } catch {
+    return
+  } finally {
+    routesLoading = false
+  }
   $('limits-generation').textContent = `generation ${state.routes.generation}`
   const local = state.routes.local
   $('local-line').textContent = local ? `Local level (per client IP, in process): ${local.limit} per ${local.window}${local.burst ? `, burst ${local.burst}` : ''}` : 'No local level.'

@@ -226,13 +226,17 @@ export const notifyReady = (): void => { process.send?.('gateway:ready') }
 export function sendLiveFrames (takeFrame: () => LiveFrame, health: () => Record<string, unknown>, routes: () => LiveMessage['routes'] | null): () => void {
   if (process.send === undefined) return () => {}
   let sentGeneration = -1
-  const timer = setInterval(() => {
+  const send = (): void => {
     const view = routes()
     const withRoutes = view !== null && view !== undefined && view.generation !== sentGeneration
     if (withRoutes) sentGeneration = view.generation
     const msg: LiveMessage = { type: 'gateway:live', frame: takeFrame(), health: health(), ...(withRoutes ? { routes: view } : {}) }
     process.send?.(msg)
-  }, 1000)
+  }
+  // A first frame at once, ahead of the worker's ready message on the same channel: once /readyz
+  // says ready, the primary's /routes has the routes (an admin page opened then showed none).
+  send()
+  const timer = setInterval(send, 1000)
   timer.unref()
   return () => clearInterval(timer)
 }

@@ -57,6 +57,10 @@ routes:
   - { name: api, pathPrefix: /, upstream: b }
 `)
   const { adminUrl, pids } = await primaryOf(gw)
+  // the admin page reads /routes once it opens: a ready primary must already have them
+  const routes = await admin(`${adminUrl}/routes`)
+  t.equal(routes.status, 200, 'the primary answers /routes as soon as /readyz says ready')
+  t.same(((routes.json?.routes ?? []) as Array<{ name: string }>).map(r => r.name), ['api'], 'with the workers\' routes')
   t.notOk(gw.logs.some(l => WARNING.test(String(l.msg))), 'a loopback admin address is not warned about')
 
   // 3 admitted by the shared Redis budget, then refused on both workers (deny cache, local level)
