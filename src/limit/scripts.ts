@@ -94,19 +94,49 @@ export function batchKeysAndArgs (batch: readonly BatchedRequest[], nowOverrideU
   return { numKeys, keysAndArgs }
 }
 
-/** Splits LIMIT_BATCH_SCRIPT's reply into one limit.lua reply per request; throws on anything else. */
+/**
+ * Splits LIMIT_BATCH_SCRIPT's reply (one string of comma-separated integers) into one limit.lua
+ * reply per request; throws on anything else.
+ */
 export function parseBatchReply (reply: unknown, batch: readonly BatchedRequest[]): LimitReply[] {
-  if (!Array.isArray(reply)) throw new TypeError(`unexpected reply from limit-batch.lua: ${JSON.stringify(reply)}`)
+  if (typeof reply !== 'string') throw new TypeError(`unexpected reply from limit-batch.lua: ${JSON.stringify(reply)}`)
+  const values = parseIntegerList(reply)
   const out: LimitReply[] = []
   let at = 0
   for (const r of batch) {
-    const length = reply[at]
-    if (typeof length !== 'number' || at + 1 + length > reply.length) throw new TypeError('limit-batch.lua returned fewer replies than requests')
-    out.push(parseLimitReply(reply.slice(at + 1, at + 1 + length), r.checks.length))
+    const length = values[at]
+    if (length === undefined || at + 1 + length > values.length) throw new TypeError('limit-batch.lua returned fewer replies than requests')
+    out.push(limitReplyAt(values, at + 1, length, r.checks.length))
     at += 1 + length
   }
-  if (at !== reply.length) throw new TypeError('limit-batch.lua returned more replies than requests')
+  if (at !== values.length) throw new TypeError('limit-batch.lua returned more replies than requests')
   return out
+}
+
+/** "12,-1,0" -> [12, -1, 0]; throws on anything but optionally signed integers between commas. */
+export function parseIntegerList (text: string): number[] {
+  const values: number[] = []
+  let value = 0
+  let negative = false
+  let digits = 0
+  for (let i = 0; i <= text.length; i++) {
+    const c = i === text.length ? 44 /* , */ : text.charCodeAt(i)
+    if (c >= 48 && c <= 57) {
+      value = value * 10 + (c - 48)
+      digits++
+    } else if (c === 44) {
+      if (digits === 0) throw new TypeError(`unexpected reply from limit-batch.lua: ${JSON.stringify(text.slice(0, 200))}`)
+      values.push(negative ? -value : value)
+      value = 0
+      negative = false
+      digits = 0
+    } else if (c === 45 /* - */ && digits === 0 && !negative) {
+      negative = true
+    } else {
+      throw new TypeError(`unexpected reply from limit-batch.lua: ${JSON.stringify(text.slice(0, 200))}`)
+    }
+  }
+  return values
 }
 
 /** ARGV of REFUND_SCRIPT: as limitArgs, each check followed by its receipt from the limit reply. */
@@ -136,26 +166,31 @@ export interface LimitReply {
 
 /** Parses LIMIT_SCRIPT's reply for `checkCount` checks; throws on anything else. */
 export function parseLimitReply (reply: unknown, checkCount: number): LimitReply {
-  if (!Array.isArray(reply) || reply.length < 7 || !reply.every((v) => typeof v === 'number')) {
+  if (!Array.isArray(reply) || !reply.every((v) => typeof v === 'number')) {
     throw new TypeError(`unexpected reply from limit.lua: ${JSON.stringify(reply)}`)
   }
-  const r = reply as number[]
-  const allowed = r[0] === 1
+  return limitReplyAt(reply as number[], 0, reply.length, checkCount)
+}
+
+/** limit.lua's reply read from `values[start .. start + length)`. */
+function limitReplyAt (values: readonly number[], start: number, length: number, checkCount: number): LimitReply {
+  if (length < 7) throw new TypeError(`unexpected reply from limit.lua: ${JSON.stringify(values.slice(start, start + length))}`)
+  const allowed = values[start] === 1
   const expected = 7 + (allowed ? 2 : 1) * checkCount
-  if (r.length !== expected) throw new TypeError(`limit.lua returned ${r.length} values for ${checkCount} checks (expected ${expected})`)
-  const remainings = r.slice(expected - checkCount)
+  if (length !== expected) throw new TypeError(`limit.lua returned ${length} values for ${checkCount} checks (expected ${expected})`)
+  const remainings = values.slice(start + expected - checkCount, start + expected)
   return {
     decision: {
       allowed,
-      remaining: r[1] as number,
-      retryAfterMs: r[2] as number,
-      resetMs: r[3] as number,
-      limitingIndex: r[4] as number,
-      delayMs: r[5] as number,
+      remaining: values[start + 1] as number,
+      retryAfterMs: values[start + 2] as number,
+      resetMs: values[start + 3] as number,
+      limitingIndex: values[start + 4] as number,
+      delayMs: values[start + 5] as number,
       ...(allowed && checkCount > 0 ? { remainings } : {})
     },
-    nowMs: r[6] as number,
-    receipts: allowed ? r.slice(7, 7 + checkCount) : [],
+    nowMs: values[start + 6] as number,
+    receipts: allowed ? values.slice(start + 7, start + 7 + checkCount) : [],
     remainings
   }
 }

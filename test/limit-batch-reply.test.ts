@@ -1,0 +1,33 @@
+// limit-batch.lua answers with one string of comma-separated integers (issue 13): the parser must
+// read every integer limit.lua can return exactly, and refuse anything else rather than guess.
+import t from 'tap'
+import { parseBatchReply, parseIntegerList } from '../src/limit/scripts.js'
+import type { LimitCheck } from '../src/limit/types.js'
+
+t.test('integers are read exactly: signs, zero, µs timestamps up to 2^53 - 1', async t => {
+  t.same(parseIntegerList('0'), [0])
+  t.same(parseIntegerList('7,-1,0,1763925000123,-42'), [7, -1, 0, 1763925000123, -42])
+  t.same(parseIntegerList(`${Number.MAX_SAFE_INTEGER},-${Number.MAX_SAFE_INTEGER}`), [Number.MAX_SAFE_INTEGER, -Number.MAX_SAFE_INTEGER])
+})
+
+t.test('anything but integers between commas is refused', async t => {
+  for (const bad of ['', ',', '1,', ',1', '1,,2', '-', '--1', '1-2', '1.5', '1e3', ' 1', 'a', '1,b'] as const) {
+    t.throws(() => parseIntegerList(bad), /unexpected reply from limit-batch\.lua/, JSON.stringify(bad))
+  }
+})
+
+t.test('a batch reply is split per request by the length before each reply', async t => {
+  const checks = (n: number): LimitCheck[] => Array.from({ length: n }, () => ({}) as unknown as LimitCheck)
+  const batch = [{ keys: ['a'], checks: checks(1), id: 'r1' }, { keys: ['b', 'c'], checks: checks(2), id: 'r2' }]
+  // r1 allowed (1 check: 7 + 2 values), r2 refused by its second check (2 checks: 7 + 2 values)
+  const [r1, r2] = parseBatchReply('9,1,4,0,1000,-1,0,1763925000123,55,4,9,0,0,250,1000,1,0,1763925000123,3,0', batch)
+  t.same(r1?.decision, { allowed: true, remaining: 4, retryAfterMs: 0, resetMs: 1000, limitingIndex: -1, delayMs: 0, remainings: [4] })
+  t.same(r1?.receipts, [55])
+  t.equal(r1?.nowMs, 1763925000123)
+  t.same(r2?.decision, { allowed: false, remaining: 0, retryAfterMs: 250, resetMs: 1000, limitingIndex: 1, delayMs: 0 })
+  t.same(r2?.remainings, [3, 0])
+  t.same(r2?.receipts, [])
+  t.throws(() => parseBatchReply('9,1,4,0,1000,-1,0,1,55,4', batch), /fewer replies than requests/)
+  t.throws(() => parseBatchReply('9,1,4,0,1000,-1,0,1,55,4,9,0,0,250,1000,1,0,1,3,0,1', batch), /more replies than requests|fewer replies/)
+  t.throws(() => parseBatchReply([9, 1], batch), /unexpected reply/)
+})
