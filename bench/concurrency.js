@@ -9,7 +9,14 @@
 // (process.cpuUsage: the gateway's side) and in redis-server (/proc), per request; the same two
 // plans are also run on the in-process store (no Redis configured).
 //
-//   node bench/concurrency.js [--seconds 5] [--rounds 3] [--rate 3000] [--hold-ms 2] [--inflight 1000] [--json FILE]
+// The open loop above leaves the process mostly idle, so its per-request CPU carries the timers'
+// and the scheduler's noise, as large as the effect. A closed loop (--closed N requests in flight,
+// each released one event-loop turn after its verdict, as a response ending under load would, and
+// followed at once by the next) keeps the process saturated; its short rounds alternate A and B
+// (--closed-rounds, --closed-seconds) and the figure is the median of the paired differences.
+//
+//   node bench/concurrency.js [--seconds 5] [--rounds 3] [--rate 3000] [--hold-ms 2] [--inflight 1000]
+//                             [--closed 200] [--closed-seconds 2] [--closed-rounds 9] [--json FILE]
 // --json writes the figures (medians and ranges over rounds) for `npm run bench` (bench/run.js).
 import { mkdtempSync, rmSync, existsSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -32,6 +39,9 @@ const { values: flags } = parseArgs({
     inflight: { type: 'string' },
     'hold-ms': { type: 'string' },
     rate: { type: 'string' },
+    closed: { type: 'string' },
+    'closed-seconds': { type: 'string' },
+    'closed-rounds': { type: 'string' },
     json: { type: 'string' }
   }
 })
@@ -42,6 +52,10 @@ const settings = {
   inflight: Number(flags.inflight ?? 1000),
   holdMs: Number(flags['hold-ms'] ?? 2),
   rate: Number(flags.rate ?? 3000),
+  // closed loop: this many requests in flight, each followed at once by the next (saturation)
+  closedInflight: Number(flags.closed ?? 200),
+  closedSeconds: Number(flags['closed-seconds'] ?? 2),
+  closedRounds: Number(flags['closed-rounds'] ?? 9),
   users: 1000
 }
 
@@ -115,8 +129,34 @@ async function drive (limiter, routePlan, seconds) {
   return { done, refused, late }
 }
 
-/** @param {'redis' | 'memory'} storeKind @param {any} redis */
-async function run (storeKind, redis) {
+/**
+ * Closed loop: `settings.closedInflight` requests in flight for `seconds`; each releases its lease
+ * one event-loop turn after its verdict (the response), then the next request starts at once.
+ * @param {any} limiter
+ * @param {any} routePlan
+ * @param {number} seconds
+ */
+async function driveClosed (limiter, routePlan, seconds) {
+  let done = 0
+  let refused = 0
+  let next = 0
+  const end = performance.now() + seconds * 1000
+  const loop = async () => {
+    while (performance.now() < end) {
+      const i = next++
+      const v = await limiter.check({ route: 'bench', plan: routePlan, ipKey: '127.0.0.1', user: `u${i % settings.users}`, requestId: `r${i}` })
+      if (v.kind !== 'allow') refused++
+      await new Promise((resolve) => setImmediate(resolve))
+      if (v.kind === 'allow' && v.lease !== null) limiter.release(v.lease)
+      done++
+    }
+  }
+  await Promise.all(Array.from({ length: settings.closedInflight }, loop))
+  return { done, refused, late: 0 }
+}
+
+/** @param {'redis' | 'memory'} storeKind @param {any} redis @param {boolean} [closed] */
+async function run (storeKind, redis, closed = false) {
   const kind = storeKind
   /** @type {Record<'A' | 'B', { client: number[], redis: number[], calls: number[], perSecond: number[] }>} */
   const results = { A: { client: [], redis: [], calls: [], perSecond: [] }, B: { client: [], redis: [], calls: [], perSecond: [] } }
@@ -137,15 +177,18 @@ async function run (storeKind, redis) {
   const plans = { A: plan(false, storeKind === 'redis'), B: plan(true, storeKind === 'redis') }
   const internal = commandsUsedByScripts(join(ROOT, 'lua'))
   // warm-up: scripts loaded, keys created, code optimized
-  for (const p of /** @type {const} */ (['A', 'B'])) await drive(limiter, plans[p], 1)
-  for (let round = 0; round < settings.rounds; round++) {
+  const driver = closed ? driveClosed : drive
+  const rounds = closed ? settings.closedRounds : settings.rounds
+  const seconds = closed ? settings.closedSeconds : settings.seconds
+  for (const p of /** @type {const} */ (['A', 'B'])) await driver(limiter, plans[p], 1)
+  for (let round = 0; round < rounds; round++) {
     const order = round % 2 === 0 ? /** @type {const} */ (['A', 'B']) : /** @type {const} */ (['B', 'A'])
     for (const p of order) {
       const calls0 = storeKind === 'redis' ? await commandCalls(redis.client) : {}
       const redisCpu0 = storeKind === 'redis' ? treeCpuMicros(redis.child.pid) : 0
       const cpu0 = process.cpuUsage()
       const t0 = performance.now()
-      const r = await drive(limiter, plans[p], settings.seconds)
+      const r = await driver(limiter, plans[p], seconds)
       const cpu = process.cpuUsage(cpu0)
       const secs = (performance.now() - t0) / 1000
       if (r.refused > 0) throw new Error(`${p}: ${r.refused} requests refused; the bench measures admissions`)
@@ -207,20 +250,21 @@ const dir = mkdtempSync(join(tmpdir(), 'gw-bench-conc-'))
 process.once('exit', () => { killAllSync(); rmSync(dir, { recursive: true, force: true }) })
 const redis = await startRedis(dir)
 console.log(`concurrency bench: ${settings.rounds} rounds x ${settings.seconds} s per plan, ${settings.rate} req/s offered, leases held ${settings.holdMs} ms`)
-for (const kind of /** @type {const} */ (['redis', 'memory'])) {
-  const r = await run(kind, redis)
+for (const [kind, closed] of /** @type {const} */ ([['redis', false], ['memory', false], ['redisClosed', true], ['memoryClosed', true]])) {
+  const onRedis = kind === 'redis' || kind === 'redisClosed'
+  const r = await run(onRedis ? 'redis' : 'memory', redis, closed)
   const extra = r.B.client.map((b, i) => b - /** @type {number} */ (r.A.client[i]))
-  console.log(`\n${kind} store`)
-  console.log(`  A one rate limit           client CPU µs/req ${fmtSpread(spread(r.A.client))}  req/s ${fmtSpread(spread(r.A.perSecond))}${kind === 'redis' ? `  redis CPU µs/req ${fmtSpread(spread(r.A.redis))}  Redis calls/req ${fmtSpread(spread(r.A.calls))}` : ''}`)
-  console.log(`  B + concurrency: { user }   client CPU µs/req ${fmtSpread(spread(r.B.client))}  req/s ${fmtSpread(spread(r.B.perSecond))}${kind === 'redis' ? `  redis CPU µs/req ${fmtSpread(spread(r.B.redis))}  Redis calls/req ${fmtSpread(spread(r.B.calls))}` : ''}`)
-  console.log(`  B - A (same round)          client CPU µs/req ${fmtSpread(spread(extra))}${kind === 'redis' ? `  redis CPU µs/req ${fmtSpread(spread(r.B.redis.map((b, i) => b - /** @type {number} */ (r.A.redis[i]))))}` : ''}`)
-  if (kind === 'redis') console.log(`  (releases batched: ${fmt((spread(r.B.calls)?.median ?? 0) - (spread(r.A.calls)?.median ?? 0))} extra Redis calls per request)`)
+  console.log(`\n${onRedis ? 'redis' : 'memory'} store, ${closed ? `closed loop (${settings.closedInflight} in flight, ${settings.closedRounds} rounds x ${settings.closedSeconds} s per plan)` : `open loop (${settings.rate} req/s offered)`}`)
+  console.log(`  A one rate limit           client CPU µs/req ${fmtSpread(spread(r.A.client))}  req/s ${fmtSpread(spread(r.A.perSecond))}${onRedis ? `  redis CPU µs/req ${fmtSpread(spread(r.A.redis))}  Redis calls/req ${fmtSpread(spread(r.A.calls))}` : ''}`)
+  console.log(`  B + concurrency: { user }   client CPU µs/req ${fmtSpread(spread(r.B.client))}  req/s ${fmtSpread(spread(r.B.perSecond))}${onRedis ? `  redis CPU µs/req ${fmtSpread(spread(r.B.redis))}  Redis calls/req ${fmtSpread(spread(r.B.calls))}` : ''}`)
+  console.log(`  B - A (same round)          client CPU µs/req ${fmtSpread(spread(extra))}${onRedis ? `  redis CPU µs/req ${fmtSpread(spread(r.B.redis.map((b, i) => b - /** @type {number} */ (r.A.redis[i]))))}` : ''}`)
+  if (onRedis) console.log(`  (releases batched: ${fmt((spread(r.B.calls)?.median ?? 0) - (spread(r.A.calls)?.median ?? 0))} extra Redis calls per request)`)
   figures[kind] = {
-    A: { clientCpuUs: spread(r.A.client), reqPerSecond: spread(r.A.perSecond), ...(kind === 'redis' ? { redisCpuUs: spread(r.A.redis), redisCalls: spread(r.A.calls) } : {}) },
-    B: { clientCpuUs: spread(r.B.client), reqPerSecond: spread(r.B.perSecond), ...(kind === 'redis' ? { redisCpuUs: spread(r.B.redis), redisCalls: spread(r.B.calls) } : {}) },
+    A: { clientCpuUs: spread(r.A.client), reqPerSecond: spread(r.A.perSecond), ...(onRedis ? { redisCpuUs: spread(r.A.redis), redisCalls: spread(r.A.calls) } : {}) },
+    B: { clientCpuUs: spread(r.B.client), reqPerSecond: spread(r.B.perSecond), ...(onRedis ? { redisCpuUs: spread(r.B.redis), redisCalls: spread(r.B.calls) } : {}) },
     // paired within a round: the machine's noise hits both plans of a round alike
     extraClientCpuUs: spread(extra),
-    ...(kind === 'redis' ? { extraRedisCpuUs: spread(r.B.redis.map((b, i) => b - /** @type {number} */ (r.A.redis[i]))) } : {})
+    ...(onRedis ? { extraRedisCpuUs: spread(r.B.redis.map((b, i) => b - /** @type {number} */ (r.A.redis[i]))) } : {})
   }
 }
 if (flags.json !== undefined) writeFileSync(flags.json, JSON.stringify(figures, null, 2) + '\n')

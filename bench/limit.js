@@ -226,7 +226,15 @@ async function redisCeiling (store, byClient, redis, requests) {
   const command = captured.map((a, i) => i === 0 ? a : a.replace(/:c0$/, ':c__rand_int__').replace(/^capture-1~.*$/, 'r__rand_int__'))
   const check = await redis.client.call(/** @type {string} */ (command[0]), ...command.slice(1).map((a) => a.replace(/__rand_int__/g, '000000000001'))).then(() => null, (/** @type {Error} */ e) => e.message)
   if (check !== null) return { skipped: `replayed command fails: ${check}`, command }
-  const r = await runRedisBenchmark({ port: redis.port, command, requests, clients: 50, pipeline: 16, keyspace: settings.clients })
+  // a ceiling that cannot be measured is reported as skipped: it must not end the whole bench
+  let r
+  try {
+    r = await runRedisBenchmark({ port: redis.port, command, requests, clients: 50, pipeline: 16, keyspace: settings.clients })
+  } catch (err) {
+    const reason = /** @type {Error} */ (err).message.slice(0, 300)
+    console.log(`  redis-benchmark ceiling (same ${command[0]}, -c 50 -P 16): not measured (${reason})`)
+    return { skipped: reason, command }
+  }
   console.log(`  redis-benchmark ceiling (same ${command[0]}, -c 50 -P 16): ${fmt(r.rps)} calls/s`)
   return { command, ...r }
 }

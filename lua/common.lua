@@ -153,14 +153,22 @@ end
 -- Exact bucket arithmetic: one token is `w` units and `l` units refill per µs, so a refill of
 -- e µs adds e * l units with no fraction to lose (the seed scripts floored it away).
 local function scale (p)
+  local w = p.scale_w
+  if w then return w, p.scale_l end
   local g = gcd(p.window_us, p.limit)
-  return p.window_us / g, p.limit / g
+  p.scale_w, p.scale_l = p.window_us / g, p.limit / g
+  return p.scale_w, p.scale_l
 end
 
 -- A check's parameters arrive as one argument "code,limit,windowMs,burst,cost,maxDelayMs": the
 -- client builds that string once per limit (every part is fixed by the config), which saves it
 -- encoding five more arguments per check on every call. nil when the argument is malformed.
+-- Parsed once per distinct argument in a call (a local of the script's chunk, so it starts empty
+-- on every call): a batch repeats the same few limits for each of its requests.
+local parsed_params = {}
 local function read_params (arg)
+  local known = parsed_params[arg or '']
+  if known then return known end
   local c, l, w, b, k, d = string.match(arg or '', '^(%d+),(%d+),(%d+),(%d+),(%d+),(%d+)$')
   if not c then return nil end
   local p = {
@@ -172,6 +180,7 @@ local function read_params (arg)
     max_delay_ms = tonumber(d)
   }
   p.window_us = p.window_ms * 1000
+  parsed_params[arg] = p
   return p
 end
 
