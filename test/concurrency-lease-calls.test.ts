@@ -26,7 +26,7 @@ t.test('Redis paused: lease calls waiting for it stay bounded, the rest are drop
   let mostWaiting = 0
   // one release every 12 ms for 1.8 s: each goes out in a call of its own (10 ms batching)
   for (let i = 0; i < 150; i++) {
-    const lease: HeldLease = { keys: [`lease:{u${i}}`], member: `m${i}`, level: 'redis', units: 1, released: false }
+    const lease: HeldLease = { keys: [`lease:{u${i}}`], member: `m${i}`, level: 'redis', units: 1, released: false, heldAt: -1 }
     keeper.hold(lease)
     keeper.release(lease)
     await sleep(12)

@@ -148,7 +148,7 @@ export class Limiter {
     if (headers !== null && deciding?.dimension !== 'quota' && decision.remainings !== undefined) appendQuota(headers, limits, decision.remainings)
     let lease: HeldLease | null = null
     if (leaseKeys !== null) {
-      lease = { keys: leaseKeys, member: shared.leaseId, level, units: shared.share, released: false }
+      lease = { keys: leaseKeys, member: shared.leaseId, level, units: shared.share, released: false, heldAt: -1 }
       this.options.leases?.hold(lease)
     }
     return { kind: 'allow', headers, delayMs: decision.delayMs, lease }
