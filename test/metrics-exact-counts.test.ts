@@ -3,14 +3,26 @@
 // request and decision counters, an upstream error, and the request-duration histogram line by
 // line against the durations the access log gave the same requests. A scrape between two bursts
 // must neither reset the values nor, scraped twice, double them.
-import t from 'tap'
-import { startGateway } from './helpers/gateway.js'
+import t, { type Test } from 'tap'
+import { spawnGateway, startGateway } from './helpers/gateway.js'
+import { startRedis } from './helpers/redis.js'
 import { refusingUrl, startUpstream } from './helpers/upstream.js'
 import { eventually } from './helpers/ratelimit.js'
 
 const REQUEST_BOUNDS = ['0.001', '0.0025', '0.005', '0.01', '0.025', '0.05', '0.1', '0.25', '0.5', '1', '2.5', '5', '10', '+Inf']
 
 interface Sample { name: string, labels: Record<string, string>, value: number }
+
+/** Each bucket of `buckets` against durations (ms) from the access log, allowing ±1 µs of rounding. */
+function checkBuckets (t: Test, buckets: Sample[], durationsMs: number[]): void {
+  t.same(buckets.map(b => b.labels.le), REQUEST_BOUNDS, 'the same bucket bounds, in order')
+  for (const b of buckets) {
+    const bound = b.labels.le === '+Inf' ? Infinity : Number(b.labels.le) * 1000
+    const surely = durationsMs.filter(ms => ms <= bound - 0.001).length
+    const maybe = durationsMs.filter(ms => ms <= bound + 0.001).length
+    t.ok(b.value >= surely && b.value <= maybe, `le=${b.labels.le}: ${b.value} of ${durationsMs.length} (access log: ${surely}..${maybe})`)
+  }
+}
 
 async function scrape (adminUrl: string): Promise<Sample[]> {
   const text = await (await fetch(`${adminUrl}/metrics`)).text()
@@ -101,14 +113,7 @@ routes:
   // bound may fall either side, so such a line is allowed either count).
   const apiMs = gw.lines.filter(l => l.msg === 'request' && l.route === 'api').map(l => l.durationMs as number)
   t.equal(apiMs.length, 8, 'eight access lines for the route')
-  const buckets = pick(end, 'gateway_request_duration_seconds_bucket', { route: 'api' })
-  t.same(buckets.map(b => b.labels.le), REQUEST_BOUNDS, 'the same bucket bounds, in order')
-  for (const b of buckets) {
-    const bound = b.labels.le === '+Inf' ? Infinity : Number(b.labels.le) * 1000
-    const surely = apiMs.filter(ms => ms <= bound - 0.001).length
-    const maybe = apiMs.filter(ms => ms <= bound + 0.001).length
-    t.ok(b.value >= surely && b.value <= maybe, `le=${b.labels.le}: ${b.value} of the 8 (access log: ${surely}..${maybe})`)
-  }
+  checkBuckets(t, pick(end, 'gateway_request_duration_seconds_bucket', { route: 'api' }), apiMs)
   t.equal(value(end, 'gateway_request_duration_seconds_count', { route: 'api' }), 8)
   const sum = value(end, 'gateway_request_duration_seconds_sum', { route: 'api' })
   const logged = apiMs.reduce((a, b) => a + b, 0) / 1000
@@ -122,4 +127,55 @@ routes:
   t.ok(upstream.every((b, i) => i === 0 || b.value >= (upstream[i - 1] as Sample).value), 'cumulative buckets')
   t.equal(value(end, 'gateway_upstream_response_duration_seconds_count', { upstream: 'backend' }), 5)
   t.ok(value(end, 'gateway_upstream_response_duration_seconds_sum', { upstream: 'backend' }) >= 0.3)
+})
+
+t.test('workers: 2: the primary sums the workers\' cells, histograms included, scrape after scrape', async t => {
+  const up = await startUpstream(t)
+  // workers share limits through Redis (without it, workers > 1 with limits is a config error)
+  const redis = await startRedis(t)
+  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+workers: 2
+redis: { url: ${redis.url} }
+upstreams: { backend: { targets: ["${up.url}"] } }
+routes:
+  - name: all
+    pathPrefix: /
+    upstream: backend
+    limits: { api: { algorithm: token-bucket, limit: 100000, window: 1h } }
+`)
+  const primary = await gw.waitForLog(l => l.msg === 'gateway primary started')
+  const adminUrl = `http://127.0.0.1:${primary.adminPort as number}`
+  await eventually('both workers ready', async () => (await fetch(`${adminUrl}/readyz`)).status === 200, 10_000)
+  await eventually('two worker processes', async () => new Set(gw.logs.filter(l => l.msg === 'gateway started').map(l => l.pid)).size === 2, 10_000)
+
+  // connection: close, so that the primary hands the connections round-robin to both workers
+  const burst = async (n: number): Promise<number[]> => await Promise.all(Array.from({ length: n }, async () => (await fetch(`${gw.url}/slow?ms=0`, { headers: { connection: 'close' } })).status))
+  t.same(await burst(20), new Array(20).fill(200))
+  const first = await scrape(adminUrl)
+  t.equal(value(first, 'gateway_requests_total', { route: 'all', method: 'GET', status_class: '2xx' }), 20)
+  t.same(await burst(20), new Array(20).fill(200))
+  await scrape(adminUrl)
+  const end = await scrape(adminUrl)
+
+  const accessLines = (): Array<Record<string, unknown>> => gw.logs.filter(l => l.msg === 'request' && l.route === 'all')
+  await eventually('40 access lines', async () => accessLines().length >= 40, 10_000)
+  t.equal(new Set(accessLines().map(l => l.pid)).size, 2, 'both workers answered some')
+  t.equal(value(end, 'gateway_requests_total', { route: 'all', method: 'GET', status_class: '2xx' }), 40, 'summed, accumulated, not doubled by the scrapes')
+  // by Redis, or by the fallback while a worker's connection was still coming up: summed over levels
+  t.equal(value(end, 'gateway_ratelimit_decisions_total', { route: 'all', dimension: 'api', result: 'allowed' }), 40,
+    `every decision, summed: ${JSON.stringify(pick(end, 'gateway_ratelimit_decisions_total', { route: 'all' }))}`)
+  checkBuckets(t, pick(end, 'gateway_request_duration_seconds_bucket', { route: 'all' }), accessLines().map(l => l.durationMs as number))
+  t.equal(value(end, 'gateway_request_duration_seconds_count', { route: 'all' }), 40)
+  const sum = value(end, 'gateway_request_duration_seconds_sum', { route: 'all' })
+  const logged = accessLines().reduce((a, l) => a + (l.durationMs as number), 0) / 1000
+  t.ok(Math.abs(sum - logged) <= 40 * 0.0000005 + 1e-9, `sum ${sum} s is the access log's ${logged} s`)
+  t.equal(value(end, 'gateway_upstream_response_duration_seconds_count', { upstream: 'backend' }), 40)
+  // how many Redis calls 40 decisions take is the batching's business (issue 13): only that
+  // the summed histogram is whole
+  const redisBuckets = pick(end, 'gateway_redis_duration_seconds_bucket', {})
+  const calls = value(end, 'gateway_redis_duration_seconds_count', {})
+  t.ok(calls >= 1 && calls <= 40, `${calls} Redis calls for 40 decisions`)
+  t.equal(redisBuckets.at(-1)?.value, calls, '+Inf is the count')
+  t.ok(redisBuckets.every((b, i) => i === 0 || b.value >= (redisBuckets[i - 1] as Sample).value), 'cumulative buckets')
 })
