@@ -5,7 +5,8 @@
 // src/server.ts. `tree` (default: this one) is a gateway checkout with a built dist/, so the
 // same loop can run against an older build (issue 13: before/after of the metrics cells). A tree
 // whose telemetry resolves decision counters up front (decisionCounter) is driven through them,
-// as its limiter does; an older one through limitDecision(strings).
+// as its limiter does; an older one (or any, with TELEMETRY_BENCH_API=strings) through
+// limitDecision(strings), its five label lookups per decision.
 import { resolve } from 'node:path'
 import { pathToFileURL } from 'node:url'
 
@@ -20,7 +21,7 @@ const metrics = new GatewayMetrics({ localKeys: () => 0 })
 const live = new LiveTelemetry(metrics)
 const route = 'api'
 const limits = [['global', 'global'], ['api', 'api.api'], ['ip', 'ip'], ['user', 'user']]
-const resolved = typeof live.decisionCounter === 'function'
+const resolved = typeof live.decisionCounter === 'function' && process.env.TELEMETRY_BENCH_API !== 'strings'
 // the limiter resolves a counter once per planned limit (src/limit/limiter.ts)
 const counters = resolved ? limits.map(([dimension, name]) => live.decisionCounter(route, dimension, name)) : null
 
