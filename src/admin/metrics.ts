@@ -82,8 +82,9 @@ class CellMetric {
     return { name: this.name, help: this.help, type: this.type, values: this.samples(), aggregator: this.aggregator }
   }
 
-  // Registry.resetMetrics() calls reset() on every metric; counts here only ever grow, as they
-  // would in a long-running process that nobody resets.
+  // Registry.resetMetrics() calls reset() on every metric (nothing in the gateway does). A no-op:
+  // the request path holds its cells (the limiter its decision counters), so dropping them here
+  // would leave it counting into cells nobody exports.
   reset (): void {}
 
   register (registry: Registry): void {
