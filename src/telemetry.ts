@@ -4,6 +4,14 @@
 export type LimitLevel = 'local' | 'redis' | 'fallback' | 'memory'
 export type LimitResult = 'allowed' | 'rejected' | 'shadow'
 
+/**
+ * The decisions of one limit of one route, resolved once (by the limiter, per planned limit) so
+ * that counting a decision costs an index and an increment, not a lookup of its labels.
+ */
+export interface DecisionCounter {
+  count (level: LimitLevel, result: LimitResult): void
+}
+
 export interface Telemetry {
   request (route: string, method: string, status: number, seconds: number): void
   upstreamError (upstream: string, kind: string): void
@@ -13,6 +21,8 @@ export interface Telemetry {
   upstreamEjection (upstream: string, target: string, reason: string): void
   /** `limit` is the limit's name as the 429 body gives it (`ip`, `login.ip`, `local`). */
   limitDecision (route: string, dimension: string, limit: string, level: LimitLevel, result: LimitResult): void
+  /** What limitDecision(route, dimension, limit, …) counts into, for a caller that decides the same limit often. */
+  decisionCounter (route: string, dimension: string, limit: string): DecisionCounter
   /** A request refused by a limit (the admin page's top limited clients; never a metric label). */
   clientRejected (ip: string, user: string | null): void
   redisCall (seconds: number, ok: boolean, errorKind: string | null): void
@@ -26,12 +36,15 @@ export interface Telemetry {
   websocketsOpen (route: string, delta: 1 | -1): void
 }
 
+const NOOP_DECISION_COUNTER: DecisionCounter = Object.freeze({ count () {} })
+
 export const NOOP_TELEMETRY: Telemetry = Object.freeze({
   request () {},
   upstreamError () {},
   upstreamResponse () {},
   upstreamEjection () {},
   limitDecision () {},
+  decisionCounter: () => NOOP_DECISION_COUNTER,
   clientRejected () {},
   redisCall () {},
   breakerState () {},

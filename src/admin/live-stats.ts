@@ -4,7 +4,7 @@
 // the clients rejected in that second in a bounded top-k sketch. Once a second the frame is taken
 // and handed to a `LiveFeed` (src/admin/live-feed.ts), in this process or, under `workers: N`,
 // in the primary, which sums the workers' frames. Frames are plain JSON so they cross IPC as is.
-import type { LimitLevel, LimitResult, Telemetry } from '../telemetry.js'
+import type { DecisionCounter, LimitLevel, LimitResult, Telemetry } from '../telemetry.js'
 
 /** Latency buckets: bucket i holds durations up to LATENCY_BASE_MS * LATENCY_FACTOR^i. */
 export const LATENCY_BASE_MS = 0.05
@@ -100,10 +100,28 @@ class RouteAccumulator {
   }
 }
 
+function countInto (c: DecisionCounts, level: LimitLevel, result: LimitResult): void {
+  (c[result === 'allowed' ? 0 : result === 'rejected' ? 1 : 2] as number)++
+  if (level === 'fallback') (c[3] as number)++
+}
+
+/** A limit's counter in the metrics, and its dimension's counts of the current second. */
+class LiveDecisionCounter implements DecisionCounter {
+  constructor (private readonly next: DecisionCounter, private readonly counts: DecisionCounts) {}
+
+  count (level: LimitLevel, result: LimitResult): void {
+    this.next.count(level, result)
+    countInto(this.counts, level, result)
+  }
+}
+
 /** Forwards every event to `next` (the metrics) and counts the current second for the page. */
 export class LiveTelemetry implements Telemetry {
   private routes = new Map<string, RouteAccumulator>()
-  private decisions = new Map<string, Map<string, DecisionCounts>>()
+  // Kept across seconds, unlike `routes`: the limiter holds counters that point into these
+  // arrays (decisionCounter). takeFrame copies and zeroes them, and a frame lists only the
+  // dimensions decided in its second, so a route removed by a reload still leaves the page.
+  private readonly decisions = new Map<string, Map<string, DecisionCounts>>()
   private readonly rejected = new SpaceSaving(SKETCH_SIZE)
 
   constructor (private readonly next: Telemetry) {}
@@ -124,22 +142,25 @@ export class LiveTelemetry implements Telemetry {
 
   limitDecision (route: string, dimension: string, limit: string, level: LimitLevel, result: LimitResult): void {
     this.next.limitDecision(route, dimension, limit, level, result)
-    this.countDecision(route, dimension, level, result)
+    countInto(this.countsOf(route, dimension), level, result)
   }
 
-  private countDecision (route: string, dimension: string, level: LimitLevel, result: LimitResult): void {
+  decisionCounter (route: string, dimension: string, limit: string): DecisionCounter {
+    return new LiveDecisionCounter(this.next.decisionCounter(route, dimension, limit), this.countsOf(route, dimension))
+  }
+
+  private countsOf (route: string, dimension: string): DecisionCounts {
     let byDimension = this.decisions.get(route)
     if (byDimension === undefined) this.decisions.set(route, byDimension = new Map())
     let c = byDimension.get(dimension)
     if (c === undefined) byDimension.set(dimension, c = [0, 0, 0, 0])
-    c[result === 'allowed' ? 0 : result === 'rejected' ? 1 : 2]++
-    if (level === 'fallback') c[3]++
+    return c
   }
 
   concurrencyRejected (route: string, dimension: string, level: LimitLevel): void {
     this.next.concurrencyRejected(route, dimension, level)
     // on the page a refused lease is a rejection of its dimension like any other
-    this.countDecision(route, `concurrency.${dimension}`, level, 'rejected')
+    countInto(this.countsOf(route, `concurrency.${dimension}`), level, 'rejected')
   }
 
   inflight (route: string, delta: 1 | -1): void { this.next.inflight(route, delta) }
@@ -160,11 +181,19 @@ export class LiveTelemetry implements Telemetry {
     const routes: Record<string, RouteSecond> = {}
     for (const [name, r] of this.routes) routes[name] = r.frame()
     const decisions: Record<string, Record<string, DecisionCounts>> = {}
-    for (const [route, byDimension] of this.decisions) decisions[route] = Object.fromEntries(byDimension)
+    for (const [route, byDimension] of this.decisions) {
+      let ofRoute: Record<string, DecisionCounts> | null = null
+      for (const [dimension, c] of byDimension) {
+        // every decision adds to c[0], c[1] or c[2]: all three 0 = not decided this second
+        if (c[0] === 0 && c[1] === 0 && c[2] === 0) continue
+        ;(ofRoute ??= {})[dimension] = [c[0], c[1], c[2], c[3]]
+        c[0] = c[1] = c[2] = c[3] = 0
+      }
+      if (ofRoute !== null) decisions[route] = ofRoute
+    }
     const frame: LiveFrame = { routes, decisions, rejected: this.rejected.top() }
-    // new maps each second: a route removed by a reload does not linger in the page
+    // a new map each second: a route removed by a reload does not linger in the page
     this.routes = new Map()
-    this.decisions = new Map()
     this.rejected.clear()
     return frame
   }

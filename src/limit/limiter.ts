@@ -6,7 +6,7 @@ import type { LimitCheck, SharedDecision, SharedLevel } from './types.js'
 import { ERRORS, errorBodyCode } from '../errors.js'
 import { dimensionValue, keyFor, type PlannedLimit, type RouteLimitPlan } from './plan.js'
 import type { DenyCache, LocalLevel } from './local-level.js'
-import type { Telemetry } from '../telemetry.js'
+import type { DecisionCounter, Telemetry } from '../telemetry.js'
 import { calendarPeriod, quotaOffsetSeconds } from './algorithms/calendar-quota.js'
 import type { HeldLease, LeaseKeeper } from './concurrency.js'
 
@@ -51,7 +51,19 @@ const RATE_LIMITED = errorBodyCode('GW_ERR_RATE_LIMITED')
 const CONCURRENCY_LIMITED = errorBodyCode('GW_ERR_CONCURRENCY_LIMITED')
 
 export class Limiter {
+  // A planned limit belongs to one route's plan and lives as long as this limiter (one runtime):
+  // its counter is resolved on first use, then a decision is counted without a label lookup.
+  private readonly counters = new WeakMap<PlannedLimit, { readonly route: string, readonly counter: DecisionCounter }>()
+
   constructor (private readonly options: LimiterOptions) {}
+
+  private counterOf (route: string, l: PlannedLimit): DecisionCounter {
+    const known = this.counters.get(l)
+    if (known !== undefined && known.route === route) return known.counter
+    const counter = this.options.telemetry.decisionCounter(route, l.dimension, l.name)
+    this.counters.set(l, { route, counter })
+    return counter
+  }
 
   /**
    * The local level, keyed by client IP only: it runs before identity (a user header is the
@@ -74,7 +86,7 @@ export class Limiter {
 
   /** Synchronous unless the shared level has to ask Redis: the in-process path allocates no Promise. */
   check (req: LimitRequest): LimitVerdict | Promise<LimitVerdict> {
-    const { deny, telemetry } = this.options
+    const { deny } = this.options
     // monotonic: a wall-clock step back must not freeze refills (the stores are monotonic too)
     const now = performance.now()
     const plan = req.plan
@@ -87,7 +99,7 @@ export class Limiter {
       const left = deny.remaining(denyKey(checks[i] as LimitCheck), now)
       if (left > 0) {
         const l = limits[i] as PlannedLimit
-        telemetry.limitDecision(req.route, l.dimension, l.name, 'local', 'rejected')
+        this.counterOf(req.route, l).count('local', 'rejected')
         return this.reject(l.status, l.dimension, l.name, l.spec.limit, left, l.policy, 0, left)
       }
     }
@@ -121,7 +133,7 @@ export class Limiter {
         telemetry.concurrencyRejected(route, l.dimension, level)
         return concurrencyReject(l)
       }
-      telemetry.limitDecision(route, l.dimension, l.name, level, 'rejected')
+      this.counterOf(route, l).count(level, 'rejected')
       // The fallback store is in process already: caching its rejections saves nothing and would
       // outlive Redis's recovery, holding a client to this instance's share of the budget.
       if (decision.retryAfterMs > 0 && level !== 'fallback') {
@@ -138,7 +150,7 @@ export class Limiter {
     for (let i = 0; i < limits.length; i++) {
       const l = limits[i] as PlannedLimit
       if (l.concurrency) (leaseKeys ??= []).push((checks[i] as LimitCheck).key)
-      else telemetry.limitDecision(route, l.dimension, l.name, level, 'allowed')
+      else this.counterOf(route, l).count(level, 'allowed')
     }
     // only admitted requests count against shadow limits, as they would if they were enforced
     if (req.plan.shadow.length > 0) void this.decideShadow(req)
@@ -161,7 +173,7 @@ export class Limiter {
     if (checks.length === 0) return
     try {
       const { decision, level } = await this.options.shared.decide(checks, limits, req.requestId + ':shadow')
-      for (const l of limits) this.options.telemetry.limitDecision(req.route, l.dimension, l.name, level, decision.allowed ? 'allowed' : 'shadow')
+      for (const l of limits) this.counterOf(req.route, l).count(level, decision.allowed ? 'allowed' : 'shadow')
     } catch {
       // a shadow limit never affects the request
     }
