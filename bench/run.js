@@ -681,7 +681,7 @@ concurrency limit: node bench/concurrency.js ${args.slice(0, 4).join(' ')}`)
   }
   const figures = JSON.parse(readFileSync(file, 'utf8'))
   const show = (/** @type {any} */ s) => s ? `${fmt(s.median)} [${fmt(s.min)}-${fmt(s.max)}]` : '-'
-  console.log(`concurrency limit, extra CPU per request (B - A, median [range] of rounds; target <= 5 µs): Redis path ${show(figures.redis?.extraClientCpuUs)} µs, in-process ${show(figures.memory?.extraClientCpuUs)} µs, in-process tight loop ${show(figures.tightLoop?.extra)} µs`)
+  console.log(`concurrency limit, extra CPU per request (B - A, median [range] of rounds; target <= 5 µs): Redis path ${show(figures.redisClosed?.extraClientCpuUs)} µs closed loop, ${show(figures.redis?.extraClientCpuUs)} µs at a fixed rate; in-process ${show(figures.memoryClosed?.extraClientCpuUs)} µs closed loop, ${show(figures.memory?.extraClientCpuUs)} µs at a fixed rate, ${show(figures.tightLoop?.extra)} µs tight loop`)
   return figures
 }
 
