@@ -51,17 +51,18 @@ const RATE_LIMITED = errorBodyCode('GW_ERR_RATE_LIMITED')
 const CONCURRENCY_LIMITED = errorBodyCode('GW_ERR_CONCURRENCY_LIMITED')
 
 export class Limiter {
-  // A planned limit belongs to one route's plan and lives as long as this limiter (one runtime):
-  // its counter is resolved on first use, then a decision is counted without a label lookup.
-  private readonly counters = new WeakMap<PlannedLimit, { readonly route: string, readonly counter: DecisionCounter }>()
+  // Each planned limit's counter per route, resolved on first use, then a decision is counted
+  // without a label lookup. Per route: the identity-failure plan's limits are one set shared by
+  // every route. Planned limits live as long as this limiter (one runtime).
+  private readonly counters = new WeakMap<PlannedLimit, Map<string, DecisionCounter>>()
 
   constructor (private readonly options: LimiterOptions) {}
 
   private counterOf (route: string, l: PlannedLimit): DecisionCounter {
-    const known = this.counters.get(l)
-    if (known !== undefined && known.route === route) return known.counter
-    const counter = this.options.telemetry.decisionCounter(route, l.dimension, l.name)
-    this.counters.set(l, { route, counter })
+    let byRoute = this.counters.get(l)
+    if (byRoute === undefined) this.counters.set(l, byRoute = new Map())
+    let counter = byRoute.get(route)
+    if (counter === undefined) byRoute.set(route, counter = this.options.telemetry.decisionCounter(route, l.dimension, l.name))
     return counter
   }
 
