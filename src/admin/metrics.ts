@@ -284,23 +284,22 @@ export class GatewayMetrics implements Telemetry {
   }
 
   inflight (route: string, delta: 1 | -1): void {
-    const r = this.routeCells(route)
-    let g = r.inflight
-    if (g === null) {
-      r.inflight = g = new Cell({ route })
-      this.inflightCells.push(g)
-    }
-    g.value += delta
+    this.routeGauge(route, 'inflight', this.inflightCells).value += delta
   }
 
   websocketsOpen (route: string, delta: 1 | -1): void {
+    this.routeGauge(route, 'websockets', this.websocketCells).value += delta
+  }
+
+  /** A per-route gauge's cell, made (and listed in `family`) on first use. */
+  private routeGauge (route: string, gauge: 'inflight' | 'websockets', family: Cell[]): Cell {
     const r = this.routeCells(route)
-    let g = r.websockets
+    let g = r[gauge]
     if (g === null) {
-      r.websockets = g = new Cell({ route })
-      this.websocketCells.push(g)
+      r[gauge] = g = new Cell({ route })
+      family.push(g)
     }
-    g.value += delta
+    return g
   }
 
   request (route: string, method: string, status: number, seconds: number): void {
