@@ -286,6 +286,9 @@ async function measured (p, load) {
     peakRssMb: treePeakRssKb(p.pid) / 1024,
     gateway,
     gatewayRedisErrors: gateway?.redisErrors ?? 0,
+    // the gateway's GC pauses per request: a request path that makes V8 promote its objects shows
+    // here first (issue 13: 6-7 ms scavenges from one Set of open responses)
+    gatewayGcPauseUsPerReq: gateway === null ? NaN : gateway.gcSeconds * 1e6 / n,
     gatewayFallbackShare: fallbackShare(gateway?.decisions)
   }
 }
@@ -432,7 +435,7 @@ function mergeCounts (...maps) {
 // --- summaries ----------------------------------------------------------------------------
 
 const SUMMARY_FIELDS = ['rps', 'p50Ms', 'p99Ms', 'cpuPerReq', 'cpuCorePct', 'upstreamCpuPerReq', 'redisCpuPerReq', 'totalServerCpuPerReq',
-  'loadgenCpuPerReq', 'loadgenCorePct', 'redisCallsPerReq', 'redisScriptCallsPerReq', 'redisCommandsInScriptsPerReq', 'peakRssMb', 'non2xx', 'errors', 'gatewayRedisErrors', 'gatewayFallbackShare']
+  'loadgenCpuPerReq', 'loadgenCorePct', 'redisCallsPerReq', 'redisScriptCallsPerReq', 'redisCommandsInScriptsPerReq', 'peakRssMb', 'non2xx', 'errors', 'gatewayRedisErrors', 'gatewayFallbackShare', 'gatewayGcPauseUsPerReq']
 /** @param {Contender} c */
 function summarize (c) {
   /** @type {Record<string, import('./lib/summary.js').Spread | null>} */
@@ -628,7 +631,7 @@ async function main () {
     for (const [position, c] of thisRound.entries()) {
       const r = await measureContender(c, probes(c), settings.durationS)
       c.runs.push({ round, position, ...r })
-      console.log(`  (${c.letter}) ${c.id.padEnd(9)} ${Math.round(r.rps)} req/s  ${r.cpuPerReq.toFixed(1)} µs CPU/req  p99 ${fmt(r.p99Ms)} ms${r.non2xx ? `  non-2xx ${r.non2xx}` : ''}${r.errors ? `  errors ${r.errors}` : ''}${r.gatewayRedisErrors ? `  gateway Redis errors ${r.gatewayRedisErrors}` : ''}`)
+      console.log(`  (${c.letter}) ${c.id.padEnd(9)} ${Math.round(r.rps)} req/s  ${r.cpuPerReq.toFixed(1)} µs CPU/req  p99 ${fmt(r.p99Ms)} ms${Number.isFinite(r.gatewayGcPauseUsPerReq) ? `  GC ${fmt(r.gatewayGcPauseUsPerReq)} µs/req` : ''}${r.non2xx ? `  non-2xx ${r.non2xx}` : ''}${r.errors ? `  errors ${r.errors}` : ''}${r.gatewayRedisErrors ? `  gateway Redis errors ${r.gatewayRedisErrors}` : ''}`)
       await sleep(settings.pauseMs)
     }
   }

@@ -44,6 +44,9 @@ export function printReport (report) {
     ))
   }
   for (const r of report.ratios) if (r.skipped) console.log(`${r.name}: not measured (${r.skipped.split('\n')[0]})`)
+  // from each gateway's own nodejs_gc_duration_seconds: what a request path that makes V8 promote its objects costs
+  const gc = measured.filter((c) => c.summary?.gatewayGcPauseUsPerReq)
+  if (gc.length > 0) console.log(`\ngateway GC pause, µs/req: ${gc.map((c) => `(${c.letter}) ${fmtSpread(/** @type {Spread} */ (c.summary?.gatewayGcPauseUsPerReq))}`).join(', ')}`)
   for (const d of report.differences ?? []) {
     console.log(d.skipped ? `${d.name}: not measured (${String(d.skipped).split('\n')[0]})` : `${d.name}: ${fmtSpread(d.cpuPerReq)}`)
   }
