@@ -10,7 +10,8 @@ import type { LimitCheck } from './types.js'
 /** The script calls the batcher makes: limit.lua for a lone request, limit-batch.lua for more. */
 export interface BatchCommands {
   gatewayLimit(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown>
-  gatewayLimitBatch(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown>
+  /** limit-batch.lua with its reply as bytes (ioredis makes a *Buffer twin of every script command) */
+  gatewayLimitBatchBuffer(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown>
 }
 
 export type DecideOne = (keys: readonly string[], checks: readonly LimitCheck[], id: string, nowOverrideUs: number) => Promise<LimitReply>
@@ -48,7 +49,7 @@ export function createLimitBatcher (commands: BatchCommands, maxBatch = DEFAULT_
       return
     }
     const { numKeys, keysAndArgs } = batchKeysAndArgs(batch, now, releases ?? undefined)
-    commands.gatewayLimitBatch(numKeys, ...keysAndArgs).then((reply) => {
+    commands.gatewayLimitBatchBuffer(numKeys, ...keysAndArgs).then((reply) => {
       let replies: LimitReply[]
       try {
         replies = parseBatchReply(reply, batch)
