@@ -1,0 +1,69 @@
+// The wire format of a limit batch (lua/limit-batch.lua, issue 13): each distinct key and check
+// string goes once, each request is one string of three-character index codes followed by its
+// id. These tests call the script on a real redis-server the way the store does, and check what
+// Redis then holds: the ids come back whole whatever they contain, shared keys are sent once,
+// and a malformed batch is refused with its reason before any counter is written.
+import t from 'tap'
+import { startRedis } from './helpers/redis.js'
+import { LIMIT_BATCH_SCRIPT, batchKeysAndArgs, type BatchedRequest } from '../src/limit/scripts.js'
+import type { LimitCheck, LimitSpec } from '../src/limit/types.js'
+
+const gcra: LimitSpec = Object.freeze({ id: 'g', algorithm: 'gcra', limit: 100, windowMs: 1000, burst: 100, maxDelayMs: 0 })
+const log: LimitSpec = Object.freeze({ id: 'l', algorithm: 'sliding-window-log', limit: 100, windowMs: 60_000, burst: 100, maxDelayMs: 0 })
+
+const check = (key: string, spec: LimitSpec): LimitCheck => ({ key, spec, cost: 1 })
+const request = (id: string, ...checks: LimitCheck[]): BatchedRequest => ({ id, checks, keys: checks.map((c) => c.key) })
+
+t.test('shared keys and check strings are sent once; every request gets its own decision and ids come back whole', async (t) => {
+  const redis = await startRedis(t)
+  const client = redis.client()
+  const now = Date.now() * 1000
+  // ids as a client's X-Request-Id may make them: commas, the code characters, non-ASCII
+  const ids = ['a,b,,c', '000001o0o', 'ünï-çødé ✓', '']
+  const batch = ids.map((id, i) => request(id, check('global', gcra), check(`log:${i % 2}`, log)))
+  const { numKeys, keysAndArgs } = batchKeysAndArgs(batch, now)
+
+  t.same(keysAndArgs.slice(0, numKeys), ['global', 'log:0', 'log:1'], 'each key once, in the order of first use')
+  const argv = keysAndArgs.slice(numKeys)
+  t.same(argv.slice(0, 4), [now, 4, 0, 2], 'now, request count, no releases, two distinct check strings')
+  t.equal(argv.length, 4 + 2 + 4, 'the two check strings once, then one string per request')
+
+  const reply = await client.eval(LIMIT_BATCH_SCRIPT, numKeys, ...keysAndArgs) as string
+  const values = reply.split(',').map(Number)
+  // per request: its reply length 11 (7, then a receipt and a remaining per check), then allowed = 1
+  for (let i = 0; i < 4; i++) t.same([values[i * 12], values[i * 12 + 1]], [11, 1], `request ${i} decided and admitted`)
+  t.equal(values.length, 48, 'four replies')
+  t.equal(await client.get('global'), String(now + 4 * 10_000), 'the shared gcra key counted all four requests')
+  const members = [...await client.zrange('log:0', '0', '-1'), ...await client.zrange('log:1', '0', '-1')].sort()
+  t.same(members, ids.map((id) => `${id}:1`).sort(), 'each log entry carries its request id unchanged')
+})
+
+t.test('a malformed batch is refused with its reason, and no counter is written', async (t) => {
+  const redis = await startRedis(t)
+  const client = redis.client()
+  const now = Date.now() * 1000
+  const { numKeys, keysAndArgs } = batchKeysAndArgs([request('r1', check('global', gcra)), request('r2', check('global', gcra))], now)
+  const keys = keysAndArgs.slice(0, numKeys)
+  const args = keysAndArgs.slice(numKeys)
+  const refused = async (argv: Array<string | number>, keyList: Array<string | number> = keys): Promise<string> =>
+    await client.eval(LIMIT_BATCH_SCRIPT, keyList.length, ...keyList, ...argv).then(() => 'answered', (err: Error) => err.message)
+
+  const good = args.slice()
+  const lastRequest = String(good[good.length - 1])
+  const cases: Array<[string, Array<string | number>, RegExp, Array<string | number>?]> = [
+    ['request count 0', [now, 0, ...args.slice(2)], /bad request count/],
+    ['one argument missing', good.slice(0, -1), /arguments do not match/],
+    ['a key index past KEYS', [...good.slice(0, -1), `001002001${lastRequest.slice(9)}`], /bad request/],
+    ['a check index past the check strings', [...good.slice(0, -1), `001001002${lastRequest.slice(9)}`], /bad request/],
+    // '0/q' would read as key 1 if the characters were not checked: (0, -1, 65) in base 64
+    ['a code character outside 0..o', [...good.slice(0, -1), `0010/q001${lastRequest.slice(9)}`], /bad request/],
+    ['a request string cut short', [...good.slice(0, -1), '00100'], /bad request/],
+    ['a release naming no key', [now, 2, 1, '005lease', ...args.slice(3)], /bad lease release/]
+  ]
+  for (const [name, argv, reason] of cases) {
+    t.match(await refused(argv), new RegExp(`limit-batch\\.lua: .*${reason.source}`), name)
+  }
+  t.equal(await client.exists('global'), 0, 'no refused batch wrote the shared key')
+  t.match(await refused(good), /answered/, 'the well-formed batch is answered')
+  t.equal(await client.get('global'), String(now + 2 * 10_000), 'and counts its two requests')
+})
