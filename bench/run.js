@@ -190,6 +190,8 @@ async function startGateway (c, env) {
       const child = await startProcess(`gateway ${c.id}`, process.execPath, args, {
         cwd: ROOT,
         env: { ...process.env, NODE_ENV: 'production' },
+        // the access log (i) is read by a process of its own, as in a deployment (see startProcess)
+        drainStdout: true,
         ready: () => answers200(`http://127.0.0.1:${adminPort}/readyz`),
         timeoutMs: 20_000
       })

@@ -34,11 +34,17 @@ const started = new Set()
  * @param {string} name
  * @param {string} command
  * @param {string[]} args
- * @param {{ ready: () => Promise<boolean>, cwd?: string, env?: NodeJS.ProcessEnv, timeoutMs?: number }} opts
+ * `drainStdout`: the child's stdout goes into a pipe read by a `cat > /dev/null` of its own, as a
+ * log shipper would read a gateway's access log, instead of into this process, which also runs
+ * the load generator and reads late while it is busy. Only stderr is then kept for messages.
+ * @param {{ ready: () => Promise<boolean>, cwd?: string, env?: NodeJS.ProcessEnv, timeoutMs?: number, drainStdout?: boolean }} opts
  * @returns {Promise<Child>}
  */
 export async function startProcess (name, command, args, opts) {
-  const proc = spawn(command, args, { cwd: opts.cwd, env: opts.env ?? process.env, stdio: ['ignore', 'pipe', 'pipe'] })
+  const drain = opts.drainStdout === true ? spawn('sh', ['-c', 'exec cat > /dev/null'], { stdio: ['pipe', 'ignore', 'ignore'] }) : null
+  const proc = spawn(command, args, { cwd: opts.cwd, env: opts.env ?? process.env, stdio: ['ignore', drain?.stdin ?? 'pipe', 'pipe'] })
+  // the drain reads until the child's end of the pipe closes, then exits by itself
+  drain?.stdin?.destroy()
   let tail = ''
   let exited = false
   /** @param {Buffer} chunk */
