@@ -6,11 +6,30 @@
 -- The window is (now - windowUs, now]; only admitted requests are recorded, so a client that
 -- keeps retrying is admitted again as soon as old entries leave the window.
 
+local function swl_count (key, p, now)
+  return redis.call('ZCOUNT', key, '(' .. int(now - p.window_us), '+inf')
+end
+
 local function swl_check (key, p, now)
-  local count = redis.call('ZCOUNT', key, '(' .. int(now - p.window_us), '+inf')
+  local e = batch_keys and batch_keys[key]
+  local count
+  if e and e.z and e.window_us == p.window_us then
+    count = e.count
+  else
+    count = swl_count(key, p, now)
+    -- in a batch, the log's count is kept from here on (common.lua, zset_write)
+    if batch_keys and e == nil then
+      e = { z = true, window_us = p.window_us, count = count }
+      batch_keys[key] = e
+    else
+      e = nil
+    end
+  end
   if p.cost <= p.limit and count + p.cost <= p.limit then
     return outcome(true, p.limit - count - p.cost, 0, p.window_us, 0)
   end
+  -- the reads below look at the log itself: what this batch admitted must be in it
+  if e then zset_write(key, e, now) end
   local remaining = max(0, p.limit - count)
   local reset = 0
   if count > 0 then
@@ -40,6 +59,17 @@ local function swl_each_chunk (id, cost, per_unit, flush)
 end
 
 local function swl_commit (key, p, now, r, id)
+  local e = batch_keys and batch_keys[key]
+  if e and e.z and e.window_us == p.window_us then
+    local pending = e.pending or {}
+    local score = int(now)
+    for u = 1, p.cost do
+      pending[#pending + 1] = score
+      pending[#pending + 1] = id .. ':' .. u
+    end
+    e.pending, e.count, e.ttl = pending, e.count + p.cost, ttl_ms(p.window_us)
+    return 0
+  end
   redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - p.window_us))
   local score = int(now)
   swl_each_chunk(id, p.cost,
