@@ -13,9 +13,9 @@ import { checkRequestHead } from './router/request-head.js'
 import { looksLikeMisconfiguredProxy } from './identify/client-ip.js'
 import { forwardRequest, type ForwardContext, type ForwardErrorKind } from './proxy/forward.js'
 import type { createWebSocketProxy } from './proxy/websocket.js'
-import { ERRORS, sendError, sendJson, writeError, writeRawError, type ErrorCode } from './errors.js'
+import { ERRORS, sendError, sendJsonText, writeError, writeRawJsonText, type ErrorCode } from './errors.js'
 import type { CompiledRoute, Runtime } from './runtime.js'
-import type { LimitVerdict } from './limit/limiter.js'
+import type { LimitVerdict, RejectVerdict } from './limit/limiter.js'
 import { RequestRecord, type Admission as RecordedAdmission } from './request-record.js'
 import type { HeldLease } from './limit/concurrency.js'
 import type { IdentityResult } from './identify/identity.js'
@@ -146,7 +146,6 @@ function identifyAndLimit (rt: Runtime, req: IncomingMessage, a: Admission, requ
 }
 
 type HeaderPairs = ReadonlyArray<readonly [string, string]>
-type RejectVerdict = Extract<LimitVerdict, { kind: 'reject' }>
 type AllowVerdict = Extract<LimitVerdict, { kind: 'allow' }>
 
 /** An error answer from the table, with what it adds to the table's body. */
@@ -177,7 +176,10 @@ interface Transport {
 class HttpTransport implements Transport {
   constructor (private readonly res: ServerResponse, private readonly telemetry: Telemetry) {}
   refuse (r: Refusal, requestId: string): number { return sendError(this.res, r.code, requestId, r.extra, r.headers) }
-  reject (v: RejectVerdict, requestId: string): number { return sendJson(this.res, v.status, { ...v.body, requestId }, requestId, v.headers) }
+  reject (v: RejectVerdict, requestId: string): number {
+    const body = v.template.body(v.retryAfterMs, requestId)
+    return sendJsonText(this.res, v.template.status, body, v.template.bytesOf(body), requestId, v.head)
+  }
   onClose (f: () => void): void { this.res.once('close', f) }
   routed (a: Admission): null {
     const { telemetry } = this
@@ -190,7 +192,10 @@ class HttpTransport implements Transport {
 class UpgradeTransport implements Transport {
   constructor (private readonly req: IncomingMessage, private readonly socket: Duplex) {}
   refuse (r: Refusal, requestId: string): number { return writeError(this.socket, r.code, requestId, r.extra, r.headers) }
-  reject (v: RejectVerdict, requestId: string): number { return writeRawError(this.socket, v.status, { ...v.body, requestId }, requestId, v.headers) }
+  reject (v: RejectVerdict, requestId: string): number {
+    const body = v.template.body(v.retryAfterMs, requestId)
+    return writeRawJsonText(this.socket, v.template.status, body, v.template.bytesOf(body), requestId, v.head)
+  }
   onClose (f: () => void): void { this.socket.once('close', f) }
   routed (a: Admission): Refusal | null {
     return a.route.websocket && (this.req.headers.upgrade ?? '').toLowerCase() === 'websocket' ? null : NOT_A_WEBSOCKET_ROUTE
@@ -210,7 +215,7 @@ function admit (state: PipelineState, rt: Runtime, record: RequestRecord, transp
   }
   const reject = (v: RejectVerdict): void => {
     const sent = transport.reject(v, requestId)
-    record.finish({ status: v.status, outcome: 'rejected', limit: v.body.limit, ownBytes: sent })
+    record.finish({ status: v.template.status, outcome: 'rejected', limit: v.template.limit, ownBytes: sent })
   }
   const early = routeRequest(state, rt, req)
   if (early.ok) record.admission = early.admission
