@@ -222,6 +222,7 @@ function admit (state: PipelineState, rt: Runtime, record: RequestRecord, transp
   const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
   if (shed !== null && shed.kind === 'reject') return reject(shed)
   if (!early.ok) return refuse(early)
+  record.trace()
   const a = early.admission
   const wrongRoute = transport.routed(a)
   if (wrongRoute !== null) return refuse(wrongRoute)
@@ -250,12 +251,19 @@ function admit (state: PipelineState, rt: Runtime, record: RequestRecord, transp
   })
 }
 
-export function createRequestHandler (state: PipelineState): (req: IncomingMessage, res: ServerResponse) => void {
+/**
+ * `closed` runs when the response closes, from the one 'close' listener every request gets (a
+ * response closes once, so `on`, not `once` and its wrapper: this is per request).
+ */
+export function createRequestHandler (state: PipelineState, closed: (req: IncomingMessage, res: ServerResponse) => void = () => {}): (req: IncomingMessage, res: ServerResponse) => void {
   return (req, res) => {
     const rt = state.runtime
     const record = new RequestRecord(state, rt, req, false)
     // In flight until the response closes: what the shutdown drain and the pool sweep wait for.
-    res.once('close', () => record.leave())
+    res.on('close', () => {
+      record.leave()
+      closed(req, res)
+    })
     admit(state, rt, record, new HttpTransport(res, state.telemetry), (a, v) => {
       const ctx: ForwardContext = {
         requestId: record.requestId,
