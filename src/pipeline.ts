@@ -202,6 +202,17 @@ class UpgradeTransport implements Transport {
   }
 }
 
+// Module functions, not closures in admit(): a flood's rejection allocates none (issue 13 item 5).
+function refuse (transport: Transport, record: RequestRecord, refusal: Refusal, outcome: string | null = null): void {
+  const sent = transport.refuse(refusal, record.requestId)
+  record.finish({ status: ERRORS[refusal.code].status, outcome, ownBytes: sent })
+}
+
+function reject (transport: Transport, record: RequestRecord, v: RejectVerdict): void {
+  const sent = transport.reject(v, record.requestId)
+  record.finish({ status: v.template.status, outcome: 'rejected', limit: v.template.limit, ownBytes: sent })
+}
+
 /**
  * Every stage before forwarding, for HTTP requests and upgrades alike. A refusal is written by
  * `transport` and finishes the record; an admitted request goes to `admitted` with the limiter's
@@ -209,23 +220,15 @@ class UpgradeTransport implements Transport {
  */
 function admit (state: PipelineState, rt: Runtime, record: RequestRecord, transport: Transport, admitted: (a: Admission, v: AllowVerdict) => void): void {
   const { req, requestId } = record
-  const refuse = (refusal: Refusal, outcome: string | null = null): void => {
-    const sent = transport.refuse(refusal, requestId)
-    record.finish({ status: ERRORS[refusal.code].status, outcome, ownBytes: sent })
-  }
-  const reject = (v: RejectVerdict): void => {
-    const sent = transport.reject(v, requestId)
-    record.finish({ status: v.template.status, outcome: 'rejected', limit: v.template.limit, ownBytes: sent })
-  }
   const early = routeRequest(state, rt, req)
   if (early.ok) record.admission = early.admission
   const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
-  if (shed !== null && shed.kind === 'reject') return reject(shed)
-  if (!early.ok) return refuse(early)
+  if (shed !== null && shed.kind === 'reject') return reject(transport, record, shed)
+  if (!early.ok) return refuse(transport, record, early)
   record.trace()
   const a = early.admission
   const wrongRoute = transport.routed(a)
-  if (wrongRoute !== null) return refuse(wrongRoute)
+  if (wrongRoute !== null) return refuse(transport, record, wrongRoute)
   // Concurrency leases go back when the client's side closes: finished, failed or abandoned.
   let lease: HeldLease | null = null
   let closed = false
@@ -239,15 +242,15 @@ function admit (state: PipelineState, rt: Runtime, record: RequestRecord, transp
       if (closed) rt.limiter.release(v.lease)
       else lease = v.lease
     }
-    if (v.kind === 'reject') return reject(v)
-    if (!identity.ok) return refuse({ code: 'GW_ERR_UNAUTHORIZED', extra: { reason: identity.reason }, headers: BEARER }, 'unauthorized')
-    if (v.kind === 'unavailable') return refuse({ code: 'GW_ERR_LIMITER_UNAVAILABLE' }, 'limiter_unavailable')
+    if (v.kind === 'reject') return reject(transport, record, v)
+    if (!identity.ok) return refuse(transport, record, { code: 'GW_ERR_UNAUTHORIZED', extra: { reason: identity.reason }, headers: BEARER }, 'unauthorized')
+    if (v.kind === 'unavailable') return refuse(transport, record, { code: 'GW_ERR_LIMITER_UNAVAILABLE' }, 'limiter_unavailable')
     admitted(a, v)
   }, (err: unknown) => {
     // A stage failing must never become a crash: log it with the request id and answer 503,
     // unless the request was answered already (then the answer stands and is logged once).
     state.logger.error({ err, requestId }, 'request pipeline failed')
-    if (!record.finished) refuse({ code: 'GW_ERR_LIMITER_UNAVAILABLE' }, 'pipeline_error')
+    if (!record.finished) refuse(transport, record, { code: 'GW_ERR_LIMITER_UNAVAILABLE' }, 'pipeline_error')
   })
 }
 
