@@ -111,6 +111,50 @@ export function sendJson (
   return Buffer.byteLength(body)
 }
 
+const JSON_TYPE = 'application/json; charset=utf-8'
+
+/**
+ * A JSON answer whose body is already serialized and whose extra header fields come flat (name,
+ * value, ...): one writeHead with a list, no setHeader per field (the 429 of a limit, built from
+ * its template at ~13k rejections/s per core; issue 13 item 5). Same bytes as sendJson.
+ */
+export function sendJsonText (
+  res: ServerResponse,
+  status: number,
+  body: string,
+  bytes: number,
+  requestId: string,
+  head: readonly string[]
+): number {
+  if (res.headersSent || res.destroyed) {
+    res.destroy()
+    return 0
+  }
+  const fields: Array<string | number> = ['content-type', JSON_TYPE, 'content-length', bytes, 'x-request-id', requestId]
+  for (let i = 0; i < head.length; i++) fields.push(head[i] as string)
+  // writeHead takes a flat list (node >= 18); typed as string[] for the header values
+  res.writeHead(status, fields as string[])
+  res.end(body)
+  return bytes
+}
+
+/** sendJsonText's answer written raw on a socket (a refused Upgrade). */
+export function writeRawJsonText (
+  socket: { write: (s: string) => unknown, end: () => unknown, destroyed: boolean },
+  status: number,
+  body: string,
+  bytes: number,
+  requestId: string,
+  head: readonly string[]
+): number {
+  if (socket.destroyed) return 0
+  let raw = `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\ncontent-type: ${JSON_TYPE}\r\ncontent-length: ${bytes}\r\nx-request-id: ${requestId}\r\nconnection: close\r\n`
+  for (let i = 0; i + 1 < head.length; i += 2) raw += `${head[i] as string}: ${head[i + 1] as string}\r\n`
+  socket.write(raw + '\r\n' + body)
+  socket.end()
+  return bytes
+}
+
 /** The same JSON answer written raw on a socket, for requests that asked for an Upgrade. */
 export function writeRawError (
   socket: { write: (s: string) => unknown, end: () => unknown, destroyed: boolean },

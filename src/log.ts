@@ -78,7 +78,11 @@ export interface AccessRecord {
   readonly userAgent: string | undefined
 }
 
-export type AccessLog = (record: AccessRecord) => void
+export interface AccessLog {
+  (record: AccessRecord): void
+  /** False while the level is above info: the caller need not build the record at all. */
+  readonly enabled: () => boolean
+}
 
 const INFO = 30
 
@@ -93,12 +97,13 @@ const INFO = 30
 export function createAccessLog (logger: Logger): AccessLog {
   const sink = sinkOf.get(logger)
   if (sink === undefined) {
-    return record => { if (logger.isLevelEnabled('info')) logger.info(record, 'request') }
+    const enabled = (): boolean => logger.isLevelEnabled('info')
+    return Object.assign((record: AccessRecord) => { if (enabled()) logger.info(record, 'request') }, { enabled })
   }
   const pidPart = `","pid":${process.pid}`
   let lastMs = 0
   let lastIso = ''
-  return record => {
+  const write = (record: AccessRecord): void => {
     if (logger.levelVal > INFO) return
     const now = Date.now()
     if (now !== lastMs) {
@@ -122,6 +127,7 @@ export function createAccessLog (logger: Logger): AccessLog {
     if (record.userAgent !== undefined) line += ',"userAgent":' + JSON.stringify(record.userAgent)
     sink.write(line + ',"msg":"request"}\n')
   }
+  return Object.assign(write, { enabled: () => logger.levelVal <= INFO })
 }
 
 // JSON has no NaN or Infinity: pino writes null for them, so does this

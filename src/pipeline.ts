@@ -13,9 +13,9 @@ import { checkRequestHead } from './router/request-head.js'
 import { looksLikeMisconfiguredProxy } from './identify/client-ip.js'
 import { forwardRequest, type ForwardContext, type ForwardErrorKind } from './proxy/forward.js'
 import type { createWebSocketProxy } from './proxy/websocket.js'
-import { ERRORS, sendError, sendJson, writeError, writeRawError, type ErrorCode } from './errors.js'
+import { ERRORS, sendError, sendJsonText, writeError, writeRawJsonText, type ErrorCode } from './errors.js'
 import type { CompiledRoute, Runtime } from './runtime.js'
-import type { LimitVerdict } from './limit/limiter.js'
+import type { LimitVerdict, RejectVerdict } from './limit/limiter.js'
 import { RequestRecord, type Admission as RecordedAdmission } from './request-record.js'
 import type { HeldLease } from './limit/concurrency.js'
 import type { IdentityResult } from './identify/identity.js'
@@ -146,7 +146,6 @@ function identifyAndLimit (rt: Runtime, req: IncomingMessage, a: Admission, requ
 }
 
 type HeaderPairs = ReadonlyArray<readonly [string, string]>
-type RejectVerdict = Extract<LimitVerdict, { kind: 'reject' }>
 type AllowVerdict = Extract<LimitVerdict, { kind: 'allow' }>
 
 /** An error answer from the table, with what it adds to the table's body. */
@@ -177,7 +176,10 @@ interface Transport {
 class HttpTransport implements Transport {
   constructor (private readonly res: ServerResponse, private readonly telemetry: Telemetry) {}
   refuse (r: Refusal, requestId: string): number { return sendError(this.res, r.code, requestId, r.extra, r.headers) }
-  reject (v: RejectVerdict, requestId: string): number { return sendJson(this.res, v.status, { ...v.body, requestId }, requestId, v.headers) }
+  reject (v: RejectVerdict, requestId: string): number {
+    const body = v.template.body(v.retryAfterMs, requestId)
+    return sendJsonText(this.res, v.template.status, body, v.template.bytesOf(body), requestId, v.head)
+  }
   onClose (f: () => void): void { this.res.once('close', f) }
   routed (a: Admission): null {
     const { telemetry } = this
@@ -190,11 +192,25 @@ class HttpTransport implements Transport {
 class UpgradeTransport implements Transport {
   constructor (private readonly req: IncomingMessage, private readonly socket: Duplex) {}
   refuse (r: Refusal, requestId: string): number { return writeError(this.socket, r.code, requestId, r.extra, r.headers) }
-  reject (v: RejectVerdict, requestId: string): number { return writeRawError(this.socket, v.status, { ...v.body, requestId }, requestId, v.headers) }
+  reject (v: RejectVerdict, requestId: string): number {
+    const body = v.template.body(v.retryAfterMs, requestId)
+    return writeRawJsonText(this.socket, v.template.status, body, v.template.bytesOf(body), requestId, v.head)
+  }
   onClose (f: () => void): void { this.socket.once('close', f) }
   routed (a: Admission): Refusal | null {
     return a.route.websocket && (this.req.headers.upgrade ?? '').toLowerCase() === 'websocket' ? null : NOT_A_WEBSOCKET_ROUTE
   }
+}
+
+// Module functions, not closures in admit(): a flood's rejection allocates none (issue 13 item 5).
+function refuse (transport: Transport, record: RequestRecord, refusal: Refusal, outcome: string | null = null): void {
+  const sent = transport.refuse(refusal, record.requestId)
+  record.finish({ status: ERRORS[refusal.code].status, outcome, ownBytes: sent })
+}
+
+function reject (transport: Transport, record: RequestRecord, v: RejectVerdict): void {
+  const sent = transport.reject(v, record.requestId)
+  record.finish({ status: v.template.status, outcome: 'rejected', limit: v.template.limit, ownBytes: sent })
 }
 
 /**
@@ -204,22 +220,15 @@ class UpgradeTransport implements Transport {
  */
 function admit (state: PipelineState, rt: Runtime, record: RequestRecord, transport: Transport, admitted: (a: Admission, v: AllowVerdict) => void): void {
   const { req, requestId } = record
-  const refuse = (refusal: Refusal, outcome: string | null = null): void => {
-    const sent = transport.refuse(refusal, requestId)
-    record.finish({ status: ERRORS[refusal.code].status, outcome, ownBytes: sent })
-  }
-  const reject = (v: RejectVerdict): void => {
-    const sent = transport.reject(v, requestId)
-    record.finish({ status: v.status, outcome: 'rejected', limit: v.body.limit, ownBytes: sent })
-  }
   const early = routeRequest(state, rt, req)
   if (early.ok) record.admission = early.admission
   const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
-  if (shed !== null && shed.kind === 'reject') return reject(shed)
-  if (!early.ok) return refuse(early)
+  if (shed !== null && shed.kind === 'reject') return reject(transport, record, shed)
+  if (!early.ok) return refuse(transport, record, early)
+  record.trace()
   const a = early.admission
   const wrongRoute = transport.routed(a)
-  if (wrongRoute !== null) return refuse(wrongRoute)
+  if (wrongRoute !== null) return refuse(transport, record, wrongRoute)
   // Concurrency leases go back when the client's side closes: finished, failed or abandoned.
   let lease: HeldLease | null = null
   let closed = false
@@ -233,24 +242,31 @@ function admit (state: PipelineState, rt: Runtime, record: RequestRecord, transp
       if (closed) rt.limiter.release(v.lease)
       else lease = v.lease
     }
-    if (v.kind === 'reject') return reject(v)
-    if (!identity.ok) return refuse({ code: 'GW_ERR_UNAUTHORIZED', extra: { reason: identity.reason }, headers: BEARER }, 'unauthorized')
-    if (v.kind === 'unavailable') return refuse({ code: 'GW_ERR_LIMITER_UNAVAILABLE' }, 'limiter_unavailable')
+    if (v.kind === 'reject') return reject(transport, record, v)
+    if (!identity.ok) return refuse(transport, record, { code: 'GW_ERR_UNAUTHORIZED', extra: { reason: identity.reason }, headers: BEARER }, 'unauthorized')
+    if (v.kind === 'unavailable') return refuse(transport, record, { code: 'GW_ERR_LIMITER_UNAVAILABLE' }, 'limiter_unavailable')
     admitted(a, v)
   }, (err: unknown) => {
     // A stage failing must never become a crash: log it with the request id and answer 503,
     // unless the request was answered already (then the answer stands and is logged once).
     state.logger.error({ err, requestId }, 'request pipeline failed')
-    if (!record.finished) refuse({ code: 'GW_ERR_LIMITER_UNAVAILABLE' }, 'pipeline_error')
+    if (!record.finished) refuse(transport, record, { code: 'GW_ERR_LIMITER_UNAVAILABLE' }, 'pipeline_error')
   })
 }
 
-export function createRequestHandler (state: PipelineState): (req: IncomingMessage, res: ServerResponse) => void {
+/**
+ * `closed` runs when the response closes, from the one 'close' listener every request gets (a
+ * response closes once, so `on`, not `once` and its wrapper: this is per request).
+ */
+export function createRequestHandler (state: PipelineState, closed: (req: IncomingMessage, res: ServerResponse) => void = () => {}): (req: IncomingMessage, res: ServerResponse) => void {
   return (req, res) => {
     const rt = state.runtime
     const record = new RequestRecord(state, rt, req, false)
     // In flight until the response closes: what the shutdown drain and the pool sweep wait for.
-    res.once('close', () => record.leave())
+    res.on('close', () => {
+      record.leave()
+      closed(req, res)
+    })
     admit(state, rt, record, new HttpTransport(res, state.telemetry), (a, v) => {
       const ctx: ForwardContext = {
         requestId: record.requestId,

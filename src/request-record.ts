@@ -7,7 +7,7 @@ import { randomUUID } from 'node:crypto'
 import type { ForwardResult } from './proxy/forward.js'
 import type { Telemetry } from './telemetry.js'
 import type { AccessLog } from './log.js'
-import { setTrace, traceOf, type RequestTracer } from './tracing.js'
+import { PROPAGATING_TRACER, setTrace, traceOf, type RequestTracer, type TraceContext } from './tracing.js'
 
 /** What the early stages found about an admitted request. */
 export interface Admission {
@@ -56,7 +56,8 @@ function requestIdOf (req: IncomingMessage, trustedPeer: boolean): string {
 }
 
 export class RequestRecord {
-  readonly started = process.hrtime.bigint()
+  /** performance.now() at arrival. */
+  readonly started = performance.now()
   readonly trustedPeer: boolean
   readonly requestId: string
   admission: Admission | null = null
@@ -77,7 +78,20 @@ export class RequestRecord {
     rt.activity.inflight++
     this.trustedPeer = rt.isTrustedPeer(req.socket.remoteAddress)
     this.requestId = requestIdOf(req, this.trustedPeer)
-    setTrace(req, rt.tracer.start(req, Date.now()))
+  }
+
+  /**
+   * Starts the request's trace (rewriting the traceparent the upstream gets) unless started: the
+   * pipeline calls it once a request passes the local level. A request refused before that gets
+   * one only if something reads it (the access log, an exporting tracer): a flood's rejection
+   * makes no ids (issue 13 item 5).
+   */
+  trace (): TraceContext {
+    const started = traceOf(this.req)
+    if (started !== undefined) return started
+    const trace = this.rt.tracer.start(this.req, performance.timeOrigin + this.started)
+    setTrace(this.req, trace)
+    return trace
   }
 
   get finished (): boolean {
@@ -102,11 +116,12 @@ export class RequestRecord {
     const { req, rt, admission: a } = this
     const { telemetry, accessLog } = this.sink
     const { status, outcome = null, limit = null, ownBytes = 0, result = null } = end
-    const seconds = Number(process.hrtime.bigint() - this.started) / 1e9
+    const seconds = (performance.now() - this.started) / 1e3
     const route = a?.route.name ?? '-'
     telemetry.request(route, req.method ?? 'GET', status, seconds)
     if (outcome === 'rejected') telemetry.clientRejected(a?.clientIp ?? req.socket.remoteAddress ?? '-', a?.user ?? null)
-    const trace = traceOf(req)
+    const logged = accessLog.enabled()
+    const trace = logged || rt.tracer !== PROPAGATING_TRACER ? this.trace() : traceOf(req)
     if (trace !== undefined && trace.span !== null) {
       rt.tracer.end(trace, {
         route,
@@ -120,6 +135,7 @@ export class RequestRecord {
         error: result?.errorKind ?? null
       })
     }
+    if (!logged) return true
     accessLog({
       requestId: this.requestId,
       traceId: trace?.traceId,

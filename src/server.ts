@@ -214,7 +214,11 @@ export class Gateway {
     const server = tls === null
       ? createHttpServer(serverOptions)
       : createHttpsServer({ ...serverOptions, cert: tls.cert, key: tls.key })
-    const handleRequest = createRequestHandler(this.state)
+    // req.socket stays set after the response detaches from it, so the close finds its connection
+    const handleRequest = createRequestHandler(this.state, (req, res) => {
+      const open = this.openResponses.get(req.socket)
+      if (open !== undefined) responseClosed(open, res)
+    })
     // One more than the limit, so the pipeline sees a request over it (431) rather than node:http
     // dropping the fields beyond its own limit without a word.
     server.maxHeadersCount = s.maxHeadersCount + 1
@@ -222,9 +226,7 @@ export class Gateway {
       // While draining, every response says Connection: close, so keep-alive clients reconnect
       // elsewhere instead of sending their next request to a gateway about to go.
       if (this.shuttingDown) res.shouldKeepAlive = false
-      const open = this.openResponsesOf(req.socket)
-      open.responses.push(res)
-      res.once('close', () => responseClosed(open, res))
+      this.openResponsesOf(req.socket).responses.push(res)
       handleRequest(req, res)
     })
     server.on('upgrade', createUpgradeHandler(this.state))

@@ -66,10 +66,17 @@ export function compileClientIpResolver (opts: ClientIpOptions): ClientIpResolve
     return client
   }
 
+  // The last chain a trusted proxy sent: a flood repeats it, and comparing two short strings is
+  // cheaper than building the cache key and two LRU lookups per request.
+  let lastPeer = ''
+  let lastChain = ''
+  let lastClient: ClientIp = UNKNOWN
+
   return function resolveClientIp (socketAddress, xForwardedFor) {
     if (socketAddress === undefined) return UNKNOWN
     // Without trusted proxies XFF is never read: a client cannot pick its own address.
     if (trust === null || xForwardedFor === undefined) return resolvePeer(socketAddress)
+    if (xForwardedFor === lastChain && socketAddress === lastPeer) return lastClient
     let trusted = trustedPeers.get(socketAddress)
     if (trusted === undefined) {
       const peer = parseSocketAddress(socketAddress)
@@ -83,6 +90,11 @@ export function compileClientIpResolver (opts: ClientIpOptions): ClientIpResolve
     if (client === undefined) {
       client = walkForwardedFor(socketAddress, xForwardedFor, trust)
       if (key.length <= MAX_CACHED_KEY) chains.set(key, client)
+    }
+    if (typeof xForwardedFor === 'string') {
+      lastPeer = socketAddress
+      lastChain = xForwardedFor
+      lastClient = client
     }
     return client
   }

@@ -14,7 +14,7 @@ export type HeaderList = Array<[string, string]>
 
 export type LimitVerdict =
   | { readonly kind: 'allow', readonly headers: HeaderList | null, readonly delayMs: number, readonly lease: HeldLease | null }
-  | { readonly kind: 'reject', readonly status: number, readonly body: RejectBody, readonly headers: HeaderList }
+  | RejectVerdict
   | { readonly kind: 'unavailable' }
 
 export interface RejectBody {
@@ -24,6 +24,96 @@ export interface RejectBody {
   readonly dimension: string
   readonly limit: string
   readonly retryAfterMs: number
+}
+
+/**
+ * A 429: the limit's template, the client's wait in whole ms (the body's `retryAfterMs`) and the
+ * header fields of this answer, flat (name, value, name, value...) as `res.writeHead` takes them.
+ * The writers use those; `status`, `body` and `headers` describe the same answer as values.
+ */
+export class RejectVerdict {
+  readonly kind = 'reject'
+  constructor (readonly template: RejectTemplate, readonly retryAfterMs: number, readonly head: readonly string[]) {}
+
+  get status (): number { return this.template.status }
+
+  /** The body without its requestId. */
+  get body (): RejectBody {
+    const body = JSON.parse(this.template.body(this.retryAfterMs, '')) as RejectBody & { requestId?: string }
+    delete body.requestId
+    return body
+  }
+
+  get headers (): HeaderList {
+    const pairs: HeaderList = []
+    for (let i = 0; i + 1 < this.head.length; i += 2) pairs.push([this.head[i] as string, this.head[i + 1] as string])
+    return pairs
+  }
+}
+
+/** Most Retry-After values a template keeps a built header list for (one per whole second). */
+const CACHED_HEADS = 64
+
+/**
+ * What a limit's 429 says whatever the request, built once per limit and limiter (issue 13 item 5:
+ * a rejection costs at most 25 µs, so its answer is not re-serialized per request). The body is
+ * `{ error, message, dimension, limit, retryAfterMs, requestId }`: only the last two vary.
+ */
+export class RejectTemplate {
+  readonly status: number
+  readonly dimension: string
+  /** The limit's name as the body gives it (`ip`, `login.ip`, `local`). */
+  readonly limit: string
+  /** The body up to the value of `retryAfterMs`. */
+  private readonly bodyStart: string
+  /** UTF-8 bytes of the body beyond one per character (a limit name outside ASCII). */
+  private readonly wideBytes: number
+  private readonly heads: Array<readonly string[] | undefined> = []
+
+  constructor (
+    status: number, error: string, message: string, dimension: string, limit: string,
+    private readonly quota: number, private readonly policy: string, private readonly legacyHeaders: boolean,
+    /** Headers every answer of this template carries instead of RateLimit/Retry-After (a lease's Retry-After: 1). */
+    private readonly fixedHead: readonly string[] | null = null
+  ) {
+    this.status = status
+    this.dimension = dimension
+    this.limit = limit
+    this.bodyStart = JSON.stringify({ error, message, dimension, limit }).slice(0, -1) + ',"retryAfterMs":'
+    this.wideBytes = Buffer.byteLength(this.bodyStart) - this.bodyStart.length
+  }
+
+  /**
+   * The JSON body. `requestId` needs no escaping: it is a UUID or passed REQUEST_ID_RE
+   * (src/request-record.ts), whose characters JSON leaves as they are.
+   */
+  body (retryAfterMs: number, requestId: string): string {
+    return this.bodyStart + retryAfterMs + ',"requestId":"' + requestId + '"}'
+  }
+
+  /** Bytes of `body` (content-length, the access log's bytesOut). */
+  bytesOf (body: string): number {
+    return body.length + this.wideBytes
+  }
+
+  /**
+   * RateLimit-Policy, RateLimit (r remaining, t seconds to reset), the legacy X-RateLimit-* when
+   * configured, then Retry-After. A list for r = 0 and t = Retry-After (every local and deny-cache
+   * rejection) is built once per second value and shared, never edited.
+   */
+  head (r: number, t: number, retryAfterS: number): readonly string[] {
+    if (this.fixedHead !== null) return this.fixedHead
+    const cacheable = r === 0 && t === retryAfterS && retryAfterS < CACHED_HEADS
+    if (cacheable) {
+      const cached = this.heads[retryAfterS]
+      if (cached !== undefined) return cached
+    }
+    const head = ['ratelimit-policy', this.policy, 'ratelimit', `"${this.limit}";r=${r};t=${t}`]
+    if (this.legacyHeaders) head.push('x-ratelimit-limit', String(this.quota), 'x-ratelimit-remaining', String(r), 'x-ratelimit-reset', String(t))
+    head.push('retry-after', String(retryAfterS))
+    if (cacheable) this.heads[retryAfterS] = Object.freeze(head)
+    return head
+  }
 }
 
 export interface LimitRequest {
@@ -55,8 +145,27 @@ export class Limiter {
   // without a label lookup. Per route: the identity-failure plan's limits are one set shared by
   // every route. Planned limits live as long as this limiter (one runtime).
   private readonly counters = new WeakMap<PlannedLimit, Map<string, DecisionCounter>>()
+  /** Each planned limit's 429, built on its first rejection. */
+  private readonly templates = new WeakMap<PlannedLimit, RejectTemplate>()
+  private readonly localTemplate: RejectTemplate | null
+  /** The local level's rejection counter per route name (`-` for a request with no route). */
+  private readonly localCounters = new Map<string, DecisionCounter>()
 
-  constructor (private readonly options: LimiterOptions) {}
+  constructor (private readonly options: LimiterOptions) {
+    const local = options.local
+    this.localTemplate = local === null ? null : new RejectTemplate(429, RATE_LIMITED, ERRORS.GW_ERR_RATE_LIMITED.message, 'local', LOCAL_LIMIT, local.options.limit, local.policy, options.legacyHeaders)
+  }
+
+  private templateOf (l: PlannedLimit): RejectTemplate {
+    let template = this.templates.get(l)
+    if (template === undefined) {
+      template = l.concurrency
+        ? new RejectTemplate(ERRORS.GW_ERR_CONCURRENCY_LIMITED.status, CONCURRENCY_LIMITED, ERRORS.GW_ERR_CONCURRENCY_LIMITED.message, l.dimension, l.name, l.spec.limit, l.policy, false, CONCURRENCY_HEAD)
+        : new RejectTemplate(l.status, RATE_LIMITED, ERRORS.GW_ERR_RATE_LIMITED.message, l.dimension, l.name, l.spec.limit, l.policy, this.options.legacyHeaders)
+      this.templates.set(l, template)
+    }
+    return template
+  }
 
   private counterOf (route: string, l: PlannedLimit): DecisionCounter {
     let byRoute = this.counters.get(l)
@@ -76,8 +185,10 @@ export class Limiter {
     if (local === null) return null
     const wait = local.take(ipKey, performance.now())
     if (wait === 0) return null
-    this.options.telemetry.limitDecision(route, 'local', LOCAL_LIMIT, 'local', 'rejected')
-    return this.reject(429, 'local', LOCAL_LIMIT, local.options.limit, wait, local.policy, 0, wait)
+    let counter = this.localCounters.get(route)
+    if (counter === undefined) this.localCounters.set(route, counter = this.options.telemetry.decisionCounter(route, 'local', LOCAL_LIMIT))
+    counter.count('local', 'rejected')
+    return reject(this.localTemplate as RejectTemplate, wait, 0, wait)
   }
 
   /** ms left on this instance's deny-cache entry for `check` (admin API), 0 when none. */
@@ -101,7 +212,7 @@ export class Limiter {
       if (left > 0) {
         const l = limits[i] as PlannedLimit
         this.counterOf(req.route, l).count('local', 'rejected')
-        return this.reject(l.status, l.dimension, l.name, l.spec.limit, left, l.policy, 0, left)
+        return reject(this.templateOf(l), left, 0, left)
       }
     }
     if (checks.length === 0) {
@@ -132,7 +243,7 @@ export class Limiter {
       // A lease can come back at any moment: never in the deny cache, always Retry-After: 1.
       if (l.concurrency) {
         telemetry.concurrencyRejected(route, l.dimension, level)
-        return concurrencyReject(l)
+        return new RejectVerdict(this.templateOf(l), 1000, CONCURRENCY_HEAD)
       }
       this.counterOf(route, l).count(level, 'rejected')
       // The fallback store is in process already: caching its rejections saves nothing and would
@@ -145,7 +256,7 @@ export class Limiter {
       // -1 ("never": the cost is above what the limit can ever hold, e.g. a fallback share):
       // a whole window is the most honest wait to advertise.
       const retry = decision.retryAfterMs > 0 ? decision.retryAfterMs : l.spec.windowMs
-      return this.reject(l.status, l.dimension, l.name, l.spec.limit, retry, l.policy, decision.remaining, decision.resetMs)
+      return reject(this.templateOf(l), retry, decision.remaining, decision.resetMs)
     }
     let leaseKeys: string[] | null = null
     for (let i = 0; i < limits.length; i++) {
@@ -180,14 +291,6 @@ export class Limiter {
     }
   }
 
-  private reject (status: number, dimension: string, name: string, quota: number, retryAfterMs: number, policy: string, remaining: number, resetMs: number): LimitVerdict {
-    const headers = this.headers(policy, name, quota, remaining, resetMs)
-    headers.push(['retry-after', String(Math.max(1, Math.ceil(retryAfterMs / 1000)))])
-    // the local level and the deny cache measure waits on performance.now(): a client gets whole ms
-    const wholeMs = Math.max(1, Math.ceil(retryAfterMs))
-    return { kind: 'reject', status, body: { error: RATE_LIMITED, message: ERRORS.GW_ERR_RATE_LIMITED.message, dimension, limit: name, retryAfterMs: wholeMs }, headers }
-  }
-
   // draft-ietf-httpapi-ratelimit-headers: RateLimit-Policy names the quota, RateLimit carries the
   // remaining units (r) and seconds until the quota resets (t) for the tightest applying limit.
   private headers (policy: string, name: string, limit: number, remaining: number, resetMs: number): HeaderList {
@@ -206,17 +309,15 @@ export class Limiter {
 
 const ALLOW_NO_HEADERS: LimitVerdict = Object.freeze({ kind: 'allow', headers: null, delayMs: 0, lease: null })
 
-// shared by every concurrency refusal: frozen, so that no caller can edit it in place
-const CONCURRENCY_HEADERS: HeaderList = Object.freeze([Object.freeze(['retry-after', '1'] as const)]) as unknown as HeaderList
+// A concurrency refusal: Retry-After: 1 (a lease can come back at any moment), no RateLimit fields.
+const CONCURRENCY_HEAD: readonly string[] = Object.freeze(['retry-after', '1'])
 
-/** 429 with Retry-After: 1 and GW_ERR_CONCURRENCY_LIMITED, naming the limit that was full. */
-function concurrencyReject (l: PlannedLimit): LimitVerdict {
-  return {
-    kind: 'reject',
-    status: ERRORS.GW_ERR_CONCURRENCY_LIMITED.status,
-    body: { error: CONCURRENCY_LIMITED, message: ERRORS.GW_ERR_CONCURRENCY_LIMITED.message, dimension: l.dimension, limit: l.name, retryAfterMs: 1000 },
-    headers: CONCURRENCY_HEADERS
-  }
+/** A rate limit's 429 for a wait of `retryAfterMs` (fractional: waits are measured on performance.now()). */
+function reject (template: RejectTemplate, retryAfterMs: number, remaining: number, resetMs: number): RejectVerdict {
+  const retryAfterS = Math.max(1, Math.ceil(retryAfterMs / 1000))
+  const head = template.head(Math.max(0, remaining), Math.max(0, Math.ceil(resetMs / 1000)), retryAfterS)
+  // the local level and the deny cache measure waits on performance.now(): a client gets whole ms
+  return new RejectVerdict(template, Math.max(1, Math.ceil(retryAfterMs)), head)
 }
 const UNAVAILABLE: LimitVerdict = Object.freeze({ kind: 'unavailable' })
 
