@@ -138,9 +138,16 @@ export function sendJsonText (
   return bytes
 }
 
+/** What the raw writers need of a socket (a refused Upgrade, a request node:http could not parse). */
+export interface RawSocket {
+  write: (s: string) => unknown
+  end: () => unknown
+  readonly destroyed: boolean
+}
+
 /** sendJsonText's answer written raw on a socket (a refused Upgrade). */
 export function writeRawJsonText (
-  socket: { write: (s: string) => unknown, end: () => unknown, destroyed: boolean },
+  socket: RawSocket,
   status: number,
   body: string,
   bytes: number,
@@ -157,7 +164,7 @@ export function writeRawJsonText (
 
 /** The same JSON answer written raw on a socket, for requests that asked for an Upgrade. */
 export function writeRawError (
-  socket: { write: (s: string) => unknown, end: () => unknown, destroyed: boolean },
+  socket: RawSocket,
   status: number,
   payload: unknown,
   requestId: string,
@@ -165,16 +172,14 @@ export function writeRawError (
 ): number {
   if (socket.destroyed) return 0
   const body = JSON.stringify(payload)
-  let head = `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nx-request-id: ${requestId}\r\nconnection: close\r\n`
-  if (headers !== undefined) for (const [name, value] of headers) head += `${name}: ${value}\r\n`
-  socket.write(head + '\r\n' + body)
-  socket.end()
-  return Buffer.byteLength(body)
+  const head: string[] = []
+  if (headers !== undefined) for (const [name, value] of headers) head.push(name, value)
+  return writeRawJsonText(socket, status, body, Buffer.byteLength(body), requestId, head)
 }
 
 /** sendError's body on a raw socket: a refused Upgrade, or a request node:http could not parse. */
 export function writeError (
-  socket: { write: (s: string) => unknown, end: () => unknown, destroyed: boolean },
+  socket: RawSocket,
   code: ErrorCode,
   requestId: string,
   extra?: Readonly<Record<string, unknown>>,
