@@ -6,6 +6,8 @@
 import t from 'tap'
 import { startRedis } from './helpers/redis.js'
 import { LIMIT_BATCH_SCRIPT, batchKeysAndArgs, type BatchedRequest } from '../src/limit/scripts.js'
+import { createRedisStore } from '../src/limit/redis-store.js'
+import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import type { LimitCheck, LimitSpec } from '../src/limit/types.js'
 
 const gcra: LimitSpec = Object.freeze({ id: 'g', algorithm: 'gcra', limit: 100, windowMs: 1000, burst: 100, maxDelayMs: 0 })
@@ -66,4 +68,32 @@ t.test('a malformed batch is refused with its reason, and no counter is written'
   t.equal(await client.exists('global'), 0, 'no refused batch wrote the shared key')
   t.match(await refused(good), /answered/, 'the well-formed batch is answered')
   t.equal(await client.get('global'), String(now + 2 * 10_000), 'and counts its two requests')
+})
+
+t.test('keys that every request of a batch shares are read once and written once per batch', async (t) => {
+  const redis = await startRedis(t)
+  const client = createRedisClient({ url: redis.url })
+  t.teardown(() => client.disconnect())
+  await whenReady(client)
+  const reader = redis.client()
+  const store = createRedisStore({ client })
+  const fixed: LimitSpec = Object.freeze({ id: 'f', algorithm: 'fixed-window', limit: 1000, windowMs: 3_600_000, burst: 1000, maxDelayMs: 0 })
+  // the gateway's four dimensions: global (gcra, a string), api (fixed-window, a hash), ip
+  // (sliding-window-log, a sorted set), all three shared, and a user key of each request's own
+  const checksOf = (i: number): LimitCheck[] => [check('global', gcra), check('api', fixed), check('ip', log), check(`user:${i}`, log)]
+  // a warm-up batch of two: limit-batch.lua loaded, so the counts below are the batch's alone
+  await Promise.all([store.decide(checksOf(98), 'warm1'), store.decide(checksOf(99), 'warm2')])
+  await reader.config('RESETSTAT')
+  const decisions = await Promise.all(Array.from({ length: 10 }, (_, i) => store.decide(checksOf(i), `r${i}`)))
+  t.ok(decisions.every((d) => d.allowed), 'all ten admitted')
+  const stats = await reader.info('commandstats')
+  const calls = (command: string): number => Number(new RegExp(`cmdstat_${command}:calls=(\\d+)`).exec(stats)?.[1] ?? 0)
+  t.equal(calls('evalsha'), 1, 'one script call for the ten requests')
+  t.same({ get: calls('get'), set: calls('set') }, { get: 1, set: 1 }, 'the shared gcra key: one GET, one SET')
+  t.same({ hmget: calls('hmget'), hset: calls('hset') }, { hmget: 1, hset: 1 }, 'the shared fixed window: one HMGET, one HSET')
+  // ip once, each request's own user log once
+  t.same({ zcount: calls('zcount'), zadd: calls('zadd'), zremrangebyscore: calls('zremrangebyscore') }, { zcount: 11, zadd: 11, zremrangebyscore: 11 },
+    'the shared log: one count, one ZADD and one trim (the ten user logs one each)')
+  t.equal(calls('pexpire'), 1 + 11, 'one expiry per written hash and log')
+  t.equal(await reader.zcard('ip'), 12, 'the shared log holds the two warm-up requests and the ten')
 })
