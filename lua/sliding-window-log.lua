@@ -10,19 +10,30 @@ local function swl_count (key, p, now)
   return redis.call('ZCOUNT', key, '(' .. int(now - p.window_us), '+inf')
 end
 
-local function swl_check (key, p, now)
+-- The batch's cache of a log (common.lua, zset_write) when it counts for this window. One key
+-- under two windows is never made by the gateway (a key's limit id names its window), but a
+-- cache counts for one window only: a mismatched one is written out and dropped, so the log is
+-- read again from Redis and nothing admitted under the other window is missed.
+local function swl_cache (key, window_us, now)
   local e = batch_keys and batch_keys[key]
+  if not (e and e.z) then return nil end
+  if e.window_us == window_us then return e end
+  zset_write(key, e, now)
+  batch_keys[key] = nil
+  return nil
+end
+
+local function swl_check (key, p, now)
+  local e = swl_cache(key, p.window_us, now)
   local count
-  if e and e.z and e.window_us == p.window_us then
+  if e then
     count = e.count
   else
     count = swl_count(key, p, now)
-    -- in a batch, the log's count is kept from here on (common.lua, zset_write)
-    if batch_keys and e == nil then
+    -- in a batch, the log's count is kept from here on
+    if batch_keys and batch_keys[key] == nil then
       e = { z = true, window_us = p.window_us, count = count }
       batch_keys[key] = e
-    else
-      e = nil
     end
   end
   if p.cost <= p.limit and count + p.cost <= p.limit then
@@ -59,8 +70,8 @@ local function swl_each_chunk (id, cost, per_unit, flush)
 end
 
 local function swl_commit (key, p, now, r, id)
-  local e = batch_keys and batch_keys[key]
-  if e and e.z and e.window_us == p.window_us then
+  local e = swl_cache(key, p.window_us, now)
+  if e then
     local pending = e.pending or {}
     local score = int(now)
     for u = 1, p.cost do

@@ -97,3 +97,43 @@ t.test('keys that every request of a batch shares are read once and written once
   t.equal(calls('pexpire'), 1 + 11, 'one expiry per written hash and log')
   t.equal(await reader.zcard('ip'), 12, 'the shared log holds the two warm-up requests and the ten')
 })
+
+t.test('one log key checked under two windows in one batch counts every entry the batch admitted', async (t) => {
+  // The gateway never makes this (a key's limit id names its window), but the batch's cache of a
+  // log counts for one window only: it must not hide admissions made under the other one.
+  const redis = await startRedis(t)
+  const client = redis.client()
+  const now = Date.now() * 1000
+  const longLog: LimitSpec = Object.freeze({ id: 'l1', algorithm: 'sliding-window-log', limit: 2, windowMs: 60_000, burst: 2, maxDelayMs: 0 })
+  const shortLog: LimitSpec = Object.freeze({ id: 'l2', algorithm: 'sliding-window-log', limit: 2, windowMs: 30_000, burst: 2, maxDelayMs: 0 })
+  const batch = [
+    request('r1', check('log', longLog)),
+    request('r2', check('log', shortLog)),
+    request('r3', check('log', shortLog), check('log', longLog)),
+    request('r4', check('log', longLog)),
+    request('r5', check('log', shortLog))
+  ]
+  const { numKeys, keysAndArgs } = batchKeysAndArgs(batch, now)
+  const reply = await client.eval(LIMIT_BATCH_SCRIPT, numKeys, ...keysAndArgs) as string
+  const values = reply.split(',').map(Number)
+  const allowed: number[] = []
+  for (let pos = 0; pos < values.length; pos += (values[pos] as number) + 1) allowed.push(values[pos + 1] as number)
+  // one call per request in this order: r1 and r2 fill the limit of 2, whichever window counts
+  t.same(allowed, [1, 1, 0, 0, 0], 'two admitted, every later request refused under either window')
+  t.same((await client.zrange('log', '0', '-1')).sort(), ['r1:1', 'r2:1'], 'the log holds the two admitted entries')
+
+  // One request under both windows with different costs: its short-window entries (two) are more
+  // than its long-window ones (one), and the later requests must count all of them.
+  const roomy = (spec: LimitSpec): LimitSpec => Object.freeze({ ...spec, limit: 3, burst: 3 })
+  const second = [
+    request('s1', { key: 'log2', spec: roomy(shortLog), cost: 2 }, { key: 'log2', spec: roomy(longLog), cost: 1 }),
+    request('s2', check('log2', roomy(longLog))),
+    request('s3', check('log2', roomy(longLog)))
+  ]
+  const next = batchKeysAndArgs(second, now)
+  const values2 = (await client.eval(LIMIT_BATCH_SCRIPT, next.numKeys, ...next.keysAndArgs) as string).split(',').map(Number)
+  const allowed2: number[] = []
+  for (let pos = 0; pos < values2.length; pos += (values2[pos] as number) + 1) allowed2.push(values2[pos + 1] as number)
+  t.same(allowed2, [1, 1, 0], 's1 wrote two entries: s2 fills the limit of 3, s3 is refused')
+  t.same((await client.zrange('log2', '0', '-1')).sort(), ['s1:1', 's1:2', 's2:1'], 'the log holds every admitted entry')
+})
