@@ -98,3 +98,34 @@ t.test('an answer that arrived while the event loop was stalled is an answer, no
   t.equal(timeouts(), 0, 'no call counted as timed out')
   t.equal(guard.breaker, 'closed')
 })
+
+t.test('a stall in the check phase before the deadline timer\'s expiry: the answer that arrived meanwhile is read first', async t => {
+  // The schedule that made the test above flaky on a loaded machine, made deterministic: the
+  // deadline timer armed by an earlier call fires in the same timers phase as the timer that
+  // makes the next call, after it; the next call is sent and the stall happens in the check phase
+  // that follows, before the expiry the deadline timer queued there. Redis answers during the
+  // stall, but no I/O phase runs between the stall and that expiry.
+  const { guard, timeouts } = await guardOn(t, 50)
+  for (let i = 0; i < 3; i++) {
+    const first = performance.now()
+    const earlier = await guard.decide([check(`phase-a-${i}`)], LOCAL, `a${i}`)
+    t.equal(earlier.level, 'redis', `round ${i}: the earlier call decided by Redis`)
+    // the earlier call's deadline timer is armed for first + 50 ms
+    const decided = new Promise<string>((resolve) => {
+      setTimeout(() => {
+        const later = guard.decide([check(`phase-b-${i}`)], LOCAL, `b${i}`)
+        setImmediate(() => {
+          // the store sent the call in the immediate queued before this one: Redis holds it once it answers a PING
+          const until = performance.now() + 150
+          execFileSync('redis-cli', ['-p', String(redis.port), 'PING'])
+          while (performance.now() < until) { /* stalled */ }
+        })
+        later.then((g) => resolve(g.level), () => resolve('error'))
+      }, 20)
+      // both timers are due when the loop next runs its timers: ours (20 ms) first, then the guard's (50 ms)
+      while (performance.now() < first + 60) { /* busy */ }
+    })
+    t.equal(await decided, 'redis', `round ${i}: the later call decided by Redis, not timed out`)
+  }
+  t.equal(timeouts(), 0, 'no call counted as timed out')
+})
