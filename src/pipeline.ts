@@ -167,25 +167,45 @@ interface Transport {
   refuse (refusal: Refusal, requestId: string): number
   /** Writes a limiter's 429 (its body names the dimension, the limit and the wait). */
   reject (verdict: RejectVerdict, requestId: string): number
-  /** Calls `f` once, when the client's side closes (the response, or the socket). */
+  /** Calls `f` once, when the client's side closes (the response, or the socket). Called once per request. */
   onClose (f: () => void): void
   /** The request has a route: a refusal if this transport cannot use it, else null. */
   routed (a: Admission): Refusal | null
 }
 
+/**
+ * A response runs what its close means from the request's one 'close' listener (`closed()`, called
+ * by createRequestHandler): one `once` per stage cost a wrapper and a bound function each, and
+ * turned the response's listener slot into an array cloned on every emit.
+ */
 class HttpTransport implements Transport {
+  private closeHook: (() => void) | null = null
+  /** The route counted in flight until the response closes. */
+  private inflightRoute: string | null = null
   constructor (private readonly res: ServerResponse, private readonly telemetry: Telemetry) {}
   refuse (r: Refusal, requestId: string): number { return sendError(this.res, r.code, requestId, r.extra, r.headers) }
   reject (v: RejectVerdict, requestId: string): number {
     const body = v.template.body(v.retryAfterMs, requestId)
     return sendJsonText(this.res, v.template.status, body, v.template.bytesOf(body), requestId, v.head)
   }
-  onClose (f: () => void): void { this.res.once('close', f) }
+  onClose (f: () => void): void { this.closeHook = f }
   routed (a: Admission): null {
-    const { telemetry } = this
-    telemetry.inflight(a.route.name, 1)
-    this.res.once('close', () => telemetry.inflight(a.route.name, -1))
+    this.telemetry.inflight(a.route.name, 1)
+    this.inflightRoute = a.route.name
     return null
+  }
+  /** The response closed. */
+  closed (): void {
+    const route = this.inflightRoute
+    if (route !== null) {
+      this.inflightRoute = null
+      this.telemetry.inflight(route, -1)
+    }
+    const hook = this.closeHook
+    if (hook !== null) {
+      this.closeHook = null
+      hook()
+    }
   }
 }
 
@@ -262,24 +282,27 @@ export function createRequestHandler (state: PipelineState, closed: (req: Incomi
   return (req, res) => {
     const rt = state.runtime
     const record = new RequestRecord(state, rt, req, false)
+    const transport = new HttpTransport(res, state.telemetry)
     // In flight until the response closes: what the shutdown drain and the pool sweep wait for.
     res.on('close', () => {
       record.leave()
       closed(req, res)
+      transport.closed()
     })
-    admit(state, rt, record, new HttpTransport(res, state.telemetry), (a, v) => {
+    admit(state, rt, record, transport, (a, v) => {
+      // one literal shape (no spread of an optional field): the forward reads it per request
       const ctx: ForwardContext = {
         requestId: record.requestId,
         clientIp: a.clientIp,
         proto: state.proto,
         path: a.path,
         trustedPeer: record.trustedPeer,
-        ...(v.headers !== null ? { extraResponseHeaders: v.headers } : {})
+        extraResponseHeaders: v.headers ?? undefined
       }
       const go = (): void => {
-        const dispatched = process.hrtime.bigint()
+        const dispatched = performance.now()
         forwardRequest(req, res, a.route.forward, ctx, (result) => {
-          if (result.target !== null) state.telemetry.upstreamResponse(a.route.upstream, Number(process.hrtime.bigint() - dispatched) / 1e9)
+          if (result.target !== null) state.telemetry.upstreamResponse(a.route.upstream, (performance.now() - dispatched) / 1e3)
           if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
           record.finish({ status: result.status, result })
         })

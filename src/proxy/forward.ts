@@ -76,7 +76,7 @@ export interface ForwardContext {
   /** The peer is one of trustedProxies: its X-Request-Id and Forwarded/X-Real-IP/... are kept. */
   readonly trustedPeer?: boolean
   /** Added to the response (successful or not), e.g. RateLimit headers from the limiter. */
-  readonly extraResponseHeaders?: readonly (readonly [string, string])[]
+  readonly extraResponseHeaders?: readonly (readonly [string, string])[] | undefined
 }
 
 /** Reported exactly once per request, for access logs and metrics. */
@@ -95,7 +95,7 @@ export interface ForwardResult {
    * Set when the response failed after its headers went out (cut mid-body): the status those
    * headers carried. `status` is then the failure's (502, 503, 504), so it counts as an error.
    */
-  sentStatus?: number
+  sentStatus?: number | undefined
   /** The failure as answered, with the undici error as `cause`; null on success and on client abort. */
   error: GatewayError | null
 }
@@ -462,7 +462,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
       status = ERRORS[code].status
     }
     try {
-      this.done({ status, target: this.target?.url ?? null, bytesIn: this.bytesIn, bytesOut: this.bytesOut, errorCode: code, errorKind: kind, error, ...(sentStatus !== undefined ? { sentStatus } : {}) })
+      this.done({ status, target: this.target?.url ?? null, bytesIn: this.bytesIn, bytesOut: this.bytesOut, errorCode: code, errorKind: kind, error, sentStatus })
     } catch (err) {
       // A throwing callback must not reach undici's socket handling; report it without crashing.
       process.emitWarning(err instanceof Error ? err : new Error(String(err)), 'GatewayForwardDoneError')
