@@ -1,0 +1,186 @@
+// Instructions per request, counted by valgrind's callgrind: a figure that does not move with the
+// machine's load, for changes too small for the CPU-time benches. On these shared 2-core VMs the
+// same contender's CPU per request moves by a factor of two between rounds, while what is left of
+// the plain proxy path (issue 13) is spread over many frames of 1-5% each.
+//
+//   node bench/instructions.js [--contenders b,c,d,f] [--warm 20000] [--requests 5000]
+//                              [--repeat 2] [--dist dist[,other/dist]] [--json FILE]
+//
+// Each contender runs under `valgrind --tool=callgrind --instr-atstart=no`: `--warm` requests
+// (50 keep-alive connections) let V8 optimise the hot path uninstrumented, then counting is turned
+// on (`callgrind_control -i on`) for `--requests` requests and off again, so start-up and warm-up
+// are not counted. The count is every instruction of the contender's process in that window (its
+// JavaScript, V8's compiler and GC, libuv, the kernel's entry stubs excluded), divided by the
+// requests. Repeats of one build agree within about 1%; JIT timing is what still moves them.
+// Contenders: b the bare undici proxy (bench/bare-proxy.js), c/d/f the gateway configs of
+// `npm run bench`; (e) is left out, its batching depends on timing, and valgrind slows the gateway
+// about 20-50x. `--dist` compares builds: each directory is a compiled dist/ (for example a
+// `git worktree` of another commit after `npx tsc -p tsconfig.build.json`).
+import { execFileSync } from 'node:child_process'
+import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join, resolve } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { parseArgs } from 'node:util'
+import http from 'node:http'
+import { answers200, freePort, killAllSync, startProcess, stopAll, stopProcess } from './lib/processes.js'
+import { fmt, spread } from './lib/summary.js'
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url))
+const BENCH = join(ROOT, 'bench')
+
+const { values: flags } = parseArgs({
+  options: {
+    contenders: { type: 'string', default: 'b,c,d,f' },
+    warm: { type: 'string', default: '20000' },
+    requests: { type: 'string', default: '5000' },
+    repeat: { type: 'string', default: '2' },
+    dist: { type: 'string', default: 'dist' },
+    json: { type: 'string' }
+  }
+})
+const settings = {
+  contenders: (flags.contenders ?? '').split(',').filter(Boolean),
+  warm: Number(flags.warm),
+  requests: Number(flags.requests),
+  repeat: Number(flags.repeat),
+  dists: (flags.dist ?? 'dist').split(',').filter(Boolean).map((d) => resolve(ROOT, d))
+}
+
+/** @type {Record<string, string>} */
+const CONFIGS = { c: 'gateway-no-limits.yaml', d: 'gateway-local.yaml', f: 'gateway-shared-memory.yaml' }
+
+function requireValgrind () {
+  for (const tool of ['valgrind', 'callgrind_control']) {
+    try {
+      execFileSync(tool, ['--version'], { stdio: 'ignore' })
+    } catch {
+      console.error(`bench/instructions.js needs ${tool} (Debian: apt-get install valgrind)`)
+      process.exit(2)
+    }
+  }
+}
+
+/**
+ * N GET requests over `connections` keep-alive connections; resolves with the count of non-200s.
+ * @param {number} port
+ * @param {number} n
+ */
+function load (port, n, connections = 50) {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: connections })
+  let sent = 0
+  let done = 0
+  let bad = 0
+  return new Promise((resolve) => {
+    const one = () => {
+      if (sent >= n) return
+      sent++
+      const finish = () => { if (++done === n) { agent.destroy(); resolve(bad) } else one() }
+      http.get({ host: '127.0.0.1', port, path: '/api/items/42', agent, headers: { 'x-user-id': 'user-1' } }, (res) => {
+        if (res.statusCode !== 200) bad++
+        res.resume()
+        res.on('end', finish)
+      }).on('error', () => { bad++; finish() })
+    }
+    for (let i = 0; i < Math.min(connections, n); i++) one()
+  })
+}
+
+/**
+ * Sum of the `totals:` lines of the dumps callgrind wrote for `pid`.
+ * @param {string} dir
+ * @param {number} pid
+ */
+function countedInstructions (dir, pid) {
+  let total = 0
+  for (const f of readdirSync(dir)) {
+    if (!f.startsWith(`cg.${pid}`)) continue
+    const m = /^totals:\s+(\d+)/m.exec(readFileSync(join(dir, f), 'utf8'))
+    if (m !== null) total += Number(m[1])
+  }
+  return total
+}
+
+/**
+ * One contender under callgrind: warm up uninstrumented, count `requests`, stop.
+ * @param {string} id  b, c, d or f
+ * @param {string} dist
+ * @param {{ dir: string, upstreamOrigin: string }} env
+ */
+async function measure (id, dist, env) {
+  const port = await freePort()
+  let args
+  let ready
+  if (id === 'b') {
+    args = [join(BENCH, 'bare-proxy.js'), String(port), env.upstreamOrigin]
+    ready = () => answers200(`http://127.0.0.1:${port}/`)
+  } else {
+    const adminPort = await freePort()
+    const text = readFileSync(join(BENCH, 'configs', /** @type {string} */ (CONFIGS[id])), 'utf8')
+      .replace(/\$\{(\w+)\}/g, (_, name) => /** @type {Record<string, string>} */ ({ GATEWAY_PORT: String(port), ADMIN_PORT: String(adminPort), UPSTREAM_ORIGIN: env.upstreamOrigin, REDIS_URL: 'redis://127.0.0.1:1' })[name] ?? '')
+    const file = join(env.dir, `${id}.yaml`)
+    writeFileSync(file, text)
+    // the CLI of the given build, not bin/gateway's (which always loads ./dist)
+    const runner = `const { main } = await import(${JSON.stringify(join(dist, 'cli.js'))}); process.exitCode = await main(process.argv.slice(1))`
+    args = ['--input-type=module', '-e', runner, 'start', '-c', file]
+    ready = () => answers200(`http://127.0.0.1:${adminPort}/readyz`)
+  }
+  const child = await startProcess(`${id} under callgrind`, 'valgrind', ['--tool=callgrind', '--instr-atstart=no', `--callgrind-out-file=${join(env.dir, 'cg.%p')}`, process.execPath, ...args], {
+    env: { ...process.env, NODE_ENV: 'production' },
+    drainStdout: true,
+    ready,
+    timeoutMs: 180_000
+  })
+  try {
+    const warmBad = await load(port, settings.warm)
+    execFileSync('callgrind_control', ['-i', 'on', String(child.pid)], { stdio: 'ignore' })
+    const bad = await load(port, settings.requests)
+    execFileSync('callgrind_control', ['-i', 'off', String(child.pid)], { stdio: 'ignore' })
+    execFileSync('callgrind_control', ['-d', String(child.pid)], { stdio: 'ignore' })
+    if (warmBad + bad > 0) throw new Error(`${id}: ${warmBad + bad} requests did not answer 200`)
+    const instructions = countedInstructions(env.dir, child.pid)
+    if (instructions === 0) throw new Error(`${id}: callgrind wrote no count`)
+    return instructions / settings.requests
+  } finally {
+    await stopProcess(child)
+  }
+}
+
+async function main () {
+  requireValgrind()
+  const dir = mkdtempSync(join(tmpdir(), 'gw-instructions-'))
+  process.on('exit', () => { killAllSync(); rmSync(dir, { recursive: true, force: true }) })
+  const upstreamPort = await freePort()
+  await startProcess('upstream', process.execPath, [join(BENCH, 'upstream.js'), String(upstreamPort)], { ready: () => answers200(`http://127.0.0.1:${upstreamPort}/`) })
+  const env = { dir, upstreamOrigin: `http://127.0.0.1:${upstreamPort}` }
+  /** @type {Array<{ id: string, dist: string, runs: number[] }>} */
+  const rows = []
+  for (const id of settings.contenders) {
+    if (id !== 'b' && !(id in CONFIGS)) throw new Error(`unknown contender ${id} (b, c, d or f)`)
+    for (const dist of id === 'b' ? [settings.dists[0]] : settings.dists) rows.push({ id, dist: /** @type {string} */ (dist), runs: [] })
+  }
+  console.log(`instructions per request: ${settings.warm} warm-up requests, ${settings.requests} counted, ${settings.repeat} repeats`)
+  for (let r = 0; r < settings.repeat; r++) {
+    for (const row of r % 2 === 0 ? rows : [...rows].reverse()) {
+      const perRequest = await measure(row.id, row.dist, env)
+      row.runs.push(perRequest)
+      console.log(`  ${row.id} ${row.id === 'b' ? 'bare proxy' : row.dist}: ${fmt(perRequest)}`)
+    }
+  }
+  const bare = rows.find((row) => row.id === 'b')
+  console.log('\ncontender | build | instructions/request (median [min-max]) | / bare proxy')
+  const report = rows.map((row) => {
+    const s = spread(row.runs)
+    const ratio = bare === undefined ? null : spread(row.runs.map((x, i) => x / /** @type {number} */ (bare.runs[i])))
+    console.log(`${row.id} | ${row.id === 'b' ? '-' : row.dist} | ${fmt(s?.median)} [${fmt(s?.min)}-${fmt(s?.max)}] | ${ratio === null ? '-' : `${fmt(ratio.median)} [${fmt(ratio.min)}-${fmt(ratio.max)}]`}`)
+    return { contender: row.id, dist: row.dist, runs: row.runs, perRequest: s, toBare: ratio }
+  })
+  if (flags.json !== undefined) writeFileSync(flags.json, JSON.stringify({ date: new Date().toISOString(), settings, report }, null, 2))
+  await stopAll()
+}
+
+main().catch(async (err) => {
+  console.error(err)
+  await stopAll()
+  process.exitCode = 1
+})
