@@ -13,7 +13,7 @@
 // JavaScript, V8's compiler and GC, libuv, the kernel's entry stubs excluded), divided by the
 // requests. Repeats of one build agree within about 1%; JIT timing is what still moves them.
 // Contenders: b the bare undici proxy (bench/bare-proxy.js), c/d/f the gateway configs of
-// `npm run bench`; (e) is left out, its batching depends on timing, and valgrind slows the gateway
+// `npm run bench`, l = f with the access log on; (e) is left out, its batching depends on timing, and valgrind slows the gateway
 // about 20-50x. `--dist` compares builds: each directory is a compiled dist/ (for example a
 // `git worktree` of another commit after `npx tsc -p tsconfig.build.json`).
 import { execFileSync } from 'node:child_process'
@@ -48,7 +48,11 @@ const settings = {
 }
 
 /** @type {Record<string, string>} */
-const CONFIGS = { c: 'gateway-no-limits.yaml', d: 'gateway-local.yaml', f: 'gateway-shared-memory.yaml' }
+const CONFIGS = { c: 'gateway-no-limits.yaml', d: 'gateway-local.yaml', f: 'gateway-shared-memory.yaml', l: 'gateway-shared-memory.yaml' }
+// l is (f) with the access log on (`log.level: info`), its stdout read by a `cat` of its own:
+// l - f is the access line's cost in instructions, free of the rate effects that blur it in
+// `npm run bench`, where (i) runs slower than (e) because the log's reader takes CPU.
+const LOG_ON = new Set(['l'])
 
 function requireValgrind () {
   for (const tool of ['valgrind', 'callgrind_control']) {
@@ -119,7 +123,9 @@ async function measure (id, dist, env) {
     const text = readFileSync(join(BENCH, 'configs', /** @type {string} */ (CONFIGS[id])), 'utf8')
       .replace(/\$\{(\w+)\}/g, (_, name) => /** @type {Record<string, string>} */ ({ GATEWAY_PORT: String(port), ADMIN_PORT: String(adminPort), UPSTREAM_ORIGIN: env.upstreamOrigin, REDIS_URL: 'redis://127.0.0.1:1' })[name] ?? '')
     const file = join(env.dir, `${id}.yaml`)
-    writeFileSync(file, text)
+    const logged = text.replace(/^log: \{ level: warn \}$/m, 'log: { level: info }')
+    if (LOG_ON.has(id) && logged === text) throw new Error(`${CONFIGS[id]}: no "log: { level: warn }" line to turn the access log on`)
+    writeFileSync(file, LOG_ON.has(id) ? logged : text)
     // the CLI of the given build, not bin/gateway's (which always loads ./dist)
     const runner = `const { main } = await import(${JSON.stringify(join(dist, 'cli.js'))}); process.exitCode = await main(process.argv.slice(1))`
     args = ['--input-type=module', '-e', runner, 'start', '-c', file]
@@ -156,7 +162,7 @@ async function main () {
   /** @type {Array<{ id: string, dist: string, runs: number[] }>} */
   const rows = []
   for (const id of settings.contenders) {
-    if (id !== 'b' && !(id in CONFIGS)) throw new Error(`unknown contender ${id} (b, c, d or f)`)
+    if (id !== 'b' && !(id in CONFIGS)) throw new Error(`unknown contender ${id} (b, c, d, f or l)`)
     for (const dist of id === 'b' ? [settings.dists[0]] : settings.dists) rows.push({ id, dist: /** @type {string} */ (dist), runs: [] })
   }
   console.log(`instructions per request: ${settings.warm} warm-up requests, ${settings.requests} counted, ${settings.repeat} repeats`)
