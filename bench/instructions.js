@@ -22,9 +22,10 @@ import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
-import http from 'node:http'
 import { answers200, freePort, killAllSync, startProcess, stopAll, stopProcess } from './lib/processes.js'
 import { fmt, spread } from './lib/summary.js'
+import { runLoad } from './lib/load.js'
+import { renderConfig } from './lib/configs.js'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const BENCH = join(ROOT, 'bench')
@@ -66,28 +67,15 @@ function requireValgrind () {
 }
 
 /**
- * N GET requests over `connections` keep-alive connections; resolves with the count of non-200s.
+ * `n` requests over 50 keep-alive connections (autocannon, as in `npm run bench`); throws unless
+ * every one was answered 200. Returns the responses counted.
  * @param {number} port
  * @param {number} n
  */
-function load (port, n, connections = 50) {
-  const agent = new http.Agent({ keepAlive: true, maxSockets: connections })
-  let sent = 0
-  let done = 0
-  let bad = 0
-  return new Promise((resolve) => {
-    const one = () => {
-      if (sent >= n) return
-      sent++
-      const finish = () => { if (++done === n) { agent.destroy(); resolve(bad) } else one() }
-      http.get({ host: '127.0.0.1', port, path: '/api/items/42', agent, headers: { 'x-user-id': 'user-1' } }, (res) => {
-        if (res.statusCode !== 200) bad++
-        res.resume()
-        res.on('end', finish)
-      }).on('error', () => { bad++; finish() })
-    }
-    for (let i = 0; i < Math.min(connections, n); i++) one()
-  })
+async function load (port, n) {
+  const r = await runLoad({ url: `http://127.0.0.1:${port}`, connections: 50, durationS: 900, amount: n, requests: [{ path: '/api/items/42', headers: { 'x-user-id': 'user-1' } }] })
+  if (r.non2xx + r.errors + r.timeouts > 0) throw new Error(`port ${port}: ${r.non2xx} non-2xx, ${r.errors} errors, ${r.timeouts} timeouts of ${r.requests}`)
+  return r.requests
 }
 
 /**
@@ -120,8 +108,7 @@ async function measure (id, dist, env) {
     ready = () => answers200(`http://127.0.0.1:${port}/`)
   } else {
     const adminPort = await freePort()
-    const text = readFileSync(join(BENCH, 'configs', /** @type {string} */ (CONFIGS[id])), 'utf8')
-      .replace(/\$\{(\w+)\}/g, (_, name) => /** @type {Record<string, string>} */ ({ GATEWAY_PORT: String(port), ADMIN_PORT: String(adminPort), UPSTREAM_ORIGIN: env.upstreamOrigin, REDIS_URL: 'redis://127.0.0.1:1' })[name] ?? '')
+    const text = renderConfig(/** @type {string} */ (CONFIGS[id]), { GATEWAY_PORT: String(port), ADMIN_PORT: String(adminPort), UPSTREAM_ORIGIN: env.upstreamOrigin })
     const file = join(env.dir, `${id}.yaml`)
     const logged = text.replace(/^log: \{ level: warn \}$/m, 'log: { level: info }')
     if (LOG_ON.has(id) && logged === text) throw new Error(`${CONFIGS[id]}: no "log: { level: warn }" line to turn the access log on`)
@@ -138,15 +125,14 @@ async function measure (id, dist, env) {
     timeoutMs: 180_000
   })
   try {
-    const warmBad = await load(port, settings.warm)
+    await load(port, settings.warm)
     execFileSync('callgrind_control', ['-i', 'on', String(child.pid)], { stdio: 'ignore' })
-    const bad = await load(port, settings.requests)
+    const counted = await load(port, settings.requests)
     execFileSync('callgrind_control', ['-i', 'off', String(child.pid)], { stdio: 'ignore' })
     execFileSync('callgrind_control', ['-d', String(child.pid)], { stdio: 'ignore' })
-    if (warmBad + bad > 0) throw new Error(`${id}: ${warmBad + bad} requests did not answer 200`)
     const instructions = countedInstructions(env.dir, child.pid)
     if (instructions === 0) throw new Error(`${id}: callgrind wrote no count`)
-    return instructions / settings.requests
+    return instructions / counted
   } finally {
     await stopProcess(child)
   }

@@ -29,6 +29,7 @@ import { fmt, spread } from './lib/summary.js'
 import { scrapeGatewayMetrics, gatewayMetricsBetween } from './lib/gateway-metrics.js'
 import { printReport } from './lib/report-table.js'
 import { renderSvg } from './lib/report-svg.js'
+import { renderConfig } from './lib/configs.js'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const BENCH = join(ROOT, 'bench')
@@ -138,18 +139,6 @@ const DIFFERENCES = [
 const PEER_DIR = join(BENCH, 'peer')
 
 // --- starting everything ------------------------------------------------------------------
-
-/**
- * @param {string} template  file name in bench/configs
- * @param {Record<string, string>} vars
- */
-function renderConfig (template, vars) {
-  return readFileSync(join(BENCH, 'configs', template), 'utf8')
-    .replace(/\$\{(\w+)\}/g, (_, name) => {
-      if (!(name in vars)) throw new Error(`${template}: no value for \${${name}}`)
-      return /** @type {string} */ (vars[name])
-    })
-}
 
 /** What the gateway CLI offers, read once from `gateway --help`. */
 function gatewayCli () {

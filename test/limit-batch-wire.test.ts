@@ -100,7 +100,7 @@ t.test('keys that every request of a batch shares are read once and written once
 
 t.test('one log key checked under two windows in one batch counts every entry the batch admitted', async (t) => {
   // The gateway never makes this (a key's limit id names its window), but the batch's cache of a
-  // log counts for one window only: it must not hide admissions made under the other one.
+  // log belongs to a single window: it must not hide admissions made under the other one.
   const redis = await startRedis(t)
   const client = redis.client()
   const now = Date.now() * 1000
@@ -114,10 +114,7 @@ t.test('one log key checked under two windows in one batch counts every entry th
     request('r5', check('log', shortLog))
   ]
   const { numKeys, keysAndArgs } = batchKeysAndArgs(batch, now)
-  const reply = await client.eval(LIMIT_BATCH_SCRIPT, numKeys, ...keysAndArgs) as string
-  const values = reply.split(',').map(Number)
-  const allowed: number[] = []
-  for (let pos = 0; pos < values.length; pos += (values[pos] as number) + 1) allowed.push(values[pos + 1] as number)
+  const allowed = admittedOf(await client.eval(LIMIT_BATCH_SCRIPT, numKeys, ...keysAndArgs) as string)
   // one call per request in this order: r1 and r2 fill the limit of 2, whichever window counts
   t.same(allowed, [1, 1, 0, 0, 0], 'two admitted, every later request refused under either window')
   t.same((await client.zrange('log', '0', '-1')).sort(), ['r1:1', 'r2:1'], 'the log holds the two admitted entries')
@@ -131,9 +128,15 @@ t.test('one log key checked under two windows in one batch counts every entry th
     request('s3', check('log2', roomy(longLog)))
   ]
   const next = batchKeysAndArgs(second, now)
-  const values2 = (await client.eval(LIMIT_BATCH_SCRIPT, next.numKeys, ...next.keysAndArgs) as string).split(',').map(Number)
-  const allowed2: number[] = []
-  for (let pos = 0; pos < values2.length; pos += (values2[pos] as number) + 1) allowed2.push(values2[pos + 1] as number)
+  const allowed2 = admittedOf(await client.eval(LIMIT_BATCH_SCRIPT, next.numKeys, ...next.keysAndArgs) as string)
   t.same(allowed2, [1, 1, 0], 's1 wrote two entries: s2 fills the limit of 3, s3 is refused')
   t.same((await client.zrange('log2', '0', '-1')).sort(), ['s1:1', 's1:2', 's2:1'], 'the log holds every admitted entry')
 })
+
+/** Each request's allowed flag (1 or 0) from a limit-batch.lua reply: per request, its length then its values. */
+function admittedOf (reply: string): number[] {
+  const values = reply.split(',').map(Number)
+  const allowed: number[] = []
+  for (let pos = 0; pos < values.length; pos += (values[pos] as number) + 1) allowed.push(values[pos + 1] as number)
+  return allowed
+}

@@ -5,7 +5,8 @@ import autocannon from 'autocannon'
  * @typedef {object} LoadOptions
  * @property {string} url
  * @property {number} connections
- * @property {number} durationS
+ * @property {number} durationS  how long it runs; with `amount`, the longest it may take
+ * @property {number} [amount]  stop after this many responses instead of after `durationS`
  * @property {Array<{ method?: string, path?: string, headers?: Record<string, string> }>} requests  cycled per connection
  * @property {number} [overallRate]  requests/s over all connections; unset = as fast as answers come back
  * @property {(ms: number) => void} [onResponseTime]  every response's latency, for merging runs
@@ -44,6 +45,7 @@ export function runLoad (opts) {
       pipelining: 1,
       timeout: 10,
       requests: opts.requests,
+      ...(opts.amount ? { amount: opts.amount } : {}),
       // autocannon's coordinated-omission correction assumes 1/rate ms between requests where the
       // rate is per second, which back-fills samples wildly; paced loads report what was measured.
       ...(opts.overallRate ? { overallRate: Math.round(opts.overallRate), ignoreCoordinatedOmission: true } : {})

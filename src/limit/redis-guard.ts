@@ -31,6 +31,11 @@ interface DetailedAnswer { readonly decision: LimitDecision, readonly remainings
 /** What the store answers a decision with: detailed or not. */
 type StoreAnswer = DetailedAnswer | LimitDecision
 
+/** The probes a decision made are over, whatever its outcome: the next request may probe again. */
+function endProbes (probes: readonly Breaker[] | null): void {
+  if (probes !== null) for (const b of probes) b.probing = false
+}
+
 /** What the guard needs of the Redis store: deciding, and writing a fallback's debt back. */
 export interface GuardedStore extends LimitStore {
   decideDetailed?(checks: readonly LimitCheck[], requestId: string): Promise<DetailedAnswer>
@@ -266,22 +271,23 @@ export class RedisGuard implements SharedLevel {
       this.setState(b, 'half-open', 'probing Redis')
     }
     const started = performance.now()
+    // A throw of the store, its rejection, or a throw after its answer (a state-change listener,
+    // the debt's write-back): each is a failure answered by the fallback, as in one try block.
+    const fail = (err: unknown): GuardedDecision => this.failed(err, started, involved, probes, checks, limits, requestId)
     let asked: Promise<StoreAnswer>
     try {
       const store = this.options.store
       asked = this.withTimeout<StoreAnswer>(store.decideDetailed !== undefined ? store.decideDetailed(checks, requestId) : store.decide(checks, requestId))
     } catch (err) {
-      return Promise.resolve(this.failed(err, started, involved, probes, checks, limits, requestId))
+      return Promise.resolve(fail(err))
     }
     return asked.then((answer) => {
-      // as in one try block around the call and what follows it: a throw after the answer
-      // (a state-change listener, the debt's write-back) is a failure with the fallback's answer
       try {
         return this.answered(answer, started, involved, probes, checks)
       } catch (err) {
-        return this.failed(err, started, involved, probes, checks, limits, requestId)
+        return fail(err)
       }
-    }, (err: unknown) => this.failed(err, started, involved, probes, checks, limits, requestId))
+    }, fail)
   }
 
   private answered (answer: StoreAnswer, started: number, involved: readonly Breaker[], probes: Breaker[] | null, checks: readonly LimitCheck[]): GuardedDecision {
@@ -306,7 +312,7 @@ export class RedisGuard implements SharedLevel {
       if (this.worst === 'closed' || this.recomputeWorst() === 'closed') this.endOutage()
       else this.settleKeys(this.outage, checks)
     }
-    if (probes !== null) for (const b of probes) b.probing = false
+    endProbes(probes)
     return { decision, level: 'redis', unavailable: false, leaseId, share: 1 }
   }
 
@@ -323,7 +329,7 @@ export class RedisGuard implements SharedLevel {
       }
     }
     const fallback = this.fallback(checks, limits, requestId)
-    if (probes !== null) for (const b of probes) b.probing = false
+    endProbes(probes)
     return fallback
   }
 
