@@ -62,8 +62,9 @@ local function cq_read (key, p, now)
   local off = 0
   if p.max_delay_ms ~= 0 then off = (p.max_delay_ms - 1440) * 60 end
   local start, stop = cq_period(p.window_ms, floor(now / 1000000) + off)
-  local s = hash_get(key, 'w', 'c')
-  local sw, cur = tonumber(s[1]), 0
+  local sw, sc = hash_get(key, 'w', 'c')
+  local cur = 0
+  sw = tonumber(sw)
   local period = start
   -- A stored period ahead of now: the clock stepped back; keep counting in that later period.
   if sw and sw > start then
@@ -71,7 +72,7 @@ local function cq_read (key, p, now)
     local _, later_stop = cq_period(p.window_ms, sw)
     stop = later_stop
   end
-  if sw == period then cur = tonumber(s[2]) or 0 end
+  if sw == period then cur = tonumber(sc) or 0 end
   return period, cur, (stop - off) * 1000000 - now
 end
 
@@ -90,7 +91,7 @@ end
 
 -- receipt = the period start the request was counted in.
 local function cq_commit (key, p, now, r)
-  hash_set(key, ttl_ms(r.reset), 'w', int(r.k), 'c', int(r.cur))
+  hash_set(key, r.reset, 'w', r.k, 'c', r.cur)
   return r.k
 end
 

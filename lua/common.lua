@@ -57,71 +57,90 @@ end
 -- is written once, by flush_batch_keys at the end of the batch: the global and api keys that every
 -- request of a batch shares cost one read and one write per batch, not per request. The result
 -- is the state one call per request would leave (the batch parity test compares both).
+-- Values are written as numbers and TTLs given in µs: a batch keeps them as numbers and turns
+-- them into Redis's strings once per key at the end, not once per request ('%d' goes through
+-- sprintf, the largest single cost of the script's own work after the VM).
 local batch_keys = nil
 
+-- The entry of a string key: { v = its value (a string read from Redis, a number written, false
+-- when absent), ttl = µs, dirty = written }.
 local function state_get (key)
   if not batch_keys then return redis.call('GET', key) end
   local e = batch_keys[key]
   if e == nil then
-    e = { v = redis.call('GET', key) } -- false when absent
+    e = { v = redis.call('GET', key), ttl = 0, dirty = false }
     batch_keys[key] = e
   end
   return e.v
 end
 
-local function state_set (key, value, ttl)
+-- SET key value PX ttl, the value an integer and the TTL in µs (at least 1 ms).
+local function state_set (key, value, ttl_us)
   if not batch_keys then
-    redis.call('SET', key, value, 'PX', ttl)
+    redis.call('SET', key, int(value), 'PX', ttl_ms(ttl_us))
     return
   end
-  batch_keys[key] = { v = value, ttl = ttl, dirty = true }
-end
-
--- The batch's entry of a hash key: fields known (h) and fields written (w).
-local function batch_hash (key)
   local e = batch_keys[key]
   if e == nil then
-    e = { h = {}, w = {} }
-    batch_keys[key] = e
+    batch_keys[key] = { v = value, ttl = ttl_us, dirty = true }
+  else
+    e.v, e.ttl, e.dirty = value, ttl_us, true
   end
-  return e
 end
 
--- HMGET key f1 f2 [f3]: a table of the values, false for an absent field.
+-- HMGET key f1 f2 [f3]: the values, false for an absent field.
+-- The entry of a hash key: { h = field -> value (a string read, a number written, false when
+-- absent), ttl = µs, dirty = written }. Every field of a key's algorithm is read before it is
+-- written, so a field of h is either as Redis holds it or newer.
 local function hash_get (key, f1, f2, f3)
+  local s
   if not batch_keys then
-    if f3 then return redis.call('HMGET', key, f1, f2, f3) end
-    return redis.call('HMGET', key, f1, f2)
+    if f3 then s = redis.call('HMGET', key, f1, f2, f3) else s = redis.call('HMGET', key, f1, f2) end
+    return s[1], s[2], s[3]
   end
-  local e = batch_hash(key)
+  local e = batch_keys[key]
+  if e == nil then
+    if f3 then
+      s = redis.call('HMGET', key, f1, f2, f3)
+      batch_keys[key] = { h = { [f1] = s[1], [f2] = s[2], [f3] = s[3] }, ttl = 0, dirty = false }
+    else
+      s = redis.call('HMGET', key, f1, f2)
+      batch_keys[key] = { h = { [f1] = s[1], [f2] = s[2] }, ttl = 0, dirty = false }
+    end
+    return s[1], s[2], s[3]
+  end
   local h = e.h
   if h[f1] == nil or h[f2] == nil or (f3 and h[f3] == nil) then
-    local s
     if f3 then s = redis.call('HMGET', key, f1, f2, f3) else s = redis.call('HMGET', key, f1, f2) end
     -- a field written earlier in the batch is newer than what Redis holds
-    if not e.w[f1] then h[f1] = s[1] end
-    if not e.w[f2] then h[f2] = s[2] end
-    if f3 and not e.w[f3] then h[f3] = s[3] end
+    if h[f1] == nil then h[f1] = s[1] end
+    if h[f2] == nil then h[f2] = s[2] end
+    if f3 and h[f3] == nil then h[f3] = s[3] end
   end
-  if f3 then return { h[f1], h[f2], h[f3] } end
-  return { h[f1], h[f2] }
+  if f3 then return h[f1], h[f2], h[f3] end
+  return h[f1], h[f2]
 end
 
--- HSET key field value ... then PEXPIRE key ttl.
-local function hash_set (key, ttl, ...)
+-- HSET key f1 v1 f2 v2 [f3 v3] then PEXPIRE key ttl: integer values, the TTL in µs.
+local function hash_set (key, ttl_us, f1, v1, f2, v2, f3, v3)
   if not batch_keys then
-    redis.call('HSET', key, ...)
-    redis.call('PEXPIRE', key, ttl)
+    if f3 then
+      redis.call('HSET', key, f1, int(v1), f2, int(v2), f3, int(v3))
+    else
+      redis.call('HSET', key, f1, int(v1), f2, int(v2))
+    end
+    redis.call('PEXPIRE', key, ttl_ms(ttl_us))
     return
   end
-  local e = batch_hash(key)
-  local args = { ... }
-  for i = 1, #args, 2 do
-    e.h[args[i]] = args[i + 1]
-    e.w[args[i]] = true
+  local e = batch_keys[key]
+  if e == nil then
+    e = { h = {}, ttl = 0, dirty = false }
+    batch_keys[key] = e
   end
-  e.ttl = ttl
-  e.dirty = true
+  local h = e.h
+  h[f1], h[f2] = v1, v2
+  if f3 then h[f3] = v3 end
+  e.ttl, e.dirty = ttl_us, true
 end
 
 -- The sliding-window logs of a batch (sliding-window-log.lua): a log's count in the window is read
@@ -131,38 +150,39 @@ end
 -- each request's own trim would have. A read of the log itself (a rejection's retry time) first
 -- writes what is pending, so it sees every entry (zset_write).
 -- The entry of a log: { z = true, window_us, count = entries in the window, pending = scores and
--- members to add, ttl }.
+-- members to add (false when none), ttl = PEXPIRE's argument, since = the trim's bound }.
 
 -- Writes a log's pending entries: the trim, the ZADDs (in chunks: unpack() of a very large table
 -- would overflow the Lua C stack) and the expiry.
-local function zset_write (key, e, now)
+local function zset_write (key, e)
   if not e.pending then return end
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - e.window_us))
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', e.since)
   local p = e.pending
   for i = 1, #p, 512 do
     redis.call('ZADD', key, unpack(p, i, math.min(i + 511, #p)))
   end
   redis.call('PEXPIRE', key, e.ttl)
-  e.pending = nil
+  e.pending = false
 end
-
-local batch_now = 0
 
 local function flush_batch_keys ()
   for key, e in pairs(batch_keys) do
     if e.z then
-      zset_write(key, e, batch_now)
+      zset_write(key, e)
     elseif e.dirty then
-      if e.h then
-        local args = {}
-        for f in pairs(e.w) do
-          args[#args + 1] = f
-          args[#args + 1] = e.h[f]
+      local h = e.h
+      if h then
+        local args, n = {}, 0
+        for f, v in pairs(h) do
+          if v then
+            args[n + 1], args[n + 2] = f, int(v)
+            n = n + 2
+          end
         end
-        redis.call('HSET', key, unpack(args))
-        redis.call('PEXPIRE', key, e.ttl)
+        redis.call('HSET', key, unpack(args, 1, n))
+        redis.call('PEXPIRE', key, ttl_ms(e.ttl))
       else
-        redis.call('SET', key, e.v, 'PX', e.ttl)
+        redis.call('SET', key, int(e.v), 'PX', ttl_ms(e.ttl))
       end
     end
   end

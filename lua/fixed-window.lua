@@ -8,12 +8,13 @@
 
 local function fw_read (key, p, now)
   local k = floor(now / p.window_us)
-  local s = hash_get(key, 'w', 'c')
-  local sw, cur = tonumber(s[1]), 0
+  local sw, sc = hash_get(key, 'w', 'c')
+  local cur = 0
+  sw = tonumber(sw)
   -- A stored window ahead of now means the clock stepped back (failover to a skewed replica, an
   -- NTP step): keep counting in that later window rather than overwrite it with an empty one.
   if sw and sw > k then k = sw end
-  if sw == k then cur = tonumber(s[2]) or 0 end
+  if sw == k then cur = tonumber(sc) or 0 end
   return k, cur, (k + 1) * p.window_us - now
 end
 
@@ -32,7 +33,7 @@ end
 
 -- receipt = the window index the request was counted in.
 local function fw_commit (key, p, now, r)
-  hash_set(key, ttl_ms(r.reset), 'w', int(r.k), 'c', int(r.cur))
+  hash_set(key, r.reset, 'w', r.k, 'c', r.cur)
   return r.k
 end
 

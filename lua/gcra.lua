@@ -25,7 +25,7 @@ local function gcra_check (key, p, now)
 end
 
 local function gcra_commit (key, p, now, r)
-  state_set(key, int(r.tat), ttl_ms(r.tat - now))
+  state_set(key, r.tat, r.tat - now)
   return r.tat
 end
 

@@ -12,8 +12,8 @@
 
 local function lb_read (key, p, now)
   local w, l = scale(p)
-  local s = hash_get(key, 'wt', 'ts')
-  local water, ts = tonumber(s[1]), tonumber(s[2])
+  local swt, sts = hash_get(key, 'wt', 'ts')
+  local water, ts = tonumber(swt), tonumber(sts)
   if not water or not ts then water, ts = 0, now end
   if now > ts then
     if water > 0 then
@@ -49,7 +49,7 @@ end
 -- receipt = the µs at which the bucket is empty after this request (rounded down).
 local function lb_commit (key, p, now, r)
   local w, l = scale(p)
-  hash_set(key, ttl_ms(r.reset), 'wt', int(r.water), 'ts', int(r.ts))
+  hash_set(key, r.reset, 'wt', r.water, 'ts', r.ts)
   return r.ts + floor(r.water / l)
 end
 

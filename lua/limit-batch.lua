@@ -84,7 +84,6 @@ local out = {}
 local formats = {}
 -- string and hash keys read once and written once for the whole batch (common.lua)
 batch_keys = {}
-batch_now = now
 for r = 1, count do
   local n, id = read_request(ARGV[a + r])
   if not n then return redis.error_reply('ERR limit-batch.lua: bad request ' .. ARGV[a + r]) end

@@ -12,8 +12,8 @@
 
 local function sw_read (key, p, now)
   local k = floor(now / p.window_us)
-  local s = hash_get(key, 'w', 'c', 'p')
-  local sw, sc, sp = tonumber(s[1]), tonumber(s[2]) or 0, tonumber(s[3]) or 0
+  local sw, sc, sp = hash_get(key, 'w', 'c', 'p')
+  sw, sc, sp = tonumber(sw), tonumber(sc) or 0, tonumber(sp) or 0
   -- A stored window ahead of now: the clock stepped back. Keep that later window (as at its
   -- very start) instead of overwriting it with an empty one.
   if sw and sw > k then k = sw end
@@ -57,7 +57,7 @@ end
 
 -- receipt = the window index the request was counted in.
 local function sw_commit (key, p, now, r)
-  hash_set(key, ttl_ms((r.k + 2) * p.window_us - now), 'w', int(r.k), 'c', int(r.cur), 'p', int(r.prev))
+  hash_set(key, (r.k + 2) * p.window_us - now, 'w', r.k, 'c', r.cur, 'p', r.prev)
   return r.k
 end
 

@@ -7,8 +7,8 @@
 local function tb_read (key, p, now)
   local w, l = scale(p)
   local cap = p.burst * w
-  local s = hash_get(key, 'tk', 'ts')
-  local tokens, ts = tonumber(s[1]), tonumber(s[2])
+  local stk, sts = hash_get(key, 'tk', 'ts')
+  local tokens, ts = tonumber(stk), tonumber(sts)
   if not tokens or not ts then tokens, ts = cap, now end
   if tokens > cap then tokens = cap end
   if now > ts then
@@ -40,7 +40,7 @@ end
 -- refund can only return less than was taken).
 local function tb_commit (key, p, now, r)
   local w, l = scale(p)
-  hash_set(key, ttl_ms(r.reset), 'tk', int(r.tokens), 'ts', int(r.ts))
+  hash_set(key, r.reset, 'tk', r.tokens, 'ts', r.ts)
   return r.ts + floor((p.burst * w - r.tokens) / l)
 end
 
