@@ -76,17 +76,17 @@ local function cq_read (key, p, now)
   return period, cur, (stop - off) * 1000000 - now
 end
 
-local function cq_check (key, p, now)
+local function cq_check (key, p, now, r)
   local period, cur, to_end = cq_read(key, p, now)
   if p.cost <= p.limit and cur + p.cost <= p.limit then
-    local r = outcome(true, p.limit - cur - p.cost, 0, to_end, 0)
+    outcome(r, true, p.limit - cur - p.cost, 0, to_end, 0)
     r.k, r.cur = period, cur + p.cost
     return r
   end
   local reset = 0
   if cur > 0 then reset = to_end end
-  if p.cost > p.limit then return outcome(false, max(0, p.limit - cur), -1, reset, 0) end
-  return outcome(false, max(0, p.limit - cur), to_end, reset, 0)
+  if p.cost > p.limit then return outcome(r, false, max(0, p.limit - cur), -1, reset, 0) end
+  return outcome(r, false, max(0, p.limit - cur), to_end, reset, 0)
 end
 
 -- receipt = the period start the request was counted in.

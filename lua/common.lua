@@ -9,7 +9,7 @@
 -- in the same order, which is what the parity test checks.
 --
 -- Every algorithm file registers ALGORITHMS[code] = { check, commit, refund } with
---   check(key, p, now)             -> outcome: reads state, never writes
+--   check(key, p, now, r)          -> outcome r (filled in): reads state, never writes
 --   commit(key, p, now, r, id)     -> receipt (integer): writes the admission evaluated by check
 --   refund(key, p, now, receipt, id): undoes a commit whose request was rejected elsewhere
 -- where p = read_params(...), now is in µs and every time in an outcome is in µs.
@@ -230,8 +230,12 @@ local function read_params (arg)
   return p
 end
 
+-- A check's outcome, written into r (the caller's table, reused from request to request: a batch
+-- would otherwise allocate one per check and leave it to the garbage collector) and returned.
 -- ok: admitted; remaining: whole cost units left; retry: µs until a retry can pass (-1 never);
--- reset: µs until the budget is whole again; delay: µs to hold an admitted request.
-local function outcome (ok, remaining, retry, reset, delay)
-  return { ok = ok, remaining = remaining, retry = retry, reset = reset, delay = delay }
+-- reset: µs until the budget is whole again; delay: µs to hold an admitted request. An admitting
+-- check adds what its commit needs (r.tat, r.k, ...); commit reads only what its check set.
+local function outcome (r, ok, remaining, retry, reset, delay)
+  r.ok, r.remaining, r.retry, r.reset, r.delay = ok, remaining, retry, reset, delay
+  return r
 end

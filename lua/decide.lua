@@ -16,17 +16,36 @@ local function longer (a, b)
   return b >= 0 and a > b
 end
 
+-- Check i's parameters and outcome, kept from request to request (a batch decides many): entries
+-- past a request's n are left from an earlier one and never read. An outcome table starts with
+-- room for its five fields and the few an algorithm adds for its commit.
+local params, results = {}, {}
+
+-- The reply, one table for every request of a call: its first `length` entries are set and the
+-- rest cleared, so # and Redis's conversion of a returned table see exactly this reply. Whoever
+-- calls decide_request reads the reply before the next request is decided.
+local reply, reply_length = {}, 0
+local function reply_ends (length)
+  for k = length + 1, reply_length do reply[k] = nil end
+  reply_length = length
+  return reply
+end
+
 local function decide_request (keys, kbase, argv, abase, n, id, now)
   local now_ms = floor(now / 1000)
   if n == 0 then return { 1, 0, 0, 0, -1, 0, now_ms } end
-  local params, results = {}, {}
   local rejecting, tightest = 0, 0
   for i = 1, n do
     local p = read_params(argv[abase + i])
     local algorithm = p and ALGORITHMS[p.code]
     if not algorithm then return nil, 'bad check parameters ' .. tostring(argv[abase + i]) end
-    local r = algorithm.check(keys[kbase + i], p, now)
-    params[i], results[i] = p, r
+    local r = results[i]
+    if not r then
+      r = { ok = false, remaining = 0, retry = 0, reset = 0, delay = 0 }
+      results[i] = r
+    end
+    algorithm.check(keys[kbase + i], p, now, r)
+    params[i] = p
     if not r.ok then
       if rejecting == 0 or longer(r.retry, results[rejecting].retry) then rejecting = i end
     elseif tightest == 0 or r.remaining < results[tightest].remaining then
@@ -38,15 +57,16 @@ local function decide_request (keys, kbase, argv, abase, n, id, now)
     local r = results[rejecting]
     local retry = -1
     if r.retry >= 0 then retry = max(1, ms_up(r.retry)) end
-    local denied = { 0, r.remaining, retry, ms_up(r.reset), rejecting - 1, 0, now_ms }
+    reply[1], reply[2], reply[3], reply[4], reply[5], reply[6], reply[7] = 0, r.remaining, retry, ms_up(r.reset), rejecting - 1, 0, now_ms
     for i = 1, n do
       -- An admitting check's remaining counts this request, which was not recorded: add it back.
-      if results[i].ok then denied[7 + i] = results[i].remaining + params[i].cost else denied[7 + i] = max(0, results[i].remaining) end
+      if results[i].ok then reply[7 + i] = results[i].remaining + params[i].cost else reply[7 + i] = max(0, results[i].remaining) end
     end
-    return denied
+    return reply_ends(7 + n)
   end
 
-  local reply = { 1, results[tightest].remaining, 0, ms_up(results[tightest].reset), tightest - 1, 0, now_ms }
+  local t = results[tightest]
+  reply[1], reply[2], reply[3], reply[4], reply[5], reply[7] = 1, t.remaining, 0, ms_up(t.reset), tightest - 1, now_ms
   local delay = 0
   for i = 1, n do
     reply[7 + i] = ALGORITHMS[params[i].code].commit(keys[kbase + i], params[i], now, results[i], id)
@@ -54,5 +74,5 @@ local function decide_request (keys, kbase, argv, abase, n, id, now)
   end
   reply[6] = delay
   for i = 1, n do reply[7 + n + i] = max(0, results[i].remaining) end
-  return reply
+  return reply_ends(7 + 2 * n)
 end

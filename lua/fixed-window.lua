@@ -18,17 +18,17 @@ local function fw_read (key, p, now)
   return k, cur, (k + 1) * p.window_us - now
 end
 
-local function fw_check (key, p, now)
+local function fw_check (key, p, now, r)
   local k, cur, to_end = fw_read(key, p, now)
   if p.cost <= p.limit and cur + p.cost <= p.limit then
-    local r = outcome(true, p.limit - cur - p.cost, 0, to_end, 0)
+    outcome(r, true, p.limit - cur - p.cost, 0, to_end, 0)
     r.k, r.cur = k, cur + p.cost
     return r
   end
   local reset = 0
   if cur > 0 then reset = to_end end
-  if p.cost > p.limit then return outcome(false, max(0, p.limit - cur), -1, reset, 0) end
-  return outcome(false, max(0, p.limit - cur), to_end, reset, 0)
+  if p.cost > p.limit then return outcome(r, false, max(0, p.limit - cur), -1, reset, 0) end
+  return outcome(r, false, max(0, p.limit - cur), to_end, reset, 0)
 end
 
 -- receipt = the window index the request was counted in.

@@ -9,17 +9,17 @@ local function gcra_interval (p)
   return ceil(p.window_us / p.limit)
 end
 
-local function gcra_check (key, p, now)
+local function gcra_check (key, p, now, r)
   local t = gcra_interval(p)
   local tau = p.burst * t
   local tat = tonumber(state_get(key)) or now
   if tat < now then tat = now end
   local held = tat - now
   local available = max(0, floor((tau - held) / t))
-  if p.cost > p.burst then return outcome(false, available, -1, held, 0) end
+  if p.cost > p.burst then return outcome(r, false, available, -1, held, 0) end
   local nxt = tat + p.cost * t
-  if nxt - now > tau then return outcome(false, available, nxt - tau - now, held, 0) end
-  local r = outcome(true, floor((tau - (nxt - now)) / t), 0, nxt - now, 0)
+  if nxt - now > tau then return outcome(r, false, available, nxt - tau - now, held, 0) end
+  outcome(r, true, floor((tau - (nxt - now)) / t), 0, nxt - now, 0)
   r.tat = nxt
   return r
 end

@@ -24,11 +24,11 @@ local function lb_read (key, p, now)
   return w, l, p.burst * w, water, ts, ts - now
 end
 
-local function lb_check (key, p, now)
+local function lb_check (key, p, now, r)
   local w, l, cap, water, ts, lead = lb_read(key, p, now)
   local remaining = max(0, floor((cap - water) / w))
   local reset = lead + ceil(water / l)
-  if p.cost > p.burst then return outcome(false, remaining, -1, reset, 0) end
+  if p.cost > p.burst then return outcome(r, false, remaining, -1, reset, 0) end
   local need = p.cost * w
   local max_delay_us = p.max_delay_ms * 1000
   local delay = 0
@@ -39,9 +39,9 @@ local function lb_check (key, p, now)
     target = min(target, max_delay_us * l)
   end
   if water > target or delay > max_delay_us then
-    return outcome(false, remaining, lead + max(0, ceil((water - target) / l)), reset, 0)
+    return outcome(r, false, remaining, lead + max(0, ceil((water - target) / l)), reset, 0)
   end
-  local r = outcome(true, floor((cap - water - need) / w), 0, lead + ceil((water + need) / l), delay)
+  outcome(r, true, floor((cap - water - need) / w), 0, lead + ceil((water + need) / l), delay)
   r.water, r.ts = water + need, ts
   return r
 end

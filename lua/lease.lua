@@ -12,13 +12,13 @@
 -- tightest rate limit (the deciding check of an admission is the one with the least remaining).
 local LEASE_UNBOUNDED = 1125899906842624 -- 2^50
 
-local function lease_check (key, p, now)
+local function lease_check (key, p, now, r)
   local count = redis.call('ZCOUNT', key, '(' .. int(floor(now / 1000)), '+inf')
   if count + p.cost <= p.limit then
-    return outcome(true, LEASE_UNBOUNDED, 0, 0, 0)
+    return outcome(r, true, LEASE_UNBOUNDED, 0, 0, 0)
   end
   -- A lease may come back at any moment: Retry-After: 1 (the deny cache never holds these).
-  return outcome(false, max(0, p.limit - count), 1000000, 1000000, 0)
+  return outcome(r, false, max(0, p.limit - count), 1000000, 1000000, 0)
 end
 
 local function lease_commit (key, p, now, r, id)

@@ -23,7 +23,7 @@ for i = 1, n do
   if not algorithm then
     return redis.error_reply('ERR peek.lua: bad check parameters ' .. tostring(ARGV[2 + i]))
   end
-  local r = algorithm.check(KEYS[i], p, now)
+  local r = algorithm.check(KEYS[i], p, now, {})
   local remaining, retry, reset = max(0, r.remaining), 0, ms_up(r.reset)
   -- an admitting check's remaining and reset count the request it evaluated: take it back out
   if r.ok then

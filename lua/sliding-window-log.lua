@@ -41,7 +41,7 @@ local function swl_cache (key, window_us, now)
   return nil
 end
 
-local function swl_check (key, p, now)
+local function swl_check (key, p, now, r)
   local e = swl_cache(key, p.window_us, now)
   local count
   if e then
@@ -56,7 +56,7 @@ local function swl_check (key, p, now)
     end
   end
   if p.cost <= p.limit and count + p.cost <= p.limit then
-    return outcome(true, p.limit - count - p.cost, 0, p.window_us, 0)
+    return outcome(r, true, p.limit - count - p.cost, 0, p.window_us, 0)
   end
   -- the reads below look at the log itself: what this batch admitted must be in it
   if e then zset_write(key, e) end
@@ -66,13 +66,13 @@ local function swl_check (key, p, now)
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     reset = tonumber(newest[2]) + p.window_us - now
   end
-  if p.cost > p.limit then return outcome(false, remaining, -1, reset, 0) end
+  if p.cost > p.limit then return outcome(r, false, remaining, -1, reset, 0) end
   -- The request fits once the k oldest entries in the window have left it. Entries older than
   -- the window (not trimmed yet) rank before them.
   local k = count + p.cost - p.limit
   local rank = redis.call('ZCARD', key) - count + k - 1
   local entry = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
-  return outcome(false, remaining, tonumber(entry[2]) + p.window_us - now, reset, 0)
+  return outcome(r, false, remaining, tonumber(entry[2]) + p.window_us - now, reset, 0)
 end
 
 -- ZADD/ZREM in chunks: unpack() of a very large table would overflow the Lua C stack.

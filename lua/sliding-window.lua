@@ -29,19 +29,19 @@ local function sw_reset (p, now, k, cur, prev)
   return 0
 end
 
-local function sw_check (key, p, now)
+local function sw_check (key, p, now, r)
   local k, elapsed_ms, cur, prev = sw_read(key, p, now)
   local wm = p.window_ms
   local budget = p.limit * wm - prev * (wm - elapsed_ms)
   if p.cost <= p.limit and (cur + p.cost) * wm <= budget then
-    local r = outcome(true, max(0, floor((budget - (cur + p.cost) * wm) / wm)), 0,
+    outcome(r, true, max(0, floor((budget - (cur + p.cost) * wm) / wm)), 0,
       sw_reset(p, now, k, cur + p.cost, prev), 0)
     r.k, r.cur, r.prev = k, cur + p.cost, prev
     return r
   end
   local remaining = max(0, floor((budget - cur * wm) / wm))
   local reset = sw_reset(p, now, k, cur, prev)
-  if p.cost > p.limit then return outcome(false, remaining, -1, reset, 0) end
+  if p.cost > p.limit then return outcome(r, false, remaining, -1, reset, 0) end
   local spare = p.limit - cur - p.cost
   local retry
   if spare >= 0 then
@@ -52,7 +52,7 @@ local function sw_check (key, p, now)
     -- In the next window, where this window's count becomes the previous one (cur > 0 here).
     retry = (k + 1) * p.window_us + (wm - floor((p.limit - p.cost) * wm / cur)) * 1000 - now
   end
-  return outcome(false, remaining, retry, reset, 0)
+  return outcome(r, false, remaining, retry, reset, 0)
 end
 
 -- receipt = the window index the request was counted in.

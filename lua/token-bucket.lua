@@ -23,15 +23,15 @@ local function tb_read (key, p, now)
   return w, l, cap, tokens, ts, ts - now
 end
 
-local function tb_check (key, p, now)
+local function tb_check (key, p, now, r)
   local w, l, cap, tokens, ts, lead = tb_read(key, p, now)
   local remaining = floor(tokens / w)
   local reset = lead + ceil((cap - tokens) / l)
-  if p.cost > p.burst then return outcome(false, remaining, -1, reset, 0) end
+  if p.cost > p.burst then return outcome(r, false, remaining, -1, reset, 0) end
   local need = p.cost * w
-  if tokens < need then return outcome(false, remaining, lead + ceil((need - tokens) / l), reset, 0) end
+  if tokens < need then return outcome(r, false, remaining, lead + ceil((need - tokens) / l), reset, 0) end
   local left = tokens - need
-  local r = outcome(true, floor(left / w), 0, lead + ceil((cap - left) / l), 0)
+  outcome(r, true, floor(left / w), 0, lead + ceil((cap - left) / l), 0)
   r.tokens, r.ts = left, ts
   return r
 end
