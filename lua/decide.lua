@@ -23,8 +23,10 @@ local params, results = {}, {}
 
 -- The reply, one table for every request of a call: its first `length` entries are set and the
 -- rest cleared, so # and Redis's conversion of a returned table see exactly this reply. Whoever
--- calls decide_request reads the reply before the next request is decided.
-local reply, reply_length = {}, 0
+-- calls decide_request reads the reply before the next request is decided. It starts with room
+-- for four checks: one call per request would otherwise grow it from empty every time.
+local reply = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+local reply_length = #reply
 local function reply_ends (length)
   for k = length + 1, reply_length do reply[k] = nil end
   reply_length = length
@@ -67,12 +69,21 @@ local function decide_request (keys, kbase, argv, abase, n, id, now)
 
   local t = results[tightest]
   reply[1], reply[2], reply[3], reply[4], reply[5], reply[7] = 1, t.remaining, 0, ms_up(t.reset), tightest - 1, now_ms
+  -- comparisons rather than max() and ms_up(): each math call is a C call, and these run for
+  -- every check of every request of a batch
   local delay = 0
   for i = 1, n do
-    reply[7 + i] = ALGORITHMS[params[i].code].commit(keys[kbase + i], params[i], now, results[i], id)
-    delay = max(delay, ms_up(results[i].delay))
+    local p, r = params[i], results[i]
+    reply[7 + i] = ALGORITHMS[p.code].commit(keys[kbase + i], p, now, r, id)
+    local d = r.delay
+    if d > 0 then
+      d = ms_up(d)
+      if d > delay then delay = d end
+    end
+    local left = r.remaining
+    if left < 0 then left = 0 end
+    reply[7 + n + i] = left
   end
   reply[6] = delay
-  for i = 1, n do reply[7 + n + i] = max(0, results[i].remaining) end
   return reply_ends(7 + 2 * n)
 end
