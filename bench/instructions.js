@@ -14,7 +14,11 @@
 // requests. Repeats of one build agree within about 1%; JIT timing is what still moves them.
 // Contenders: b the bare undici proxy (bench/bare-proxy.js), c/d/f the gateway configs of
 // `npm run bench`, l = f with the access log on; (e) is left out, its batching depends on timing, and valgrind slows the gateway
-// about 20-50x. `--dist` compares builds: each directory is a compiled dist/ (for example a
+// about 20-50x. r and r1 count redis-server instead, per decision: the four limits of (e)
+// (bench/limit.js's "four dimensions (e)" scenario) decided through the build's Redis store by this
+// process, 50 decisions in flight over 1,000 clients. r batches them (lua/limit-batch.lua: the 50
+// decisions of a turn in one call, so the count repeats within 0.1%), r1 sends one lua/limit.lua
+// call per decision (the store's maxBatch 1). Their warm-up is 2,000 decisions (Lua has no JIT). `--dist` compares builds: each directory is a compiled dist/ (for example a
 // `git worktree` of another commit after `npx tsc -p tsconfig.build.json`).
 import { execFileSync } from 'node:child_process'
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
@@ -22,10 +26,13 @@ import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
+import { Redis } from 'ioredis'
 import { answers200, freePort, killAllSync, startProcess, stopAll, stopProcess } from './lib/processes.js'
 import { fmt, spread } from './lib/summary.js'
 import { runLoad } from './lib/load.js'
 import { renderConfig } from './lib/configs.js'
+import { startRedis } from './lib/redis-server.js'
+import { checksByClient, loadStores, scenarios } from './lib/limit-stores.js'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const BENCH = join(ROOT, 'bench')
@@ -138,6 +145,54 @@ async function measure (id, dist, env) {
   }
 }
 
+/** Redis contenders: the store's maxBatch (undefined: its default). */
+/** @type {Record<string, number | undefined>} */
+const REDIS = { r: undefined, r1: 1 }
+
+/**
+ * redis-server's instructions per decision for contender r or r1 (see the header).
+ * @param {string} id
+ * @param {string} dist
+ * @param {{ dir: string }} env
+ */
+async function measureRedis (id, dist, env) {
+  const stores = await loadStores(dist)
+  if (stores.missing.length > 0 || !stores.createRedisStore || !stores.compileLimitSpec) throw new Error(`${dist}: ${stores.missing.join(', ')} missing (npm run build)`)
+  const scenario = scenarios(stores.compileLimitSpec).find((s) => s.name === 'four dimensions (e)')
+  if (scenario === undefined) throw new Error('bench/lib/limit-stores.js has no "four dimensions (e)" scenario')
+  const byClient = checksByClient(scenario, `instructions-${id}`, 1000)
+  const redis = await startRedis(env.dir, ['valgrind', '--tool=callgrind', '--instr-atstart=no', `--callgrind-out-file=${join(env.dir, 'cg.%p')}`])
+  const client = new Redis({ host: '127.0.0.1', port: redis.port, enableAutoPipelining: false, maxRetriesPerRequest: 1 })
+  const store = stores.createRedisStore({ client, ...(REDIS[id] === undefined ? {} : { maxBatch: REDIS[id] }) })
+  let next = 0
+  /** 50 workers, each awaiting `each` decisions in turn: every turn asks for 50 decisions. */
+  const decide = async (/** @type {number} */ each) => {
+    const worker = async () => {
+      for (let k = 0; k < each; k++) {
+        const d = await store.decide(/** @type {import('../src/limit/types.js').LimitCheck[]} */ (byClient[next % byClient.length]), `r${next++}`)
+        if (!d.allowed) throw new Error(`${id}: a decision was a rejection; the limits are meant never to reject`)
+      }
+    }
+    await Promise.all(Array.from({ length: 50 }, worker))
+    return 50 * each
+  }
+  try {
+    await decide(40)
+    execFileSync('callgrind_control', ['-i', 'on', String(redis.child.pid)], { stdio: 'ignore' })
+    const counted = await decide(Math.max(1, Math.round(settings.requests / 50)))
+    execFileSync('callgrind_control', ['-i', 'off', String(redis.child.pid)], { stdio: 'ignore' })
+    execFileSync('callgrind_control', ['-d', String(redis.child.pid)], { stdio: 'ignore' })
+    const instructions = countedInstructions(env.dir, redis.child.pid)
+    if (instructions === 0) throw new Error(`${id}: callgrind wrote no count`)
+    return instructions / counted
+  } finally {
+    await store.close()
+    client.disconnect()
+    redis.client.disconnect()
+    await stopProcess(redis.child)
+  }
+}
+
 async function main () {
   requireValgrind()
   const dir = mkdtempSync(join(tmpdir(), 'gw-instructions-'))
@@ -148,24 +203,26 @@ async function main () {
   /** @type {Array<{ id: string, dist: string, runs: number[] }>} */
   const rows = []
   for (const id of settings.contenders) {
-    if (id !== 'b' && !(id in CONFIGS)) throw new Error(`unknown contender ${id} (b, c, d, f or l)`)
+    if (id !== 'b' && !(id in CONFIGS) && !(id in REDIS)) throw new Error(`unknown contender ${id} (b, c, d, f, l, r or r1)`)
     for (const dist of id === 'b' ? [settings.dists[0]] : settings.dists) rows.push({ id, dist: /** @type {string} */ (dist), runs: [] })
   }
   console.log(`instructions per request: ${settings.warm} warm-up requests, ${settings.requests} counted, ${settings.repeat} repeats`)
   for (let r = 0; r < settings.repeat; r++) {
     for (const row of r % 2 === 0 ? rows : [...rows].reverse()) {
-      const perRequest = await measure(row.id, row.dist, env)
+      const perRequest = row.id in REDIS ? await measureRedis(row.id, row.dist, env) : await measure(row.id, row.dist, env)
       row.runs.push(perRequest)
       console.log(`  ${row.id} ${row.id === 'b' ? 'bare proxy' : row.dist}: ${fmt(perRequest)}`)
     }
   }
   const bare = rows.find((row) => row.id === 'b')
-  console.log('\ncontender | build | instructions/request (median [min-max]) | / bare proxy')
+  console.log('\ncontender | build | instructions per request, r/r1: Redis instructions per decision (median [min-max]) | / bare proxy, r: / r1 of its build')
   const report = rows.map((row) => {
     const s = spread(row.runs)
-    const ratio = bare === undefined ? null : spread(row.runs.map((x, i) => x / /** @type {number} */ (bare.runs[i])))
+    // the gateway's contenders against the bare proxy; r (batched) against r1 (one call per decision)
+    const base = row.id === 'r' ? rows.find((o) => o.id === 'r1' && o.dist === row.dist) : row.id in REDIS || row.id === 'b' ? undefined : bare
+    const ratio = base === undefined ? null : spread(row.runs.map((x, i) => x / /** @type {number} */ (base.runs[i])))
     console.log(`${row.id} | ${row.id === 'b' ? '-' : row.dist} | ${fmt(s?.median)} [${fmt(s?.min)}-${fmt(s?.max)}] | ${ratio === null ? '-' : `${fmt(ratio.median)} [${fmt(ratio.min)}-${fmt(ratio.max)}]`}`)
-    return { contender: row.id, dist: row.dist, runs: row.runs, perRequest: s, toBare: ratio }
+    return { contender: row.id, dist: row.dist, runs: row.runs, perRequest: s, ...(row.id === 'r' ? { toR1: ratio } : { toBare: ratio }) }
   })
   if (flags.json !== undefined) writeFileSync(flags.json, JSON.stringify({ date: new Date().toISOString(), settings, report }, null, 2))
   await stopAll()

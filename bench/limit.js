@@ -12,7 +12,7 @@
 import { existsSync, mkdtempSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir, cpus } from 'node:os'
 import { join } from 'node:path'
-import { fileURLToPath, pathToFileURL } from 'node:url'
+import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 import { performance } from 'node:perf_hooks'
 import { setImmediate } from 'node:timers/promises'
@@ -25,6 +25,7 @@ import { captureScriptCall, runRedisBenchmark } from './lib/redis-benchmark.js'
 import { scrapeGatewayMetrics } from './lib/gateway-metrics.js'
 import { fmt } from './lib/summary.js'
 import { printLimitReport } from './lib/report-limit.js'
+import { checksByClient, loadStores, scenarios } from './lib/limit-stores.js'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const BENCH = join(ROOT, 'bench')
@@ -55,86 +56,10 @@ const wanted = (section) => settings.only.length === 0 || settings.only.includes
 // --- the store under test (compiled by `npm run build`) -------------------------------------
 
 /**
- * @typedef {import('../src/limit/types.js').LimitSpec} LimitSpec
  * @typedef {import('../src/limit/types.js').LimitCheck} LimitCheck
  * @typedef {import('../src/limit/types.js').LimitStore} LimitStore
+ * @typedef {import('./lib/limit-stores.js').Scenario} Scenario
  */
-
-async function loadStores () {
-  const files = ['limit/memory-store.js', 'limit/redis-store.js', 'limit/plan.js', 'config/units.js']
-  const missing = files.filter((f) => !existsSync(join(DIST, f)))
-  if (missing.length) return { missing }
-  /** @param {string} f */
-  const load = (f) => import(pathToFileURL(join(DIST, f)).href)
-  const [memory, redis, plan, units] = await Promise.all(files.map(load))
-  return {
-    missing,
-    /** @type {(opts: { maxKeys: number }) => LimitStore} */
-    createMemoryStore: memory.createMemoryStore,
-    /** @type {(opts: { client: Redis }) => LimitStore} */
-    createRedisStore: redis.createRedisStore,
-    /**
-     * A limit as gateway.yaml writes it, with the defaults src/config/defaults.ts applies
-     * (burst = limit, no delay), compiled by the gateway's own plan compiler.
-     * @type {(scope: string, dimension: string, limit: { algorithm: string, limit: number, window: string, burst?: number }) => LimitSpec}
-     */
-    compileLimitSpec: (scope, dimension, l) => plan.compileLimitSpec(scope, dimension,
-      { algorithm: l.algorithm, limit: l.limit, windowMs: units.parseDuration(l.window), burst: l.burst ?? l.limit, maxDelayMs: 0 })
-  }
-}
-
-/**
- * @typedef {object} Scenario
- * @property {string} name
- * @property {Array<{ dimension: string, spec: LimitSpec, perClient: boolean }>} limits
- */
-
-/**
- * One scenario per algorithm (one check per decision, keyed per client), and the four shared
- * dimensions of the full-load bench's contender (e) together (four checks in one decision).
- * Limits are far above what one process can send, so every decision admits and records.
- * @param {NonNullable<Awaited<ReturnType<typeof loadStores>>['compileLimitSpec']>} compileLimitSpec
- * @returns {Scenario[]}
- */
-function scenarios (compileLimitSpec) {
-  // The stores refuse gcra above one request per µs and logs above 10,000 entries (the log: 10,000 per
-  // 100 ms, 100k decisions/s per client key, never reached from one process).
-  const high = { limit: 1_000_000, window: '1s' }
-  /** @type {Array<[string, Record<string, unknown>]>} */
-  const algorithms = [
-    ['gcra', { algorithm: 'gcra', ...high, burst: 1_000_000 }],
-    ['token-bucket', { algorithm: 'token-bucket', ...high, burst: 1_000_000 }],
-    ['leaky-bucket', { algorithm: 'leaky-bucket', ...high, burst: 1_000_000 }],
-    ['sliding-window-log', { algorithm: 'sliding-window-log', limit: 10_000, window: '100ms' }],
-    ['sliding-window', { algorithm: 'sliding-window', ...high }],
-    ['fixed-window', { algorithm: 'fixed-window', ...high }]
-  ]
-  return [
-    ...algorithms.map(([name, limit]) => ({ name, limits: [{ dimension: 'user', spec: compileLimitSpec('bench', 'user', limit), perClient: true }] })),
-    {
-      name: 'four dimensions (e)',
-      limits: [
-        { dimension: 'global', spec: compileLimitSpec('gw', 'global', { algorithm: 'gcra', limit: 1_000_000, window: '1s', burst: 1_000_000 }), perClient: false },
-        { dimension: 'api', spec: compileLimitSpec('api', 'api', { algorithm: 'fixed-window', limit: 10_000_000, window: '1s' }), perClient: false },
-        { dimension: 'ip', spec: compileLimitSpec('gw', 'ip', { algorithm: 'sliding-window-log', limit: 10_000, window: '100ms' }), perClient: true },
-        { dimension: 'user', spec: compileLimitSpec('gw', 'user', { algorithm: 'token-bucket', limit: 100_000_000, window: '1m', burst: 1_000_000 }), perClient: true }
-      ]
-    }
-  ]
-}
-
-/**
- * The checks of one decision for client `i`, built once per client so the loop only looks them up.
- * @param {Scenario} s
- * @param {string} prefix
- */
-function checksByClient (s, prefix) {
-  return Array.from({ length: settings.clients }, (_, i) => Object.freeze(s.limits.map((l) => Object.freeze({
-    key: `${prefix}:${l.spec.id}:${l.perClient ? `c${i}` : '_'}`,
-    spec: l.spec,
-    cost: 1
-  }))))
-}
 
 // --- 1. Redis store ------------------------------------------------------------------------
 
@@ -179,7 +104,7 @@ async function benchRedisStore (stores, redis, list) {
     for (const variant of /** @type {const} */ (['perRequest', 'batched'])) {
       const client = new Redis({ host: '127.0.0.1', port: redis.port, enableAutoPipelining: false, maxRetriesPerRequest: 1 })
       const store = /** @type {NonNullable<typeof stores.createRedisStore>} */ (stores.createRedisStore)({ client, ...(variant === 'perRequest' ? { maxBatch: 1 } : {}) })
-      const byClient = checksByClient(s, `bench-${variant}`)
+      const byClient = checksByClient(s, `bench-${variant}`, settings.clients)
       // warm-up: scripts loaded, connections open, keys created
       await driveStore(store, byClient, 0.5, settings.inflight)
       const calls0 = await commandCalls(redis.client)
@@ -255,7 +180,7 @@ async function benchMemoryStore (stores, list) {
   const rows = []
   for (const s of list) {
     const store = /** @type {NonNullable<typeof stores.createMemoryStore>} */ (stores.createMemoryStore)({ maxKeys: 100_000 })
-    const byClient = checksByClient(s, 'mem')
+    const byClient = checksByClient(s, 'mem', settings.clients)
     const run = async (/** @type {number} */ seconds) => {
       let decisions = 0
       const stopAt = performance.now() + seconds * 1000
@@ -435,7 +360,7 @@ async function main () {
     /** @type {unknown} */ keyMemory: null,
     /** @type {unknown} */ localLevelRss: null
   }
-  const stores = await loadStores()
+  const stores = await loadStores(DIST)
   if (stores.missing.length) {
     report.skipped.push(`store benchmarks: dist/${stores.missing.join(', dist/')} missing (run \`npm run build\` once src/limit/*-store.ts exist)`)
     console.log(`skipped: ${report.skipped[0]}`)

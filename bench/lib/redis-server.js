@@ -7,13 +7,14 @@ import { freePort, startProcess } from './processes.js'
 
 /**
  * @param {string} dir  working directory (no persistence is configured, but redis wants one)
+ * @param {string[]} [under]  a command redis-server runs under (bench/instructions.js: valgrind and its options)
  * @returns {Promise<{ port: number, url: string, child: import('./processes.js').Child, client: Redis }>}
  */
-export async function startRedis (dir) {
+export async function startRedis (dir, under = []) {
   const port = await freePort()
-  const child = await startProcess('redis-server', 'redis-server', [
-    '--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir, '--loglevel', 'warning'
-  ], { ready: () => pingRaw(port) })
+  const [command, ...args] = [...under, 'redis-server',
+    '--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir, '--loglevel', 'warning']
+  const child = await startProcess('redis-server', /** @type {string} */ (command), args, { ready: () => pingRaw(port), timeoutMs: under.length > 0 ? 120_000 : 15_000 })
   const client = new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: 1 })
   return { port, url: `redis://127.0.0.1:${port}`, child, client }
 }
