@@ -3,7 +3,7 @@
 // same contender's CPU per request moves by a factor of two between rounds, while what is left of
 // the plain proxy path (issue 13) is spread over many frames of 1-5% each.
 //
-//   node bench/instructions.js [--contenders b,c,d,f] [--warm 20000] [--requests 5000]
+//   node bench/instructions.js [--contenders b,c,d,f,l,r,r1] [--warm 20000] [--requests 5000]
 //                              [--repeat 2] [--dist dist[,other/dist]] [--json FILE]
 //
 // Each contender runs under `valgrind --tool=callgrind --instr-atstart=no`: `--warm` requests
@@ -13,13 +13,15 @@
 // JavaScript, V8's compiler and GC, libuv, the kernel's entry stubs excluded), divided by the
 // requests. Repeats of one build agree within about 1%; JIT timing is what still moves them.
 // Contenders: b the bare undici proxy (bench/bare-proxy.js), c/d/f the gateway configs of
-// `npm run bench`, l = f with the access log on; (e) is left out, its batching depends on timing, and valgrind slows the gateway
-// about 20-50x. r and r1 count redis-server instead, per decision: the four limits of (e)
-// (bench/limit.js's "four dimensions (e)" scenario) decided through the build's Redis store by this
+// `npm run bench`, l = f with the access log on; (e) is left out, its batching depends on
+// timing, and valgrind slows the gateway about 20-50x.
+// r and r1 count redis-server instead, per decision: the four limits of (e) (the "four dimensions
+// (e)" scenario of bench/lib/limit-stores.js) decided through the build's Redis store by this
 // process, 50 decisions in flight over 1,000 clients. r batches them (lua/limit-batch.lua: the 50
 // decisions of a turn in one call, so the count repeats within 0.1%), r1 sends one lua/limit.lua
-// call per decision (the store's maxBatch 1). Their warm-up is 2,000 decisions (Lua has no JIT). `--dist` compares builds: each directory is a compiled dist/ (for example a
-// `git worktree` of another commit after `npx tsc -p tsconfig.build.json`).
+// call per decision (the store's maxBatch 1). Their warm-up is 2,000 decisions (Lua has no JIT).
+// `--dist` compares builds: each directory is a compiled dist/ (for example a `git worktree` of
+// another commit after `npx tsc -p tsconfig.build.json`).
 import { execFileSync } from 'node:child_process'
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
