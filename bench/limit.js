@@ -9,7 +9,7 @@
 //   node bench/limit.js [--seconds 5] [--ips 1000000] [--inflight 200] [--only redis,memory,keys,rss]
 //                       [--out-dir bench/results]
 // Env: BENCH_LIMIT_SECONDS, BENCH_LIMIT_IPS, BENCH_ONLY, BENCH_OUT_DIR.
-import { existsSync, mkdtempSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdtempSync, mkdirSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir, cpus } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -26,6 +26,7 @@ import { scrapeGatewayMetrics } from './lib/gateway-metrics.js'
 import { fmt } from './lib/summary.js'
 import { printLimitReport } from './lib/report-limit.js'
 import { checksByClient, loadStores, scenarios } from './lib/limit-stores.js'
+import { renderConfig } from './lib/configs.js'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const BENCH = join(ROOT, 'bench')
@@ -271,9 +272,9 @@ async function benchLocalRss (dir) {
   const port = await freePort()
   const adminPort = await freePort()
   const maxKeys = 100_000
-  const conf = readFileSync(join(BENCH, 'configs', 'gateway-local-rss.yaml'), 'utf8')
-    .replaceAll('${GATEWAY_PORT}', String(port)).replaceAll('${ADMIN_PORT}', String(adminPort))
-    .replaceAll('${UPSTREAM_ORIGIN}', `http://127.0.0.1:${upstreamPort}`).replaceAll('${MAX_KEYS}', String(maxKeys))
+  const conf = renderConfig('gateway-local-rss.yaml', {
+    GATEWAY_PORT: String(port), ADMIN_PORT: String(adminPort), UPSTREAM_ORIGIN: `http://127.0.0.1:${upstreamPort}`, MAX_KEYS: String(maxKeys)
+  })
   const file = join(dir, 'gateway-local-rss.yaml')
   writeFileSync(file, conf)
   const gw = await startProcess('gateway', process.execPath, [join(ROOT, 'bin', 'gateway'), 'start', '-c', file, '--log-level', 'warn'], {

@@ -5,7 +5,7 @@
 //   - workers: the same load for --duration seconds against `workers: 1..--max-workers`, req/s and
 //     CPU per request of the whole process tree (primary + workers).
 //   node bench/soak.js [--soak 60] [--duration 10] [--max-workers 2] [--out-dir bench/results]
-import { mkdtempSync, readFileSync, rmSync, writeFileSync, mkdirSync } from 'node:fs'
+import { mkdtempSync, rmSync, writeFileSync, mkdirSync } from 'node:fs'
 import { tmpdir, cpus } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -14,6 +14,7 @@ import { answers200, freePort, sleep, startProcess, stopAll, stopProcess } from 
 import { treeCpuMicros, treeRssKb } from './lib/proc-stats.js'
 import { startRedis } from './lib/redis-server.js'
 import { runLoad, userRequests } from './lib/load.js'
+import { renderConfig } from './lib/configs.js'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const PATH = '/api/items/42'
@@ -36,10 +37,9 @@ process.on('exit', () => rmSync(dir, { recursive: true, force: true }))
 async function startGateway (workers, upstreamPort, redisUrl) {
   const port = await freePort()
   const adminPort = await freePort()
-  const text = readFileSync(join(ROOT, 'bench', 'configs', 'gateway-shared-redis.yaml'), 'utf8')
-    .replace('${GATEWAY_PORT}', String(port)).replace('${ADMIN_PORT}', String(adminPort))
-    .replace('${UPSTREAM_ORIGIN}', `http://127.0.0.1:${upstreamPort}`).replace('${REDIS_URL}', redisUrl) +
-    `workers: ${workers}\n`
+  const text = renderConfig('gateway-shared-redis.yaml', {
+    GATEWAY_PORT: String(port), ADMIN_PORT: String(adminPort), UPSTREAM_ORIGIN: `http://127.0.0.1:${upstreamPort}`, REDIS_URL: redisUrl
+  }) + `workers: ${workers}\n`
   const file = join(dir, `gw-${workers}.yaml`)
   writeFileSync(file, text)
   const child = await startProcess(`gateway workers=${workers}`, process.execPath, [join(ROOT, 'bin', 'gateway'), 'start', '-c', file, '--log-level', 'warn'], {
