@@ -88,30 +88,34 @@ local function state_set (key, value, ttl_us)
   end
 end
 
+-- HMGET key f1 f2 [f3]: Redis's reply.
+local function hmget (key, f1, f2, f3)
+  if f3 then return redis.call('HMGET', key, f1, f2, f3) end
+  return redis.call('HMGET', key, f1, f2)
+end
+
 -- HMGET key f1 f2 [f3]: the values, false for an absent field.
 -- The entry of a hash key: { h = field -> value (a string read, a number written, false when
 -- absent), ttl = µs, dirty = written }. Every field of a key's algorithm is read before it is
 -- written, so a field of h is either as Redis holds it or newer.
 local function hash_get (key, f1, f2, f3)
-  local s
   if not batch_keys then
-    if f3 then s = redis.call('HMGET', key, f1, f2, f3) else s = redis.call('HMGET', key, f1, f2) end
+    local s = hmget(key, f1, f2, f3)
     return s[1], s[2], s[3]
   end
   local e = batch_keys[key]
   if e == nil then
-    if f3 then
-      s = redis.call('HMGET', key, f1, f2, f3)
-      batch_keys[key] = { h = { [f1] = s[1], [f2] = s[2], [f3] = s[3] }, ttl = 0, dirty = false }
-    else
-      s = redis.call('HMGET', key, f1, f2)
-      batch_keys[key] = { h = { [f1] = s[1], [f2] = s[2] }, ttl = 0, dirty = false }
-    end
+    -- first read in the batch: the entry is made with its fields (a table built field by field
+    -- from empty is resized at each one)
+    local s = hmget(key, f1, f2, f3)
+    local h = { [f1] = s[1], [f2] = s[2] }
+    if f3 then h[f3] = s[3] end
+    batch_keys[key] = { h = h, ttl = 0, dirty = false }
     return s[1], s[2], s[3]
   end
   local h = e.h
   if h[f1] == nil or h[f2] == nil or (f3 and h[f3] == nil) then
-    if f3 then s = redis.call('HMGET', key, f1, f2, f3) else s = redis.call('HMGET', key, f1, f2) end
+    local s = hmget(key, f1, f2, f3)
     -- a field written earlier in the batch is newer than what Redis holds
     if h[f1] == nil then h[f1] = s[1] end
     if h[f2] == nil then h[f2] = s[2] end

@@ -59,6 +59,7 @@ t.test('a malformed batch is refused with its reason, and no counter is written'
     ['a check index past the check strings', [...good.slice(0, -1), `001001002${lastRequest.slice(9)}`], /bad request/],
     // '0/q' would read as key 1 if the characters were not checked: (0, -1, 65) in base 64
     ['a code character outside 0..o', [...good.slice(0, -1), `0010/q001${lastRequest.slice(9)}`], /bad request/],
+    ['a check code character outside 0..o', [...good.slice(0, -1), `0010010/q${lastRequest.slice(9)}`], /bad request/],
     ['a request string cut short', [...good.slice(0, -1), '00100'], /bad request/],
     ['a release naming no key', [now, 2, 1, '005lease', ...args.slice(3)], /bad lease release/]
   ]
