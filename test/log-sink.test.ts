@@ -170,3 +170,22 @@ routes:
   t.ok(dropped > 500, `${dropped} dropped lines counted`)
   t.ok(dropped <= sink.dropped, 'the metric reads the sink\'s own count')
 })
+
+t.test('lines longer than a batch and lines of multi-byte characters reach the file whole, in order, byte for byte', async t => {
+  const file = join(t.testdir(), 'long.log')
+  const fd = openSync(file, 'w')
+  t.teardown(() => closeSync(fd))
+  // a batch of 1 KiB: the sink's buffer starts near 6 KiB, so the 200 KiB line must grow it
+  const logger = createLogger('info', createLogDestination(fd, { batchBytes: 1024, flushMs: 10 }))
+  const long = 'L'.repeat(200 * 1024)
+  // 3 bytes per UTF-16 unit (U+20AC) and 4 per surrogate pair: more bytes than characters
+  const wide = '€'.repeat(3000) + '😀'.repeat(1000)
+  logger.info({ i: 0, s: 'short' }, 'line')
+  logger.info({ i: 1, s: long }, 'line')
+  for (let i = 2; i < 200; i++) logger.info({ i, s: i % 2 === 0 ? wide : `short ${i}` }, 'line')
+  await flushed(logger)
+  const lines = parseLines(file)
+  t.same(lines.map(l => l.i), Array.from({ length: 200 }, (_, i) => i), 'every line, in order')
+  t.equal(lines[1]?.s, long, 'the long line is whole')
+  t.ok(lines.slice(2).every(l => l.s === (Number(l.i) % 2 === 0 ? wide : `short ${String(l.i)}`)), 'the multi-byte lines are whole')
+})
