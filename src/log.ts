@@ -110,24 +110,37 @@ export function createAccessLog (logger: Logger): AccessLog {
       lastMs = now
       lastIso = new Date(now).toISOString()
     }
-    let line = '{"level":30,"time":"' + lastIso + pidPart + ',"requestId":' + JSON.stringify(record.requestId)
-    if (record.traceId !== undefined) line += ',"traceId":' + JSON.stringify(record.traceId)
-    if (record.ip !== undefined) line += ',"ip":' + JSON.stringify(record.ip)
-    if (record.user !== undefined) line += ',"user":' + JSON.stringify(record.user)
-    if (record.method !== undefined) line += ',"method":' + JSON.stringify(record.method)
-    if (record.host !== undefined) line += ',"host":' + JSON.stringify(record.host)
-    line += ',"path":' + JSON.stringify(record.path) + ',"route":' + JSON.stringify(record.route)
-    if (record.target !== undefined) line += ',"target":' + JSON.stringify(record.target)
+    let line = '{"level":30,"time":"' + lastIso + pidPart + ',"requestId":' + jsonString(record.requestId)
+    if (record.traceId !== undefined) line += ',"traceId":' + jsonString(record.traceId)
+    if (record.ip !== undefined) line += ',"ip":' + jsonString(record.ip)
+    if (record.user !== undefined) line += ',"user":' + jsonString(record.user)
+    if (record.method !== undefined) line += ',"method":' + jsonString(record.method)
+    if (record.host !== undefined) line += ',"host":' + jsonString(record.host)
+    line += ',"path":' + jsonString(record.path) + ',"route":' + jsonString(record.route)
+    if (record.target !== undefined) line += ',"target":' + jsonString(record.target)
     line += ',"status":' + numberJson(record.status)
     if (record.sentStatus !== undefined) line += ',"sentStatus":' + numberJson(record.sentStatus)
     line += ',"durationMs":' + numberJson(record.durationMs) + ',"bytesIn":' + numberJson(record.bytesIn) + ',"bytesOut":' + numberJson(record.bytesOut)
-    if (record.error !== undefined) line += ',"error":' + JSON.stringify(record.error)
-    if (record.outcome !== undefined) line += ',"outcome":' + JSON.stringify(record.outcome)
-    if (record.limit !== undefined) line += ',"limit":' + JSON.stringify(record.limit)
-    if (record.userAgent !== undefined) line += ',"userAgent":' + JSON.stringify(record.userAgent)
+    if (record.error !== undefined) line += ',"error":' + jsonString(record.error)
+    if (record.outcome !== undefined) line += ',"outcome":' + jsonString(record.outcome)
+    if (record.limit !== undefined) line += ',"limit":' + jsonString(record.limit)
+    if (record.userAgent !== undefined) line += ',"userAgent":' + jsonString(record.userAgent)
     sink.write(line + ',"msg":"request"}\n')
   }
   return Object.assign(write, { enabled: () => logger.levelVal <= INFO })
+}
+
+/**
+ * What JSON.stringify must escape in a string (quote, backslash, control characters) and what it
+ * rewrites (surrogates, lone ones become escapes). A string free of them is quoted as it is:
+ * JSON.stringify is a call into V8's runtime, about twice the cost of this test, and most of an
+ * access line's strings (ids, addresses, methods, routes, targets) never need it.
+ */
+// eslint-disable-next-line no-control-regex -- control characters are what it looks for
+const JSON_ESCAPED = /["\\\u0000-\u001f\ud800-\udfff]/
+
+function jsonString (s: string): string {
+  return JSON_ESCAPED.test(s) ? JSON.stringify(s) : '"' + s + '"'
 }
 
 // JSON has no NaN or Infinity: pino writes null for them, so does this

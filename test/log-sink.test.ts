@@ -65,6 +65,23 @@ t.test('an access line is the JSON pino writes for the same record: same keys, s
   t.equal(fast[1]?.status, 429)
 })
 
+t.test('each character JSON escapes, alone in a string, comes back from the access line as it went in', async t => {
+  const file = join(t.testdir(), 'escapes.log')
+  const fd = openSync(file, 'w')
+  t.teardown(() => closeSync(fd))
+  const logger = createLogger('info', createLogDestination(fd))
+  const accessLog = createAccessLog(logger)
+  // one class each: quote, backslash, the ends of the control range, lone surrogates of both
+  // halves; then what passes unescaped: DEL, non-ASCII, a surrogate pair, plain text
+  const strings = ['a"b', 'a\\b', 'a\u0000b', 'a\u001fb', 'a\ud800b', 'a\udfffb', 'a\u007fb', 'aéb', 'a😀b', 'ab']
+  for (const s of strings) accessLog({ ...(RECORDS[0] as AccessRecord), userAgent: s, path: s, host: s })
+  await flushed(logger)
+  const lines = parseLines(file)
+  t.same(lines.map(l => l.userAgent), strings, 'each string comes back whole')
+  t.same(lines.map(l => l.path), strings)
+  t.same(lines.map(l => l.host), strings)
+})
+
 t.test('above info, no access line is written', async t => {
   const file = join(t.testdir(), 'warn.log')
   const fd = openSync(file, 'w')
