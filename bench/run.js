@@ -20,7 +20,7 @@ import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 import { performance } from 'node:perf_hooks'
 import { request } from 'undici'
-import { answers200, freePort, killAllSync, sleep, startProcess, stopAll, stopProcess } from './lib/processes.js'
+import { answers200, freePort, killAllSync, pinProcesses, sleep, startProcess, stopAll, stopProcess } from './lib/processes.js'
 import { treeCpuMicros, treePeakRssKb, CLOCK_TICKS } from './lib/proc-stats.js'
 import { startRedis, commandCalls, callsBetween, commandsUsedByScripts } from './lib/redis-server.js'
 import { nginxVersion, startNginx } from './lib/nginx.js'
@@ -46,7 +46,8 @@ const { values: flags } = parseArgs({
     connections: { type: 'string' },
     'flood-rate': { type: 'string' },
     only: { type: 'string' },
-    'out-dir': { type: 'string' }
+    'out-dir': { type: 'string' },
+    'no-pin': { type: 'boolean' }
   }
 })
 
@@ -70,6 +71,8 @@ const settings = {
   connections: numberSetting(flags.connections, process.env.BENCH_CONNECTIONS, 50),
   only: (flags.only ?? process.env.BENCH_ONLY ?? '').split(',').map((s) => s.trim()).filter(Boolean),
   outDir: flags['out-dir'] ?? process.env.BENCH_OUT_DIR ?? join(BENCH, 'results'),
+  // the measured contender on a CPU of its own, everything else on the others (lib/processes.js)
+  pin: flags['no-pin'] !== true && process.env.BENCH_PIN !== '0',
   identities: 64,
   // Flood: requests/s offered in all, 10% by 1000 well-behaved clients (a fraction of a request/s
   // each) on their own connections, 90% by one abusive client on the remaining connections.
@@ -183,6 +186,7 @@ async function startGateway (c, env) {
         env: { ...process.env, NODE_ENV: 'production' },
         // the access log (i) is read by a process of its own, as in a deployment (see startProcess)
         drainStdout: true,
+        contender: true,
         ready: () => answers200(`http://127.0.0.1:${adminPort}/readyz`),
         timeoutMs: 20_000
       })
@@ -391,6 +395,7 @@ async function measureFlood (c, p, durationS) {
 async function measureRejectionFloor (load, durationS) {
   const port = await freePort()
   const child = await startProcess('floor-429', process.execPath, [join(BENCH, 'floor-429.js'), String(port)], {
+    contender: true,
     ready: () => answers200(`http://127.0.0.1:${port}/ready`)
   })
   try {
@@ -534,6 +539,14 @@ async function main () {
   }, budgetS * 1000)
   budget.unref()
 
+  if (settings.pin) {
+    const pinned = pinProcesses()
+    machine.placement = pinned.placement ?? `not pinned: ${pinned.why}`
+  } else {
+    machine.placement = 'not pinned: --no-pin'
+  }
+  const where = typeof machine.placement === 'string' ? machine.placement : `contender on CPU ${machine.placement.contender}, load generator, upstream and redis-server on CPU ${machine.placement.rest}`
+  console.log(`bench: ${where}`)
   console.log(`bench: ${settings.rounds} rounds x ${settings.durationS} s, warm-up ${settings.warmupS} s, ${settings.connections} connections, on ${machine.cpuCount} x ${machine.cpuModel}, node ${machine.node}`)
 
   const upstreamPort = await freePort()
@@ -566,6 +579,7 @@ async function main () {
       } else if (c.id === 'bare') {
         const port = await freePort()
         const child = await startProcess('bare-proxy', process.execPath, [join(BENCH, 'bare-proxy.js'), String(port), upstreamOrigin], {
+          contender: true,
           ready: () => answers200(`http://127.0.0.1:${port}/`)
         })
         c.url = `http://127.0.0.1:${port}`
@@ -576,7 +590,7 @@ async function main () {
         const port = await freePort()
         const args = [join(PEER_DIR, 'fastify-proxy.js'), String(port), upstreamOrigin]
         if (c.id === 'fastify-rl') args.push(/** @type {string} */ (redis?.url))
-        const child = await startProcess(c.id, process.execPath, args, { cwd: PEER_DIR, ready: () => answers200(`http://127.0.0.1:${port}/`) })
+        const child = await startProcess(c.id, process.execPath, args, { cwd: PEER_DIR, contender: true, ready: () => answers200(`http://127.0.0.1:${port}/`) })
         c.url = `http://127.0.0.1:${port}`
         pids.set(c.id, child.pid)
       } else if (c.id === 'nginx') {

@@ -62,7 +62,8 @@ export async function startNginx (dir, upstreamPort) {
   const conf = join(dir, 'nginx.conf')
   writeFileSync(conf, nginxConf(dir, port, upstreamPort))
   const child = await startProcess('nginx', 'nginx', ['-p', dir, '-c', conf, '-e', join(dir, 'error.log'), '-g', 'daemon off;'], {
-    ready: () => answers200(`http://127.0.0.1:${port}/`)
+    ready: () => answers200(`http://127.0.0.1:${port}/`),
+    contender: true
   })
   return { port, child, conf }
 }

@@ -1,5 +1,6 @@
 // Starting the bench's own child processes, waiting until they answer, and stopping exactly those.
-import { spawn } from 'node:child_process'
+import { execFileSync, spawn } from 'node:child_process'
+import { cpus } from 'node:os'
 import { createServer } from 'node:net'
 import { request } from 'undici'
 
@@ -30,6 +31,47 @@ export function freePort () {
 const started = new Set()
 
 /**
+ * Where processes run: null leaves them to the scheduler; otherwise the measured contender gets
+ * `contender` (a taskset CPU list) to itself and everything else (this process with its load
+ * generator, the upstream, redis-server, a log's reader) shares `rest`. On a 2-core machine the
+ * scheduler otherwise moves the contender between cores and beside the upstream and redis-server
+ * from round to round, which moved one build's CPU per request by up to 1.6x between rounds.
+ * @type {{ contender: string, rest: string } | null}
+ */
+let placement = null
+
+/**
+ * Pin this process (all its threads) and every process started from now on, if the machine has
+ * at least 2 CPUs and `taskset` works. Returns the placement, or null with the reason it is not used.
+ * @returns {{ placement: { contender: string, rest: string } | null, why: string }}
+ */
+export function pinProcesses () {
+  const n = cpus().length
+  if (n < 2) return { placement: null, why: `${n} CPU` }
+  const wanted = { contender: '0', rest: n === 2 ? '1' : `1-${n - 1}` }
+  try {
+    execFileSync('taskset', ['-a', '-p', '-c', wanted.rest, String(process.pid)], { stdio: 'ignore' })
+  } catch (err) {
+    return { placement: null, why: `taskset failed: ${/** @type {Error} */ (err).message.split('\n')[0]}` }
+  }
+  placement = wanted
+  return { placement, why: '' }
+}
+
+/**
+ * The command line that runs `command` on its role's CPUs (unchanged when nothing is pinned).
+ * taskset execs the command, so the pid spawned is the command's own.
+ * @param {'contender' | 'rest'} role
+ * @param {string} command
+ * @param {string[]} args
+ * @returns {[string, string[]]}
+ */
+function placed (role, command, args) {
+  if (placement === null) return [command, args]
+  return ['taskset', ['-c', placement[role], command, ...args]]
+}
+
+/**
  * Spawn a long-lived child and wait until `ready()` resolves true.
  * @param {string} name
  * @param {string} command
@@ -37,12 +79,14 @@ const started = new Set()
  * `drainStdout`: the child's stdout goes into a pipe read by a `cat > /dev/null` of its own, as a
  * log shipper would read a gateway's access log, instead of into this process, which also runs
  * the load generator and reads late while it is busy. Only stderr is then kept for messages.
- * @param {{ ready: () => Promise<boolean>, cwd?: string, env?: NodeJS.ProcessEnv, timeoutMs?: number, drainStdout?: boolean }} opts
+ * `contender`: the process being measured, placed on the contender's CPUs when pinned (see
+ * `pinProcesses`); any other process shares the rest.
+ * @param {{ ready: () => Promise<boolean>, cwd?: string, env?: NodeJS.ProcessEnv, timeoutMs?: number, drainStdout?: boolean, contender?: boolean }} opts
  * @returns {Promise<Child>}
  */
 export async function startProcess (name, command, args, opts) {
-  const drain = opts.drainStdout === true ? spawn('sh', ['-c', 'exec cat > /dev/null'], { stdio: ['pipe', 'ignore', 'ignore'] }) : null
-  const proc = spawn(command, args, { cwd: opts.cwd, env: opts.env ?? process.env, stdio: ['ignore', drain?.stdin ?? 'pipe', 'pipe'] })
+  const drain = opts.drainStdout === true ? spawn(...placed('rest', 'sh', ['-c', 'exec cat > /dev/null']), { stdio: ['pipe', 'ignore', 'ignore'] }) : null
+  const proc = spawn(...placed(opts.contender === true ? 'contender' : 'rest', command, args), { cwd: opts.cwd, env: opts.env ?? process.env, stdio: ['ignore', drain?.stdin ?? 'pipe', 'pipe'] })
   // the drain reads until the child's end of the pipe closes, then exits by itself
   drain?.stdin?.destroy()
   let tail = ''
