@@ -6,12 +6,12 @@
 // from contenders measured next to each other, then summarised over rounds.
 //
 //   node bench/run.js [--duration 10] [--rounds 3] [--warmup 3] [--connections 50]
-//                     [--only a,b,e,h] [--out-dir bench/results]
+//                     [--only a,b,e,h] [--out-dir bench/results] [--pin]
 // After the contenders, bench/concurrency.js measures the extra CPU per request of one
 // concurrency limit (issue 10) and its figures join the report (`--only` without "concurrency"
 // skips it when other contenders are named).
 // Each flag also reads an environment variable: BENCH_DURATION, BENCH_ROUNDS, BENCH_WARMUP,
-// BENCH_CONNECTIONS, BENCH_ONLY, BENCH_OUT_DIR; --flood-rate (BENCH_FLOOD_RATE) sets the flood's offered req/s.
+// BENCH_CONNECTIONS, BENCH_ONLY, BENCH_OUT_DIR, BENCH_PIN=1; --flood-rate (BENCH_FLOOD_RATE) sets the flood's offered req/s.
 import { existsSync, mkdtempSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { execFileSync } from 'node:child_process'
 import { tmpdir, cpus, totalmem, release, loadavg } from 'node:os'
@@ -47,7 +47,7 @@ const { values: flags } = parseArgs({
     'flood-rate': { type: 'string' },
     only: { type: 'string' },
     'out-dir': { type: 'string' },
-    'no-pin': { type: 'boolean' }
+    pin: { type: 'boolean' }
   }
 })
 
@@ -71,8 +71,9 @@ const settings = {
   connections: numberSetting(flags.connections, process.env.BENCH_CONNECTIONS, 50),
   only: (flags.only ?? process.env.BENCH_ONLY ?? '').split(',').map((s) => s.trim()).filter(Boolean),
   outDir: flags['out-dir'] ?? process.env.BENCH_OUT_DIR ?? join(BENCH, 'results'),
-  // the measured contender on a CPU of its own, everything else on the others (lib/processes.js)
-  pin: flags['no-pin'] !== true && process.env.BENCH_PIN !== '0',
+  // the measured contender on a CPU of its own, everything else on the others (lib/processes.js);
+  // opt-in: one pinned full run (2026-11-25) spread its rounds no less than unpinned runs
+  pin: flags.pin === true || process.env.BENCH_PIN === '1',
   identities: 64,
   // Flood: requests/s offered in all, 10% by 1000 well-behaved clients (a fraction of a request/s
   // each) on their own connections, 90% by one abusive client on the remaining connections.
@@ -543,7 +544,7 @@ async function main () {
     const pinned = pinProcesses()
     machine.placement = pinned.placement ?? `not pinned: ${pinned.why}`
   } else {
-    machine.placement = 'not pinned: --no-pin'
+    machine.placement = 'not pinned (--pin pins them)'
   }
   const where = typeof machine.placement === 'string' ? machine.placement : `contender on CPU ${machine.placement.contender}, load generator, upstream and redis-server on CPU ${machine.placement.rest}`
   console.log(`bench: ${where}`)

@@ -36,9 +36,10 @@ export class LogSink extends EventEmitter {
   /**
    * Lines waiting, already encoded (UTF-8) into `buffer[0, used)`. Each line is copied in as it
    * is written instead of kept as a string until its batch goes out: an access line is a tree of
-   * ~30 concatenated strings, and trees that waited for the batch survived young-generation GCs,
-   * which then copied every node of every line (10% of a logged line's instructions, more than
-   * its JSON; issue 13).
+   * ~30 concatenated strings, and trees that waited for a slow write survived young-generation
+   * GCs, which copied every node of every line, and took several times their bytes in the heap.
+   * Waiting lines now cost their bytes, which is what `maxBufferBytes` bounds (bench/README.md,
+   * ninth session: what this changes in CPU time is within the machine's noise).
    */
   private buffer: Buffer
   private used = 0
