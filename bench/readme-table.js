@@ -41,7 +41,7 @@ function spread (s) {
 function placementText (p) {
   if (p === undefined) return 'processes not pinned'
   if (typeof p === 'string') return `processes ${p}`
-  return `the measured contender alone on CPU ${p.contender}, the load generator, upstream and redis-server on CPU ${p.rest}`
+  return `the measured contender alone on CPU ${p.contender} (but for (a), the upstream itself), the load generator, upstream and redis-server on CPU ${p.rest}`
 }
 
 /**

@@ -70,14 +70,17 @@ export class LogSink extends EventEmitter {
 
   write (line: string): boolean {
     if (this.closed) return false
-    // a line's UTF-8 is at least its length and at most three times it: the exact size is
-    // counted only when the worst case would pass the bound
+    // a line's UTF-8 is at most three bytes per UTF-16 unit: its exact size is counted only when
+    // that worst case would not fit the buffer or the bound
     const worst = line.length * 3
-    if (this.pendingBytes + worst > this.maxBufferBytes && this.pendingBytes + Buffer.byteLength(line) > this.maxBufferBytes) {
-      this.dropped++
-      return true
+    if (this.used + worst > this.buffer.length || this.pendingBytes + worst > this.maxBufferBytes) {
+      const bytes = Buffer.byteLength(line)
+      if (this.pendingBytes + bytes > this.maxBufferBytes) {
+        this.dropped++
+        return true
+      }
+      if (this.used + bytes > this.buffer.length) this.grow(bytes)
     }
-    if (this.used + worst > this.buffer.length) this.grow(worst)
     this.used += this.buffer.write(line, this.used)
     if (this.used >= this.batchBytes) this.startWrite()
     return true
@@ -116,9 +119,12 @@ export class LogSink extends EventEmitter {
     return Math.min(2 * this.batchBytes, this.maxBufferBytes) + 4096
   }
 
-  /** Room for `bytes` more (lines pile up while a write is slow): the bound is checked by write. */
+  /**
+   * Room for `bytes` more (lines pile up while a write is slow). write has checked that they fit
+   * the bound, so doubling stops at the bound: the buffer never holds more than it allows.
+   */
   private grow (bytes: number): void {
-    const bigger = Buffer.allocUnsafeSlow(Math.max(2 * this.buffer.length, this.used + bytes))
+    const bigger = Buffer.allocUnsafeSlow(Math.max(Math.min(2 * this.buffer.length, this.maxBufferBytes), this.used + bytes))
     this.buffer.copy(bigger, 0, 0, this.used)
     this.buffer = bigger
   }

@@ -206,3 +206,29 @@ t.test('lines longer than a batch and lines of multi-byte characters reach the f
   t.equal(lines[1]?.s, long, 'the long line is whole')
   t.ok(lines.slice(2).every(l => l.s === (Number(l.i) % 2 === 0 ? wide : `short ${String(l.i)}`)), 'the multi-byte lines are whole')
 })
+
+t.test('the bound counts bytes: lines of 3-byte characters waiting for a write stay within it, and each is written whole or counted', async t => {
+  const file = join(t.testdir(), 'wide.log')
+  const fd = openSync(file, 'w')
+  t.teardown(() => closeSync(fd))
+  // no write starts on its own (a batch far above the bound, a timer far away): lines wait
+  const sink = createLogDestination(fd, { maxBufferBytes: 16 * 1024, batchBytes: 1 << 30, flushMs: 60_000 })
+  const logger = createLogger('info', sink)
+  // each line about 600 UTF-16 units and 1,800 bytes: a bound counted in units would hold 3x too much
+  const wide = '€'.repeat(600)
+  let maxPending = 0
+  for (let i = 0; i < 40; i++) {
+    logger.info({ i, s: wide }, 'wide')
+    maxPending = Math.max(maxPending, sink.pendingBytes)
+  }
+  t.ok(maxPending <= 16 * 1024, `pending stayed within the bound in bytes (max ${maxPending})`)
+  t.ok(maxPending > 12 * 1024, `and came near it (${maxPending})`)
+  const dropped = sink.dropped
+  t.ok(dropped > 20, `${dropped} lines dropped and counted`)
+  await flushed(logger)
+  const lines = parseLines(file)
+  t.equal(lines.length + dropped, 40, 'each line either written or counted')
+  t.ok(lines.every(l => l.s === wide), 'the written lines are whole')
+  t.same(lines.map(l => l.i), Array.from({ length: lines.length }, (_, i) => i), 'the first lines are kept, in order')
+  sink.end()
+})

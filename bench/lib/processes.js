@@ -1,6 +1,6 @@
 // Starting the bench's own child processes, waiting until they answer, and stopping exactly those.
 import { execFileSync, spawn } from 'node:child_process'
-import { cpus } from 'node:os'
+import { readFileSync } from 'node:fs'
 import { createServer } from 'node:net'
 import { request } from 'undici'
 
@@ -36,26 +36,64 @@ const started = new Set()
  * generator, the upstream, redis-server, a log's reader) shares `rest`. On a 2-core machine the
  * scheduler otherwise moves the contender between cores and beside the upstream and redis-server
  * from round to round, which moved one build's CPU per request by up to 1.6x between rounds.
- * @type {{ contender: string, rest: string } | null}
+ * @type {{ contender: string, rest: string, all: string } | null}
  */
 let placement = null
 
 /**
- * Pin this process (all its threads) and every process started from now on, if the machine has
- * at least 2 CPUs and `taskset` works. Returns the placement, or null with the reason it is not used.
- * @returns {{ placement: { contender: string, rest: string } | null, why: string }}
+ * The CPUs this process may run on (a container's cpuset or an outer taskset can leave fewer
+ * than `os.cpus()` counts), from /proc/self/status; null where that is not readable.
+ * @returns {number[] | null}
+ */
+function allowedCpus () {
+  let status
+  try {
+    status = readFileSync('/proc/self/status', 'utf8')
+  } catch {
+    return null
+  }
+  const m = /^Cpus_allowed_list:\s*(\S+)$/m.exec(status)
+  if (m === null) return null
+  /** @type {number[]} */
+  const list = []
+  for (const part of /** @type {string} */ (m[1]).split(',')) {
+    const [a, b] = part.split('-').map(Number)
+    for (let c = /** @type {number} */ (a); c <= (b ?? /** @type {number} */ (a)); c++) list.push(c)
+  }
+  return list
+}
+
+/**
+ * Pin this process (all its threads) and every process started from now on, if at least 2 CPUs
+ * are allowed and `taskset` works: the first allowed CPU for the contender, the others for the
+ * rest. Returns the placement, or null with the reason it is not used.
+ * @returns {{ placement: { contender: string, rest: string, all: string } | null, why: string }}
  */
 export function pinProcesses () {
-  const n = cpus().length
-  if (n < 2) return { placement: null, why: `${n} CPU` }
-  const wanted = { contender: '0', rest: n === 2 ? '1' : `1-${n - 1}` }
+  const cpus = allowedCpus()
+  if (cpus === null) return { placement: null, why: 'allowed CPUs unknown (no /proc/self/status)' }
+  if (cpus.length < 2) return { placement: null, why: `${cpus.length} CPU allowed` }
+  const wanted = { contender: String(cpus[0]), rest: cpus.slice(1).join(','), all: cpus.join(',') }
   try {
+    execFileSync('taskset', ['-c', wanted.contender, 'true'], { stdio: 'ignore' })
     execFileSync('taskset', ['-a', '-p', '-c', wanted.rest, String(process.pid)], { stdio: 'ignore' })
   } catch (err) {
     return { placement: null, why: `taskset failed: ${/** @type {Error} */ (err).message.split('\n')[0]}` }
   }
   placement = wanted
   return { placement, why: '' }
+}
+
+/**
+ * A command that is not part of the pinned measurement (another bench run from this one) on all
+ * the allowed CPUs again, as it would run unpinned.
+ * @param {string} command
+ * @param {string[]} args
+ * @returns {[string, string[]]}
+ */
+export function unpinned (command, args) {
+  if (placement === null) return [command, args]
+  return ['taskset', ['-c', placement.all, command, ...args]]
 }
 
 /**
