@@ -96,16 +96,22 @@ export class LogSink extends EventEmitter {
     this.startWrite()
   }
 
-  /** At exit: what is queued, written synchronously; a write already in flight finishes on its own thread. */
+  /**
+   * At exit: what is queued, written synchronously; a write already in flight finishes on its own
+   * thread. A pipe with room for only part of it (non-blocking, its reader slow) takes what it
+   * can: every line not written whole is counted as dropped, none is lost without a count.
+   */
   flushSync (): void {
     if (this.inFlight !== null || this.used === 0) return
     const data = this.buffer.subarray(0, this.used)
     this.used = 0
+    let written = 0
     try {
-      writeSync(this.fd, data)
+      while (written < data.length) written += writeSync(this.fd, data, written)
     } catch {
-      this.dropped += countLines(data)
+      // EAGAIN (full) or a failed fd: what is left is not written
     }
+    if (written < data.length) this.dropped += countLines(data) - countLines(data.subarray(0, written))
   }
 
   end (): void {

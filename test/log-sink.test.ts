@@ -2,7 +2,7 @@
 // very JSON pino writes, and a stdout that stops being read costs counted lines, never unbounded
 // memory, and the sink writes again once the reader is back.
 import t from 'tap'
-import { closeSync, openSync, readFileSync } from 'node:fs'
+import { closeSync, constants as fsConstants, openSync, readFileSync, readSync, writeSync } from 'node:fs'
 import { join } from 'node:path'
 import { execFileSync, spawn } from 'node:child_process'
 import { once } from 'node:events'
@@ -230,5 +230,29 @@ t.test('the bound counts bytes: lines of 3-byte characters waiting for a write s
   t.equal(lines.length + dropped, 40, 'each line either written or counted')
   t.ok(lines.every(l => l.s === wide), 'the written lines are whole')
   t.same(lines.map(l => l.i), Array.from({ length: lines.length }, (_, i) => i), 'the first lines are kept, in order')
+  sink.end()
+})
+
+t.test('a synchronous flush into a pipe with room for part of the batch counts every line it could not write whole', async t => {
+  const dir = t.testdir()
+  const fifo = join(dir, 'partial.fifo')
+  execFileSync('mkfifo', [fifo])
+  // non-blocking, read-write: writes past the pipe's room fail with EAGAIN instead of waiting
+  const fd = openSync(fifo, fsConstants.O_RDWR | fsConstants.O_NONBLOCK)
+  t.teardown(() => closeSync(fd))
+  const block = Buffer.alloc(4096, 0x2e)
+  for (;;) {
+    try { writeSync(fd, block) } catch { break }
+  }
+  // room for two pages again: the flush below writes 8 KiB of its 18 and then meets a full pipe
+  const freed = Buffer.alloc(8192)
+  t.equal(readSync(fd, freed, 0, freed.length, null), 8192)
+  const sink = createLogDestination(fd, { batchBytes: 1 << 30, flushMs: 60_000 })
+  const line = 'x'.repeat(5999) + '\n'
+  for (let i = 0; i < 3; i++) sink.write(line)
+  sink.flushSync()
+  // the first line went out whole; the second only in part and the third not at all
+  t.equal(sink.dropped, 2, 'the two lines not written whole are counted as dropped')
+  t.equal(sink.pendingBytes, 0, 'nothing is left waiting')
   sink.end()
 })
