@@ -6,6 +6,7 @@
 import { readFileSync, readdirSync, writeFileSync } from 'node:fs'
 import { join, relative, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import { describePlacement } from './lib/processes.js'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const BEGIN = '<!-- bench-table:begin -->'
@@ -34,17 +35,6 @@ function spread (s) {
 }
 
 /**
- * Where the run placed its processes (bench/lib/processes.js pinProcesses); runs before
- * 2026-11-25 did not record it and were not pinned.
- * @param {{ contender: string, rest: string } | string | undefined} p
- */
-function placementText (p) {
-  if (p === undefined) return 'processes not pinned'
-  if (typeof p === 'string') return `processes ${p}`
-  return `the measured contender alone on CPU ${p.contender} (but for (a), the upstream itself), the load generator, upstream and redis-server on CPU ${p.rest}`
-}
-
-/**
  * The markdown the README holds between its markers, from one results report.
  * @param {any} report
  * @param {string} file  the results file, as named in the text
@@ -53,7 +43,7 @@ export function renderTable (report, file) {
   const m = report.machine
   const load = (/** @type {number[] | undefined} */ l) => (l ? l.map((x) => x.toFixed(1)).join(' / ') : '?')
   const lines = [
-    `From \`${file}\` (${report.date}, commit ${m.gitCommit ?? '?'}): ${m.cpuCount} cores (${m.cpuModel}), node ${m.node}, load average ${load(m.loadavgAtStart)} at the start and ${load(m.loadavgAtEnd)} at the end (1/5/15 min), ${placementText(m.placement)}. Medians of ${report.settings.rounds} rounds of ${report.settings.durationS} s at ${report.settings.connections} connections, [min-max] over rounds.`,
+    `From \`${file}\` (${report.date}, commit ${m.gitCommit ?? '?'}): ${m.cpuCount} cores (${m.cpuModel}), node ${m.node}, load average ${load(m.loadavgAtStart)} at the start and ${load(m.loadavgAtEnd)} at the end (1/5/15 min), ${describePlacement(m.placement)}. Medians of ${report.settings.rounds} rounds of ${report.settings.durationS} s at ${report.settings.connections} connections, [min-max] over rounds.`,
     '',
     '| contender | CPU µs/req | req/s | p99 ms | Redis calls/req |',
     '|---|---|---|---|---|'

@@ -20,7 +20,7 @@ import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 import { performance } from 'node:perf_hooks'
 import { request } from 'undici'
-import { answers200, freePort, killAllSync, pinProcesses, sleep, startProcess, stopAll, stopProcess, unpinned } from './lib/processes.js'
+import { answers200, describePlacement, freePort, killAllSync, pinProcesses, placed, sleep, startProcess, stopAll, stopProcess } from './lib/processes.js'
 import { treeCpuMicros, treePeakRssKb, CLOCK_TICKS } from './lib/proc-stats.js'
 import { startRedis, commandCalls, callsBetween, commandsUsedByScripts } from './lib/redis-server.js'
 import { nginxVersion, startNginx } from './lib/nginx.js'
@@ -546,8 +546,7 @@ async function main () {
   } else {
     machine.placement = 'not pinned (--pin pins them)'
   }
-  const where = typeof machine.placement === 'string' ? machine.placement : `contender on CPU ${machine.placement.contender}, load generator, upstream (and so contender a) and redis-server on CPU ${machine.placement.rest}`
-  console.log(`bench: ${where}`)
+  console.log(`bench: ${describePlacement(machine.placement)}`)
   console.log(`bench: ${settings.rounds} rounds x ${settings.durationS} s, warm-up ${settings.warmupS} s, ${settings.connections} connections, on ${machine.cpuCount} x ${machine.cpuModel}, node ${machine.node}`)
 
   const upstreamPort = await freePort()
@@ -686,7 +685,7 @@ function concurrencyFigures (dir) {
 concurrency limit: node bench/concurrency.js ${args.slice(0, 4).join(' ')}`)
   try {
     // its own processes, on every CPU as before: the placement of --pin is for the contenders
-    execFileSync(...unpinned(process.execPath, [join(BENCH, 'concurrency.js'), ...args]), { stdio: 'inherit', timeout: 15 * 60_000 })
+    execFileSync(...placed('all', process.execPath, [join(BENCH, 'concurrency.js'), ...args]), { stdio: 'inherit', timeout: 15 * 60_000 })
   } catch (err) {
     console.log(`  concurrency bench failed: ${/** @type {Error} */ (err).message}`)
     return { skipped: `failed: ${/** @type {Error} */ (err).message}` }

@@ -32,15 +32,11 @@
 
 local byte, sub = string.byte, string.sub
 
--- The number coded by the bytes a, b, c, or nil (a byte outside '0'..'o', or missing).
-local function code_of (a, b, c)
+-- The number coded at s[p .. p + 2], or nil (a byte outside '0'..'o', or missing).
+local function code_at (s, p)
+  local a, b, c = byte(s, p, p + 2)
   if not c or a < 48 or a > 111 or b < 48 or b > 111 or c < 48 or c > 111 then return nil end
   return (a - 48) * 4096 + (b - 48) * 64 + c - 48
-end
-
--- The number coded at s[p .. p + 2], or nil.
-local function code_at (s, p)
-  return code_of(byte(s, p, p + 2))
 end
 
 local now = read_clock(ARGV[1])
@@ -75,7 +71,7 @@ local function read_request (s)
   local p = 4
   for i = 1, n do
     -- A check's two codes from one string.byte call (a C call each, and a batch has many),
-    -- decoded as code_of does, written out here: two calls of it per check cost 2% of a batch's
+    -- decoded as code_at does, written out here: two calls of it per check cost 2% of a batch's
     -- Redis instructions (bench/instructions.js --contenders r).
     local a, b, c, d, e, f = byte(s, p, p + 5)
     if not f or a < 48 or a > 111 or b < 48 or b > 111 or c < 48 or c > 111

@@ -33,6 +33,8 @@ export class LogSink extends EventEmitter {
   dropped = 0
   private readonly batchBytes: number
   private readonly maxBufferBytes: number
+  /** Two batches and a line: what a buffer holds before lines have to wait for a write. */
+  private readonly initialBytes: number
   /**
    * Lines waiting, already encoded (UTF-8) into `buffer[0, used)`. Each line is copied in as it
    * is written instead of kept as a string until its batch goes out: an access line is a tree of
@@ -58,7 +60,8 @@ export class LogSink extends EventEmitter {
     this.fd = options.fd ?? 1
     this.batchBytes = options.batchBytes ?? LOG_BATCH_BYTES
     this.maxBufferBytes = options.maxBufferBytes ?? LOG_MAX_BUFFER_BYTES
-    this.buffer = Buffer.allocUnsafeSlow(this.initialBytes())
+    this.initialBytes = Math.min(2 * this.batchBytes, this.maxBufferBytes) + 4096
+    this.buffer = Buffer.allocUnsafeSlow(this.initialBytes)
     this.timer = setInterval(() => { if (this.used > 0) this.startWrite() }, options.flushMs ?? LOG_FLUSH_MS)
     this.timer.unref()
   }
@@ -120,11 +123,6 @@ export class LogSink extends EventEmitter {
     clearInterval(this.timer)
   }
 
-  /** Two batches and a line: what a buffer holds before lines have to wait for a write. */
-  private initialBytes (): number {
-    return Math.min(2 * this.batchBytes, this.maxBufferBytes) + 4096
-  }
-
   /**
    * Room for `bytes` more (lines pile up while a write is slow). write has checked that they fit
    * the bound, so doubling stops at the bound: the buffer never holds more than it allows.
@@ -139,7 +137,7 @@ export class LogSink extends EventEmitter {
     if (this.inFlight !== null || this.used === 0) return
     this.inFlightBuffer = this.buffer
     this.inFlight = this.buffer.subarray(0, this.used)
-    this.buffer = this.spare ?? Buffer.allocUnsafeSlow(this.initialBytes())
+    this.buffer = this.spare ?? Buffer.allocUnsafeSlow(this.initialBytes)
     this.spare = null
     this.used = 0
     this.writeInFlight()
@@ -179,7 +177,7 @@ export class LogSink extends EventEmitter {
     const done = this.inFlightBuffer as Buffer
     this.inFlight = null
     this.inFlightBuffer = null
-    if (done.length === this.initialBytes()) this.spare = done
+    if (done.length === this.initialBytes) this.spare = done
   }
 }
 

@@ -85,28 +85,28 @@ export function pinProcesses () {
 }
 
 /**
- * A command that is not part of the pinned measurement (another bench run from this one) on all
- * the allowed CPUs again, as it would run unpinned.
+ * The command line that runs `command` on its role's CPUs (unchanged when nothing is pinned):
+ * `all` for what is not part of the pinned measurement (another bench started by this one), as
+ * it would run unpinned. taskset execs the command, so the pid spawned is the command's own.
+ * @param {'contender' | 'rest' | 'all'} role
  * @param {string} command
  * @param {string[]} args
  * @returns {[string, string[]]}
  */
-export function unpinned (command, args) {
+export function placed (role, command, args) {
   if (placement === null) return [command, args]
-  return ['taskset', ['-c', placement.all, command, ...args]]
+  return ['taskset', ['-c', placement[role], command, ...args]]
 }
 
 /**
- * The command line that runs `command` on its role's CPUs (unchanged when nothing is pinned).
- * taskset execs the command, so the pid spawned is the command's own.
- * @param {'contender' | 'rest'} role
- * @param {string} command
- * @param {string[]} args
- * @returns {[string, string[]]}
+ * A run's placement as its results record it (`machine.placement`: pinProcesses' placement, or
+ * a string saying why nothing was pinned; runs before 2026-11-25 recorded none), in words.
+ * @param {{ contender: string, rest: string } | string | undefined} p
  */
-function placed (role, command, args) {
-  if (placement === null) return [command, args]
-  return ['taskset', ['-c', placement[role], command, ...args]]
+export function describePlacement (p) {
+  if (p === undefined) return 'processes not pinned'
+  if (typeof p === 'string') return `processes ${p}`
+  return `the measured contender alone on CPU ${p.contender} (but for (a), the upstream itself), the load generator, upstream and redis-server on CPU ${p.rest}`
 }
 
 /**
