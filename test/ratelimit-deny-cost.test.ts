@@ -43,7 +43,10 @@ t.test('a reload to another Redis drops the lockouts the old one earned', async 
   // README: the deny cache "... or a new Redis endpoint, starts without the old lockouts"
   const [first, second] = [await startRedis(t), await startRedis(t)]
   const up = await startUpstream(t)
-  const withRedis = (url: string): string => `redis: { url: ${url} }\n${config(up.url, 5)}`
+  // exact counts: a Redis call past the default 50 ms bound (a loaded CI machine) is decided by
+  // the fallback, which charges each instance its share and what Redis may also have counted:
+  // fewer are admitted than the test counts on
+  const withRedis = (url: string): string => `redis: { url: ${url}, timeout: 2s }\n${config(up.url, 5)}`
   const gw = await startGateway(t, withRedis(first.url))
   const url = `${gw.url}/x`
   t.same([(await send(url)).status, (await send(url)).status, (await send(url)).status], [200, 200, 429], 'the budget of the first Redis is spent')
