@@ -17,8 +17,11 @@ export interface Scenario {
   readonly windowMs?: number
   /** How long requests are sent (within one window). */
   readonly durationMs?: number
-  /** Runs alongside the traffic; resolves to the ms (Date.now) Redis was reachable again, or null. */
-  readonly fault: (at: (ms: number) => Promise<void>) => Promise<number | null>
+  /**
+   * Runs alongside the traffic; resolves to the ms (Date.now) Redis was reachable again, or null.
+   * `sent()` is how many requests each user has sent so far.
+   */
+  readonly fault: (at: (ms: number) => Promise<void>, sent: () => number[]) => Promise<number | null>
 }
 
 export interface Outcome {
@@ -65,6 +68,7 @@ routes:
   await sleep(2500)
   const run = Math.random().toString(36).slice(2, 8)
   const admitted = new Array<number>(users).fill(0)
+  const sent = new Array<number>(users).fill(0)
   let fiveHundreds = 0
   let requests = 0
   const start = Date.now()
@@ -88,7 +92,7 @@ routes:
     }
   })()
 
-  const faultDone = s.fault(at)
+  const faultDone = s.fault(at, () => [...sent])
   const senders = Array.from({ length: users }, async (_, u) => {
     const interval = 1000 / rps
     for (let i = 0; ; i++) {
@@ -97,6 +101,7 @@ routes:
       await sleep(Math.max(0, due - Date.now()))
       const gw = gateways[i % 2] as { url: string }
       requests++
+      sent[u] = (sent[u] ?? 0) + 1
       // Not awaited in order: a request held up by a slow Redis must not delay the next one.
       void fetch(`${gw.url}/x`, { headers: { 'x-user-id': `u${u}-${run}` } }).then(async (r) => {
         await r.arrayBuffer()
