@@ -1,5 +1,7 @@
 // Instructions per request, counted by valgrind's callgrind: a figure that does not move with the
-// machine's load, for changes too small for the CPU-time benches. On these shared 2-core VMs the
+// machine's load, for changes too small for the CPU-time benches. Repeats of one gateway build still
+// differ by up to 10% (V8's compiler threads and per-second work are counted: bench/README.md,
+// tenth session), so builds are compared on one config, with repeats. On these shared 2-core VMs the
 // same contender's CPU per request moves by a factor of two between rounds, while what is left of
 // the plain proxy path (issue 13) is spread over many frames of 1-5% each.
 //

@@ -33,7 +33,7 @@ export class LogSink extends EventEmitter {
   dropped = 0
   private readonly batchBytes: number
   private readonly maxBufferBytes: number
-  /** Two batches and a line: what a buffer holds before lines have to wait for a write. */
+  /** Two batches (at most the bound) and 4 KiB: what a buffer holds before it has to grow. */
   private readonly initialBytes: number
   /**
    * Lines waiting, already encoded (UTF-8) into `buffer[0, used)`. Each line is copied in as it
@@ -114,7 +114,8 @@ export class LogSink extends EventEmitter {
     } catch {
       // EAGAIN (full) or a failed fd: what is left is not written
     }
-    if (written < data.length) this.dropped += countLines(data) - countLines(data.subarray(0, written))
+    // a line is whole once its newline is written: the newlines left unwritten count the rest
+    if (written < data.length) this.dropped += countLines(data.subarray(written))
   }
 
   end (): void {

@@ -114,8 +114,7 @@ t.test('tracing.otlp: one span per request, exported over OTLP/HTTP to a local r
   })
   const redis = await startRedis(t)
   const up = await startUpstream(t)
-  // exact counts: a Redis call past the default 50 ms bound (a loaded CI machine) would be decided
-  // by the fallback, which admits fewer than Redis would (test/workers.test.ts says why)
+  // exact counts: 2 s, not the default 50 ms (startRedis in test/helpers/redis.ts says why)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 tracing: { otlp: "${receiver.url}", serviceName: gw-under-test }

@@ -10,8 +10,7 @@ const redis = await startRedis(t)
 
 t.test('unknown API keys from one IP: 401 until identity.failureLimit is spent, then 429, one Redis call each', async t => {
   const upstream = await startUpstream(t)
-  // exact counts: a Redis call past the default 50 ms bound (a loaded CI machine) would be decided
-  // by the fallback, which admits fewer than Redis would (test/workers.test.ts says why)
+  // exact counts: 2 s, not the default 50 ms (startRedis in test/helpers/redis.ts says why)
   const gw = await startGateway(t, `
 listen: 127.0.0.1:0
 admin: 127.0.0.1:0

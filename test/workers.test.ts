@@ -24,9 +24,7 @@ t.test('two workers serve one listener; metrics aggregate; SIGHUP reaches both; 
   const target = `http://127.0.0.1:${(upstream.address() as AddressInfo).port}`
   // workers share limits through Redis (without it, workers > 1 with limits is a config error)
   const redis = await startRedis(t)
-  // exact counts: a Redis call past the default 50 ms bound (a loaded CI machine) is decided by
-  // the fallback, which charges each instance its share and what Redis may also have counted:
-  // fewer are admitted than the test counts on
+  // exact counts: 2 s, not the default 50 ms (startRedis in test/helpers/redis.ts says why)
   const yaml = (limit: number): string => `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 workers: 2

@@ -87,8 +87,9 @@ export function pinProcesses () {
 /**
  * The command line that runs `command` on its role's CPUs (unchanged when nothing is pinned):
  * `all` for what is not part of the pinned measurement (another bench started by this one), as
- * it would run unpinned. taskset execs the command, so the pid spawned is the command's own.
- * @param {'contender' | 'rest' | 'all'} role
+ * it would run unpinned. Anything else started by this process inherits its CPUs, the rest.
+ * taskset execs the command, so the pid spawned is the command's own.
+ * @param {'contender' | 'all'} role
  * @param {string} command
  * @param {string[]} args
  * @returns {[string, string[]]}
@@ -123,8 +124,8 @@ export function describePlacement (p) {
  * @returns {Promise<Child>}
  */
 export async function startProcess (name, command, args, opts) {
-  const drain = opts.drainStdout === true ? spawn(...placed('rest', 'sh', ['-c', 'exec cat > /dev/null']), { stdio: ['pipe', 'ignore', 'ignore'] }) : null
-  const proc = spawn(...placed(opts.contender === true ? 'contender' : 'rest', command, args), { cwd: opts.cwd, env: opts.env ?? process.env, stdio: ['ignore', drain?.stdin ?? 'pipe', 'pipe'] })
+  const drain = opts.drainStdout === true ? spawn('sh', ['-c', 'exec cat > /dev/null'], { stdio: ['pipe', 'ignore', 'ignore'] }) : null
+  const proc = spawn(...(opts.contender === true ? placed('contender', command, args) : [command, args]), { cwd: opts.cwd, env: opts.env ?? process.env, stdio: ['ignore', drain?.stdin ?? 'pipe', 'pipe'] })
   // the drain reads until the child's end of the pipe closes, then exits by itself
   drain?.stdin?.destroy()
   let tail = ''

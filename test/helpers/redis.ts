@@ -220,7 +220,14 @@ export interface RedisOptions {
 const isTest = (value: unknown): value is Teardown =>
   typeof value === 'object' && value !== null && typeof (value as Partial<Teardown>).teardown === 'function'
 
-/** A redis-server, stopped at the end of `t`. */
+/**
+ * A redis-server, stopped at the end of `t`.
+ *
+ * A gateway test that counts exact admissions through it sets `redis: { ..., timeout: 2s }`: a call
+ * past the default 50 ms bound (a loaded CI machine) is decided by the fallback, which charges each
+ * instance its share and what Redis may also have counted, so fewer are admitted than the test
+ * counts on (the README's "can only under-admit").
+ */
 export async function startRedis (t: Teardown, options?: RedisOptions): Promise<RedisServer>
 /** @deprecated Pass the test, `startRedis(t)`, which registers its own teardown. */
 export async function startRedis (options?: RedisOptions): Promise<RedisServer>
