@@ -15,6 +15,8 @@ const ANSWERS: Record<string, string> = {
   '/204': 'HTTP/1.1 204 No Content\r\nContent-Length: 10\r\nX-Done: yes\r\n\r\n',
   '/600': 'HTTP/1.1 600 Weird\r\nContent-Length: 2\r\n\r\nok',
   '/gzip-chunked': 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
+  '/chunked-twice': 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
+  '/chunked-upper': 'HTTP/1.1 200 OK\r\nTransfer-Encoding:  Chunked \r\n\r\n2\r\nok\r\n0\r\n\r\n',
   '/ok': 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok',
   '/continue': 'HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal'
 }
@@ -73,12 +75,17 @@ t.test('an upstream 100 Continue (even twice) then the final response: the final
 
 t.test('an invalid upstream status (600) or an unknown transfer coding gets 502, counted as an upstream error', async t => {
   const gw = await startGateway(t, config(await rawUpstream(t)))
-  for (const path of ['/600', '/gzip-chunked']) {
+  // Two Transfer-Encoding fields are two codings (RFC 9112 §6.1), even when both say chunked.
+  for (const path of ['/600', '/gzip-chunked', '/chunked-twice']) {
     const reply = await rawRequest(gw.port, `GET ${path} HTTP/1.1\r\nHost: a\r\n`)
     t.equal(reply.status, 502, `${path}: 502`)
     t.equal(reply.json?.error, 'GW_ERR_UPSTREAM_BAD_RESPONSE')
   }
-  t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { kind: 'bad_response' }), 2)
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { kind: 'bad_response' }), 3)
+  const chunked = await rawRequest(gw.port, 'GET /chunked-upper HTTP/1.1\r\nHost: a\r\n')
+  t.equal(chunked.status, 200, 'one chunked coding, in any case and with spaces, is relayed')
+  t.equal(chunked.headers['transfer-encoding'], 'chunked')
+  t.equal(chunked.body, '2\r\nok\r\n0\r\n\r\n', 'the body, chunked again by node:http')
 })
 
 t.test('a request with a transfer coding other than chunked gets 501 and never reaches the upstream', async t => {

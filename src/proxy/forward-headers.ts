@@ -107,17 +107,21 @@ export function upstreamRequestHeaders (req: IncomingMessage, plan: CompiledHead
 /**
  * The flat [name, value, ...] list answered to the client, from the upstream's raw header bytes.
  * Raw bytes decoded as latin1 pass through byte for byte (node:http writes header strings as
- * latin1), where undici's parsed object decodes UTF-8 and node:http would then reject it.
+ * latin1), where undici's parsed object would decode UTF-8 and node:http would then reject it.
+ * Null when the response cannot be relayed: a transfer coding other than one `chunked`, which is
+ * the only coding undici decodes and node:http re-applies (a gzip would be lost, and the client
+ * would get compressed bytes unlabelled).
  */
 export function clientResponseHeaders (
   raw: readonly (Buffer | string)[],
   plan: CompiledHeaders,
   requestId: string,
   extra: readonly (readonly [string, string])[] | undefined
-): string[] {
+): string[] | null {
   const drop = plan.responseDrop
   let named: readonly string[] | null = null
   let out: string[] = []
+  let codings = 0
   for (let i = 0; i < raw.length; i += 2) {
     const name = latin1(raw[i] as Buffer | string)
     const lower = name.toLowerCase()
@@ -125,6 +129,9 @@ export function clientResponseHeaders (
       if (lower === 'connection') {
         const tokens = connectionTokens(latin1(raw[i + 1] as Buffer | string))
         if (tokens.length > 0) named = named === null ? tokens : named.concat(tokens)
+      } else if (lower === 'transfer-encoding') {
+        // A second field is a second coding, even when both say chunked (RFC 9112 §6.1).
+        if (++codings > 1 || latin1(raw[i + 1] as Buffer | string).trim().toLowerCase() !== 'chunked') return null
       }
       continue
     }

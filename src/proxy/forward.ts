@@ -124,7 +124,14 @@ export function forwardRequest (
   }
 }
 
-/** One request's forward: an undici dispatch handler, so no stream or promise sits between the two sockets. */
+/**
+ * One request's forward: an undici dispatch handler, so no stream or promise sits between the two
+ * sockets. It implements undici 7's callback API (onConnect, onHeaders, onData, onComplete,
+ * onError), which its docs mark deprecated but which is what undici 7's core calls: a handler of
+ * the newer API (onRequestStart, onResponseStart, ...) is wrapped per request in an UnwrapHandler
+ * and a controller, and its response headers are parsed into an object that the gateway does not
+ * read (it relays the raw bytes). Every forwarding test fails if undici stops calling them.
+ */
 class ForwardHandler implements Dispatcher.DispatchHandler {
   readonly req: IncomingMessage
   readonly res: ServerResponse
@@ -134,7 +141,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
   readonly opts: Dispatcher.DispatchOptions
   path = ''
   target: UpstreamTarget | null = null
-  controller: Dispatcher.DispatchController | null = null
+  /** undici's abort for this request, from onConnect; null until the request has a connection. */
+  abortUpstream: ((err?: Error) => void) | null = null
+  /** Resumes reading the upstream response after onData answered false (backpressure). */
+  resumeUpstream: (() => void) | null = null
   retried = false
   /** undici began writing the request: from here on it is not retried. */
   sent = false
@@ -288,14 +298,14 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
       this.res.destroy()
       return
     }
-    if (this.controller !== null) this.controller.abort(new GatewayError('GW_ERR_CLIENT_TIMEOUT'))
+    if (this.abortUpstream !== null) this.abortUpstream(new GatewayError('GW_ERR_CLIENT_TIMEOUT'))
     else this.fail('client_timeout', null)
   }
 
   dispatch (target: UpstreamTarget): void {
     this.target = target
     this.opts.path = target.basePath === '' ? this.path : target.basePath + this.path
-    // Errors, even synchronous ones, come back through onResponseError.
+    // Errors, even synchronous ones, come back through onError.
     target.dispatcher.dispatch(this.opts, this)
   }
 
@@ -308,15 +318,15 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
       this.settle('client_abort', null)
       return
     }
-    // Without a controller the request is still queued or connecting; onRequestStart aborts it.
-    this.controller?.abort(new Error('the client closed the connection'))
+    // Without an abort the request is still queued or connecting; onConnect aborts it.
+    this.abortUpstream?.(new Error('the client closed the connection'))
   }
 
-  onRequestStart (controller: Dispatcher.DispatchController, _context: unknown): void {
-    this.controller = controller
+  onConnect (abort: (err?: Error) => void): void {
+    this.abortUpstream = abort
     this.sent = true
     if (this.clientGone) {
-      controller.abort(new Error('the client closed the connection'))
+      abort(new Error('the client closed the connection'))
       return
     }
     // Counted beside undici's own 'data' listener (added right after this call, in the same tick),
@@ -329,7 +339,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
         // Only a chunked body can get here over the limit: node:http enforces Content-Length.
         if (this.bytesIn > this.plan.maxBodySize && !this.bodyTooLarge) {
           this.bodyTooLarge = true
-          this.controller?.abort(new GatewayError('GW_ERR_BODY_TOO_LARGE'))
+          this.abortUpstream?.(new GatewayError('GW_ERR_BODY_TOO_LARGE'))
         }
       }
       this.req.on('data', this.onBodyData)
@@ -337,54 +347,54 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
     }
   }
 
-  onResponseStart (controller: Dispatcher.DispatchController, statusCode: number, headers: Record<string, string | string[] | undefined>): void {
+  /** Returns false to stop reading the upstream response (only onData does, under backpressure). */
+  onHeaders (statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
     // 1xx: node:http already sent its own 100 Continue; other interim responses are not relayed.
-    if (statusCode < 200 || this.clientGone) return
+    if (statusCode < 200 || this.clientGone) return true
+    this.resumeUpstream = resume
     // RFC 9110 §15: a status is three digits, 1xx-5xx. A status node:http would relay as is (600)
     // or a transfer coding undici does not decode (gzip, chunked: the gzip would be lost, the
     // client would get compressed bytes unlabelled) cannot be relayed honestly: 502.
-    const te = headers['transfer-encoding']
-    if (statusCode > 599 || (te !== undefined && !isChunkedOnly(te))) {
+    const out = statusCode > 599 ? null : clientResponseHeaders(rawHeaders, this.plan.headers, this.ctx.requestId, this.ctx.extraResponseHeaders)
+    if (out === null) {
       this.badResponse = true
-      controller.abort(new GatewayError('GW_ERR_UPSTREAM_BAD_RESPONSE'))
-      return
+      this.abortUpstream?.(new GatewayError('GW_ERR_UPSTREAM_BAD_RESPONSE'))
+      return true
     }
     if (this.target !== null) this.plan.pool.succeeded(this.target)
-    const raw = controller.rawHeaders
-    const out = clientResponseHeaders(Array.isArray(raw) ? raw : flatten(headers), this.plan.headers, this.ctx.requestId, this.ctx.extraResponseHeaders)
     this.status = statusCode
-    // A throw here (a header node:http rejects) makes undici abort, and onResponseError answers 502.
+    // A throw here (a header node:http rejects) makes undici abort, and onError answers 502.
     this.res.writeHead(statusCode, out)
     this.responded = true
+    return true
   }
 
-  onResponseData (controller: Dispatcher.DispatchController, chunk: Buffer): void {
+  onData (chunk: Buffer): boolean {
     this.bytesOut += chunk.length
-    if (!this.res.write(chunk)) {
-      // Backpressure: stop reading the upstream socket until the client drains, for at most sendTimeout.
-      controller.pause()
-      this.armIdle('send_timeout', this.plan.sendTimeoutMs)
-      if (this.onDrain === null) {
-        this.onDrain = (): void => {
-          this.clearIdle()
-          this.controller?.resume()
-        }
-        this.res.on('drain', this.onDrain)
+    if (this.res.write(chunk)) return true
+    // Backpressure: stop reading the upstream socket until the client drains, for at most sendTimeout.
+    this.armIdle('send_timeout', this.plan.sendTimeoutMs)
+    if (this.onDrain === null) {
+      this.onDrain = (): void => {
+        this.clearIdle()
+        this.resumeUpstream?.()
       }
+      this.res.on('drain', this.onDrain)
     }
+    return false
   }
 
-  onResponseEnd (): void {
+  onComplete (): void {
     this.res.end()
     this.settle(null, null)
   }
 
-  onResponseError (_controller: Dispatcher.DispatchController, err: Error): void {
+  onError (err: Error): void {
     if (this.settled) return
     // A 304 (or 204) carries no body whatever its Content-Length says (RFC 9110 §6.4.1), but
     // undici counts the missing bytes as a length mismatch: the response is complete.
     if (this.responded && (this.status === 304 || this.status === 204) && (err as { code?: unknown }).code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH') {
-      this.onResponseEnd()
+      this.onComplete()
       return
     }
     if (this.badResponse) {
@@ -470,17 +480,3 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
   }
 }
 
-// "chunked" (any case, optional whitespace) is the only coding undici decodes and node:http re-applies.
-function isChunkedOnly (te: string | string[]): boolean {
-  return typeof te === 'string' && te.trim().toLowerCase() === 'chunked'
-}
-
-function flatten (headers: Record<string, string | string[] | undefined>): string[] {
-  const out: string[] = []
-  for (const name in headers) {
-    const value = headers[name]
-    if (typeof value === 'string') out.push(name, value)
-    else if (value !== undefined) for (const item of value) out.push(name, item)
-  }
-  return out
-}
