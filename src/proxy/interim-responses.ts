@@ -11,21 +11,26 @@ const HEAD_END = Buffer.from('\r\n\r\n')
 const REQUEST_LINE = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+ [^ ]+ HTTP\/1\.1\r\n/
 // "HTTP/1.x 100 " or "HTTP/1.x 100\r": enough bytes to tell a 100 from any other status.
 const PREFIX_LENGTH = 13
+const HTTP_1_DOT = Buffer.from('HTTP/1.')
 
+// Compared byte by byte: it runs on every response, where a decoded string and a regex match
+// would allocate twice.
 function isContinue (buf: Buffer): boolean {
-  return buf.toString('latin1', 0, 12).match(/^HTTP\/1\.[01] 100$/) !== null && (buf[12] === 0x20 || buf[12] === 0x0d)
+  for (let i = 0; i < HTTP_1_DOT.length; i++) if (buf[i] !== HTTP_1_DOT[i]) return false
+  return (buf[7] === 0x30 || buf[7] === 0x31) && buf[8] === 0x20 && buf[9] === 0x31 && buf[10] === 0x30 && buf[11] === 0x30 &&
+    (buf[12] === 0x20 || buf[12] === 0x0d)
 }
 
 /** Makes `socket.read()` skip `100 Continue` heads at the start of each response. */
 export function dropContinueResponses (socket: Socket): void {
   let atResponseStart = false
   const write = socket.write
-  socket.write = function (this: Socket, ...args: Parameters<Socket['write']>): boolean {
+  // Named parameters, not a rest array and apply: this runs on every write to every upstream.
+  socket.write = function (this: Socket, data: unknown, encoding?: unknown, callback?: unknown): boolean {
     // Only a request head (undici writes it as one latin1 string) starts a new exchange; body
     // chunks must not, or the middle of an early response would be inspected.
-    const data = args[0]
     if (typeof data === 'string' && REQUEST_LINE.test(data)) atResponseStart = true
-    return write.apply(this, args)
+    return (write as (this: Socket, data: unknown, encoding?: unknown, callback?: unknown) => boolean).call(this, data, encoding, callback)
   } as Socket['write']
   const read = socket.read
   socket.read = function (this: Socket, size?: number): unknown {
