@@ -54,8 +54,9 @@ type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, 
 function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage): Early {
   // The client IP comes first: a request that fails to route is still charged to its address.
   const xff = req.headers['x-forwarded-for']
-  const client = rt.resolveClientIp(req.socket.remoteAddress, xff)
+  // A getter (net.Socket's remoteAddress goes through _getpeername): read once.
   const peer = req.socket.remoteAddress
+  const client = rt.resolveClientIp(peer, xff)
   if (!state.warnedProxyMisconfig && xff !== undefined && rt.trustedProxiesEmpty && peer !== state.proxyCheckedPeer) {
     state.proxyCheckedPeer = peer
     if (looksLikeMisconfiguredProxy(peer, xff)) {
