@@ -1,5 +1,5 @@
 import type { IncomingMessage } from 'node:http'
-import { HOP_BY_HOP, connectionTokens } from './hop-by-hop.js'
+import { HOP_BY_HOP, connectionTokens, isChunkedOnly } from './hop-by-hop.js'
 
 /** Route header rules; names are lowercase. `set` replaces any header of that name. */
 export interface HeaderRules {
@@ -108,9 +108,8 @@ export function upstreamRequestHeaders (req: IncomingMessage, plan: CompiledHead
  * The flat [name, value, ...] list answered to the client, from the upstream's raw header bytes.
  * Raw bytes decoded as latin1 pass through byte for byte (node:http writes header strings as
  * latin1), where undici's parsed object would decode UTF-8 and node:http would then reject it.
- * Null when the response cannot be relayed: a transfer coding other than one `chunked`, which is
- * the only coding undici decodes and node:http re-applies (a gzip would be lost, and the client
- * would get compressed bytes unlabelled).
+ * Null when the response cannot be relayed: a transfer coding other than one `chunked`
+ * (`isChunkedOnly`; a gzip would be lost, and the client would get compressed bytes unlabelled).
  */
 export function clientResponseHeaders (
   raw: readonly (Buffer | string)[],
@@ -131,7 +130,7 @@ export function clientResponseHeaders (
         if (tokens.length > 0) named = named === null ? tokens : named.concat(tokens)
       } else if (lower === 'transfer-encoding') {
         // A second field is a second coding, even when both say chunked (RFC 9112 §6.1).
-        if (++codings > 1 || latin1(raw[i + 1] as Buffer | string).trim().toLowerCase() !== 'chunked') return null
+        if (++codings > 1 || !isChunkedOnly(latin1(raw[i + 1] as Buffer | string))) return null
       }
       continue
     }

@@ -352,9 +352,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
     // 1xx: node:http already sent its own 100 Continue; other interim responses are not relayed.
     if (statusCode < 200 || this.clientGone) return true
     this.resumeUpstream = resume
-    // RFC 9110 §15: a status is three digits, 1xx-5xx. A status node:http would relay as is (600)
-    // or a transfer coding undici does not decode (gzip, chunked: the gzip would be lost, the
-    // client would get compressed bytes unlabelled) cannot be relayed honestly: 502.
+    // RFC 9110 §15: a status is three digits, 1xx-5xx. A status node:http would relay as is (600),
+    // or headers clientResponseHeaders cannot relay (a transfer coding other than chunked): 502.
     const out = statusCode > 599 ? null : clientResponseHeaders(rawHeaders, this.plan.headers, this.ctx.requestId, this.ctx.extraResponseHeaders)
     if (out === null) {
       this.badResponse = true

@@ -14,6 +14,15 @@ export const HOP_BY_HOP: readonly string[] = Object.freeze([
 const NONE: readonly string[] = Object.freeze([])
 
 /**
+ * One `Transfer-Encoding` value that says `chunked` and nothing else (any case, spaces around):
+ * the only coding node:http decodes on requests and undici on responses, both re-applying it on
+ * the way out. Any other coding would be passed on decoded wrongly, so it is refused either way.
+ */
+export function isChunkedOnly (value: string): boolean {
+  return value.trim().toLowerCase() === 'chunked'
+}
+
+/**
  * The field names listed in a `Connection` header value, lowercased. Only called when the header is
  * present, which modern HTTP/1.1 clients and upstreams rarely send.
  */

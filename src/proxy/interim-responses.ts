@@ -24,13 +24,13 @@ function isContinue (buf: Buffer): boolean {
 /** Makes `socket.read()` skip `100 Continue` heads at the start of each response. */
 export function dropContinueResponses (socket: Socket): void {
   let atResponseStart = false
-  const write = socket.write
   // Named parameters, not a rest array and apply: this runs on every write to every upstream.
+  const write = socket.write as (this: Socket, data: unknown, encoding?: unknown, callback?: unknown) => boolean
   socket.write = function (this: Socket, data: unknown, encoding?: unknown, callback?: unknown): boolean {
     // Only a request head (undici writes it as one latin1 string) starts a new exchange; body
     // chunks must not, or the middle of an early response would be inspected.
     if (typeof data === 'string' && REQUEST_LINE.test(data)) atResponseStart = true
-    return (write as (this: Socket, data: unknown, encoding?: unknown, callback?: unknown) => boolean).call(this, data, encoding, callback)
+    return write.call(this, data, encoding, callback)
   } as Socket['write']
   const read = socket.read
   socket.read = function (this: Socket, size?: number): unknown {

@@ -2,6 +2,7 @@
 // the upstream would read differently from us is refused here (issue 15 items 7, 8 and 10).
 import type { IncomingMessage } from 'node:http'
 import type { ErrorCode } from '../errors.js'
+import { isChunkedOnly } from '../proxy/hop-by-hop.js'
 
 export interface HeadProblem {
   readonly code: ErrorCode
@@ -36,7 +37,7 @@ export function checkRequestHead (req: IncomingMessage, maxHeadersCount: number)
   // only "chunked" and would silently drop the others ("gzip, chunked" would reach the upstream
   // as an unlabelled gzip body).
   const te = req.headers['transfer-encoding']
-  if (te !== undefined && te.trim().toLowerCase() !== 'chunked') return UNKNOWN_CODING
+  if (te !== undefined && !isChunkedOnly(te)) return UNKNOWN_CODING
   const host = req.headers.host
   if (host !== undefined && !HOST_RE.test(host)) return BAD_HOST
   return null
