@@ -48,7 +48,7 @@ t.test('bounded: at most maxKeys keys, least recently used evicted', async (t) =
   t.equal(store.size, 0, 'close() drops everything')
 })
 
-t.test('entries expire with the state: the injected clock drives the TTL', async (t) => {
+t.test('an entry past its time decides like a fresh key: nothing expires, nothing is cleared', async (t) => {
   let now = 1_700_000_000_000_000
   const store = createMemoryStore({ maxKeys: 10, now: () => now })
   const s = spec('gcra', 10, 1000, 1)
@@ -60,6 +60,23 @@ t.test('entries expire with the state: the injected clock drives the TTL', async
   t.equal(store.decide([{ key: 'other', spec: s, cost: 1 }], 'r').allowed, true)
   t.equal(store.size, 2, 'the stale entry is still counted until touched')
   t.equal(store.decide([{ key: 'k', spec: s, cost: 1 }], 'r').remaining, 0, 'and decides like a fresh key')
+  // Read while lapsed, a key is kept: with a TTL, lru-cache deletes it, and deleting the last key
+  // held clears all its maxKeys-long arrays on that request (createMemoryStore's comment).
+  const lone = createMemoryStore({ maxKeys: 10, now: () => now })
+  lone.decide([{ key: 'k', spec: s, cost: 1 }], 'r')
+  now += 10_000_000
+  t.same(lone.peek([{ key: 'k', spec: s, cost: 1 }]), [{ remaining: 1, resetMs: 0, retryAfterMs: 0 }], 'a whole budget again')
+  t.equal(lone.size, 1, 'and the key is still held')
+})
+
+t.test('a lease released to zero is kept as none held, not deleted', async (t) => {
+  const store = createMemoryStore({ maxKeys: 10 })
+  const lease = spec('lease', 1, 1000)
+  t.equal(store.decide([{ key: 'l', spec: lease, cost: 1 }], 'r').allowed, true)
+  t.equal(store.decide([{ key: 'l', spec: lease, cost: 1 }], 'r').allowed, false, 'the one lease is held')
+  store.release('l', 1)
+  t.equal(store.size, 1, 'the last key held is not deleted (lru-cache would clear all its arrays)')
+  t.equal(store.decide([{ key: 'l', spec: lease, cost: 1 }], 'r').allowed, true, 'and the lease can be taken again')
 })
 
 t.test('the default clock is real and monotonic', async (t) => {

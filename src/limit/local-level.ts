@@ -47,10 +47,10 @@ export class LocalLevel {
     this.options = options
     this.policy = `"local";q=${options.limit};w=${Math.max(1, Math.ceil(options.windowMs / 1000))}`
     this.ratePerMs = options.limit / options.windowMs
-    // A bucket idle for as long as it takes to refill completely is indistinguishable from a
-    // fresh one, so it may be dropped: that TTL keeps the cache small without changing decisions.
-    const ttl = Math.max(1000, Math.ceil(options.burst / this.ratePerMs))
-    this.buckets = new LRUCache({ max: options.maxKeys, ttl, ttlAutopurge: false, updateAgeOnGet: true })
+    // No TTL: a bucket idle long enough to be full again decides like a fresh one, so an old entry
+    // is harmless until LRU eviction reclaims it (why the in-process store keeps none either, see
+    // createMemoryStore in ./memory-store.ts).
+    this.buckets = new LRUCache({ max: options.maxKeys })
   }
 
   /** 0 = pass on to the shared level; otherwise the ms after which this client may retry. */
@@ -87,12 +87,9 @@ export class DenyCache {
   /** ms left on the deny for this key, or 0. */
   remaining (key: string, nowMs: number): number {
     const until = this.until.get(key)
-    if (until === undefined) return 0
-    if (until <= nowMs) {
-      this.until.delete(key)
-      return 0
-    }
-    return until - nowMs
+    // A lapsed entry stays until overwritten or evicted: deleting the last entry held would make
+    // lru-cache clear all its maxKeys-long arrays on this request (see createMemoryStore).
+    return until === undefined || until <= nowMs ? 0 : until - nowMs
   }
 
   add (key: string, untilMs: number): void {

@@ -1,14 +1,14 @@
 import { LRUCache } from 'lru-cache'
-import { ALGORITHMS, assertDecidable, msUp, ttlMs, type AlgorithmState, type Evaluation } from './algorithms/index.js'
+import { ALGORITHMS, assertDecidable, msUp, type AlgorithmState, type Evaluation } from './algorithms/index.js'
 import { NO_CHECKS, longer, type LimitCheck, type LimitDecision, type LimitStore, type PeekResult, type SharedDecision, type SharedLevel } from './types.js'
 
 // The in-process store: the TypeScript twins of lua/*.lua over a bounded LRU. It decides
 // synchronously (it is on the hot path) and all-or-nothing, like lua/limit.lua.
 
-/** Where decideAt reads and writes per-key state. `ttlMs` says how long the state matters. */
+/** Where decideAt reads and writes per-key state. */
 export interface LimitStateMap {
   get(key: string): AlgorithmState | undefined
-  set(key: string, state: AlgorithmState, ttlMs: number): void
+  set(key: string, state: AlgorithmState): void
 }
 
 
@@ -50,8 +50,7 @@ export function decideAt (state: LimitStateMap, checks: readonly LimitCheck[], _
   const remainings: number[] = new Array(n)
   for (let i = 0; i < n; i++) {
     const ev = evaluations[i] as Evaluation
-    const { state: next, ttlUs } = ev.commit()
-    state.set((checks[i] as LimitCheck).key, next, ttlMs(ttlUs))
+    state.set((checks[i] as LimitCheck).key, ev.commit().state)
     delayMs = Math.max(delayMs, msUp(ev.delayUs))
     remainings[i] = Math.max(0, ev.remaining)
   }
@@ -70,13 +69,13 @@ export interface MemoryStore extends LimitStore {
   readonly kind: 'memory'
   /** Synchronous: never returns a Promise. */
   decide(checks: readonly LimitCheck[], requestId: string): LimitDecision
-  /** Keys currently held (including expired ones not yet purged). */
+  /** Keys currently held, whether or not their state is still in effect (nothing expires; see createMemoryStore). */
   readonly size: number
   /** Forgets every key (the Redis fallback starts each outage afresh). */
   clear(): void
   /** Forgets one key. */
   forget(key: string): void
-  /** Gives back `units` of a concurrency lease count (issue 10); a count reaching 0 is deleted. */
+  /** Gives back `units` of a concurrency lease count (issue 10); a count reaching 0 is kept as 0 held (LRU-evicted like any key). */
   release(key: string, units: number): void
   /** What each check would get now, consuming nothing (the admin API). */
   peek(checks: readonly LimitCheck[]): PeekResult[]
@@ -85,25 +84,27 @@ export interface MemoryStore extends LimitStore {
 // Where the admin API's callers have always imported it from.
 export type { PeekResult } from './types.js'
 
+const NO_LEASE: AlgorithmState = Object.freeze({ kind: 'lease', held: 0 })
+
 const monotonicUs = (): number => Math.floor((performance.timeOrigin + performance.now()) * 1000)
 
 export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
   const { maxKeys } = options
   if (!Number.isSafeInteger(maxKeys) || maxKeys < 1) throw new RangeError('maxKeys must be an integer >= 1')
   const now = options.now ?? monotonicUs
-  // The per-entry TTL only reclaims memory early: state is self-validating (it carries its own
-  // times), so an entry kept a little longer decides exactly like a missing one. An evicted
-  // entry does not: its key starts over with a whole budget, hence maxKeys must be sized.
-  const cache = new LRUCache<string, AlgorithmState>({
-    max: maxKeys,
-    ttlAutopurge: false,
-    // With an injected clock, expiry follows that clock (ms); 0 = read it on every check.
-    ...(options.now !== undefined ? { perf: { now: () => now() / 1000 }, ttlResolution: 0 } : {})
-  })
+  // No TTL: state is self-validating (it carries its own times), so an entry past its time
+  // decides exactly like a missing one, and lru-cache (without autopurge) only ever dropped an
+  // expired entry when that key was read again, just before it is written anew. The TTL cost a
+  // clock reading and its bookkeeping on every get and set, a delete and re-insert for every key
+  // whose state lasts less than the gap between its requests (a nearly full bucket lasts ~1 ms),
+  // and, when the expired entry was the last one held, lru-cache's clear: a fill of each of its
+  // maxKeys-long arrays on that request (0.3 ms at the default 100,000 keys here). Memory is
+  // bounded by maxKeys either way. An evicted entry does not decide like a missing one (its key
+  // starts over with a whole budget), hence maxKeys must be sized.
+  const cache = new LRUCache<string, AlgorithmState>({ max: maxKeys })
   const map: LimitStateMap = {
     get: (key) => cache.get(key),
-    // A lease count never expires in process (a release deletes it at 0): no TTL to track.
-    set: (key, state, ttl) => { if (state.kind === 'lease') cache.set(key, state); else cache.set(key, state, { ttl }) }
+    set: (key, state) => { cache.set(key, state) }
   }
   return {
     kind: 'memory',
@@ -130,8 +131,9 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
     release (key, units) {
       const state = cache.get(key)
       if (state?.kind !== 'lease') return
-      if (state.held <= units) cache.delete(key)
-      else cache.set(key, { kind: 'lease', held: state.held - units })
+      // Zero held is written, not deleted: it decides like a missing key, and deleting the last
+      // key held would make lru-cache clear all its arrays on this request (see the cache above).
+      cache.set(key, state.held <= units ? NO_LEASE : { kind: 'lease', held: state.held - units })
     },
     async close () { cache.clear() }
   }
