@@ -3,7 +3,7 @@
 // what validateLimitSpec and assertDecidable accept (each boundary on both sides). Written from the
 // mutation run's survivors (docs/mutation.md).
 import t from 'tap'
-import { ALGORITHMS, MAX_EXACT, assertDecidable, msUp, ttlMs, validateLimitSpec, type AlgorithmState } from '../src/limit/algorithms/index.js'
+import { ALGORITHMS, MAX_EXACT, assertDecidable, msUp, validateLimitSpec, type AlgorithmState } from '../src/limit/algorithms/index.js'
 import { PERIOD_WINDOW_MS, calendarPeriod, civilFromDays, daysFromCivil, localPeriod, quotaOffsetSeconds, utcOffsetMinutes } from '../src/limit/algorithms/calendar-quota.js'
 import type { AlgorithmName, LimitSpec } from '../src/limit/types.js'
 
@@ -130,14 +130,12 @@ t.test('lease: a count of leases held, released elsewhere', async t => {
   t.match(lease.check({ kind: 'lease', held: 3 }, two, 1, 0), { ok: false, remaining: 0 }, 'over-held (limit lowered by a reload): none left, not negative')
 })
 
-t.test('msUp and ttlMs: µs to whole ms as lua/common.lua rounds them', async t => {
+t.test('msUp: µs to whole ms as lua/common.lua rounds them', async t => {
   t.equal(msUp(-1500), 0, 'a past instant waits 0 ms')
   t.equal(msUp(0), 0)
   t.equal(msUp(1), 1, '1 µs waits 1 ms, never 0')
   t.equal(msUp(1000), 1)
   t.equal(msUp(1001), 2)
-  t.equal(ttlMs(0), 1, 'a key lives at least 1 ms')
-  t.equal(ttlMs(1500), 2)
 })
 
 t.test('validateLimitSpec: every bound, on both sides', async t => {

@@ -26,7 +26,7 @@ export interface Evaluation {
   readonly resetUs: number
   /** µs to hold the admitted request (leaky-bucket delay mode). */
   readonly delayUs: number
-  /** Only when ok: the state recording the admission and how long (µs) it matters. */
+  /** Only when ok: the state recording the admission, and how long (µs) it matters: the TTL the Lua twin sets on its key (the in-process store keeps none, see createMemoryStore). */
   commit(): { readonly state: AlgorithmState, readonly ttlUs: number }
 }
 
@@ -56,11 +56,6 @@ export function admitted (
 /** µs to ms rounded up, as lua/common.lua ms_up: a 0.5 ms wait is 1 ms, never 0. */
 export function msUp (us: number): number {
   return us <= 0 ? 0 : Math.ceil(us / 1000)
-}
-
-/** The TTL in ms the Lua side gives a key whose state matters for `us` more µs. */
-export function ttlMs (us: number): number {
-  return Math.max(1, msUp(us))
 }
 
 export function gcd (a: number, b: number): number {

@@ -10,7 +10,7 @@ import { tokenBucket } from './token-bucket.js'
 import { lease } from './lease.js'
 
 export type { AlgorithmState, AlgorithmTwin, Evaluation } from './algorithm.js'
-export { msUp, rateScale, ttlMs } from './algorithm.js'
+export { msUp, rateScale } from './algorithm.js'
 
 export const ALGORITHMS: Readonly<Record<AlgorithmName, AlgorithmTwin>> = Object.freeze({
   gcra,
