@@ -1,5 +1,5 @@
-// The local level and the deny cache on their own: what they decide, and that an entry past its
-// time is kept rather than deleted (lru-cache clears all its maxKeys-long arrays when the last key
+// The local level and the deny cache on their own: what they decide, and that reading a lapsed deny
+// never deletes the last entry held (lru-cache clears all its maxKeys-long arrays when the last key
 // held is deleted, a stall on that request; see createMemoryStore in src/limit/memory-store.ts).
 import t from 'tap'
 import { DenyCache, LocalLevel } from '../src/limit/local-level.js'
@@ -16,7 +16,7 @@ t.test('local level: a token bucket per client, refilled continuously', async (t
   t.equal(level.size, 2, 'no key was dropped')
 })
 
-t.test('deny cache: a key stays denied until its time, then is kept but passes', async (t) => {
+t.test('deny cache: a key stays denied until its time; lapsed, it is deleted unless it is the last one', async (t) => {
   const deny = new DenyCache(100)
   deny.add('k', 1_000)
   t.equal(deny.remaining('k', 900), 100, 'ms left')
@@ -27,4 +27,9 @@ t.test('deny cache: a key stays denied until its time, then is kept but passes',
   t.equal(deny.remaining('k', 1_500), 500, 'and can be denied again')
   deny.forget('k')
   t.equal(deny.remaining('k', 1_500), 0, 'forget lifts a deny')
+  deny.add('a', 2_000)
+  deny.add('b', 3_000)
+  t.equal(deny.remaining('a', 2_500), 0, 'a lapsed')
+  t.equal(deny.size, 1, 'and deleted, beside a live deny')
+  t.equal(deny.remaining('b', 2_500), 500, 'which is untouched')
 })

@@ -69,14 +69,18 @@ t.test('an entry past its time decides like a fresh key: nothing expires, nothin
   t.equal(lone.size, 1, 'and the key is still held')
 })
 
-t.test('a lease released to zero is kept as none held, not deleted', async (t) => {
+t.test('a lease released to zero is deleted, unless it is the last key held', async (t) => {
   const store = createMemoryStore({ maxKeys: 10 })
   const lease = spec('lease', 1, 1000)
   t.equal(store.decide([{ key: 'l', spec: lease, cost: 1 }], 'r').allowed, true)
   t.equal(store.decide([{ key: 'l', spec: lease, cost: 1 }], 'r').allowed, false, 'the one lease is held')
   store.release('l', 1)
-  t.equal(store.size, 1, 'the last key held is not deleted (lru-cache would clear all its arrays)')
+  t.equal(store.size, 1, 'the last key held is kept (deleting it makes lru-cache clear all its arrays)')
   t.equal(store.decide([{ key: 'l', spec: lease, cost: 1 }], 'r').allowed, true, 'and the lease can be taken again')
+  store.decide([{ key: 'other', spec: lease, cost: 1 }], 'r')
+  store.release('l', 1)
+  t.equal(store.size, 1, 'beside another key, a lease released to zero gives its slot back')
+  t.equal(store.decide([{ key: 'l', spec: lease, cost: 1 }], 'r').allowed, true, 'and is taken again from nothing')
 })
 
 t.test('the default clock is real and monotonic', async (t) => {

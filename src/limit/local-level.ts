@@ -87,9 +87,13 @@ export class DenyCache {
   /** ms left on the deny for this key, or 0. */
   remaining (key: string, nowMs: number): number {
     const until = this.until.get(key)
-    // A lapsed entry stays until overwritten or evicted: deleting the last entry held would make
-    // lru-cache clear all its maxKeys-long arrays on this request (see createMemoryStore).
-    return until === undefined || until <= nowMs ? 0 : until - nowMs
+    if (until === undefined) return 0
+    if (until > nowMs) return until - nowMs
+    // Lapsed: deleted, leaving its slot to live denies, unless it is the last entry held, whose
+    // delete would make lru-cache clear all its maxKeys-long arrays on this request (see
+    // createMemoryStore). A lapsed entry kept answers 0 like a missing one.
+    if (this.until.size > 1) this.until.delete(key)
+    return 0
   }
 
   add (key: string, untilMs: number): void {

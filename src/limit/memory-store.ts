@@ -75,7 +75,7 @@ export interface MemoryStore extends LimitStore {
   clear(): void
   /** Forgets one key. */
   forget(key: string): void
-  /** Gives back `units` of a concurrency lease count (issue 10); a count reaching 0 is kept as 0 held (LRU-evicted like any key). */
+  /** Gives back `units` of a concurrency lease count (issue 10); a count reaching 0 is deleted (kept as 0 held when it is the last key). */
   release(key: string, units: number): void
   /** What each check would get now, consuming nothing (the admin API). */
   peek(checks: readonly LimitCheck[]): PeekResult[]
@@ -131,9 +131,12 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
     release (key, units) {
       const state = cache.get(key)
       if (state?.kind !== 'lease') return
-      // Zero held is written, not deleted: it decides like a missing key, and deleting the last
-      // key held would make lru-cache clear all its arrays on this request (see the cache above).
-      cache.set(key, state.held <= units ? NO_LEASE : { kind: 'lease', held: state.held - units })
+      if (state.held > units) cache.set(key, { kind: 'lease', held: state.held - units })
+      // Deleted at zero, which leaves its slot to other clients' state; but the last key held is
+      // kept as zero held (deciding like a missing key): deleting it would make lru-cache clear all
+      // its arrays on this request (see the cache above).
+      else if (cache.size > 1) cache.delete(key)
+      else cache.set(key, NO_LEASE)
     },
     async close () { cache.clear() }
   }
