@@ -1,6 +1,7 @@
 // Level 1 of the limiter: in process, no I/O. It sheds floods before they cost a Redis call.
 // It can only reject: whatever it lets through still has to pass the shared level.
 import { LRUCache } from 'lru-cache'
+import { deleteUnlessLast } from './lru-delete.js'
 
 /**
  * A token bucket refilled continuously: `rate` tokens per ms up to `capacity`.
@@ -89,10 +90,9 @@ export class DenyCache {
     const until = this.until.get(key)
     if (until === undefined) return 0
     if (until > nowMs) return until - nowMs
-    // Lapsed: deleted, leaving its slot to live denies, unless it is the last entry held, whose
-    // delete would make lru-cache clear all its maxKeys-long arrays on this request (see
-    // createMemoryStore). A lapsed entry kept answers 0 like a missing one.
-    if (this.until.size > 1) this.until.delete(key)
+    // Lapsed: deleted, leaving its slot to live denies; the last entry held stays, answering 0
+    // like a missing one.
+    deleteUnlessLast(this.until, key)
     return 0
   }
 

@@ -1,5 +1,6 @@
 import { LRUCache } from 'lru-cache'
 import { ALGORITHMS, assertDecidable, msUp, type AlgorithmState, type Evaluation } from './algorithms/index.js'
+import { deleteUnlessLast } from './lru-delete.js'
 import { NO_CHECKS, longer, type LimitCheck, type LimitDecision, type LimitStore, type PeekResult, type SharedDecision, type SharedLevel } from './types.js'
 
 // The in-process store: the TypeScript twins of lua/*.lua over a bounded LRU. It decides
@@ -50,7 +51,7 @@ export function decideAt (state: LimitStateMap, checks: readonly LimitCheck[], _
   const remainings: number[] = new Array(n)
   for (let i = 0; i < n; i++) {
     const ev = evaluations[i] as Evaluation
-    state.set((checks[i] as LimitCheck).key, ev.commit().state)
+    state.set((checks[i] as LimitCheck).key, ev.commit())
     delayMs = Math.max(delayMs, msUp(ev.delayUs))
     remainings[i] = Math.max(0, ev.remaining)
   }
@@ -93,14 +94,10 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
   if (!Number.isSafeInteger(maxKeys) || maxKeys < 1) throw new RangeError('maxKeys must be an integer >= 1')
   const now = options.now ?? monotonicUs
   // No TTL: state is self-validating (it carries its own times), so an entry past its time
-  // decides exactly like a missing one, and lru-cache (without autopurge) only ever dropped an
-  // expired entry when that key was read again, just before it is written anew. The TTL cost a
-  // clock reading and its bookkeeping on every get and set, a delete and re-insert for every key
-  // whose state lasts less than the gap between its requests (a nearly full bucket lasts ~1 ms),
-  // and, when the expired entry was the last one held, lru-cache's clear: a fill of each of its
-  // maxKeys-long arrays on that request (0.3 ms at the default 100,000 keys here). Memory is
-  // bounded by maxKeys either way. An evicted entry does not decide like a missing one (its key
-  // starts over with a whole budget), hence maxKeys must be sized.
+  // decides exactly like a missing one, and lru-cache (without autopurge) only dropped an expired
+  // entry when it was read again, just before it is written anew; deleting it then could clear
+  // the whole cache (see deleteUnlessLast). An evicted entry does not decide like a missing one
+  // (its key starts over with a whole budget), hence maxKeys must be sized.
   const cache = new LRUCache<string, AlgorithmState>({ max: maxKeys })
   const map: LimitStateMap = {
     get: (key) => cache.get(key),
@@ -132,11 +129,9 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
       const state = cache.get(key)
       if (state?.kind !== 'lease') return
       if (state.held > units) cache.set(key, { kind: 'lease', held: state.held - units })
-      // Deleted at zero, which leaves its slot to other clients' state; but the last key held is
-      // kept as zero held (deciding like a missing key): deleting it would make lru-cache clear all
-      // its arrays on this request (see the cache above).
-      else if (cache.size > 1) cache.delete(key)
-      else cache.set(key, NO_LEASE)
+      // Deleted at zero, leaving its slot to other clients' state; the last key held stays as zero
+      // held, which decides like a missing key.
+      else if (!deleteUnlessLast(cache, key)) cache.set(key, NO_LEASE)
     },
     async close () { cache.clear() }
   }

@@ -26,8 +26,8 @@ export interface Evaluation {
   readonly resetUs: number
   /** µs to hold the admitted request (leaky-bucket delay mode). */
   readonly delayUs: number
-  /** Only when ok: the state recording the admission, and how long (µs) it matters: the TTL the Lua twin sets on its key (the in-process store keeps none, see createMemoryStore). */
-  commit(): { readonly state: AlgorithmState, readonly ttlUs: number }
+  /** Only when ok: the state recording the admission. */
+  commit(): AlgorithmState
 }
 
 export interface AlgorithmTwin {
@@ -48,7 +48,7 @@ export function admitted (
   remaining: number,
   resetUs: number,
   delayUs: number,
-  commit: () => { readonly state: AlgorithmState, readonly ttlUs: number }
+  commit: () => AlgorithmState
 ): Evaluation {
   return { ok: true, remaining, retryUs: 0, resetUs, delayUs, commit }
 }

@@ -103,7 +103,7 @@ export const calendarQuota: AlgorithmTwin = {
     const toEnd = ((period === start ? end : localPeriod(spec.windowMs, period).end) - offsetS) * 1_000_000 - now
     if (cost <= spec.limit && count + cost <= spec.limit) {
       return admitted(spec.limit - count - cost, toEnd, 0,
-        () => ({ state: { kind: 'calendar-quota', period, count: count + cost }, ttlUs: toEnd }))
+        () => ({ kind: 'calendar-quota', period, count: count + cost }))
     }
     return rejected(Math.max(0, spec.limit - count), cost > spec.limit ? -1 : toEnd, count > 0 ? toEnd : 0)
   }

@@ -14,7 +14,7 @@ export const fixedWindow: AlgorithmTwin = {
     const toEnd = (k + 1) * windowUs - now
     if (cost <= spec.limit && count + cost <= spec.limit) {
       return admitted(spec.limit - count - cost, toEnd, 0,
-        () => ({ state: { kind: 'fixed-window', window: k, count: count + cost }, ttlUs: toEnd }))
+        () => ({ kind: 'fixed-window', window: k, count: count + cost }))
     }
     const reset = count > 0 ? toEnd : 0
     return rejected(Math.max(0, spec.limit - count), cost > spec.limit ? -1 : toEnd, reset)

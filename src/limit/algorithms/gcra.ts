@@ -17,6 +17,6 @@ export const gcra: AlgorithmTwin = {
     const next = tat + cost * t
     if (next - now > tau) return rejected(available, next - tau - now, held)
     return admitted(Math.floor((tau - (next - now)) / t), next - now, 0,
-      () => ({ state: { kind: 'gcra', tat: next }, ttlUs: next - now }))
+      () => ({ kind: 'gcra', tat: next }))
   }
 }

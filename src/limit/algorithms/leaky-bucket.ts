@@ -36,6 +36,6 @@ export const leakyBucket: AlgorithmTwin = {
     const after = water + need
     const resetUs = lead + Math.ceil(after / perUs)
     return admitted(Math.floor((cap - after) / perToken), resetUs, delay,
-      () => ({ state: { kind: 'leaky-bucket', water: after, ts }, ttlUs: resetUs }))
+      () => ({ kind: 'leaky-bucket', water: after, ts }))
   }
 }

@@ -7,15 +7,13 @@ import { admitted, rejected, type AlgorithmTwin } from './algorithm.js'
 /** What an admitted lease reports as remaining: never the tightest limit (see lua/lease.lua). */
 export const LEASE_UNBOUNDED = 2 ** 50
 const RETRY_US = 1_000_000
-/** Unused by the memory store, which keeps lease counts without a TTL until released to 0. */
-const LEASE_STATE_TTL_US = 2 ** 40
 
 export const lease: AlgorithmTwin = {
   name: 'lease',
   check (state, spec, cost) {
     const held = state?.kind === 'lease' ? state.held : 0
     if (held + cost <= spec.limit) {
-      return admitted(LEASE_UNBOUNDED, 0, 0, () => ({ state: { kind: 'lease', held: held + cost }, ttlUs: LEASE_STATE_TTL_US }))
+      return admitted(LEASE_UNBOUNDED, 0, 0, () => ({ kind: 'lease', held: held + cost }))
     }
     return rejected(Math.max(0, spec.limit - held), RETRY_US, RETRY_US)
   }

@@ -29,7 +29,7 @@ export const slidingWindowLog: AlgorithmTwin = {
         const sorted = entries.length === 0 || (entries[entries.length - 1] as number) <= now
         for (let u = 0; u < cost; u++) entries.push(now)
         if (!sorted) entries.sort((a, b) => a - b)
-        return { state: { kind: 'sliding-window-log', entries }, ttlUs: windowUs }
+        return { kind: 'sliding-window-log', entries }
       })
     }
     const remaining = Math.max(0, spec.limit - count)

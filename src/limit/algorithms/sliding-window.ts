@@ -45,7 +45,7 @@ export const slidingWindow: AlgorithmTwin = {
     if (cost <= spec.limit && (current + cost) * wm <= budget) {
       const after = current + cost
       return admitted(Math.max(0, Math.floor((budget - after * wm) / wm)), resetUs(spec, now, k, after, previous), 0,
-        () => ({ state: { kind: 'sliding-window', window: k, current: after, previous }, ttlUs: (k + 2) * windowUs - now }))
+        () => ({ kind: 'sliding-window', window: k, current: after, previous }))
     }
     const remaining = Math.max(0, Math.floor((budget - current * wm) / wm))
     const reset = resetUs(spec, now, k, current, previous)

@@ -36,6 +36,6 @@ export const tokenBucket: AlgorithmTwin = {
     const left = tokens - need
     const resetUs = lead + Math.ceil((cap - left) / perUs)
     return admitted(Math.floor(left / perToken), resetUs, 0,
-      () => ({ state: { kind: 'token-bucket', tokens: left, ts }, ttlUs: resetUs }))
+      () => ({ kind: 'token-bucket', tokens: left, ts }))
   }
 }
