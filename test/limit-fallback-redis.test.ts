@@ -1,8 +1,8 @@
 // Issue 8 against a real redis-server: the fallback starts from what Redis last said was left
 // and writes what it admitted back (a debt); a clock stepping back keeps the later window; a
 // refund re-sent by ioredis Cluster is applied once; the heartbeat's count and
-// redis.expectedInstances floor the divisor.
-import t from 'tap'
+// redis.expectedInstances floor the divisor; a write-back that fails is retried, unless its window passed.
+import t, { type Test } from 'tap'
 import { startRedis } from './helpers/redis.js'
 import { createRedisStore } from '../src/limit/redis-store.js'
 import { createMemoryStore } from '../src/limit/memory-store.js'
@@ -79,6 +79,144 @@ t.test('a partition: the fallback starts from Redis\'s remaining and its admissi
     t.equal(debtError, null)
     t.equal(admitted, 20, `${algorithm} (${levels.join(",")}): 15 + 2 (fallback) + 3 after recovery = the limit exactly (without the debt: 22)`)
   }
+})
+
+/** Polls `ok` every 20 ms; fails the test after `ms`. */
+async function eventually (t: Test, ok: () => boolean, what: string, ms = 10_000): Promise<void> {
+  const deadline = Date.now() + ms
+  while (!ok()) {
+    if (Date.now() > deadline) {
+      t.fail(`timed out waiting for ${what}`)
+      return
+    }
+    await sleep(20)
+  }
+}
+
+/**
+ * A guard as src/runtime-resources.ts wires it (a PING probe on a timer, a probe at once when the
+ * client is ready), on a client of its own, with what it reports of its debts.
+ */
+async function guardedClient (t: Test, instances: number, fallbackMaxKeys = 100): Promise<{ client: ReturnType<typeof createRedisClient>, guard: RedisGuard, debtErrors: string[], dropped: number[] }> {
+  const client = createRedisClient({ url: redis.url })
+  await whenReady(client)
+  const debtErrors: string[] = []
+  const dropped: number[] = []
+  const guard = new RedisGuard({
+    store: createRedisStore({ client }),
+    fallbackMaxKeys,
+    timeoutMs: 2000,
+    instances: () => instances,
+    telemetry: NOOP_TELEMETRY,
+    onStateChange: () => {},
+    ping: async () => await client.ping(),
+    onDebtError: (err) => { debtErrors.push((err as Error).message) },
+    onDebtDropped: (keys) => { dropped.push(keys) }
+  })
+  client.on('ready', () => guard.probeNow())
+  t.teardown(() => {
+    guard.close()
+    client.disconnect()
+  })
+  return { client, guard, debtErrors, dropped }
+}
+
+/** Cuts this client off (nothing it sends reaches Redis); Redis keeps its data. */
+async function partition (client: ReturnType<typeof createRedisClient>): Promise<void> {
+  const ended = new Promise((resolve) => client.once('end', resolve))
+  client.disconnect(false)
+  await ended
+}
+
+// Redis refuses every write (maxmemory 1, noeviction) but answers PING: the breaker closes on the
+// probe, the outage ends, and its write-back fails.
+async function refuseWrites (t: Test): Promise<void> {
+  await plain.config('SET', 'maxmemory', '1')
+  t.teardown(async () => { await plain.config('SET', 'maxmemory', '0') })
+}
+
+t.test('a write-back that fails (Redis refuses writes right after it answers again) is kept and written with a later answer: the window admits exactly the limit', async t => {
+  // Not sliding-window-log: its charge trims the log first, and Redis lets a script that has
+  // written once (a trim frees memory, so maxmemory allows it) write on past maxmemory.
+  for (const algorithm of ['fixed-window', 'token-bucket', 'gcra'] as const) {
+    const { client, guard, debtErrors, dropped } = await guardedClient(t, 2)
+    const check = { key: `debt-retry-${algorithm}`, spec: spec(algorithm, 20, 600_000), cost: 1 }
+    await awayFromWindowEdge(600_000, 30_000)
+    let admitted = 0
+    const levels: string[] = []
+    const one = async (): Promise<void> => {
+      const g = await guard.decide([check], LOCAL, 'r')
+      if (g.decision.allowed) {
+        admitted++
+        levels.push(g.level)
+      }
+    }
+    for (let i = 0; i < 15; i++) await one()
+    await partition(client)
+    for (let i = 0; i < 10; i++) await one()
+    t.equal(levels.filter((l) => l === 'fallback').length, 2, `${algorithm}: the fallback admitted this instance's share of the 5 left`)
+    await refuseWrites(t)
+    await client.connect()
+    await eventually(t, () => debtErrors.length > 0, 'the failed write-back')
+    t.match(debtErrors[0], /OOM/, `${algorithm}: the write-back was refused`)
+    t.equal(guard.breaker, 'closed', `${algorithm}: back on Redis (the PING answered)`)
+    await plain.config('SET', 'maxmemory', '0')
+    // past the retry's back-off (250 ms after the failure), so the first answer retries it
+    await sleep(400)
+    for (let i = 0; i < 10; i++) {
+      await one()
+      await sleep(20)
+    }
+    t.equal(debtErrors.length, 1, `${algorithm}: one failed write-back, and its retry did not fail`)
+    t.same(dropped, [], `${algorithm}: nothing dropped`)
+    t.equal(admitted, 20, `${algorithm} (${levels.join(',')}): 15 + 2 (fallback) + 3 = the limit exactly (with the debt lost: 22)`)
+  }
+})
+
+t.test('a write-back is written in pieces, and only a piece that failed is retried: the pieces Redis took are not charged twice', async t => {
+  const { client, guard, debtErrors } = await guardedClient(t, 1, 1000)
+  const s = spec('fixed-window', 20, 600_000)
+  await awayFromWindowEdge(600_000, 60_000)
+  const keys = Array.from({ length: 300 }, (_, i) => `piece-${i}`)
+  await partition(client)
+  for (const key of keys) await guard.decide([{ key, spec: s, cost: 1 }], LOCAL, 'f')
+  // The second piece's first key holds a list: that piece (pieces hold 256 keys) fails with
+  // WRONGTYPE before it writes anything, the first piece lands.
+  await plain.rpush('piece-256', 'x')
+  await client.connect()
+  await eventually(t, () => debtErrors.length > 0, 'the failed piece')
+  t.match(debtErrors[0], /WRONGTYPE/, 'the second piece failed')
+  await plain.del('piece-256')
+  await sleep(400)
+  // any answer from Redis retries what is owed
+  await guard.decide([{ key: 'piece-trigger', spec: s, cost: 1 }], LOCAL, 'r')
+  const deadline = Date.now() + 10_000
+  while (await plain.hget('piece-299', 'c') === null && Date.now() < deadline) await sleep(20)
+  const counts = await Promise.all(keys.map(async (key) => await plain.hget(key, 'c')))
+  t.same(counts, keys.map(() => '1'), 'each of the 300 keys charged its debt of 1 once (retrying both pieces charged the first 256 twice)')
+  t.equal(debtErrors.length, 1, 'one failed write-back, and its retry did not fail')
+})
+
+t.test('a debt whose window passed before Redis took it is dropped, not charged to a later window', async t => {
+  const { client, guard, debtErrors, dropped } = await guardedClient(t, 1)
+  const windowMs = 2000
+  const check = { key: 'debt-expired', spec: spec('fixed-window', 20, windowMs), cost: 1 }
+  await partition(client)
+  let fallback = 0
+  for (let i = 0; i < 5; i++) if ((await guard.decide([check], LOCAL, 'f')).decision.allowed) fallback++
+  const lastFallback = Date.now()
+  t.equal(fallback, 5, 'the fallback admitted 5 (a debt of 5)')
+  await refuseWrites(t)
+  await client.connect()
+  await eventually(t, () => debtErrors.length > 0, 'the failed write-back')
+  await plain.config('SET', 'maxmemory', '0')
+  // a whole window after the debt's last unit, then a fresh window with room for 20 decisions
+  await sleep(Math.max(0, lastFallback + windowMs + 100 - Date.now()))
+  await awayFromWindowEdge(windowMs, 1500)
+  let admitted = 0
+  for (let i = 0; i < 25; i++) if ((await guard.decide([check], LOCAL, 'r')).decision.allowed) admitted++
+  t.same(dropped, [1], 'the expired debt was reported dropped')
+  t.equal(admitted, 20, 'a later window admits its whole limit (charged the stale debt: 15)')
 })
 
 t.test('regression item 5: the clock stepping back across a window boundary keeps the later window (fixed-window 5/s admitted 15)', async t => {

@@ -15,6 +15,7 @@ import { LRUCache } from 'lru-cache'
 import { MAX_EXACT } from './algorithms/index.js'
 import { createMemoryStore, type MemoryStore } from './memory-store.js'
 import { classifyRedisError } from './redis-client.js'
+import { ChargeError } from './redis-store.js'
 import type { LimitCheck, LimitDecision, LimitSpec, LimitStore, SharedDecision, SharedLevel } from './types.js'
 import type { OnError } from './plan.js'
 import type { Telemetry } from '../telemetry.js'
@@ -69,8 +70,13 @@ export interface RedisGuardOptions {
   readonly ping?: (node: string) => Promise<unknown>
   /** Tests only: the fallback store's clock in µs (default: monotonic). */
   readonly fallbackNowUs?: () => number
-  /** A debt that could not be written back (Redis failed again). */
+  /** A debt's write-back failed (Redis failed again): it is kept and written with a later answer. */
   readonly onDebtError?: (err: unknown, keys: number) => void
+  /**
+   * Debts dropped unwritten: their window passed before Redis took them (charged then, they would
+   * refuse requests of a later window), or more keys owed than `fallbackMaxKeys`.
+   */
+  readonly onDebtDropped?: (keys: number) => void
   readonly telemetry: Telemetry
   readonly onStateChange: (state: BreakerState, reason: string) => void
   /**
@@ -106,7 +112,12 @@ const DEBT_SETTLE_MS = 1000
 interface Debt {
   readonly spec: LimitSpec
   units: number
+  /** Date.now() of its last unit: a window later the debt describes no live budget. */
+  lastAt: number
 }
+
+/** How long a failed write-back waits before an answer from Redis may retry it (the breaker's base back-off). */
+const DEBT_RETRY_MS = 250
 
 /** One stretch of fallback decisions, from the first one to Redis answering again. */
 interface Outage {
@@ -152,6 +163,16 @@ export class RedisGuard implements SharedLevel {
   /** Each key's remaining as Redis last reported it: where the fallback starts from. */
   private readonly learned: LRUCache<string, Learned>
   private outage: Outage | null = null
+  /**
+   * Debts whose write-back failed (Redis failed again right after answering): written with a later
+   * answer, once every breaker is closed, until their window has passed. Without this, a Redis
+   * that flaps lets each outage's admissions go uncounted.
+   */
+  private readonly unpaid = new Map<string, Debt>()
+  /** Date.now() before which no retry of `unpaid` starts (a write-back failed just before). */
+  private unpaidRetryAt = 0
+  /** One retry of `unpaid` at a time. */
+  private unpaidInFlight = false
   private readonly maxKeys: number
   private readonly threshold: number
   /** Bound on each call; a reload that changes only `redis.timeout` updates it in place. */
@@ -312,6 +333,7 @@ export class RedisGuard implements SharedLevel {
       if (this.worst === 'closed' || this.recomputeWorst() === 'closed') this.endOutage()
       else this.settleKeys(this.outage, checks)
     }
+    if (this.unpaid.size > 0) this.retryUnpaid()
     endProbes(probes)
     return { decision, level: 'redis', unavailable: false, leaseId, share: 1 }
   }
@@ -501,9 +523,64 @@ export class RedisGuard implements SharedLevel {
         known.holdUntil = holdUntil
       }
     }
+    this.writeBack(owed, checks)
+  }
+
+  /** Charges `owed` to Redis; what fails is kept in `unpaid` for a later answer. */
+  private writeBack (owed: ReadonlyArray<readonly [string, Debt]>, checks: readonly LimitCheck[], retry = false): void {
     const charge = this.options.store.charge
     if (charge === undefined) return
-    charge.call(this.options.store, checks).catch((err: unknown) => this.options.onDebtError?.(err, checks.length))
+    if (retry) this.unpaidInFlight = true
+    const done = (): void => { if (retry) this.unpaidInFlight = false }
+    // A throw of the store is a failure like a rejection: the debt is kept either way.
+    new Promise<void>((resolve) => { resolve(charge.call(this.options.store, checks)) }).then(done, (err: unknown) => {
+      done()
+      this.unpaidRetryAt = Date.now() + DEBT_RETRY_MS
+      // Only the pieces that failed are kept: a piece that landed would be charged twice. A piece
+      // that failed part-way (a script error after some keys: Redis keeps the writes before it),
+      // or whose reply was lost, is charged again whole: under-admission, never over.
+      const unwritten = err instanceof ChargeError ? new Set(err.unwritten.map(c => c.key)) : null
+      let dropped = 0
+      let kept = 0
+      for (const [key, debt] of owed) {
+        if (unwritten !== null && !unwritten.has(key)) continue
+        kept++
+        const waiting = this.unpaid.get(key)
+        if (waiting !== undefined && waiting.spec === debt.spec) {
+          waiting.units += debt.units
+          waiting.lastAt = Math.max(waiting.lastAt, debt.lastAt)
+        } else if (waiting !== undefined || this.unpaid.size < this.maxKeys) {
+          this.unpaid.set(key, { spec: debt.spec, units: debt.units, lastAt: debt.lastAt })
+        } else {
+          dropped++
+        }
+      }
+      this.options.onDebtError?.(err instanceof ChargeError ? err.reason : err, kept)
+      if (dropped > 0) this.options.onDebtDropped?.(dropped)
+    })
+  }
+
+  // Called with each answer from Redis while debts wait: one retry in flight at a time, none while
+  // a breaker is open (its node would fail it again) and none within DEBT_RETRY_MS of a failure.
+  private retryUnpaid (): void {
+    if (this.unpaidInFlight || this.worst !== 'closed') return
+    const now = Date.now()
+    if (now < this.unpaidRetryAt) return
+    const owed: Array<[string, Debt]> = []
+    const checks: LimitCheck[] = []
+    let expired = 0
+    for (const [key, debt] of this.unpaid) {
+      // Past its window the budget it was owed to has renewed: charged, it would refuse requests of
+      // a later window. Kept until then even when part of it is older (under-admitting, never over).
+      if (now - debt.lastAt >= debt.spec.windowMs) expired++
+      else {
+        owed.push([key, debt])
+        checks.push({ key, spec: debt.spec, cost: debt.units })
+      }
+    }
+    this.unpaid.clear()
+    if (expired > 0) this.options.onDebtDropped?.(expired)
+    if (owed.length > 0) this.writeBack(owed, checks, true)
   }
 
   private fallback (checks: readonly LimitCheck[], limits: readonly { readonly onError: OnError }[], requestId: string): GuardedDecision {
@@ -555,6 +632,7 @@ export class RedisGuard implements SharedLevel {
       this.fallbackStore.forget(key)
       this.learned.delete(key)
       this.outage?.debt.delete(key)
+      this.unpaid.delete(key)
     }
   }
 
@@ -576,8 +654,10 @@ export class RedisGuard implements SharedLevel {
   private owe (outage: Outage, check: LimitCheck): void {
     if (check.spec.algorithm === 'lease') return
     const debt = outage.debt.get(check.key)
-    if (debt !== undefined && debt.spec === check.spec) debt.units += check.cost
-    else if (outage.debt.size < this.maxKeys) outage.debt.set(check.key, { spec: check.spec, units: check.cost })
+    if (debt !== undefined && debt.spec === check.spec) {
+      debt.units += check.cost
+      debt.lastAt = Date.now()
+    } else if (outage.debt.size < this.maxKeys) outage.debt.set(check.key, { spec: check.spec, units: check.cost, lastAt: Date.now() })
   }
 }
 

@@ -63,7 +63,8 @@ export interface RedisStore extends LimitStore {
   decideDetailed(checks: readonly LimitCheck[], requestId: string): Promise<DetailedDecision>
   /**
    * Records units admitted elsewhere (each check's cost = the units), even beyond the limit:
-   * the `onError: local` fallback's debt, written back once Redis answers again.
+   * the `onError: local` fallback's debt, written back once Redis answers again. Written in
+   * pieces; a piece that fails rejects the whole with a ChargeError naming its checks.
    */
   charge(checks: readonly LimitCheck[]): Promise<void>
   /**
@@ -104,6 +105,13 @@ function slotTag (slot: number): string {
 
 /** Most keys per charge call: a long outage's debt is written in bounded pieces. */
 const CHARGE_BATCH = 256
+
+/** A charge whose pieces did not all land: `unwritten` are the checks of the pieces that failed. */
+export class ChargeError extends Error {
+  constructor (readonly unwritten: readonly LimitCheck[], readonly reason: unknown) {
+    super(reason instanceof Error ? reason.message : String(reason))
+  }
+}
 
 interface Group {
   /** Indexes into the request's checks, ascending. */
@@ -242,8 +250,15 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
       }
       const settled = await Promise.allSettled(batches.map((batch) =>
         commands.gatewayLimitCharge(batch.length, ...batch.map((c) => keyPrefix + c.key), ...chargeArgs(batch, callId('debt'), now))))
-      const failed = settled.find((s) => s.status === 'rejected')
-      if (failed !== undefined) throw failed.reason
+      const unwritten: LimitCheck[] = []
+      let reason: unknown = null
+      for (let i = 0; i < settled.length; i++) {
+        const s = settled[i] as PromiseSettledResult<unknown>
+        if (s.status === 'fulfilled') continue
+        reason ??= s.reason
+        for (const c of batches[i] as LimitCheck[]) unwritten.push(c)
+      }
+      if (unwritten.length > 0) throw new ChargeError(unwritten, reason)
     },
     carryReleases (take) {
       if (batched === null) return false
