@@ -1,6 +1,6 @@
 // The local level and the deny cache on their own: what they decide, and that reading a lapsed deny
 // never deletes the last entry held (lru-cache clears all its maxKeys-long arrays when the last key
-// held is deleted, a stall on that request; see deleteUnlessLast in src/limit/lru-delete.ts).
+// held is deleted, a stall on that request; see deleteUnlessLast in src/limit/lru.ts).
 import t from 'tap'
 import { DenyCache, LocalLevel } from '../src/limit/local-level.js'
 

@@ -1,7 +1,7 @@
 // Level 1 of the limiter: in process, no I/O. It sheds floods before they cost a Redis call.
 // It can only reject: whatever it lets through still has to pass the shared level.
 import { LRUCache } from 'lru-cache'
-import { deleteUnlessLast } from './lru-delete.js'
+import { LRU_CALL, deleteUnlessLast } from './lru.js'
 
 /**
  * A token bucket refilled continuously: `rate` tokens per ms up to `capacity`.
@@ -56,10 +56,10 @@ export class LocalLevel {
 
   /** 0 = pass on to the shared level; otherwise the ms after which this client may retry. */
   take (clientKey: string, nowMs: number): number {
-    let bucket = this.buckets.get(clientKey)
+    let bucket = this.buckets.get(clientKey, LRU_CALL)
     if (bucket === undefined) {
       bucket = new TokenBucket(this.options.burst, nowMs)
-      this.buckets.set(clientKey, bucket)
+      this.buckets.set(clientKey, bucket, LRU_CALL)
     }
     return bucket.take(1, this.options.burst, this.ratePerMs, nowMs)
   }
@@ -87,7 +87,7 @@ export class DenyCache {
 
   /** ms left on the deny for this key, or 0. */
   remaining (key: string, nowMs: number): number {
-    const until = this.until.get(key)
+    const until = this.until.get(key, LRU_CALL)
     if (until === undefined) return 0
     if (until > nowMs) return until - nowMs
     // Lapsed: deleted, leaving its slot to live denies; the last entry held stays, answering 0
@@ -97,7 +97,7 @@ export class DenyCache {
   }
 
   add (key: string, untilMs: number): void {
-    this.until.set(key, untilMs)
+    this.until.set(key, untilMs, LRU_CALL)
   }
 
   /** Lifts a deny (admin reset). */

@@ -1,6 +1,6 @@
 import { LRUCache } from 'lru-cache'
 import { ALGORITHMS, assertDecidable, msUp, type AlgorithmState, type Evaluation } from './algorithms/index.js'
-import { deleteUnlessLast } from './lru-delete.js'
+import { LRU_CALL, deleteUnlessLast } from './lru.js'
 import { NO_CHECKS, longer, type LimitCheck, type LimitDecision, type LimitStore, type PeekResult, type SharedDecision, type SharedLevel } from './types.js'
 
 // The in-process store: the TypeScript twins of lua/*.lua over a bounded LRU. It decides
@@ -100,8 +100,8 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
   // (its key starts over with a whole budget), hence maxKeys must be sized.
   const cache = new LRUCache<string, AlgorithmState>({ max: maxKeys })
   const map: LimitStateMap = {
-    get: (key) => cache.get(key),
-    set: (key, state) => { cache.set(key, state) }
+    get: (key) => cache.get(key, LRU_CALL),
+    set: (key, state) => { cache.set(key, state, LRU_CALL) }
   }
   return {
     kind: 'memory',
@@ -126,12 +126,12 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
       })
     },
     release (key, units) {
-      const state = cache.get(key)
+      const state = cache.get(key, LRU_CALL)
       if (state?.kind !== 'lease') return
-      if (state.held > units) cache.set(key, { kind: 'lease', held: state.held - units })
+      if (state.held > units) cache.set(key, { kind: 'lease', held: state.held - units }, LRU_CALL)
       // Deleted at zero, leaving its slot to other clients' state; the last key held stays as zero
       // held, which decides like a missing key.
-      else if (!deleteUnlessLast(cache, key)) cache.set(key, NO_LEASE)
+      else if (!deleteUnlessLast(cache, key)) cache.set(key, NO_LEASE, LRU_CALL)
     },
     async close () { cache.clear() }
   }

@@ -1,0 +1,158 @@
+// Bytes of JavaScript heap allocated per request, by V8's sampling heap profiler: like
+// bench/instructions.js, a figure the machine's load does not move, for what drives the young
+// generation's scavenges (their pauses are 2-4% of a request's CPU here: bench/README.md,
+// thirteenth session).
+//
+//   node bench/alloc.js [--contenders b,c,d,e,f] [--warm 20000] [--requests 20000] [--repeat 2]
+//                       [--top 12] [--dist dist] [--json FILE]
+//
+// Each contender runs at full speed with bench/lib/alloc-sampler.js preloaded: `--warm` requests
+// (50 keep-alive connections) first, then sampling on for `--requests` requests (SIGUSR2 on and
+// off). Contenders: b the bare undici proxy (bench/bare-proxy.js), c/d/e/f the gateway configs of
+// `npm run bench` (e with a redis-server of its own). Prints bytes per request against the bare
+// proxy's and, per contender, the `--top` allocating functions of the gateway's own code
+// (dist/, its node_modules/ but undici) in bytes per request.
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join, resolve } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { parseArgs } from 'node:util'
+import { answers200, freePort, killAllSync, sleep, startProcess, stopAll, stopProcess } from './lib/processes.js'
+import { fmt, spread } from './lib/summary.js'
+import { runLoad } from './lib/load.js'
+import { renderConfig } from './lib/configs.js'
+import { startRedis } from './lib/redis-server.js'
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url))
+const BENCH = join(ROOT, 'bench')
+const SAMPLER = join(BENCH, 'lib', 'alloc-sampler.js')
+
+const { values: flags } = parseArgs({
+  options: {
+    contenders: { type: 'string', default: 'b,c,d,e,f' },
+    warm: { type: 'string', default: '20000' },
+    requests: { type: 'string', default: '20000' },
+    repeat: { type: 'string', default: '2' },
+    top: { type: 'string', default: '12' },
+    dist: { type: 'string', default: 'dist' },
+    json: { type: 'string' }
+  }
+})
+const settings = {
+  contenders: (flags.contenders ?? '').split(',').filter(Boolean),
+  warm: Number(flags.warm),
+  requests: Number(flags.requests),
+  repeat: Number(flags.repeat),
+  top: Number(flags.top),
+  dist: resolve(ROOT, flags.dist ?? 'dist')
+}
+
+/** @type {Record<string, string>} */
+const CONFIGS = { c: 'gateway-no-limits.yaml', d: 'gateway-local.yaml', e: 'gateway-shared-redis.yaml', f: 'gateway-shared-memory.yaml' }
+
+/**
+ * @param {number} port
+ * @param {number} n
+ */
+async function load (port, n) {
+  const r = await runLoad({ url: `http://127.0.0.1:${port}`, connections: 50, durationS: 900, amount: n, requests: [{ path: '/api/items/42', headers: { 'x-user-id': 'user-1' } }] })
+  if (r.non2xx + r.errors + r.timeouts > 0) throw new Error(`port ${port}: ${r.non2xx} non-2xx, ${r.errors} errors, ${r.timeouts} timeouts of ${r.requests}`)
+  return r.requests
+}
+
+/**
+ * One contender: warm up, sample `requests`, stop.
+ * @param {string} id
+ * @param {{ dir: string, upstreamOrigin: string, redisUrl: string | null }} env
+ * @returns {Promise<{ perRequest: number, sites: Record<string, number> }>}
+ */
+async function measure (id, env) {
+  const port = await freePort()
+  const out = join(env.dir, `${id}.alloc.json`)
+  rmSync(out, { force: true })
+  let args
+  let ready
+  if (id === 'b') {
+    args = [join(BENCH, 'bare-proxy.js'), String(port), env.upstreamOrigin]
+    ready = () => answers200(`http://127.0.0.1:${port}/`)
+  } else {
+    const adminPort = await freePort()
+    const file = join(env.dir, `${id}.yaml`)
+    writeFileSync(file, renderConfig(/** @type {string} */ (CONFIGS[id]), { GATEWAY_PORT: String(port), ADMIN_PORT: String(adminPort), UPSTREAM_ORIGIN: env.upstreamOrigin, ...(env.redisUrl === null ? {} : { REDIS_URL: env.redisUrl }) }))
+    const runner = `const { main } = await import(${JSON.stringify(join(settings.dist, 'cli.js'))}); process.exitCode = await main(process.argv.slice(1))`
+    args = ['--input-type=module', '-e', runner, 'start', '-c', file]
+    ready = () => answers200(`http://127.0.0.1:${adminPort}/readyz`)
+  }
+  const child = await startProcess(id, process.execPath, ['--import', SAMPLER, ...args], { env: { ...process.env, NODE_ENV: 'production', ALLOC_SAMPLER_OUT: out }, drainStdout: true, ready })
+  try {
+    await load(port, settings.warm)
+    child.proc.kill('SIGUSR2')
+    const counted = await load(port, settings.requests)
+    child.proc.kill('SIGUSR2')
+    /** @type {{ intervalBytes: number, samples: number, sites: Record<string, number> } | null} */
+    let profile = null
+    for (let i = 0; i < 100 && profile === null; i++) {
+      await sleep(100)
+      try { profile = JSON.parse(readFileSync(out, 'utf8')) } catch { profile = null }
+    }
+    if (profile === null) throw new Error(`${id}: the sampler wrote no profile\n${child.output()}`)
+    const scale = profile.intervalBytes / counted
+    /** @type {Record<string, number>} */
+    const sites = {}
+    for (const [name, n] of Object.entries(profile.sites)) sites[name] = n * scale
+    return { perRequest: profile.samples * scale, sites }
+  } finally {
+    await stopProcess(child)
+  }
+}
+
+/** The gateway's own code: its dist/ and the libraries it calls, but not node: or undici. */
+const OWN = /(^|[ /])dist\/|node_modules\/(?!undici\/)/
+
+async function main () {
+  const dir = mkdtempSync(join(tmpdir(), 'gw-alloc-'))
+  process.on('exit', () => { killAllSync(); rmSync(dir, { recursive: true, force: true }) })
+  const upstreamPort = await freePort()
+  await startProcess('upstream', process.execPath, [join(BENCH, 'upstream.js'), String(upstreamPort)], { ready: () => answers200(`http://127.0.0.1:${upstreamPort}/`) })
+  const redis = settings.contenders.includes('e') ? await startRedis(dir) : null
+  const env = { dir, upstreamOrigin: `http://127.0.0.1:${upstreamPort}`, redisUrl: redis?.url ?? null }
+  for (const id of settings.contenders) if (id !== 'b' && !(id in CONFIGS)) throw new Error(`unknown contender ${id} (b, c, d, e or f)`)
+  /** @type {Map<string, { runs: number[], sites: Record<string, number>[] }>} */
+  const rows = new Map(settings.contenders.map((id) => [id, { runs: [], sites: [] }]))
+  console.log(`bytes allocated per request: ${settings.warm} warm-up requests, ${settings.requests} sampled, ${settings.repeat} repeats (${settings.dist})`)
+  for (let r = 0; r < settings.repeat; r++) {
+    for (const id of r % 2 === 0 ? settings.contenders : [...settings.contenders].reverse()) {
+      const m = await measure(id, env)
+      const row = /** @type {{ runs: number[], sites: Record<string, number>[] }} */ (rows.get(id))
+      row.runs.push(m.perRequest)
+      row.sites.push(m.sites)
+      console.log(`  ${id}: ${fmt(m.perRequest)} bytes per request`)
+    }
+  }
+  const bare = rows.get('b')
+  console.log('\ncontender | bytes per request (median [min-max]) | - bare proxy (median of paired repeats)')
+  const report = [...rows].map(([id, row]) => {
+    const s = spread(row.runs)
+    const over = bare === undefined || id === 'b' ? null : spread(row.runs.map((x, i) => x - /** @type {number} */ (bare.runs[i])))
+    console.log(`${id} | ${fmt(s?.median)} [${fmt(s?.min)}-${fmt(s?.max)}] | ${over === null ? '-' : fmt(over.median)}`)
+    /** @type {Record<string, number>} */
+    const mean = {}
+    for (const sites of row.sites) for (const [name, b] of Object.entries(sites)) mean[name] = (mean[name] ?? 0) + b / row.sites.length
+    const top = Object.entries(mean).filter(([name]) => OWN.test(name)).sort((a, b) => b[1] - a[1]).slice(0, settings.top)
+    return { contender: id, runs: row.runs, perRequest: s, overBare: over, top: top.map(([name, b]) => ({ site: name, bytes: Math.round(b) })) }
+  })
+  for (const r of report) {
+    if (r.top.length === 0) continue
+    console.log(`\n${r.contender}: the gateway's own allocating functions, bytes per request (mean of repeats)`)
+    for (const t of r.top) console.log(`  ${String(t.bytes).padStart(6)}  ${t.site}`)
+  }
+  if (flags.json !== undefined) writeFileSync(flags.json, JSON.stringify({ date: new Date().toISOString(), settings, report }, null, 2))
+  redis?.client.disconnect()
+  await stopAll()
+}
+
+main().catch(async (err) => {
+  console.error(err)
+  await stopAll()
+  process.exitCode = 1
+})
