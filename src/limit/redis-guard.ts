@@ -16,6 +16,7 @@ import { MAX_EXACT } from './algorithms/index.js'
 import { createMemoryStore, type MemoryStore } from './memory-store.js'
 import { classifyRedisError } from './redis-client.js'
 import { ChargeError } from './redis-store.js'
+import { LRU_CALL } from './lru.js'
 import type { LimitCheck, LimitDecision, LimitSpec, LimitStore, SharedDecision, SharedLevel } from './types.js'
 import type { OnError } from './plan.js'
 import type { Telemetry } from '../telemetry.js'
@@ -468,9 +469,9 @@ export class RedisGuard implements SharedLevel {
       const check = checks[i] as LimitCheck
       // a lease's fallback never starts from Redis's count (see seed)
       if (check.spec.algorithm === 'lease') continue
-      const known = this.learned.get(check.key)
+      const known = this.learned.get(check.key, LRU_CALL)
       if (known === undefined || known.spec !== check.spec) {
-        this.learned.set(check.key, { spec: check.spec, remaining, atMs, holdUntil: 0 })
+        this.learned.set(check.key, { spec: check.spec, remaining, atMs, holdUntil: 0 }, LRU_CALL)
         continue
       }
       // updated in place: the get above already made it the most recent entry, and a set per
