@@ -18,9 +18,8 @@ import { join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 import { answers200, freePort, killAllSync, sleep, startProcess, stopAll, stopProcess } from './lib/processes.js'
+import { GATEWAY_CONFIGS, contenderCommand, loadCounted } from './lib/contenders.js'
 import { fmt, spread } from './lib/summary.js'
-import { runLoad } from './lib/load.js'
-import { renderConfig } from './lib/configs.js'
 import { startRedis } from './lib/redis-server.js'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
@@ -47,19 +46,6 @@ const settings = {
   dist: resolve(ROOT, flags.dist ?? 'dist')
 }
 
-/** @type {Record<string, string>} */
-const CONFIGS = { c: 'gateway-no-limits.yaml', d: 'gateway-local.yaml', e: 'gateway-shared-redis.yaml', f: 'gateway-shared-memory.yaml' }
-
-/**
- * @param {number} port
- * @param {number} n
- */
-async function load (port, n) {
-  const r = await runLoad({ url: `http://127.0.0.1:${port}`, connections: 50, durationS: 900, amount: n, requests: [{ path: '/api/items/42', headers: { 'x-user-id': 'user-1' } }] })
-  if (r.non2xx + r.errors + r.timeouts > 0) throw new Error(`port ${port}: ${r.non2xx} non-2xx, ${r.errors} errors, ${r.timeouts} timeouts of ${r.requests}`)
-  return r.requests
-}
-
 /**
  * One contender: warm up, sample `requests`, stop.
  * @param {string} id
@@ -67,27 +53,14 @@ async function load (port, n) {
  * @returns {Promise<{ perRequest: number, sites: Record<string, number> }>}
  */
 async function measure (id, env) {
-  const port = await freePort()
   const out = join(env.dir, `${id}.alloc.json`)
   rmSync(out, { force: true })
-  let args
-  let ready
-  if (id === 'b') {
-    args = [join(BENCH, 'bare-proxy.js'), String(port), env.upstreamOrigin]
-    ready = () => answers200(`http://127.0.0.1:${port}/`)
-  } else {
-    const adminPort = await freePort()
-    const file = join(env.dir, `${id}.yaml`)
-    writeFileSync(file, renderConfig(/** @type {string} */ (CONFIGS[id]), { GATEWAY_PORT: String(port), ADMIN_PORT: String(adminPort), UPSTREAM_ORIGIN: env.upstreamOrigin, ...(env.redisUrl === null ? {} : { REDIS_URL: env.redisUrl }) }))
-    const runner = `const { main } = await import(${JSON.stringify(join(settings.dist, 'cli.js'))}); process.exitCode = await main(process.argv.slice(1))`
-    args = ['--input-type=module', '-e', runner, 'start', '-c', file]
-    ready = () => answers200(`http://127.0.0.1:${adminPort}/readyz`)
-  }
+  const { port, args, ready } = await contenderCommand(id, { dist: settings.dist, dir: env.dir, upstreamOrigin: env.upstreamOrigin, redisUrl: env.redisUrl })
   const child = await startProcess(id, process.execPath, ['--import', SAMPLER, ...args], { env: { ...process.env, NODE_ENV: 'production', ALLOC_SAMPLER_OUT: out }, drainStdout: true, ready })
   try {
-    await load(port, settings.warm)
+    await loadCounted(port, settings.warm)
     child.proc.kill('SIGUSR2')
-    const counted = await load(port, settings.requests)
+    const counted = await loadCounted(port, settings.requests)
     child.proc.kill('SIGUSR2')
     /** @type {{ intervalBytes: number, samples: number, sites: Record<string, number> } | null} */
     let profile = null
@@ -116,7 +89,7 @@ async function main () {
   await startProcess('upstream', process.execPath, [join(BENCH, 'upstream.js'), String(upstreamPort)], { ready: () => answers200(`http://127.0.0.1:${upstreamPort}/`) })
   const redis = settings.contenders.includes('e') ? await startRedis(dir) : null
   const env = { dir, upstreamOrigin: `http://127.0.0.1:${upstreamPort}`, redisUrl: redis?.url ?? null }
-  for (const id of settings.contenders) if (id !== 'b' && !(id in CONFIGS)) throw new Error(`unknown contender ${id} (b, c, d, e or f)`)
+  for (const id of settings.contenders) if (id !== 'b' && !(id in GATEWAY_CONFIGS)) throw new Error(`unknown contender ${id} (b, c, d, e or f)`)
   /** @type {Map<string, { runs: number[], sites: Record<string, number>[] }>} */
   const rows = new Map(settings.contenders.map((id) => [id, { runs: [], sites: [] }]))
   console.log(`bytes allocated per request: ${settings.warm} warm-up requests, ${settings.requests} sampled, ${settings.repeat} repeats (${settings.dist})`)

@@ -32,9 +32,8 @@ import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 import { Redis } from 'ioredis'
 import { answers200, freePort, killAllSync, startProcess, stopAll, stopProcess } from './lib/processes.js'
+import { GATEWAY_CONFIGS, contenderCommand, loadCounted } from './lib/contenders.js'
 import { fmt, spread } from './lib/summary.js'
-import { runLoad } from './lib/load.js'
-import { renderConfig } from './lib/configs.js'
 import { startRedis } from './lib/redis-server.js'
 import { checksByClient, loadStores, scenarios } from './lib/limit-stores.js'
 
@@ -59,12 +58,10 @@ const settings = {
   dists: (flags.dist ?? 'dist').split(',').filter(Boolean).map((d) => resolve(ROOT, d))
 }
 
-/** @type {Record<string, string>} */
-const CONFIGS = { c: 'gateway-no-limits.yaml', d: 'gateway-local.yaml', f: 'gateway-shared-memory.yaml', l: 'gateway-shared-memory.yaml' }
 // l is (f) with the access log on (`log.level: info`), its stdout read by a `cat` of its own:
 // l - f is the access line's cost in instructions, free of the rate effects that blur it in
 // `npm run bench`, where (i) runs slower than (e) because the log's reader takes CPU.
-const LOG_ON = new Set(['l'])
+const GATEWAYS = new Set(['c', 'd', 'f', 'l'])
 
 function requireValgrind () {
   for (const tool of ['valgrind', 'callgrind_control']) {
@@ -75,18 +72,6 @@ function requireValgrind () {
       process.exit(2)
     }
   }
-}
-
-/**
- * `n` requests over 50 keep-alive connections (autocannon, as in `npm run bench`); throws unless
- * every one was answered 200. Returns the responses counted.
- * @param {number} port
- * @param {number} n
- */
-async function load (port, n) {
-  const r = await runLoad({ url: `http://127.0.0.1:${port}`, connections: 50, durationS: 900, amount: n, requests: [{ path: '/api/items/42', headers: { 'x-user-id': 'user-1' } }] })
-  if (r.non2xx + r.errors + r.timeouts > 0) throw new Error(`port ${port}: ${r.non2xx} non-2xx, ${r.errors} errors, ${r.timeouts} timeouts of ${r.requests}`)
-  return r.requests
 }
 
 /**
@@ -106,29 +91,12 @@ function countedInstructions (dir, pid) {
 
 /**
  * One contender under callgrind: warm up uninstrumented, count `requests`, stop.
- * @param {string} id  b, c, d or f
+ * @param {string} id  b, c, d, f or l
  * @param {string} dist
  * @param {{ dir: string, upstreamOrigin: string }} env
  */
 async function measure (id, dist, env) {
-  const port = await freePort()
-  let args
-  let ready
-  if (id === 'b') {
-    args = [join(BENCH, 'bare-proxy.js'), String(port), env.upstreamOrigin]
-    ready = () => answers200(`http://127.0.0.1:${port}/`)
-  } else {
-    const adminPort = await freePort()
-    const text = renderConfig(/** @type {string} */ (CONFIGS[id]), { GATEWAY_PORT: String(port), ADMIN_PORT: String(adminPort), UPSTREAM_ORIGIN: env.upstreamOrigin })
-    const file = join(env.dir, `${id}.yaml`)
-    const logged = text.replace(/^log: \{ level: warn \}$/m, 'log: { level: info }')
-    if (LOG_ON.has(id) && logged === text) throw new Error(`${CONFIGS[id]}: no "log: { level: warn }" line to turn the access log on`)
-    writeFileSync(file, LOG_ON.has(id) ? logged : text)
-    // the CLI of the given build, not bin/gateway's (which always loads ./dist)
-    const runner = `const { main } = await import(${JSON.stringify(join(dist, 'cli.js'))}); process.exitCode = await main(process.argv.slice(1))`
-    args = ['--input-type=module', '-e', runner, 'start', '-c', file]
-    ready = () => answers200(`http://127.0.0.1:${adminPort}/readyz`)
-  }
+  const { port, args, ready } = await contenderCommand(id, { dist, dir: env.dir, upstreamOrigin: env.upstreamOrigin, ...(id === 'l' ? { config: GATEWAY_CONFIGS.f, logOn: true } : {}) })
   const child = await startProcess(`${id} under callgrind`, 'valgrind', ['--tool=callgrind', '--instr-atstart=no', `--callgrind-out-file=${join(env.dir, 'cg.%p')}`, process.execPath, ...args], {
     env: { ...process.env, NODE_ENV: 'production' },
     drainStdout: true,
@@ -136,9 +104,9 @@ async function measure (id, dist, env) {
     timeoutMs: 180_000
   })
   try {
-    await load(port, settings.warm)
+    await loadCounted(port, settings.warm)
     execFileSync('callgrind_control', ['-i', 'on', String(child.pid)], { stdio: 'ignore' })
-    const counted = await load(port, settings.requests)
+    const counted = await loadCounted(port, settings.requests)
     execFileSync('callgrind_control', ['-i', 'off', String(child.pid)], { stdio: 'ignore' })
     execFileSync('callgrind_control', ['-d', String(child.pid)], { stdio: 'ignore' })
     const instructions = countedInstructions(env.dir, child.pid)
@@ -207,7 +175,7 @@ async function main () {
   /** @type {Array<{ id: string, dist: string, runs: number[] }>} */
   const rows = []
   for (const id of settings.contenders) {
-    if (id !== 'b' && !(id in CONFIGS) && !(id in REDIS)) throw new Error(`unknown contender ${id} (b, c, d, f, l, r or r1)`)
+    if (id !== 'b' && !GATEWAYS.has(id) && !(id in REDIS)) throw new Error(`unknown contender ${id} (b, c, d, f, l, r or r1)`)
     for (const dist of id === 'b' ? [settings.dists[0]] : settings.dists) rows.push({ id, dist: /** @type {string} */ (dist), runs: [] })
   }
   console.log(`instructions per request: ${settings.warm} warm-up requests, ${settings.requests} counted, ${settings.repeat} repeats`)

@@ -1,0 +1,49 @@
+// How bench/instructions.js and bench/alloc.js start one contender: the bare proxy (b) or the
+// gateway under one of `npm run bench`'s configs, rendered with this run's ports, run from a given
+// build's CLI (`dist`), not bin/gateway's (which always loads ./dist).
+import { writeFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { answers200, freePort } from './processes.js'
+import { renderConfig } from './configs.js'
+import { runLoad } from './load.js'
+
+const BENCH = fileURLToPath(new URL('..', import.meta.url))
+
+/** The gateway contenders of `npm run bench` these scripts can start. */
+/** @type {Record<string, string>} */
+export const GATEWAY_CONFIGS = { c: 'gateway-no-limits.yaml', d: 'gateway-local.yaml', e: 'gateway-shared-redis.yaml', f: 'gateway-shared-memory.yaml' }
+
+/**
+ * Arguments for `node` (after any flags of the caller's) that start contender `id`, its port, and
+ * when it is ready. `logOn` turns the config's access log on (`log: { level: warn }` -> info).
+ * @param {string} id  b, or a key of GATEWAY_CONFIGS
+ * @param {{ dist: string, dir: string, upstreamOrigin: string, redisUrl?: string | null, config?: string, logOn?: boolean }} env
+ * @returns {Promise<{ port: number, args: string[], ready: () => Promise<boolean> }>}
+ */
+export async function contenderCommand (id, env) {
+  const port = await freePort()
+  if (id === 'b') return { port, args: [join(BENCH, 'bare-proxy.js'), String(port), env.upstreamOrigin], ready: () => answers200(`http://127.0.0.1:${port}/`) }
+  const config = env.config ?? GATEWAY_CONFIGS[id]
+  if (config === undefined) throw new Error(`unknown contender ${id}`)
+  const adminPort = await freePort()
+  const text = renderConfig(config, { GATEWAY_PORT: String(port), ADMIN_PORT: String(adminPort), UPSTREAM_ORIGIN: env.upstreamOrigin, ...(env.redisUrl == null ? {} : { REDIS_URL: env.redisUrl }) })
+  const logged = text.replace(/^log: \{ level: warn \}$/m, 'log: { level: info }')
+  if (env.logOn === true && logged === text) throw new Error(`${config}: no "log: { level: warn }" line to turn the access log on`)
+  const file = join(env.dir, `${id}.yaml`)
+  writeFileSync(file, env.logOn === true ? logged : text)
+  const runner = `const { main } = await import(${JSON.stringify(join(env.dist, 'cli.js'))}); process.exitCode = await main(process.argv.slice(1))`
+  return { port, args: ['--input-type=module', '-e', runner, 'start', '-c', file], ready: () => answers200(`http://127.0.0.1:${adminPort}/readyz`) }
+}
+
+/**
+ * `n` requests over 50 keep-alive connections (autocannon, as in `npm run bench`); throws unless
+ * every one was answered 200. Returns the responses counted.
+ * @param {number} port
+ * @param {number} n
+ */
+export async function loadCounted (port, n) {
+  const r = await runLoad({ url: `http://127.0.0.1:${port}`, connections: 50, durationS: 900, amount: n, requests: [{ path: '/api/items/42', headers: { 'x-user-id': 'user-1' } }] })
+  if (r.non2xx + r.errors + r.timeouts > 0) throw new Error(`port ${port}: ${r.non2xx} non-2xx, ${r.errors} errors, ${r.timeouts} timeouts of ${r.requests}`)
+  return r.requests
+}
