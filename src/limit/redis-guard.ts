@@ -172,8 +172,6 @@ export class RedisGuard implements SharedLevel {
   private readonly unpaid = new Map<string, Debt>()
   /** Date.now() before which no retry of `unpaid` starts (a write-back failed just before). */
   private unpaidRetryAt = 0
-  /** One retry of `unpaid` at a time. */
-  private unpaidInFlight = false
   private readonly maxKeys: number
   private readonly threshold: number
   /** Bound on each call; a reload that changes only `redis.timeout` updates it in place. */
@@ -528,14 +526,11 @@ export class RedisGuard implements SharedLevel {
   }
 
   /** Charges `owed` to Redis; what fails is kept in `unpaid` for a later answer. */
-  private writeBack (owed: ReadonlyArray<readonly [string, Debt]>, checks: readonly LimitCheck[], retry = false): void {
+  private writeBack (owed: ReadonlyArray<readonly [string, Debt]>, checks: readonly LimitCheck[]): void {
     const charge = this.options.store.charge
     if (charge === undefined) return
-    if (retry) this.unpaidInFlight = true
-    const done = (): void => { if (retry) this.unpaidInFlight = false }
     // A throw of the store is a failure like a rejection: the debt is kept either way.
-    new Promise<void>((resolve) => { resolve(charge.call(this.options.store, checks)) }).then(done, (err: unknown) => {
-      done()
+    new Promise<void>((resolve) => { resolve(charge.call(this.options.store, checks)) }).catch((err: unknown) => {
       this.unpaidRetryAt = Date.now() + DEBT_RETRY_MS
       // Only the pieces that failed are kept: a piece that landed would be charged twice. A piece
       // that failed part-way (a script error after some keys: Redis keeps the writes before it),
@@ -545,7 +540,6 @@ export class RedisGuard implements SharedLevel {
       let kept = 0
       for (const [key, debt] of owed) {
         if (unwritten !== null && !unwritten.has(key)) continue
-        kept++
         const waiting = this.unpaid.get(key)
         if (waiting !== undefined && waiting.spec === debt.spec) {
           waiting.units += debt.units
@@ -554,17 +548,20 @@ export class RedisGuard implements SharedLevel {
           this.unpaid.set(key, { spec: debt.spec, units: debt.units, lastAt: debt.lastAt })
         } else {
           dropped++
+          continue
         }
+        kept++
       }
       this.options.onDebtError?.(err instanceof ChargeError ? err.reason : err, kept)
       if (dropped > 0) this.options.onDebtDropped?.(dropped)
     })
   }
 
-  // Called with each answer from Redis while debts wait: one retry in flight at a time, none while
-  // a breaker is open (its node would fail it again) and none within DEBT_RETRY_MS of a failure.
+  // Called with each answer from Redis while debts wait: none while a breaker is open (its node
+  // would fail it again) and none within DEBT_RETRY_MS of a failure. A retry takes all that is
+  // owed, so a debt is in one write-back at a time; only a failure puts it back.
   private retryUnpaid (): void {
-    if (this.unpaidInFlight || this.worst !== 'closed') return
+    if (this.worst !== 'closed') return
     const now = Date.now()
     if (now < this.unpaidRetryAt) return
     const owed: Array<[string, Debt]> = []
@@ -581,7 +578,7 @@ export class RedisGuard implements SharedLevel {
     }
     this.unpaid.clear()
     if (expired > 0) this.options.onDebtDropped?.(expired)
-    if (owed.length > 0) this.writeBack(owed, checks, true)
+    if (owed.length > 0) this.writeBack(owed, checks)
   }
 
   private fallback (checks: readonly LimitCheck[], limits: readonly { readonly onError: OnError }[], requestId: string): GuardedDecision {
