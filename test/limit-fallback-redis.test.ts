@@ -172,6 +172,25 @@ t.test('a write-back is written in pieces, and only a piece that failed is retri
   t.equal(debtErrors.length, 1, 'one failed write-back, and its retry did not fail')
 })
 
+t.test('an admin reset drops a debt waiting for its retry: the fresh budget is not spent again once Redis takes writes', async t => {
+  const { client, guard, debtErrors } = await guardedClient(t, 1)
+  const check = { key: 'debt-reset', spec: spec('fixed-window', 20, 600_000), cost: 1 }
+  await awayFromWindowEdge(600_000, 30_000)
+  await partition(client)
+  for (let i = 0; i < 5; i++) await guard.decide([check], LOCAL, 'f')
+  await refuseWrites(t)
+  await client.connect()
+  await eventually(t, () => debtErrors.length > 0, 'the failed write-back')
+  await plain.config('SET', 'maxmemory', '0')
+  // DELETE /limits: Redis's key and everything the guard holds for it
+  await plain.del(check.key)
+  guard.forgetFallback([check.key])
+  await sleep(400)
+  let admitted = 0
+  for (let i = 0; i < 25; i++) if ((await guard.decide([check], LOCAL, 'r')).decision.allowed) admitted++
+  t.equal(admitted, 20, 'the reset key admits its whole limit (with the debt of 5 retried: 15)')
+})
+
 t.test('a debt whose window passed before Redis took it is dropped, not charged to a later window', async t => {
   const { client, guard, debtErrors, dropped } = await guardedClient(t, 1)
   const windowMs = 2000
