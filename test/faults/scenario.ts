@@ -5,12 +5,15 @@
 // alongside; it reports when Redis was reachable again so recovery can be timed from /readyz.
 import { startGateway } from '../helpers/gateway.js'
 import { startUpstream } from '../helpers/upstream.js'
+import { awayFromWindowEdge } from '../helpers/window-edge.js'
 
 type Teardown = Parameters<typeof startGateway>[0]
 
 export interface Scenario {
   /** The `redis:` mapping of gateway.yaml (without timeout/onError). */
   readonly redis: string
+  /** The `user` limit's algorithm (default sliding-window-log). */
+  readonly algorithm?: 'sliding-window-log' | 'fixed-window'
   readonly users?: number
   readonly rps?: number
   readonly limit?: number
@@ -61,11 +64,13 @@ routes:
     pathPrefix: /
     upstream: backend
     limits:
-      user: { algorithm: sliding-window-log, limit: ${limit}, window: ${windowMs}ms }
+      user: { algorithm: ${s.algorithm ?? 'sliding-window-log'}, limit: ${limit}, window: ${windowMs}ms }
 `
   const gateways = [await startGateway(t, yaml), await startGateway(t, yaml)]
   // Both instances announce themselves before the traffic starts.
   await sleep(2500)
+  // A fixed window is aligned on the epoch: the whole run inside one, or the budget starts afresh.
+  if (s.algorithm === 'fixed-window') await awayFromWindowEdge(windowMs, durationMs + 3000)
   const run = Math.random().toString(36).slice(2, 8)
   const admitted = new Array<number>(users).fill(0)
   const sent = new Array<number>(users).fill(0)
