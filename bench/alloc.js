@@ -14,11 +14,10 @@
 // (dist/, its node_modules/ but undici) in bytes per request.
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { join, resolve } from 'node:path'
+import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { parseArgs } from 'node:util'
 import { answers200, freePort, killAllSync, sleep, startProcess, stopAll, stopProcess } from './lib/processes.js'
-import { GATEWAY_CONFIGS, contenderCommand, loadCounted } from './lib/contenders.js'
+import { GATEWAY_CONFIGS, contenderCommand, countFlags, loadCounted } from './lib/contenders.js'
 import { fmt, spread } from './lib/summary.js'
 import { startRedis } from './lib/redis-server.js'
 
@@ -26,25 +25,9 @@ const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const BENCH = join(ROOT, 'bench')
 const SAMPLER = join(BENCH, 'lib', 'alloc-sampler.js')
 
-const { values: flags } = parseArgs({
-  options: {
-    contenders: { type: 'string', default: 'b,c,d,e,f' },
-    warm: { type: 'string', default: '20000' },
-    requests: { type: 'string', default: '20000' },
-    repeat: { type: 'string', default: '2' },
-    top: { type: 'string', default: '12' },
-    dist: { type: 'string', default: 'dist' },
-    json: { type: 'string' }
-  }
-})
-const settings = {
-  contenders: (flags.contenders ?? '').split(',').filter(Boolean),
-  warm: Number(flags.warm),
-  requests: Number(flags.requests),
-  repeat: Number(flags.repeat),
-  top: Number(flags.top),
-  dist: resolve(ROOT, flags.dist ?? 'dist')
-}
+const { json, settings } = countFlags({ contenders: 'b,c,d,e,f', requests: '20000', top: '12' })
+if (settings.dists.length !== 1) throw new Error('bench/alloc.js measures one build (--dist): run it once per build to compare')
+const dist = /** @type {string} */ (settings.dists[0])
 
 /**
  * One contender: warm up, sample `requests`, stop.
@@ -55,7 +38,7 @@ const settings = {
 async function measure (id, env) {
   const out = join(env.dir, `${id}.alloc.json`)
   rmSync(out, { force: true })
-  const { port, args, ready } = await contenderCommand(id, { dist: settings.dist, dir: env.dir, upstreamOrigin: env.upstreamOrigin, redisUrl: env.redisUrl })
+  const { port, args, ready } = await contenderCommand(id, { dist, dir: env.dir, upstreamOrigin: env.upstreamOrigin, redisUrl: env.redisUrl })
   const child = await startProcess(id, process.execPath, ['--import', SAMPLER, ...args], { env: { ...process.env, NODE_ENV: 'production', ALLOC_SAMPLER_OUT: out }, drainStdout: true, ready })
   try {
     await loadCounted(port, settings.warm)
@@ -92,7 +75,7 @@ async function main () {
   for (const id of settings.contenders) if (id !== 'b' && !(id in GATEWAY_CONFIGS)) throw new Error(`unknown contender ${id} (b, c, d, e or f)`)
   /** @type {Map<string, { runs: number[], sites: Record<string, number>[] }>} */
   const rows = new Map(settings.contenders.map((id) => [id, { runs: [], sites: [] }]))
-  console.log(`bytes allocated per request: ${settings.warm} warm-up requests, ${settings.requests} sampled, ${settings.repeat} repeats (${settings.dist})`)
+  console.log(`bytes allocated per request: ${settings.warm} warm-up requests, ${settings.requests} sampled, ${settings.repeat} repeats (${dist})`)
   for (let r = 0; r < settings.repeat; r++) {
     for (const id of r % 2 === 0 ? settings.contenders : [...settings.contenders].reverse()) {
       const m = await measure(id, env)
@@ -119,7 +102,7 @@ async function main () {
     console.log(`\n${r.contender}: the gateway's own allocating functions, bytes per request (mean of repeats)`)
     for (const t of r.top) console.log(`  ${String(t.bytes).padStart(6)}  ${t.site}`)
   }
-  if (flags.json !== undefined) writeFileSync(flags.json, JSON.stringify({ date: new Date().toISOString(), settings, report }, null, 2))
+  if (json !== undefined) writeFileSync(json, JSON.stringify({ date: new Date().toISOString(), settings, report }, null, 2))
   redis?.client.disconnect()
   await stopAll()
 }

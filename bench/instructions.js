@@ -27,12 +27,11 @@
 import { execFileSync } from 'node:child_process'
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { join, resolve } from 'node:path'
+import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { parseArgs } from 'node:util'
 import { Redis } from 'ioredis'
 import { answers200, freePort, killAllSync, startProcess, stopAll, stopProcess } from './lib/processes.js'
-import { GATEWAY_CONFIGS, contenderCommand, loadCounted } from './lib/contenders.js'
+import { GATEWAY_CONFIGS, contenderCommand, countFlags, loadCounted } from './lib/contenders.js'
 import { fmt, spread } from './lib/summary.js'
 import { startRedis } from './lib/redis-server.js'
 import { checksByClient, loadStores, scenarios } from './lib/limit-stores.js'
@@ -40,23 +39,7 @@ import { checksByClient, loadStores, scenarios } from './lib/limit-stores.js'
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const BENCH = join(ROOT, 'bench')
 
-const { values: flags } = parseArgs({
-  options: {
-    contenders: { type: 'string', default: 'b,c,d,f' },
-    warm: { type: 'string', default: '20000' },
-    requests: { type: 'string', default: '5000' },
-    repeat: { type: 'string', default: '2' },
-    dist: { type: 'string', default: 'dist' },
-    json: { type: 'string' }
-  }
-})
-const settings = {
-  contenders: (flags.contenders ?? '').split(',').filter(Boolean),
-  warm: Number(flags.warm),
-  requests: Number(flags.requests),
-  repeat: Number(flags.repeat),
-  dists: (flags.dist ?? 'dist').split(',').filter(Boolean).map((d) => resolve(ROOT, d))
-}
+const { json, settings } = countFlags({ contenders: 'b,c,d,f', requests: '5000' })
 
 // l is (f) with the access log on (`log.level: info`), its stdout read by a `cat` of its own:
 // l - f is the access line's cost in instructions, free of the rate effects that blur it in
@@ -196,7 +179,7 @@ async function main () {
     console.log(`${row.id} | ${row.id === 'b' ? '-' : row.dist} | ${fmt(s?.median)} [${fmt(s?.min)}-${fmt(s?.max)}] | ${ratio === null ? '-' : `${fmt(ratio.median)} [${fmt(ratio.min)}-${fmt(ratio.max)}]`}`)
     return { contender: row.id, dist: row.dist, runs: row.runs, perRequest: s, ...(row.id === 'r' ? { toR1: ratio } : { toBare: ratio }) }
   })
-  if (flags.json !== undefined) writeFileSync(flags.json, JSON.stringify({ date: new Date().toISOString(), settings, report }, null, 2))
+  if (json !== undefined) writeFileSync(json, JSON.stringify({ date: new Date().toISOString(), settings, report }, null, 2))
   await stopAll()
 }
 

@@ -191,6 +191,25 @@ t.test('an admin reset drops a debt waiting for its retry: the fresh budget is n
   t.equal(admitted, 20, 'the reset key admits its whole limit (with the debt of 5 retried: 15)')
 })
 
+t.test('debts waiting for a retry are held for at most fallbackMaxKeys keys: a failed write-back beyond that is dropped and reported', async t => {
+  const { client, guard, debtErrors, dropped } = await guardedClient(t, 1, 2)
+  const s = spec('fixed-window', 20, 600_000)
+  await refuseWrites(t)
+  // Cut off, decided by the fallback (three failures open the breaker, whose PING probe then
+  // ends the outage once reconnected), and written back in vain: Redis still refuses writes.
+  const outage = async (keys: string[]): Promise<void> => {
+    const failures = debtErrors.length
+    await partition(client)
+    for (const key of keys) await guard.decide([{ key, spec: s, cost: 1 }], LOCAL, 'f')
+    await client.connect()
+    await eventually(t, () => debtErrors.length > failures, 'the failed write-back')
+  }
+  await outage(['bound-a', 'bound-b', 'bound-a'])
+  t.same(dropped, [], 'two keys owed: both kept')
+  await outage(['bound-c', 'bound-c', 'bound-c'])
+  t.same(dropped, [1], 'a third key owed: dropped and reported')
+})
+
 t.test('a debt whose window passed before Redis took it is dropped, not charged to a later window', async t => {
   const { client, guard, debtErrors, dropped } = await guardedClient(t, 1)
   const windowMs = 2000

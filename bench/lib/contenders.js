@@ -2,13 +2,45 @@
 // gateway under one of `npm run bench`'s configs, rendered with this run's ports, run from a given
 // build's CLI (`dist`), not bin/gateway's (which always loads ./dist).
 import { writeFileSync } from 'node:fs'
-import { join } from 'node:path'
+import { join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import { parseArgs } from 'node:util'
 import { answers200, freePort } from './processes.js'
 import { renderConfig } from './configs.js'
 import { runLoad } from './load.js'
 
 const BENCH = fileURLToPath(new URL('..', import.meta.url))
+const ROOT = join(BENCH, '..')
+
+/**
+ * The flags of both scripts: `--contenders`, `--warm`, `--requests`, `--repeat`, `--dist` (builds,
+ * comma-separated) and `--json`, with a script's own defaults; `top` only where a script lists sites.
+ * @param {{ contenders: string, requests: string, top?: string }} defaults
+ */
+export function countFlags (defaults) {
+  const { values: flags } = parseArgs({
+    options: {
+      contenders: { type: 'string', default: defaults.contenders },
+      warm: { type: 'string', default: '20000' },
+      requests: { type: 'string', default: defaults.requests },
+      repeat: { type: 'string', default: '2' },
+      top: { type: 'string', default: defaults.top ?? '0' },
+      dist: { type: 'string', default: 'dist' },
+      json: { type: 'string' }
+    }
+  })
+  return {
+    json: flags.json,
+    settings: {
+      contenders: (flags.contenders ?? '').split(',').filter(Boolean),
+      warm: Number(flags.warm),
+      requests: Number(flags.requests),
+      repeat: Number(flags.repeat),
+      top: Number(flags.top),
+      dists: (flags.dist ?? 'dist').split(',').filter(Boolean).map((d) => resolve(ROOT, d))
+    }
+  }
+}
 
 /** The gateway contenders of `npm run bench` these scripts can start. */
 /** @type {Record<string, string>} */

@@ -3,7 +3,7 @@ import type { LRUCache } from 'lru-cache'
 
 /**
  * The options object the hot path passes to `get` and `set`. Without one, each call allocates its
- * default `{}` (about 500 bytes per request over the 13 calls of four in-process limits:
+ * default `{}` (about 700 bytes per request over the 13 calls of four in-process limits:
  * bench/README.md, thirteenth session). Not frozen: lru-cache writes `status` (undefined) into it.
  */
 export const LRU_CALL: Record<never, never> = {}

@@ -511,24 +511,23 @@ export class RedisGuard implements SharedLevel {
 
   private settle (owed: ReadonlyArray<readonly [string, Debt]>): void {
     if (owed.length === 0) return
-    const checks: LimitCheck[] = []
     const n = this.instances
     const holdUntil = Date.now() + DEBT_SETTLE_MS
     for (const [key, debt] of owed) {
-      checks.push({ key, spec: debt.spec, cost: debt.units })
       const known = this.learned.get(key)
       if (known !== undefined && known.spec === debt.spec) {
         known.remaining = Math.max(0, known.remaining - debt.units * n)
         known.holdUntil = holdUntil
       }
     }
-    this.writeBack(owed, checks)
+    this.writeBack(owed)
   }
 
   /** Charges `owed` to Redis; what fails is kept in `unpaid` for a later answer. */
-  private writeBack (owed: ReadonlyArray<readonly [string, Debt]>, checks: readonly LimitCheck[]): void {
+  private writeBack (owed: ReadonlyArray<readonly [string, Debt]>): void {
     const charge = this.options.store.charge
     if (charge === undefined) return
+    const checks = owed.map(([key, debt]): LimitCheck => ({ key, spec: debt.spec, cost: debt.units }))
     // A throw of the store is a failure like a rejection: the debt is kept either way.
     new Promise<void>((resolve) => { resolve(charge.call(this.options.store, checks)) }).catch((err: unknown) => {
       this.unpaidRetryAt = Date.now() + DEBT_RETRY_MS
@@ -540,17 +539,8 @@ export class RedisGuard implements SharedLevel {
       let kept = 0
       for (const [key, debt] of owed) {
         if (unwritten !== null && !unwritten.has(key)) continue
-        const waiting = this.unpaid.get(key)
-        if (waiting !== undefined && waiting.spec === debt.spec) {
-          waiting.units += debt.units
-          waiting.lastAt = Math.max(waiting.lastAt, debt.lastAt)
-        } else if (waiting !== undefined || this.unpaid.size < this.maxKeys) {
-          this.unpaid.set(key, { spec: debt.spec, units: debt.units, lastAt: debt.lastAt })
-        } else {
-          dropped++
-          continue
-        }
-        kept++
+        if (addDebt(this.unpaid, this.maxKeys, key, debt.spec, debt.units, debt.lastAt)) kept++
+        else dropped++
       }
       this.options.onDebtError?.(err instanceof ChargeError ? err.reason : err, kept)
       if (dropped > 0) this.options.onDebtDropped?.(dropped)
@@ -565,20 +555,16 @@ export class RedisGuard implements SharedLevel {
     const now = Date.now()
     if (now < this.unpaidRetryAt) return
     const owed: Array<[string, Debt]> = []
-    const checks: LimitCheck[] = []
     let expired = 0
     for (const [key, debt] of this.unpaid) {
       // Past its window the budget it was owed to has renewed: charged, it would refuse requests of
       // a later window. Kept until then even when part of it is older (under-admitting, never over).
       if (now - debt.lastAt >= debt.spec.windowMs) expired++
-      else {
-        owed.push([key, debt])
-        checks.push({ key, spec: debt.spec, cost: debt.units })
-      }
+      else owed.push([key, debt])
     }
     this.unpaid.clear()
     if (expired > 0) this.options.onDebtDropped?.(expired)
-    if (owed.length > 0) this.writeBack(owed, checks)
+    if (owed.length > 0) this.writeBack(owed)
   }
 
   private fallback (checks: readonly LimitCheck[], limits: readonly { readonly onError: OnError }[], requestId: string): GuardedDecision {
@@ -651,12 +637,25 @@ export class RedisGuard implements SharedLevel {
 
   private owe (outage: Outage, check: LimitCheck): void {
     if (check.spec.algorithm === 'lease') return
-    const debt = outage.debt.get(check.key)
-    if (debt !== undefined && debt.spec === check.spec) {
-      debt.units += check.cost
-      debt.lastAt = Date.now()
-    } else if (outage.debt.size < this.maxKeys) outage.debt.set(check.key, { spec: check.spec, units: check.cost, lastAt: Date.now() })
+    addDebt(outage.debt, this.maxKeys, check.key, check.spec, check.cost, Date.now())
   }
+}
+
+/**
+ * Adds `units` owed for `key` (its last one admitted at `lastAt`) to `debts`, which holds at most
+ * `maxKeys` keys; false when it is full and the debt is dropped. A key owed under another spec
+ * (a reload changed the limit) is replaced: the old units belong to a budget no longer used.
+ */
+function addDebt (debts: Map<string, Debt>, maxKeys: number, key: string, spec: LimitSpec, units: number, lastAt: number): boolean {
+  const debt = debts.get(key)
+  if (debt !== undefined && debt.spec === spec) {
+    debt.units += units
+    debt.lastAt = Math.max(debt.lastAt, lastAt)
+    return true
+  }
+  if (debt === undefined && debts.size >= maxKeys) return false
+  debts.set(key, { spec, units, lastAt })
+  return true
 }
 
 /** What a full budget holds: the bucket for bucket algorithms, the limit for window ones. */
