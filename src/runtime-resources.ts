@@ -195,6 +195,7 @@ export class ResourceCache {
         expectedInstances: r.expectedInstances,
         ...(client instanceof Cluster ? clusterNodes(client) : { ping: () => client.ping() }),
         onDebtError: (err, keys) => { this.logger.warn({ err: (err as Error).message, keys }, 'could not write the fallback\'s admissions back to Redis: kept, and written with a later answer') },
+        onDebtOverflow: (admissions) => { this.logger.warn({ admissions, maxKeys: limitStateOf(config).maxKeys }, 'fallback admissions of keys beyond local.maxKeys were not recorded, and Redis never counts them') },
         onDebtDropped: (keys) => { this.logger.warn({ keys }, 'dropped fallback admissions never written back to Redis (their window passed, or too many keys owed)') },
         ...(r.cluster !== undefined ? { denyCacheMaxMs: CLUSTER_DENY_CACHE_MAX_MS } : {}),
         instances: () => heartbeat.instances,

@@ -10,6 +10,7 @@ import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import { InstanceHeartbeat } from '../src/limit/heartbeat.js'
 import { RedisGuard } from '../src/limit/redis-guard.js'
 import { LIMIT_SCRIPT, REFUND_SCRIPT, parseLimitReply } from '../src/limit/scripts.js'
+import { compileLimitSpec } from '../src/limit/plan.js'
 import { NOOP_TELEMETRY } from '../src/telemetry.js'
 import type { AlgorithmName, LimitCheck, LimitSpec } from '../src/limit/types.js'
 import { awayFromWindowEdge } from './helpers/window-edge.js'
@@ -40,11 +41,12 @@ async function eventually (t: Test, ok: () => boolean, what: string, ms = 10_000
  * A guard as src/runtime-resources.ts wires it (a PING probe on a timer, a probe at once when the
  * client is ready), on a client of its own, with what it reports of its debts.
  */
-async function guardedClient (t: Test, instances: number, fallbackMaxKeys = 100): Promise<{ client: ReturnType<typeof createRedisClient>, guard: RedisGuard, debtErrors: string[], dropped: number[] }> {
+async function guardedClient (t: Test, instances: number, fallbackMaxKeys = 100): Promise<{ client: ReturnType<typeof createRedisClient>, guard: RedisGuard, debtErrors: string[], dropped: number[], overflow: number[] }> {
   const client = createRedisClient({ url: redis.url })
   await whenReady(client)
   const debtErrors: string[] = []
   const dropped: number[] = []
+  const overflow: number[] = []
   const guard = new RedisGuard({
     store: createRedisStore({ client }),
     fallbackMaxKeys,
@@ -56,7 +58,8 @@ async function guardedClient (t: Test, instances: number, fallbackMaxKeys = 100)
     onStateChange: () => {},
     ping: async () => await client.ping(),
     onDebtError: (err) => { debtErrors.push((err as Error).message) },
-    onDebtDropped: (keys) => { dropped.push(keys) }
+    onDebtDropped: (keys) => { dropped.push(keys) },
+    onDebtOverflow: (admissions) => { overflow.push(admissions) }
   })
   // reconnected -> probe at once
   client.on('ready', () => guard.probeNow())
@@ -64,7 +67,7 @@ async function guardedClient (t: Test, instances: number, fallbackMaxKeys = 100)
     guard.close()
     client.disconnect()
   })
-  return { client, guard, debtErrors, dropped }
+  return { client, guard, debtErrors, dropped, overflow }
 }
 
 /** Cuts this client off (nothing it sends reaches Redis); Redis keeps its data. */
@@ -191,6 +194,45 @@ t.test('an admin reset drops a debt waiting for its retry: the fresh budget is n
   t.equal(admitted, 20, 'the reset key admits its whole limit (with the debt of 5 retried: 15)')
 })
 
+t.test('a reload during a partition (the same limits compiled again) keeps the outage\'s debt and what Redis last said was left: the window admits exactly the limit', async t => {
+  const { client, guard, debtErrors } = await guardedClient(t, 2)
+  const rule = { algorithm: 'fixed-window' as const, limit: 20, windowMs: 600_000, burst: 20, maxDelayMs: 0 }
+  // what a reload does: the unchanged limit compiled again, a new object with the same id
+  const before = compileLimitSpec('reload', 'user', rule)
+  const after = compileLimitSpec('reload', 'user', rule)
+  t.not(before, after)
+  await awayFromWindowEdge(600_000, 30_000)
+  // owed: admitted by the fallback both before and after the reload
+  const owed = admissions(guard, { key: 'reload-owed', spec: before, cost: 1 })
+  const owedAfter = admissions(guard, { key: 'reload-owed', spec: after, cost: 1 })
+  // seeded: first met by the fallback after the reload
+  const seeded = admissions(guard, { key: 'reload-seeded', spec: before, cost: 1 })
+  const seededAfter = admissions(guard, { key: 'reload-seeded', spec: after, cost: 1 })
+  for (let i = 0; i < 10; i++) {
+    await owed.one()
+    await seeded.one()
+  }
+  await partition(client)
+  // 10 left, shared by 2 instances: this one's share is 5 of each key
+  for (let i = 0; i < 2; i++) await owed.one()
+  for (let i = 0; i < 10; i++) {
+    await owedAfter.one()
+    await seededAfter.one()
+  }
+  t.equal(owed.levels.length - 10 + owedAfter.levels.length, 5, 'reload-owed: the fallback admitted this instance\'s share of the 10 left, across the reload')
+  t.equal(seededAfter.levels.length, 5, 'reload-seeded: the fallback started from what Redis said was left (a new budget: 10)')
+  await client.connect()
+  await whenReady(client)
+  for (let i = 0; i < 10; i++) {
+    await owedAfter.one()
+    await seededAfter.one()
+    await sleep(20)
+  }
+  t.same(debtErrors, [])
+  t.equal(owed.levels.length + owedAfter.levels.length, 20, 'reload-owed: 10 + 5 (fallback, 2 of them before the reload) + 5 after recovery = the limit (the debt before the reload lost: 22)')
+  t.equal(seeded.levels.length + seededAfter.levels.length, 20, 'reload-seeded: 10 + 5 + 5 = the limit')
+})
+
 t.test('debts waiting for a retry are held for at most fallbackMaxKeys keys: a failed write-back beyond that is dropped and reported', async t => {
   const { client, guard, debtErrors, dropped } = await guardedClient(t, 1, 2)
   const s = spec('fixed-window', 20, 600_000)
@@ -208,6 +250,25 @@ t.test('debts waiting for a retry are held for at most fallbackMaxKeys keys: a f
   t.same(dropped, [], 'two keys owed: both kept')
   await outage(['bound-c', 'bound-c', 'bound-c'])
   t.same(dropped, [1], 'a third key owed: dropped and reported')
+})
+
+t.test('an outage owing more keys than fallbackMaxKeys reports the admissions it could not record, once, when it ends', async t => {
+  const { client, guard, debtErrors, overflow } = await guardedClient(t, 1, 2)
+  const s = spec('fixed-window', 20, 600_000)
+  await awayFromWindowEdge(600_000, 30_000)
+  await partition(client)
+  for (const key of ['over-a', 'over-b', 'over-c', 'over-a', 'over-c', 'over-d']) {
+    t.ok((await guard.decide([{ key, spec: s, cost: 1 }], LOCAL, 'f')).decision.allowed, `${key} admitted by the fallback`)
+  }
+  t.same(overflow, [], 'nothing reported while the outage lasts')
+  await client.connect()
+  await eventually(t, () => overflow.length > 0, 'the overflow report')
+  t.same(overflow, [3], 'over-c twice and over-d: 3 admissions beyond the 2 keys held')
+  // the write-back goes on the guard's connection: wait for it to land
+  const deadline = Date.now() + 10_000
+  while (await plain.hget('over-b', 'c') === null && Date.now() < deadline) await sleep(20)
+  t.same(await Promise.all(['over-a', 'over-b', 'over-c'].map(async (k) => await plain.hget(k, 'c'))), ['2', '1', null], 'the 2 keys held were written back, the others not')
+  t.same(debtErrors, [])
 })
 
 t.test('a debt whose window passed before Redis took it is dropped, not charged to a later window', async t => {

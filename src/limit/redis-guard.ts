@@ -78,6 +78,11 @@ export interface RedisGuardOptions {
    * refuse requests of a later window), or more keys owed than `fallbackMaxKeys`.
    */
   readonly onDebtDropped?: (keys: number) => void
+  /**
+   * An outage ended having admitted requests it could not record as debt (more keys owed than
+   * `fallbackMaxKeys`): Redis never counts them. Reported once per outage, not per request.
+   */
+  readonly onDebtOverflow?: (admissions: number) => void
   readonly telemetry: Telemetry
   readonly onStateChange: (state: BreakerState, reason: string) => void
   /**
@@ -124,6 +129,8 @@ const DEBT_RETRY_MS = 250
 interface Outage {
   readonly debt: Map<string, Debt>
   readonly seeded: Set<string>
+  /** Admissions not recorded as debt: `debt` already held `fallbackMaxKeys` other keys. */
+  overflow: number
 }
 
 const ALLOW_ALL: LimitDecision = Object.freeze({ allowed: true, remaining: -1, retryAfterMs: 0, resetMs: 0, limitingIndex: -1, delayMs: 0 })
@@ -468,7 +475,7 @@ export class RedisGuard implements SharedLevel {
       // a lease's fallback never starts from Redis's count (see seed)
       if (check.spec.algorithm === 'lease') continue
       const known = this.learned.get(check.key, LRU_CALL)
-      if (known === undefined || known.spec !== check.spec) {
+      if (known === undefined || !sameLimit(known.spec, check.spec)) {
         this.learned.set(check.key, { spec: check.spec, remaining, atMs, holdUntil: 0 }, LRU_CALL)
         continue
       }
@@ -490,6 +497,7 @@ export class RedisGuard implements SharedLevel {
     const outage = this.outage as Outage
     this.outage = null
     this.fallbackStore.clear()
+    if (outage.overflow > 0) this.options.onDebtOverflow?.(outage.overflow)
     this.settle([...outage.debt])
   }
 
@@ -515,7 +523,7 @@ export class RedisGuard implements SharedLevel {
     const holdUntil = Date.now() + DEBT_SETTLE_MS
     for (const [key, debt] of owed) {
       const known = this.learned.get(key)
-      if (known !== undefined && known.spec === debt.spec) {
+      if (known !== undefined && sameLimit(known.spec, debt.spec)) {
         known.remaining = Math.max(0, known.remaining - debt.units * n)
         known.holdUntil = holdUntil
       }
@@ -580,7 +588,7 @@ export class RedisGuard implements SharedLevel {
       index.push(i)
     }
     if (kept.length === 0) return { decision: ALLOW_ALL, level: 'fallback', unavailable: false, leaseId: '', share: n }
-    const outage = this.outage ??= { debt: new Map(), seeded: new Set() }
+    const outage = this.outage ??= { debt: new Map(), seeded: new Set(), overflow: 0 }
     for (const check of kept) this.seed(outage, check)
     const d = this.fallbackStore.decide(kept, requestId)
     if (d.allowed) {
@@ -630,15 +638,24 @@ export class RedisGuard implements SharedLevel {
     if (outage.seeded.has(check.key)) return
     if (outage.seeded.size < this.maxKeys) outage.seeded.add(check.key)
     const known = this.learned.get(check.key)
-    if (known === undefined || known.spec !== check.spec || Date.now() - known.atMs >= check.spec.windowMs) return
+    if (known === undefined || !sameLimit(known.spec, check.spec) || Date.now() - known.atMs >= check.spec.windowMs) return
     const spent = capacity(check.spec) - known.remaining
     if (spent > 0) this.fallbackStore.decide([{ key: check.key, spec: check.spec, cost: spent }], 'seed')
   }
 
   private owe (outage: Outage, check: LimitCheck): void {
     if (check.spec.algorithm === 'lease') return
-    addDebt(outage.debt, this.maxKeys, check.key, check.spec, check.cost, Date.now())
+    if (!addDebt(outage.debt, this.maxKeys, check.key, check.spec, check.cost, Date.now())) outage.overflow++
   }
+}
+
+/**
+ * Whether two specs are one limit. Not by identity: a reload compiles every limit again, and an
+ * unchanged limit must keep what the guard holds for its keys (a debt, a remaining learned from
+ * Redis) through a reload during an outage. The id changes exactly when the parameters do.
+ */
+function sameLimit (a: LimitSpec, b: LimitSpec): boolean {
+  return a === b || a.id === b.id
 }
 
 /**
@@ -648,7 +665,7 @@ export class RedisGuard implements SharedLevel {
  */
 function addDebt (debts: Map<string, Debt>, maxKeys: number, key: string, spec: LimitSpec, units: number, lastAt: number): boolean {
   const debt = debts.get(key)
-  if (debt !== undefined && debt.spec === spec) {
+  if (debt !== undefined && sameLimit(debt.spec, spec)) {
     debt.units += units
     debt.lastAt = Math.max(debt.lastAt, lastAt)
     return true
