@@ -41,12 +41,13 @@ async function eventually (t: Test, ok: () => boolean, what: string, ms = 10_000
  * A guard as src/runtime-resources.ts wires it (a PING probe on a timer, a probe at once when the
  * client is ready), on a client of its own, with what it reports of its debts.
  */
-async function guardedClient (t: Test, instances: number, fallbackMaxKeys = 100): Promise<{ client: ReturnType<typeof createRedisClient>, guard: RedisGuard, debtErrors: string[], dropped: number[], overflow: number[] }> {
+async function guardedClient (t: Test, instances: number, fallbackMaxKeys = 100): Promise<{ client: ReturnType<typeof createRedisClient>, guard: RedisGuard, debtErrors: string[], dropped: number[], overflow: number[], closed: () => number }> {
   const client = createRedisClient({ url: redis.url })
   await whenReady(client)
   const debtErrors: string[] = []
   const dropped: number[] = []
   const overflow: number[] = []
+  let closings = 0
   const guard = new RedisGuard({
     store: createRedisStore({ client }),
     fallbackMaxKeys,
@@ -55,7 +56,7 @@ async function guardedClient (t: Test, instances: number, fallbackMaxKeys = 100)
     timeoutMs: 2000,
     instances: () => instances,
     telemetry: NOOP_TELEMETRY,
-    onStateChange: () => {},
+    onStateChange: (state) => { if (state === 'closed') closings++ },
     ping: async () => await client.ping(),
     onDebtError: (err) => { debtErrors.push((err as Error).message) },
     onDebtDropped: (keys) => { dropped.push(keys) },
@@ -67,7 +68,7 @@ async function guardedClient (t: Test, instances: number, fallbackMaxKeys = 100)
     guard.close()
     client.disconnect()
   })
-  return { client, guard, debtErrors, dropped, overflow }
+  return { client, guard, debtErrors, dropped, overflow, closed: () => closings }
 }
 
 /** Cuts this client off (nothing it sends reaches Redis); Redis keeps its data. */
@@ -269,6 +270,36 @@ t.test('an outage owing more keys than fallbackMaxKeys reports the admissions it
   while (await plain.hget('over-b', 'c') === null && Date.now() < deadline) await sleep(20)
   t.same(await Promise.all(['over-a', 'over-b', 'over-c'].map(async (k) => await plain.hget(k, 'c'))), ['2', '1', null], 'the 2 keys held were written back, the others not')
   t.same(debtErrors, [])
+})
+
+t.test('Redis refusing the scripts while PING answers (outages that end and start again): a key Redis never answered for gets one share in all, not one per outage', async t => {
+  const { guard, closed } = await guardedClient(t, 2)
+  const check = { key: 'flap-new', spec: spec('fixed-window', 20, 600_000), cost: 1 }
+  await awayFromWindowEdge(600_000, 30_000)
+  await refuseWrites(t)
+  const { one, levels } = admissions(guard, check)
+  // each script call fails (OOM) and is decided by the fallback; the probe's PING closes the
+  // breaker every 250 ms or so, ending the outage, and the next call starts another
+  const until = Date.now() + 2000
+  while (Date.now() < until) {
+    await one()
+    await sleep(10)
+  }
+  t.ok(closed() >= 3, `several outages ended (${closed()})`)
+  t.equal(levels.length, 10, `this instance's share of 20 between 2 instances, across ${closed()} outages (a whole share per outage before)`)
+})
+
+t.test('the fallback reports each check\'s remaining at its index and in units of the whole limit: a quota\'s header beside a limit that fails open', async t => {
+  const { client, guard } = await guardedClient(t, 2)
+  const open = { key: 'rem-open', spec: spec('fixed-window', 50, 600_000), cost: 1 }
+  const quota = { key: 'rem-quota', spec: spec('fixed-window', 100, 600_000), cost: 1 }
+  await awayFromWindowEdge(600_000, 30_000)
+  await partition(client)
+  const g = await guard.decide([open, quota], [{ onError: 'allow' }, { onError: 'local' }], 'f')
+  t.equal(g.level, 'fallback')
+  t.ok(g.decision.allowed)
+  // 2 instances: the fallback charged 2 of the quota's 100 (this instance's share is 50)
+  t.same(g.decision.remainings, [-1, 49], 'the skipped limit has none, the quota 98 / 2')
 })
 
 t.test('a debt whose window passed before Redis took it is dropped, not charged to a later window', async t => {

@@ -520,13 +520,19 @@ export class RedisGuard implements SharedLevel {
   private settle (owed: ReadonlyArray<readonly [string, Debt]>): void {
     if (owed.length === 0) return
     const n = this.instances
-    const holdUntil = Date.now() + DEBT_SETTLE_MS
+    const now = Date.now()
+    const holdUntil = now + DEBT_SETTLE_MS
     for (const [key, debt] of owed) {
       const known = this.learned.get(key)
-      if (known !== undefined && sameLimit(known.spec, debt.spec)) {
+      if (known !== undefined && sameLimit(known.spec, debt.spec) && now - known.atMs < debt.spec.windowMs) {
         known.remaining = Math.max(0, known.remaining - debt.units * n)
         known.holdUntil = holdUntil
+        continue
       }
+      // Redis never answered for this key in its window (a new client, or Redis refusing the
+      // script while PING answers): what the fleet's fallbacks admitted is all that is known of it.
+      // Without this, a Redis that flaps starts each outage from a whole share: one per flap.
+      this.learned.set(key, { spec: debt.spec, remaining: Math.max(0, capacity(debt.spec) - debt.units * n), atMs: now, holdUntil }, LRU_CALL)
     }
     this.writeBack(owed)
   }
@@ -596,6 +602,8 @@ export class RedisGuard implements SharedLevel {
     }
     const decision: LimitDecision = {
       ...d,
+      // per check of the request (not of `kept`), in units of the whole limit (the quota's header)
+      ...(d.remainings !== undefined ? { remainings: wholeRemainings(d.remainings, index, checks.length, n) } : {}),
       // In units of the whole limit again (each instance holds 1/n of it).
       remaining: Math.floor(d.remaining / n),
       // "never" only while Redis is away and this instance's share is too small for the cost.
@@ -673,6 +681,16 @@ function addDebt (debts: Map<string, Debt>, maxKeys: number, key: string, spec: 
   if (debt === undefined && debts.size >= maxKeys) return false
   debts.set(key, { spec, units, lastAt })
   return true
+}
+
+/**
+ * The fallback's remainings (over the checks it decided, in its units of n per unit) as the
+ * request's: -1 for a check it skipped (`onError: allow`), in units of the whole limit.
+ */
+function wholeRemainings (kept: readonly number[], index: readonly number[], checks: number, n: number): number[] {
+  const out: number[] = new Array<number>(checks).fill(-1)
+  for (let j = 0; j < kept.length; j++) out[index[j] as number] = Math.floor((kept[j] as number) / n)
+  return out
 }
 
 /** What a full budget holds: the bucket for bucket algorithms, the limit for window ones. */
