@@ -302,6 +302,26 @@ t.test('the fallback reports each check\'s remaining at its index and in units o
   t.same(g.decision.remainings, [-1, 49], 'the skipped limit has none, the quota 98 / 2')
 })
 
+t.test('a lease the fallback granted counts there until it is given back, across outages: one finishing in a later outage does not free a lease granted there', async t => {
+  const { client, guard } = await guardedClient(t, 1)
+  const lease = { key: 'lease-across', spec: spec('lease', 1, 10_000), cost: 1 }
+  const take = async (): Promise<string> => {
+    const g = await guard.decide([lease], LOCAL, 'l')
+    return `${g.level} ${g.decision.allowed ? 'granted' : 'refused'}`
+  }
+  await partition(client)
+  t.equal(await take(), 'fallback granted', 'outage 1: a lease of the cap of 1 (its request goes on)')
+  await client.connect()
+  await whenReady(client)
+  // an answer from Redis ends the outage
+  t.equal((await guard.decide([{ key: 'lease-other', spec: spec('fixed-window', 5, 600_000), cost: 1 }], LOCAL, 'r')).level, 'redis')
+  await partition(client)
+  t.equal(await take(), 'fallback refused', 'outage 2: the lease of outage 1 is still held (forgotten: granted, 2 held)')
+  guard.releaseFallback(lease.key, 1)
+  t.equal(await take(), 'fallback granted', 'outage 1\'s request finished: its lease is free again')
+  t.equal(await take(), 'fallback refused', 'and that lease is held')
+})
+
 t.test('a debt whose window passed before Redis took it is dropped, not charged to a later window', async t => {
   const { client, guard, debtErrors, dropped } = await guardedClient(t, 1)
   const windowMs = 2000

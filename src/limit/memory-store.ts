@@ -74,6 +74,11 @@ export interface MemoryStore extends LimitStore {
   readonly size: number
   /** Forgets every key (the Redis fallback starts each outage afresh). */
   clear(): void
+  /**
+   * Forgets every key but the concurrency leases still held: the Redis fallback's leases are given
+   * back to it (`release`) whenever their requests finish, during a later outage too.
+   */
+  clearBudgets(): void
   /** Forgets one key. */
   forget(key: string): void
   /** Gives back `units` of a concurrency lease count (issue 10); a count reaching 0 is deleted (kept as 0 held when it is the last key). */
@@ -112,6 +117,12 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
     },
     get size () { return cache.size },
     clear () { cache.clear() },
+    clearBudgets () {
+      const held: Array<[string, AlgorithmState]> = []
+      for (const [key, state] of cache.entries()) if (state.kind === 'lease' && state.held > 0) held.push([key, state])
+      cache.clear()
+      for (const [key, state] of held) cache.set(key, state, LRU_CALL)
+    },
     forget (key) { cache.delete(key) },
     peek (checks) {
       const t = now()

@@ -496,7 +496,7 @@ export class RedisGuard implements SharedLevel {
   private endOutage (): void {
     const outage = this.outage as Outage
     this.outage = null
-    this.fallbackStore.clear()
+    this.fallbackStore.clearBudgets()
     if (outage.overflow > 0) this.options.onDebtOverflow?.(outage.overflow)
     this.settle([...outage.debt])
   }
@@ -615,8 +615,10 @@ export class RedisGuard implements SharedLevel {
 
   /**
    * Gives back a concurrency lease the fallback granted (`units` = its share when taken). The
-   * fallback forgets its counts when Redis answers again (endOutage): leases it granted then stop
-   * counting anywhere until they finish, a brief over-admission right after an outage.
+   * fallback keeps counting the leases it granted until they are given back, across outages
+   * (endOutage keeps them): forgotten, a lease finishing in a later outage would free one granted
+   * there. Redis never counts them: until they finish, a client can have them on top of its cap
+   * in Redis, a brief over-admission right after an outage.
    */
   releaseFallback (key: string, units: number): void {
     this.fallbackStore.release(key, units)
