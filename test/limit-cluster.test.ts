@@ -2,13 +2,15 @@
 // (on different masters) are decided per slot in parallel; limits still hold exactly, and when
 // one slot rejects, what the other slots recorded is refunded.
 import t from 'tap'
-import type { Cluster } from 'ioredis'
+import { Redis, type Cluster } from 'ioredis'
 import { startRedisCluster } from './helpers/redis.js'
 import { createRedisStore } from '../src/limit/redis-store.js'
 import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import { keySlot, limitKey } from '../src/limit/keys.js'
 import type { AlgorithmName, LimitCheck, LimitSpec } from '../src/limit/types.js'
 import { awayFromWindowEdge } from './helpers/window-edge.js'
+import { RedisGuard } from '../src/limit/redis-guard.js'
+import { NOOP_TELEMETRY } from '../src/telemetry.js'
 
 const ALL: AlgorithmName[] = ['gcra', 'token-bucket', 'leaky-bucket', 'sliding-window-log', 'sliding-window', 'fixed-window']
 const BUCKETS = new Set<AlgorithmName>(['gcra', 'token-bucket', 'leaky-bucket'])
@@ -121,6 +123,37 @@ t.test('a slot group that fails: the others are refunded; a known rejection stil
   t.same([d.allowed, d.limitingIndex], [false, 2], 'rejected by the full check rather than failing')
   t.match(String(background[0]), /WRONGTYPE/, 'the failure is reported aside')
   t.equal(await cluster.hget(ok, 'c'), '0', 'and the admitting slot refunded again')
+})
+
+t.test('a rejection is answered without waiting for the refunds: a master that stops taking writes after it admitted cannot turn it into a fallback admission', async (t) => {
+  const one = spec('fixed-window', 1, 3_600_000)
+  await awayFromWindowEdge(3_600_000, 30_000)
+  const full = keyOn(p1, 'late-full')
+  const admitting = keyOn(p2, 'late-ok')
+  t.equal((await store.decide([{ key: full, spec: one, cost: 1 }], 'fill')).allowed, true, 'the p1 check is full')
+  const guard = new RedisGuard({ store, fallbackMaxKeys: 100, timeoutMs: 3000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
+  const s1 = new Redis(p1, '127.0.0.1')
+  const s2 = new Redis(p2, '127.0.0.1')
+  t.teardown(async () => {
+    guard.close()
+    await s2.call('CLIENT', 'UNPAUSE')
+    s1.disconnect()
+    s2.disconnect()
+  })
+  await Promise.all([s1.ping(), s2.ping()])
+  // p1 busy for 1 s (a script spinning on its own connection): its rejection comes after p2 admitted
+  const busy = s1.eval("local t = redis.call('TIME'); local s = t[1] * 1e6 + t[2]; repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - s > 1000000; return 1", 0)
+  const decided = guard.decide([{ key: full, spec: one, cost: 1 }, { key: admitting, spec: one, cost: 1 }], [{ onError: 'local' }, { onError: 'local' }], 'late')
+  // once p2 has admitted, it stops taking writes for 8 s: the refund waits that long
+  const deadline = Date.now() + 10_000
+  while (await s2.hget(admitting, 'c') !== '1' && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 5))
+  await s2.call('CLIENT', 'PAUSE', '8000', 'WRITE')
+  await busy
+  const g = await decided
+  t.same([g.level, g.decision.allowed, g.decision.limitingIndex], ['redis', false, 0], 'refused by Redis (waiting for the refund: the 3 s timeout, and the fallback admitted it)')
+  await s2.call('CLIENT', 'UNPAUSE')
+  await new Promise((resolve) => setTimeout(resolve, 200))
+  t.equal(await s2.hget(admitting, 'c'), '0', 'the refund landed once p2 took writes again')
 })
 
 t.test('a request whose keys share a slot is one call, all or nothing', async (t) => {

@@ -193,12 +193,15 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
       const t = tightest as { index: number, decision: LimitDecision }
       return { decision: { ...t.decision, limitingIndex: t.index, delayMs, remainings }, remainings, callId: id }
     }
-    // All or nothing: give back what the admitting groups recorded before answering. The
-    // admitting groups' remainings then count units about to come back: conservative.
-    const refunds = await Promise.allSettled(admitted.map(({ slot, group, receipts }) =>
+    // All or nothing: give back what the admitting groups recorded. Not waited for: a master that
+    // stops answering after it admitted would hold the answer past the guard's timeout, whose
+    // fallback might admit what Redis refused. Each refund is queued on its master's connection
+    // before the answer, so this instance's next call to that master comes after it. The admitting
+    // groups' remainings count units about to come back: conservative.
+    for (const { slot, group, receipts } of admitted) {
       commands.gatewayLimitRefund(group.keys.length + 1, ...group.keys, `${markerPrefix}:refund:{${slotTag(slot)}}:${id}`,
-        ...refundArgs(group.checks, receipts, id, now))))
-    for (const r of refunds) if (r.status === 'rejected') onBackgroundError?.(r.reason)
+        ...refundArgs(group.checks, receipts, id, now)).catch((err: unknown) => { onBackgroundError?.(err) })
+    }
     // A known rejection is the answer even if another group failed: throwing would send the
     // caller to its fallback, which might admit what Redis already refused.
     if (rejecting !== undefined) {
