@@ -421,3 +421,15 @@ t.test('redis.expectedInstances floors the divisor of an instance that never saw
   for (let i = 0; i < 20; i++) if ((await guard.decide([{ key: 'k', spec: spec('token-bucket', 20, 600_000), cost: 1 }], LOCAL, 'r')).decision.allowed) admitted++
   t.equal(admitted, 5, 'a quarter of 20')
 })
+
+t.test('a store failing with something other than an Error is still a failure the fallback answers, and opens the breaker', async t => {
+  const odd = { kind: 'redis' as const, decide: async () => await Promise.reject(undefined), close: async () => {} }
+  const reasons: string[] = []
+  const guard = new RedisGuard({ store: odd, fallbackMaxKeys: 10, timeoutMs: 100, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: (_state, reason) => { reasons.push(reason) } })
+  t.teardown(() => guard.close())
+  const levels: string[] = []
+  for (let i = 0; i < 4; i++) levels.push((await guard.decide([{ key: 'odd', spec: spec('fixed-window', 20, 600_000), cost: 1 }], LOCAL, 'r')).level)
+  t.same(levels, ['fallback', 'fallback', 'fallback', 'fallback'])
+  t.equal(guard.breaker, 'open')
+  t.same(reasons, ['Redis other: undefined'])
+})

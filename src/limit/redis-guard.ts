@@ -353,7 +353,7 @@ export class RedisGuard implements SharedLevel {
       if (probe || (b.state === 'closed' && b.failures >= this.threshold)) {
         if (probe) b.openFor = Math.min(this.maxOpenMs, b.openFor * 2)
         b.openedAt = Date.now()
-        this.setState(b, 'open', `Redis ${kind}: ${(err as Error).message}`)
+        this.setState(b, 'open', `Redis ${kind}: ${err instanceof Error ? err.message : String(err)}`)
       }
     }
     const fallback = this.fallback(checks, limits, requestId)
