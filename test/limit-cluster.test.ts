@@ -5,7 +5,7 @@ import t from 'tap'
 import { Redis, type Cluster } from 'ioredis'
 import { startRedisCluster } from './helpers/redis.js'
 import { createRedisStore } from '../src/limit/redis-store.js'
-import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
+import { clusterNodes, createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import { keySlot, limitKey } from '../src/limit/keys.js'
 import type { AlgorithmName, LimitCheck, LimitSpec } from '../src/limit/types.js'
 import { awayFromWindowEdge } from './helpers/window-edge.js'
@@ -154,6 +154,39 @@ t.test('a rejection is answered without waiting for the refunds: a master that s
   await s2.call('CLIENT', 'UNPAUSE')
   await new Promise((resolve) => setTimeout(resolve, 200))
   t.equal(await s2.hget(admitting, 'c'), '0', 'the refund landed once p2 took writes again')
+})
+
+t.test('a rejection beside a slot group that failed counts a failure on that master: a probe through it does not close its breaker', async (t) => {
+  const one = spec('fixed-window', 1, 3_600_000)
+  await awayFromWindowEdge(3_600_000, 30_000)
+  const full = keyOn(p1, 'probe-full')
+  const broken = keyOn(p2, 'probe-broken')
+  t.equal((await store.decide([{ key: full, spec: one, cost: 1 }], 'fill')).allowed, true, 'the p1 check is full')
+  // the wrong type makes the script fail on p2's slot (WRONGTYPE)
+  await cluster.set(broken, 'not a hash')
+  const transitions: string[] = []
+  const guard = new RedisGuard({
+    store,
+    fallbackMaxKeys: 100,
+    timeoutMs: 3000,
+    failureThreshold: 1,
+    openMs: 50,
+    instances: () => 1,
+    telemetry: NOOP_TELEMETRY,
+    onStateChange: (state, reason) => transitions.push(`${state} ${reason}`),
+    ...clusterNodes(cluster)
+  })
+  t.teardown(() => guard.close())
+  const node = `127.0.0.1:${p2}`
+  const stateOf = (): string | undefined => guard.breakerStates().find((b) => b.node === node)?.state
+  t.equal((await guard.decide([{ key: broken, spec: one, cost: 1 }], [{ onError: 'local' }], 'a')).level, 'fallback')
+  t.equal(stateOf(), 'open', 'p2\'s breaker opened')
+  await new Promise((resolve) => setTimeout(resolve, 150))
+  // due for a probe: this request goes to Redis, where p1 refuses it and p2 fails again
+  const g = await guard.decide([{ key: full, spec: one, cost: 1 }, { key: broken, spec: one, cost: 1 }], [{ onError: 'local' }, { onError: 'local' }], 'b')
+  t.same([g.level, g.decision.allowed, g.decision.limitingIndex], ['redis', false, 0], 'the rejection is the answer')
+  t.equal(stateOf(), 'open', 'p2\'s breaker is open again (taken as an answer, the probe closed it)')
+  t.notOk(transitions.some((x) => x.startsWith('closed')), transitions.join('; '))
 })
 
 t.test('a request whose keys share a slot is one call, all or nothing', async (t) => {

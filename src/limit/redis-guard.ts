@@ -27,8 +27,16 @@ const BREAKER_GAUGE: Readonly<Record<BreakerState, 0 | 1 | 2>> = { closed: 0, op
 /** The guard's answers: 'redis', or 'fallback' while Redis is unavailable. */
 export type GuardedDecision = SharedDecision & { readonly level: 'redis' | 'fallback' }
 
-/** A decision with every check's remaining, and the id the call recorded under. */
-interface DetailedAnswer { readonly decision: LimitDecision, readonly remainings: readonly number[], readonly callId?: string }
+/**
+ * A decision with every check's remaining, the id the call recorded under, and (Redis Cluster) a
+ * check of each slot group that failed beside the rejection that is the answer.
+ */
+interface DetailedAnswer {
+  readonly decision: LimitDecision
+  readonly remainings: readonly number[]
+  readonly callId?: string
+  readonly failed?: { readonly checks: readonly number[], readonly reason: unknown }
+}
 
 /** What the store answers a decision with: detailed or not. */
 type StoreAnswer = DetailedAnswer | LimitDecision
@@ -320,15 +328,19 @@ export class RedisGuard implements SharedLevel {
   private answered (answer: StoreAnswer, started: number, involved: readonly Breaker[], probes: Breaker[] | null, checks: readonly LimitCheck[]): GuardedDecision {
     let decision: LimitDecision
     let leaseId = ''
+    // Redis Cluster: masters that failed while another one's rejection is the answer
+    let down: Set<Breaker> | null = null
     if ('decision' in answer) {
       decision = answer.decision
       leaseId = answer.callId ?? ''
       this.learn(checks, answer.remainings)
+      if (answer.failed !== undefined) down = this.partlyFailed(answer.failed, involved, probes, checks)
     } else {
       decision = answer
     }
     this.options.telemetry.redisCall((performance.now() - started) / 1e3, true, null)
     for (const b of involved) {
+      if (down?.has(b) === true) continue
       b.failures = 0
       if (b.state !== 'closed') {
         b.openFor = this.baseOpenMs
@@ -337,7 +349,7 @@ export class RedisGuard implements SharedLevel {
     }
     if (this.outage !== null) {
       if (this.worst === 'closed' || this.recomputeWorst() === 'closed') this.endOutage()
-      else this.settleKeys(this.outage, checks)
+      else this.settleKeys(this.outage, down === null ? checks : checks.filter((c) => !(down as Set<Breaker>).has(this.breakerOf(this.nodeOf(c.key)))))
     }
     if (this.unpaid.size > 0) this.retryUnpaid()
     endProbes(probes)
@@ -347,18 +359,40 @@ export class RedisGuard implements SharedLevel {
   private failed (err: unknown, started: number, involved: readonly Breaker[], probes: Breaker[] | null, checks: readonly LimitCheck[], limits: readonly { readonly onError: OnError }[], requestId: string): GuardedDecision {
     const kind = classifyRedisError(err)
     this.options.telemetry.redisCall((performance.now() - started) / 1e3, false, kind)
-    for (const b of involved) {
-      b.failures++
-      const probe = probes !== null && probes.includes(b)
-      if (probe || (b.state === 'closed' && b.failures >= this.threshold)) {
-        if (probe) b.openFor = Math.min(this.maxOpenMs, b.openFor * 2)
-        b.openedAt = Date.now()
-        this.setState(b, 'open', `Redis ${kind}: ${err instanceof Error ? err.message : String(err)}`)
-      }
-    }
+    for (const b of involved) this.countFailure(b, probes, kind, err)
     const fallback = this.fallback(checks, limits, requestId)
     endProbes(probes)
     return fallback
+  }
+
+  /** One failure of `b`'s node: opens it at the threshold, or again when it was probing. */
+  private countFailure (b: Breaker, probes: Breaker[] | null, kind: string, err: unknown): void {
+    b.failures++
+    const probe = probes !== null && probes.includes(b)
+    if (probe || (b.state === 'closed' && b.failures >= this.threshold)) {
+      if (probe) b.openFor = Math.min(this.maxOpenMs, b.openFor * 2)
+      b.openedAt = Date.now()
+      this.setState(b, 'open', `Redis ${kind}: ${err instanceof Error ? err.message : String(err)}`)
+    }
+  }
+
+  // Redis Cluster: a rejection is the answer although some slot groups failed. Their masters did
+  // not answer: counted as failures (a probe through one must not close its breaker, end the
+  // outage and send its keys' debts to a dead master), the others as answers.
+  private partlyFailed (failed: NonNullable<DetailedAnswer['failed']>, involved: readonly Breaker[], probes: Breaker[] | null, checks: readonly LimitCheck[]): Set<Breaker> {
+    const down = new Set<Breaker>()
+    const kind = classifyRedisError(failed.reason)
+    for (const i of failed.checks) {
+      const b = this.breakerOf(this.nodeOf((checks[i] as LimitCheck).key))
+      if (down.has(b) || !involved.includes(b)) continue
+      down.add(b)
+      this.countFailure(b, probes, kind, failed.reason)
+    }
+    return down
+  }
+
+  private nodeOf (key: string): string {
+    return this.options.nodeOf?.(key) ?? '*'
   }
 
   private setState (b: Breaker, state: BreakerState, reason: string): void {

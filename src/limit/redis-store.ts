@@ -51,6 +51,11 @@ export interface DetailedDecision {
   readonly remainings: readonly number[]
   /** The id this call recorded under: the member of every concurrency lease it took (lua/lease.lua). */
   readonly callId: string
+  /**
+   * Redis Cluster: a check of each slot group that failed while another group's rejection is the
+   * answer. Their masters did not answer: the guard counts a failure on their breakers.
+   */
+  readonly failed?: { readonly checks: readonly number[], readonly reason: unknown }
 }
 
 export interface RedisStore extends LimitStore {
@@ -161,6 +166,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
 
     const settled = await Promise.allSettled(groups.map(([, g]) => limit(g.keys, g.checks, id, now)))
     let failure: { reason: unknown } | undefined
+    const failed: number[] = []
     let rejecting: { index: number, decision: LimitDecision } | undefined
     let tightest: { index: number, decision: LimitDecision } | undefined
     let delayMs = 0
@@ -169,6 +175,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
       const [slot, group] = groups[g] as [number, Group]
       if (s.status === 'rejected') {
         failure ??= { reason: s.reason }
+        failed.push(group.indexes[0] as number)
         return
       }
       const { decision, receipts } = s.value
@@ -205,8 +212,10 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
     // A known rejection is the answer even if another group failed: throwing would send the
     // caller to its fallback, which might admit what Redis already refused.
     if (rejecting !== undefined) {
-      if (failure !== undefined) onBackgroundError?.(failure.reason)
-      return { decision: { ...rejecting.decision, limitingIndex: rejecting.index }, remainings, callId: id }
+      const decision = { ...rejecting.decision, limitingIndex: rejecting.index }
+      if (failure === undefined) return { decision, remainings, callId: id }
+      onBackgroundError?.(failure.reason)
+      return { decision, remainings, callId: id, failed: { checks: failed, reason: failure.reason } }
     }
     throw (failure as { reason: unknown }).reason
   }
