@@ -189,6 +189,21 @@ t.test('a rejection beside a slot group that failed counts a failure on that mas
   t.notOk(transitions.some((x) => x.startsWith('closed')), transitions.join('; '))
 })
 
+t.test('a decision failing in one slot group opens only that master\'s breaker: the masters that answered stay on Redis', async (t) => {
+  const many = spec('fixed-window', 100, 3_600_000)
+  await awayFromWindowEdge(3_600_000, 30_000)
+  const healthy = keyOn(p1, 'partial-ok')
+  const broken = keyOn(p2, 'partial-broken')
+  await cluster.set(broken, 'not a hash')
+  const guard = new RedisGuard({ store, fallbackMaxKeys: 100, timeoutMs: 3000, failureThreshold: 1, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {}, ...clusterNodes(cluster) })
+  t.teardown(() => guard.close())
+  const g = await guard.decide([{ key: healthy, spec: many, cost: 1 }, { key: broken, spec: many, cost: 1 }], [{ onError: 'local' }, { onError: 'local' }], 'a')
+  t.equal(g.level, 'fallback', 'the request is decided by the fallback whole')
+  const states = Object.fromEntries(guard.breakerStates().map((b) => [b.node, b.state]))
+  t.same([states[`127.0.0.1:${p1}`], states[`127.0.0.1:${p2}`]], ['closed', 'open'], 'p2 failed, p1 answered')
+  t.equal((await guard.decide([{ key: healthy, spec: many, cost: 1 }], [{ onError: 'local' }], 'b')).level, 'redis', 'a request on p1 alone stays on Redis')
+})
+
 t.test('a request whose keys share a slot is one call, all or nothing', async (t) => {
   const a = keyOn(p3, 'same')
   // A deliberate hash tag (chosen by configuration, never by a client) keeps keys together.

@@ -15,7 +15,7 @@ import { LRUCache } from 'lru-cache'
 import { MAX_EXACT } from './algorithms/index.js'
 import { createMemoryStore, type MemoryStore } from './memory-store.js'
 import { classifyRedisError } from './redis-client.js'
-import { ChargeError } from './redis-store.js'
+import { ChargeError, SlotGroupError } from './redis-store.js'
 import { LRU_CALL } from './lru.js'
 import type { LimitCheck, LimitDecision, LimitSpec, LimitStore, SharedDecision, SharedLevel } from './types.js'
 import type { OnError } from './plan.js'
@@ -339,14 +339,7 @@ export class RedisGuard implements SharedLevel {
       decision = answer
     }
     this.options.telemetry.redisCall((performance.now() - started) / 1e3, true, null)
-    for (const b of involved) {
-      if (down?.has(b) === true) continue
-      b.failures = 0
-      if (b.state !== 'closed') {
-        b.openFor = this.baseOpenMs
-        this.setState(b, 'closed', 'Redis answers again')
-      }
-    }
+    for (const b of involved) if (down?.has(b) !== true) this.countAnswer(b)
     if (this.outage !== null) {
       if (this.worst === 'closed' || this.recomputeWorst() === 'closed') this.endOutage()
       else this.settleKeys(this.outage, down === null ? checks : checks.filter((c) => !(down as Set<Breaker>).has(this.breakerOf(this.nodeOf(c.key)))))
@@ -357,12 +350,30 @@ export class RedisGuard implements SharedLevel {
   }
 
   private failed (err: unknown, started: number, involved: readonly Breaker[], probes: Breaker[] | null, checks: readonly LimitCheck[], limits: readonly { readonly onError: OnError }[], requestId: string): GuardedDecision {
-    const kind = classifyRedisError(err)
+    // Redis Cluster: only the slot groups that failed say their masters did; the others answered
+    // (without this, a request spanning a dead master and healthy ones opened every breaker).
+    const groups = err instanceof SlotGroupError ? err : null
+    const reason = groups !== null ? groups.reason : err
+    const kind = classifyRedisError(reason)
     this.options.telemetry.redisCall((performance.now() - started) / 1e3, false, kind)
-    for (const b of involved) this.countFailure(b, probes, kind, err)
+    if (groups === null) {
+      for (const b of involved) this.countFailure(b, probes, kind, reason)
+    } else {
+      const down = this.partlyFailed({ checks: groups.failed, reason }, involved, probes, checks)
+      for (const b of involved) if (!down.has(b)) this.countAnswer(b)
+    }
     const fallback = this.fallback(checks, limits, requestId)
     endProbes(probes)
     return fallback
+  }
+
+  /** `b`'s node answered: its failures start over and an open breaker closes. */
+  private countAnswer (b: Breaker): void {
+    b.failures = 0
+    if (b.state !== 'closed') {
+      b.openFor = this.baseOpenMs
+      this.setState(b, 'closed', 'Redis answers again')
+    }
   }
 
   /** One failure of `b`'s node: opens it at the threshold, or again when it was probing. */
@@ -376,9 +387,9 @@ export class RedisGuard implements SharedLevel {
     }
   }
 
-  // Redis Cluster: a rejection is the answer although some slot groups failed. Their masters did
-  // not answer: counted as failures (a probe through one must not close its breaker, end the
-  // outage and send its keys' debts to a dead master), the others as answers.
+  // Redis Cluster: some slot groups failed, beside a rejection that is the answer or failing the
+  // decision. Their masters did not answer: counted as failures (a probe through one must not
+  // close its breaker, end the outage and send its keys' debts to a dead master). Returns them.
   private partlyFailed (failed: NonNullable<DetailedAnswer['failed']>, involved: readonly Breaker[], probes: Breaker[] | null, checks: readonly LimitCheck[]): Set<Breaker> {
     const down = new Set<Breaker>()
     const kind = classifyRedisError(failed.reason)

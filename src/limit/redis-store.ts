@@ -118,6 +118,16 @@ export class ChargeError extends Error {
   }
 }
 
+/**
+ * Redis Cluster: a decision that failed in some slot groups (and was refused by none). `failed`
+ * holds a check of each failing group: only their masters failed, the others answered.
+ */
+export class SlotGroupError extends Error {
+  constructor (readonly failed: readonly number[], readonly reason: unknown) {
+    super(reason instanceof Error ? reason.message : String(reason))
+  }
+}
+
 interface Group {
   /** Indexes into the request's checks, ascending. */
   readonly indexes: number[]
@@ -217,7 +227,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
       onBackgroundError?.(failure.reason)
       return { decision, remainings, callId: id, failed: { checks: failed, reason: failure.reason } }
     }
-    throw (failure as { reason: unknown }).reason
+    throw new SlotGroupError(failed, (failure as { reason: unknown }).reason)
   }
 
   // Not an async function: the gateway's request already waits in the guard's and the limiter's
