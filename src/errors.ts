@@ -42,7 +42,8 @@ const TABLE = {
   GW_ERR_ADMIN_FORBIDDEN: { status: 403, message: 'no admin.token is configured: mutating admin endpoints are disabled' },
   GW_ERR_ADMIN_NOT_READY: { status: 503, message: 'no configuration is loaded yet', bodyCode: 'not_ready' },
   GW_ERR_METRICS_FAILED: { status: 500, message: 'the metrics could not be collected', bodyCode: 'metrics_failed' },
-  GW_ERR_ADMIN_WORKERS_UNAVAILABLE: { status: 503, message: 'a worker did not answer the admin request in time (workers: N)' }
+  GW_ERR_ADMIN_WORKERS_UNAVAILABLE: { status: 503, message: 'a worker did not answer the admin request in time (workers: N)' },
+  GW_ERR_ADMIN_FAILED: { status: 500, message: 'the admin listener could not answer this request' }
 } satisfies Record<string, ErrorEntry>
 
 export type ErrorCode = keyof typeof TABLE

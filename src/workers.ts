@@ -7,7 +7,7 @@ import { createServer } from 'node:http'
 import { AggregatorRegistry } from 'prom-client'
 import { loadConfigFile, type LoadedConfig } from './config/load.js'
 import { redactConfig } from './admin/redact.js'
-import { json } from './admin/admin-server.js'
+import { answeringSafely, json } from './admin/admin-server.js'
 import { ERRORS, errorBody } from './errors.js'
 import { adminError, serveLimitsApi, type AdminAnswer, type LimitsOps } from './admin/limits-api.js'
 import { createWorkersLimitsOps, type AdminOp, type WorkerAnswer } from './admin/limits-over-workers.js'
@@ -154,7 +154,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   })
   for (let i = 0; i < workers; i++) fork()
 
-  const admin = createServer((req, res) => {
+  const admin = createServer(answeringSafely((req, res) => {
     const path = (req.url ?? '/').split('?')[0]
     if (limitsApi(req, res)) return
     if (path === '/healthz') return json(res, 200, { status: 'ok' })
@@ -173,7 +173,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     }
     if (handleDashboard(req, res, path ?? '/', feed, () => null, json)) return
     json(res, ERRORS.GW_ERR_NOT_FOUND.status, errorBody('GW_ERR_NOT_FOUND', 'admin endpoints: / (page) /events /routes /healthz /readyz /metrics /config /limits /consumers/NAME'))
-  })
+  }))
   const adminAddress = adminListen(loaded.config)
   const { host, port } = splitHostPort(adminAddress)
   await new Promise<void>((resolve, reject) => {

@@ -2,7 +2,8 @@
 // with every kind of secret redacted, and a Redis that cannot be reached (the gateway still
 // starts, serves and reports itself degraded).
 import t from 'tap'
-import { startGateway } from './helpers/gateway.js'
+import { spawnGateway, startGateway } from './helpers/gateway.js'
+import { rawRequest } from './helpers/raw-http.js'
 import { refusingUrl, startUpstream } from './helpers/upstream.js'
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
@@ -35,6 +36,24 @@ routes:
   t.equal(post.status, 405, 'admin endpoints are read-only')
   t.equal((await fetch(`${gw.url}/healthz`)).status, 200, 'the public listener forwards /healthz to the upstream')
   t.equal(upstream.log.length, 1)
+})
+
+t.test('a request target the admin listener cannot parse is a 400, and the gateway goes on serving', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  // each of these ended the process: a throw in the admin request listener went uncaught
+  const badEscape = await rawRequest(gw.adminPort, 'GET /consumers/%zz HTTP/1.1\r\nHost: a\r\n')
+  t.same([badEscape.status, badEscape.json?.error], [400, 'GW_ERR_BAD_REQUEST'], '/consumers/%zz')
+  const badUrl = await rawRequest(gw.adminPort, 'GET //[ HTTP/1.1\r\nHost: a\r\n')
+  t.same([badUrl.status, badUrl.json?.error], [400, 'GW_ERR_BAD_REQUEST'], 'GET //[')
+  t.equal((await fetch(`${gw.adminUrl}/healthz`)).status, 200, 'the admin listener still answers')
+  t.equal((await fetch(`${gw.url}/x`)).status, 200, 'and the public one')
 })
 
 t.test('/readyz answers 503 while the gateway drains', async (t) => {

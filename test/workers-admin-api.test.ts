@@ -8,6 +8,7 @@ import { spawnGateway, type GatewayProcess } from './helpers/gateway.js'
 import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { eventually, send, type Reply } from './helpers/ratelimit.js'
+import { rawRequest } from './helpers/raw-http.js'
 
 const TOKEN = 'admin-token-0123456789abcdef'
 const WARNING = /non-loopback address and has no access token/
@@ -179,6 +180,12 @@ routes:
   t.same(after, [401, 401, 401, 401], 'failures are answered 401 again, not 429')
   await eventually('the 401s were logged', async () => servedBy(gw, 401, from).size === 2, 5000)
   t.equal(servedBy(gw, 401, from).size, 2, 'on both workers')
+  // the primary's admin listener: a throw there ended the primary, and every worker with it
+  const badEscape = await rawRequest(Number(new URL(adminUrl).port), 'GET /consumers/%zz HTTP/1.1\r\nHost: a\r\n')
+  t.same([badEscape.status, badEscape.json?.error], [400, 'GW_ERR_BAD_REQUEST'], 'the primary answers /consumers/%zz with a 400')
+  const badUrl = await rawRequest(Number(new URL(adminUrl).port), 'GET //[ HTTP/1.1\r\nHost: a\r\n')
+  t.same([badUrl.status, badUrl.json?.error], [400, 'GW_ERR_BAD_REQUEST'], 'and GET //[')
+  t.equal((await send(`${gw.url}/x`)).status, 200, 'the workers still serve')
 })
 
 t.test('the workers primary warns when its admin listener binds a non-loopback address without a token', async t => {

@@ -1,6 +1,6 @@
 // The admin listener, on its own address: /healthz /readyz /metrics /config, and the admin page
 // (/, /events, /routes: src/admin/dashboard.ts).
-import { createServer, type Server } from 'node:http'
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import type { GatewayMetrics } from './metrics.js'
 import { redactConfig } from './redact.js'
 import { handleDashboard } from './dashboard.js'
@@ -52,12 +52,33 @@ export function healthOf (source: AdminSource): Record<string, unknown> {
 /** Admin answers: pretty JSON, never cached. Also used by the workers primary's admin listener. */
 export function json (res: import('node:http').ServerResponse, status: number, body: unknown): void {
   const text = JSON.stringify(body, null, 2)
-  res.writeHead(status, { 'content-type': 'application/json; charset=utf-8', 'cache-control': 'no-store' })
+  res.writeHead(status, { 'content-type': 'application/json; charset=utf-8', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(text) })
   res.end(text)
 }
 
+/**
+ * An admin listener's request handler that never throws: a request target that does not parse
+ * (`GET //[`, `/consumers/%zz`) is a 400, anything else a 500, and the process (every worker's
+ * traffic with it) goes on. Uncaught, a throw in a request listener ends the process.
+ */
+export function answeringSafely (handle: (req: IncomingMessage, res: ServerResponse) => void): (req: IncomingMessage, res: ServerResponse) => void {
+  return (req, res) => {
+    try {
+      handle(req, res)
+    } catch (err) {
+      if (res.headersSent) {
+        res.destroy()
+        return
+      }
+      const message = err instanceof Error ? err.message : String(err)
+      if (err instanceof URIError || (err as { code?: unknown }).code === 'ERR_INVALID_URL') json(res, 400, errorBody('GW_ERR_BAD_REQUEST', `the request target does not parse: ${message}`))
+      else json(res, ERRORS.GW_ERR_ADMIN_FAILED.status, errorBody('GW_ERR_ADMIN_FAILED', message))
+    }
+  }
+}
+
 export function createAdminServer (source: AdminSource, live: LiveFeed | null = null): Server {
-  return createServer((req, res) => {
+  return createServer(answeringSafely((req, res) => {
     const path = (req.url ?? '/').split('?')[0] ?? '/'
     if (source.limits?.(req, res) === true) return
     if (req.method !== 'GET' && req.method !== 'HEAD') return json(res, 405, errorBody('GW_ERR_BAD_REQUEST', 'admin endpoints are read-only'))
@@ -84,5 +105,5 @@ export function createAdminServer (source: AdminSource, live: LiveFeed | null = 
         if (handleDashboard(req, res, path, live, () => source.runtime, json)) return
         return json(res, ERRORS.GW_ERR_NOT_FOUND.status, errorBody('GW_ERR_NOT_FOUND', 'admin endpoints: / (page) /events /routes /healthz /readyz /metrics /config /limits /consumers/NAME'))
     }
-  })
+  }))
 }

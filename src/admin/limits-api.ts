@@ -274,7 +274,13 @@ export function serveLimitsApi (endpoint: LimitsEndpoint, json: Json): (req: Inc
       send(res, adminError('GW_ERR_BAD_REQUEST', '/consumers/NAME is read-only', 405))
       return true
     }
-    const name = decodeURIComponent(path.slice('/consumers/'.length))
+    let name: string
+    try {
+      name = decodeURIComponent(path.slice('/consumers/'.length))
+    } catch {
+      send(res, adminError('GW_ERR_BAD_REQUEST', '/consumers/NAME: NAME is not valid percent-encoding'))
+      return true
+    }
     if (name.length === 0 || name.includes('/')) send(res, adminError('GW_ERR_NOT_FOUND', 'expected /consumers/NAME'))
     else run(res, endpoint.ops.consumer(name))
     return true
