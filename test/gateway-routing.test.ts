@@ -155,6 +155,8 @@ t.test('bad paths get 400 GW_ERR_BAD_PATH as JSON and never reach the upstream',
     '/api/abc%',
     '/api/a%00b',
     '/api/..;/admin',
+    '/api/a#',
+    '/api/a#b',
     '*'
   ]
   for (const path of bad) {

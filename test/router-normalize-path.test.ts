@@ -98,7 +98,11 @@ t.test('attack strings are rejected', async (t) => {
     '/api/%2e%2e;/admin',
     '/api/%2e;x/admin',
     '/%u002e%u002e/x',
-    '/a/%2e%2e%5c..%5cx'
+    '/a/%2e%2e%5c..%5cx',
+    // a fragment never belongs in a request target; cut off upstream, "/login#" is "/login"
+    '/login#',
+    '/login#x',
+    '/a/%2e%2e#'
   ]
   for (const p of attacks) {
     const r = normalizePath(p)
@@ -118,6 +122,7 @@ t.test('errors name the cause', async (t) => {
   t.match(reason('/%2f'), /encoded/)
   t.match(reason('/a\\b'), /backslash/)
   t.match(reason('/a\u0001'), /control/)
+  t.match(reason('/login#x'), /fragment/)
   t.match(reason('/..;/'), /parameters/)
 })
 

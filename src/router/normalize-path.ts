@@ -8,6 +8,7 @@ const SLASH = 0x2f
 const DOT = 0x2e
 const PERCENT = 0x25
 const BACKSLASH = 0x5c
+const HASH = 0x23
 
 const HEX = '0123456789ABCDEF'
 
@@ -29,9 +30,11 @@ UNRESERVED[0x2d] = UNRESERVED[DOT] = UNRESERVED[0x5f] = UNRESERVED[0x7e] = 1
 const fail = (reason: string): NormalizedPath => ({ ok: false, reason })
 
 // Raw controls (C0, SP, DEL) never belong in a path (RFC 3986 §2, §7.3); a raw "\" is a "/" to
-// some servers (IIS, Windows file APIs), so it would let "/public\..\admin" skip our routing.
+// some servers (IIS, Windows file APIs), so it would let "/public\..\admin" skip our routing. A
+// raw "#" never belongs in a request target (RFC 9112 §3.2: no fragment), and servers that cut
+// the fragment off (Express, nginx) serve "/login#x" as "/login", past the route for "/login".
 function isForbiddenRaw (c: number): boolean {
-  return c <= 0x20 || c === 0x7f || c === BACKSLASH
+  return c <= 0x20 || c === 0x7f || c === BACKSLASH || c === HASH
 }
 
 /**
@@ -98,7 +101,7 @@ function normalizeSlow (raw: string): NormalizedPath {
       i += 2
       runStart = i + 1
     } else if (isForbiddenRaw(c)) {
-      return fail(c === BACKSLASH ? 'backslash in path' : 'control character in path')
+      return fail(c === BACKSLASH ? 'backslash in path' : c === HASH ? 'fragment ("#") in request target' : 'control character in path')
     }
   }
   // A final '' entry (pushed only on the last segment) is the trailing slash; [''] is the root.
