@@ -130,6 +130,25 @@ t.test('environment references in map keys (an API key from the environment)', a
   ])
 })
 
+t.test('an inline API key never appears in a problem: the path and message name "<an API key>", line and column point at it', async t => {
+  const keys = (map: string): string => `identity:\n  apiKeys:\n    header: x\n    keys: ${map}\n` + BASE
+  t.same(problems(keys('{ k-secret-1: "" }')), ['gw.yaml:4:25 identity.apiKeys.keys.<an API key>: an API key must map to a consumer name'])
+  const wrongType = problems(keys('{ k-secret-2: 42 }'))
+  t.equal(wrongType.length, 1)
+  t.match(wrongType[0], /^gw\.yaml:4:25 identity\.apiKeys\.keys\.<an API key>: /)
+  t.notMatch(wrongType[0], /k-secret-2/)
+  // from the environment: the path held the substituted value
+  const fromEnv = problems(keys('{ "${K}": "" }'), { K: 'k-secret-3' })
+  t.equal(fromEnv.length, 1)
+  t.notMatch(fromEnv[0], /k-secret-3/)
+  t.match(fromEnv[0], /identity\.apiKeys\.keys\.<an API key>: an API key must map to a consumer name/)
+  const plans = 'plans:\n  free: { limits: { user: { limit: 1, window: 1s } } }\nconsumers: { bob: { plan: free } }\n'
+  const unknownConsumer = problems(keys('{ k-secret-4: carol }') + plans)
+  t.equal(unknownConsumer.length, 1)
+  t.match(unknownConsumer[0], /identity\.apiKeys\.keys\.<an API key>: API key maps to consumer "carol", which has no entry in consumers/)
+  t.notMatch(unknownConsumer[0], /k-secret-4/)
+})
+
 t.test('unknown keys are located at the key and name the closest valid key', async t => {
   t.same(problems(UP + 'rotues: []\n'), ['gw.yaml:1:1 routes: required key is missing', 'gw.yaml:3:1 rotues: unknown key "rotues" (did you mean routes?)'])
   t.same(problems(BASE + 'plans:\n  free: { limits: { usr: { limit: 1, window: 1s } } }\n'), [
@@ -396,15 +415,15 @@ t.test('plans and consumers refer to plans that exist; a time zone is an IANA na
 t.test('API keys: keys or a file, each key to a consumer the plans know', async t => {
   const api = (inner: string, more = ''): string => `identity: { apiKeys: { header: x, ${inner} } }\n${more}` + BASE
   t.same(problems('identity: { apiKeys: { header: x } }\n' + BASE), ['gw.yaml:1:22 identity.apiKeys: give "keys", "file" or both'])
-  t.same(problems(api('keys: { k1: "" }')), ['gw.yaml:1:47 identity.apiKeys.keys.k1: an API key must map to a consumer name'])
+  t.same(problems(api('keys: { k1: "" }')), ['gw.yaml:1:47 identity.apiKeys.keys.<an API key>: an API key must map to a consumer name'])
   const plans = 'consumers: { alice: { plan: free } }\nplans: { free: {} }\n'
   t.same(problems(api('keys: { k1: alice, k2: bob }', plans)), [
-    'gw.yaml:1:58 identity.apiKeys.keys.k2: API key maps to consumer "bob", which has no entry in consumers (and there is no defaultPlan)'
+    'gw.yaml:1:58 identity.apiKeys.keys.<an API key>: API key maps to consumer "bob", which has no entry in consumers (and there is no defaultPlan)'
   ])
   t.ok(accepted(api('keys: { k1: alice, k2: bob }', plans + 'defaultPlan: free\n')), 'bob gets the default plan')
   t.ok(accepted(api('keys: { k2: bob }')), 'no plans: consumers are names')
   t.same(problems(api('keys: { k1: alice }', 'plans: { free: {} }\n')), [
-    'gw.yaml:1:47 identity.apiKeys.keys.k1: API key maps to consumer "alice", which has no entry in consumers (and there is no defaultPlan)'
+    'gw.yaml:1:47 identity.apiKeys.keys.<an API key>: API key maps to consumer "alice", which has no entry in consumers (and there is no defaultPlan)'
   ], 'plans but no consumers at all')
   t.ok(accepted(api('keys: { k1: alice }, file: keys.yaml', plans)))
 })

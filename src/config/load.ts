@@ -50,6 +50,18 @@ export function formatProblem (p: ConfigProblem): string {
   return `${p.file}:${p.line}:${p.column}${p.path === '' ? '' : ' ' + p.path}: ${p.message}`
 }
 
+/** What a problem shows instead of an inline API key (`identity.apiKeys.keys.<key>`). */
+const API_KEY_SHOWN = '<an API key>'
+
+/**
+ * The inline API key a problem's path names, or null. A key still holding a `${VAR}` reference
+ * (a substitution that failed) is the file's text, not a credential: shown, it says what to fix.
+ */
+function apiKeyIn (path: KeyPath): string | null {
+  const key = path[3]
+  return path[0] === 'identity' && path[1] === 'apiKeys' && path[2] === 'keys' && typeof key === 'string' && key.length > 0 && !key.includes('${') ? key : null
+}
+
 export function formatKeyPath (path: KeyPath): string {
   let out = ''
   for (const seg of path) {
@@ -76,7 +88,11 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
   const doc = parseDocument(text, { lineCounter, prettyErrors: false, uniqueKeys: true })
   const at = (offset: number | undefined, path: KeyPath, message: string): ConfigProblem => {
     const pos = lineCounter.linePos(offset ?? 0)
-    return { file: name, line: pos.line, column: pos.col, path: formatKeyPath(path), message }
+    const secret = apiKeyIn(path)
+    if (secret === null) return { file: name, line: pos.line, column: pos.col, path: formatKeyPath(path), message }
+    // An inline API key is a credential: it never goes into an error (logged on a reload, shown on
+    // /config's lastReload and the admin page). Line and column point at it.
+    return { file: name, line: pos.line, column: pos.col, path: formatKeyPath([...path.slice(0, 3), API_KEY_SHOWN, ...path.slice(4)]), message: message.split(secret).join(API_KEY_SHOWN) }
   }
 
   if (doc.errors.length > 0) {
