@@ -108,12 +108,12 @@ t.test('the gateway failing after the backend started stops the backend too', as
   // listen and admin on one port: free when checked, refused by the gateway's config check
   const same = String(await freePort())
   const backendPort = await freePort()
-  const started = Date.now()
   const demo = startDemo(t, { DEMO_PORT: same, DEMO_ADMIN_PORT: same, DEMO_BACKEND_PORT: String(backendPort) })
   t.equal(await demo.exited, 1)
-  // at once, not after the 10 s readiness wait runs out
-  t.ok(Date.now() - started < 7000, `stopped after ${Date.now() - started} ms`)
+  // stopped by the gateway's exit, not by the 10 s readiness wait running out (what the demo
+  // says, not a wall clock: starting two node processes on a loaded CI machine took 8 s)
   t.match(demo.stderr(), /demo: the gateway exited \(code 1\) before the demo was ready; stopping/)
+  t.notMatch(demo.stderr(), /not ready .* within 10 s/)
   t.match(demo.stdout(), /echo backend on /, 'the backend had started')
   t.ok(await refuses(backendPort), 'and was stopped')
 })
