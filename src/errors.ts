@@ -143,7 +143,30 @@ export function sendJsonText (
 export interface RawSocket {
   write: (s: string) => unknown
   end: () => unknown
+  destroy: () => unknown
+  once: (event: 'finish', listener: () => void) => unknown
   readonly destroyed: boolean
+  readonly writableFinished: boolean
+}
+
+/** How long a socket being closed may take to flush its last bytes to a client that does not read. */
+export const CLOSE_GRACE_MS = 2000
+
+/**
+ * Ends the socket so what was written still goes out, then destroys it: once flushed, or after
+ * CLOSE_GRACE_MS. Ending alone is not enough: node:http's sockets allow half-open connections, and
+ * once a request asked for an Upgrade (or failed to parse) no server timeout watches its socket,
+ * so a client that never closes its side would hold it, and its file descriptor, for good.
+ */
+export function closeSoon (socket: RawSocket): void {
+  if (socket.destroyed) return
+  if (socket.writableFinished) {
+    socket.destroy()
+    return
+  }
+  socket.once('finish', () => { socket.destroy() })
+  socket.end()
+  setTimeout(() => { socket.destroy() }, CLOSE_GRACE_MS).unref()
 }
 
 /** sendJsonText's answer written raw on a socket (a refused Upgrade). */
@@ -159,7 +182,7 @@ export function writeRawJsonText (
   let raw = `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\ncontent-type: ${JSON_TYPE}\r\ncontent-length: ${bytes}\r\nx-request-id: ${requestId}\r\nconnection: close\r\n`
   for (let i = 0; i + 1 < head.length; i += 2) raw += `${head[i] as string}: ${head[i + 1] as string}\r\n`
   socket.write(raw + '\r\n' + body)
-  socket.end()
+  closeSoon(socket)
   return bytes
 }
 

@@ -6,7 +6,9 @@ import http, { type IncomingMessage } from 'node:http'
 import { randomBytes } from 'node:crypto'
 import type { Duplex } from 'node:stream'
 import { WebSocket } from 'ws'
-import { startGateway } from './helpers/gateway.js'
+import { spawnGateway, startGateway } from './helpers/gateway.js'
+import net from 'node:net'
+import { readdirSync } from 'node:fs'
 import { refusingUrl, startUpstream, type Upstream } from './helpers/upstream.js'
 import type { Teardown } from './helpers/teardown.js'
 
@@ -169,6 +171,36 @@ t.test('upgrades the gateway refuses', async (t) => {
 
   t.equal(upstream.upgrades.length, 0, 'no refused upgrade reached the upstream')
   t.equal(upstream.requests, 0)
+})
+
+t.test('a refused upgrade\'s socket is closed by the gateway, even when the client never closes its side', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: plain, pathPrefix: /, upstream: backend }
+`)
+  const pid = gw.child.pid as number
+  const fds = (): number => readdirSync(`/proc/${pid}/fd`).length
+  const before = fds()
+  // half-open clients: they read the answer and the gateway's FIN, and never send their own
+  const clients = await Promise.all(Array.from({ length: 20 }, async () => {
+    const socket = net.connect({ port: gw.port, host: '127.0.0.1', allowHalfOpen: true })
+    t.teardown(() => socket.destroy())
+    let text = ''
+    socket.setEncoding('latin1')
+    socket.on('data', (c: string) => { text += c })
+    socket.write('GET /x HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n')
+    await once(socket, 'end')
+    return text
+  }))
+  t.ok(clients.every((text) => text.startsWith('HTTP/1.1 400 ')), 'each got its 400')
+  // ended alone, each socket stayed open in the gateway for as long as its client kept it
+  const deadline = Date.now() + 10_000
+  while (fds() > before && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 50))
+  t.ok(fds() <= before, `the gateway holds no socket of theirs (${fds()} file descriptors, ${before} before)`)
 })
 
 t.test('the access log and metrics tell a refused upgrade from a tunnel', async (t) => {

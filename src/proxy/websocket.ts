@@ -2,7 +2,7 @@ import type { ClientRequest, IncomingMessage } from 'node:http'
 import type { Duplex } from 'node:stream'
 import { Socket } from 'node:net'
 import httpProxy from 'http-proxy'
-import { ERRORS, GatewayError, writeError, type ErrorCode } from '../errors.js'
+import { CLOSE_GRACE_MS, ERRORS, GatewayError, closeSoon, writeError, type ErrorCode } from '../errors.js'
 import type { ForwardContext, ForwardPlan, ForwardResult } from './forward.js'
 import { upstreamRequestHeaders } from './forward-headers.js'
 import { stripPathPrefix } from './forward-path.js'
@@ -21,9 +21,6 @@ export interface WebSocketProxy {
   /** Destroys every tunnel, open or opening; later upgrades are answered 503. */
   close (): void
 }
-
-// After one side closed, the other gets this long to flush what it still buffers (a close frame).
-const CLOSE_GRACE_MS = 2000
 
 export function createWebSocketProxy (): WebSocketProxy {
   // toProxy: http-proxy then sends req.url as is; otherwise it re-parses it with url.parse,
@@ -231,22 +228,7 @@ function outcome (status: number, target: string | null, kind: ForwardErrorKind 
 
 /** A plain HTTP/1.1 error answer on the raw socket (the upgrade never happened), then the socket is destroyed. */
 function answer (socket: Duplex, code: ErrorCode, ctx: ForwardContext): void {
-  if (socket.destroyed) return
-  socket.once('finish', () => socket.destroy())
-  setTimeout(() => socket.destroy(), CLOSE_GRACE_MS).unref()
   writeError(socket, code, ctx.requestId, undefined, ctx.extraResponseHeaders)
-}
-
-// Ends the socket so buffered frames still go out, then destroys it: at once when flushed, or after the grace.
-function closeSoon (socket: Duplex): void {
-  if (socket.destroyed) return
-  if (socket.writableFinished) {
-    socket.destroy()
-    return
-  }
-  socket.once('finish', () => socket.destroy())
-  socket.end()
-  setTimeout(() => socket.destroy(), CLOSE_GRACE_MS).unref()
 }
 
 function noop (): void {}
