@@ -290,23 +290,32 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
       return code
     }
   }
-  let gw: Gateway
+  // Installed before the start, which can take seconds (a slow Redis): Node's default for SIGHUP
+  // ends the process, and the workers primary relays SIGHUP to workers still starting. One that
+  // comes during the start reloads once started.
+  let gw: Gateway | null = null
+  let reloadWhenStarted = false
+  process.on('SIGHUP', () => {
+    if (gw === null) reloadWhenStarted = true
+    else void gw.reload()
+  })
   try {
     gw = await Gateway.start({ configFile, ...(logLevel !== undefined ? { logLevel } : {}), adminListener: !isWorker() })
   } catch (err) {
     return reportConfigError(err, configFile)
   }
+  if (reloadWhenStarted) void gw.reload()
+  const started = gw
   if (isWorker()) {
     registerWorkerMetrics(gw.metrics.registry)
     notifyReady()
     pidFile = undefined // the primary owns the pid file
   }
   if (pidFile !== undefined) writeFileSync(pidFile, `${process.pid}\n`)
-  process.on('SIGHUP', () => { void gw.reload() })
   return new Promise<number>(resolve => {
     const stop = (signal: string): void => {
-      gw.logger.info({ signal }, 'shutting down')
-      gw.close().then(() => {
+      started.logger.info({ signal }, 'shutting down')
+      started.close().then(() => {
         if (pidFile !== undefined) rmSync(pidFile, { force: true })
         // a worker's IPC channel to the primary would keep it alive after the drain
         if (isWorker()) process.disconnect?.()

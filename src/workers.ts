@@ -5,7 +5,8 @@
 import cluster, { type Worker } from 'node:cluster'
 import { createServer } from 'node:http'
 import { AggregatorRegistry } from 'prom-client'
-import { loadConfigFile, type LoadedConfig } from './config/load.js'
+import { ConfigError, formatProblem, loadConfigFile, type LoadedConfig } from './config/load.js'
+import { checkRuntime } from './runtime.js'
 import { redactConfig } from './admin/redact.js'
 import { answeringSafely, json } from './admin/admin-server.js'
 import { ERRORS, errorBody } from './errors.js'
@@ -15,7 +16,7 @@ import { handleDashboard, type RouteView } from './admin/dashboard.js'
 import { LiveFeed } from './admin/live-feed.js'
 import type { LiveFrame } from './admin/live-stats.js'
 import type { Logger } from './log.js'
-import { isLoopback, splitHostPort } from './server.js'
+import { isLoopback, splitHostPort, type ReloadOutcome } from './server.js'
 import { adminListen, adminToken } from './config/defaults.js'
 
 export const WORKER_ADMIN_ENV = 'GATEWAY_WORKER'
@@ -112,6 +113,29 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   const { logger, workers } = options
   let loaded = options.loaded
   let shuttingDown = false
+  // The primary's verdict on each SIGHUP, for /config and `gateway reload`: the file checked as
+  // each worker checks it (schema and compile, offline), so a file the workers reject is never
+  // shown as the config in force. Installed first: Node's default for SIGHUP ends the process.
+  let generation = 1
+  let lastReload: ReloadOutcome | null = null
+  let checking: Promise<void> = Promise.resolve()
+  process.on('SIGHUP', () => {
+    for (const w of Object.values(cluster.workers ?? {})) w?.process.kill('SIGHUP')
+    checking = checking.then(async () => {
+      let outcome: Pick<ReloadOutcome, 'ok' | 'problems'>
+      try {
+        const next = await loadConfigFile(options.configFile)
+        await checkRuntime(next)
+        loaded = next
+        generation++
+        outcome = { ok: true, problems: [] }
+      } catch (err) {
+        // each worker logs the located problems as well
+        outcome = { ok: false, problems: err instanceof ConfigError ? err.problems.map(formatProblem) : [(err as Error).message] }
+      }
+      lastReload = { attempt: (lastReload?.attempt ?? 0) + 1, generation, at: new Date().toISOString(), ...outcome }
+    })
+  })
   const ready = new Set<number>()
   const aggregator = new AggregatorRegistry()
   // The admin page in workers mode: every worker's frame summed, health as the newest worker saw it.
@@ -159,7 +183,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     if (limitsApi(req, res)) return
     if (path === '/healthz') return json(res, 200, { status: 'ok' })
     if (path === '/readyz') return json(res, ready.size === workers && !shuttingDown ? 200 : 503, { status: ready.size === workers ? 'ready' : 'not_ready', workers, ready: ready.size })
-    if (path === '/config') return json(res, 200, { hash: loaded.hash, file: loaded.file, workers, config: redactConfig(loaded.config) })
+    if (path === '/config') return json(res, 200, { generation, hash: loaded.hash, file: loaded.file, workers, lastReload, config: redactConfig(loaded.config) })
     if (path === '/metrics') {
       aggregator.clusterMetrics().then(text => {
         res.writeHead(200, { 'content-type': aggregator.contentType })
@@ -187,10 +211,6 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   }
   logger.info({ workers, adminPort, primary: process.pid }, 'gateway primary started')
 
-  process.on('SIGHUP', () => {
-    loadConfigFile(options.configFile).then(l => { loaded = l }, () => { /* workers log the located errors */ })
-    for (const w of Object.values(cluster.workers ?? {})) w?.process.kill('SIGHUP')
-  })
   return new Promise<number>(resolve => {
     const stop = (signal: NodeJS.Signals): void => {
       if (shuttingDown) return

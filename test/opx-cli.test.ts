@@ -112,3 +112,31 @@ t.test('config: a bare port and listen equal to admin are located errors', async
   t.equal(clash.code, 1)
   t.match(clash.stderr, /gateway\.yaml:2:8 admin: "127\.0\.0\.1:9901" is also the listen address/)
 })
+
+t.test('reload with workers: the primary gives the verdict, and never shows a file the workers rejected as the config in force', async t => {
+  const up = await startUpstream(t)
+  const withWorkers = (route: string, prefix = '/'): string => config(up.url, route).replace('pathPrefix: /,', `pathPrefix: ${prefix},`) + 'workers: 2\n'
+  const gw = await spawnGateway(t, withWorkers('first'))
+  const primary = await gw.waitForLog(l => l.msg === 'gateway primary started')
+  const admin = `127.0.0.1:${primary.adminPort as number}`
+  const view = async (): Promise<{ generation: number, lastReload: { ok: boolean } | null, config: { routes: Array<{ name: string }> } }> =>
+    await (await fetch(`http://${admin}/config`)).json() as { generation: number, lastReload: { ok: boolean } | null, config: { routes: Array<{ name: string }> } }
+  for (let i = 0; i < 100 && (await fetch(`http://${admin}/readyz`)).status !== 200; i++) await new Promise(resolve => setTimeout(resolve, 100))
+
+  writeFileSync(gw.file, withWorkers('second'))
+  const good = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', admin])
+  t.equal(good.code, 0, good.stderr)
+  t.match(good.stdout, /reloaded: generation 1 -> 2/)
+  t.match(await view(), { generation: 2, lastReload: { ok: true }, config: { routes: [{ name: 'second' }] } })
+
+  // valid for the schema, refused when compiled (a path not in normal form), by every worker
+  writeFileSync(gw.file, withWorkers('third', '/a//b/'))
+  process.kill(Number(readFileSync(gw.pidFile, 'utf8')), 'SIGHUP')
+  let after = await view()
+  for (let i = 0; i < 100 && after.lastReload?.ok !== false; i++) {
+    await new Promise(resolve => setTimeout(resolve, 100))
+    after = await view()
+  }
+  t.match(after, { generation: 2, lastReload: { ok: false, problems: [/routes\[0\]\.pathPrefix: path "\/a\/\/b\/" is not in normal form/] }, config: { routes: [{ name: 'second' }] } }, 'the primary shows the config in force, and why the file was rejected')
+  t.equal((await fetch(`${gw.url}/x`)).status, 200, 'the workers serve on')
+})
