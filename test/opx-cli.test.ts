@@ -2,9 +2,9 @@
 // gateway's verdict, help exists per command, failures are one line with an exit code per kind.
 import t from 'tap'
 import { writeFileSync, readFileSync } from 'node:fs'
-import { execFile } from 'node:child_process'
+import { execFile, spawn } from 'node:child_process'
 import { spawnGateway, childEnv, writeConfig } from './helpers/gateway.js'
-import { startUpstream } from './helpers/upstream.js'
+import { refusingUrl, startUpstream } from './helpers/upstream.js'
 
 interface Run { code: number, stdout: string, stderr: string }
 
@@ -139,4 +139,42 @@ t.test('reload with workers: the primary gives the verdict, and never shows a fi
   }
   t.match(after, { generation: 2, lastReload: { ok: false, problems: [/routes\[0\]\.pathPrefix: path "\/a\/\/b\/" is not in normal form/] }, config: { routes: [{ name: 'second' }] } }, 'the primary shows the config in force, and why the file was rejected')
   t.equal((await fetch(`${gw.url}/x`)).status, 200, 'the workers serve on')
+})
+
+t.test('a SIGHUP while the gateway is still starting reloads it once started, instead of ending it', async t => {
+  const up = await startUpstream(t)
+  // Redis refusing connections: the start waits (up to 2 s) for it, logging each refusal at debug
+  const redis = (await refusingUrl()).replace('http://', 'redis://')
+  const file = writeConfig(t, config(up.url, 'first') + `redis: { url: "${redis}" }\n`)
+  const child = spawn(process.execPath, ['bin/gateway', 'start', '-c', file, '--log-level', 'debug'], { stdio: ['ignore', 'pipe', 'pipe'], env: childEnv() })
+  const exited = new Promise<number | null>(resolve => child.once('exit', code => resolve(code)))
+  t.teardown(() => { child.kill('SIGKILL') })
+  const lines: Array<Record<string, unknown>> = []
+  let buf = ''
+  let signalled = false
+  child.stdout?.on('data', (chunk: Buffer) => {
+    buf += chunk.toString()
+    let nl
+    while ((nl = buf.indexOf('\n')) !== -1) {
+      const line = JSON.parse(buf.slice(0, nl)) as Record<string, unknown>
+      buf = buf.slice(nl + 1)
+      lines.push(line)
+      // the start is under way (its Redis client exists) and not done
+      if (!signalled && line.msg === 'redis client error' && !lines.some(l => l.msg === 'gateway started')) {
+        signalled = true
+        child.kill('SIGHUP')
+      }
+    }
+  })
+  const reloaded = new Promise<void>((resolve) => {
+    const poll = setInterval(() => { if (lines.some(l => l.msg === 'configuration reloaded')) { clearInterval(poll); resolve() } }, 20)
+    void exited.then(() => { clearInterval(poll); resolve() })
+  })
+  await reloaded
+  t.ok(signalled, 'SIGHUP sent during the start')
+  t.same([child.exitCode, child.signalCode], [null, null], 'still running (Node\'s default for SIGHUP ends the process)')
+  const msgs = lines.map(l => l.msg)
+  t.ok(msgs.indexOf('gateway started') >= 0 && msgs.indexOf('gateway started') < msgs.indexOf('configuration reloaded'), 'started, then reloaded')
+  child.kill('SIGTERM')
+  t.equal(await exited, 0)
 })
