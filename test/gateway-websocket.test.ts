@@ -9,7 +9,8 @@ import { WebSocket } from 'ws'
 import { spawnGateway, startGateway } from './helpers/gateway.js'
 import net from 'node:net'
 import { readdirSync } from 'node:fs'
-import { refusingUrl, startUpstream, type Upstream } from './helpers/upstream.js'
+import { refusingUrl, startHttpServer, startUpstream, type Upstream } from './helpers/upstream.js'
+import { parseResponses, rawExchange } from './helpers/raw-http.js'
 import type { Teardown } from './helpers/teardown.js'
 
 function config (upstream: Upstream, refusing: string): string {
@@ -201,6 +202,28 @@ routes:
   const deadline = Date.now() + 10_000
   while (fds() > before && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 50))
   t.ok(fds() <= before, `the gateway holds no socket of theirs (${fds()} file descriptors, ${before} before)`)
+})
+
+t.test('an upstream refusing an upgrade with a chunked answer: relayed with its framing whole and no hop-by-hop fields', async (t) => {
+  const { server, url } = await startHttpServer(t, (_req, res) => { res.end() })
+  server.on('upgrade', (_req, socket: Duplex) => {
+    socket.end('HTTP/1.1 403 Forbidden\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n' +
+      'connection: keep-alive, x-hop\r\nkeep-alive: timeout=5\r\nx-hop: 1\r\nx-kept: 1\r\n\r\n5\r\nnope!\r\n4\r\n, no\r\n0\r\n\r\n')
+  })
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${url}] }
+routes:
+  - { name: events, pathPrefix: /, websocket: true, upstream: backend }
+`)
+  const text = await rawExchange(gw.port, 'GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n' +
+    `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: ${randomBytes(16).toString('base64')}\r\n\r\n`)
+  const [reply] = parseResponses(text)
+  t.equal(reply?.status, 403)
+  t.equal(reply?.body, 'nope!, no', 'the body as sent, delimited by the connection\'s end (a chunked header over the decoded body broke it)')
+  t.same([reply?.headers['transfer-encoding'], reply?.headers['keep-alive'], reply?.headers['x-hop'], reply?.headers.connection], [undefined, undefined, undefined, 'close'])
+  t.equal(reply?.headers['x-kept'], '1', 'end-to-end fields kept')
 })
 
 t.test('the access log and metrics tell a refused upgrade from a tunnel', async (t) => {

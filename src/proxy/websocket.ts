@@ -5,6 +5,7 @@ import httpProxy from 'http-proxy'
 import { CLOSE_GRACE_MS, ERRORS, GatewayError, closeSoon, writeError, type ErrorCode } from '../errors.js'
 import type { ForwardContext, ForwardPlan, ForwardResult } from './forward.js'
 import { upstreamRequestHeaders } from './forward-headers.js'
+import { HOP_BY_HOP, connectionTokens } from './hop-by-hop.js'
 import { stripPathPrefix } from './forward-path.js'
 import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
 import type { UpstreamTarget } from './upstream-pool.js'
@@ -148,6 +149,7 @@ class Tunnel {
     // Not upgraded (e.g. 403 or 404 from the upstream): http-proxy relays that answer as is.
     proxyReq.once('response', (res: IncomingMessage) => {
       this.clearTimer()
+      notUpgraded(res)
       this.answerHeaders(res)
       this.settle(res.statusCode ?? 502, null, null)
       // http-proxy pipes the answer and ends the client socket, which then waits for the client's
@@ -229,6 +231,19 @@ function outcome (status: number, target: string | null, kind: ForwardErrorKind 
 /** A plain HTTP/1.1 error answer on the raw socket (the upgrade never happened), then the socket is destroyed. */
 function answer (socket: Duplex, code: ErrorCode, ctx: ForwardContext): void {
   writeError(socket, code, ctx.requestId, undefined, ctx.extraResponseHeaders)
+}
+
+/**
+ * An upstream's answer that is not an upgrade, as http-proxy relays it: its headers, then its body
+ * as node:http decoded it (de-chunked), then the end of the connection. So the hop-by-hop fields
+ * go (a `Transfer-Encoding: chunked` over a decoded body breaks the client's parse), and without a
+ * Content-Length the end of the connection delimits the body (RFC 9112 §6.3).
+ */
+function notUpgraded (res: IncomingMessage): void {
+  const named = res.headers.connection
+  if (named !== undefined) for (const token of connectionTokens(named)) delete res.headers[token]
+  for (const name of HOP_BY_HOP) delete res.headers[name]
+  res.headers.connection = 'close'
 }
 
 function noop (): void {}
