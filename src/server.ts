@@ -253,6 +253,12 @@ export class Gateway {
       // the error waits for their responses instead of being written in the middle of them.
       const open = this.openResponses.get(socket)
       if (open === undefined || open.responses.length === 0) answer()
+      // A request timeout while a request's body is still arriving: that body is what is late (a
+      // byte now and then keeps clientBodyTimeout from firing), and its answer would wait for it
+      // for ever. Ending the connection closes it (logged as a client abort, giving back what it
+      // held); answers still owed to requests pipelined before it are lost, the price of a
+      // connection that outlived server.requestTimeout.
+      else if (code === 'ERR_HTTP_REQUEST_TIMEOUT' && open.responses.some(r => !r.req.complete)) socket.destroy()
       else open.then = answer
       // Counted and logged like any answered request: oversized headers and slowloris are worth seeing.
       this.live.request('-', '-', status, 0)

@@ -81,6 +81,29 @@ routes:
   t.ok(gw.lines.some(l => l.msg === 'request' && l.status === 408 && l.error === 'client_timeout'), 'logged as client_timeout')
 })
 
+t.test('a body trickling in forever is cut at server.requestTimeout, though each byte comes within clientBodyTimeout', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { headersTimeout: 500ms, requestTimeout: 1s, clientBodyTimeout: 60s }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const client = await rawClient(t, gw.port, 'POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n')
+  const trickle = setInterval(() => { if (!client.socket.destroyed) client.socket.write('x') }, 100)
+  t.teardown(() => clearInterval(trickle))
+  // a bound far above the timeout (1 s, checked every 250 ms): without the cut, the body would
+  // go on arriving for the whole 1000 s it announced
+  const cut = await Promise.race([client.closed.then(() => true), sleep(15_000).then(() => false)])
+  clearInterval(trickle)
+  t.ok(cut, 'the gateway closed the connection')
+  t.notOk(upstream.log.includes('/upload'), 'the upstream never saw the request')
+  t.ok(gw.lines.some(l => l.msg === 'request' && l.status === 408), 'logged with 408')
+})
+
 t.test('a streamed body (beyond server.bufferBodiesTotal) that stops arriving is cut after clientBodyTimeout', async t => {
   const upstream = await startUpstream(t)
   const gw = await startGateway(t, `
