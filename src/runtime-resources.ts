@@ -97,7 +97,10 @@ export class ResourceCache {
     const key = upstreamSignature(config)
     let pool = this.pools.get(key)
     if (pool === undefined) {
-      this.pools.set(key, pool = new UpstreamPool(config))
+      pool = new UpstreamPool(config)
+      // the pool of this upstream the running config uses (its settings changed): its targets' health carries over
+      for (const other of this.pools.values()) if (other.name === config.name) pool.inheritHealth(other)
+      this.pools.set(key, pool)
       pool.onEject = (upstream, target, reason, forMs) => {
         telemetry?.upstreamEjection(upstream, target, reason)
         this.logger.warn({ upstream, target, reason, ejectForMs: forMs }, 'upstream target ejected')

@@ -134,6 +134,23 @@ export class UpstreamPool {
     return best
   }
 
+  /**
+   * Takes over the passive health of `previous`'s targets with the same URL: a reload that changes
+   * an upstream's timeouts or connection settings builds a new pool, and must not put a target
+   * ejected a second ago back into rotation, nor forget its run of failures.
+   */
+  inheritHealth (previous: UpstreamPool): void {
+    for (const target of this.targets) {
+      const before = previous.targets.find((t) => t.url === target.url)
+      if (before === undefined) continue
+      target.consecutiveFailures = before.consecutiveFailures
+      if (before.ejectedUntil > Date.now()) {
+        target.ejectedUntil = before.ejectedUntil
+        this.#anyEjected = true
+      }
+    }
+  }
+
   /** Passive health: skips the target for `ejectMs`. Called on connect refused or connect timeout. */
   eject (target: UpstreamTarget, reason: EjectReason = 'connect_failure'): void {
     target.ejectedUntil = Date.now() + this.config.ejectMs
