@@ -149,6 +149,14 @@ t.test('an inline API key never appears in a problem: the path and message name 
   t.notMatch(unknownConsumer[0], /k-secret-4/)
 })
 
+t.test('ports above 65535 and Redis URLs the client cannot use are located config errors, not a failure at start', async t => {
+  t.same(problems('listen: "127.0.0.1:70000"\nupstreams: { b: { targets: ["http://127.0.0.1:1"] } }\nroutes: [{ name: r, pathPrefix: /, upstream: b }]\n'), ['gw.yaml:1:9 listen: the port must be at most 65535'])
+  t.same(problems('redis: { cluster: ["redis://h:70000"] }\n' + BASE), ['gw.yaml:1:20 redis.cluster[0]: not a usable URL: a port above 65535, a malformed host, or a bad %-escape in the password'])
+  t.same(problems('redis: { url: "redis://:p%zz@h:6379" }\n' + BASE), ['gw.yaml:1:15 redis.url: not a usable URL: a port above 65535, a malformed host, or a bad %-escape in the password'])
+  t.same(problems('redis: { sentinels: ["h:99999"], name: m }\n' + BASE), ['gw.yaml:1:22 redis.sentinels[0]: the port must be at most 65535'])
+  t.ok(accepted('redis: { cluster: ["redis://:p%40ss@h:6379"] }\n' + BASE), 'a valid escape is fine')
+})
+
 t.test('unknown keys are located at the key and name the closest valid key', async t => {
   t.same(problems(UP + 'rotues: []\n'), ['gw.yaml:1:1 routes: required key is missing', 'gw.yaml:3:1 rotues: unknown key "rotues" (did you mean routes?)'])
   t.same(problems(BASE + 'plans:\n  free: { limits: { usr: { limit: 1, window: 1s } } }\n'), [

@@ -11,7 +11,22 @@ const size = z.union([
   z.int().nonnegative(),
   z.string().regex(SIZE_RE, 'expected a size like 1048576, "512kb", "10mb" or "1gb"')
 ])
+/** A port written after the last ":" that TCP can have (the regexes take up to 5 digits). */
+const portInRange = (hp: string): boolean => Number(hp.slice(hp.lastIndexOf(':') + 1)) <= 65535
 const hostPort = z.string().regex(/^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$/, 'expected "host:port", e.g. "0.0.0.0:8080"')
+  .refine(portInRange, 'the port must be at most 65535')
+
+/** A redis:// URL the client can connect with: it parses, port included, and its password's %-escapes decode. */
+function connectableRedisUrl (value: string): boolean {
+  try {
+    decodeURIComponent(new URL(value).password)
+    return true
+  } catch {
+    return false
+  }
+}
+const redisUrl = (message: string): z.ZodType<string> => z.string().regex(/^rediss?:\/\//, message)
+  .refine(connectableRedisUrl, 'not a usable URL: a port above 65535, a malformed host, or a bad %-escape in the password')
 const httpUrl = z.string().regex(/^https?:\/\/[^\s/]+(\/[^\s]*)?$/, 'expected an http:// or https:// URL')
 
 export const ALGORITHMS = ['gcra', 'token-bucket', 'leaky-bucket', 'sliding-window-log', 'sliding-window', 'fixed-window'] as const
@@ -148,9 +163,9 @@ const identitySchema = z.union([
 ])
 
 export const redisSchema = z.strictObject({
-  url: z.string().regex(/^rediss?:\/\//, 'expected a redis:// or rediss:// URL').optional(),
-  cluster: z.array(z.string().regex(/^rediss?:\/\//, 'expected a redis:// URL')).min(1).optional(),
-  sentinels: z.array(z.string().regex(/^[^:\s]+:\d+$/, 'expected "host:port"')).min(1).optional(),
+  url: redisUrl('expected a redis:// or rediss:// URL').optional(),
+  cluster: z.array(redisUrl('expected a redis:// URL')).min(1).optional(),
+  sentinels: z.array(z.string().regex(/^[^:\s]+:\d+$/, 'expected "host:port"').refine(portInRange, 'the port must be at most 65535')).min(1).optional(),
   name: z.string().optional().describe('sentinel master name'),
   password: z.string().optional(),
   tls: z.boolean().optional(),
