@@ -137,6 +137,24 @@ t.test('stripPrefix removes the prefix from what the upstream receives', async (
   t.same(await routed(base, '/strip//a/../b'), { status: 200, route: 'strip', url: '/b' }, 'stripped after normalization')
 })
 
+t.test('stripPrefix also strips a path its route matched by folding case or by the trailing slash', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: folded, pathPrefix: /api/, stripPrefix: /api, caseInsensitive: true, upstream: backend, ${tag('folded')} }
+  - { name: slash, pathPrefix: /svc/, stripPrefix: /svc/, matchTrailingSlash: true, upstream: backend, ${tag('slash')} }
+`)
+  t.same(await routed(gw.url, '/API/users'), { status: 200, route: 'folded', url: '/users' }, 'the upstream got /API/users before')
+  t.same(await routed(gw.url, '/Api/users?x=1'), { status: 200, route: 'folded', url: '/users?x=1' })
+  t.same(await routed(gw.url, '/api/users'), { status: 200, route: 'folded', url: '/users' })
+  t.same(await routed(gw.url, '/svc'), { status: 200, route: 'slash', url: '/' }, 'the upstream got /svc before')
+  t.same(await routed(gw.url, '/svc?x=1'), { status: 200, route: 'slash', url: '/?x=1' })
+  t.same(await routed(gw.url, '/svc/a'), { status: 200, route: 'slash', url: '/a' })
+})
+
 t.test('bad paths get 400 GW_ERR_BAD_PATH as JSON and never reach the upstream', async (t) => {
   const { base, upstream } = await setup(t)
   const bad = [

@@ -4,7 +4,21 @@
  * starts with '/'. The query is never touched.
  */
 export function stripPathPrefix (path: string, prefix: string | null): string {
-  if (prefix === null || prefix === '' || prefix === '/' || !path.startsWith(prefix)) return path
+  if (prefix === null || prefix === '' || prefix === '/') return path
+  if (!path.startsWith(prefix)) {
+    // The route matched it all the same: `caseInsensitive` (`/API/users` for `/api/`), or
+    // `matchTrailingSlash` (`/api` for `pathPrefix: /api/`). Only for such a path, so the exact
+    // case keeps its allocation-free test. The prefix is a prefix of the route's path (config
+    // check), so for a route matched exactly this comparison finds nothing new.
+    const folded = prefix.toLowerCase()
+    if (path.slice(0, prefix.length).toLowerCase() === folded) return stripPathPrefix(prefix + path.slice(prefix.length), prefix)
+    if (prefix.endsWith('/')) {
+      const bare = prefix.length - 1
+      const next = path.charCodeAt(bare)
+      if ((Number.isNaN(next) || next === 0x3f) && path.slice(0, bare).toLowerCase() === folded.slice(0, bare)) return '/' + path.slice(bare)
+    }
+    return path
+  }
   const next = path.charCodeAt(prefix.length)
   // NaN (end of path), '/' or '?' after the prefix, or a prefix that itself ends with '/'.
   if (!(Number.isNaN(next) || next === 0x2f || next === 0x3f || prefix.endsWith('/'))) return path
