@@ -1,7 +1,7 @@
 // The Redis store on a real 3-master Redis Cluster: checks whose keys live in different slots
 // (on different masters) are decided per slot in parallel; limits still hold exactly, and when
 // one slot rejects, what the other slots recorded is refunded.
-import t from 'tap'
+import t, { type Test } from 'tap'
 import { Redis, type Cluster } from 'ioredis'
 import { startRedisCluster } from './helpers/redis.js'
 import { createRedisStore } from '../src/limit/redis-store.js'
@@ -40,6 +40,23 @@ function keyOn (port: number, label: string): string {
   }
 }
 const [p1, p2, p3] = servers.ports as [number, number, number]
+
+const ONE = spec('fixed-window', 1, 3_600_000)
+
+/** A check on p1 whose limit of 1 is spent: any request with it is refused by p1. */
+async function fullOnP1 (t: Test, label: string): Promise<string> {
+  await awayFromWindowEdge(3_600_000, 30_000)
+  const full = keyOn(p1, `${label}-full`)
+  t.equal((await store.decide([{ key: full, spec: ONE, cost: 1 }], 'fill')).allowed, true, 'the p1 check is full')
+  return full
+}
+
+/** A guard over the cluster store (closed at teardown); `options` override the defaults. */
+function clusterGuard (t: Test, options: Partial<ConstructorParameters<typeof RedisGuard>[0]> = {}): RedisGuard {
+  const guard = new RedisGuard({ store, fallbackMaxKeys: 100, timeoutMs: 3000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {}, ...options })
+  t.teardown(() => guard.close())
+  return guard
+}
 
 t.test('keySlot agrees with CLUSTER KEYSLOT', async (t) => {
   const keys = ['', 'a', 'gw:api.ip.x:10.0.0.1', 'user:{42}:profile', '{}x', '{a}{b}', 'x{}{y}', 'ünïcødé:ключ', '{', '}{', 'foo{bar',
@@ -126,16 +143,12 @@ t.test('a slot group that fails: the others are refunded; a known rejection stil
 })
 
 t.test('a rejection is answered without waiting for the refunds: a master that stops taking writes after it admitted cannot turn it into a fallback admission', async (t) => {
-  const one = spec('fixed-window', 1, 3_600_000)
-  await awayFromWindowEdge(3_600_000, 30_000)
-  const full = keyOn(p1, 'late-full')
+  const full = await fullOnP1(t, 'late')
   const admitting = keyOn(p2, 'late-ok')
-  t.equal((await store.decide([{ key: full, spec: one, cost: 1 }], 'fill')).allowed, true, 'the p1 check is full')
-  const guard = new RedisGuard({ store, fallbackMaxKeys: 100, timeoutMs: 3000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
+  const guard = clusterGuard(t)
   const s1 = new Redis(p1, '127.0.0.1')
   const s2 = new Redis(p2, '127.0.0.1')
   t.teardown(async () => {
-    guard.close()
     await s2.call('CLIENT', 'UNPAUSE')
     s1.disconnect()
     s2.disconnect()
@@ -143,7 +156,7 @@ t.test('a rejection is answered without waiting for the refunds: a master that s
   await Promise.all([s1.ping(), s2.ping()])
   // p1 busy for 1 s (a script spinning on its own connection): its rejection comes after p2 admitted
   const busy = s1.eval("local t = redis.call('TIME'); local s = t[1] * 1e6 + t[2]; repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - s > 1000000; return 1", 0)
-  const decided = guard.decide([{ key: full, spec: one, cost: 1 }, { key: admitting, spec: one, cost: 1 }], [{ onError: 'local' }, { onError: 'local' }], 'late')
+  const decided = guard.decide([{ key: full, spec: ONE, cost: 1 }, { key: admitting, spec: ONE, cost: 1 }], [{ onError: 'local' }, { onError: 'local' }], 'late')
   // once p2 has admitted, it stops taking writes for 8 s: the refund waits that long
   const deadline = Date.now() + 10_000
   while (await s2.hget(admitting, 'c') !== '1' && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 5))
@@ -157,33 +170,19 @@ t.test('a rejection is answered without waiting for the refunds: a master that s
 })
 
 t.test('a rejection beside a slot group that failed counts a failure on that master: a probe through it does not close its breaker', async (t) => {
-  const one = spec('fixed-window', 1, 3_600_000)
-  await awayFromWindowEdge(3_600_000, 30_000)
-  const full = keyOn(p1, 'probe-full')
+  const full = await fullOnP1(t, 'probe')
   const broken = keyOn(p2, 'probe-broken')
-  t.equal((await store.decide([{ key: full, spec: one, cost: 1 }], 'fill')).allowed, true, 'the p1 check is full')
   // the wrong type makes the script fail on p2's slot (WRONGTYPE)
   await cluster.set(broken, 'not a hash')
   const transitions: string[] = []
-  const guard = new RedisGuard({
-    store,
-    fallbackMaxKeys: 100,
-    timeoutMs: 3000,
-    failureThreshold: 1,
-    openMs: 50,
-    instances: () => 1,
-    telemetry: NOOP_TELEMETRY,
-    onStateChange: (state, reason) => transitions.push(`${state} ${reason}`),
-    ...clusterNodes(cluster)
-  })
-  t.teardown(() => guard.close())
+  const guard = clusterGuard(t, { failureThreshold: 1, openMs: 50, onStateChange: (state, reason) => transitions.push(`${state} ${reason}`), ...clusterNodes(cluster) })
   const node = `127.0.0.1:${p2}`
   const stateOf = (): string | undefined => guard.breakerStates().find((b) => b.node === node)?.state
-  t.equal((await guard.decide([{ key: broken, spec: one, cost: 1 }], [{ onError: 'local' }], 'a')).level, 'fallback')
+  t.equal((await guard.decide([{ key: broken, spec: ONE, cost: 1 }], [{ onError: 'local' }], 'a')).level, 'fallback')
   t.equal(stateOf(), 'open', 'p2\'s breaker opened')
   await new Promise((resolve) => setTimeout(resolve, 150))
   // due for a probe: this request goes to Redis, where p1 refuses it and p2 fails again
-  const g = await guard.decide([{ key: full, spec: one, cost: 1 }, { key: broken, spec: one, cost: 1 }], [{ onError: 'local' }, { onError: 'local' }], 'b')
+  const g = await guard.decide([{ key: full, spec: ONE, cost: 1 }, { key: broken, spec: ONE, cost: 1 }], [{ onError: 'local' }, { onError: 'local' }], 'b')
   t.same([g.level, g.decision.allowed, g.decision.limitingIndex], ['redis', false, 0], 'the rejection is the answer')
   t.equal(stateOf(), 'open', 'p2\'s breaker is open again (taken as an answer, the probe closed it)')
   t.notOk(transitions.some((x) => x.startsWith('closed')), transitions.join('; '))
@@ -195,8 +194,7 @@ t.test('a decision failing in one slot group opens only that master\'s breaker: 
   const healthy = keyOn(p1, 'partial-ok')
   const broken = keyOn(p2, 'partial-broken')
   await cluster.set(broken, 'not a hash')
-  const guard = new RedisGuard({ store, fallbackMaxKeys: 100, timeoutMs: 3000, failureThreshold: 1, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {}, ...clusterNodes(cluster) })
-  t.teardown(() => guard.close())
+  const guard = clusterGuard(t, { failureThreshold: 1, ...clusterNodes(cluster) })
   const g = await guard.decide([{ key: healthy, spec: many, cost: 1 }, { key: broken, spec: many, cost: 1 }], [{ onError: 'local' }, { onError: 'local' }], 'a')
   t.equal(g.level, 'fallback', 'the request is decided by the fallback whole')
   const states = Object.fromEntries(guard.breakerStates().map((b) => [b.node, b.state]))
