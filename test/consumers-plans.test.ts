@@ -204,7 +204,7 @@ t.test('located config errors: unknown plans, a consumer on a missing plan, a ke
     'gateway.yaml:17:13 plans.free.routes.nope: unknown route "nope"'
   ])
   t.same(problems(base(`${keys}consumers:\n  alice: { plan: free }\nplans:\n  free: {}\n`)), [
-    'gateway.yaml:10:12 identity.apiKeys.keys.k-2: API key maps to consumer "zoe", which has no entry in consumers (and there is no defaultPlan)'
+    'gateway.yaml:10:12 identity.apiKeys.keys.<an API key>: API key maps to consumer "zoe", which has no entry in consumers (and there is no defaultPlan)'
   ], 'without defaultPlan every key must lead to a consumer entry')
   t.same(problems(base('identity:\n  apiKeys:\n    header: x-api-key\n    keys:\n      "${API_KEY}": alice\n')), [
     'gateway.yaml:9:21 identity.apiKeys.keys.${API_KEY}: environment variable API_KEY is not set and has no default (use ${API_KEY:-default})'
