@@ -158,6 +158,9 @@ interface Refusal {
 
 const BEARER: HeaderPairs = Object.freeze([Object.freeze(['www-authenticate', 'Bearer'] as const)])
 const NOT_A_WEBSOCKET_ROUTE: Refusal = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', extra: Object.freeze({ reason: 'this route does not accept WebSocket upgrades' }) })
+// RFC 6455 §4.1: the opening handshake is a GET. http-proxy destroys any other upgrade without a
+// word, which the access log showed as a client abort (499).
+const UPGRADE_NOT_GET: Refusal = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', extra: Object.freeze({ reason: 'a WebSocket upgrade must be a GET request' }) })
 
 /**
  * What differs between an HTTP request and a WebSocket upgrade while it is being admitted: how a
@@ -219,7 +222,8 @@ class UpgradeTransport implements Transport {
   }
   onClose (f: () => void): void { this.socket.once('close', f) }
   routed (a: Admission): Refusal | null {
-    return a.route.websocket && (this.req.headers.upgrade ?? '').toLowerCase() === 'websocket' ? null : NOT_A_WEBSOCKET_ROUTE
+    if (!a.route.websocket || (this.req.headers.upgrade ?? '').toLowerCase() !== 'websocket') return NOT_A_WEBSOCKET_ROUTE
+    return this.req.method === 'GET' ? null : UPGRADE_NOT_GET
   }
 }
 

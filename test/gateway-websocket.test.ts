@@ -63,12 +63,13 @@ async function nextMessage (ws: WebSocket): Promise<{ data: Buffer, isBinary: bo
  * An upgrade request with `path` on the request line as is (the ws client would resolve dot
  * segments itself); answers the refusal's status and JSON body.
  */
-async function refused (base: string, path: string, headers: Record<string, string> = {}): Promise<{ status: number, body: Record<string, unknown>, requestId: unknown }> {
+async function refused (base: string, path: string, headers: Record<string, string> = {}, method = 'GET'): Promise<{ status: number, body: Record<string, unknown>, requestId: unknown }> {
   const { port } = new URL(base)
   const req = http.request({
     host: '127.0.0.1',
     port,
     path,
+    method,
     agent: false,
     headers: { connection: 'Upgrade', upgrade: 'websocket', 'sec-websocket-version': '13', 'sec-websocket-key': randomBytes(16).toString('base64'), ...headers }
   })
@@ -165,6 +166,10 @@ t.test('upgrades the gateway refuses', async (t) => {
   const badPath = await refused(base, '/ws/a%2Fb')
   t.equal(badPath.status, 400)
   t.equal(badPath.body.error, 'GW_ERR_BAD_PATH')
+
+  const post = await refused(base, '/ws/echo', {}, 'POST')
+  t.equal(post.status, 400, 'an upgrade that is not a GET is refused with a reason (http-proxy destroyed it: a 499 in the log)')
+  t.match(post.body, { error: 'GW_ERR_BAD_REQUEST', reason: /must be a GET/ })
 
   const dead = await refused(base, '/dead/x')
   t.equal(dead.status, 502, 'a refusing upstream answers 502')
