@@ -2,7 +2,7 @@
 // with every kind of secret redacted, and a Redis that cannot be reached (the gateway still
 // starts, serves and reports itself degraded).
 import t from 'tap'
-import { spawnGateway, startGateway } from './helpers/gateway.js'
+import { backendConfig, spawnGateway, startGateway } from './helpers/gateway.js'
 import { rawRequest } from './helpers/raw-http.js'
 import { refusingUrl, startUpstream } from './helpers/upstream.js'
 
@@ -40,13 +40,7 @@ routes:
 
 t.test('a request target the admin listener cannot parse is a 400, and the gateway goes on serving', async (t) => {
   const upstream = await startUpstream(t)
-  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await spawnGateway(t, backendConfig(upstream.url, '  - { name: all, pathPrefix: /, upstream: backend }\n'))
   // each of these ended the process: a throw in the admin request listener went uncaught
   const badEscape = await rawRequest(gw.adminPort, 'GET /consumers/%zz HTTP/1.1\r\nHost: a\r\n')
   t.same([badEscape.status, badEscape.json?.error], [400, 'GW_ERR_BAD_REQUEST'], '/consumers/%zz')

@@ -2,7 +2,7 @@
 // path normalization attacks sent as raw request targets (node:http does not normalize `path`).
 import t from 'tap'
 import http, { type IncomingHttpHeaders } from 'node:http'
-import { startGateway } from './helpers/gateway.js'
+import { backendConfig, startGateway } from './helpers/gateway.js'
 import { startUpstream, type EchoBody, type Upstream } from './helpers/upstream.js'
 import type { Teardown } from './helpers/teardown.js'
 
@@ -139,14 +139,9 @@ t.test('stripPrefix removes the prefix from what the upstream receives', async (
 
 t.test('stripPrefix also strips a path its route matched by folding case or by the trailing slash', async (t) => {
   const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: folded, pathPrefix: /api/, stripPrefix: /api, caseInsensitive: true, upstream: backend, ${tag('folded')} }
+  const gw = await startGateway(t, backendConfig(upstream.url, `  - { name: folded, pathPrefix: /api/, stripPrefix: /api, caseInsensitive: true, upstream: backend, ${tag('folded')} }
   - { name: slash, pathPrefix: /svc/, stripPrefix: /svc/, matchTrailingSlash: true, upstream: backend, ${tag('slash')} }
-`)
+`))
   t.same(await routed(gw.url, '/API/users'), { status: 200, route: 'folded', url: '/users' }, 'the upstream got /API/users before')
   t.same(await routed(gw.url, '/Api/users?x=1'), { status: 200, route: 'folded', url: '/users?x=1' })
   t.same(await routed(gw.url, '/api/users'), { status: 200, route: 'folded', url: '/users' })

@@ -6,7 +6,7 @@ import http, { type IncomingMessage } from 'node:http'
 import { randomBytes } from 'node:crypto'
 import type { Duplex } from 'node:stream'
 import { WebSocket } from 'ws'
-import { spawnGateway, startGateway } from './helpers/gateway.js'
+import { backendConfig, spawnGateway, startGateway } from './helpers/gateway.js'
 import net from 'node:net'
 import { readdirSync } from 'node:fs'
 import { refusingUrl, startHttpServer, startUpstream, type Upstream } from './helpers/upstream.js'
@@ -181,13 +181,7 @@ t.test('upgrades the gateway refuses', async (t) => {
 
 t.test('a refused upgrade\'s socket is closed by the gateway, even when the client never closes its side', async (t) => {
   const upstream = await startUpstream(t)
-  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: plain, pathPrefix: /, upstream: backend }
-`)
+  const gw = await spawnGateway(t, backendConfig(upstream.url, '  - { name: plain, pathPrefix: /, upstream: backend }\n'))
   const pid = gw.child.pid as number
   const fds = (): number => readdirSync(`/proc/${pid}/fd`).length
   const before = fds()

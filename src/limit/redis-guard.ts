@@ -334,7 +334,7 @@ export class RedisGuard implements SharedLevel {
       decision = answer.decision
       leaseId = answer.callId ?? ''
       this.learn(checks, answer.remainings)
-      if (answer.failed !== undefined) down = this.partlyFailed(answer.failed, involved, probes, checks)
+      if (answer.failed !== undefined) down = this.partlyFailed(answer.failed, classifyRedisError(answer.failed.reason), involved, probes, checks)
     } else {
       decision = answer
     }
@@ -359,7 +359,7 @@ export class RedisGuard implements SharedLevel {
     if (groups === null) {
       for (const b of involved) this.countFailure(b, probes, kind, reason)
     } else {
-      const down = this.partlyFailed({ checks: groups.failed, reason }, involved, probes, checks)
+      const down = this.partlyFailed({ checks: groups.failed, reason }, kind, involved, probes, checks)
       for (const b of involved) if (!down.has(b)) this.countAnswer(b)
     }
     const fallback = this.fallback(checks, limits, requestId)
@@ -390,9 +390,8 @@ export class RedisGuard implements SharedLevel {
   // Redis Cluster: some slot groups failed, beside a rejection that is the answer or failing the
   // decision. Their masters did not answer: counted as failures (a probe through one must not
   // close its breaker, end the outage and send its keys' debts to a dead master). Returns them.
-  private partlyFailed (failed: NonNullable<DetailedAnswer['failed']>, involved: readonly Breaker[], probes: Breaker[] | null, checks: readonly LimitCheck[]): Set<Breaker> {
+  private partlyFailed (failed: NonNullable<DetailedAnswer['failed']>, kind: string, involved: readonly Breaker[], probes: Breaker[] | null, checks: readonly LimitCheck[]): Set<Breaker> {
     const down = new Set<Breaker>()
-    const kind = classifyRedisError(failed.reason)
     for (const i of failed.checks) {
       const b = this.breakerOf(this.nodeOf((checks[i] as LimitCheck).key))
       if (down.has(b) || !involved.includes(b)) continue

@@ -24,6 +24,16 @@ export interface LogCapture {
   readonly lines: Array<Record<string, unknown>>
 }
 
+/** A gateway config on free ports with one upstream, `backend` at `url`, and the routes given (YAML list items). */
+export function backendConfig (url: string, routes: string): string {
+  return `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${url}] }
+routes:
+${routes}`
+}
+
 export function writeConfig (t: Teardown, yaml: string): string {
   const file = join(tempDir(t, 'gw-test'), 'gateway.yaml')
   writeFileSync(file, yaml)
