@@ -144,6 +144,8 @@ function upstreamConfig (config: ResolvedConfig, name: string): UpstreamConfig {
     consecutiveFailures: up.consecutiveFailures,
     ejectMs: parseDuration(up.ejectFor),
     maxConnectionsPerTarget: up.maxConnections,
+    maxPending: up.maxPending,
+    queueTimeoutMs: parseDuration(up.timeouts.queue),
     keepAliveTimeoutMs: 4_000
   })
 }

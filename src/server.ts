@@ -124,7 +124,7 @@ export class Gateway {
   private constructor (private readonly options: GatewayOptions, logger: Logger) {
     this.logger = logger
     this.resources = new ResourceCache(logger)
-    this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth(), inflight: () => this.inflightRequests(), logDropped: () => droppedLogLines(this.logger) })
+    this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth(), pending: () => this.upstreamsPending(), inflight: () => this.inflightRequests(), logDropped: () => droppedLogLines(this.logger) })
     this.live = new LiveTelemetry(this.metrics)
   }
 
@@ -159,6 +159,13 @@ export class Gateway {
     const rt = this.runtime
     if (rt === null) return
     for (const [upstream, pool] of rt.pools) for (const t of pool.health()) yield { upstream, target: t.url, healthy: t.healthy }
+  }
+
+  /** Requests waiting for a connection, per upstream of the live runtime (the pending gauge). */
+  * upstreamsPending (): Generator<{ upstream: string, pending: number }> {
+    const rt = this.runtime
+    if (rt === null) return
+    for (const [upstream, pool] of rt.pools) yield { upstream, pending: pool.pending }
   }
 
   /** Client connections open on the public listener (WebSocket tunnels included). */

@@ -19,6 +19,8 @@ export interface MetricsSources {
   inflight?: () => number
   /** Every target of the live upstreams with its health, read when /metrics is scraped. */
   targets?: () => Iterable<{ upstream: string, target: string, healthy: boolean }>
+  /** Requests waiting for a connection, per live upstream, read when /metrics is scraped. */
+  pending?: () => Iterable<{ upstream: string, pending: number }>
   /** Log lines dropped because stdout stayed blocked past the log buffer's bound. */
   logDropped?: () => number
 }
@@ -217,6 +219,17 @@ export class GatewayMetrics implements Telemetry {
       collect () {
         this.reset()
         if (targets !== undefined) for (const t of targets()) this.labels(t.upstream, t.target).set(t.healthy ? 1 : 0)
+      }
+    })
+    const pending = sources.pending
+    new Gauge({
+      name: 'gateway_upstream_pending',
+      help: 'Requests waiting for a connection while every target of the upstream is at maxConnections',
+      labelNames: ['upstream'],
+      registers,
+      collect () {
+        this.reset()
+        if (pending !== undefined) for (const p of pending()) this.labels(p.upstream).set(p.pending)
       }
     })
     this.reloads = new Counter({ name: 'gateway_config_reloads_total', help: 'Configuration reloads by result', labelNames: ['result'], registers })

@@ -8,7 +8,7 @@ import { DEFAULT_REDACT_QUERY } from '../log.js'
 // Values a stage also falls back to when used on its own: defined there once, applied here.
 import { DEFAULT_IPV6_PREFIX } from '../identify/client-ip.js'
 import { DEFAULT_JWT_CLAIM, DEFAULT_JWT_HEADER } from '../identify/identity.js'
-import { DEFAULT_CONSECUTIVE_FAILURES } from '../proxy/upstream-pool.js'
+import { DEFAULT_CONSECUTIVE_FAILURES, DEFAULT_MAX_PENDING } from '../proxy/upstream-pool.js'
 
 export const DEFAULT_LISTEN = '0.0.0.0:8080'
 export const DEFAULT_ADMIN = '127.0.0.1:9901'
@@ -29,10 +29,11 @@ export type ResolvedRedis = Filled<RedisConfig, 'tls' | 'keyPrefix' | 'timeout' 
 export interface ResolvedTarget { url: string, weight: number }
 export interface ResolvedUpstream {
   targets: ResolvedTarget[]
-  timeouts: { connect: string, response: string, idle: string }
+  timeouts: { connect: string, response: string, idle: string, queue: string }
   ejectFor: string
   consecutiveFailures: number
   maxConnections: number
+  maxPending: number
 }
 export interface ResolvedRouteLimits { api?: ResolvedLimit, ip?: ResolvedLimit, user?: ResolvedLimit }
 export type ResolvedRoute = Filled<Omit<RouteConfig, 'limits' | 'timeouts'>, 'websocket' | 'caseInsensitive' | 'matchTrailingSlash' | 'allowPathParams'> & {
@@ -107,10 +108,11 @@ function origin (url: string): string {
 function upstream (up: GatewayConfig['upstreams'][string]): ResolvedUpstream {
   return {
     targets: up.targets.map(t => typeof t === 'string' ? { url: origin(t), weight: 1 } : { url: origin(t.url), weight: t.weight ?? 1 }),
-    timeouts: { connect: up.timeouts?.connect ?? '2s', response: up.timeouts?.response ?? '30s', idle: up.timeouts?.idle ?? '1m' },
+    timeouts: { connect: up.timeouts?.connect ?? '2s', response: up.timeouts?.response ?? '30s', idle: up.timeouts?.idle ?? '1m', queue: up.timeouts?.queue ?? '10s' },
     ejectFor: up.ejectFor ?? '10s',
     consecutiveFailures: up.consecutiveFailures ?? DEFAULT_CONSECUTIVE_FAILURES,
-    maxConnections: up.maxConnections ?? 256
+    maxConnections: up.maxConnections ?? 256,
+    maxPending: up.maxPending ?? DEFAULT_MAX_PENDING
   }
 }
 

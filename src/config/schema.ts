@@ -103,11 +103,13 @@ export const upstreamSchema = z.strictObject({
   timeouts: z.strictObject({
     connect: duration.optional(),
     response: duration.optional().describe('until the response headers; default 30s'),
-    idle: duration.optional().describe('longest pause between two reads of the response body; default 60s')
+    idle: duration.optional().describe('longest pause between two reads of the response body; default 60s'),
+    queue: duration.optional().describe('longest a request waits for a connection while every target is at maxConnections; then 503; default 10s')
   }).optional(),
   ejectFor: duration.optional().describe('passive health: how long a failing target is left out; default 10s'),
   consecutiveFailures: z.int().positive().optional().describe('outlier detection: response timeouts or resets in a row that eject a target; default 5'),
-  maxConnections: z.int().positive().optional().describe('per target; default 256')
+  maxConnections: z.int().positive().optional().describe('per target; default 256'),
+  maxPending: z.int().nonnegative().optional().describe('requests that may wait for a connection while every target is at maxConnections; beyond it 503 at once; default 1024')
 })
 
 export const routeSchema = z.strictObject({

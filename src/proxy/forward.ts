@@ -5,7 +5,7 @@ import { ERRORS, GatewayError, sendError, type ErrorCode } from '../errors.js'
 import { clientResponseHeaders, compileHeaders, upstreamRequestHeaders, type CompiledHeaders, type HeaderRules } from './forward-headers.js'
 import { stripPathPrefix } from './forward-path.js'
 import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
-import type { UpstreamPool, UpstreamTarget } from './upstream-pool.js'
+import { UpstreamTarget, type PendingRequest, type PoolWaiter, type UpstreamPool } from './upstream-pool.js'
 import { BodyBudget } from './body-budget.js'
 import { cutByShutdown } from './shutdown-cut.js'
 
@@ -132,7 +132,7 @@ export function forwardRequest (
  * and a controller, and its response headers are parsed into an object that the gateway does not
  * read (it relays the raw bytes). Every forwarding test fails if undici stops calling them.
  */
-class ForwardHandler implements Dispatcher.DispatchHandler {
+class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   readonly req: IncomingMessage
   readonly res: ServerResponse
   readonly plan: ForwardPlan
@@ -141,6 +141,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
   readonly opts: Dispatcher.DispatchOptions
   path = ''
   target: UpstreamTarget | null = null
+  /** The target whose connection this request holds (counted in its inFlight), until it settles. */
+  holding: UpstreamTarget | null = null
+  /** The request's place while it waits for a connection (every target at maxConnections). */
+  waiting: PendingRequest | null = null
   /** undici's abort for this request, from onConnect; null until the request has a connection. */
   abortUpstream: ((err?: Error) => void) | null = null
   /** Resumes reading the upstream response after onData answered false (backpressure). */
@@ -209,14 +213,29 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
   proceed (): void {
     if (this.settled) return
     const plan = this.plan
-    const target = plan.pool.pick()
-    if (target === null) {
+    const got = plan.pool.acquire(this)
+    if (got === null) {
       this.fail('no_healthy', null)
+      return
+    }
+    if (got === 'full') {
+      this.fail('queue_full', null)
       return
     }
     this.opts.headers = upstreamRequestHeaders(this.req, plan.headers, this.ctx)
     this.path = stripPathPrefix(this.ctx.path, plan.stripPrefix)
+    if (got instanceof UpstreamTarget) this.dispatch(got)
+    else this.waiting = got
+  }
+
+  granted (target: UpstreamTarget): void {
+    this.waiting = null
     this.dispatch(target)
+  }
+
+  refused (kind: 'queue_timeout' | 'no_healthy'): void {
+    this.waiting = null
+    this.fail(kind, null)
   }
 
   /**
@@ -302,8 +321,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
     else this.fail('client_timeout', null)
   }
 
+  /** `target` was acquired for this request: it holds one of its connections until it settles. */
   dispatch (target: UpstreamTarget): void {
     this.target = target
+    this.holding = target
     this.opts.path = target.basePath === '' ? this.path : target.basePath + this.path
     // Errors, even synchronous ones, come back through onError.
     target.dispatcher.dispatch(this.opts, this)
@@ -420,8 +441,9 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
       // Nothing reached the upstream: one more target is safe to try for an idempotent method, and
       // for any method once the body is in memory (a refused connection carried no byte of it).
       if (!this.retried && (this.replayable || this.opts.body === null || (!this.sent && IDEMPOTENT.has(this.opts.method)))) {
-        const next = this.plan.pool.pick(target)
-        if (next !== null) {
+        this.releaseTarget()
+        const next = this.plan.pool.acquire(this, target)
+        if (next instanceof UpstreamTarget) {
           this.retried = true
           this.dispatch(next)
           return
@@ -450,10 +472,23 @@ class ForwardHandler implements Dispatcher.DispatchHandler {
     return extra
   }
 
+  /** Gives the held connection back to the pool, which hands it to the oldest waiting request. */
+  releaseTarget (): void {
+    const held = this.holding
+    if (held === null) return
+    this.holding = null
+    this.plan.pool.release(held)
+  }
+
   settle (kind: ForwardErrorKind | null, error: GatewayError | null): void {
     if (this.settled) return
     this.settled = true
     this.clearIdle()
+    if (this.waiting !== null) {
+      this.plan.pool.cancel(this.waiting)
+      this.waiting = null
+    }
+    this.releaseTarget()
     if (this.heldBytes > 0) {
       this.plan.bodyBudget.release(this.heldBytes)
       this.heldBytes = 0

@@ -9,6 +9,8 @@ export type ForwardErrorKind =
   | 'connect_timeout'
   | 'response_timeout'
   | 'no_healthy'
+  | 'queue_full'
+  | 'queue_timeout'
   | 'client_abort'
   | 'body_too_large'
   | 'bad_request'
@@ -26,6 +28,9 @@ export const KIND_CODES: Readonly<Record<ForwardErrorKind, ErrorCode | null>> = 
   connect_timeout: 'GW_ERR_UPSTREAM_TIMEOUT',
   response_timeout: 'GW_ERR_UPSTREAM_TIMEOUT',
   no_healthy: 'GW_ERR_NO_HEALTHY_UPSTREAM',
+  // every connection busy and upstreams.X.maxPending requests already waiting, or one waited timeouts.queue
+  queue_full: 'GW_ERR_UPSTREAM_BUSY',
+  queue_timeout: 'GW_ERR_UPSTREAM_BUSY',
   client_abort: null,
   body_too_large: 'GW_ERR_BODY_TOO_LARGE',
   bad_request: 'GW_ERR_BAD_REQUEST',

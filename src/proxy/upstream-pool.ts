@@ -3,6 +3,10 @@ import { Pool } from 'undici'
 
 /** Response timeouts or resets in a row that eject a target, when not configured. */
 export const DEFAULT_CONSECUTIVE_FAILURES = 5
+/** Requests that may wait for a connection, when not configured (Envoy's max_pending_requests). */
+export const DEFAULT_MAX_PENDING = 1024
+/** Longest a request waits for a connection, when not configured. */
+export const DEFAULT_QUEUE_TIMEOUT_MS = 10_000
 
 /** One target of an upstream as written in the config. */
 export interface UpstreamTargetConfig {
@@ -26,6 +30,10 @@ export interface UpstreamConfig {
   readonly idleTimeoutMs?: number
   /** Response timeouts or resets in a row after which a target is ejected (outlier detection); default 5. */
   readonly consecutiveFailures?: number
+  /** Requests that may wait while every healthy target is at maxConnectionsPerTarget; default 1024. */
+  readonly maxPending?: number
+  /** Longest a request waits for a connection; default 10 s. */
+  readonly queueTimeoutMs?: number
 }
 
 /** One target: its keep-alive undici Pool and its balancing and health state. */
@@ -46,6 +54,8 @@ export class UpstreamTarget {
   ejectedUntil = 0
   /** Response timeouts and resets since the last response (outlier detection). */
   consecutiveFailures = 0
+  /** Requests given this target and not finished: at maxConnectionsPerTarget the next ones wait. */
+  inFlight = 0
 
   constructor (config: UpstreamTargetConfig, upstream: UpstreamConfig) {
     const url = new URL(config.url)
@@ -80,6 +90,23 @@ export type EjectReason = 'connect_failure' | 'consecutive_failures'
 
 export type EjectListener = (upstream: string, target: string, reason: EjectReason, forMs: number) => void
 
+/** A request waiting for a connection (the forward handler). */
+export interface PoolWaiter {
+  /** A target with a free connection, counted in flight for this request until `release`. */
+  granted (target: UpstreamTarget): void
+  /** No connection within queueTimeout, or no healthy target left while it waited. */
+  refused (kind: 'queue_timeout' | 'no_healthy'): void
+}
+
+/** A place in the pool's queue, handed back to `cancel` when the request ends while waiting. */
+export interface PendingRequest {
+  waiter: PoolWaiter | null
+  readonly timer: NodeJS.Timeout
+}
+
+/** What `acquire` gives: a target, a place in the queue, 'full' (the queue is), or null (no healthy target). */
+export type Acquired = UpstreamTarget | PendingRequest | 'full' | null
+
 /**
  * The targets of one upstream, balanced by smooth weighted round-robin over the healthy ones,
  * with passive health: a target that cannot be connected to is ejected for `ejectMs`.
@@ -94,6 +121,16 @@ export class UpstreamPool {
   readonly #failureThreshold: number
   /** Told of every ejection (metrics, log); set by whoever owns the pool. */
   onEject: EjectListener | null = null
+  readonly #maxConnections: number
+  readonly #maxPending: number
+  readonly #queueTimeoutMs: number
+  /** Requests waiting for a connection, oldest first; a cancelled one stays (waiter null) until shifted. */
+  readonly #queue: PendingRequest[] = []
+  /** Requests in #queue that still wait. */
+  #pending = 0
+  /** The last pick(…, true) skipped a healthy target because it was at maxConnections. */
+  #sawBusy = false
+  #granting = false
 
   constructor (config: UpstreamConfig) {
     if (config.targets.length === 0) throw new TypeError(`upstream ${config.name}: no targets`)
@@ -102,17 +139,32 @@ export class UpstreamPool {
     this.signature = upstreamSignature(config)
     this.targets = config.targets.map((target) => new UpstreamTarget(target, config))
     this.#failureThreshold = config.consecutiveFailures ?? DEFAULT_CONSECUTIVE_FAILURES
+    this.#maxConnections = config.maxConnectionsPerTarget
+    this.#maxPending = config.maxPending ?? DEFAULT_MAX_PENDING
+    this.#queueTimeoutMs = config.queueTimeoutMs ?? DEFAULT_QUEUE_TIMEOUT_MS
+  }
+
+  /** Requests waiting for a connection now. */
+  get pending (): number {
+    return this.#pending
+  }
+
+  /** Places in the queue, cancelled ones not yet dropped included: bounded by about 2 x pending. */
+  get queuedPlaces (): number {
+    return this.#queue.length
   }
 
   /**
    * Picks the next healthy target (nginx's smooth weighted round-robin: each pick adds every weight
    * to its target's counter, takes the highest and subtracts the total, which spreads picks evenly).
-   * `exclude` skips the target that just failed when retrying. Null when no target is healthy.
+   * `exclude` skips the target that just failed when retrying. Null when no target is healthy, or,
+   * with `withFreeConnection`, none has a connection to spare (then #sawBusy is set).
    */
-  pick (exclude?: UpstreamTarget): UpstreamTarget | null {
+  pick (exclude?: UpstreamTarget, withFreeConnection = false): UpstreamTarget | null {
     const targets = this.targets
     const now = this.#anyEjected ? Date.now() : 0
     let stillEjected = false
+    this.#sawBusy = false
     let best: UpstreamTarget | null = null
     let total = 0
     for (let i = 0; i < targets.length; i++) {
@@ -125,6 +177,10 @@ export class UpstreamPool {
         target.ejectedUntil = 0
       }
       if (target === exclude) continue
+      if (withFreeConnection && target.inFlight >= this.#maxConnections) {
+        this.#sawBusy = true
+        continue
+      }
       target.current += target.weight
       total += target.weight
       if (best === null || target.current > best.current) best = target
@@ -132,6 +188,88 @@ export class UpstreamPool {
     this.#anyEjected = stillEjected
     if (best !== null) best.current -= total
     return best
+  }
+
+  /**
+   * A target for one request, counted in flight until `release`. While every healthy target is at
+   * maxConnectionsPerTarget the request waits its turn here, not in undici's queue, where a request
+   * cannot be timed out or removed before it gets a connection: at most maxPending wait, each at
+   * most queueTimeoutMs (Envoy's max_pending_requests; nginx's upstream `queue`). A retry
+   * (`exclude` set) never waits.
+   */
+  acquire (waiter: PoolWaiter, exclude?: UpstreamTarget): Acquired {
+    const target = this.pick(exclude, true)
+    if (target !== null) {
+      target.inFlight++
+      return target
+    }
+    if (!this.#sawBusy) return null
+    if (exclude !== undefined || this.#pending >= this.#maxPending) return 'full'
+    // Places that timed out or were cancelled stay until shifted: a long saturation would pile them up.
+    if (this.#queue.length >= 2 * this.#pending + 64) this.#dropCancelled()
+    const place: PendingRequest = { waiter, timer: setTimeout(() => this.#timedOut(place), this.#queueTimeoutMs) }
+    this.#queue.push(place)
+    this.#pending++
+    return place
+  }
+
+  /** The request ended while it waited (its client left, the gateway shut down). */
+  cancel (place: PendingRequest): void {
+    if (place.waiter === null) return
+    place.waiter = null
+    clearTimeout(place.timer)
+    this.#pending--
+  }
+
+  /** The request given `target` finished: its connection goes to the oldest waiting request. */
+  release (target: UpstreamTarget): void {
+    target.inFlight--
+    if (this.#pending > 0) this.#grantWaiting()
+  }
+
+  #timedOut (place: PendingRequest): void {
+    const waiter = place.waiter
+    if (waiter === null) return
+    this.cancel(place)
+    waiter.refused('queue_timeout')
+  }
+
+  #dropCancelled (): void {
+    let kept = 0
+    for (const place of this.#queue) if (place.waiter !== null) this.#queue[kept++] = place
+    this.#queue.length = kept
+  }
+
+  /** The oldest waiting request that still waits, taken off the queue. */
+  #nextWaiter (): PoolWaiter {
+    for (;;) {
+      const place = this.#queue.shift() as PendingRequest
+      const waiter = place.waiter
+      if (waiter === null) continue
+      this.cancel(place)
+      return waiter
+    }
+  }
+
+  #grantWaiting (): void {
+    // A grant dispatches, and a dispatch can fail and release at once: the loop below goes on.
+    if (this.#granting) return
+    this.#granting = true
+    try {
+      while (this.#pending > 0) {
+        const target = this.pick(undefined, true)
+        if (target === null) {
+          if (this.#sawBusy) return
+          // Every target was ejected meanwhile: waiting longer would only delay the same 503.
+          this.#nextWaiter().refused('no_healthy')
+          continue
+        }
+        target.inFlight++
+        this.#nextWaiter().granted(target)
+      }
+    } finally {
+      this.#granting = false
+    }
   }
 
   /**
@@ -205,6 +343,8 @@ export function upstreamSignature (config: UpstreamConfig): string {
     config.maxConnectionsPerTarget,
     config.keepAliveTimeoutMs,
     config.idleTimeoutMs,
-    config.consecutiveFailures
+    config.consecutiveFailures,
+    config.maxPending,
+    config.queueTimeoutMs
   ])
 }

@@ -1,0 +1,176 @@
+// Waiting for an upstream connection: with every target at maxConnections a request waits its
+// turn, oldest first, at most maxPending of them and each at most timeouts.queue; beyond either,
+// 503 GW_ERR_UPSTREAM_BUSY at once, not a queue without end behind an upstream that slowed down.
+import t from 'tap'
+import type { ServerResponse } from 'node:http'
+import { Agent, request } from 'undici'
+import { forwardRequest, type ForwardPlan, type ForwardResult } from '../src/proxy/forward.js'
+import type { UpstreamPool } from '../src/proxy/upstream-pool.js'
+import { testPool, testPlan } from './helpers/proxy-plan.js'
+import { backendConfig, startGateway } from './helpers/gateway.js'
+import { startHttpServer } from './helpers/upstream.js'
+import type { Teardown } from './helpers/teardown.js'
+
+const client = new Agent({ keepAliveTimeout: 1000, connections: 64 })
+t.teardown(() => client.close())
+
+/** An upstream that holds every response until the test releases it, oldest first. */
+async function startHoldingUpstream (t: Teardown): Promise<{ url: string, seen: string[], held: ServerResponse[], maxAtOnce: () => number, release: () => void }> {
+  const seen: string[] = []
+  const held: ServerResponse[] = []
+  let open = 0
+  let most = 0
+  const { url } = await startHttpServer(t, (req, res) => {
+    seen.push(req.url ?? '')
+    most = Math.max(most, ++open)
+    res.on('close', () => { open-- })
+    held.push(res)
+  })
+  return {
+    url,
+    seen,
+    held,
+    maxAtOnce: () => most,
+    release: () => { held.shift()?.end(JSON.stringify({ ok: true })) }
+  }
+}
+
+async function startFront (t: Teardown, plan: ForwardPlan): Promise<{ url: string, results: Map<string, ForwardResult> }> {
+  const results = new Map<string, ForwardResult>()
+  const { url } = await startHttpServer(t, (req, res) => {
+    forwardRequest(req, res, plan, { requestId: 'rid', clientIp: '127.0.0.1', proto: 'http', path: req.url ?? '/' }, (result) => results.set(req.url ?? '', result))
+  })
+  return { url, results }
+}
+
+async function call (url: string, signal?: AbortSignal): Promise<{ status: number, error?: string }> {
+  const res = await request(url, { dispatcher: client, signal })
+  const body = await res.body.json() as { error?: string }
+  return { status: res.statusCode, error: body.error }
+}
+
+async function until (what: string, cond: () => boolean): Promise<void> {
+  const deadline = Date.now() + 5000
+  while (!cond()) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
+    await new Promise((resolve) => setTimeout(resolve, 5))
+  }
+}
+
+async function busyFront (t: Teardown, over: Parameters<typeof testPool>[2]): Promise<{ pool: UpstreamPool, front: Awaited<ReturnType<typeof startFront>>, up: Awaited<ReturnType<typeof startHoldingUpstream>> }> {
+  const up = await startHoldingUpstream(t)
+  const pool = testPool(t, [up.url], over)
+  return { pool, front: await startFront(t, testPlan(pool)), up }
+}
+
+t.test('with every connection busy, requests wait oldest first, maxPending of them; the next gets 503 at once', async (t) => {
+  const { pool, front, up } = await busyFront(t, { maxConnectionsPerTarget: 2, maxPending: 2, queueTimeoutMs: 10_000 })
+  const answers = ['/1', '/2'].map((path) => call(front.url + path))
+  await until('two requests at the upstream', () => up.held.length === 2)
+  answers.push(call(front.url + '/3'))
+  await until('one waiting', () => pool.pending === 1)
+  answers.push(call(front.url + '/4'))
+  await until('two waiting', () => pool.pending === 2)
+  const refused = await call(front.url + '/5')
+  t.same(refused, { status: 503, error: 'GW_ERR_UPSTREAM_BUSY' }, 'the queue is full: refused without waiting')
+  t.match(front.results.get('/5'), { status: 503, errorKind: 'queue_full', errorCode: 'GW_ERR_UPSTREAM_BUSY', target: null })
+  t.same(up.seen, ['/1', '/2'], 'the waiting requests did not reach the upstream')
+  up.release()
+  await until('the oldest waiting request at the upstream', () => up.seen.length === 3)
+  t.equal(up.seen[2], '/3', 'the freed connection went to the oldest waiting request')
+  up.release()
+  up.release()
+  await until('the last waiting request at the upstream', () => up.seen.length === 4)
+  up.release()
+  t.same((await Promise.all(answers)).map((a) => a.status), [200, 200, 200, 200])
+  t.same(up.seen, ['/1', '/2', '/3', '/4'])
+  t.equal(up.maxAtOnce(), 2, 'never more than maxConnections at the upstream')
+  t.equal(pool.pending, 0)
+})
+
+t.test('a request that waits timeouts.queue gets 503; the upstream never sees it', async (t) => {
+  const { pool, front, up } = await busyFront(t, { maxConnectionsPerTarget: 1, queueTimeoutMs: 200 })
+  const first = call(front.url + '/held')
+  await until('the first request at the upstream', () => up.held.length === 1)
+  const waited = await call(front.url + '/waits')
+  t.same(waited, { status: 503, error: 'GW_ERR_UPSTREAM_BUSY' })
+  t.match(front.results.get('/waits'), { status: 503, errorKind: 'queue_timeout', target: null })
+  t.equal(pool.pending, 0, 'it left the queue')
+  up.release()
+  t.equal((await first).status, 200)
+  t.same(up.seen, ['/held'], 'the timed-out request was never sent')
+})
+
+t.test('a waiting request whose client leaves gives up its place', async (t) => {
+  const { pool, front, up } = await busyFront(t, { maxConnectionsPerTarget: 1, maxPending: 1, queueTimeoutMs: 10_000 })
+  const first = call(front.url + '/held')
+  await until('the first request at the upstream', () => up.held.length === 1)
+  const leaving = new AbortController()
+  const gone = call(front.url + '/leaves', leaving.signal).catch((err: unknown) => err)
+  await until('one waiting', () => pool.pending === 1)
+  leaving.abort()
+  await gone
+  await until('the abandoned request settled', () => front.results.has('/leaves'))
+  t.match(front.results.get('/leaves'), { status: 499, errorKind: 'client_abort' })
+  t.equal(pool.pending, 0)
+  const next = call(front.url + '/next')
+  await until('the next request waiting in the freed place', () => pool.pending === 1)
+  up.release()
+  await until('the next request at the upstream', () => up.held.length === 1)
+  up.release()
+  t.equal((await first).status, 200)
+  t.equal((await next).status, 200, 'not refused: the abandoned place was given up')
+  t.same(up.seen, ['/held', '/next'], 'the abandoned request was never sent')
+})
+
+t.test('maxPending: 0 refuses instead of waiting; a free connection is used at once', async (t) => {
+  const { front, up } = await busyFront(t, { maxConnectionsPerTarget: 1, maxPending: 0 })
+  const first = call(front.url + '/held')
+  await until('the first request at the upstream', () => up.held.length === 1)
+  t.same(await call(front.url + '/refused'), { status: 503, error: 'GW_ERR_UPSTREAM_BUSY' })
+  up.release()
+  t.equal((await first).status, 200)
+  const again = call(front.url + '/again')
+  await until('the next request at the upstream', () => up.held.length === 1)
+  up.release()
+  t.equal((await again).status, 200)
+  t.same(up.seen, ['/held', '/again'])
+})
+
+t.test('gateway.yaml: maxPending and timeouts.queue reach the pool, and refusals are counted', async (t) => {
+  const up = await startHoldingUpstream(t)
+  const yaml = backendConfig(up.url, '  - { name: all, pathPrefix: /, upstream: backend }')
+    .replace('backend: { targets: [', 'backend: { maxConnections: 1, maxPending: 1, timeouts: { queue: 1s }, targets: [')
+  const gw = await startGateway(t, yaml)
+  const first = call(gw.url + '/held')
+  await until('the first request at the upstream', () => up.held.length === 1)
+  const waits = call(gw.url + '/waits')
+  await until('one waiting', () => gw.runtime?.pools.get('backend')?.pending === 1)
+  const waiting = await (await request(gw.adminUrl + '/metrics', { dispatcher: client })).body.text()
+  t.match(waiting, /gateway_upstream_pending\{upstream="backend"\} 1\n/, 'the waiting request is in the pending gauge')
+  // the second waits (maxPending 1): the third finds the queue full
+  const full = await call(gw.url + '/full')
+  t.same(full, { status: 503, error: 'GW_ERR_UPSTREAM_BUSY' })
+  t.same(await waits, { status: 503, error: 'GW_ERR_UPSTREAM_BUSY' }, 'timeouts.queue: 1s')
+  up.release()
+  t.equal((await first).status, 200)
+  const metrics = await (await request(gw.adminUrl + '/metrics', { dispatcher: client })).body.text()
+  t.match(metrics, /gateway_upstream_errors_total\{upstream="backend",kind="queue_full"\} 1\n/)
+  t.match(metrics, /gateway_upstream_errors_total\{upstream="backend",kind="queue_timeout"\} 1\n/)
+  t.match(metrics, /gateway_upstream_pending\{upstream="backend"\} 0\n/)
+  t.same(up.seen, ['/held'])
+})
+
+t.test('places given up while every connection stays busy do not pile up', async (t) => {
+  const pool = testPool(t, ['http://127.0.0.1:9'], { maxConnectionsPerTarget: 1, maxPending: 4, queueTimeoutMs: 60_000 })
+  const waiter = { granted: () => {}, refused: () => {} }
+  const held = pool.acquire(waiter)
+  t.equal(typeof held === 'object' && held !== null && 'url' in held, true, 'the one connection is taken')
+  for (let i = 0; i < 10_000; i++) {
+    const place = pool.acquire(waiter)
+    if (place === null || place === 'full' || 'url' in place) throw new Error('expected a place in the queue')
+    pool.cancel(place)
+  }
+  t.equal(pool.pending, 0)
+  t.ok(pool.queuedPlaces <= 64, `cancelled places are dropped (${pool.queuedPlaces} kept of 10,000)`)
+})
