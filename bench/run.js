@@ -96,6 +96,7 @@ const settings = {
  * @property {string} [url]
  * @property {string} [adminUrl]  gateways only
  * @property {number} [pid]
+ * @property {boolean} [optIn]  measured only when --only names it
  * @property {string | null} skipped  why it was not measured, or null
  * @property {string[]} notes
  * @property {Array<Record<string, unknown>>} runs
@@ -115,7 +116,9 @@ const contenders = [
   { id: 'gw-redis-log', letter: 'i', label: 'gateway (e), access log on', config: 'gateway-shared-redis.yaml', needsRedis: true, logLevel: 'info', skipped: null, notes: [], runs: [] },
   // the peer (bench/peer): fastify + @fastify/http-proxy, and with @fastify/rate-limit on Redis (1 limit)
   { id: 'fastify', letter: 'j', label: 'fastify + @fastify/http-proxy', skipped: null, notes: [], runs: [] },
-  { id: 'fastify-rl', letter: 'k', label: 'fastify + http-proxy + rate-limit on Redis (1 limit)', needsRedis: true, skipped: null, notes: [], runs: [] }
+  { id: 'fastify-rl', letter: 'k', label: 'fastify + http-proxy + rate-limit on Redis (1 limit)', needsRedis: true, skipped: null, notes: [], runs: [] },
+  // the bare proxy plus the gateway's per-request duties (bare-duties.js): run only when named in --only
+  { id: 'bare-duties', letter: 'l', label: 'bare proxy + request id, trace, X-Forwarded-*, metrics', optIn: true, skipped: null, notes: [], runs: [] }
 ]
 /** @param {string} id */
 const byId = (id) => /** @type {Contender} */ (contenders.find((c) => c.id === id))
@@ -123,7 +126,7 @@ const byId = (id) => /** @type {Contender} */ (contenders.find((c) => c.id === i
 // Order inside a round: each ratio's pair sits side by side where possible (gw-none|bare,
 // bare|gw-redis, gw-redis|direct); gw-redis|nginx is two apart. Odd rounds run it backwards.
 // (i) sits next to (e) (the access line's cost) and to (k) (the peer with its log off, as (e)).
-const ROUND_ORDER = ['gw-local', 'gw-memory', 'gw-none', 'fastify', 'bare', 'gw-redis', 'gw-redis-log', 'fastify-rl', 'direct', 'nginx', 'flood']
+const ROUND_ORDER = ['gw-local', 'gw-memory', 'gw-none', 'bare-duties', 'fastify', 'bare', 'gw-redis', 'gw-redis-log', 'fastify-rl', 'direct', 'nginx', 'flood']
 const RATIOS = [
   { name: 'gateway(e) / direct', num: 'gw-redis', den: 'direct' },
   { name: 'gateway(e) / bare proxy', num: 'gw-redis', den: 'bare' },
@@ -134,7 +137,9 @@ const RATIOS = [
   { name: 'gateway(d) local level / bare proxy', num: 'gw-local', den: 'bare' },
   { name: 'gateway(i) log on / gateway(e) log off', num: 'gw-redis-log', den: 'gw-redis' },
   { name: 'gateway(e) 4 limits / fastify+rate-limit(k) 1 limit', num: 'gw-redis', den: 'fastify-rl' },
-  { name: 'fastify(j) / bare proxy', num: 'fastify', den: 'bare' }
+  { name: 'fastify(j) / bare proxy', num: 'fastify', den: 'bare' },
+  { name: 'bare + duties(l) / bare proxy', num: 'bare-duties', den: 'bare' },
+  { name: 'gateway(c) / bare + duties(l)', num: 'gw-none', den: 'bare-duties' }
 ]
 // CPU µs per request of num minus den, per round: what one feature costs on its own
 const DIFFERENCES = [
@@ -528,7 +533,8 @@ async function main () {
   const startedAt = new Date().toISOString()
   const machine = machineInfo()
   const dir = mkdtempSync(join(tmpdir(), 'gateway-bench-'))
-  const wanted = (/** @type {Contender} */ c) => settings.only.length === 0 || settings.only.includes(c.id) || settings.only.includes(c.letter)
+  const named = (/** @type {Contender} */ c) => settings.only.includes(c.id) || settings.only.includes(c.letter)
+  const wanted = (/** @type {Contender} */ c) => named(c) || (settings.only.length === 0 && c.optIn !== true)
   for (const c of contenders) if (!wanted(c)) c.skipped = 'not selected (--only)'
 
   // A budget for the whole run, so that nothing can keep the machine busy indefinitely.
@@ -576,9 +582,9 @@ async function main () {
       if (c.id === 'direct') {
         c.url = upstreamOrigin
         pids.set(c.id, upstream.pid)
-      } else if (c.id === 'bare') {
+      } else if (c.id === 'bare' || c.id === 'bare-duties') {
         const port = await freePort()
-        const child = await startProcess('bare-proxy', process.execPath, [join(BENCH, 'bare-proxy.js'), String(port), upstreamOrigin], {
+        const child = await startProcess(c.id === 'bare' ? 'bare-proxy' : c.id, process.execPath, [join(BENCH, `${c.id === 'bare' ? 'bare-proxy' : c.id}.js`), String(port), upstreamOrigin], {
           contender: true,
           ready: () => answers200(`http://127.0.0.1:${port}/`)
         })
