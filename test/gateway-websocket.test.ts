@@ -225,6 +225,37 @@ routes:
   t.equal(reply?.headers['x-kept'], '1', 'end-to-end fields kept')
 })
 
+t.test('an upstream refusing an upgrade whose answer stalls mid-body: the client socket is cut after the idle timeout', async (t) => {
+  const { server, url } = await startHttpServer(t, (_req, res) => { res.end() })
+  const upstreamSockets: Duplex[] = []
+  server.on('upgrade', (_req, socket: Duplex) => {
+    upstreamSockets.push(socket)
+    // a first chunk, then nothing: neither more body nor the end
+    socket.write('HTTP/1.1 403 Forbidden\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n5\r\nnope!\r\n')
+  })
+  t.teardown(() => { for (const s of upstreamSockets) s.destroy() })
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${url}], timeouts: { idle: 300ms } }
+routes:
+  - { name: events, pathPrefix: /, websocket: true, upstream: backend }
+`)
+  const client = net.connect(gw.port, '127.0.0.1')
+  t.teardown(() => client.destroy())
+  let received = ''
+  client.on('data', (chunk: Buffer) => { received += chunk.toString('latin1') })
+  client.write('GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n' +
+    `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: ${randomBytes(16).toString('base64')}\r\n\r\n`)
+  // The client never ends its side. Before the fix nothing closed this socket (waited 5 s here).
+  const closed = await Promise.race([once(client, 'close').then(() => true), new Promise((resolve) => setTimeout(() => resolve(false), 5000))])
+  t.equal(closed, true, 'the gateway closed the client socket')
+  t.match(received, /^HTTP\/1\.1 403 /, 'the answer started')
+  t.match(received, /nope!/, 'with the body relayed until it stalled')
+  for (let i = 0; i < 100 && gw.openConnections() > 0; i++) await new Promise((resolve) => setTimeout(resolve, 20))
+  t.equal(gw.openConnections(), 0, 'no connection held')
+})
+
 t.test('the access log and metrics tell a refused upgrade from a tunnel', async (t) => {
   const upstream = await startUpstream(t)
   const gw = await startGateway(t, config(upstream, await refusingUrl()))

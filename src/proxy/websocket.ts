@@ -155,6 +155,14 @@ class Tunnel {
       // http-proxy pipes the answer and ends the client socket, which then waits for the client's
       // own end (allowHalfOpen): closeSoon does not wait for a client that never sends it.
       res.once('end', () => closeSoon(this.socket))
+      // A body that stops (an upstream that stalls, a client that stops reading) is cut after the
+      // upstream's idle timeout, as an HTTP response body is: no timer watched it.
+      if (this.socket instanceof Socket) {
+        this.socket.setTimeout(this.plan.idleTimeoutMs, () => {
+          this.proxyReq?.destroy()
+          this.socket.destroy()
+        })
+      }
     })
   }
 
