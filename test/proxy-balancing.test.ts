@@ -3,7 +3,7 @@
 import t from 'tap'
 import { Agent, request } from 'undici'
 import { UpstreamPool, type UpstreamConfig } from '../src/proxy/upstream-pool.js'
-import { forwardRequest, type ForwardPlan, type ForwardResult } from '../src/proxy/forward.js'
+import { forwardRequest, mayRetry, type ForwardPlan, type ForwardResult } from '../src/proxy/forward.js'
 import { TEST_UPSTREAM, testPool as poolOf, testPlan as planOf } from './helpers/proxy-plan.js'
 import { refusingUrl, startBlackhole, startHttpServer, startUpstream } from './helpers/upstream.js'
 import type { Teardown } from './helpers/teardown.js'
@@ -157,4 +157,13 @@ t.test('a config without targets or with a bad URL is refused', async (t) => {
   t.throws(() => new UpstreamPool({ ...TEST_UPSTREAM, targets: [] }), /no targets/)
   t.throws(() => new UpstreamPool({ ...TEST_UPSTREAM, targets: [{ url: 'ftp://x', weight: 1 }] }), /http/)
   t.throws(() => new UpstreamPool({ ...TEST_UPSTREAM, targets: [{ url: 'http://x', weight: -1 }] }), /weight/)
+})
+
+t.test('the retry rule: nothing is retried once undici began writing it, whatever its method or body', async (t) => {
+  // sent: an EHOSTUNREACH on a reused keep-alive socket arrives after the request may have reached the target
+  t.equal(mayRetry(true, 'POST', true), false, 'a POST without a body (or held whole) that was sent')
+  t.equal(mayRetry(true, 'GET', true), false, 'a GET that was sent')
+  t.equal(mayRetry(false, 'POST', true), true, 'a POST never sent, its body held whole')
+  t.equal(mayRetry(false, 'POST', false), false, 'a POST never sent whose body streams from the client')
+  t.equal(mayRetry(false, 'PUT', false), true, 'an idempotent request never sent')
 })

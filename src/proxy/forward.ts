@@ -103,6 +103,16 @@ export interface ForwardResult {
 // RFC 9110 §9.2.2; only these are retried on another target, and only when nothing was sent yet.
 const IDEMPOTENT: ReadonlySet<string> = new Set(['GET', 'HEAD', 'OPTIONS', 'PUT', 'DELETE', 'TRACE'])
 
+/**
+ * Whether a request whose connection failed may go to another target. Never once undici began
+ * writing it (`sent`): an EHOSTUNREACH on a reused keep-alive socket comes after the upstream may
+ * have the request, and a POST must not reach two targets. Before that, a body the gateway holds
+ * whole (or none) can be sent again for any method; a streamed one only for an idempotent method.
+ */
+export function mayRetry (sent: boolean, method: string, bodyResendable: boolean): boolean {
+  return !sent && (bodyResendable || IDEMPOTENT.has(method))
+}
+
 const CLOSE: ReadonlyArray<readonly [string, string]> = Object.freeze([Object.freeze(['connection', 'close'] as const)])
 
 /**
@@ -440,7 +450,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       this.plan.pool.eject(target)
       // Nothing reached the upstream: one more target is safe to try for an idempotent method, and
       // for any method once the body is in memory (a refused connection carried no byte of it).
-      if (!this.retried && (this.replayable || this.opts.body === null || (!this.sent && IDEMPOTENT.has(this.opts.method)))) {
+      if (!this.retried && mayRetry(this.sent, this.opts.method, this.replayable || this.opts.body === null)) {
         this.releaseTarget()
         const next = this.plan.pool.acquire(this, target)
         if (next instanceof UpstreamTarget) {
