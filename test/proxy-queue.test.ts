@@ -8,7 +8,7 @@ import { forwardRequest, type ForwardPlan, type ForwardResult } from '../src/pro
 import type { UpstreamPool } from '../src/proxy/upstream-pool.js'
 import { testPool, testPlan } from './helpers/proxy-plan.js'
 import { backendConfig, startGateway } from './helpers/gateway.js'
-import { startHttpServer } from './helpers/upstream.js'
+import { refusingUrl, startHttpServer, startUpstream } from './helpers/upstream.js'
 import type { Teardown } from './helpers/teardown.js'
 
 const client = new Agent({ keepAliveTimeout: 1000, connections: 64 })
@@ -43,10 +43,10 @@ async function startFront (t: Teardown, plan: ForwardPlan): Promise<{ url: strin
   return { url, results }
 }
 
-async function call (url: string, signal?: AbortSignal): Promise<{ status: number, error?: string }> {
-  const res = await request(url, { dispatcher: client, signal })
-  const body = await res.body.json() as { error?: string }
-  return { status: res.statusCode, error: body.error }
+async function call (url: string, signal?: AbortSignal, payload?: string): Promise<{ status: number, error?: string }> {
+  const res = await request(url, { dispatcher: client, signal, ...(payload === undefined ? {} : { method: 'POST' as const, body: payload }) })
+  const answer = await res.body.json() as { error?: string }
+  return { status: res.statusCode, error: answer.error }
 }
 
 async function until (what: string, cond: () => boolean): Promise<void> {
@@ -173,4 +173,72 @@ t.test('places given up while every connection stays busy do not pile up', async
   }
   t.equal(pool.pending, 0)
   t.ok(pool.queuedPlaces <= 64, `cancelled places are dropped (${pool.queuedPlaces} kept of 10,000)`)
+})
+
+t.test('a retry after a refused connection waits for a busy target instead of failing', async (t) => {
+  const up = await startHoldingUpstream(t)
+  // equal weights: the first request goes to the first target, the second to the refusing one
+  const pool = testPool(t, [up.url, await refusingUrl()], { maxConnectionsPerTarget: 1, queueTimeoutMs: 10_000 })
+  const front = await startFront(t, testPlan(pool))
+  const first = call(front.url + '/held')
+  await until('the first request at the upstream', () => up.held.length === 1)
+  const second = call(front.url + '/retried')
+  await until('the retry waiting', () => pool.pending === 1)
+  up.release()
+  await until('the retry at the upstream', () => up.held.length === 1)
+  up.release()
+  t.equal((await first).status, 200)
+  t.equal((await second).status, 200, 'served by the busy target once it was free (it was 502 refused)')
+  t.same(up.seen, ['/held', '/retried'])
+})
+
+t.test('a target back from ejection takes the waiting requests at once', async (t) => {
+  const held = await startHoldingUpstream(t)
+  const other = await startUpstream(t, 'other')
+  const pool = testPool(t, [held.url, other.url], { maxConnectionsPerTarget: 1, ejectMs: 300, queueTimeoutMs: 10_000 })
+  const front = await startFront(t, testPlan(pool))
+  pool.eject(pool.targets[1]!)
+  const first = call(front.url + '/held')
+  await until('the first request at the upstream', () => held.held.length === 1)
+  const waiting = call(front.url + '/waits')
+  await until('one waiting', () => pool.pending === 1)
+  // the held target never frees: only the other target's return can serve it
+  t.equal((await waiting).status, 200, 'served when the ejected target came back')
+  t.same(other.log, ['/waits'])
+  held.release()
+  t.equal((await first).status, 200)
+})
+
+t.test('closing the pool answers the waiting requests 503 shutting down; the one in flight finishes', async (t) => {
+  const { pool, front, up } = await busyFront(t, { maxConnectionsPerTarget: 1, queueTimeoutMs: 10_000 })
+  const first = call(front.url + '/held')
+  await until('the first request at the upstream', () => up.held.length === 1)
+  const waiting = call(front.url + '/waits')
+  await until('one waiting', () => pool.pending === 1)
+  const closed = pool.close()
+  t.same(await waiting, { status: 503, error: 'GW_ERR_SHUTTING_DOWN' })
+  t.match(front.results.get('/waits'), { errorKind: 'shutting_down' })
+  up.release()
+  t.equal((await first).status, 200)
+  await closed
+  t.same(up.seen, ['/held'])
+})
+
+t.test('a streamed body waiting for a connection is not timed out as a slow client', async (t) => {
+  const up = await startHoldingUpstream(t)
+  const pool = testPool(t, [up.url], { maxConnectionsPerTarget: 1, queueTimeoutMs: 10_000 })
+  // bodies over 10 bytes stream; a client pause of 300 ms is a client timeout
+  const front = await startFront(t, testPlan(pool, { bufferBodies: 10, clientBodyTimeoutMs: 300 }))
+  const first = call(front.url + '/held')
+  await until('the first request at the upstream', () => up.held.length === 1)
+  const posted = call(front.url + '/post', undefined, 'x'.repeat(100))
+  await until('the POST waiting', () => pool.pending === 1)
+  // longer than clientBodyTimeout, with the whole body sent
+  await new Promise((resolve) => setTimeout(resolve, 700))
+  t.notOk(front.results.has('/post'), 'still waiting, not answered 408')
+  up.release()
+  await until('the POST at the upstream', () => up.held.length === 1)
+  up.release()
+  t.equal((await first).status, 200)
+  t.equal((await posted).status, 200)
 })

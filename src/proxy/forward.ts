@@ -223,6 +223,9 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   proceed (): void {
     if (this.settled) return
     const plan = this.plan
+    // Before a connection is taken: nothing between acquire and dispatch may throw.
+    this.opts.headers = upstreamRequestHeaders(this.req, plan.headers, this.ctx)
+    this.path = stripPathPrefix(this.ctx.path, plan.stripPrefix)
     const got = plan.pool.acquire(this)
     if (got === null) {
       this.fail('no_healthy', null)
@@ -232,8 +235,6 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       this.fail('queue_full', null)
       return
     }
-    this.opts.headers = upstreamRequestHeaders(this.req, plan.headers, this.ctx)
-    this.path = stripPathPrefix(this.ctx.path, plan.stripPrefix)
     if (got instanceof UpstreamTarget) this.dispatch(got)
     else this.waiting = got
   }
@@ -243,7 +244,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     this.dispatch(target)
   }
 
-  refused (kind: 'queue_timeout' | 'no_healthy'): void {
+  refused (kind: 'queue_timeout' | 'no_healthy' | 'shutting_down'): void {
     this.waiting = null
     this.fail(kind, null)
   }
@@ -285,6 +286,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       this.heldBytes = 0
       req.pipe(body)
       this.opts.body = body
+      // The body's idle timer starts again at onConnect: waiting for a connection is not the client's pause.
+      this.clearIdle()
       this.proceed()
     }
     const onEnd = (): void => {
@@ -451,11 +454,18 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       // Nothing reached the upstream: one more target is safe to try for an idempotent method, and
       // for any method once the body is in memory (a refused connection carried no byte of it).
       if (!this.retried && mayRetry(this.sent, this.opts.method, this.replayable || this.opts.body === null)) {
+        // The failed target was just ejected: any other, now or, if all are busy, when one frees.
         this.releaseTarget()
-        const next = this.plan.pool.acquire(this, target)
-        if (next instanceof UpstreamTarget) {
+        const next = this.plan.pool.acquire(this)
+        if (next !== null && next !== 'full') {
           this.retried = true
-          this.dispatch(next)
+          this.abortUpstream = null
+          if (next instanceof UpstreamTarget) this.dispatch(next)
+          else {
+            // waiting again: a client that leaves now ends it at once (onClientClose)
+            this.target = null
+            this.waiting = next
+          }
           return
         }
       }

@@ -95,7 +95,7 @@ export interface PoolWaiter {
   /** A target with a free connection, counted in flight for this request until `release`. */
   granted (target: UpstreamTarget): void
   /** No connection within queueTimeout, or no healthy target left while it waited. */
-  refused (kind: 'queue_timeout' | 'no_healthy'): void
+  refused (kind: 'queue_timeout' | 'no_healthy' | 'shutting_down'): void
 }
 
 /** A place in the pool's queue, handed back to `cancel` when the request ends while waiting. */
@@ -131,6 +131,9 @@ export class UpstreamPool {
   /** The last pick(…, true) skipped a healthy target because it was at maxConnections. */
   #sawBusy = false
   #granting = false
+  /** Fires when an ejected target comes back while requests wait (#scheduleWake). */
+  #wake: NodeJS.Timeout | null = null
+  #closed = false
 
   constructor (config: UpstreamConfig) {
     if (config.targets.length === 0) throw new TypeError(`upstream ${config.name}: no targets`)
@@ -194,22 +197,26 @@ export class UpstreamPool {
    * A target for one request, counted in flight until `release`. While every healthy target is at
    * maxConnectionsPerTarget the request waits its turn here, not in undici's queue, where a request
    * cannot be timed out or removed before it gets a connection: at most maxPending wait, each at
-   * most queueTimeoutMs (Envoy's max_pending_requests; nginx's upstream `queue`). A retry
-   * (`exclude` set) never waits.
+   * most queueTimeoutMs (Envoy's max_pending_requests; nginx's upstream `queue`). Oldest first:
+   * while requests wait, a connection that comes free is theirs, not a newcomer's.
    */
-  acquire (waiter: PoolWaiter, exclude?: UpstreamTarget): Acquired {
-    const target = this.pick(exclude, true)
-    if (target !== null) {
-      target.inFlight++
-      return target
+  acquire (waiter: PoolWaiter): Acquired {
+    if (this.#pending > 0) this.#grantWaiting()
+    if (this.#pending === 0) {
+      const target = this.pick(undefined, true)
+      if (target !== null) {
+        target.inFlight++
+        return target
+      }
+      if (!this.#sawBusy) return null
     }
-    if (!this.#sawBusy) return null
-    if (exclude !== undefined || this.#pending >= this.#maxPending) return 'full'
+    if (this.#pending >= this.#maxPending) return 'full'
     // Places that timed out or were cancelled stay until shifted: a long saturation would pile them up.
     if (this.#queue.length >= 2 * this.#pending + 64) this.#dropCancelled()
     const place: PendingRequest = { waiter, timer: setTimeout(() => this.#timedOut(place), this.#queueTimeoutMs) }
     this.#queue.push(place)
     this.#pending++
+    this.#scheduleWake()
     return place
   }
 
@@ -224,7 +231,7 @@ export class UpstreamPool {
   /** The request given `target` finished: its connection goes to the oldest waiting request. */
   release (target: UpstreamTarget): void {
     target.inFlight--
-    if (this.#pending > 0) this.#grantWaiting()
+    if (this.#pending > 0 && !this.#closed) this.#grantWaiting()
   }
 
   #timedOut (place: PendingRequest): void {
@@ -259,7 +266,7 @@ export class UpstreamPool {
       while (this.#pending > 0) {
         const target = this.pick(undefined, true)
         if (target === null) {
-          if (this.#sawBusy) return
+          if (this.#sawBusy) break
           // Every target was ejected meanwhile: waiting longer would only delay the same 503.
           this.#nextWaiter().refused('no_healthy')
           continue
@@ -270,6 +277,30 @@ export class UpstreamPool {
     } finally {
       this.#granting = false
     }
+    this.#scheduleWake()
+  }
+
+  /**
+   * Requests wait while the targets in rotation are busy and another is ejected: when that one's
+   * ejection ends it takes them, without waiting for a busy target's release.
+   */
+  #scheduleWake (): void {
+    if (this.#wake !== null || this.#pending === 0 || !this.#anyEjected) return
+    let earliest = Infinity
+    for (const target of this.targets) if (target.ejectedUntil !== 0 && target.ejectedUntil < earliest) earliest = target.ejectedUntil
+    if (earliest === Infinity) return
+    this.#wake = setTimeout(() => {
+      this.#wake = null
+      this.#grantWaiting()
+    }, Math.max(0, earliest - Date.now()))
+  }
+
+  /** The pool is closing (shutdown, or a replaced pool past its drain): nobody waits for it any more. */
+  #refuseWaiting (): void {
+    this.#closed = true
+    if (this.#wake !== null) clearTimeout(this.#wake)
+    this.#wake = null
+    while (this.#pending > 0) this.#nextWaiter().refused('shutting_down')
   }
 
   /**
@@ -322,12 +353,14 @@ export class UpstreamPool {
     }))
   }
 
-  /** Graceful: undici's close() lets queued and in-flight requests finish, then closes the sockets. */
+  /** Graceful: in-flight requests finish, then the sockets close; requests still waiting get 503. */
   async close (): Promise<void> {
+    this.#refuseWaiting()
     await Promise.all(this.targets.map(async (target) => await target.dispatcher.close()))
   }
 
   async destroy (): Promise<void> {
+    this.#refuseWaiting()
     await Promise.all(this.targets.map(async (target) => await target.dispatcher.destroy()))
   }
 }
