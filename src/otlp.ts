@@ -20,10 +20,22 @@ export function otlpTracesUrl (url: string): string {
   return u.toString()
 }
 
+/**
+ * Longest the shutdown waits for the last export. The SDK's own wait is its exporter's timeout and
+ * retries (about 10 s against a collector that accepts and never answers), which used up a whole
+ * `docker stop` grace period: the gateway was SIGKILLed before its last log lines were written.
+ */
+export const OTLP_SHUTDOWN_MS = 1000
+/**
+ * Longest one export may take (the SDK's default is 10 s). An export still in flight keeps the
+ * process alive after the shutdown's bound, so this is also the most the exit can wait for it.
+ */
+export const OTLP_EXPORT_TIMEOUT_MS = 2000
+
 export function createOtlpTracer (url: string, serviceName: string): OtlpTracer {
   const provider = new TracerProvider({
     resource: resourceFromAttributes({ 'service.name': serviceName }),
-    spanProcessors: [new BatchSpanProcessor({ exporter: new OTLPTraceExporter({ url: otlpTracesUrl(url) }), scheduledDelayMillis: 500 })]
+    spanProcessors: [new BatchSpanProcessor({ exporter: new OTLPTraceExporter({ url: otlpTracesUrl(url), timeoutMillis: OTLP_EXPORT_TIMEOUT_MS }), scheduledDelayMillis: 500 })]
   })
   const tracer: Tracer = provider.getTracer('edge-gateway')
   return {
@@ -59,6 +71,12 @@ export function createOtlpTracer (url: string, serviceName: string): OtlpTracer 
       if (e.status >= 500) span.setStatus({ code: SpanStatusCode.ERROR })
       span.end()
     },
-    shutdown: () => provider.shutdown()
+    shutdown: async () => {
+      let timer: NodeJS.Timeout | undefined
+      const bound = new Promise<void>((resolve) => { timer = setTimeout(resolve, OTLP_SHUTDOWN_MS) })
+      // a failing export must not fail the gateway's close either: the spans are lost, nothing else
+      await Promise.race([provider.shutdown().catch(() => {}), bound])
+      clearTimeout(timer)
+    }
   }
 }

@@ -4,7 +4,7 @@ import t from 'tap'
 import { once } from 'node:events'
 import type { IncomingMessage } from 'node:http'
 import { WebSocket } from 'ws'
-import { startGateway } from './helpers/gateway.js'
+import { spawnGateway, startGateway } from './helpers/gateway.js'
 import { startHttpServer, startUpstream, type EchoBody } from './helpers/upstream.js'
 import { startRedis } from './helpers/redis.js'
 
@@ -163,4 +163,20 @@ routes:
   t.equal(attr(second, 'gateway.limit'), 'api.ip')
   const logged = gw.lines.filter(l => l.msg === 'request').map(l => l.traceId)
   t.same(logged.sort(), [first.traceId, second.traceId].sort(), 'the access log names the exported traces')
+})
+
+t.test('tracing.otlp: a collector that never answers delays the shutdown by at most about a second', async t => {
+  const up = await startUpstream(t)
+  // accepts the export and never answers it
+  const { url: collector } = await startHttpServer(t, () => {})
+  const gw = await spawnGateway(t, config(up.url).replace('routes:', `tracing: { otlp: "${collector}" }\nserver: { shutdownTimeout: 1s }\nroutes:`))
+  for (let i = 0; i < 3; i++) t.equal((await fetch(`${gw.url}/x${i}`)).status, 200)
+  await sleep(700) // the batch (500 ms) is sent and hangs
+  const stopping = Date.now()
+  gw.child.kill('SIGTERM')
+  t.equal(await gw.exited, 0)
+  const tookMs = Date.now() - stopping
+  // the exporter alone waited about 10 s before the bound (8.7-10.2 s measured)
+  t.ok(tookMs < 6000, `stopped in ${tookMs} ms`)
+  t.ok(gw.logs.some(l => l.msg === 'gateway stopped'), 'its last line was written')
 })
