@@ -384,3 +384,37 @@ routes:
   // a refusal held like a rate limit's (Retry-After: 1) would have lasted 1000 ms
   t.ok(after < 1000, `retried within the refusal's Retry-After (${after} ms)`)
 })
+
+t.test('a reload that raises leaseTtl renews the held leases at once: none expires before the slower renewals', async t => {
+  const { writeConfig } = await import('./helpers/gateway.js')
+  const { Gateway } = await import('../src/server.js')
+  const { createLogger } = await import('../src/log.js')
+  const { writeFileSync } = await import('node:fs')
+  const { Writable } = await import('node:stream')
+  const up = await startUpstream(t)
+  const yaml = (ttl: string): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+redis: { url: ${redis.url}, timeout: 2s, onError: deny, keyPrefix: ttl, leaseTtl: ${ttl} }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: ttl, pathPrefix: /, upstream: backend, concurrency: { user: 1 } }
+`
+  const file = writeConfig(t, yaml('1s'))
+  const gw = await Gateway.start({ configFile: file, logger: createLogger('info', new Writable({ write (_c, _e, cb) { cb() } })) })
+  t.teardown(() => gw.close())
+  const holding = send(`${gw.url}/slow?ms=4000`, ALICE)
+  await eventually('alice holds her lease', async () => await liveLeases('ttl:lease:ttl.user:alice') === 1, 3000)
+  writeFileSync(file, yaml('30s'))
+  t.match(await gw.reload(), { ok: true })
+  // another user's lease right after the reload restarts the renewals at the new period (10 s)
+  const bob = send(`${gw.url}/slow?ms=2500`, { headers: { 'x-user-id': 'bob' } })
+  await eventually('bob holds his lease', async () => await liveLeases('ttl:lease:ttl.user:bob') === 1, 3000)
+  await sleep(1500) // past the 1 s TTL alice's lease was last renewed with
+  t.equal(await liveLeases('ttl:lease:ttl.user:alice'), 1, 'alice\'s lease is still held (it expired before the fix)')
+  const second = await send(`${gw.url}/x`, ALICE)
+  t.equal(second.json?.error, 'GW_ERR_CONCURRENCY_LIMITED', 'so her second request is refused by the cap of 1')
+  t.equal((await bob).status, 200)
+  t.equal((await holding).status, 200)
+})

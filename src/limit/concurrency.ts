@@ -80,8 +80,7 @@ export class LeaseKeeper {
   private flushing: NodeJS.Timeout | null = null
   private renewer: NodeJS.Timeout | null = null
   private renewEveryMs = 0
-  /** `redis.leaseTtl`; a reload that changes it updates it in place. */
-  ttlMs: number
+  #ttlMs: number
   /** Calls to Redis this keeper made (releases and renewals), for tests and the benchmark. */
   calls = 0
   /** Releases that rode with a limit call instead (see takeReleases). */
@@ -94,13 +93,29 @@ export class LeaseKeeper {
   dropped = 0
 
   constructor (private readonly options: LeaseKeeperOptions) {
-    this.ttlMs = options.ttlMs
+    this.#ttlMs = options.ttlMs
     const client = options.redis?.client
     if (client !== undefined) {
       client.defineCommand('gatewayLeaseRelease', { lua: LEASE_RELEASE_SCRIPT })
       client.defineCommand('gatewayLeaseRenew', { lua: LEASE_RENEW_SCRIPT })
     }
     this.riding = options.redis?.store?.carryReleases(() => this.takeReleases()) ?? false
+  }
+
+  /** `redis.leaseTtl`. */
+  get ttlMs (): number {
+    return this.#ttlMs
+  }
+
+  /**
+   * A reload that changes `redis.leaseTtl` sets it here. The held leases are renewed at once under
+   * the new TTL: the renewal interval restarts at the new period, and a lease last renewed under a
+   * shorter TTL would otherwise expire before the first renewal at the longer one.
+   */
+  set ttlMs (ms: number) {
+    if (ms === this.#ttlMs) return
+    this.#ttlMs = ms
+    if (this.renewer !== null) this.renew()
   }
 
   /** Leases held in Redis by this instance right now. */
