@@ -4,6 +4,8 @@
 import t from 'tap'
 import { request, Agent } from 'undici'
 import { writeFileSync } from 'node:fs'
+import net from 'node:net'
+import { once } from 'node:events'
 import { startGateway, spawnGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { startRedis } from './helpers/redis.js'
@@ -159,6 +161,32 @@ t.test('/events: at most 16 subscribers; the next gets 503 GW_ERR_ADMIN_BUSY unt
     again = await subscribe(t, `${gw.adminUrl}/events`)
   }
   t.equal(again.status, 200, 'a subscriber that left frees its place')
+})
+
+t.test('/events pipelined behind another stream is not subscribed: clients that leave free every place', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, config(upstream.url))
+  const port = Number(new URL(gw.adminUrl).port)
+  // more connections than places (16), each with a second stream pipelined behind the first
+  for (let i = 0; i < 20; i++) {
+    const socket = net.connect(port, '127.0.0.1')
+    socket.write('GET /events HTTP/1.1\r\nHost: a\r\n\r\nGET /events HTTP/1.1\r\nHost: a\r\n\r\n')
+    const [first] = await once(socket, 'data') as [Buffer]
+    t.match(first.toString('latin1'), /^HTTP\/1\.1 200 /, `connection ${i}: its first stream is served`)
+    socket.destroy()
+    await once(socket, 'close')
+  }
+  // every place is free again once the closes are seen: 16 new subscribers are served
+  let statuses: number[] = []
+  for (let attempt = 0; attempt < 50; attempt++) {
+    const streams = []
+    for (let i = 0; i < 16; i++) streams.push(await subscribe(t, `${gw.adminUrl}/events`))
+    statuses = streams.map(s => s.status)
+    for (const s of streams) s.close()
+    if (statuses.every(s => s === 200)) break
+    await new Promise(resolve => setTimeout(resolve, 100))
+  }
+  t.same(statuses, Array(16).fill(200), 'all 16 places are free (the pipelined streams held 15 of them for good before)')
 })
 
 t.test('/events: a rejected reload shows in the health with its located errors; the old config serves', async t => {

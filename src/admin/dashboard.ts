@@ -92,6 +92,9 @@ export function handleDashboard (req: IncomingMessage, res: ServerResponse, path
   if (path === '/events') {
     if (feed === null) {
       json(res, ERRORS.GW_ERR_NOT_FOUND.status, errorBody('GW_ERR_NOT_FOUND', 'no live data on this listener'))
+    } else if (res.socket === null) {
+      // pipelined behind another request on its connection: answered (after it) and not subscribed
+      json(res, ERRORS.GW_ERR_BAD_REQUEST.status, errorBody('GW_ERR_BAD_REQUEST', 'an event stream cannot be pipelined behind another request'))
     } else if (!feed.subscribe(res)) {
       json(res, ERRORS.GW_ERR_ADMIN_BUSY.status, errorBody('GW_ERR_ADMIN_BUSY', `${ERRORS.GW_ERR_ADMIN_BUSY.message} (at most ${feed.maxSubscribers})`))
     }

@@ -147,6 +147,10 @@ export class LiveFeed {
    */
   subscribe (res: ServerResponse): boolean {
     if (this.subscribers.size >= this.maxSubscribers) return false
+    // A stream pipelined behind another request (an earlier stream: forever) is never written to
+    // its socket, and its response never closes: subscribed, it would buffer every update for good.
+    // dashboard.ts refuses it before this; here it is only never subscribed.
+    if (res.socket === null) return false
     res.writeHead(200, {
       'content-type': 'text/event-stream; charset=utf-8',
       'cache-control': 'no-store',
@@ -162,7 +166,8 @@ export class LiveFeed {
   private broadcast (event: string, data: unknown): void {
     const text = `event: ${event}\ndata: ${JSON.stringify(data)}\n\n`
     for (const res of this.subscribers) {
-      if ((res.socket?.writableLength ?? 0) > MAX_UNSENT_BYTES) {
+      // the response's own queue too (outputData), not only the socket's
+      if (res.writableLength > MAX_UNSENT_BYTES) {
         this.subscribers.delete(res)
         res.destroy()
         continue
