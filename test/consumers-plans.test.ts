@@ -136,6 +136,22 @@ t.test('all or nothing: a request rejected by the user limit uses no quota, one 
   t.equal(up.requests, 3 + 2, 'only admitted requests reached the upstream')
 })
 
+t.test('a consumer over quota moved to a larger plan by a reload is admitted at once', async t => {
+  await client.flushall()
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, API_KEYS))
+  await awayFromQuotaEdge('day', 30_000)
+  const dave = await statuses(3, `${gw.url}/api/x`, { 'x-api-key': 'k-dave' })
+  t.same(dave.map(r => r.status), [200, 200, 429], 'tiny: 2 a day')
+  const { writeFileSync, readFileSync } = await import('node:fs')
+  const file = (gw as unknown as { options: { configFile: string } }).options.configFile
+  writeFileSync(file, readFileSync(file, 'utf8').replace('dave: { plan: tiny }', 'dave: { plan: free }'))
+  t.match(await gw.reload(), { ok: true })
+  const after = await statuses(2, `${gw.url}/api/x`, { 'x-api-key': 'k-dave' })
+  t.same(after.map(r => r.status), [200, 200], 'free: 5 a day, 2 used (the refusal under tiny\'s quota held until midnight before)')
+  t.equal(await client.hget('gw:quota.day:dave', 'c'), '4', 'the day\'s count carried over')
+})
+
 t.test('per-route auth: required answers 401 on that route only, optional verifies when present, none strips the key', async t => {
   await client.flushall()
   const up = await startUpstream(t)

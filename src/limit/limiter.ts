@@ -323,10 +323,14 @@ const UNAVAILABLE: LimitVerdict = Object.freeze({ kind: 'unavailable' })
 
 /**
  * A rejection holds for one (key, cost): the key names the limit's parameters but not its cost,
- * so a reload that changes only the cost must not keep the lockout the old cost earned.
+ * so a reload that changes only the cost must not keep the lockout the old cost earned. A quota's
+ * key names only the consumer and period (its count follows the consumer across plans), so its
+ * rejection also holds for that quota's limit only: a consumer moved to a larger plan is not kept
+ * out until the period ends.
  */
 export function denyKey (check: LimitCheck): string {
-  return check.cost === 1 ? check.key : `${check.key}#${check.cost}`
+  const key = check.spec.algorithm === 'calendar-quota' ? `${check.key}@${check.spec.limit}` : check.key
+  return check.cost === 1 ? key : `${key}#${check.cost}`
 }
 
 /**
