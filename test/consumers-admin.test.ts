@@ -215,3 +215,22 @@ t.test('without Redis: GET /limits reads the in-process store, DELETE /limits re
   t.equal((await send(`${gw.url}/x`)).status, 200, 'admitted again')
   t.equal(entry(await admin(url), 'ip').remaining, 2, 'a whole budget minus the request just admitted')
 })
+
+t.test('DELETE /limits resets budgets, never a concurrency cap\'s count of requests in flight (Redis and in process)', async t => {
+  for (const withRedis of [true, false]) {
+    await client.flushall()
+    const up = await startUpstream(t)
+    const yaml = config(up.url, WITH_TOKEN).replace('{ name: api, pathPrefix: /, upstream: backend }', '{ name: api, pathPrefix: /, upstream: backend, concurrency: { route: 1 } }')
+    const gw = await startGateway(t, withRedis ? yaml : yaml.replace(/^redis: .*\n/m, ''), { ADMIN_TOKEN: TOKEN })
+    const holding = send(`${gw.url}/slow?ms=1500`)
+    await new Promise(resolve => setTimeout(resolve, 300))
+    t.equal((await send(`${gw.url}/x`)).json?.error, 'GW_ERR_CONCURRENCY_LIMITED', 'the route\'s one place is taken')
+    // another client's reset: the route's total count is not theirs to clear
+    const reset = await admin(`${gw.adminUrl}/limits?route=api&ip=203.0.113.9`, 'DELETE', TOKEN)
+    t.equal(reset.status, 200)
+    t.notOk(((reset.json?.reset ?? []) as Array<{ name: string }>).some(r => r.name.includes('concurrency')), 'the answer lists no concurrency limit as reset')
+    t.equal((await send(`${gw.url}/x`)).json?.error, 'GW_ERR_CONCURRENCY_LIMITED', `still refused after the reset (${withRedis ? 'Redis' : 'in process'}; admitted before)`)
+    t.equal((await holding).status, 200)
+    await gw.close()
+  }
+})

@@ -69,18 +69,24 @@ t.test('an entry past its time decides like a fresh key: nothing expires, nothin
   t.equal(lone.size, 1, 'and the key is still held')
 })
 
-t.test('a lease released to zero is deleted, unless it is the last key held', async (t) => {
-  const store = createMemoryStore({ maxKeys: 10 })
+t.test('a lease released to zero is deleted; lease counts are not evicted by budgets, nor forgotten by a reset', async (t) => {
+  const store = createMemoryStore({ maxKeys: 4 })
   const lease = spec('lease', 1, 1000)
   t.equal(store.decide([{ key: 'l', spec: lease, cost: 1 }], 'r').allowed, true)
   t.equal(store.decide([{ key: 'l', spec: lease, cost: 1 }], 'r').allowed, false, 'the one lease is held')
   store.release('l', 1)
-  t.equal(store.size, 1, 'the last key held is kept (deleting it makes lru-cache clear all its arrays)')
+  t.equal(store.size, 0, 'released to zero: nothing kept')
   t.equal(store.decide([{ key: 'l', spec: lease, cost: 1 }], 'r').allowed, true, 'and the lease can be taken again')
-  store.decide([{ key: 'other', spec: lease, cost: 1 }], 'r')
+  // more budget keys than maxKeys: an LRU holding the count would evict it and admit a second holder
+  const budget = spec('fixed-window', 10, 1000)
+  for (let i = 0; i < 10; i++) store.decide([{ key: `b${i}`, spec: budget, cost: 1 }], 'r')
+  t.equal(store.decide([{ key: 'l', spec: lease, cost: 1 }], 'r').allowed, false, 'still held after the budgets filled maxKeys (admitted before: evicted)')
+  store.forget('l')
+  t.equal(store.decide([{ key: 'l', spec: lease, cost: 1 }], 'r').allowed, false, 'an admin reset forgives budgets, not requests in flight')
+  store.clearBudgets()
+  t.equal(store.decide([{ key: 'l', spec: lease, cost: 1 }], 'r').allowed, false, 'nor does the end of a Redis outage')
   store.release('l', 1)
-  t.equal(store.size, 1, 'beside another key, a lease released to zero gives its slot back')
-  t.equal(store.decide([{ key: 'l', spec: lease, cost: 1 }], 'r').allowed, true, 'and is taken again from nothing')
+  t.equal(store.decide([{ key: 'l', spec: lease, cost: 1 }], 'r').allowed, true, 'given back by its request, it can be taken again')
 })
 
 t.test('the default clock is real and monotonic', async (t) => {

@@ -170,14 +170,18 @@ export function createLimitsOps (deps: LimitsApiDeps): LimitsOps {
     const found = resolve(query)
     if (!('rt' in found)) return found
     const { rt, t } = found
-    const message: ResetMessage = { ipKey: t.ipKey, denyKeys: t.checks.map(denyKey), keys: t.checks.map(c => c.key) }
+    // A concurrency lease count is the requests in flight, not a budget: reset, it would let more
+    // than the cap in (a route's total cap for every client at once), and the old requests'
+    // releases would then take from the new holders'. Only budgets are reset.
+    const budgets = t.checks.flatMap((check, i) => check.spec.algorithm === 'lease' ? [] : [{ check, limit: t.limits[i] as (typeof t.limits)[number] }])
+    const message: ResetMessage = { ipKey: t.ipKey, denyKeys: budgets.map(b => denyKey(b.check)), keys: budgets.map(b => b.check.key) }
     let outcome: ResetOutcome
     try {
       outcome = await deps.reset(rt, message)
     } catch (err) {
       return unavailable(err)
     }
-    const done = t.limits.map((l, i) => ({ name: l.name, dimension: l.dimension, key: (t.checks[i] as LimitCheck).key }))
+    const done = budgets.map(({ check, limit }) => ({ name: limit.name, dimension: limit.dimension, key: check.key }))
     const complete = outcome.redisError === undefined
     const log = { by, route: t.route.name, ip: t.ip, user: t.user, limits: done.map(r => r.name), keysDeleted: outcome.deleted, instances: outcome.instances }
     if (complete) deps.logger.info(log, 'limits reset')

@@ -1,6 +1,6 @@
 import { LRUCache } from 'lru-cache'
 import { ALGORITHMS, assertDecidable, msUp, type AlgorithmState, type Evaluation } from './algorithms/index.js'
-import { LRU_CALL, deleteUnlessLast } from './lru.js'
+import { LRU_CALL } from './lru.js'
 import { NO_CHECKS, longer, type LimitCheck, type LimitDecision, type LimitStore, type PeekResult, type SharedDecision, type SharedLevel } from './types.js'
 
 // The in-process store: the TypeScript twins of lua/*.lua over a bounded LRU. It decides
@@ -79,9 +79,9 @@ export interface MemoryStore extends LimitStore {
    * back to it (`release`) whenever their requests finish, during a later outage too.
    */
   clearBudgets(): void
-  /** Forgets one key. */
+  /** Forgets one key's budget (a concurrency lease count is kept: it counts requests still in flight). */
   forget(key: string): void
-  /** Gives back `units` of a concurrency lease count (issue 10); a count reaching 0 is deleted (kept as 0 held when it is the last key). */
+  /** Gives back `units` of a concurrency lease count (issue 10); a count reaching 0 is deleted. */
   release(key: string, units: number): void
   /** What each check would get now, consuming nothing (the admin API). */
   peek(checks: readonly LimitCheck[]): PeekResult[]
@@ -89,8 +89,6 @@ export interface MemoryStore extends LimitStore {
 
 // Where the admin API's callers have always imported it from.
 export type { PeekResult } from './types.js'
-
-const NO_LEASE: AlgorithmState = Object.freeze({ kind: 'lease', held: 0 })
 
 const monotonicUs = (): number => Math.floor((performance.timeOrigin + performance.now()) * 1000)
 
@@ -104,9 +102,18 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
   // the whole cache (see deleteUnlessLast). An evicted entry does not decide like a missing one
   // (its key starts over with a whole budget), hence maxKeys must be sized.
   const cache = new LRUCache<string, AlgorithmState>({ max: maxKeys })
+  // Concurrency lease counts are not budgets: evicted, a count would start again at 0 (more than
+  // the cap in flight) and the old requests' releases would then take from the new holders'. So
+  // they live apart, never evicted: a count exists only while requests hold it (bounded by the
+  // requests in flight) and is deleted when the last one gives its lease back.
+  const leases = new Map<string, AlgorithmState>()
   const map: LimitStateMap = {
-    get: (key) => cache.get(key, LRU_CALL),
-    set: (key, state) => { cache.set(key, state, LRU_CALL) }
+    get: (key) => (leases.size > 0 ? leases.get(key) : undefined) ?? cache.get(key, LRU_CALL),
+    set: (key, state) => {
+      if (state.kind !== 'lease') cache.set(key, state, LRU_CALL)
+      else if (state.held > 0) leases.set(key, state)
+      else leases.delete(key)
+    }
   }
   return {
     kind: 'memory',
@@ -115,20 +122,19 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
       assertDecidable(checks)
       return decideAt(map, checks, requestId, now())
     },
-    get size () { return cache.size },
-    clear () { cache.clear() },
-    clearBudgets () {
-      const held: Array<[string, AlgorithmState]> = []
-      for (const [key, state] of cache.entries()) if (state.kind === 'lease' && state.held > 0) held.push([key, state])
+    get size () { return cache.size + leases.size },
+    clear () {
       cache.clear()
-      for (const [key, state] of held) cache.set(key, state, LRU_CALL)
+      leases.clear()
     },
+    clearBudgets () { cache.clear() },
+    // A lease count is the requests in flight, not a budget to forgive: an admin reset keeps it.
     forget (key) { cache.delete(key) },
     peek (checks) {
       const t = now()
       // the same arithmetic as lua/peek.lua
       return checks.map((c) => {
-        const ev = ALGORITHMS[c.spec.algorithm].check(cache.get(c.key), c.spec, c.cost, t)
+        const ev = ALGORITHMS[c.spec.algorithm].check(map.get(c.key), c.spec, c.cost, t)
         if (ev.ok) {
           const remaining = ev.remaining + c.cost
           return { remaining, resetMs: remaining >= c.spec.burst ? 0 : msUp(ev.resetUs), retryAfterMs: 0 }
@@ -137,14 +143,15 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
       })
     },
     release (key, units) {
-      const state = cache.get(key, LRU_CALL)
+      const state = leases.get(key)
       if (state?.kind !== 'lease') return
-      if (state.held > units) cache.set(key, { kind: 'lease', held: state.held - units }, LRU_CALL)
-      // Deleted at zero, leaving its slot to other clients' state; the last key held stays as zero
-      // held, which decides like a missing key.
-      else if (!deleteUnlessLast(cache, key)) cache.set(key, NO_LEASE, LRU_CALL)
+      if (state.held > units) leases.set(key, { kind: 'lease', held: state.held - units })
+      else leases.delete(key)
     },
-    async close () { cache.clear() }
+    async close () {
+      cache.clear()
+      leases.clear()
+    }
   }
 }
 
