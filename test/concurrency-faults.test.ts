@@ -122,3 +122,40 @@ routes:
   await redis.kill()
   t.same(statusCounts(await burst(3, `${gw.url}/slow?ms=500`, ALICE)), { 200: 3 }, 'Redis down: fails open')
 })
+
+t.test('Redis answers after the timeout: the lease it took for a call the fallback decided is given back', async t => {
+  const redis = await startRedis(t, { args: ['--enable-debug-command', 'yes'] })
+  const reader = redis.client()
+  const blocker = redis.client()
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+log: { level: warn }
+redis: { url: ${redis.url}, timeout: 100ms, onError: local, leaseTtl: 30s }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - name: late
+    pathPrefix: /
+    upstream: backend
+    concurrency: { user: 1 }
+`)
+  t.equal((await send(`${gw.url}/warm`, ALICE)).status, 200, 'scripts loaded while Redis answers')
+  // Redis stops answering for 600 ms: the gateway's call times out and the fallback admits; the
+  // script runs once Redis is back and takes a lease nobody holds
+  const sleeping = blocker.call('DEBUG', 'SLEEP', '0.6')
+  await new Promise(resolve => setTimeout(resolve, 50))
+  const during = await send(`${gw.url}/x`, ALICE)
+  t.equal(during.status, 200, 'admitted by the fallback')
+  await sleeping
+  // the late script's lease, if any, is released within the keeper's batching (10 ms) once it lands
+  const key = 'gw:lease:late.user:alice'
+  let left = -1
+  for (let i = 0; i < 40; i++) {
+    await new Promise(resolve => setTimeout(resolve, 50))
+    left = await reader.zcard(key)
+    if (left === 0 && i >= 10) break
+  }
+  t.equal(left, 0, 'no lease left in Redis (one stayed for leaseTtl, 30 s, before: every request of alice refused meanwhile)')
+})

@@ -91,6 +91,13 @@ export interface RedisGuardOptions {
    * `fallbackMaxKeys`): Redis never counts them. Reported once per outage, not per request.
    */
   readonly onDebtOverflow?: (admissions: number) => void
+  /**
+   * Redis took concurrency leases for a call the fallback decided instead (it answered after the
+   * timeout, or its answer failed afterwards): nobody holds them, so they are given back
+   * (`keys` without the key prefix, `member` the call's id), or they would refuse requests of
+   * that client for a whole leaseTtl.
+   */
+  readonly onLateLeases?: (keys: readonly string[], member: string) => void
   readonly telemetry: Telemetry
   readonly onStateChange: (state: BreakerState, reason: string) => void
   /**
@@ -308,11 +315,16 @@ export class RedisGuard implements SharedLevel {
     const started = performance.now()
     // A throw of the store, its rejection, or a throw after its answer (a state-change listener,
     // the debt's write-back): each is a failure answered by the fallback, as in one try block.
-    const fail = (err: unknown): GuardedDecision => this.failed(err, started, involved, probes, checks, limits, requestId)
+    let raw: Promise<StoreAnswer> | StoreAnswer | null = null
+    const fail = (err: unknown): GuardedDecision => {
+      if (raw instanceof Promise) this.giveBackLateLeases(raw, checks)
+      return this.failed(err, started, involved, probes, checks, limits, requestId)
+    }
     let asked: Promise<StoreAnswer>
     try {
       const store = this.options.store
-      asked = this.withTimeout<StoreAnswer>(store.decideDetailed !== undefined ? store.decideDetailed(checks, requestId) : store.decide(checks, requestId))
+      raw = store.decideDetailed !== undefined ? store.decideDetailed(checks, requestId) : store.decide(checks, requestId)
+      asked = this.withTimeout<StoreAnswer>(raw)
     } catch (err) {
       return Promise.resolve(fail(err))
     }
@@ -323,6 +335,19 @@ export class RedisGuard implements SharedLevel {
         return fail(err)
       }
     }, fail)
+  }
+
+  /** The fallback decided this call: leases Redis still takes for it (a late answer) go back. */
+  private giveBackLateLeases (raw: Promise<StoreAnswer>, checks: readonly LimitCheck[]): void {
+    const onLate = this.options.onLateLeases
+    if (onLate === undefined) return
+    let keys: string[] | null = null
+    for (const c of checks) if (c.spec.algorithm === 'lease') (keys ??= []).push(c.key)
+    if (keys === null) return
+    const leaseKeys = keys
+    raw.then((answer) => {
+      if ('decision' in answer && answer.decision.allowed && answer.callId !== undefined && answer.callId !== '') onLate(leaseKeys, answer.callId)
+    }, () => {})
   }
 
   private answered (answer: StoreAnswer, started: number, involved: readonly Breaker[], probes: Breaker[] | null, checks: readonly LimitCheck[]): GuardedDecision {
