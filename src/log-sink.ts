@@ -21,6 +21,8 @@ export const LOG_FLUSH_MS = 100
 export const LOG_MAX_BUFFER_BYTES = 8 * 1024 * 1024
 
 const RETRY_MS = 20
+/** Longest the exit's synchronous flush waits for a full pipe's reader (EAGAIN) before it gives up. */
+export const LOG_EXIT_FLUSH_MS = 1000
 
 /**
  * A pino DestinationStream (write/flush/flushSync) with a bounded buffer. It is an EventEmitter
@@ -52,6 +54,8 @@ export class LogSink extends EventEmitter {
   /** The whole buffer `inFlight` is a view of: the spare once its write is done. */
   private inFlightBuffer: Buffer | null = null
   private waiters: Array<() => void> = []
+  /** Set while the batch in flight waits to be written again (a full non-blocking pipe: EAGAIN). */
+  private retry: NodeJS.Timeout | null = null
   private readonly timer: NodeJS.Timeout
   private closed = false
 
@@ -100,22 +104,35 @@ export class LogSink extends EventEmitter {
   }
 
   /**
-   * At exit: what is queued, written synchronously; a write already in flight finishes on its own
-   * thread. A pipe with room for only part of it (non-blocking, its reader slow) takes what it
-   * can: every line not written whole is counted as dropped, none is lost without a count.
+   * At exit: what waits is written synchronously, the batch that waits for a full pipe's reader
+   * (EAGAIN) first. A pipe that stays full gets LOG_EXIT_FLUSH_MS, then what it could not take is
+   * counted as dropped, line by line, and said on stderr: no line is lost without a count. A write
+   * running on libuv's thread pool finishes on its own (the process waits for it).
    */
   flushSync (): void {
-    if (this.inFlight !== null || this.used === 0) return
-    const data = this.buffer.subarray(0, this.used)
-    this.used = 0
-    let written = 0
-    try {
-      while (written < data.length) written += writeSync(this.fd, data, written)
-    } catch {
-      // EAGAIN (full) or a failed fd: what is left is not written
+    if (this.inFlight !== null && this.retry === null) return
+    let data: Buffer
+    if (this.inFlight !== null) {
+      clearTimeout(this.retry as NodeJS.Timeout)
+      this.retry = null
+      data = this.used === 0 ? this.inFlight : Buffer.concat([this.inFlight, this.buffer.subarray(0, this.used)])
+      this.writeDone()
+    } else {
+      if (this.used === 0) return
+      data = this.buffer.subarray(0, this.used)
     }
+    this.used = 0
+    const written = writeAllSync(this.fd, data, LOG_EXIT_FLUSH_MS)
     // a line is whole once its newline is written: the newlines left unwritten count the rest
-    if (written < data.length) this.dropped += countLines(data.subarray(written))
+    if (written < data.length) {
+      const lost = countLines(data.subarray(written))
+      this.dropped += lost
+      try {
+        writeSync(2, `log: ${lost} lines dropped at exit: the log's reader did not take them within ${LOG_EXIT_FLUSH_MS} ms\n`)
+      } catch {
+        // stderr is gone too: the count above is all there is
+      }
+    }
   }
 
   end (): void {
@@ -150,7 +167,11 @@ export class LogSink extends EventEmitter {
       if (err !== null) {
         // a non-blocking pipe that is full: keep the batch and try again shortly
         if ((err as NodeJS.ErrnoException).code === 'EAGAIN') {
-          setTimeout(() => { this.writeInFlight() }, RETRY_MS).unref()
+          this.retry = setTimeout(() => {
+            this.retry = null
+            this.writeInFlight()
+          }, RETRY_MS)
+          this.retry.unref()
           return
         }
         this.dropped += countLines(data)
@@ -180,6 +201,26 @@ export class LogSink extends EventEmitter {
     this.inFlightBuffer = null
     if (done.length === this.initialBytes) this.spare = done
   }
+}
+
+/**
+ * Writes `data` synchronously, waiting out EAGAIN (a full non-blocking pipe) for at most
+ * `boundMs`; returns the bytes written. Any other failure ends it.
+ */
+function writeAllSync (fd: number, data: Buffer, boundMs: number): number {
+  const deadline = Date.now() + boundMs
+  let written = 0
+  let pause: Int32Array | null = null
+  while (written < data.length) {
+    try {
+      written += writeSync(fd, data, written)
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EAGAIN' || Date.now() >= deadline) break
+      pause ??= new Int32Array(new SharedArrayBuffer(4))
+      Atomics.wait(pause, 0, 0, 5)
+    }
+  }
+  return written
 }
 
 function countLines (data: Buffer): number {

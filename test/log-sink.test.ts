@@ -256,3 +256,45 @@ t.test('a synchronous flush into a pipe with room for part of the batch counts e
   t.equal(sink.pendingBytes, 0, 'nothing is left waiting')
   sink.end()
 })
+
+t.test('at exit, the batch waiting for a full pipe is written once the reader takes it: no line lost uncounted', async t => {
+  const dir = t.testdir()
+  const fifo = join(dir, 'full.fifo')
+  execFileSync('mkfifo', [fifo])
+  // non-blocking, as a pipe to a log shipper is: a write to a full pipe fails with EAGAIN
+  const fd = openSync(fifo, fsConstants.O_RDWR | fsConstants.O_NONBLOCK)
+  t.teardown(() => closeSync(fd))
+  const block = Buffer.alloc(4096, 0x2e)
+  let filled = 0
+  for (;;) {
+    try { filled += writeSync(fd, block) } catch { break }
+  }
+  const sink = createLogDestination(fd, { batchBytes: 1024, flushMs: 60_000 })
+  for (let i = 0; i < 200; i++) sink.write(JSON.stringify({ i, msg: 'held', pad: 'y'.repeat(100) }) + '\n')
+  // the first batch went out, met the full pipe and waits to be written again
+  await new Promise(resolve => setTimeout(resolve, 100))
+  t.ok(sink.pendingBytes > 0, `${sink.pendingBytes} bytes wait`)
+  // the reader comes back a little after the exit began
+  const out = join(dir, 'out.log')
+  const reader = spawn('sh', ['-c', `sleep 0.3; cat "${fifo}" > "${out}"`], { stdio: 'ignore' })
+  t.teardown(() => { reader.kill() })
+  // At exit no write runs on the thread pool (the process waited for it): called, as at exit
+  // (process.once('exit') in src/log.ts), while the batch waits for its next try, and once only:
+  // nothing asynchronous runs after it.
+  const waitingToRetry = (): boolean => (sink as unknown as { retry: unknown }).retry !== null
+  for (let i = 0; i < 1000 && !waitingToRetry(); i++) await new Promise(resolve => setImmediate(resolve))
+  t.ok(waitingToRetry(), 'the batch waits to be written again')
+  sink.flushSync()
+  t.equal(sink.pendingBytes, 0, 'nothing left waiting')
+  t.equal(sink.dropped, 0, 'nothing dropped: the reader took it within the bound')
+  const deadline = Date.now() + 10_000
+  let held: Array<Record<string, unknown>> = []
+  while (Date.now() < deadline) {
+    const text = readFileSync(out, 'utf8').slice(filled)
+    held = text.split('\n').slice(0, -1).map(l => JSON.parse(l) as Record<string, unknown>)
+    if (held.length >= 200) break
+    await new Promise(resolve => setTimeout(resolve, 50))
+  }
+  t.same(held.map(l => l.i), Array.from({ length: 200 }, (_, i) => i), 'every line, in order (the batch in flight and the queue were lost before)')
+  sink.end()
+})
