@@ -49,6 +49,19 @@ function concurrencyShapeProblem (r: Reply, limit: string): string | null {
   return null
 }
 
+/** A gateway started from `yaml` in a file the test may rewrite before `gw.reload()`; its log is discarded. */
+async function reloadableGateway (t: Teardown, yaml: string): Promise<{ gw: import('../src/server.js').Gateway, rewrite: (next: string) => void }> {
+  const { writeConfig } = await import('./helpers/gateway.js')
+  const { Gateway } = await import('../src/server.js')
+  const { createLogger } = await import('../src/log.js')
+  const { writeFileSync } = await import('node:fs')
+  const { Writable } = await import('node:stream')
+  const file = writeConfig(t, yaml)
+  const gw = await Gateway.start({ configFile: file, logger: createLogger('info', new Writable({ write (_c, _e, cb) { cb() } })) })
+  t.teardown(() => gw.close())
+  return { gw, rewrite: (next) => { writeFileSync(file, next) } }
+}
+
 t.test('two instances on one Redis share `user: 2` exactly under 50 concurrent slow requests', async t => {
   const up = await startUpstream(t)
   const a = await startGateway(t, config(up.url, { route: 'two' }))
@@ -315,11 +328,6 @@ routes:
 })
 
 t.test('a reload that changes a cap keeps counting the leases already held', async t => {
-  const { writeConfig } = await import('./helpers/gateway.js')
-  const { Gateway } = await import('../src/server.js')
-  const { createLogger } = await import('../src/log.js')
-  const { writeFileSync } = await import('node:fs')
-  const { Writable } = await import('node:stream')
   const up = await startUpstream(t)
   const yaml = (cap: number): string => `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
@@ -330,12 +338,10 @@ upstreams:
 routes:
   - { name: rl, pathPrefix: /, upstream: backend, concurrency: { user: ${cap} } }
 `
-  const file = writeConfig(t, yaml(1))
-  const gw = await Gateway.start({ configFile: file, logger: createLogger('info', new Writable({ write (_c, _e, cb) { cb() } })) })
-  t.teardown(() => gw.close())
+  const { gw, rewrite } = await reloadableGateway(t, yaml(1))
   const holding = send(`${gw.url}/slow?ms=2000`, ALICE)
   await eventually('one lease held', async () => await liveLeases('rl:lease:rl.user:alice') === 1, 3000)
-  writeFileSync(file, yaml(2))
+  rewrite(yaml(2))
   t.match(await gw.reload(), { ok: true })
   const second = send(`${gw.url}/slow?ms=1000`, ALICE)
   await eventually('two leases held', async () => await liveLeases('rl:lease:rl.user:alice') === 2, 3000)
@@ -386,11 +392,6 @@ routes:
 })
 
 t.test('a reload that raises leaseTtl renews the held leases at once: none expires before the slower renewals', async t => {
-  const { writeConfig } = await import('./helpers/gateway.js')
-  const { Gateway } = await import('../src/server.js')
-  const { createLogger } = await import('../src/log.js')
-  const { writeFileSync } = await import('node:fs')
-  const { Writable } = await import('node:stream')
   const up = await startUpstream(t)
   const yaml = (ttl: string): string => `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
@@ -401,12 +402,10 @@ upstreams:
 routes:
   - { name: ttl, pathPrefix: /, upstream: backend, concurrency: { user: 1 } }
 `
-  const file = writeConfig(t, yaml('1s'))
-  const gw = await Gateway.start({ configFile: file, logger: createLogger('info', new Writable({ write (_c, _e, cb) { cb() } })) })
-  t.teardown(() => gw.close())
+  const { gw, rewrite } = await reloadableGateway(t, yaml('1s'))
   const holding = send(`${gw.url}/slow?ms=4000`, ALICE)
   await eventually('alice holds her lease', async () => await liveLeases('ttl:lease:ttl.user:alice') === 1, 3000)
-  writeFileSync(file, yaml('30s'))
+  rewrite(yaml('30s'))
   t.match(await gw.reload(), { ok: true })
   // another user's lease right after the reload restarts the renewals at the new period (10 s)
   const bob = send(`${gw.url}/slow?ms=2500`, { headers: { 'x-user-id': 'bob' } })

@@ -233,17 +233,27 @@ t.test('the bound counts bytes: lines of 3-byte characters waiting for a write s
   sink.end()
 })
 
-t.test('a synchronous flush into a pipe with room for part of the batch counts every line it could not write whole', async t => {
+/**
+ * A FIFO opened non-blocking and read-write (as a pipe to a log shipper is non-blocking: writes
+ * past its room fail with EAGAIN instead of waiting), filled until it is full. `filled`: the bytes
+ * of '.' a reader gets first.
+ */
+function fullPipe (t: { testdir: () => string, teardown: (fn: () => unknown) => void }): { dir: string, fifo: string, fd: number, filled: number } {
   const dir = t.testdir()
-  const fifo = join(dir, 'partial.fifo')
+  const fifo = join(dir, 'full.fifo')
   execFileSync('mkfifo', [fifo])
-  // non-blocking, read-write: writes past the pipe's room fail with EAGAIN instead of waiting
   const fd = openSync(fifo, fsConstants.O_RDWR | fsConstants.O_NONBLOCK)
   t.teardown(() => closeSync(fd))
   const block = Buffer.alloc(4096, 0x2e)
+  let filled = 0
   for (;;) {
-    try { writeSync(fd, block) } catch { break }
+    try { filled += writeSync(fd, block) } catch { break }
   }
+  return { dir, fifo, fd, filled }
+}
+
+t.test('a synchronous flush into a pipe with room for part of the batch counts every line it could not write whole', async t => {
+  const { fd } = fullPipe(t)
   // room for two pages again: the flush below writes 8 KiB of its 18 and then meets a full pipe
   const freed = Buffer.alloc(8192)
   t.equal(readSync(fd, freed, 0, freed.length, null), 8192)
@@ -258,17 +268,7 @@ t.test('a synchronous flush into a pipe with room for part of the batch counts e
 })
 
 t.test('at exit, the batch waiting for a full pipe is written once the reader takes it: no line lost uncounted', async t => {
-  const dir = t.testdir()
-  const fifo = join(dir, 'full.fifo')
-  execFileSync('mkfifo', [fifo])
-  // non-blocking, as a pipe to a log shipper is: a write to a full pipe fails with EAGAIN
-  const fd = openSync(fifo, fsConstants.O_RDWR | fsConstants.O_NONBLOCK)
-  t.teardown(() => closeSync(fd))
-  const block = Buffer.alloc(4096, 0x2e)
-  let filled = 0
-  for (;;) {
-    try { filled += writeSync(fd, block) } catch { break }
-  }
+  const { dir, fifo, fd, filled } = fullPipe(t)
   const sink = createLogDestination(fd, { batchBytes: 1024, flushMs: 60_000 })
   for (let i = 0; i < 200; i++) sink.write(JSON.stringify({ i, msg: 'held', pad: 'y'.repeat(100) }) + '\n')
   // the first batch went out, met the full pipe and waits to be written again
