@@ -55,12 +55,17 @@ local function cq_period (window_ms, s)
 end
 
 -- The clock the periods follow, in seconds east of UTC: maxDelayMs carries it for a quota
--- (0 = UTC, otherwise minutes + 1440; the gateway updates it as the zone's offset changes).
--- Periods are identified by their start on that local clock, so a DST change within a month
--- does not change the month's identity.
+-- (0 = UTC, otherwise minutes + 1440; the gateway updates it as the zone's offset changes), plus
+-- 4096 times the offset at the current period's end (minutes + 1440; below 4096: the same offset),
+-- which a DST change inside the period makes differ. Periods are identified by their start on the
+-- local clock, so a DST change within a month does not change the month's identity.
 local function cq_read (key, p, now)
-  local off = 0
-  if p.max_delay_ms ~= 0 then off = (p.max_delay_ms - 1440) * 60 end
+  local off, off_end = 0, 0
+  if p.max_delay_ms ~= 0 then
+    off = (p.max_delay_ms % 4096 - 1440) * 60
+    off_end = off
+    if p.max_delay_ms >= 4096 then off_end = (floor(p.max_delay_ms / 4096) - 1440) * 60 end
+  end
   local start, stop = cq_period(p.window_ms, floor(now / 1000000) + off)
   local sw, sc = hash_get(key, 'w', 'c')
   local cur = 0
@@ -73,7 +78,7 @@ local function cq_read (key, p, now)
     stop = later_stop
   end
   if sw == period then cur = tonumber(sc) or 0 end
-  return period, cur, (stop - off) * 1000000 - now
+  return period, cur, (stop - off_end) * 1000000 - now
 end
 
 local function cq_check (key, p, now, r)

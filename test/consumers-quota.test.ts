@@ -12,7 +12,7 @@ import { routeLimitPlan } from '../src/runtime.js'
 import { createRedisStore } from '../src/limit/redis-store.js'
 import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import { createMemoryStore } from '../src/limit/memory-store.js'
-import { calendarPeriod, PERIOD_WINDOW_MS, utcOffsetMinutes, type QuotaPeriod } from '../src/limit/algorithms/calendar-quota.js'
+import { calendarPeriod, PERIOD_WINDOW_MS, quotaEndOffsetSeconds, quotaOffsetSeconds, utcOffsetMinutes, zonedQuotaDelay, type QuotaPeriod } from '../src/limit/algorithms/calendar-quota.js'
 import type { LimitCheck, LimitStore } from '../src/limit/types.js'
 import { prng } from './helpers/prng.js'
 import { awayFromQuotaEdge } from './helpers/window-edge.js'
@@ -179,7 +179,12 @@ t.test('quotaTimezone: offsets follow the zone, including DST', async t => {
   t.equal(utcOffsetMinutes('America/New_York', Date.parse('2026-07-01T00:00:00Z')), -240)
   t.equal(utcOffsetMinutes('Pacific/Kiritimati', Date.parse('2026-07-01T00:00:00Z')), 840)
   const { planned } = quotaCheck('day', 2, 'x', 'Europe/Berlin')
-  t.equal(planned.spec.maxDelayMs, utcOffsetMinutes('Europe/Berlin', Date.now()) + 1440, 'a compiled quota carries the zone\'s current offset')
+  t.equal(quotaOffsetSeconds(planned.spec.maxDelayMs), utcOffsetMinutes('Europe/Berlin', Date.now()) * 60, 'a compiled quota carries the zone\'s current offset')
+  // and the offset at its period's end: a March seen on CET ends on CEST
+  const march = zonedQuotaDelay('Europe/Berlin', PERIOD_WINDOW_MS.month, Date.parse('2026-03-15T12:00:00Z'))
+  t.same([quotaOffsetSeconds(march), quotaEndOffsetSeconds(march)], [3600, 7200], 'mid-March in Berlin: +1 h now, +2 h when the month ends')
+  const october = zonedQuotaDelay('Europe/Berlin', PERIOD_WINDOW_MS.month, Date.parse('2026-10-10T12:00:00Z'))
+  t.same([quotaOffsetSeconds(october), quotaEndOffsetSeconds(october)], [7200, 3600], 'October: +2 h now, +1 h when it ends')
   t.equal(planned.spec.id, 'quota.day.Europe/Berlin', 'zoned periods have keys of their own')
 })
 
@@ -198,7 +203,7 @@ t.test('quotaTimezone: a Berlin month keeps its count across the DST change and 
     // the spec as the gateway would build it at each instant (the offset in force then)
     const at = (iso: string): LimitCheck => {
       now = us(iso)
-      return { ...check, spec: { ...planned.spec, maxDelayMs: utcOffsetMinutes('Europe/Berlin', Date.parse(iso)) + 1440 } }
+      return { ...check, spec: { ...planned.spec, maxDelayMs: zonedQuotaDelay('Europe/Berlin', PERIOD_WINDOW_MS.month, Date.parse(iso)) } }
     }
     t.ok((await store.decide([at('2026-02-28T23:30:00Z')], 'a')).allowed, `${name}: 00:30 on March 1st in Berlin is March`)
     const second = await store.decide([at('2026-03-30T12:00:00Z')], 'b')
@@ -207,6 +212,35 @@ t.test('quotaTimezone: a Berlin month keeps its count across the DST change and 
     t.notOk(third.allowed, `${name}: still March in Berlin`)
     t.equal(third.retryAfterMs, 1000, `${name}: Retry-After runs to April 1st, 00:00 in Berlin (22:00 UTC)`)
     t.ok((await store.decide([at('2026-03-31T22:00:00Z')], 'd')).allowed, `${name}: April in Berlin: a new quota`)
+  }
+})
+
+t.test('quotaTimezone: a month refused before a DST change waits until the local midnight after it, Redis and in process', async t => {
+  await client.flushall()
+  const redisClient = createRedisClient({ url: redis.url })
+  t.teardown(() => redisClient.disconnect())
+  await whenReady(redisClient, 5000)
+  let now = 0
+  const stores: Array<[string, LimitStore]> = [
+    ['redis', createRedisStore({ client: redisClient, nowUs: () => now })],
+    ['memory', createMemoryStore({ maxKeys: 100, now: () => now })]
+  ]
+  for (const [name, store] of stores) {
+    for (const [month, used, refused, localMidnightUtc] of [
+      ['March', '2026-03-02T12:00:00Z', '2026-03-15T12:00:00Z', '2026-03-31T22:00:00Z'],
+      ['October', '2026-10-02T12:00:00Z', '2026-10-10T12:00:00Z', '2026-10-31T23:00:00Z']
+    ] as const) {
+      const { check, planned } = quotaCheck('month', 1, `dst-${name}-${month}`, 'Europe/Berlin')
+      const at = (iso: string): LimitCheck => {
+        now = us(iso)
+        return { ...check, spec: { ...planned.spec, maxDelayMs: zonedQuotaDelay('Europe/Berlin', PERIOD_WINDOW_MS.month, Date.parse(iso)) } }
+      }
+      t.ok((await store.decide([at(used)], 'a')).allowed, `${name}: ${month}'s one request`)
+      const over = await store.decide([at(refused)], 'b')
+      t.notOk(over.allowed)
+      // an hour off before: the end was taken at the offset in force when the request came
+      t.equal(over.retryAfterMs, Date.parse(localMidnightUtc) - Date.parse(refused), `${name}: ${month} ends at local midnight, ${localMidnightUtc}`)
+    }
   }
 })
 

@@ -172,6 +172,8 @@ t.test('validateLimitSpec: every bound, on both sides', async t => {
   bad(spec('calendar-quota', { windowMs: PERIOD_WINDOW_MS.day + 1 }), /windowMs names its period/, 'not a period')
   ok(spec('calendar-quota', { windowMs: PERIOD_WINDOW_MS.day, maxDelayMs: 2880 }), 'UTC+24:00, the largest offset')
   bad(spec('calendar-quota', { windowMs: PERIOD_WINDOW_MS.day, maxDelayMs: 2881 }), /carries its UTC offset/, 'beyond it')
+  ok(spec('calendar-quota', { windowMs: PERIOD_WINDOW_MS.day, maxDelayMs: 2880 + 4096 * 2880 }), 'two offsets: now and at the period\'s end')
+  bad(spec('calendar-quota', { windowMs: PERIOD_WINDOW_MS.day, maxDelayMs: 1500 + 4096 * 2881 }), /carries its UTC offset/, 'the end\'s beyond it')
 })
 
 t.test('assertDecidable: a located RangeError for each check no store can decide', async t => {

@@ -14,7 +14,7 @@ import type { CompiledRoute, Runtime } from '../runtime.js'
 import { ERRORS, errorBody, type ErrorCode } from '../errors.js'
 import { buildChecks, denyKey } from '../limit/limiter.js'
 import { keyFor, limitsFor, type PlannedLimit } from '../limit/plan.js'
-import { calendarPeriod, quotaOffsetSeconds } from '../limit/algorithms/calendar-quota.js'
+import { calendarPeriod, quotaEndOffsetSeconds, quotaOffsetSeconds } from '../limit/algorithms/calendar-quota.js'
 import type { PeekResult } from '../limit/memory-store.js'
 import type { ResetMessage, ResetOutcome } from '../limit/limit-admin.js'
 import type { LimitCheck } from '../limit/types.js'
@@ -223,7 +223,7 @@ export function createLimitsOps (deps: LimitsApiDeps): LimitsOps {
       } catch (err) {
         return unavailable(err)
       }
-      const { end } = calendarPeriod(quota.spec.windowMs, Date.now() * 1000, quotaOffsetSeconds(quota.spec.maxDelayMs))
+      const { end } = calendarPeriod(quota.spec.windowMs, Date.now() * 1000, quotaOffsetSeconds(quota.spec.maxDelayMs), quotaEndOffsetSeconds(quota.spec.maxDelayMs))
       quotaView = { name: quota.name, limit: quota.spec.limit, period: periodName(quota.spec.windowMs), used: quota.spec.limit - p.remaining, remaining: p.remaining, resetsAt: new Date(end * 1000).toISOString(), key: check.key }
     }
     return { status: 200, body: { consumer: name, plan, planFrom: entry !== undefined ? 'consumers' : plan !== null ? 'defaultPlan' : null, routes, quota: quotaView } }

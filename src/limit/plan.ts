@@ -4,7 +4,7 @@
 import { createHash } from 'node:crypto'
 import type { AlgorithmName, LimitCheck, LimitSpec } from './types.js'
 import { escapeKeyValue } from './keys.js'
-import { PERIOD_WINDOW_MS, utcOffsetMinutes, type QuotaPeriod } from './algorithms/calendar-quota.js'
+import { PERIOD_WINDOW_MS, zonedQuotaDelay, type QuotaPeriod } from './algorithms/calendar-quota.js'
 
 // The scope of gateway-wide limits in their ids: "*" cannot be a route name (schema), so a route
 // can never share a gateway-wide limit's keys by being named like its scope.
@@ -178,15 +178,15 @@ const policyOf = (name: string, limit: number, windowMs: number): string => `"${
 /**
  * A plan's quota (issue 9): keyed by consumer and period only, so a consumer moving between plans
  * with the same period keeps what it used, and a changed quota limit keeps the period's count.
- * With `quotaTimezone` the spec carries the zone's current UTC offset (lua/calendar-quota.lua): it
- * is re-read at the first use in every minute, and DST changes happen on whole minutes, so every
- * decision uses the offset in force at that minute.
+ * With `quotaTimezone` the spec carries the zone's UTC offset now and at the current period's end
+ * (zonedQuotaDelay; lua/calendar-quota.lua): both are re-read at the first use in every minute, and
+ * DST changes happen on whole minutes, so every decision uses the offset in force at that minute.
  */
 function planQuota (options: LimitPlanOptions, plan: string, quota: QuotaRule): PlannedLimit {
   const windowMs = PERIOD_WINDOW_MS[quota.period]
   const zone = options.quotaTimezone
   const id = zone === null ? `quota.${quota.period}` : `quota.${quota.period}.${zone}`
-  const specAt = (offsetMin: number): LimitSpec => Object.freeze({ id, algorithm: 'calendar-quota' as const, limit: quota.limit, windowMs, burst: quota.limit, maxDelayMs: zone === null ? 0 : offsetMin + 1440 })
+  const specAt = (maxDelayMs: number): LimitSpec => Object.freeze({ id, algorithm: 'calendar-quota' as const, limit: quota.limit, windowMs, burst: quota.limit, maxDelayMs })
   let current = specAt(0)
   let minute = -Infinity
   const name = `${plan}:quota`
@@ -210,8 +210,8 @@ function planQuota (options: LimitPlanOptions, plan: string, quota: QuotaRule): 
       const m = Math.floor(now / 60_000)
       if (m !== minute) {
         minute = m
-        const offset = utcOffsetMinutes(zone, now)
-        if (current.maxDelayMs !== offset + 1440) current = specAt(offset)
+        const delay = zonedQuotaDelay(zone, windowMs, now)
+        if (current.maxDelayMs !== delay) current = specAt(delay)
       }
       return current
     }

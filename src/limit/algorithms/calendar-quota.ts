@@ -38,11 +38,35 @@ export function civilFromDays (days: number): { year: number, month: number } {
 }
 
 /**
- * The UTC offset a calendar quota is counted in, in seconds, from its spec's `maxDelayMs` (which
- * has no other use for a quota): 0 = UTC, otherwise minutes east of UTC + 1440 (see quotaSpec).
+ * A zoned quota's `maxDelayMs` (which has no other use for a quota) carries two UTC offsets, each
+ * in minutes east of UTC + 1440: the zone's offset now (which period it is) plus OFFSET_BASE times
+ * its offset at that period's end (when the period ends). A DST change inside the period moves
+ * the end by an hour: a March in Berlin starts on CET and ends on CEST. 0 = UTC. A value below
+ * OFFSET_BASE carries one offset for both (lua/calendar-quota.lua reads it the same way).
  */
+export const OFFSET_BASE = 4096
+
+/** Seconds east of UTC of the clock that names the current period. */
 export function quotaOffsetSeconds (maxDelayMs: number): number {
-  return maxDelayMs === 0 ? 0 : (maxDelayMs - 1440) * 60
+  return maxDelayMs === 0 ? 0 : (maxDelayMs % OFFSET_BASE - 1440) * 60
+}
+
+/** Seconds east of UTC at the end of the current period. */
+export function quotaEndOffsetSeconds (maxDelayMs: number): number {
+  return maxDelayMs < OFFSET_BASE ? quotaOffsetSeconds(maxDelayMs) : (Math.floor(maxDelayMs / OFFSET_BASE) - 1440) * 60
+}
+
+/**
+ * The `maxDelayMs` of a quota counted in `timeZone` at `nowMs`: the zone's offset now and at the
+ * end of the period holding `nowMs` (local midnight, computed twice: the first guess used the
+ * offset of now, which a DST change in between makes an hour wrong).
+ */
+export function zonedQuotaDelay (timeZone: string, windowMs: number, nowMs: number): number {
+  const now = utcOffsetMinutes(timeZone, nowMs)
+  const localEnd = localPeriod(windowMs, Math.floor(nowMs / 1000) + now * 60).end
+  let atEnd = utcOffsetMinutes(timeZone, (localEnd - now * 60) * 1000)
+  atEnd = utcOffsetMinutes(timeZone, (localEnd - atEnd * 60) * 1000)
+  return now + 1440 + OFFSET_BASE * (atEnd + 1440)
 }
 
 /** Start and end (exclusive) of the period holding `s`, all in seconds of the same (local) clock. */
@@ -68,10 +92,13 @@ export function localPeriod (windowMs: number, s: number): { start: number, end:
   }
 }
 
-/** Start and end (exclusive), in Unix seconds, of the period holding `nowUs`, on a clock `offsetS` east of UTC. */
-export function calendarPeriod (windowMs: number, nowUs: number, offsetS = 0): { start: number, end: number } {
+/**
+ * Start and end (exclusive), in Unix seconds, of the period holding `nowUs`, on a clock `offsetS`
+ * east of UTC now and `endOffsetS` at the period's end.
+ */
+export function calendarPeriod (windowMs: number, nowUs: number, offsetS = 0, endOffsetS = offsetS): { start: number, end: number } {
   const { start, end } = localPeriod(windowMs, Math.floor(nowUs / 1_000_000) + offsetS)
-  return { start: start - offsetS, end: end - offsetS }
+  return { start: start - offsetS, end: end - endOffsetS }
 }
 
 const zoneFormats = new Map<string, Intl.DateTimeFormat>()
@@ -95,12 +122,13 @@ export const calendarQuota: AlgorithmTwin = {
     // Periods are identified by their start on the local clock: a DST change within a month does
     // not move the month's identity, so its count carries on.
     const offsetS = quotaOffsetSeconds(spec.maxDelayMs)
+    const endOffsetS = quotaEndOffsetSeconds(spec.maxDelayMs)
     const { start, end } = localPeriod(spec.windowMs, Math.floor(now / 1_000_000) + offsetS)
     const stored = state?.kind === 'calendar-quota' ? state : undefined
     // A stored period ahead of now: the clock stepped back; keep counting in the later period.
     const period = Math.max(start, stored?.period ?? -Infinity)
     const count = stored !== undefined && stored.period === period ? stored.count : 0
-    const toEnd = ((period === start ? end : localPeriod(spec.windowMs, period).end) - offsetS) * 1_000_000 - now
+    const toEnd = ((period === start ? end : localPeriod(spec.windowMs, period).end) - endOffsetS) * 1_000_000 - now
     if (cost <= spec.limit && count + cost <= spec.limit) {
       return admitted(spec.limit - count - cost, toEnd, 0,
         () => ({ kind: 'calendar-quota', period, count: count + cost }))

@@ -72,7 +72,8 @@ export function validateLimitSpec (spec: LimitSpec): string | undefined {
     case 'calendar-quota':
       if (spec.limit > MAX_EXACT) return 'limit is too large'
       if (!Object.values(PERIOD_WINDOW_MS).includes(spec.windowMs)) return 'a calendar quota\'s windowMs names its period (hour, day, week or month)'
-      if (spec.maxDelayMs > 2880) return 'a calendar quota\'s maxDelayMs carries its UTC offset (minutes + 1440, at most 2880)'
+      // two offsets (calendar-quota.ts, OFFSET_BASE 4096): each minutes + 1440, at most 2880
+      if (spec.maxDelayMs % 4096 > 2880 || Math.floor(spec.maxDelayMs / 4096) > 2880) return 'a calendar quota\'s maxDelayMs carries its UTC offsets (minutes + 1440, at most 2880)'
       return undefined
   }
 }
