@@ -14,6 +14,7 @@ import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import { createMemoryStore } from '../src/limit/memory-store.js'
 import { calendarPeriod, PERIOD_WINDOW_MS, quotaEndOffsetSeconds, quotaOffsetSeconds, utcOffsetMinutes, zonedQuotaDelay, type QuotaPeriod } from '../src/limit/algorithms/calendar-quota.js'
 import type { LimitCheck, LimitStore } from '../src/limit/types.js'
+import type { Teardown } from './helpers/teardown.js'
 import { prng } from './helpers/prng.js'
 import { awayFromQuotaEdge } from './helpers/window-edge.js'
 
@@ -188,23 +189,32 @@ t.test('quotaTimezone: offsets follow the zone, including DST', async t => {
   t.equal(planned.spec.id, 'quota.day.Europe/Berlin', 'zoned periods have keys of their own')
 })
 
-t.test('quotaTimezone: a Berlin month keeps its count across the DST change and rolls over at local midnight, Redis and in process', async t => {
+/**
+ * Both stores on a test clock, and a Berlin month quota's check as the gateway builds it at each
+ * instant (`at` sets the clock and the spec carries the offsets in force then).
+ */
+async function berlinMonthStores (t: Teardown): Promise<Array<{ name: string, store: LimitStore, quota: (limit: number, who: string) => (iso: string) => LimitCheck }>> {
   await client.flushall()
   const redisClient = createRedisClient({ url: redis.url })
   t.teardown(() => redisClient.disconnect())
   await whenReady(redisClient, 5000)
   let now = 0
-  const stores: Array<[string, LimitStore]> = [
-    ['redis', createRedisStore({ client: redisClient, nowUs: () => now })],
-    ['memory', createMemoryStore({ maxKeys: 100, now: () => now })]
-  ]
-  for (const [name, store] of stores) {
-    const { check, planned } = quotaCheck('month', 2, `berlin-${name}`, 'Europe/Berlin')
-    // the spec as the gateway would build it at each instant (the offset in force then)
-    const at = (iso: string): LimitCheck => {
+  const quota = (limit: number, who: string) => {
+    const { check, planned } = quotaCheck('month', limit, who, 'Europe/Berlin')
+    return (iso: string): LimitCheck => {
       now = us(iso)
       return { ...check, spec: { ...planned.spec, maxDelayMs: zonedQuotaDelay('Europe/Berlin', PERIOD_WINDOW_MS.month, Date.parse(iso)) } }
     }
+  }
+  return [
+    { name: 'redis', store: createRedisStore({ client: redisClient, nowUs: () => now }), quota },
+    { name: 'memory', store: createMemoryStore({ maxKeys: 100, now: () => now }), quota }
+  ]
+}
+
+t.test('quotaTimezone: a Berlin month keeps its count across the DST change and rolls over at local midnight, Redis and in process', async t => {
+  for (const { name, store, quota } of await berlinMonthStores(t)) {
+    const at = quota(2, `berlin-${name}`)
     t.ok((await store.decide([at('2026-02-28T23:30:00Z')], 'a')).allowed, `${name}: 00:30 on March 1st in Berlin is March`)
     const second = await store.decide([at('2026-03-30T12:00:00Z')], 'b')
     t.same([second.allowed, second.remaining], [true, 0], `${name}: after the switch to summer time, the same month: the count carries on`)
@@ -216,25 +226,12 @@ t.test('quotaTimezone: a Berlin month keeps its count across the DST change and 
 })
 
 t.test('quotaTimezone: a month refused before a DST change waits until the local midnight after it, Redis and in process', async t => {
-  await client.flushall()
-  const redisClient = createRedisClient({ url: redis.url })
-  t.teardown(() => redisClient.disconnect())
-  await whenReady(redisClient, 5000)
-  let now = 0
-  const stores: Array<[string, LimitStore]> = [
-    ['redis', createRedisStore({ client: redisClient, nowUs: () => now })],
-    ['memory', createMemoryStore({ maxKeys: 100, now: () => now })]
-  ]
-  for (const [name, store] of stores) {
+  for (const { name, store, quota } of await berlinMonthStores(t)) {
     for (const [month, used, refused, localMidnightUtc] of [
       ['March', '2026-03-02T12:00:00Z', '2026-03-15T12:00:00Z', '2026-03-31T22:00:00Z'],
       ['October', '2026-10-02T12:00:00Z', '2026-10-10T12:00:00Z', '2026-10-31T23:00:00Z']
     ] as const) {
-      const { check, planned } = quotaCheck('month', 1, `dst-${name}-${month}`, 'Europe/Berlin')
-      const at = (iso: string): LimitCheck => {
-        now = us(iso)
-        return { ...check, spec: { ...planned.spec, maxDelayMs: zonedQuotaDelay('Europe/Berlin', PERIOD_WINDOW_MS.month, Date.parse(iso)) } }
-      }
+      const at = quota(1, `dst-${name}-${month}`)
       t.ok((await store.decide([at(used)], 'a')).allowed, `${name}: ${month}'s one request`)
       const over = await store.decide([at(refused)], 'b')
       t.notOk(over.allowed)
