@@ -279,7 +279,7 @@ t.test('at exit, the batch waiting for a full pipe is written once the reader ta
   const reader = spawn('sh', ['-c', `sleep 0.3; cat "${fifo}" > "${out}"`], { stdio: 'ignore' })
   t.teardown(() => { reader.kill() })
   // At exit no write runs on the thread pool (the process waited for it): called, as at exit
-  // (process.once('exit') in src/log.ts), while the batch waits for its next try, and once only:
+  // (process.once('exit') in src/log.ts), while the batch waits for its next try, a single time:
   // nothing asynchronous runs after it.
   const waitingToRetry = (): boolean => (sink as unknown as { retry: unknown }).retry !== null
   for (let i = 0; i < 1000 && !waitingToRetry(); i++) await new Promise(resolve => setImmediate(resolve))

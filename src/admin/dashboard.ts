@@ -92,10 +92,13 @@ export function handleDashboard (req: IncomingMessage, res: ServerResponse, path
   if (path === '/events') {
     if (feed === null) {
       json(res, ERRORS.GW_ERR_NOT_FOUND.status, errorBody('GW_ERR_NOT_FOUND', 'no live data on this listener'))
-    } else if (res.socket === null) {
-      // pipelined behind another request on its connection: answered (after it) and not subscribed
+      return true
+    }
+    const outcome = feed.subscribe(res)
+    if (outcome === 'pipelined') {
+      // written after the request before it ends (for a stream: never), and holding no place
       json(res, ERRORS.GW_ERR_BAD_REQUEST.status, errorBody('GW_ERR_BAD_REQUEST', 'an event stream cannot be pipelined behind another request'))
-    } else if (!feed.subscribe(res)) {
+    } else if (outcome === 'full') {
       json(res, ERRORS.GW_ERR_ADMIN_BUSY.status, errorBody('GW_ERR_ADMIN_BUSY', `${ERRORS.GW_ERR_ADMIN_BUSY.message} (at most ${feed.maxSubscribers})`))
     }
     return true

@@ -14,7 +14,7 @@ import type { CompiledRoute, Runtime } from '../runtime.js'
 import { ERRORS, errorBody, type ErrorCode } from '../errors.js'
 import { buildChecks, denyKey } from '../limit/limiter.js'
 import { keyFor, limitsFor, type PlannedLimit } from '../limit/plan.js'
-import { calendarPeriod, quotaEndOffsetSeconds, quotaOffsetSeconds } from '../limit/algorithms/calendar-quota.js'
+import { quotaPeriodEnd } from '../limit/algorithms/calendar-quota.js'
 import type { PeekResult } from '../limit/memory-store.js'
 import type { ResetMessage, ResetOutcome } from '../limit/limit-admin.js'
 import type { LimitCheck } from '../limit/types.js'
@@ -173,15 +173,18 @@ export function createLimitsOps (deps: LimitsApiDeps): LimitsOps {
     // A concurrency lease count is the requests in flight, not a budget: reset, it would let more
     // than the cap in (a route's total cap for every client at once), and the old requests'
     // releases would then take from the new holders'. Only budgets are reset.
-    const budgets = t.checks.flatMap((check, i) => check.spec.algorithm === 'lease' ? [] : [{ check, limit: t.limits[i] as (typeof t.limits)[number] }])
-    const message: ResetMessage = { ipKey: t.ipKey, denyKeys: budgets.map(b => denyKey(b.check)), keys: budgets.map(b => b.check.key) }
+    const budgets = t.checks.filter(check => check.spec.algorithm !== 'lease')
+    const message: ResetMessage = { ipKey: t.ipKey, denyKeys: budgets.map(denyKey), keys: budgets.map(c => c.key) }
     let outcome: ResetOutcome
     try {
       outcome = await deps.reset(rt, message)
     } catch (err) {
       return unavailable(err)
     }
-    const done = budgets.map(({ check, limit }) => ({ name: limit.name, dimension: limit.dimension, key: check.key }))
+    const done = t.limits.flatMap((l, i) => {
+      const check = t.checks[i] as LimitCheck
+      return check.spec.algorithm === 'lease' ? [] : [{ name: l.name, dimension: l.dimension, key: check.key }]
+    })
     const complete = outcome.redisError === undefined
     const log = { by, route: t.route.name, ip: t.ip, user: t.user, limits: done.map(r => r.name), keysDeleted: outcome.deleted, instances: outcome.instances }
     if (complete) deps.logger.info(log, 'limits reset')
@@ -223,7 +226,7 @@ export function createLimitsOps (deps: LimitsApiDeps): LimitsOps {
       } catch (err) {
         return unavailable(err)
       }
-      const { end } = calendarPeriod(quota.spec.windowMs, Date.now() * 1000, quotaOffsetSeconds(quota.spec.maxDelayMs), quotaEndOffsetSeconds(quota.spec.maxDelayMs))
+      const end = quotaPeriodEnd(quota.spec, Date.now() * 1000)
       quotaView = { name: quota.name, limit: quota.spec.limit, period: periodName(quota.spec.windowMs), used: quota.spec.limit - p.remaining, remaining: p.remaining, resetsAt: new Date(end * 1000).toISOString(), key: check.key }
     }
     return { status: 200, body: { consumer: name, plan, planFrom: entry !== undefined ? 'consumers' : plan !== null ? 'defaultPlan' : null, routes, quota: quotaView } }

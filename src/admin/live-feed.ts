@@ -143,14 +143,13 @@ export class LiveFeed {
 
   /**
    * Starts an event stream on `res`: the 5-minute history at once, then one `update` per second.
-   * Returns false (nothing written) when the subscriber limit is reached.
+   * Nothing is written when it is refused: 'full' (the subscriber limit), or 'pipelined' (behind
+   * another request on its connection, an earlier stream: forever. Such a response is never
+   * written to its socket and never closes: subscribed, it would buffer every update for good).
    */
-  subscribe (res: ServerResponse): boolean {
-    if (this.subscribers.size >= this.maxSubscribers) return false
-    // A stream pipelined behind another request (an earlier stream: forever) is never written to
-    // its socket, and its response never closes: subscribed, it would buffer every update for good.
-    // dashboard.ts refuses it before this; here it is only never subscribed.
-    if (res.socket === null) return false
+  subscribe (res: ServerResponse): 'subscribed' | 'full' | 'pipelined' {
+    if (res.socket === null) return 'pipelined'
+    if (this.subscribers.size >= this.maxSubscribers) return 'full'
     res.writeHead(200, {
       'content-type': 'text/event-stream; charset=utf-8',
       'cache-control': 'no-store',
@@ -160,7 +159,7 @@ export class LiveFeed {
     this.subscribers.add(res)
     res.on('close', () => this.subscribers.delete(res))
     res.write(`event: history\ndata: ${JSON.stringify({ history: this.history, top: this.topRejected(), health: this.health() })}\n\n`)
-    return true
+    return 'subscribed'
   }
 
   private broadcast (event: string, data: unknown): void {

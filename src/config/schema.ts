@@ -251,7 +251,7 @@ export type PlanConfig = z.infer<typeof planSchema>
 
 /** The JSON Schema editors use to autocomplete gateway.yaml (committed as gateway.schema.json). */
 export function gatewayJsonSchema (): Record<string, unknown> {
-  const schema = z.toJSONSchema(configSchema, { io: 'input', unrepresentable: 'any' }) as Record<string, unknown>
+  const schema = z.toJSONSchema(configSchema, { io: 'input' }) as Record<string, unknown>
   acceptEnvReferences(schema)
   return schema
 }

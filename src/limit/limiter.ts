@@ -7,7 +7,7 @@ import { ERRORS, errorBodyCode } from '../errors.js'
 import { dimensionValue, keyFor, type PlannedLimit, type RouteLimitPlan } from './plan.js'
 import type { DenyCache, LocalLevel } from './local-level.js'
 import type { DecisionCounter, Telemetry } from '../telemetry.js'
-import { calendarPeriod, quotaEndOffsetSeconds, quotaOffsetSeconds } from './algorithms/calendar-quota.js'
+import { quotaPeriodEnd } from './algorithms/calendar-quota.js'
 import type { HeldLease, LeaseKeeper } from './concurrency.js'
 
 export type HeaderList = Array<[string, string]>
@@ -345,8 +345,7 @@ function appendQuota (headers: HeaderList, limits: readonly PlannedLimit[], rema
     if (remaining === undefined || remaining < 0) return
     // one clock reading for the period and the wait: two could fall on both sides of its start
     const nowMs = Date.now()
-    const { end } = calendarPeriod(l.spec.windowMs, nowMs * 1000, quotaOffsetSeconds(l.spec.maxDelayMs), quotaEndOffsetSeconds(l.spec.maxDelayMs))
-    const t = Math.max(0, end - Math.floor(nowMs / 1000))
+    const t = Math.max(0, quotaPeriodEnd(l.spec, nowMs * 1000) - Math.floor(nowMs / 1000))
     ;(headers[0] as [string, string])[1] += `, ${l.policy}`
     ;(headers[1] as [string, string])[1] += `, "${l.name}";r=${remaining};t=${t}`
     return

@@ -101,6 +101,11 @@ export function calendarPeriod (windowMs: number, nowUs: number, offsetS = 0, en
   return { start: start - offsetS, end: end - endOffsetS }
 }
 
+/** When the period of the quota `spec` holding `nowUs` ends, in Unix seconds (its zone's offsets included). */
+export function quotaPeriodEnd (spec: { readonly windowMs: number, readonly maxDelayMs: number }, nowUs: number): number {
+  return calendarPeriod(spec.windowMs, nowUs, quotaOffsetSeconds(spec.maxDelayMs), quotaEndOffsetSeconds(spec.maxDelayMs)).end
+}
+
 const zoneFormats = new Map<string, Intl.DateTimeFormat>()
 
 /** Minutes east of UTC in `timeZone` (IANA name) at `atMs`; throws RangeError for an unknown zone. */

@@ -1,7 +1,7 @@
 import { ALGORITHM_CODES, type AlgorithmName, type LimitCheck, type LimitSpec } from '../types.js'
 import { gcd, type AlgorithmTwin } from './algorithm.js'
 import { fixedWindow } from './fixed-window.js'
-import { calendarQuota, PERIOD_WINDOW_MS } from './calendar-quota.js'
+import { calendarQuota, OFFSET_BASE, PERIOD_WINDOW_MS } from './calendar-quota.js'
 import { gcra } from './gcra.js'
 import { leakyBucket } from './leaky-bucket.js'
 import { slidingWindow } from './sliding-window.js'
@@ -72,8 +72,8 @@ export function validateLimitSpec (spec: LimitSpec): string | undefined {
     case 'calendar-quota':
       if (spec.limit > MAX_EXACT) return 'limit is too large'
       if (!Object.values(PERIOD_WINDOW_MS).includes(spec.windowMs)) return 'a calendar quota\'s windowMs names its period (hour, day, week or month)'
-      // two offsets (calendar-quota.ts, OFFSET_BASE 4096): each minutes + 1440, at most 2880
-      if (spec.maxDelayMs % 4096 > 2880 || Math.floor(spec.maxDelayMs / 4096) > 2880) return 'a calendar quota\'s maxDelayMs carries its UTC offsets (minutes + 1440, at most 2880)'
+      // two offsets (calendar-quota.ts): each minutes + 1440, at most 2880
+      if (spec.maxDelayMs % OFFSET_BASE > 2880 || Math.floor(spec.maxDelayMs / OFFSET_BASE) > 2880) return 'a calendar quota\'s maxDelayMs carries its UTC offsets (minutes + 1440, at most 2880)'
       return undefined
   }
 }
