@@ -14,7 +14,8 @@
 // are not counted. The count is every instruction of the contender's process in that window (its
 // JavaScript, V8's compiler and GC, libuv, the kernel's entry stubs excluded), divided by the
 // requests. Repeats of one build agree within about 1%; JIT timing is what still moves them.
-// Contenders: b the bare undici proxy (bench/bare-proxy.js), c/d/f the gateway configs of
+// Contenders: b the bare undici proxy (bench/bare-proxy.js), u the bare proxy plus the gateway's
+// per-request duties (bench/bare-duties.js, (l) of bench/run.js), c/d/f the gateway configs of
 // `npm run bench`, l = f with the access log on; (e) is left out, its batching depends on
 // timing, and valgrind slows the gateway about 20-50x.
 // r and r1 count redis-server instead, per decision: the four limits of (e) (the "four dimensions
@@ -36,6 +37,8 @@ import { fmt, spread } from './lib/summary.js'
 import { startRedis } from './lib/redis-server.js'
 import { checksByClient, loadStores, scenarios } from './lib/limit-stores.js'
 
+/** Contenders that are not the gateway: one row whatever --dist says. */
+const BARE = new Set(['b', 'u'])
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const BENCH = join(ROOT, 'bench')
 
@@ -158,15 +161,15 @@ async function main () {
   /** @type {Array<{ id: string, dist: string, runs: number[] }>} */
   const rows = []
   for (const id of settings.contenders) {
-    if (id !== 'b' && !GATEWAYS.has(id) && !(id in REDIS)) throw new Error(`unknown contender ${id} (b, c, d, f, l, r or r1)`)
-    for (const dist of id === 'b' ? [settings.dists[0]] : settings.dists) rows.push({ id, dist: /** @type {string} */ (dist), runs: [] })
+    if (!BARE.has(id) && !GATEWAYS.has(id) && !(id in REDIS)) throw new Error(`unknown contender ${id} (b, u, c, d, f, l, r or r1)`)
+    for (const dist of BARE.has(id) ? [settings.dists[0]] : settings.dists) rows.push({ id, dist: /** @type {string} */ (dist), runs: [] })
   }
   console.log(`instructions per request: ${settings.warm} warm-up requests, ${settings.requests} counted, ${settings.repeat} repeats`)
   for (let r = 0; r < settings.repeat; r++) {
     for (const row of r % 2 === 0 ? rows : [...rows].reverse()) {
       const perRequest = row.id in REDIS ? await measureRedis(row.id, row.dist, env) : await measure(row.id, row.dist, env)
       row.runs.push(perRequest)
-      console.log(`  ${row.id} ${row.id === 'b' ? 'bare proxy' : row.dist}: ${fmt(perRequest)}`)
+      console.log(`  ${row.id} ${BARE.has(row.id) ? 'bare proxy' + (row.id === 'u' ? ' + duties' : '') : row.dist}: ${fmt(perRequest)}`)
     }
   }
   const bare = rows.find((row) => row.id === 'b')
@@ -176,7 +179,7 @@ async function main () {
     // the gateway's contenders against the bare proxy; r (batched) against r1 (one call per decision)
     const base = row.id === 'r' ? rows.find((o) => o.id === 'r1' && o.dist === row.dist) : row.id in REDIS || row.id === 'b' ? undefined : bare
     const ratio = base === undefined ? null : spread(row.runs.map((x, i) => x / /** @type {number} */ (base.runs[i])))
-    console.log(`${row.id} | ${row.id === 'b' ? '-' : row.dist} | ${fmt(s?.median)} [${fmt(s?.min)}-${fmt(s?.max)}] | ${ratio === null ? '-' : `${fmt(ratio.median)} [${fmt(ratio.min)}-${fmt(ratio.max)}]`}`)
+    console.log(`${row.id} | ${BARE.has(row.id) ? '-' : row.dist} | ${fmt(s?.median)} [${fmt(s?.min)}-${fmt(s?.max)}] | ${ratio === null ? '-' : `${fmt(ratio.median)} [${fmt(ratio.min)}-${fmt(ratio.max)}]`}`)
     return { contender: row.id, dist: row.dist, runs: row.runs, perRequest: s, ...(row.id === 'r' ? { toR1: ratio } : { toBare: ratio }) }
   })
   if (json !== undefined) writeFileSync(json, JSON.stringify({ date: new Date().toISOString(), settings, report }, null, 2))

@@ -434,6 +434,21 @@ t.test('API keys: keys or a file, each key to a consumer the plans know', async 
     'gw.yaml:1:47 identity.apiKeys.keys.<an API key>: API key maps to consumer "alice", which has no entry in consumers (and there is no defaultPlan)'
   ], 'plans but no consumers at all')
   t.ok(accepted(api('keys: { k1: alice }, file: keys.yaml', plans)))
+  // Object.hasOwn: a key to "constructor" is not a consumer because every object has one
+  t.same(problems(api('keys: { k1: constructor }', plans)), [
+    'gw.yaml:1:47 identity.apiKeys.keys.<an API key>: API key maps to consumer "constructor", which has no entry in consumers (and there is no defaultPlan)'
+  ])
+})
+
+t.test('API keys and consumer names YAML would read as a number or null are refused at the key: quote them', async t => {
+  const text = 'identity: { apiKeys: { header: x, keys: { 007123456789: alice, ~: bob, "0099": carol, 42: dave } } }\nconsumers: { 007: { plan: free }, 12: { plan: free } }\nplans: { free: {} }\ndefaultPlan: free\n' + BASE
+  t.same(problems(text), [
+    'gw.yaml:1:43 identity.apiKeys.keys.<an API key>: this API key: YAML reads it as a number, not as the text written: quote it',
+    'gw.yaml:1:64 identity.apiKeys.keys.<an API key>: this API key: YAML reads it as null (an empty key, ~ or null): quote it, or remove the line',
+    'gw.yaml:2:14 consumers.7: consumer name: YAML reads it as the number 7, not as the text written: quote it'
+  ])
+  t.notMatch(problems(text).join('\n'), /7123456789/, 'the key is not printed')
+  t.ok(accepted(text.replace('007123456789', '"007123456789"').replace('~:', '"~":').replace('007:', '"007":')))
 })
 
 t.test('regression: a key of another form of a union is not "unknown" with itself as the suggestion', async t => {

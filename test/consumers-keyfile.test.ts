@@ -72,3 +72,29 @@ t.test('a missing or malformed key file stops the start with a located error', a
   const err2 = await startGateway(t, config(up.url, empty)).then(() => null, (e: unknown) => e)
   t.match((err2 as ConfigError).message, `${empty}:1:5 [0]: an API key must map to a consumer name`)
 })
+
+t.test('a key the YAML reads as null or a number is refused, located, without printing it (": eve" made "null" a key)', async t => {
+  const up = await startUpstream(t)
+  const dir = tempDir(t, 'gw-keys')
+  const file = join(dir, 'keys.yaml')
+  // the line an empty shell variable writes, a key YAML reads as 7123456789, one it reads as 1000,
+  // and a consumer name it reads as 7
+  writeFileSync(file, ': alice\n007123456789: alice\n1e3: bob\nk-ok: 007\n')
+  const err = await startGateway(t, config(up.url, file)).then(() => null, (e: unknown) => e)
+  t.ok(err instanceof ConfigError)
+  t.same((err as ConfigError).problems.map(p => `${p.line}:${p.column} ${p.path}: ${p.message}`), [
+    '1:1 [0]: this API key: YAML reads it as null (an empty key, ~ or null): quote it, or remove the line',
+    '2:1 [1]: this API key: YAML reads it as a number, not as the text written: quote it',
+    '3:1 [2]: this API key: YAML reads it as a number, not as the text written: quote it',
+    '4:7 [3]: consumer name: YAML reads it as the number 7, not as the text written: quote it'
+  ])
+  t.notMatch((err as ConfigError).message, /7123456789|1000/, 'the keys are not printed')
+  // quoted, they are the text written; a number written as YAML reads it is that text
+  writeFileSync(file, '"007123456789": alice\n123456: bob\n')
+  const gw = await startGateway(t, config(up.url, file))
+  const status = async (key: string): Promise<number> => (await send(`${gw.url}/x`, { headers: { 'x-api-key': key } })).status
+  t.equal(await status('007123456789'), 200)
+  t.equal(await status('7123456789'), 401)
+  t.equal(await status('123456'), 200)
+  t.equal(await status('null'), 401)
+})

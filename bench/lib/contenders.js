@@ -49,13 +49,15 @@ export const GATEWAY_CONFIGS = { c: 'gateway-no-limits.yaml', d: 'gateway-local.
 /**
  * Arguments for `node` (after any flags of the caller's) that start contender `id`, its port, and
  * when it is ready. `logOn` turns the config's access log on (`log: { level: warn }` -> info).
- * @param {string} id  b, or a key of GATEWAY_CONFIGS
+ * @param {string} id  b, u (bare + duties), or a key of GATEWAY_CONFIGS
  * @param {{ dist: string, dir: string, upstreamOrigin: string, redisUrl?: string | null, config?: string, logOn?: boolean }} env
  * @returns {Promise<{ port: number, args: string[], ready: () => Promise<boolean> }>}
  */
 export async function contenderCommand (id, env) {
   const port = await freePort()
   if (id === 'b') return { port, args: [join(BENCH, 'bare-proxy.js'), String(port), env.upstreamOrigin], ready: () => answers200(`http://127.0.0.1:${port}/`) }
+  // the bare proxy plus the gateway's per-request duties (contender (l) of bench/run.js)
+  if (id === 'u') return { port, args: [join(BENCH, 'bare-duties.js'), String(port), env.upstreamOrigin], ready: () => answers200(`http://127.0.0.1:${port}/`) }
   const config = env.config ?? GATEWAY_CONFIGS[id]
   if (config === undefined) throw new Error(`unknown contender ${id}`)
   const adminPort = await freePort()

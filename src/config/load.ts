@@ -12,6 +12,7 @@ import { utcOffsetMinutes } from '../limit/algorithms/calendar-quota.js'
 import { validateLimitSpec } from '../limit/algorithms/index.js'
 import ipaddr from 'ipaddr.js'
 import { parseDuration } from './units.js'
+import { misreadScalar } from './yaml-scalars.js'
 import type { z } from 'zod'
 
 export type KeyPath = ReadonlyArray<string | number>
@@ -100,6 +101,8 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
   }
 
   const problems: ConfigProblem[] = []
+  for (const [path, offset, message] of misreadNames(doc, text)) problems.push(at(offset, path, message))
+  if (problems.length > 0) throw new ConfigError(problems)
   const raw: unknown = substituteEnv(doc.toJS({ maxAliasCount: 100 }), [], env, (path, msg) => {
     problems.push(at(locate(doc, path), path, msg))
   })
@@ -261,6 +264,26 @@ function valueAt (root: unknown, path: KeyPath): unknown {
     v = (v as Record<string | number, unknown>)[seg]
   }
   return v
+}
+
+/**
+ * Keys of `identity.apiKeys.keys` and `consumers` that YAML reads as something other than the text
+ * written (src/config/yaml-scalars.ts): located at the key. An API key's message never shows it.
+ */
+function misreadNames (doc: Document, text: string): Array<[KeyPath, number | undefined, string]> {
+  const out: Array<[KeyPath, number | undefined, string]> = []
+  for (const [mapPath, what] of [[['identity', 'apiKeys', 'keys'], 'this API key'], [['consumers'], 'consumer name']] as const) {
+    const map = doc.getIn(mapPath, true)
+    if (!isMap(map)) continue
+    for (const pair of map.items) {
+      const reason = misreadScalar(pair.key, text)
+      if (reason === null || !isScalar(pair.key)) continue
+      const secret = what === 'this API key'
+      // a null key's path segment must not be "null": the message's "null" would be redacted as the key
+      out.push([[...mapPath, pair.key.value === null ? '<null>' : String(pair.key.value)], rangeStart(pair.key), `${what}: ${secret ? reason.replace(/ the (number|boolean) .*, not/, ' a $1, not') : reason}`])
+    }
+  }
+  return out
 }
 
 /** Offset of the value at `path`, or of the deepest existing ancestor when it is missing. */
@@ -462,7 +485,7 @@ function planChecks (config: GatewayConfig): Array<[KeyPath, string]> {
     for (const [key, consumer] of Object.entries(keys ?? {})) {
       const path: KeyPath = ['identity', 'apiKeys', 'keys', key]
       if (consumer.length === 0) out.push([path, 'an API key must map to a consumer name'])
-      else if (known.length > 0 && config.defaultPlan === undefined && config.consumers?.[consumer] === undefined) {
+      else if (known.length > 0 && config.defaultPlan === undefined && !Object.hasOwn(config.consumers ?? {}, consumer)) {
         out.push([path, `API key maps to consumer "${consumer}", which has no entry in consumers (and there is no defaultPlan)`])
       }
     }

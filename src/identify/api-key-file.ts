@@ -4,6 +4,7 @@
 import { readFile } from 'node:fs/promises'
 import { LineCounter, parseDocument, isMap, isScalar } from 'yaml'
 import type { ConsumerDirectory } from './identity.js'
+import { misreadScalar } from '../config/yaml-scalars.js'
 
 /** A problem at a place in the key file; line 0 = the file itself (missing, unreadable). */
 export interface KeyFileProblem {
@@ -66,12 +67,23 @@ export async function readApiKeyFile (file: string | undefined, consumers: Consu
       problems.push(at(where, `[${i}]`, 'an API key must be non-empty without surrounding spaces'))
       continue
     }
+    // the reason names the value YAML read, never the text: that is the secret
+    const misread = misreadScalar(keyNode, text)
+    if (misread !== null) {
+      problems.push(at(where, `[${i}]`, `this API key: ${misread.replace(/ the (number|boolean) .*, not/, ' a $1, not')}`))
+      continue
+    }
     if (key.includes('${')) {
       // gateway.yaml substitutes ${VAR}; this file does not: never accept the literal silently
       problems.push(at(where, `[${i}]`, '"${" in an API key: environment references are not substituted in the key file'))
       continue
     }
     const consumer = isScalar(valueNode) && valueNode.value !== null ? String(valueNode.value) : ''
+    const misreadConsumer = misreadScalar(valueNode, text)
+    if (consumer !== '' && misreadConsumer !== null) {
+      problems.push(at(isScalar(valueNode) ? valueNode.range?.[0] : where, `[${i}]`, `consumer name: ${misreadConsumer}`))
+      continue
+    }
     const problem = consumerProblem(consumer, consumers)
     if (problem !== null) {
       problems.push(at(isScalar(valueNode) ? valueNode.range?.[0] : where, `[${i}]`, problem))

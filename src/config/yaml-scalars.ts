@@ -1,0 +1,18 @@
+// Map keys that are names or secrets (API keys, consumer names) must be the text written. YAML's
+// core schema reads `007` as the number 7, `1e3` as 1000, `~` or an empty key as null: an API key
+// written `007123456789` would then be `7123456789`, and a line `: eve` (an empty variable in a
+// generated file) would make the literal key "null" valid. Such a key is refused, located, and
+// the fix named: quote it.
+import { isScalar, type Scalar } from 'yaml'
+
+/** Why the scalar `node` of `text` is not read as the text written, or null when it is. */
+export function misreadScalar (node: unknown, text: string): string | null {
+  if (!isScalar(node)) return null
+  const value = (node as Scalar).value
+  if (typeof value === 'string') return null
+  if (value === null) return 'YAML reads it as null (an empty key, ~ or null): quote it, or remove the line'
+  const range = (node as Scalar).range
+  const written = range === undefined || range === null ? null : text.slice(range[0], range[1]).trim()
+  if (written === String(value)) return null
+  return `YAML reads it as the ${typeof value} ${String(value)}, not as the text written: quote it`
+}
