@@ -7,7 +7,7 @@ import { startRedis } from './helpers/redis.js'
 import { createRedisStore } from '../src/limit/redis-store.js'
 import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import { RedisGuard } from '../src/limit/redis-guard.js'
-import { LeaseKeeper, MAX_WAITING_CALLS, type HeldLease } from '../src/limit/concurrency.js'
+import { LeaseKeeper, MAX_WAITING_SENDS, type HeldLease } from '../src/limit/concurrency.js'
 import { NOOP_TELEMETRY } from '../src/telemetry.js'
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
@@ -32,9 +32,9 @@ t.test('Redis paused: lease calls waiting for it stay bounded, the rest are drop
     await sleep(12)
     mostWaiting = Math.max(mostWaiting, keeper.waiting)
   }
-  t.equal(mostWaiting, MAX_WAITING_CALLS, `at most ${MAX_WAITING_CALLS} calls waited for the paused Redis`)
+  t.equal(mostWaiting, MAX_WAITING_SENDS, `at most ${MAX_WAITING_SENDS} sends waited for the paused Redis`)
   t.ok(keeper.dropped > 0, `the rest were dropped (${keeper.dropped})`)
-  t.equal(errors.filter((e) => e.includes('lease calls already wait for Redis')).length, keeper.dropped, 'each drop reported, saying the leases expire within leaseTtl')
+  t.equal(errors.filter((e) => e.includes('lease releases already wait for Redis')).length, keeper.dropped, 'each drop reported, saying the leases expire within leaseTtl')
   for (let i = 0; i < 200 && keeper.waiting > 0; i++) await sleep(25)
   t.equal(keeper.waiting, 0, 'every call sent was answered once Redis resumed')
 })

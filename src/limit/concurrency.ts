@@ -56,8 +56,13 @@ interface LeaseCommands {
 /** Most leases per release or renewal call: a large fleet of held leases goes in bounded pieces. */
 const BATCH = 512
 
-/** Most release and renewal calls waiting for Redis at once (see send). */
-export const MAX_WAITING_CALLS = 64
+/**
+ * Most releases and renewals (sends) waiting for Redis at once (see send). A send is one flush of
+ * releases or one renewal round with all its calls: under Cluster that is one call per hash slot,
+ * hundreds on a busy instance, which must all go out or the leases beyond the bound expire while
+ * their requests run.
+ */
+export const MAX_WAITING_SENDS = 64
 
 /**
  * Longest a release waits for a limit call to ride with. Riding with it, the release is written
@@ -87,9 +92,9 @@ export class LeaseKeeper {
   carried = 0
   /** True when the limit store carries the releases (standalone Redis, Sentinel). */
   private readonly riding: boolean
-  /** Calls sent and not yet answered. */
+  /** Sends (a flush of releases, a renewal round) with a call not answered yet. */
   waiting = 0
-  /** Calls not sent because MAX_WAITING_CALLS were waiting. */
+  /** Sends not made because MAX_WAITING_SENDS were waiting. */
   dropped = 0
 
   constructor (private readonly options: LeaseKeeperOptions) {
@@ -251,6 +256,15 @@ export class LeaseKeeper {
     } else {
       groups.push(pairs as Array<readonly [string, string]>)
     }
+    // A Redis that is stalled but still connected (paused, SIGSTOPped) answers nothing and fails
+    // nothing: these calls would wait in the client without end. Beyond a bound of whole sends
+    // (never some calls of one: a healthy Cluster gets one per slot) they are dropped, as a failed
+    // call is: the leases expire within leaseTtl.
+    if (this.waiting >= MAX_WAITING_SENDS) {
+      this.dropped++
+      this.options.onError?.(new Error(`${MAX_WAITING_SENDS} lease ${what === 'release' ? 'releases' : 'renewals'} already wait for Redis: this ${what} dropped, the leases expire within leaseTtl`), what)
+      return sent
+    }
     const commands = redis.client as unknown as LeaseCommands
     for (const group of groups) {
       for (let i = 0; i < group.length; i += BATCH) {
@@ -259,20 +273,13 @@ export class LeaseKeeper {
         for (const [key] of part) args.push(prefix + key)
         args.push(...head)
         for (const [, member] of part) args.push(member)
-        // A Redis that is stalled but still connected (paused, SIGSTOPped) answers nothing and
-        // fails nothing: these calls would wait in the client without end. Beyond a bound they
-        // are dropped, as a failed call is: the leases expire within leaseTtl.
-        if (this.waiting >= MAX_WAITING_CALLS) {
-          this.dropped++
-          this.options.onError?.(new Error(`${MAX_WAITING_CALLS} lease calls already wait for Redis: ${what} dropped, the leases expire within leaseTtl`), what)
-          continue
-        }
         this.calls++
-        this.waiting++
         const call = what === 'release' ? commands.gatewayLeaseRelease(part.length, ...args) : commands.gatewayLeaseRenew(part.length, ...args)
-        sent.push(call.catch((err: unknown) => this.options.onError?.(err, what)).finally(() => { this.waiting-- }))
+        sent.push(call.catch((err: unknown) => this.options.onError?.(err, what)))
       }
     }
+    this.waiting++
+    void Promise.allSettled(sent).then(() => { this.waiting-- })
     return sent
   }
 
