@@ -18,7 +18,8 @@ for i = 1, #KEYS do
   local score = redis.call('ZSCORE', KEYS[i], ARGV[1 + i])
   if score and tonumber(score) > now_ms then
     redis.call('ZADD', KEYS[i], 'XX', expiry, ARGV[1 + i])
-    redis.call('PEXPIRE', KEYS[i], string.format('%d', ttl))
+    -- never shortened: another instance's leases may run under a longer leaseTtl
+    if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], string.format('%d', ttl)) end
     renewed = renewed + 1
   end
 end

@@ -25,7 +25,10 @@ local function lease_commit (key, p, now, r, id)
   local now_ms = floor(now / 1000)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now_ms))
   redis.call('ZADD', key, int(now_ms + p.window_ms), id)
-  redis.call('PEXPIRE', key, ttl_ms(p.window_us))
+  -- Never shortened: another instance's lease under a longer leaseTtl (a rolling change, a
+  -- config that differs) would be deleted with the key while its request still runs.
+  local ttl = ttl_ms(p.window_us)
+  if redis.call('PTTL', key) < tonumber(ttl) then redis.call('PEXPIRE', key, ttl) end
   return 0
 end
 

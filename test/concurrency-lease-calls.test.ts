@@ -9,6 +9,7 @@ import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import { RedisGuard } from '../src/limit/redis-guard.js'
 import { LeaseKeeper, MAX_WAITING_SENDS, type HeldLease } from '../src/limit/concurrency.js'
 import { NOOP_TELEMETRY } from '../src/telemetry.js'
+import type { LimitSpec } from '../src/limit/types.js'
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
 
@@ -37,4 +38,34 @@ t.test('Redis paused: lease calls waiting for it stay bounded, the rest are drop
   t.equal(errors.filter((e) => e.includes('lease releases already wait for Redis')).length, keeper.dropped, 'each drop reported, saying the leases expire within leaseTtl')
   for (let i = 0; i < 200 && keeper.waiting > 0; i++) await sleep(25)
   t.equal(keeper.waiting, 0, 'every call sent was answered once Redis resumed')
+})
+
+t.test('instances with different leaseTtl: a short lease taken, renewed and released never expires a longer one', async t => {
+  const redis = await startRedis(t)
+  const client = createRedisClient({ url: redis.url })
+  t.teardown(() => client.disconnect())
+  await whenReady(client)
+  const reader = redis.client()
+  const store = createRedisStore({ client, maxBatch: 1 })
+  const guard = new RedisGuard({ store, fallbackMaxKeys: 100, timeoutMs: 1000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
+  t.teardown(() => guard.close())
+  const lease = (ttlMs: number): LimitSpec => Object.freeze({ id: 'r.concurrency.user', algorithm: 'lease', limit: 2, windowMs: ttlMs, burst: 2, maxDelayMs: 0 })
+  const key = 'gw:lease:r.user:alice'
+  // instance A (leaseTtl 30 s) and instance B (leaseTtl 2 s, a rolling change) each admit one request
+  const a = await store.decideDetailed([{ key, spec: lease(30_000), cost: 1 }], 'A')
+  const b = await store.decideDetailed([{ key, spec: lease(2000), cost: 1 }], 'B')
+  t.ok(a.decision.allowed && b.decision.allowed)
+  const keeperB = new LeaseKeeper({ redis: { client, guard }, ttlMs: 2000 })
+  t.teardown(() => keeperB.close(100))
+  const held: HeldLease = { keys: [key], member: b.callId, level: 'redis', units: 1, released: false, heldAt: -1 }
+  keeperB.hold(held)
+  await sleep(1000) // B renews its lease (every 667 ms) under its 2 s TTL
+  t.ok(keeperB.calls >= 1, 'B renewed')
+  keeperB.release(held)
+  await sleep(2500)
+  t.not(await reader.zscore(key, a.callId), null, 'A\'s lease, 30 s ahead, is still in Redis')
+  t.equal(await reader.zcard(key), 1)
+  const c = await store.decideDetailed([{ key, spec: lease(30_000), cost: 1 }], 'C')
+  const d = await store.decideDetailed([{ key, spec: lease(30_000), cost: 1 }], 'D')
+  t.same([c.decision.allowed, d.decision.allowed], [true, false], 'cap 2 with A in flight: one more, not two')
 })
