@@ -313,8 +313,12 @@ export class ResourceCache {
     return n
   }
 
-  /** Closes whatever `config` no longer uses (pools drain their in-flight requests first). */
-  async sweep (config: ResolvedConfig, livePools: Iterable<UpstreamPool>): Promise<void> {
+  /**
+   * Closes whatever `config` no longer uses (pools drain their in-flight requests first).
+   * `draining`: the configs of replaced runtimes that still have requests in flight; their Redis
+   * connections stay, like their pools.
+   */
+  async sweep (config: ResolvedConfig, livePools: Iterable<UpstreamPool>, draining: readonly ResolvedConfig[] = []): Promise<void> {
     const keep = new Set(livePools)
     const closing: Promise<unknown>[] = []
     for (const [key, pool] of this.pools) {
@@ -338,14 +342,38 @@ export class ResourceCache {
         closing.push(tracer.shutdown())
       }
     }
-    const liveRedis = this.inProcess(config) || config.redis === undefined ? null : redisConnectionKey(config.redis)
+    const usedRedis = new Set<string>()
+    for (const c of [config, ...draining]) if (!this.inProcess(c) && c.redis !== undefined) usedRedis.add(redisConnectionKey(c.redis))
     for (const [key, bundle] of this.redis) {
-      if (key !== liveRedis) {
+      if (!usedRedis.has(key)) {
         this.redis.delete(key)
-        closing.push(closeRedis(bundle))
+        closing.push(this.retireRedis(bundle))
       }
     }
     await Promise.allSettled(closing)
+  }
+
+  /** Connections no runtime uses any more that still hold leases (open WebSockets, long requests). */
+  private readonly retiringRedis = new Set<RedisBundle>()
+
+  /**
+   * Closes a connection no runtime uses. Leases it holds in Redis (a WebSocket opened before a
+   * reload that changed the password or autoPipelining) are still renewed and released through it
+   * until the last one is given back: closing at once would give them back while their requests
+   * run, and the cap would admit more. Its heartbeat and reset subscription stop at once: it is
+   * no longer an instance of its own.
+   */
+  private async retireRedis (bundle: RedisBundle): Promise<void> {
+    if (bundle.leases.heldInRedis > 0) {
+      this.retiringRedis.add(bundle)
+      bundle.bus.stop()
+      await bundle.heartbeat.stop()
+      this.logger.info({ leases: bundle.leases.heldInRedis }, 'a replaced Redis connection stays open until the leases it holds are released')
+      await bundle.leases.whenNoneHeld()
+      // closeAll may have closed it meanwhile (shutdown)
+      if (!this.retiringRedis.delete(bundle)) return
+    }
+    await closeRedis(bundle)
   }
 
   async closeAll (): Promise<void> {
@@ -353,6 +381,8 @@ export class ResourceCache {
     for (const pool of this.pools.values()) closing.push(pool.close())
     if (this.memory !== null) closing.push(this.memory.store.close())
     for (const bundle of this.redis.values()) closing.push(closeRedis(bundle))
+    for (const bundle of this.retiringRedis) closing.push(closeRedis(bundle))
+    this.retiringRedis.clear()
     // buffered spans are exported before the gateway stops
     for (const tracer of this.tracers.values()) closing.push(tracer.shutdown())
     this.tracers.clear()

@@ -150,6 +150,11 @@ export class Gateway {
     return `${this.state?.proto ?? 'http'}://127.0.0.1:${this.port}`
   }
 
+  /** The file this gateway reads on start and on each reload. */
+  get configFile (): string {
+    return this.options.configFile
+  }
+
   get adminUrl (): string {
     return `http://127.0.0.1:${this.adminPort}`
   }
@@ -399,7 +404,7 @@ export class Gateway {
     if (live === undefined || this.shuttingDown) return
     const pools = [...live.pools.values()]
     for (const rt of this.draining) pools.push(...rt.pools.values())
-    await this.resources.sweep(live.config, pools)
+    await this.resources.sweep(live.config, pools, [...this.draining].map(rt => rt.config))
   }
 
   /**

@@ -7,7 +7,8 @@ import { WebSocket } from 'ws'
 import { startGateway } from './helpers/gateway.js'
 import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
-import { eventually, metric } from './helpers/ratelimit.js'
+import { eventually, metric, sleep } from './helpers/ratelimit.js'
+import { writeFileSync } from 'node:fs'
 import type { Teardown } from './helpers/teardown.js'
 
 const redis = await startRedis(t)
@@ -31,10 +32,10 @@ async function open (t: Teardown, url: string, user: string): Promise<Outcome> {
   ])
 }
 
-function config (upstream: string, store: 'redis' | 'memory'): string {
+function config (upstream: string, store: 'redis' | 'memory', autoPipelining = false): string {
   return `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
-${store === 'redis' ? `redis: { url: ${redis.url}, timeout: 2s, onError: deny, keyPrefix: ws }` : ''}
+${store === 'redis' ? `redis: { url: ${redis.url}, timeout: 2s, onError: deny, keyPrefix: ws, autoPipelining: ${autoPipelining} }` : ''}
 identity: { header: x-user-id }
 upstreams:
   backend: { targets: [${upstream}] }
@@ -74,3 +75,27 @@ for (const store of ['redis', 'memory'] as const) {
     if (store === 'redis') t.equal(await reader.zcard('ws:lease:events.user:alice'), 2, 'Redis holds exactly alice\'s 2 open WebSockets')
   })
 }
+
+t.test('a reload that rebuilds the Redis connection keeps the leases of open WebSockets until they close', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, 'redis'))
+  const url = `${gw.url.replace(/^http/, 'ws')}/ws/feed`
+  const key = 'ws:lease:events.user:bob'
+  const first = await open(t, url, 'bob')
+  const second = await open(t, url, 'bob')
+  t.ok(first.ok && second.ok, 'two open')
+  // a changed connection setting (a password rotation does the same): a new client, the old one retired
+  writeFileSync(gw.configFile, config(up.url, 'redis', true))
+  t.match(await gw.reload(), { ok: true })
+  // the replaced runtime has no HTTP request in flight: its sweep runs at once
+  await eventually('the replaced connection is retired', async () => gw.lines.some(l => l.msg === 'a replaced Redis connection stays open until the leases it holds are released'), 3000).catch(() => {})
+  t.equal(await reader.zcard(key), 2, 'both leases still held in Redis')
+  await sleep(300)
+  const third = await open(t, url, 'bob')
+  t.match(third, { ok: false, status: 429 }, 'the cap still counts the WebSockets opened before the reload')
+  if (first.ok) first.ws.close()
+  await eventually('the closed WebSocket\'s lease released through the old connection', async () => await reader.zcard(key) === 1, 3000)
+  const fourth = await open(t, url, 'bob')
+  t.ok(fourth.ok, 'a new WebSocket takes the freed place')
+  t.equal(await reader.zcard(key), 2)
+})

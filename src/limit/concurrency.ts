@@ -128,6 +128,19 @@ export class LeaseKeeper {
     return this.held.length
   }
 
+  /** Resolved once no lease is held in Redis (its connection can then close without giving any back). */
+  whenNoneHeld (): Promise<void> {
+    if (this.held.length === 0) return Promise.resolve()
+    return new Promise(resolve => this.noneHeld.push(resolve))
+  }
+
+  private readonly noneHeld: Array<() => void> = []
+
+  private settleNoneHeld (): void {
+    if (this.held.length > 0 || this.noneHeld.length === 0) return
+    for (const resolve of this.noneHeld.splice(0)) resolve()
+  }
+
   /** Starts keeping a lease the limiter just took. */
   hold (lease: HeldLease): void {
     if (lease.level !== 'redis' || lease.heldAt !== -1) return
@@ -142,9 +155,11 @@ export class LeaseKeeper {
     if (at === -1) return
     lease.heldAt = -1
     const last = this.held.pop() as HeldLease
-    if (last === lease) return
-    this.held[at] = last
-    last.heldAt = at
+    if (last !== lease) {
+      this.held[at] = last
+      last.heldAt = at
+    }
+    this.settleNoneHeld()
   }
 
   /** Gives a request's leases back; a second call does nothing. */
@@ -297,6 +312,7 @@ export class LeaseKeeper {
       this.pending.push(lease)
     }
     this.held.length = 0
+    this.settleNoneHeld()
     const sent = this.flush()
     if (sent.length === 0) return
     await Promise.race([Promise.allSettled(sent), new Promise(resolve => setTimeout(resolve, timeoutMs).unref())])
