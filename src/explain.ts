@@ -53,7 +53,7 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   let identity: IdentityResult
   if (req.user !== null) identity = asUser(rt, req.user)
   else if (route.auth === 'none') identity = { ok: true, user: null }
-  else identity = await rt.identity.resolve(headers, route.auth === null ? undefined : route.auth === 'required')
+  else identity = await rt.identity.resolve(headers, route.auth === null ? undefined : route.auth === 'required', rt.isTrustedPeer(req.ip))
   if (!identity.ok) {
     lines.push(`client:  ip ${client.ip} (limit key ${client.key}), identity refused: ${identity.reason}`)
     lines.push(`result:  401 GW_ERR_UNAUTHORIZED (charged to the client IP: ${rt.failurePlan.all.map(l => l.name).join(', ')})`)

@@ -107,7 +107,8 @@ type Admitted = (identity: IdentityResult, verdict: LimitVerdict) => void
  * token, the in-process store, a local or deny-cache rejection): no Promise on that path.
  * `fail` receives anything a stage or `next` throws, so a bug never becomes a crash.
  */
-function identifyAndLimit (rt: Runtime, req: IncomingMessage, a: Admission, requestId: string, next: Admitted, fail: (err: unknown) => void): void {
+function identifyAndLimit (rt: Runtime, req: IncomingMessage, a: Admission, record: RequestRecord, next: Admitted, fail: (err: unknown) => void): void {
+  const requestId = record.requestId
   const limit = (identity: IdentityResult): void => {
     if (!identity.ok) {
       // Guessing keys or forging tokens costs budget: the IP is charged (one store call) even
@@ -138,7 +139,7 @@ function identifyAndLimit (rt: Runtime, req: IncomingMessage, a: Admission, requ
       limit(ANONYMOUS)
       return
     }
-    const found = rt.identity.resolve(req.headers, auth === null ? undefined : auth === 'required')
+    const found = rt.identity.resolve(req.headers, auth === null ? undefined : auth === 'required', record.trustedPeer)
     if (found instanceof Promise) found.then(limit).catch(fail)
     else limit(found)
   } catch (err) {
@@ -261,7 +262,7 @@ function admit (state: PipelineState, rt: Runtime, record: RequestRecord, transp
     closed = true
     if (lease !== null) rt.limiter.release(lease)
   })
-  identifyAndLimit(rt, req, a, requestId, (identity, v) => {
+  identifyAndLimit(rt, req, a, record, (identity, v) => {
     if (v.kind === 'allow' && v.lease !== null) {
       // the client may have left while the limiter decided
       if (closed) rt.limiter.release(v.lease)

@@ -83,6 +83,16 @@ function responseClosed (open: OpenResponses, res: ServerResponse): void {
   }
 }
 
+/**
+ * `identity.header` names a header an auth layer sets. With `trustedProxies` set it is believed from
+ * those peers only; without, from every client, which can then claim any user and its plan.
+ */
+function warnUntrustedIdentityHeader (logger: Logger, runtime: Runtime): void {
+  const identity = runtime.config.identity
+  if (identity === undefined || !('header' in identity) || runtime.config.trustedProxies.length > 0) return
+  logger.warn({ header: identity.header }, 'identity.header is believed from every client because trustedProxies is empty: any client can claim any user; list the auth layer\'s addresses in trustedProxies')
+}
+
 /** Longest the exit waits for the log buffer to reach stdout once the gateway has stopped. */
 const LOG_DRAIN_MS = 2000
 
@@ -213,6 +223,7 @@ export class Gateway {
       warnedProxyMisconfig: false,
       proxyCheckedPeer: undefined
     }
+    warnUntrustedIdentityHeader(this.logger, runtime)
     const s = runtime.server
     const serverOptions = {
       headersTimeout: s.headersTimeoutMs,
@@ -378,6 +389,7 @@ export class Gateway {
     const newListen = runtime.config.listen
     if (newListen !== this.listenAddress) this.logger.warn({ listen: newListen, current: this.listenAddress }, 'listen address changes need a restart; still listening on the old one')
     this.logger.info({ generation: runtime.generation, previous: previous.generation, hash: runtime.hash }, 'configuration reloaded')
+    warnUntrustedIdentityHeader(this.logger, runtime)
     // The old runtime's requests may be admitted but not yet dispatched (waiting on Redis, a JWKS,
     // a delay slot): its pools close only once it has no request left.
     this.draining.add(previous)

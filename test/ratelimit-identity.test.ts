@@ -99,6 +99,24 @@ t.test('identity header: user limits are kept per user; anonymous requests skip 
   t.equal((await admin.keys('gw:r.user.*:%7Bslot%7Dx')).length, 1)
 })
 
+t.test('identity header with trustedProxies: believed from those peers only, removed from anyone else', async t => {
+  await admin.flushall()
+  const up = await startUpstream(t)
+  const quiet = await startGateway(t, config(up.url, 'identity: { header: x-user-id }', USER_LIMIT))
+  t.equal(quiet.lines.filter(l => typeof l.msg === 'string' && l.msg.startsWith('identity.header is believed from every client')).length, 1, 'without trustedProxies: a warning at start')
+  const gw = await startGateway(t, config(up.url, 'identity: { header: x-user-id }\ntrustedProxies: [127.0.0.2]', USER_LIMIT))
+  t.notOk(gw.lines.some(l => typeof l.msg === 'string' && l.msg.startsWith('identity.header is believed')), 'with trustedProxies: none')
+  const url = `${gw.url}/x`
+  // a direct client claiming alice: anonymous, so no user limit, and the claim never reaches the upstream
+  const direct: Reply[] = []
+  for (let i = 0; i < 3; i++) direct.push(await send(url, { headers: { 'x-user-id': 'alice' }, localAddress: '127.0.0.1' }))
+  t.same(direct.map(r => r.status), [200, 200, 200])
+  t.same(direct.map(r => (r.json as { headers?: Record<string, unknown> } | null)?.headers?.['x-user-id']), [undefined, undefined, undefined], 'the forged header is removed')
+  t.same(await admin.keys('gw:r.user.*'), [], 'nothing charged to alice')
+  // the auth layer (a trusted peer) names alice: her limit applies
+  t.same(await statuses(3, url, { 'x-user-id': 'alice' }, '127.0.0.2'), [200, 200, 429])
+})
+
 t.test('identity required: a request without identity gets 401 JSON before any limit', async t => {
   await admin.flushall()
   const up = await startUpstream(t)

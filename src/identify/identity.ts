@@ -50,8 +50,11 @@ export interface IdentityResolver {
   /**
    * `required` is the route's `auth` (true: 401 without credentials; false: anonymous without);
    * undefined = `identity.required`. A credential that is present is always verified.
+   * `peerTrusted`: the peer is one of `trustedProxies` (default true). A `header` identity set by
+   * an auth layer is believed only from there when trustedProxies is set: from anyone else the
+   * header is removed (never forwarded) and the request is anonymous.
    */
-  resolve(headers: IncomingHttpHeaders, required?: boolean): IdentityResult | Promise<IdentityResult>
+  resolve(headers: IncomingHttpHeaders, required?: boolean, peerTrusted?: boolean): IdentityResult | Promise<IdentityResult>
   /** The (lowercase) header carrying the credential: removed on `auth: none` routes. Null without identity. */
   readonly credentialHeader: string | null
 }
@@ -90,13 +93,17 @@ const invalid = (message: string, cause?: unknown): GatewayError =>
   new GatewayError('GW_ERR_CONFIG_INVALID', `identity: ${message}`, cause === undefined ? undefined : { cause })
 
 /** Tests only: the clock the verified-token cache measures its 60 s with (default: performance). */
-export interface IdentityOptions { readonly cacheClock?: { now: () => number } }
+export interface IdentityOptions {
+  readonly cacheClock?: { now: () => number }
+  /** `trustedProxies` is set: a `header` identity is believed from those peers only. */
+  readonly headerFromTrustedPeersOnly?: boolean
+}
 
 export async function compileIdentity (config: IdentityConfig | undefined, consumers: ConsumerDirectory = NO_CONSUMERS, options: IdentityOptions = {}): Promise<IdentityResolver> {
   if (config === undefined) return NO_IDENTITY
   const requiredByDefault = config.required === true
   const absent: Absent = (required) => (required ?? requiredByDefault) ? MISSING : ANONYMOUS
-  if ('header' in config) return compileHeaderIdentity(config.header, absent, consumers)
+  if ('header' in config) return compileHeaderIdentity(config.header, absent, consumers, options.headerFromTrustedPeersOnly === true)
   if ('apiKeys' in config) return compileApiKeys(config.apiKeys, absent, consumers, await readApiKeyFile(config.apiKeys.file, consumers))
   if ('jwt' in config) return await compileJwt(config.jwt, absent, consumers, options)
   throw invalid('expected one of "header", "apiKeys" or "jwt"')
@@ -110,15 +117,20 @@ function headerName (name: string): string {
   return lower
 }
 
-function compileHeaderIdentity (header: string, absent: Absent, consumers: ConsumerDirectory): IdentityResolver {
+function compileHeaderIdentity (header: string, absent: Absent, consumers: ConsumerDirectory, trustedPeersOnly: boolean): IdentityResolver {
   const name = headerName(header)
   const tooLong = failure('identity header too long')
   const repeated = failure('identity header repeated')
   return {
     credentialHeader: name,
-    resolve (headers, required) {
+    resolve (headers, required, peerTrusted = true) {
       const raw = headers[name]
       if (raw === undefined) return absent(required)
+      if (trustedPeersOnly && !peerTrusted) {
+        // a client claiming a user (and its plan and budget) past the auth layer
+        delete headers[name]
+        return absent(required)
+      }
       if (typeof raw !== 'string') return repeated
       const user = raw.trim()
       if (user.length === 0) return absent(required)
