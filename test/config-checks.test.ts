@@ -388,6 +388,24 @@ t.test('the admin listener needs its own port', async t => {
   t.ok(accepted(listen('0.0.0.0:0', '0.0.0.0:0')), 'port 0 never collides')
 })
 
+t.test('header rules cannot touch the framing fields or set hop-by-hop ones; an upstream named like an Object property is unknown', async t => {
+  const route = (headers: string): string => `upstreams:\n  b: { targets: [http://127.0.0.1:1] }\nroutes:\n  - { name: a, pathPrefix: /, upstream: b, headers: ${headers} }\n`
+  t.same(problems(route('{ response: { set: { Content-Length: "5", connection: keep-alive } } }')), [
+    'gw.yaml:4:90 routes[0].headers.response.set.Content-Length: content-length frames the message and is written by the gateway from the body it relays: a rule cannot set it',
+    'gw.yaml:4:107 routes[0].headers.response.set.connection: connection is hop-by-hop (RFC 9110 §7.6.1): it describes one connection and is never forwarded, so it cannot be set'
+  ])
+  t.same(problems(route('{ request: { set: { transfer-encoding: chunked, expect: 100-continue, upgrade: h2c }, remove: [content-length, keep-alive] } }')), [
+    'gw.yaml:4:92 routes[0].headers.request.set.transfer-encoding: transfer-encoding frames the message and is written by the gateway from the body it relays: a rule cannot set it',
+    'gw.yaml:4:109 routes[0].headers.request.set.expect: expect cannot be set: the gateway answers 100-continue itself and never sends Expect upstream',
+    'gw.yaml:4:132 routes[0].headers.request.set.upgrade: upgrade is hop-by-hop (RFC 9110 §7.6.1): it describes one connection and is never forwarded, so it cannot be set',
+    'gw.yaml:4:148 routes[0].headers.request.remove[0]: content-length frames the message and is written by the gateway from the body it relays: a rule cannot remove it'
+  ])
+  t.ok(accepted(route('{ request: { set: { host: api.internal }, remove: [keep-alive] }, response: { remove: [server] } }')), 'Host can be set; removing a hop-by-hop field is what happens anyway')
+  t.same(problems('upstreams:\n  b: { targets: [http://127.0.0.1:1] }\nroutes:\n  - { name: a, pathPrefix: /, upstream: constructor }\n'), [
+    'gw.yaml:4:41 routes[0].upstream: unknown upstream "constructor"'
+  ])
+})
+
 t.test('trusted proxies: a keyword, an address or a CIDR', async t => {
   t.same(accepted('trustedProxies: [loopback, linklocal, uniquelocal, 10.0.0.1, "::1", 10.0.0.0/8, "fd00::/8"]\n' + BASE).config.trustedProxies,
     ['loopback', 'linklocal', 'uniquelocal', '10.0.0.1', '::1', '10.0.0.0/8', 'fd00::/8'])

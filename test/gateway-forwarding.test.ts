@@ -156,6 +156,25 @@ routes:
   t.equal(hop.headers['cache-control'], 'no-store')
 })
 
+t.test('a rule on Host replaces the client\'s (set) or sends the target\'s (remove); X-Forwarded-Host keeps the client\'s', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: set, pathPrefix: /set/, upstream: backend, headers: { request: { set: { Host: api.internal } } } }
+  - { name: removed, pathPrefix: /removed/, upstream: backend, headers: { request: { remove: [host] } } }
+`)
+  const set = await send(gw.url, '/set/x', { headers: { host: 'shop.example' } })
+  t.equal(set.status, 200, 'one Host reaches the upstream (two made every request a 400)')
+  const seenSet = json<EchoBody>(set)
+  t.same(seenSet.rawHeaders.filter((name) => name.toLowerCase() === 'host').length, 1)
+  t.equal(seenSet.headers.host, 'api.internal')
+  t.equal(seenSet.headers['x-forwarded-host'], 'shop.example')
+  const removed = await send(gw.url, '/removed/x', { headers: { host: 'shop.example' } })
+  t.equal(removed.status, 200)
+  t.equal(json<EchoBody>(removed).headers.host, new URL(upstream.url).host, 'the target\'s own host')
+})
+
 t.test('upstream failures: 502 refused, 504 timeout, 503 when every target is ejected', async (t) => {
   const upstream = await startUpstream(t)
   const refusing = await refusingUrl()

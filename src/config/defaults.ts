@@ -168,7 +168,8 @@ export function applyDefaults (c: GatewayConfig): ResolvedConfig {
       caseInsensitive: r.caseInsensitive ?? routing.caseInsensitive,
       matchTrailingSlash: r.matchTrailingSlash ?? routing.matchTrailingSlash,
       allowPathParams: r.allowPathParams ?? routing.allowPathParams,
-      timeouts: { response: r.timeouts?.response ?? upstreams[r.upstream]?.timeouts.response ?? '30s' },
+      // hasOwn: an unknown upstream named like an Object property ("constructor") is reported, not read
+      timeouts: { response: r.timeouts?.response ?? (Object.hasOwn(upstreams, r.upstream) ? upstreams[r.upstream]?.timeouts.response : undefined) ?? '30s' },
       ...(r.limits !== undefined ? { limits: limitSet(r.limits, onError) } : {})
     })) as ResolvedRoute[]
   } as ResolvedConfig

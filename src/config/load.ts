@@ -13,6 +13,7 @@ import { validateLimitSpec } from '../limit/algorithms/index.js'
 import ipaddr from 'ipaddr.js'
 import { parseDuration } from './units.js'
 import { misreadScalar } from './yaml-scalars.js'
+import { HOP_BY_HOP } from '../proxy/hop-by-hop.js'
 import type { z } from 'zod'
 
 export type KeyPath = ReadonlyArray<string | number>
@@ -267,6 +268,20 @@ function valueAt (root: unknown, path: KeyPath): unknown {
 }
 
 /**
+ * Why a header rule cannot work, or null. The framing fields are the gateway's to write from the
+ * body it relays: a rule would desynchronise the connection (a Content-Length that is not the
+ * body's makes the client read the rest as the next response). Hop-by-hop fields describe one
+ * connection and are never forwarded (RFC 9110 §7.6.1); removing them is what already happens.
+ */
+function headerRuleProblem (side: 'request' | 'response', op: 'set' | 'remove', name: string): string | null {
+  if (name === 'content-length' || name === 'transfer-encoding') return `${name} frames the message and is written by the gateway from the body it relays: a rule cannot ${op} it`
+  if (op === 'remove') return null
+  if (HOP_BY_HOP.includes(name)) return `${name} is hop-by-hop (RFC 9110 §7.6.1): it describes one connection and is never forwarded, so it cannot be set`
+  if (side === 'request' && name === 'expect') return 'expect cannot be set: the gateway answers 100-continue itself and never sends Expect upstream'
+  return null
+}
+
+/**
  * Keys of `identity.apiKeys.keys` and `consumers` that YAML reads as something other than the text
  * written (src/config/yaml-scalars.ts): located at the key. An API key's message never shows it.
  */
@@ -329,7 +344,7 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
     const prev = names.get(route.name)
     if (prev !== undefined) out.push([['routes', i, 'name'], `duplicate route name "${route.name}" (also routes[${prev}])`])
     names.set(route.name, i)
-    if (config.upstreams[route.upstream] === undefined) {
+    if (!Object.hasOwn(config.upstreams, route.upstream)) {
       out.push([['routes', i, 'upstream'], `unknown upstream "${route.upstream}"`])
     }
     if ((route.path === undefined) === (route.pathPrefix === undefined)) {
@@ -344,6 +359,17 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
     for (const dim of ['api', 'ip', 'user'] as const) {
       const limit = route.limits?.[dim]
       if (limit !== undefined) out.push(...checkLimit(limit, ['routes', i, 'limits', dim]))
+    }
+    for (const side of ['request', 'response'] as const) {
+      const rules = route.headers?.[side]
+      for (const name of Object.keys(rules?.set ?? {})) {
+        const why = headerRuleProblem(side, 'set', name.toLowerCase())
+        if (why !== null) out.push([['routes', i, 'headers', side, 'set', name], why])
+      }
+      rules?.remove?.forEach((name, j) => {
+        const why = headerRuleProblem(side, 'remove', name.toLowerCase())
+        if (why !== null) out.push([['routes', i, 'headers', side, 'remove', j], why])
+      })
     }
   })
   for (const dim of ['global', 'ip', 'user'] as const) {

@@ -17,6 +17,8 @@ export interface CompiledHeaders {
   readonly forwardedProto: boolean
   readonly forwardedHost: boolean
   readonly requestId: boolean
+  /** A rule sets or removes Host: the client's is not passed (removed, undici sends the target's). */
+  readonly hostRuled: boolean
   readonly responseDrop: ReadonlySet<string>
   readonly responseSet: readonly string[]
   readonly echoRequestId: boolean
@@ -52,6 +54,7 @@ export function compileHeaders (request: HeaderRules, response: HeaderRules): Co
     forwardedProto: !requestRuled.has(FORWARDED_PROTO),
     forwardedHost: !requestRuled.has(FORWARDED_HOST),
     requestId: !requestRuled.has(REQUEST_ID),
+    hostRuled: requestRuled.has('host'),
     responseDrop,
     responseSet: Object.freeze(response.set.flat()),
     echoRequestId: !response.remove.includes(REQUEST_ID) && !response.set.some(([name]) => name === REQUEST_ID)
@@ -81,7 +84,7 @@ export function upstreamRequestHeaders (req: IncomingMessage, plan: CompiledHead
   const tokens = incoming.connection === undefined ? null : connectionTokens(incoming.connection)
   const named = tokens === null || tokens.length === 0 ? null : tokens
   const host = incoming.host
-  const out: string[] = host === undefined ? [] : ['host', host]
+  const out: string[] = host === undefined || plan.hostRuled ? [] : ['host', host]
   const untrusted = ctx.trustedPeer !== true
   for (const name in incoming) {
     if (drop.has(name) || (named !== null && named.includes(name))) continue
