@@ -14,7 +14,9 @@ const pool = new Pool(process.argv[3] ?? 'http://127.0.0.1:3000', { connections:
 const hopByHop = new Set(['connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'host'])
 // What the gateway sets itself, or drops from a client that is not a trusted proxy.
 const replaced = new Set([...hopByHop, 'expect', 'x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'x-request-id', 'traceparent',
-  'forwarded', 'x-real-ip', 'true-client-ip', 'x-original-url', 'x-rewrite-url'])
+  'forwarded', 'x-real-ip', 'true-client-ip', 'x-client-ip', 'cf-connecting-ip', 'fastly-client-ip', 'x-cluster-client-ip',
+  'x-forwarded-port', 'x-forwarded-prefix', 'x-forwarded-server', 'x-forwarded-scheme', 'x-forwarded-ssl', 'front-end-https',
+  'x-original-url', 'x-rewrite-url'])
 
 const TRACEPARENT_RE = /^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$/
 const random = Buffer.alloc(4096)

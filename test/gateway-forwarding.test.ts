@@ -62,7 +62,7 @@ routes:
   t.equal(given.status, 200)
   const seen = json<EchoBody>(given)
   t.equal(seen.headers.host, 'shop.example.com:8443', 'Host passes through')
-  t.equal(seen.headers['x-forwarded-for'], '198.51.100.7, 203.0.113.1, 127.0.0.1', 'the peer is appended to X-Forwarded-For')
+  t.equal(seen.headers['x-forwarded-for'], '127.0.0.1', 'a chain from a client that is not a trusted proxy is replaced by its address')
   t.equal(seen.headers['x-forwarded-proto'], 'http', 'X-Forwarded-Proto is set by the gateway, not the client')
   t.equal(seen.headers['x-forwarded-host'], 'shop.example.com:8443', 'X-Forwarded-Host is the Host the client sent')
   t.equal(seen.rawHeaders.filter((name) => name.toLowerCase() === 'x-forwarded-proto').length, 1, 'one X-Forwarded-Proto')
@@ -74,6 +74,11 @@ routes:
   t.equal(seen2.headers['x-forwarded-for'], '127.0.0.1')
   t.match(seen2.headers['x-request-id'], /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/, 'a request id is generated')
   t.equal(generated.headers['x-request-id'], seen2.headers['x-request-id'], 'the generated id is the one echoed')
+
+  const forged = ['x-client-ip', 'cf-connecting-ip', 'fastly-client-ip', 'x-cluster-client-ip', 'x-forwarded-port', 'x-forwarded-prefix', 'x-forwarded-server', 'x-forwarded-scheme', 'x-forwarded-ssl', 'front-end-https', 'forwarded', 'x-real-ip', 'true-client-ip', 'x-original-url', 'x-rewrite-url']
+  const forging = await send(gw.url, '/items', { headers: Object.fromEntries(forged.map((name) => [name, name === 'forwarded' ? 'for=6.6.6.6' : '6.6.6.6'])) })
+  const seenForged = json<EchoBody>(forging)
+  t.same(forged.filter((name) => seenForged.headers[name] !== undefined), [], 'no client-made address, scheme, port, prefix or URL reaches the upstream')
 
   const bogus = await send(gw.url, '/items', { headers: { 'x-request-id': 'x'.repeat(300) } })
   const seen3 = json<EchoBody>(bogus)
@@ -94,6 +99,12 @@ routes:
   t.equal(json<EchoBody>(reply).headers['x-forwarded-for'], '203.0.113.9, 127.0.0.1', 'the chain stays complete')
   const line = gw.lines.find((l) => l.msg === 'request' && l.requestId === 'xff-trusted')
   t.equal(line?.ip, '203.0.113.9', 'while the client IP used for limits and logs is the one the trusted proxy reported')
+  // a TLS-terminating balancer: its scheme, host and port are the client's, kept
+  const behindTls = await send(gw.url, '/x', { headers: { host: 'gw.internal', 'x-forwarded-proto': 'https', 'x-forwarded-host': 'shop.example', 'x-forwarded-port': '443' } })
+  const seen = json<EchoBody>(behindTls).headers
+  t.same([seen['x-forwarded-proto'], seen['x-forwarded-host'], seen['x-forwarded-port']], ['https', 'shop.example', '443'])
+  const plain = json<EchoBody>(await send(gw.url, '/x', { headers: { host: 'gw.internal', 'x-forwarded-proto': 'gopher' } })).headers
+  t.same([plain['x-forwarded-proto'], plain['x-forwarded-host']], ['http', 'gw.internal'], 'set by the gateway when the proxy sent none or nonsense')
 })
 
 t.test('hop-by-hop headers are removed in both directions, including those Connection names', async (t) => {

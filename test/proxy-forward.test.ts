@@ -22,6 +22,8 @@ async function startFront (t: Teardown, plan: ForwardPlan, extra?: readonly (rea
       requestId: typeof incoming === 'string' ? incoming : 'generated-id',
       clientIp: clientIp ?? req.socket.remoteAddress ?? '',
       proto: 'http',
+      // this front stands for the pipeline behind a trusted proxy: its chain and request id are kept
+      trustedPeer: true,
       path: req.url ?? '/',
       ...(extra !== undefined ? { extraResponseHeaders: extra } : {})
     }, (result) => {

@@ -69,10 +69,16 @@ export interface ForwardedValues {
   readonly trustedPeer?: boolean
 }
 
-// Headers upstreams (and their frameworks) read as the client's address or the original URL.
+// Headers upstreams (and their frameworks) read as the client's address, the scheme, port or
+// prefix it used, or the original URL (request-ip reads X-Client-IP first, Spring builds links from
+// X-Forwarded-Prefix, Rails takes X-Forwarded-Ssl as https, IIS and Symfony route on X-Original-URL).
 // The gateway sets none of them, so from a client that is not our proxy they are forgeries:
 // removed (RFC 7239 §8.1: Forwarded from an untrusted hop must not be believed).
-const CLIENT_FORGEABLE: ReadonlySet<string> = new Set(['forwarded', 'x-real-ip', 'true-client-ip', 'x-original-url', 'x-rewrite-url'])
+const CLIENT_FORGEABLE: ReadonlySet<string> = new Set([
+  'forwarded', 'x-real-ip', 'true-client-ip', 'x-client-ip', 'cf-connecting-ip', 'fastly-client-ip', 'x-cluster-client-ip',
+  'x-forwarded-port', 'x-forwarded-prefix', 'x-forwarded-server', 'x-forwarded-scheme', 'x-forwarded-ssl', 'front-end-https',
+  'x-original-url', 'x-rewrite-url'
+])
 
 /**
  * The flat [name, value, ...] list sent upstream. `Host` passes through unchanged, the client's
@@ -94,14 +100,23 @@ export function upstreamRequestHeaders (req: IncomingMessage, plan: CompiledHead
     else if (value !== undefined) for (const item of value) out.push(name, item)
   }
   if (plan.forwardedFor) {
-    const previous = incoming[FORWARDED_FOR]
+    const previous = untrusted ? undefined : incoming[FORWARDED_FOR]
     // Each hop appends the address it got the request from (RFC 7239 §5.2 does the same for
-    // Forwarded). Without a chain that is the client; with one it is the peer, which differs from
-    // ctx.clientIp when the peer is a trusted proxy: appending the client again would lose the proxy.
+    // Forwarded), to a chain our own proxies built: with one, that is the peer, which differs from
+    // ctx.clientIp (appending the client again would lose the proxy). A chain from anyone else is
+    // made up (an upstream reading its left-most entry would believe it): the client starts it.
     out.push(FORWARDED_FOR, previous === undefined ? ctx.clientIp : `${previous}, ${peerAddress(req, ctx.clientIp)}`)
   }
-  if (plan.forwardedProto) out.push(FORWARDED_PROTO, ctx.proto)
-  if (plan.forwardedHost && host !== undefined) out.push(FORWARDED_HOST, host)
+  if (plan.forwardedProto) {
+    // A TLS-terminating balancer among trustedProxies knows the client's scheme; the gateway does not.
+    const given = untrusted ? undefined : incoming[FORWARDED_PROTO]
+    out.push(FORWARDED_PROTO, given === 'https' || given === 'http' ? given : ctx.proto)
+  }
+  if (plan.forwardedHost) {
+    const given = untrusted ? undefined : incoming[FORWARDED_HOST]
+    const forwardedHost = typeof given === 'string' && given !== '' ? given : host
+    if (forwardedHost !== undefined) out.push(FORWARDED_HOST, forwardedHost)
+  }
   if (plan.requestId) out.push(REQUEST_ID, ctx.requestId)
   for (let i = 0; i < plan.requestSet.length; i++) out.push(plan.requestSet[i] as string)
   return out
