@@ -64,13 +64,15 @@ routes:
   const two = await rawRequest(gw.port, 'GET /two HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n')
   t.equal(two.status, 400, 'two Host lines')
   t.match(two.json, { error: 'GW_ERR_BAD_REQUEST', reason: 'more than one Host header', requestId: String })
-  for (const host of ['a@b', 'x/y', 'host:abc', 'a b', 'a\\b', 'evil.com#x']) {
+  for (const host of ['a@b', 'x/y', 'host:abc', 'a b', 'a\\b', 'evil.com#x', ':80', ':', 'a:99999', 'a:65536']) {
     const reply = await rawRequest(gw.port, `GET /bad HTTP/1.1\r\nHost: ${host}\r\n`)
     t.equal(reply.status, 400, `Host: ${host}`)
     t.equal(reply.json?.reason, 'invalid Host header')
   }
-  for (const host of ['api.example.com', 'api.example.com:8080', '127.0.0.1:80', '[::1]:8080', 'a_b.local.']) {
+  for (const host of ['api.example.com', 'api.example.com:8080', '127.0.0.1:80', '[::1]:8080', 'a_b.local.', 'a:65535', 'a:']) {
     t.equal((await rawRequest(gw.port, `GET /good HTTP/1.1\r\nHost: ${host}\r\n`)).status, 200, `Host: ${host} passes`)
   }
+  // RFC 9112 §3.2: an empty Host is what a client sends for a target without an authority
+  t.equal((await rawRequest(gw.port, 'GET /good HTTP/1.1\r\nHost: \r\n')).status, 200, 'an empty Host passes')
   t.equal(upstream.log.filter(u => u !== '/good').length, 0, 'no refused request reached the upstream')
 })

@@ -9,10 +9,11 @@ export interface HeadProblem {
   readonly reason: string
 }
 
-// RFC 9110 §7.2 / RFC 3986 §3.2.2: reg-name or IP-literal, then an optional port. Stricter than
-// reg-name (no sub-delims, no "%"): "a@b", "x/y" or "host:abc" would be read as another
-// authority by an upstream that rebuilds a URL from Host.
-const HOST_RE = /^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~-]+)?(?::[0-9]{0,5})?$/
+// RFC 9110 §7.2 / RFC 3986 §3.2.2: reg-name or IP-literal, then an optional port, or nothing at
+// all (RFC 9112 §3.2: an empty Host when the target has no authority). Stricter than reg-name (no
+// sub-delims, no "%"): "a@b", "x/y" or "host:abc" would be read as another authority by an
+// upstream that rebuilds a URL from Host; ":80" has no host, and a port is at most 65535.
+const HOST_RE = /^(?:(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~-]+)(?::([0-9]{0,5}))?)?$/
 
 const TOO_MANY: HeadProblem = Object.freeze({ code: 'GW_ERR_HEADERS_TOO_LARGE', reason: 'too many header fields (server.maxHeadersCount)' })
 const TWO_HOSTS: HeadProblem = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', reason: 'more than one Host header' })
@@ -39,6 +40,9 @@ export function checkRequestHead (req: IncomingMessage, maxHeadersCount: number)
   const te = req.headers['transfer-encoding']
   if (te !== undefined && !isChunkedOnly(te)) return UNKNOWN_CODING
   const host = req.headers.host
-  if (host !== undefined && !HOST_RE.test(host)) return BAD_HOST
+  if (host !== undefined && host !== '') {
+    const m = HOST_RE.exec(host)
+    if (m === null || (m[1] !== undefined && m[1] !== '' && Number(m[1]) > 65535)) return BAD_HOST
+  }
   return null
 }
