@@ -3,8 +3,11 @@
 -- KEYS[i]  the lease ZSET of lease i (under Redis Cluster, all of one hash slot).
 -- ARGV[1]  the lease TTL in ms.
 -- ARGV[1 + i]  the lease id in KEYS[i].
--- Returns: the number of leases renewed. A lease that expired already (its holder stalled for a
--- whole TTL) is not re-added: its slot may have been handed to another request meanwhile.
+-- Returns: the number of leases renewed. A lease Redis no longer has (restarted empty, failed over
+-- with data loss, or its holder stalled for a whole TTL) is added again: its request still runs,
+-- so it counts against the cap; left out, an open WebSocket would not count until it closed, and
+-- the cap would admit that many more. The count may then stand above the cap for a while: new
+-- requests are refused until it is back under, never admitted past it.
 if #ARGV ~= #KEYS + 1 then
   return redis.error_reply('ERR lease-renew.lua: expected ' .. (#KEYS + 1) .. ' arguments, got ' .. #ARGV)
 end
@@ -14,13 +17,9 @@ local ttl = tonumber(ARGV[1])
 local expiry = string.format('%d', now_ms + ttl)
 local renewed = 0
 for i = 1, #KEYS do
-  -- only leases still held: an expired one is left for ZREMRANGEBYSCORE to drop
-  local score = redis.call('ZSCORE', KEYS[i], ARGV[1 + i])
-  if score and tonumber(score) > now_ms then
-    redis.call('ZADD', KEYS[i], 'XX', expiry, ARGV[1 + i])
-    -- never shortened: another instance's leases may run under a longer leaseTtl
-    if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], string.format('%d', ttl)) end
-    renewed = renewed + 1
-  end
+  redis.call('ZADD', KEYS[i], expiry, ARGV[1 + i])
+  -- never shortened: another instance's leases may run under a longer leaseTtl
+  if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], string.format('%d', ttl)) end
+  renewed = renewed + 1
 end
 return renewed

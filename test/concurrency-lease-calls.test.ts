@@ -69,3 +69,27 @@ t.test('instances with different leaseTtl: a short lease taken, renewed and rele
   const d = await store.decideDetailed([{ key, spec: lease(30_000), cost: 1 }], 'D')
   t.same([c.decision.allowed, d.decision.allowed], [true, false], 'cap 2 with A in flight: one more, not two')
 })
+
+t.test('a held lease Redis lost (restarted empty) is added again by its next renewal: the cap counts it while its request runs', async t => {
+  const redis = await startRedis(t)
+  const client = createRedisClient({ url: redis.url })
+  t.teardown(() => client.disconnect())
+  await whenReady(client)
+  const reader = redis.client()
+  const store = createRedisStore({ client, maxBatch: 1 })
+  const guard = new RedisGuard({ store, fallbackMaxKeys: 100, timeoutMs: 1000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
+  t.teardown(() => guard.close())
+  const spec: LimitSpec = Object.freeze({ id: 'w.concurrency.user', algorithm: 'lease', limit: 1, windowMs: 1500, burst: 1, maxDelayMs: 0 })
+  const key = 'gw:lease:w.user:carol'
+  const keeper = new LeaseKeeper({ redis: { client, guard }, ttlMs: 1500 })
+  t.teardown(() => keeper.close(100))
+  const taken = await store.decideDetailed([{ key, spec, cost: 1 }], 'ws')
+  t.ok(taken.decision.allowed, 'carol opens her one WebSocket')
+  keeper.hold({ keys: [key], member: taken.callId, level: 'redis', units: 1, released: false, heldAt: -1 })
+  await reader.flushall() // what a Redis restarted without persistence holds
+  t.equal(await reader.zcard(key), 0)
+  await sleep(800) // renewals every 500 ms
+  t.equal(await reader.zcard(key), 1, 'the renewal put the lease back')
+  const second = await store.decideDetailed([{ key, spec, cost: 1 }], 'ws2')
+  t.notOk(second.decision.allowed, 'a second WebSocket is refused by the cap of 1')
+})
