@@ -66,7 +66,7 @@ export class ResourceCache {
    * `offline`: for `gateway validate` and `gateway explain`, which compile a runtime without
    * serving: no Redis connection, no span exporter (the shared level runs in process).
    */
-  constructor (private readonly logger: Logger, private readonly offline = false) {}
+  constructor (private readonly logger: Logger, readonly offline = false) {}
 
   /** The gateway-wide body budget; its size is `server.bufferBodiesTotal` from `commit` on. */
   bodyBudget (): BodyBudget {

@@ -340,7 +340,7 @@ export async function compileRuntime (
   const resolveClientIp = problems.try(['trustedProxies'], () => compileClientIpResolver({ trustedProxies: config.trustedProxies, ipv6Prefix: config.ipv6Prefix }))
   const consumers = consumerDirectory(config)
   const identityMode = config.identity === undefined ? [] : ['header' in config.identity ? 'header' : 'apiKeys' in config.identity ? 'apiKeys' : 'jwt']
-  const identity = await problems.tryAsync(['identity', ...identityMode], async () => await compileIdentity(identityOptions(config), consumers, { headerFromTrustedPeersOnly: config.trustedProxies.length > 0 }), 'identity: ')
+  const identity = await problems.tryAsync(['identity', ...identityMode], async () => await compileIdentity(identityOptions(config), consumers, { headerFromTrustedPeersOnly: config.trustedProxies.length > 0, warmJwks: !resources.offline }), 'identity: ')
   const tls = await readTls(problems, config)
 
   const server = serverSettings(config)

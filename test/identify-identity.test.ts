@@ -1,4 +1,6 @@
 import t from 'tap'
+import { checkRuntime } from '../src/runtime.js'
+import { parseConfigText } from '../src/config/load.js'
 import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import type { IncomingHttpHeaders } from 'node:http'
@@ -212,4 +214,28 @@ t.test('JWKS from a real HTTP server', async (t) => {
   await new Promise<void>(resolve => gone.close(() => resolve()))
   const refused = await compileIdentity({ jwt: { jwksUrl: `http://127.0.0.1:${gonePort}/jwks.json` } })
   t.same(await resolve(refused, bearer(token)), { ok: false, reason: 'key set unavailable' }, 'connection refused')
+})
+
+t.test('gateway validate (checkRuntime) opens no connection to a JWKS URL; the gateway fetches it at start', async (t) => {
+  let fetches = 0
+  const server = createServer((_req, res) => {
+    fetches++
+    res.setHeader('content-type', 'application/json')
+    res.end('{"keys":[]}')
+  })
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => new Promise<void>(resolve => server.close(() => resolve())))
+  const { port } = server.address() as AddressInfo
+  const text = `identity: { jwt: { jwksUrl: "http://127.0.0.1:${port}/jwks.json" } }
+upstreams:
+  b: { targets: [http://127.0.0.1:1] }
+routes:
+  - { name: a, pathPrefix: /, upstream: b }
+`
+  await checkRuntime(parseConfigText(text, 'gw.yaml'))
+  await new Promise(resolve => setTimeout(resolve, 300))
+  t.equal(fetches, 0, 'validate fetched nothing')
+  await compileIdentity({ jwt: { jwksUrl: `http://127.0.0.1:${port}/jwks.json` } })
+  for (let i = 0; i < 40 && fetches === 0; i++) await new Promise(resolve => setTimeout(resolve, 25))
+  t.equal(fetches, 1, 'a serving gateway warms its key set')
 })

@@ -97,6 +97,8 @@ export interface IdentityOptions {
   readonly cacheClock?: { now: () => number }
   /** `trustedProxies` is set: a `header` identity is believed from those peers only. */
   readonly headerFromTrustedPeersOnly?: boolean
+  /** Fetch a JWKS at once (default); false for `gateway validate`, which opens no connection. */
+  readonly warmJwks?: boolean
 }
 
 export async function compileIdentity (config: IdentityConfig | undefined, consumers: ConsumerDirectory = NO_CONSUMERS, options: IdentityOptions = {}): Promise<IdentityResolver> {
@@ -175,7 +177,7 @@ type JwtConfig = Extract<IdentityConfig, { jwt: unknown }>['jwt']
 async function compileJwt (jwt: JwtConfig, absent: Absent, consumers: ConsumerDirectory, testing: IdentityOptions): Promise<IdentityResolver> {
   const sources = [jwt.secret, jwt.publicKey, jwt.jwksUrl].filter(s => s !== undefined).length
   if (sources !== 1) throw invalid('jwt needs exactly one of "secret", "publicKey" or "jwksUrl"')
-  const { key, algorithms } = await compileJwtKey(jwt)
+  const { key, algorithms } = await compileJwtKey(jwt, testing.warmJwks !== false)
   const remote = jwt.jwksUrl !== undefined
   const claim = jwt.claim ?? DEFAULT_JWT_CLAIM
   const options: JWTVerifyOptions = { algorithms }
@@ -246,7 +248,7 @@ function bearerToken (value: string, bareTokenAllowed: boolean): string | null {
   return v
 }
 
-async function compileJwtKey (jwt: JwtConfig): Promise<{ key: Uint8Array | JWTVerifyGetKey; algorithms: string[] }> {
+async function compileJwtKey (jwt: JwtConfig, warmJwks: boolean): Promise<{ key: Uint8Array | JWTVerifyGetKey; algorithms: string[] }> {
   const listed = jwt.algorithms
   if (listed !== undefined && listed.length === 0) throw invalid('jwt.algorithms is empty')
 
@@ -300,7 +302,7 @@ async function compileJwtKey (jwt: JwtConfig): Promise<{ key: Uint8Array | JWTVe
   // fetch: an identity provider outage costs a request at most timeoutDuration.
   const jwks = createRemoteJWKSet(url, { timeoutDuration: 3000, cooldownDuration: 30_000, cacheMaxAge: 600_000 })
   // Warm the cache so the first request does not wait; a failure here is retried on use.
-  jwks.reload().catch(() => {})
+  if (warmJwks) jwks.reload().catch(() => {})
   return { key: jwks, algorithms }
 }
 
