@@ -98,3 +98,16 @@ t.test('a key the YAML reads as null or a number is refused, located, without pr
   t.equal(await status('123456'), 200)
   t.equal(await status('null'), 401)
 })
+
+t.test('a key both inline and in the file for another consumer is a config error; for the same one it is accepted', async t => {
+  const up = await startUpstream(t)
+  const dir = tempDir(t, 'gw-keys')
+  const file = join(dir, 'keys.yaml')
+  writeFileSync(file, 'k-other: bob\nk-inline: bob\n')
+  const err = await startGateway(t, config(up.url, file)).then(() => null, (e: unknown) => e)
+  t.ok(err instanceof ConfigError)
+  t.match((err as ConfigError).message, 'an API key is given twice: in identity.apiKeys.keys for consumer "alice" and in the key file (entry [1]) for "bob"')
+  writeFileSync(file, 'k-inline: alice\n')
+  const gw = await startGateway(t, config(up.url, file))
+  t.equal((await send(`${gw.url}/x`, { headers: { 'x-api-key': 'k-inline' } })).status, 200)
+})

@@ -152,9 +152,15 @@ function compileApiKeys (
   // A Map, not the config object: a key named "constructor" or "__proto__" must not find
   // Object.prototype. Results (user and plan) are built once so a lookup allocates nothing.
   const users = new Map<string, IdentityResult>()
-  for (const [key, user] of [...Object.entries(apiKeys.keys ?? {}), ...fromFile]) {
+  const inline = Object.entries(apiKeys.keys ?? {})
+  for (const [i, [key, user]] of [...inline, ...fromFile].entries()) {
     if (key.trim() !== key || key.length === 0) throw invalid('API keys must be non-empty without surrounding spaces')
     if (user.length === 0 || user.length > MAX_USER_LENGTH) throw invalid(`API key user names must have 1 to ${MAX_USER_LENGTH} characters`)
+    const before = users.get(key)
+    // the file's line would silently take the key from the inline consumer (the key is never shown)
+    if (before !== undefined && before.ok && before.user !== user) {
+      throw invalid(`an API key is given twice: in identity.apiKeys.keys for consumer "${before.user ?? ''}" and in the key file (entry [${i - inline.length}]) for "${user}"`)
+    }
     users.set(key, Object.freeze(identified(user, planOf(consumers, user))))
   }
   const unknown = failure('unknown API key')
