@@ -283,11 +283,20 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
     }
     const workers = loaded.config.workers
     if (workers > 1) {
+      // every check a worker makes, before any is forked: a file each worker would refuse is one
+      // located error and exit 1, as in a single process, not N workers failing in a loop
+      try {
+        await checkRuntime(loaded)
+      } catch (err) {
+        return reportConfigError(err, configFile)
+      }
       if (pidFile !== undefined) writeFileSync(pidFile, `${process.pid}\n`)
       const logger = createLogger(logLevel ?? loaded.config.log.level)
-      const code = await runPrimary({ configFile, loaded, workers, workerArgs: process.argv.slice(2), logger })
-      if (pidFile !== undefined) rmSync(pidFile, { force: true })
-      return code
+      try {
+        return await runPrimary({ configFile, loaded, workers, workerArgs: process.argv.slice(2), logger })
+      } finally {
+        if (pidFile !== undefined) rmSync(pidFile, { force: true })
+      }
     }
   }
   // Installed before the start, which can take seconds (a slow Redis): Node's default for SIGHUP
@@ -302,6 +311,9 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
   try {
     gw = await Gateway.start({ configFile, ...(logLevel !== undefined ? { logLevel } : {}), adminListener: !isWorker() })
   } catch (err) {
+    // a worker's IPC channel would keep it alive, not ready, for good: it exits, and the primary
+    // starts another (the file on disk may have been fixed meanwhile)
+    if (isWorker()) process.disconnect?.()
     return reportConfigError(err, configFile)
   }
   if (reloadWhenStarted) void gw.reload()
@@ -313,7 +325,16 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
   }
   if (pidFile !== undefined) writeFileSync(pidFile, `${process.pid}\n`)
   return new Promise<number>(resolve => {
+    let stopping = false
+    // `on`, not `once`: a second signal (the primary relays SIGTERM to a worker that systemd or a
+    // Ctrl-C already signalled with its whole process group) must not end the drain with Node's
+    // default action.
     const stop = (signal: string): void => {
+      if (stopping) {
+        started.logger.info({ signal }, 'already shutting down')
+        return
+      }
+      stopping = true
       started.logger.info({ signal }, 'shutting down')
       started.close().then(() => {
         if (pidFile !== undefined) rmSync(pidFile, { force: true })
@@ -322,7 +343,7 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
         resolve(0)
       }, () => resolve(1))
     }
-    process.once('SIGTERM', () => stop('SIGTERM'))
-    process.once('SIGINT', () => stop('SIGINT'))
+    process.on('SIGTERM', () => stop('SIGTERM'))
+    process.on('SIGINT', () => stop('SIGINT'))
   })
 }

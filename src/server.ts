@@ -442,8 +442,19 @@ export class Gateway {
   }
 
   /** Stops accepting, lets in-flight requests finish (up to server.shutdownTimeout), then closes everything. */
-  async close (): Promise<void> {
-    if (this.shuttingDown) return
+  /**
+   * Drains and stops. A second call (SIGINT then SIGTERM, or a signal sent to the whole process
+   * group as well as relayed by the workers primary) waits for the same drain instead of
+   * returning at once, so a caller never exits in the middle of it.
+   */
+  close (): Promise<void> {
+    this.closing ??= this.drainAndStop()
+    return this.closing
+  }
+
+  private closing: Promise<void> | null = null
+
+  private async drainAndStop (): Promise<void> {
     this.shuttingDown = true
     // An upgrade on a connection opened before the drain is refused, as the README promises.
     this.state?.ws.drain()

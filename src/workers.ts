@@ -137,7 +137,6 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     })
   })
   const ready = new Set<number>()
-  const aggregator = new AggregatorRegistry()
   // The admin page in workers mode: every worker's frame summed, health as the newest worker saw it.
   let workerHealth: Record<string, unknown> = {}
   let routesView: LiveMessage['routes'] | null = null
@@ -176,7 +175,6 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     logger.error({ worker: w.process.pid, code, signal }, 'worker exited; starting a new one')
     setTimeout(() => { if (!shuttingDown) fork() }, Math.min(5000, 100 * 2 ** Math.min(restarts, 6))).unref()
   })
-  for (let i = 0; i < workers; i++) fork()
 
   const admin = createServer(answeringSafely((req, res) => {
     const path = (req.url ?? '/').split('?')[0]
@@ -185,10 +183,16 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     if (path === '/readyz') return json(res, ready.size === workers && !shuttingDown ? 200 : 503, { status: ready.size === workers ? 'ready' : 'not_ready', workers, ready: ready.size })
     if (path === '/config') return json(res, 200, { generation, hash: loaded.hash, file: loaded.file, workers, lastReload, config: redactConfig(loaded.config) })
     if (path === '/metrics') {
-      aggregator.clusterMetrics().then(text => {
-        res.writeHead(200, { 'content-type': aggregator.contentType })
-        res.end(text)
-      }, (err: unknown) => json(res, ERRORS.GW_ERR_METRICS_FAILED.status, errorBody('GW_ERR_METRICS_FAILED', String(err))))
+      const asked = readyWorkers()
+      adminIpc.ask(asked, 'metrics', '', '-').then(async (answers) => {
+        // the workers that answered, summed; one starting, hung or exiting is left out and
+        // counted, rather than failing the whole scrape (prom-client's clusterMetrics waited 5 s
+        // for every worker, answered 500, and kept the answers it had for good)
+        const got = answers.flatMap(a => a.answer?.status === 200 ? [a.answer.body.metrics as Parameters<typeof AggregatorRegistry.aggregate>[0][number]] : [])
+        const text = await AggregatorRegistry.aggregate(got).metrics()
+        res.writeHead(200, { 'content-type': AggregatorRegistry.PROMETHEUS_CONTENT_TYPE })
+        res.end(text + workersGauge(workers, got.length))
+      }).catch((err: unknown) => json(res, ERRORS.GW_ERR_METRICS_FAILED.status, errorBody('GW_ERR_METRICS_FAILED', String(err))))
       return
     }
     if (path === '/routes') {
@@ -205,6 +209,9 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     admin.listen(port, host, () => resolve())
   })
   const adminPort = (admin.address() as { port: number }).port
+  // Forked once the admin listener is bound: a taken admin port fails the start (exit 1) before
+  // any worker serves, instead of leaving workers that no signal handler would drain.
+  for (let i = 0; i < workers; i++) fork()
   if (!isLoopback(host) && adminToken(loaded.config) === null) {
     // as in a single process (src/server.ts): /config and /metrics are open to whoever reaches it
     logger.warn({ admin: adminAddress }, 'the admin listener binds a non-loopback address and has no access token: anyone who can reach it reads /config and /metrics')
@@ -224,16 +231,31 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       if (alive.length === 0) return done()
       for (const w of alive) w.process.kill('SIGTERM')
     }
-    process.once('SIGTERM', () => stop('SIGTERM'))
-    process.once('SIGINT', () => stop('SIGINT'))
+    // `on`: a second signal (systemd signals the whole control group) must not end the primary
+    // with Node's default action while its workers drain
+    process.on('SIGTERM', () => stop('SIGTERM'))
+    process.on('SIGINT', () => stop('SIGINT'))
   })
 }
 
-/** In a worker: expose this process's registry to the primary's aggregator. */
+/** In a worker: the registry the primary's /metrics asks for (answerAdminRequests, op metrics). */
+let workerRegistry: import('prom-client').Registry | null = null
+
 export function registerWorkerMetrics (registry: import('prom-client').Registry): void {
-  // constructing one installs prom-client's worker-side IPC listener (lib/cluster.js addListeners)
-  new AggregatorRegistry()
-  AggregatorRegistry.setRegistries([registry])
+  workerRegistry = registry
+}
+
+/** The primary's own lines: how many workers the scrape summed, of how many. */
+function workersGauge (workers: number, answered: number): string {
+  return '# HELP gateway_workers Worker processes configured (workers: N)\n# TYPE gateway_workers gauge\n' +
+    `gateway_workers ${workers}\n` +
+    '# HELP gateway_workers_scraped Workers whose metrics this scrape sums (one starting or not answering within 3 s is left out)\n# TYPE gateway_workers_scraped gauge\n' +
+    `gateway_workers_scraped ${answered}\n`
+}
+
+async function metricsAnswer (): Promise<AdminAnswer> {
+  if (workerRegistry === null) return adminError('GW_ERR_NOT_READY', 'this worker has not started')
+  return { status: 200, body: { metrics: await workerRegistry.getMetricsAsJSON() } }
 }
 
 export const isWorker = (): boolean => cluster.isWorker
@@ -269,7 +291,7 @@ export function answerAdminRequests (ops: LimitsOps): () => void {
   if (process.send === undefined) return () => {}
   const onMessage = (msg: unknown): void => {
     if (!isAdminRequest(msg)) return
-    const pending = msg.op === 'lookup' ? ops.lookup(msg.arg) : msg.op === 'reset' ? ops.reset(msg.arg, msg.by) : ops.consumer(msg.arg)
+    const pending = msg.op === 'lookup' ? ops.lookup(msg.arg) : msg.op === 'reset' ? ops.reset(msg.arg, msg.by) : msg.op === 'metrics' ? metricsAnswer() : ops.consumer(msg.arg)
     pending.catch((err: unknown): AdminAnswer => adminError('GW_ERR_LIMITER_UNAVAILABLE', `the limit store did not answer: ${(err as Error).message}`)).then((answer) => {
       const reply: AdminReply = { type: 'gateway:admin-reply', id: msg.id, answer }
       // the channel may be closing (shutdown): the primary's wait is bounded anyway

@@ -8,7 +8,7 @@
 // level, the deny cache and the Redis fallback are per process whatever the store.
 import { adminError, type AdminAnswer, type LimitsOps } from './limits-api.js'
 
-export type AdminOp = 'lookup' | 'reset' | 'consumer'
+export type AdminOp = 'lookup' | 'reset' | 'consumer' | 'metrics'
 
 /** One worker's answer; `answer` null when it did not answer in time (or exited meanwhile). */
 export interface WorkerAnswer {

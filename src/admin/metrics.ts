@@ -216,6 +216,8 @@ export class GatewayMetrics implements Telemetry {
       help: '1 while a target takes traffic, 0 while it is ejected',
       labelNames: ['upstream', 'target'],
       registers,
+      // workers: N sums each metric over the workers; a state is not a count: 0 once any ejects it
+      aggregator: 'min',
       collect () {
         this.reset()
         if (targets !== undefined) for (const t of targets()) this.labels(t.upstream, t.target).set(t.healthy ? 1 : 0)
@@ -240,8 +242,8 @@ export class GatewayMetrics implements Telemetry {
       () => histogramSamples('gateway_redis_duration_seconds', REDIS_BUCKETS, [this.redisDuration])).register(registry)
     new CellMetric('gateway_redis_errors_total', 'Failed limiter calls to Redis by kind', 'counter',
       () => counterSamples([...this.redisErrorCells.values()])).register(registry)
-    this.breaker = new Gauge({ name: 'gateway_redis_breaker_state', help: 'Redis circuit breaker: 0 closed, 1 open, 2 half-open', registers })
-    this.generation = new Gauge({ name: 'gateway_config_generation', help: 'Generation of the running configuration', registers })
+    this.breaker = new Gauge({ name: 'gateway_redis_breaker_state', help: 'Redis circuit breaker: 0 closed, 1 open, 2 half-open', registers, aggregator: 'max' })
+    this.generation = new Gauge({ name: 'gateway_config_generation', help: 'Generation of the running configuration', registers, aggregator: 'max' })
     new Gauge({
       name: 'gateway_ratelimit_local_keys',
       help: 'Client keys held by the local level',
