@@ -21,6 +21,25 @@ const ANSWERS: Record<string, string> = {
   '/continue': 'HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal'
 }
 
+// Answers written in pieces, 50 ms apart (CLOSE ends the connection): a response head split by the
+// network, and what a server of another protocol answers (memcached's "ERROR").
+const CLOSE = Symbol('close')
+const PIECES: Record<string, ReadonlyArray<string | typeof CLOSE>> = {
+  '/split': ['HTTP/1.1 ', '200 OK\r\nContent-Length: 2\r\n\r\nok'],
+  '/split-short': ['HTTP', '/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok'],
+  '/split-continue': ['HTTP/1.1 100 Continue\r\n', '\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal'],
+  '/not-http': ['ERROR\r\n', CLOSE],
+  '/cut-head': ['HTTP/1.1 ', CLOSE]
+}
+
+async function writePieces (socket: net.Socket, pieces: ReadonlyArray<string | typeof CLOSE>): Promise<void> {
+  for (const piece of pieces) {
+    if (piece === CLOSE) socket.end()
+    else socket.write(piece)
+    await new Promise(resolve => setTimeout(resolve, 50))
+  }
+}
+
 async function rawUpstream (t: Teardown): Promise<string> {
   const server = net.createServer(socket => {
     socket.on('error', () => {})
@@ -31,7 +50,9 @@ async function rawUpstream (t: Teardown): Promise<string> {
       if (end === -1) return
       const path = buf.split(' ')[1] ?? ''
       buf = buf.slice(end + 4)
-      socket.write(ANSWERS[path] ?? 'HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n')
+      const pieces = PIECES[path]
+      if (pieces !== undefined) void writePieces(socket, pieces)
+      else socket.write(ANSWERS[path] ?? 'HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n')
     })
   })
   server.listen(0, '127.0.0.1')
@@ -71,6 +92,23 @@ t.test('an upstream 100 Continue (even twice) then the final response: the final
   t.equal(post.body, 'final')
   t.equal((await rawRequest(gw.port, 'GET /ok HTTP/1.1\r\nHost: a\r\n')).body, 'ok', 'the pooled connection still reads the next response right')
   t.equal(gw.lines.filter(l => l.msg === 'request' && l.error !== undefined).length, 0, 'no error logged')
+})
+
+t.test('a response head split by the network, or an answer that is not HTTP, never stalls the gateway', async t => {
+  const gw = await startGateway(t, config(await rawUpstream(t)))
+  const get = async (path: string): Promise<string> => {
+    const reply = await rawRequest(gw.port, `GET ${path} HTTP/1.1\r\nHost: a\r\n`)
+    return `${reply.status} ${reply.status === 200 ? reply.body : String(reply.json?.error)}`
+  }
+  // each used to put the bytes back on the socket and read them again for ever: the event loop
+  // starved, every route and the admin listener stopped answering, SIGTERM with them
+  t.equal(await get('/split'), '200 ok', 'a head split after "HTTP/1.1 "')
+  t.equal(await get('/split-short'), '200 ok', 'a head split after "HTTP"')
+  t.equal(await get('/split-continue'), '200 final', 'a 100 Continue whose blank line comes later')
+  t.equal(await get('/not-http'), '502 GW_ERR_UPSTREAM_BAD_RESPONSE', 'not HTTP: 502 at once')
+  t.match(await get('/cut-head'), /^502 /, 'a head cut short by the upstream closing: 502')
+  t.equal(await get('/ok'), '200 ok', 'the gateway still answers')
+  t.equal((await fetch(`${gw.adminUrl}/healthz`)).status, 200, 'so does its admin listener')
 })
 
 t.test('an invalid upstream status (600) or an unknown transfer coding gets 502, counted as an upstream error', async t => {

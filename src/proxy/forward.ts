@@ -448,7 +448,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     }
     const kind = classifyUpstreamError(err)
     const target = this.target
-    if ((kind === 'response_timeout' || kind === 'reset') && target !== null) this.plan.pool.failed(target)
+    // a target answering what is not HTTP (pointed at another service) counts toward its ejection too
+    if ((kind === 'response_timeout' || kind === 'reset' || kind === 'bad_response') && target !== null) this.plan.pool.failed(target)
     if ((kind === 'refused' || kind === 'dns' || kind === 'connect_timeout') && target !== null) {
       this.plan.pool.eject(target)
       // Nothing reached the upstream: one more target is safe to try for an idempotent method, and

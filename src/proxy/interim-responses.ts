@@ -13,17 +13,34 @@ const REQUEST_LINE = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+ [^ ]+ HTTP\/1\.1\r\n/
 const PREFIX_LENGTH = 13
 const HTTP_1_DOT = Buffer.from('HTTP/1.')
 
-// Compared byte by byte: it runs on every response, where a decoded string and a regex match
-// would allocate twice.
-function isContinue (buf: Buffer): boolean {
-  for (let i = 0; i < HTTP_1_DOT.length; i++) if (buf[i] !== HTTP_1_DOT[i]) return false
-  return (buf[7] === 0x30 || buf[7] === 0x31) && buf[8] === 0x20 && buf[9] === 0x31 && buf[10] === 0x30 && buf[11] === 0x30 &&
-    (buf[12] === 0x20 || buf[12] === 0x0d)
+/**
+ * Whether `buf` starts a `100 Continue` head: 'yes', 'no', or 'maybe' while every byte so far
+ * matches and there are fewer than PREFIX_LENGTH. Compared byte by byte: it runs on every
+ * response, where a decoded string and a regex match would allocate twice.
+ */
+function continueHead (buf: Buffer): 'yes' | 'no' | 'maybe' {
+  const n = Math.min(buf.length, PREFIX_LENGTH)
+  for (let i = 0; i < n; i++) {
+    const b = buf[i] as number
+    const ok = i < 7 ? b === HTTP_1_DOT[i]
+      : i === 7 ? b === 0x30 || b === 0x31
+        : i === 8 ? b === 0x20
+          : i === 9 ? b === 0x31
+            : i === 10 || i === 11 ? b === 0x30
+              : b === 0x20 || b === 0x0d
+    if (!ok) return 'no'
+  }
+  return n < PREFIX_LENGTH ? 'maybe' : 'yes'
 }
 
 /** Makes `socket.read()` skip `100 Continue` heads at the start of each response. */
 export function dropContinueResponses (socket: Socket): void {
   let atResponseStart = false
+  // Bytes read at a response's start that cannot be told from a 100 yet. Held here, not put back
+  // with unshift(): unshift emits 'readable' at once, undici reads the same bytes again, and a
+  // short first read ("HTTP/1.1 " then the rest 50 ms later, or "ERROR\r\n" from a server of
+  // another protocol) spun the event loop for good.
+  let held: Buffer | null = null
   // Named parameters, not a rest array and apply: this runs on every write to every upstream.
   const write = socket.write as (this: Socket, data: unknown, encoding?: unknown, callback?: unknown) => boolean
   socket.write = function (this: Socket, data: unknown, encoding?: unknown, callback?: unknown): boolean {
@@ -36,23 +53,28 @@ export function dropContinueResponses (socket: Socket): void {
   socket.read = function (this: Socket, size?: number): unknown {
     let chunk = read.call(this, size) as Buffer | string | null
     if (!atResponseStart || chunk === null || typeof chunk === 'string') return chunk
+    if (held !== null) {
+      chunk = Buffer.concat([held, chunk])
+      held = null
+    }
     for (;;) {
-      if (chunk.length < PREFIX_LENGTH) {
-        // Too short to decide: put it back until more arrives ('readable' fires again).
-        this.unshift(chunk)
-        return null
-      }
-      if (!isContinue(chunk)) {
+      const head = continueHead(chunk)
+      if (head === 'no') {
         atResponseStart = false
         return chunk
       }
-      const end = chunk.indexOf(HEAD_END)
+      // a 100 head, whole or not yet: wait for the next 'readable' with what was read
+      const end = head === 'yes' ? chunk.indexOf(HEAD_END) : -1
       if (end === -1) {
-        this.unshift(chunk)
+        held = chunk
         return null
       }
       chunk = chunk.subarray(end + HEAD_END.length)
-      if (chunk.length === 0) return read.call(this, size) ?? null
+      if (chunk.length === 0) {
+        const next = read.call(this, size) as Buffer | null
+        if (next === null) return null
+        chunk = next
+      }
     }
   } as Socket['read']
 }

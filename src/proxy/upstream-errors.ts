@@ -68,8 +68,13 @@ export function classifyUpstreamError (err: unknown): ForwardErrorKind {
     case 'ERR_INVALID_CHAR':
     case 'ERR_INVALID_HTTP_TOKEN':
       return 'bad_request'
-    default:
-      return 'reset'
+    default: {
+      // undici's HTTPParserError (its name; its code, llhttp's HPE_*, is often unset): the upstream
+      // answered something that is not HTTP/1.1, not a connection that broke
+      const code = errorCode(err)
+      const parser = (code !== undefined && code.startsWith('HPE_')) || (err as { name?: unknown } | null)?.name === 'HTTPParserError'
+      return parser ? 'bad_response' : 'reset'
+    }
   }
 }
 
