@@ -12,7 +12,7 @@ import { utcOffsetMinutes } from '../limit/algorithms/calendar-quota.js'
 import { validateLimitSpec } from '../limit/algorithms/index.js'
 import ipaddr from 'ipaddr.js'
 import { parseDuration } from './units.js'
-import { misreadScalar } from './yaml-scalars.js'
+import { misreadScalar } from '../identify/yaml-scalars.js'
 import { HOP_BY_HOP } from '../proxy/hop-by-hop.js'
 import type { z } from 'zod'
 
@@ -283,7 +283,7 @@ function headerRuleProblem (side: 'request' | 'response', op: 'set' | 'remove', 
 
 /**
  * Keys of `identity.apiKeys.keys` and `consumers` that YAML reads as something other than the text
- * written (src/config/yaml-scalars.ts): located at the key. An API key's message never shows it.
+ * written (src/identify/yaml-scalars.ts): located at the key. An API key's message never shows it.
  */
 function misreadNames (doc: Document, text: string): Array<[KeyPath, number | undefined, string]> {
   const out: Array<[KeyPath, number | undefined, string]> = []

@@ -4,7 +4,7 @@
 import { readFile } from 'node:fs/promises'
 import { LineCounter, parseDocument, isMap, isScalar } from 'yaml'
 import type { ConsumerDirectory } from './identity.js'
-import { misreadScalar } from '../config/yaml-scalars.js'
+import { misreadScalar } from './yaml-scalars.js'
 
 /** A problem at a place in the key file; line 0 = the file itself (missing, unreadable). */
 export interface KeyFileProblem {
