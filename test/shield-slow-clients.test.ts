@@ -164,6 +164,27 @@ routes:
   t.ok(gw.lines.some(l => l.msg === 'request' && l.error === 'send_timeout'), 'logged as send_timeout')
 })
 
+t.test('a client that stops reading while its body still arrives is cut after server.sendTimeout all the same', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { sendTimeout: 1s, bufferBodies: 0 }
+upstreams:
+  backend: { targets: [${upstream.url}], maxConnections: 1 }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  // the upstream answers a large download at once, before the body has ended; the client never reads
+  const client = await rawClient(t, gw.port, 'POST /download?bytes=104857600 HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhello')
+  client.socket.pause()
+  await sleep(400) // the response is held up by now: the send timer runs (and ends after this)
+  client.socket.write('world') // the body ends: this cleared the send timer, and nothing cut the client
+  t.equal(await upstream.nextAbort(5000), '/download?bytes=104857600', 'the upstream download was aborted')
+  t.equal(await getWithin(`${gw.url}/echo`, 5000), 200, 'the single upstream connection serves the next client')
+  t.ok(gw.lines.some(l => l.msg === 'request' && l.error === 'send_timeout'), 'logged as send_timeout')
+})
+
 t.test('an upstream body that stalls longer than timeouts.idle is cut, though timeouts.response is long', async t => {
   const upstream = await startUpstream(t)
   const gw = await startGateway(t, `

@@ -115,6 +115,11 @@ export function mayRetry (sent: boolean, method: string, bodyResendable: boolean
 
 const CLOSE: ReadonlyArray<readonly [string, string]> = Object.freeze([Object.freeze(['connection', 'close'] as const)])
 
+// A module function with the handler as argument: no closure per request for its timers.
+function onIdleTimer (forward: ForwardHandler, kind: 'client_timeout' | 'send_timeout'): void {
+  forward.onIdle(kind)
+}
+
 /**
  * Forwards one request to the plan's upstream, streaming both bodies with backpressure. Never
  * throws; `done` is called exactly once, after the response ended or failed.
@@ -178,9 +183,13 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   heldBytes = 0
   /** The body is a Buffer read whole: it can be sent again to another target. */
   replayable = false
-  /** Fires after clientBodyTimeoutMs without a body chunk, or sendTimeoutMs without a drain. */
-  idleTimer: NodeJS.Timeout | null = null
-  idleKind: 'client_timeout' | 'send_timeout' = 'client_timeout'
+  /**
+   * Fire after clientBodyTimeoutMs without a body chunk, and after sendTimeoutMs without a drain.
+   * Two timers: a client may stop reading the response while its body still arrives, and a body
+   * chunk or its end must not cancel the send timeout (the client then held both connections).
+   */
+  clientTimer: NodeJS.Timeout | null = null
+  sendTimer: NodeJS.Timeout | null = null
   timedOut: 'client_timeout' | 'send_timeout' | null = null
 
   constructor (req: IncomingMessage, res: ServerResponse, plan: ForwardPlan, ctx: ForwardContext, done: (result: ForwardResult) => void) {
@@ -287,12 +296,12 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       req.pipe(body)
       this.opts.body = body
       // The body's idle timer starts again at onConnect: waiting for a connection is not the client's pause.
-      this.clearIdle()
+      this.clearIdle('client_timeout')
       this.proceed()
     }
     const onEnd = (): void => {
       stop()
-      this.clearIdle()
+      this.clearIdle('client_timeout')
       this.opts.body = Buffer.concat(chunks)
       this.replayable = true
       this.proceed()
@@ -306,23 +315,29 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   }
 
   armIdle (kind: 'client_timeout' | 'send_timeout', ms: number): void {
-    if (this.idleTimer !== null && this.idleKind === kind) {
-      this.idleTimer.refresh()
+    const timer = kind === 'client_timeout' ? this.clientTimer : this.sendTimer
+    if (timer !== null) {
+      timer.refresh()
       return
     }
-    this.clearIdle()
-    this.idleKind = kind
-    this.idleTimer = setTimeout(this.onIdle, ms, kind)
+    if (kind === 'client_timeout') this.clientTimer = setTimeout(onIdleTimer, ms, this, kind)
+    else this.sendTimer = setTimeout(onIdleTimer, ms, this, kind)
   }
 
-  clearIdle (): void {
-    if (this.idleTimer === null) return
-    clearTimeout(this.idleTimer)
-    this.idleTimer = null
+  clearIdle (kind: 'client_timeout' | 'send_timeout' | 'both' = 'both'): void {
+    if (kind !== 'send_timeout' && this.clientTimer !== null) {
+      clearTimeout(this.clientTimer)
+      this.clientTimer = null
+    }
+    if (kind !== 'client_timeout' && this.sendTimer !== null) {
+      clearTimeout(this.sendTimer)
+      this.sendTimer = null
+    }
   }
 
-  readonly onIdle = (kind: 'client_timeout' | 'send_timeout'): void => {
-    this.idleTimer = null
+  onIdle (kind: 'client_timeout' | 'send_timeout'): void {
+    if (kind === 'client_timeout') this.clientTimer = null
+    else this.sendTimer = null
     if (this.settled) return
     this.timedOut = kind
     if (kind === 'send_timeout') {
@@ -377,7 +392,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
         }
       }
       this.req.on('data', this.onBodyData)
-      this.req.once('end', () => { if (this.timedOut === null) this.clearIdle() })
+      this.req.once('end', () => { if (this.timedOut === null) this.clearIdle('client_timeout') })
     }
   }
 
@@ -409,7 +424,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     this.armIdle('send_timeout', this.plan.sendTimeoutMs)
     if (this.onDrain === null) {
       this.onDrain = (): void => {
-        this.clearIdle()
+        this.clearIdle('send_timeout')
         this.resumeUpstream?.()
       }
       this.res.on('drain', this.onDrain)
