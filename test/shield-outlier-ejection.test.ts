@@ -77,3 +77,44 @@ routes:
   t.equal((await fetch(`${gw.url}/reset`)).status, 502, 'two resets in a row')
   t.equal((await fetch(`${gw.url}/echo`)).status, 503, 'then the only target is ejected: 503 at once')
 })
+
+t.test('an upstream that refuses large bodies early (413, then close) is not ejected by a client\'s uploads', async t => {
+  const { createServer } = await import('node:http')
+  const server = createServer((req, res) => {
+    if (req.method === 'GET') return res.end('ok')
+    res.writeHead(413, { connection: 'close' })
+    res.end('too big')
+  })
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  t.teardown(() => { server.closeAllConnections(); server.close() })
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [http://127.0.0.1:${(server.address() as import('node:net').AddressInfo).port}], consecutiveFailures: 2 }
+routes:
+  - { name: r, pathPrefix: /, upstream: backend }
+`)
+  const { request } = await import('node:http')
+  // 8 MB, streamed (above bufferBodies): the upstream closes while the body is still being sent
+  const post = async (): Promise<string> => await new Promise(resolve => {
+    const req = request(`${gw.url}/upload`, { method: 'POST', agent: false, headers: { 'content-length': 8 * 1024 * 1024 } })
+    req.on('response', res => { res.resume(); res.on('end', () => resolve(String(res.statusCode))) })
+    req.on('error', (e: NodeJS.ErrnoException) => resolve(e.code ?? 'error'))
+    const chunk = Buffer.alloc(64 * 1024, 97)
+    let sent = 0
+    const pump = (): void => {
+      while (sent < 8 * 1024 * 1024) {
+        sent += chunk.length
+        if (!req.write(chunk)) { req.once('drain', pump); return }
+      }
+      req.end()
+    }
+    pump()
+  })
+  for (let i = 0; i < 4; i++) await post()
+  const get = await fetch(`${gw.url}/`)
+  t.equal(get.status, 200, 'the target still takes traffic (four uploads refused by it used to eject it: 503)')
+  t.notOk(gw.lines.some(l => l.msg === 'upstream target ejected'), 'no ejection logged')
+})

@@ -463,8 +463,12 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     }
     const kind = classifyUpstreamError(err)
     const target = this.target
-    // a target answering what is not HTTP (pointed at another service) counts toward its ejection too
-    if ((kind === 'response_timeout' || kind === 'reset' || kind === 'bad_response') && target !== null) this.plan.pool.failed(target)
+    // A target answering what is not HTTP (pointed at another service) counts toward its ejection
+    // too. A reset while a streamed body is still being sent does not: that is how a healthy
+    // upstream refuses a body early (a 413 or 401, then close: Go's net/http, node's
+    // Connection: close), and any client could otherwise eject a target with a few large POSTs.
+    const refusedBody = kind === 'reset' && this.opts.body !== null && !this.replayable && !this.req.complete
+    if ((kind === 'response_timeout' || kind === 'reset' || kind === 'bad_response') && target !== null && !refusedBody) this.plan.pool.failed(target)
     if ((kind === 'refused' || kind === 'dns' || kind === 'connect_timeout') && target !== null) {
       this.plan.pool.eject(target)
       // Nothing reached the upstream: one more target is safe to try for an idempotent method, and
