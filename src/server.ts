@@ -93,6 +93,22 @@ function warnUntrustedIdentityHeader (logger: Logger, runtime: Runtime): void {
   logger.warn({ header: identity.header }, 'identity.header is believed from every client because trustedProxies is empty: any client can claim any user; list the auth layer\'s addresses in trustedProxies')
 }
 
+/**
+ * The shield's settings node:http reads from the server object as it goes: a reload that tightens
+ * them during an attack takes effect at once. The header limits apply to connections opened from
+ * now on, the timeouts to every connection's next check (headers, request) or idle wait (keep-alive).
+ */
+function applyServerSettings (server: Server | HttpsServer, runtime: Runtime): void {
+  const s = runtime.server
+  // One more than the limit, so the pipeline sees a request over it (431) rather than node:http
+  // dropping the fields beyond its own limit without a word.
+  server.maxHeadersCount = s.maxHeadersCount + 1
+  server.headersTimeout = s.headersTimeoutMs
+  server.requestTimeout = s.requestTimeoutMs
+  server.keepAliveTimeout = s.keepAliveTimeoutMs
+  ;(server as { maxHeaderSize?: number }).maxHeaderSize = s.maxHeaderSize
+}
+
 /** Longest the exit waits for the log buffer to reach stdout once the gateway has stopped. */
 const LOG_DRAIN_MS = 2000
 
@@ -242,9 +258,7 @@ export class Gateway {
       const open = this.openResponses.get(req.socket)
       if (open !== undefined) responseClosed(open, res)
     })
-    // One more than the limit, so the pipeline sees a request over it (431) rather than node:http
-    // dropping the fields beyond its own limit without a word.
-    server.maxHeadersCount = s.maxHeadersCount + 1
+    applyServerSettings(server, runtime)
     server.on('request', (req: IncomingMessage, res: ServerResponse) => {
       // While draining, every response says Connection: close, so keep-alive clients reconnect
       // elsewhere instead of sending their next request to a gateway about to go.
@@ -378,8 +392,7 @@ export class Gateway {
     // shares with the previous one in the same turn of the event loop as the swap.
     const runtime = prepared.runtime
     this.generation = runtime.generation
-    // read by node:http when a connection starts: new connections get the new limit
-    if (this.server !== null) this.server.maxHeadersCount = runtime.server.maxHeadersCount + 1
+    if (this.server !== null) applyServerSettings(this.server, runtime)
     const previous = state.runtime
     state.runtime = runtime
     prepared.commit()

@@ -3,6 +3,7 @@
 // at a small scale, against an upstream pool of one or two connections, so it takes seconds.
 import t from 'tap'
 import net from 'node:net'
+import { writeFileSync } from 'node:fs'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import type { Teardown } from './helpers/teardown.js'
@@ -201,4 +202,30 @@ routes:
   await t.rejects(res.arrayBuffer(), 'the body is cut')
   t.ok(Date.now() - started < 1900, 'cut well before the next 2 s chunk')
   t.ok(gw.lines.some(l => l.msg === 'request' && l.error === 'response_timeout'), 'logged as response_timeout')
+})
+
+t.test('a reload that tightens the shield applies at once: header timeout and header size', async t => {
+  const upstream = await startUpstream(t)
+  const yaml = (headersTimeout: string, maxHeaderSize: string): string => `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { headersTimeout: ${headersTimeout}, requestTimeout: 30s, maxHeaderSize: ${maxHeaderSize} }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`
+  const gw = await startGateway(t, yaml('20s', '16384'))
+  // a slowloris head opened before the reload, and one after
+  const before = await rawClient(t, gw.port, 'GET /x HTTP/1.1\r\nHost: x\r\n')
+  writeFileSync(gw.configFile, yaml('1s', '1024'))
+  t.match(await gw.reload(), { ok: true })
+  const after = await rawClient(t, gw.port, 'GET /x HTTP/1.1\r\nHost: x\r\n')
+  const started = Date.now()
+  const cut = await Promise.race([Promise.all([before.closed, after.closed]), sleep(8000).then(() => null)])
+  t.not(cut, null, 'both cut under the new 1 s header timeout (the old 20 s stayed in force)')
+  t.ok(Date.now() - started < 8000)
+  t.match(cut?.[1] ?? '', /^HTTP\/1\.1 408 /, 'the later one got 408')
+  const big = await fetch(`${gw.url}/x`, { headers: { 'x-big': 'a'.repeat(2048) } })
+  t.equal(big.status, 431, 'a 2 KB header on a new connection is over the new 1 KB maxHeaderSize')
 })
