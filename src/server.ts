@@ -93,6 +93,27 @@ function warnUntrustedIdentityHeader (logger: Logger, runtime: Runtime): void {
   logger.warn({ header: identity.header }, 'identity.header is believed from every client because trustedProxies is empty: any client can claim any user; list the auth layer\'s addresses in trustedProxies')
 }
 
+/** Responses the drain told to close their connection (and may tell to stay open again). */
+const closedByDrain = new WeakSet<ServerResponse>()
+
+/**
+ * While draining, a connection closes after its last response, not its first: node:http ends the
+ * connection once a response says Connection: close, and the answers to requests pipelined behind
+ * it (already forwarded upstream) were lost. A newer pipelined request takes the close over.
+ */
+function closeAfterLast (open: OpenResponses, last: ServerResponse): void {
+  for (const res of open.responses) {
+    if (res !== last && closedByDrain.has(res) && !res.headersSent) {
+      closedByDrain.delete(res)
+      res.shouldKeepAlive = true
+    }
+  }
+  if (!last.headersSent && last.shouldKeepAlive) {
+    closedByDrain.add(last)
+    last.shouldKeepAlive = false
+  }
+}
+
 /**
  * The shield's settings node:http reads from the server object as it goes: a reload that tightens
  * them during an attack takes effect at once. The header limits apply to connections opened from
@@ -260,10 +281,11 @@ export class Gateway {
     })
     applyServerSettings(server, runtime)
     server.on('request', (req: IncomingMessage, res: ServerResponse) => {
-      // While draining, every response says Connection: close, so keep-alive clients reconnect
-      // elsewhere instead of sending their next request to a gateway about to go.
-      if (this.shuttingDown) res.shouldKeepAlive = false
-      this.openResponsesOf(req.socket).responses.push(res)
+      // While draining, each connection's last response says Connection: close, so keep-alive
+      // clients reconnect elsewhere instead of sending their next request to a gateway about to go.
+      const open = this.openResponsesOf(req.socket)
+      if (this.shuttingDown) closeAfterLast(open, res)
+      open.responses.push(res)
       handleRequest(req, res)
     })
     server.on('upgrade', createUpgradeHandler(this.state))
@@ -474,7 +496,10 @@ export class Gateway {
     const timeoutMs = this.runtime?.server.shutdownTimeoutMs ?? 10_000
     const server = this.server
     if (server !== null) {
-      for (const c of this.connections) for (const res of c.responses) if (!res.headersSent) res.shouldKeepAlive = false
+      for (const c of this.connections) {
+        const last = c.responses[c.responses.length - 1]
+        if (last !== undefined) closeAfterLast(c, last)
+      }
       const closed = new Promise<void>(resolve => server.close(() => resolve()))
       server.closeIdleConnections()
       // The drain waits for HTTP requests only. server.close() alone would also wait for every open

@@ -129,3 +129,30 @@ t.test('a WebSocket upgrade arriving while the gateway drains gets 503 GW_ERR_SH
   await closing
   t.match(gw.lines.find(l => l.msg === 'request' && l.path === '/ws/chat'), { route: 'ws', status: 503 }, 'logged with the status the client got')
 })
+
+t.test('draining with pipelined requests in flight: every one is answered, and the connection closes after the last', async t => {
+  const seen: string[] = []
+  const upstream = http.createServer((req, res) => {
+    seen.push(`${req.method} ${req.url}`)
+    req.resume()
+    if (req.url === '/slow') setTimeout(() => res.end('slow done'), 800)
+    else res.end('second done')
+  })
+  upstream.listen(0, '127.0.0.1')
+  await once(upstream, 'listening')
+  t.teardown(() => { upstream.closeAllConnections(); upstream.close() })
+  const gw = await startGateway(t, config(`http://127.0.0.1:${(upstream.address() as net.AddressInfo).port}`))
+  const socket = net.connect(gw.port, '127.0.0.1')
+  let got = ''
+  socket.on('data', (d: Buffer) => { got += d.toString('latin1') })
+  const closed = once(socket, 'close')
+  socket.write('GET /slow HTTP/1.1\r\nHost: a\r\n\r\nPOST /order HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello')
+  for (let i = 0; i < 100 && seen.length < 2; i++) await sleep(20)
+  t.same(seen, ['GET /slow', 'POST /order'], 'both reached the upstream')
+  const closing = gw.close() // what SIGTERM does
+  await closed
+  await closing
+  const replies = parseResponses(got)
+  t.same(replies.map(r => `${r.status} ${r.body}`), ['200 slow done', '200 second done'], 'the order the upstream took is answered (it was dropped)')
+  t.not(replies[0]?.headers.connection, 'close', 'the first response does not close the connection under the second')
+})
