@@ -514,6 +514,13 @@ export class Gateway {
       const deadline = new Promise<void>(resolve => setTimeout(resolve, timeoutMs).unref())
       await Promise.race([closed, requestsDone, deadline])
       clearInterval(idle)
+      // Requests still waiting for an upstream connection reached no upstream: they are answered
+      // 503 shutting_down (what the README promises) before their connections are cut, not reset.
+      let refused = 0
+      for (const rt of new Set([this.runtime, ...this.draining, ...this.retired])) {
+        if (rt !== null) for (const pool of rt.pools.values()) refused += pool.refuseWaiting()
+      }
+      if (refused > 0) await new Promise(resolve => setTimeout(resolve, 50))
       // What is still running now is cut by the gateway: logged as shutting_down, not as 499.
       for (const c of this.connections) for (const res of c.responses) cutByShutdown.add(res)
       server.closeAllConnections()

@@ -156,3 +156,30 @@ t.test('draining with pipelined requests in flight: every one is answered, and t
   t.same(replies.map(r => `${r.status} ${r.body}`), ['200 slow done', '200 second done'], 'the order the upstream took is answered (it was dropped)')
   t.not(replies[0]?.headers.connection, 'close', 'the first response does not close the connection under the second')
 })
+
+t.test('at the drain deadline, a request still waiting for an upstream connection gets 503 shutting down, not a reset', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { shutdownTimeout: 1s }
+upstreams:
+  backend: { targets: [${upstream.url}], maxConnections: 1 }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const agent = new http.Agent({ keepAlive: true })
+  t.teardown(() => agent.destroy())
+  const holding = get(`${gw.url}/slow?ms=3000`, agent) // takes the one connection past the deadline
+  await sleep(200)
+  const waiting = get(`${gw.url}/queued`, agent)
+  await sleep(200)
+  const closing = gw.close()
+  const answer = await waiting
+  t.equal(answer.error, null, 'an answer, not a reset')
+  t.equal(answer.status, 503)
+  t.match(JSON.parse(answer.body), { error: 'GW_ERR_SHUTTING_DOWN' })
+  t.notOk(upstream.log.includes('/queued'), 'it never reached the upstream')
+  await closing
+  await holding
+})
