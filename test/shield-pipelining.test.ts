@@ -41,3 +41,24 @@ routes:
   t.same(replies.map(r => r.status), [400])
   t.ok(Date.now() - started < 2000)
 })
+
+t.test('a large response pipelined behind a slow one is not cut as a slow reader', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { sendTimeout: 500ms }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  // the client reads everything at once; the second answer (1 MB) waits 1.5 s for its turn
+  const text = await rawExchange(gw.port,
+    'GET /slow?ms=1500 HTTP/1.1\r\nHost: a\r\n\r\n' +
+    'GET /download?bytes=1048576 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n')
+  const replies = parseResponses(text)
+  t.same(replies.map(r => r.status), [200, 200], 'both answered')
+  t.equal(replies[1]?.body.length, 1048576, 'the second whole')
+  t.notOk(gw.lines.some(l => l.msg === 'request' && l.error === 'send_timeout'), 'no send_timeout logged')
+})

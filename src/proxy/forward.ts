@@ -178,6 +178,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   bytesIn = 0
   bytesOut = 0
   onDrain: (() => void) | null = null
+  /** A write answered false and no 'drain' came yet. */
+  draining = false
+  /** Backpressured before node gave the response its socket (pipelined behind another). */
+  awaitingSocket = false
   onBodyData: ((chunk: Buffer) => void) | null = null
   /** Bytes of this request's body counted in plan.bodyBudget, released when the request settles. */
   heldBytes = 0
@@ -420,10 +424,22 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   onData (chunk: Buffer): boolean {
     this.bytesOut += chunk.length
     if (this.res.write(chunk)) return true
-    // Backpressure: stop reading the upstream socket until the client drains, for at most sendTimeout.
-    this.armIdle('send_timeout', this.plan.sendTimeoutMs)
+    // Backpressure: stop reading the upstream socket until the client drains, for at most
+    // sendTimeout. A response pipelined behind an earlier one has no socket yet: its client is not
+    // slow, it is not its turn; the timer starts when the socket is its (a client reading
+    // everything had its second response cut as a slow reader).
+    this.draining = true
+    if (this.res.socket !== null) this.armIdle('send_timeout', this.plan.sendTimeoutMs)
+    else if (!this.awaitingSocket) {
+      this.awaitingSocket = true
+      this.res.once('socket', () => {
+        this.awaitingSocket = false
+        if (this.draining && !this.settled) this.armIdle('send_timeout', this.plan.sendTimeoutMs)
+      })
+    }
     if (this.onDrain === null) {
       this.onDrain = (): void => {
+        this.draining = false
         this.clearIdle('send_timeout')
         this.resumeUpstream?.()
       }
