@@ -3,6 +3,7 @@
 // 503 GW_ERR_UPSTREAM_BUSY at once, not a queue without end behind an upstream that slowed down.
 import t from 'tap'
 import type { ServerResponse } from 'node:http'
+import { PassThrough } from 'node:stream'
 import { Agent, request } from 'undici'
 import { forwardRequest, type ForwardPlan, type ForwardResult } from '../src/proxy/forward.js'
 import type { UpstreamPool } from '../src/proxy/upstream-pool.js'
@@ -241,4 +242,29 @@ t.test('a streamed body waiting for a connection is not timed out as a slow clie
   up.release()
   t.equal((await first).status, 200)
   t.equal((await posted).status, 200)
+})
+
+t.test('a body that outgrew bufferBodies while waiting for a connection keeps what was read counted in the body budget', async (t) => {
+  const up = await startHoldingUpstream(t)
+  const pool = testPool(t, [up.url], { maxConnectionsPerTarget: 1, queueTimeoutMs: 10_000 })
+  const plan = testPlan(pool, { bufferBodies: 1000 })
+  const front = await startFront(t, plan)
+  const first = call(front.url + '/held')
+  await until('the first request at the upstream', () => up.held.length === 1)
+  // 800 bytes (buffered, counted), then 1200 more: the body streams from there, after what was read
+  const body = new PassThrough()
+  const posted = request(front.url + '/post', { dispatcher: client, method: 'POST', body, headers: { 'content-length': '2000' } })
+  body.write('a'.repeat(800))
+  await until('the first 800 bytes counted', () => plan.bodyBudget.held === 800)
+  body.end('b'.repeat(1200))
+  await until('the POST waiting for the connection', () => pool.pending === 1)
+  await new Promise((resolve) => setTimeout(resolve, 100))
+  t.equal(plan.bodyBudget.held, 800, 'the 800 bytes read are still in memory, and still counted (they were released: 0)')
+  up.release()
+  await until('the POST at the upstream', () => up.held.length === 1)
+  up.release()
+  t.equal((await first).status, 200)
+  t.equal((await posted).statusCode, 200)
+  await until('everything given back', () => plan.bodyBudget.held === 0)
+  t.equal(plan.bodyBudget.held, 0)
 })

@@ -295,8 +295,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       const body = new PassThrough()
       for (const c of chunks) body.write(c)
       body.write(chunk)
-      plan.bodyBudget.release(this.heldBytes)
-      this.heldBytes = 0
+      // What was read stays counted until the request has a connection and undici takes it from
+      // the PassThrough (onConnect), or the request settles: released here, it sat in memory
+      // uncounted while the request waited for a connection, and 40 such uploads held 42 MB past
+      // a 4 MB bufferBodiesTotal.
       req.pipe(body)
       this.opts.body = body
       // The body's idle timer starts again at onConnect: waiting for a connection is not the client's pause.
@@ -378,6 +380,9 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   onConnect (abort: (err?: Error) => void): void {
     this.abortUpstream = abort
     this.sent = true
+    // a streamed body's first bytes, read before it outgrew bufferBodies, now go to the upstream
+    // (a body held whole stays counted: it may be sent again to another target)
+    if (!this.replayable) this.releaseHeldBytes()
     if (this.clientGone) {
       abort(new Error('the client closed the connection'))
       return
@@ -528,6 +533,13 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     return extra
   }
 
+  /** Gives this request's buffered bytes back to the gateway-wide body budget. Idempotent. */
+  releaseHeldBytes (): void {
+    if (this.heldBytes === 0) return
+    this.plan.bodyBudget.release(this.heldBytes)
+    this.heldBytes = 0
+  }
+
   /** Gives the held connection back to the pool, which hands it to the oldest waiting request. */
   releaseTarget (): void {
     const held = this.holding
@@ -545,10 +557,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       this.waiting = null
     }
     this.releaseTarget()
-    if (this.heldBytes > 0) {
-      this.plan.bodyBudget.release(this.heldBytes)
-      this.heldBytes = 0
-    }
+    this.releaseHeldBytes()
     // The connection was closed by the gateway's own shutdown, not by the client.
     if (kind === 'client_abort' && cutByShutdown.has(this.res)) kind = 'shutting_down'
     const code = kind === null ? null : KIND_CODES[kind]
