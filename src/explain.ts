@@ -2,7 +2,7 @@
 // that matches, who the client is, and each limit that applies, with its algorithm, parameters and
 // store key. It asks the runtime compiled by src/runtime.ts (the live gateway's own factory, run
 // offline), so it cannot disagree with the gateway on routing, identity or plans.
-import { normalizePath } from './router/normalize-path.js'
+import { normalizePath, splitRequestTarget } from './router/normalize-path.js'
 import { normalizeHost } from './router/route-table.js'
 import { dimensionValue, keyFor, limitsFor } from './limit/plan.js'
 import type { IdentityResult } from './identify/identity.js'
@@ -25,7 +25,15 @@ function asUser (rt: Runtime, user: string): IdentityResult {
 
 export async function explain (rt: Runtime, req: ExplainRequest): Promise<string> {
   const absolute = /^https?:\/\//i.test(req.url)
-  const url = new URL(req.url, 'http://localhost')
+  // only the authority of an absolute-form target comes from URL parsing (the path never does)
+  let authority: string | undefined
+  if (absolute) {
+    try {
+      authority = new URL(req.url).host
+    } catch {
+      return '400 GW_ERR_BAD_REQUEST: the absolute-form target is not a URL\n'
+    }
+  }
   const headers: Record<string, string> = {}
   for (const h of req.headers) {
     const i = h.indexOf(':')
@@ -33,11 +41,15 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   }
   const method = req.method.toUpperCase()
   const lines: string[] = []
-  const normalized = normalizePath(url.pathname)
+  // the raw target, split and normalized as the live gateway does (src/pipeline.ts): URL's
+  // parsing resolves "..", turns "\\" into "/" and drops "#...", and routed what the gateway refuses
+  const target = splitRequestTarget(req.url)
+  if (target === null) return '400 GW_ERR_BAD_PATH: not an origin-form or absolute-form request target\n'
+  const normalized = normalizePath(target.rawPath)
   if (!normalized.ok) return `400 GW_ERR_BAD_PATH: ${normalized.reason}\n`
-  const hostHeader = headers.host ?? (absolute ? url.host : undefined)
+  const hostHeader = headers.host ?? authority
   const host = normalizeHost(hostHeader)
-  lines.push(`request: ${method} ${normalized.path}${url.search} (${hostHeader === undefined ? 'no Host header' : `host "${hostHeader}"`})`)
+  lines.push(`request: ${method} ${normalized.path}${target.query} (${hostHeader === undefined ? 'no Host header' : `host "${hostHeader}"`})`)
   const route = rt.routes.match(host, method, normalized.path)
   if (route === null) {
     const allow = rt.routes.allowedMethods(host, normalized.path)

@@ -7,7 +7,7 @@
 // Every stage only looks things up in the runtime compiled at load time.
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Duplex } from 'node:stream'
-import { normalizePath } from './router/normalize-path.js'
+import { normalizePath, splitRequestTarget } from './router/normalize-path.js'
 import { normalizeHost } from './router/route-table.js'
 import { checkRequestHead } from './router/request-head.js'
 import { looksLikeMisconfiguredProxy } from './identify/client-ip.js'
@@ -66,21 +66,11 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   }
   const head = checkRequestHead(req, rt.server.maxHeadersCount)
   if (head !== null) return { ok: false, code: head.code, extra: { reason: head.reason }, ipKey: client.key }
-  const url = req.url ?? '/'
-  let rawPath = url
-  let query = ''
-  const q = url.indexOf('?')
-  if (q !== -1) {
-    rawPath = url.slice(0, q)
-    query = url.slice(q)
-  }
-  if (rawPath.charCodeAt(0) !== 47 /* / */) {
-    // absolute-form (RFC 9112 §3.2.2) is accepted; anything else (e.g. "*") is not routable
-    if (!/^https?:\/\//i.test(rawPath)) return { ok: false, code: 'GW_ERR_BAD_PATH', ipKey: client.key }
-    const slash = rawPath.indexOf('/', rawPath.indexOf('//') + 2)
-    rawPath = slash === -1 ? '/' : rawPath.slice(slash)
-  }
-  const normalized = normalizePath(rawPath)
+  // absolute-form (RFC 9112 §3.2.2) is accepted; anything else (e.g. "*") is not routable
+  const target = splitRequestTarget(req.url ?? '/')
+  if (target === null) return { ok: false, code: 'GW_ERR_BAD_PATH', ipKey: client.key }
+  const query = target.query
+  const normalized = normalizePath(target.rawPath)
   if (!normalized.ok) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: normalized.reason }, ipKey: client.key }
   const host = normalizeHost(req.headers.host)
   const route = rt.routes.match(host, req.method ?? 'GET', normalized.path)

@@ -8,6 +8,7 @@ import { spawnSync } from 'node:child_process'
 import { childEnv, startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { send } from './helpers/ratelimit.js'
+import { rawRequest } from './helpers/raw-http.js'
 
 function explain (file: string, ...args: string[]): string {
   const out = spawnSync(process.execPath, ['bin/gateway', 'explain', '-c', file, ...args], { encoding: 'utf8', env: childEnv() })
@@ -66,5 +67,16 @@ routes:
     // --user names a consumer without a credential: its plan is the one its requests get
     t.match(explain(file, 'GET', '/api/x', '--user', 'alice'), /^limit: +pro:user /m, '--user alice: plan pro')
     t.match(explain(file, 'GET', '/api/x', '--user', 'carol'), /^limit: +free:user /m, '--user carol: the defaultPlan')
+  })
+
+  t.test('paths the gateway refuses are refused by explain too (URL parsing resolved them to a route)', async t => {
+    for (const target of ['/api/..\\Admin/x', '/api/../../Admin/x', '/api/x#frag']) {
+      const text = explain(file, 'GET', target)
+      t.match(text, /^400 GW_ERR_BAD_PATH/, `explain ${target}: ${text}`)
+      const live = await rawRequest(gw.port, `GET ${target} HTTP/1.1\r\nHost: a\r\n`)
+      t.equal(live.status, 400, `live ${target}: 400`)
+    }
+    t.match(explain(file, 'GET', 'http://[::1'), /^400 /, 'an absolute-form target that is not a URL: 400, not a crash')
+    t.match(explain(file, 'GET', '/api/x?q=..%2F'), /^request: GET \/api\/x\?q=\.\.%2F /m, 'the query is shown as sent')
   })
 })

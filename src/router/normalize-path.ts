@@ -112,3 +112,23 @@ function normalizeSlow (raw: string): NormalizedPath {
 function hexValue (c: number): number {
   return c < 128 ? (HEX_VALUE[c] as number) : -1
 }
+
+/**
+ * The path and the raw query of a request target, as the gateway routes it: origin-form, or
+ * absolute-form (RFC 9112 §3.2.2) from its first "/" after the authority. Null for anything else
+ * (e.g. "*"). The path still needs normalizePath; nothing is decoded or resolved here (WHATWG URL
+ * parsing would turn "\\" into "/" and resolve "..", and route what the gateway refuses).
+ */
+export function splitRequestTarget (target: string): { readonly rawPath: string, readonly query: string } | null {
+  let rawPath = target
+  let query = ''
+  const q = target.indexOf('?')
+  if (q !== -1) {
+    rawPath = target.slice(0, q)
+    query = target.slice(q)
+  }
+  if (rawPath.charCodeAt(0) === 47 /* / */) return { rawPath, query }
+  if (!/^https?:\/\//i.test(rawPath)) return null
+  const slash = rawPath.indexOf('/', rawPath.indexOf('//') + 2)
+  return { rawPath: slash === -1 ? '/' : rawPath.slice(slash), query }
+}
