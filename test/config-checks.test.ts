@@ -360,6 +360,13 @@ t.test('workers > 1 without Redis is refused when any limit is shared', async t 
   t.ok(accepted('workers: 2\nredis: { url: "redis://h:1" }\nlimits: { ip: { limit: 1, window: 1s } }\n' + BASE))
 })
 
+t.test('an admin token is visible ASCII (a header could never carry "€" as written)', async t => {
+  const text = (token: string): string => `admin: { listen: "127.0.0.1:9901", token: "${token}" }\n` + BASE
+  t.same(problems(text('abcdefghijklmnop€€')), ['gw.yaml:1:43 admin.token: expected visible ASCII characters only (a header cannot carry others as written)'])
+  t.same(problems(text('abcdefgh ijklmnop')), ['gw.yaml:1:43 admin.token: expected visible ASCII characters only (a header cannot carry others as written)'])
+  t.ok(accepted(text('abcdefghijklmnop-_.~+/=')))
+})
+
 t.test('the admin listener needs its own port', async t => {
   const clash = (a: string): string => `gw.yaml:2:8 admin: "${a}" is also the listen address: the admin listener needs its own port`
   const listen = (l: string, a: string): string => `listen: "${l}"\nadmin: "${a}"\n` + BASE

@@ -187,7 +187,8 @@ export const configSchema = z.strictObject({
     hostPort,
     z.strictObject({
       listen: hostPort.optional().describe('default 127.0.0.1:9901'),
-      token: z.string().min(16, 'expected a token of at least 16 characters').optional()
+      // visible ASCII: a header carries it as Latin-1, so a token with "€" could never match
+      token: z.string().min(16, 'expected a token of at least 16 characters').regex(/^[\x21-\x7e]+$/, 'expected visible ASCII characters only (a header cannot carry others as written)').optional()
         .describe('Bearer token every mutating admin endpoint requires (DELETE /limits)')
     })
   ]).optional().describe('address (default 127.0.0.1:9901), or { listen, token }; /healthz /readyz /metrics /config /limits /consumers'),
