@@ -10,7 +10,7 @@ import { ResourceCache, type RedisStatus } from './runtime-resources.js'
 import { createRequestHandler, createUpgradeHandler, type PipelineState } from './pipeline.js'
 import { createWebSocketProxy } from './proxy/websocket.js'
 import { GatewayMetrics } from './admin/metrics.js'
-import { createAdminServer, healthOf, json, type AdminSource } from './admin/admin-server.js'
+import { createAdminServer, healthOf, isLoopback, json, type AdminSource } from './admin/admin-server.js'
 import { createLimitsApi, createLimitsOps, type LimitsApiDeps } from './admin/limits-api.js'
 import { LiveTelemetry } from './admin/live-stats.js'
 import { LiveFeed } from './admin/live-feed.js'
@@ -49,9 +49,7 @@ export function splitHostPort (hp: string): { host: string, port: number } {
   return { host: hp.slice(0, i).replace(/^\[|\]$/g, '') || '0.0.0.0', port: Number(hp.slice(i + 1)) }
 }
 
-export function isLoopback (host: string): boolean {
-  return host === 'localhost' || host === '::1' || /^(::ffff:)?127\.\d+\.\d+\.\d+$/.test(host)
-}
+export { isLoopback }
 
 function listen (server: Server | HttpsServer, address: string): Promise<AddressInfo> {
   const { host, port } = splitHostPort(address)

@@ -8,7 +8,7 @@ import { AggregatorRegistry } from 'prom-client'
 import { ConfigError, formatProblem, loadConfigFile, type LoadedConfig } from './config/load.js'
 import { checkRuntime } from './runtime.js'
 import { redactConfig } from './admin/redact.js'
-import { answeringSafely, json } from './admin/admin-server.js'
+import { answeringSafely, json, misdirectedAdminRequest } from './admin/admin-server.js'
 import { ERRORS, errorBody } from './errors.js'
 import { adminError, serveLimitsApi, type AdminAnswer, type LimitsOps } from './admin/limits-api.js'
 import { createWorkersLimitsOps, type AdminOp, type WorkerAnswer } from './admin/limits-over-workers.js'
@@ -177,8 +177,11 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   })
 
   const admin = createServer(answeringSafely((req, res) => {
+    if (misdirectedAdminRequest(req, res)) return
     const path = (req.url ?? '/').split('?')[0]
     if (limitsApi(req, res)) return
+    // the same rule as a single process's admin listener (src/admin/admin-server.ts)
+    if (req.method !== 'GET' && req.method !== 'HEAD') return json(res, 405, errorBody('GW_ERR_BAD_REQUEST', 'admin endpoints are read-only'))
     if (path === '/healthz') return json(res, 200, { status: 'ok' })
     if (path === '/readyz') return json(res, ready.size === workers && !shuttingDown ? 200 : 503, { status: ready.size === workers ? 'ready' : 'not_ready', workers, ready: ready.size })
     if (path === '/config') return json(res, 200, { generation, hash: loaded.hash, file: loaded.file, workers, lastReload, config: redactConfig(loaded.config) })

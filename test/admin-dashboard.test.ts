@@ -170,7 +170,7 @@ t.test('/events pipelined behind another stream is not subscribed: clients that 
   // more connections than places (16), each with a second stream pipelined behind the first
   for (let i = 0; i < 20; i++) {
     const socket = net.connect(port, '127.0.0.1')
-    socket.write('GET /events HTTP/1.1\r\nHost: a\r\n\r\nGET /events HTTP/1.1\r\nHost: a\r\n\r\n')
+    socket.write('GET /events HTTP/1.1\r\nHost: localhost\r\n\r\nGET /events HTTP/1.1\r\nHost: localhost\r\n\r\n')
     const [first] = await once(socket, 'data') as [Buffer]
     t.match(first.toString('latin1'), /^HTTP\/1\.1 200 /, `connection ${i}: its first stream is served`)
     socket.destroy()

@@ -42,12 +42,26 @@ t.test('a request target the admin listener cannot parse is a 400, and the gatew
   const upstream = await startUpstream(t)
   const gw = await spawnGateway(t, backendConfig(upstream.url, '  - { name: all, pathPrefix: /, upstream: backend }\n'))
   // each of these ended the process: a throw in the admin request listener went uncaught
-  const badEscape = await rawRequest(gw.adminPort, 'GET /consumers/%zz HTTP/1.1\r\nHost: a\r\n')
+  const badEscape = await rawRequest(gw.adminPort, 'GET /consumers/%zz HTTP/1.1\r\nHost: localhost\r\n')
   t.same([badEscape.status, badEscape.json?.error], [400, 'GW_ERR_BAD_REQUEST'], '/consumers/%zz')
-  const badUrl = await rawRequest(gw.adminPort, 'GET //[ HTTP/1.1\r\nHost: a\r\n')
+  const badUrl = await rawRequest(gw.adminPort, 'GET //[ HTTP/1.1\r\nHost: localhost\r\n')
   t.same([badUrl.status, badUrl.json?.error], [400, 'GW_ERR_BAD_REQUEST'], 'GET //[')
   t.equal((await fetch(`${gw.adminUrl}/healthz`)).status, 200, 'the admin listener still answers')
   t.equal((await fetch(`${gw.url}/x`)).status, 200, 'and the public one')
+})
+
+t.test('an admin listener on loopback answers loopback Host names only (DNS rebinding)', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, backendConfig(upstream.url, '  - { name: all, pathPrefix: /, upstream: backend }\n'))
+  const port = gw.adminPort
+  for (const path of ['/config', '/metrics', '/limits?ip=127.0.0.1', '/events']) {
+    const rebound = await rawRequest(port, `GET ${path} HTTP/1.1\r\nHost: attacker.example:${port}\r\n`)
+    t.same([rebound.status, rebound.json?.error], [421, 'GW_ERR_BAD_REQUEST'], `${path} with the page's own Host: 421`)
+  }
+  for (const host of [`localhost:${port}`, `127.0.0.1:${port}`, 'LOCALHOST']) {
+    t.equal((await rawRequest(port, `GET /config HTTP/1.1\r\nHost: ${host}\r\n`)).status, 200, `Host ${host}: answered`)
+  }
+  t.equal((await fetch(`${gw.adminUrl}/healthz`)).status, 200)
 })
 
 t.test('/readyz answers 503 while the gateway drains', async (t) => {

@@ -181,10 +181,14 @@ routes:
   await eventually('the 401s were logged', async () => servedBy(gw, 401, from).size === 2, 5000)
   t.equal(servedBy(gw, 401, from).size, 2, 'on both workers')
   // the primary's admin listener: a throw there ended the primary, and every worker with it
-  const badEscape = await rawRequest(Number(new URL(adminUrl).port), 'GET /consumers/%zz HTTP/1.1\r\nHost: a\r\n')
+  const badEscape = await rawRequest(Number(new URL(adminUrl).port), 'GET /consumers/%zz HTTP/1.1\r\nHost: localhost\r\n')
   t.same([badEscape.status, badEscape.json?.error], [400, 'GW_ERR_BAD_REQUEST'], 'the primary answers /consumers/%zz with a 400')
-  const badUrl = await rawRequest(Number(new URL(adminUrl).port), 'GET //[ HTTP/1.1\r\nHost: a\r\n')
+  const badUrl = await rawRequest(Number(new URL(adminUrl).port), 'GET //[ HTTP/1.1\r\nHost: localhost\r\n')
   t.same([badUrl.status, badUrl.json?.error], [400, 'GW_ERR_BAD_REQUEST'], 'and GET //[')
+  // the same rules as a single process: read-only, and loopback Host names only on loopback
+  const adminPort = Number(new URL(adminUrl).port)
+  t.equal((await rawRequest(adminPort, 'POST /config HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n')).status, 405, 'POST /config: 405 (it was 200)')
+  t.equal((await rawRequest(adminPort, 'GET /config HTTP/1.1\r\nHost: attacker.example\r\n')).status, 421, 'a rebound Host: 421')
   t.equal((await send(`${gw.url}/x`)).status, 200, 'the workers still serve')
 })
 

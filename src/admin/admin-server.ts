@@ -77,8 +77,35 @@ export function answeringSafely (handle: (req: IncomingMessage, res: ServerRespo
   }
 }
 
+export function isLoopback (host: string): boolean {
+  return host === 'localhost' || host === '::1' || /^(::ffff:)?127\.\d+\.\d+\.\d+$/.test(host)
+}
+
+/** The host name of a Host header, without its port or IPv6 brackets. */
+function hostName (header: string): string {
+  const h = header.trim().toLowerCase()
+  if (h.startsWith('[')) return h.slice(1, h.indexOf(']') === -1 ? h.length : h.indexOf(']'))
+  const colon = h.indexOf(':')
+  return colon === -1 ? h : h.slice(0, colon)
+}
+
+/**
+ * An admin listener bound to loopback answers loopback Host names only. A web page the operator
+ * opens could otherwise point its own name at 127.0.0.1 (DNS rebinding) and read /config, /metrics
+ * and the live feed's client IPs and users from the operator's browser: the Host it sends is its
+ * own name. A listener on another address is reached by name on purpose, and has a token.
+ */
+export function misdirectedAdminRequest (req: IncomingMessage, res: ServerResponse): boolean {
+  if (!isLoopback(req.socket.localAddress ?? '')) return false
+  const host = req.headers.host
+  if (host === undefined || isLoopback(hostName(host))) return false
+  json(res, 421, errorBody('GW_ERR_BAD_REQUEST', 'this admin listener is bound to loopback and answers Host localhost, 127.0.0.1 or [::1] only'))
+  return true
+}
+
 export function createAdminServer (source: AdminSource, live: LiveFeed | null = null): Server {
   return createServer(answeringSafely((req, res) => {
+    if (misdirectedAdminRequest(req, res)) return
     const path = (req.url ?? '/').split('?')[0] ?? '/'
     if (source.limits?.(req, res) === true) return
     if (req.method !== 'GET' && req.method !== 'HEAD') return json(res, 405, errorBody('GW_ERR_BAD_REQUEST', 'admin endpoints are read-only'))
