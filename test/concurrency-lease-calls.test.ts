@@ -10,6 +10,7 @@ import { RedisGuard } from '../src/limit/redis-guard.js'
 import { LeaseKeeper, MAX_WAITING_SENDS, type HeldLease } from '../src/limit/concurrency.js'
 import { NOOP_TELEMETRY } from '../src/telemetry.js'
 import type { LimitSpec } from '../src/limit/types.js'
+import type { Teardown } from './helpers/teardown.js'
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
 
@@ -40,15 +41,20 @@ t.test('Redis paused: lease calls waiting for it stay bounded, the rest are drop
   t.equal(keeper.waiting, 0, 'every call sent was answered once Redis resumed')
 })
 
-t.test('instances with different leaseTtl: a short lease taken, renewed and released never expires a longer one', async t => {
+/** A redis-server of its own, the gateway's client, a store deciding one call per check, and a guard. */
+async function leaseStore (t: Teardown): Promise<{ client: ReturnType<typeof createRedisClient>, reader: ReturnType<Awaited<ReturnType<typeof startRedis>>['client']>, store: ReturnType<typeof createRedisStore>, guard: RedisGuard }> {
   const redis = await startRedis(t)
   const client = createRedisClient({ url: redis.url })
   t.teardown(() => client.disconnect())
   await whenReady(client)
-  const reader = redis.client()
   const store = createRedisStore({ client, maxBatch: 1 })
   const guard = new RedisGuard({ store, fallbackMaxKeys: 100, timeoutMs: 1000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
   t.teardown(() => guard.close())
+  return { client, reader: redis.client(), store, guard }
+}
+
+t.test('instances with different leaseTtl: a short lease taken, renewed and released never expires a longer one', async t => {
+  const { client, reader, store, guard } = await leaseStore(t)
   const lease = (ttlMs: number): LimitSpec => Object.freeze({ id: 'r.concurrency.user', algorithm: 'lease', limit: 2, windowMs: ttlMs, burst: 2, maxDelayMs: 0 })
   const key = 'gw:lease:r.user:alice'
   // instance A (leaseTtl 30 s) and instance B (leaseTtl 2 s, a rolling change) each admit one request
@@ -71,14 +77,7 @@ t.test('instances with different leaseTtl: a short lease taken, renewed and rele
 })
 
 t.test('a held lease Redis lost (restarted empty) is added again by its next renewal: the cap counts it while its request runs', async t => {
-  const redis = await startRedis(t)
-  const client = createRedisClient({ url: redis.url })
-  t.teardown(() => client.disconnect())
-  await whenReady(client)
-  const reader = redis.client()
-  const store = createRedisStore({ client, maxBatch: 1 })
-  const guard = new RedisGuard({ store, fallbackMaxKeys: 100, timeoutMs: 1000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
-  t.teardown(() => guard.close())
+  const { client, reader, store, guard } = await leaseStore(t)
   const spec: LimitSpec = Object.freeze({ id: 'w.concurrency.user', algorithm: 'lease', limit: 1, windowMs: 1500, burst: 1, maxDelayMs: 0 })
   const key = 'gw:lease:w.user:carol'
   const keeper = new LeaseKeeper({ redis: { client, guard }, ttlMs: 1500 })
