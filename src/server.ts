@@ -351,9 +351,9 @@ export class Gateway {
     }
     this.feed = new LiveFeed(() => this.live.takeFrame(), () => healthOf(source))
     this.feed.start()
-    const admin = createAdminServer(source, this.feed)
-    this.admin = admin
     const adminAddress = adminListen(runtime.config)
+    const admin = createAdminServer(source, this.feed, isLoopback(splitHostPort(adminAddress).host))
+    this.admin = admin
     this.adminPort = (await listen(admin, adminAddress)).port
     if (!isLoopback(splitHostPort(adminAddress).host) && adminToken(runtime.config) === null) {
       // The admin listener has no access token: /config and /metrics are open to whoever reaches it.

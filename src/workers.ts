@@ -176,8 +176,11 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     setTimeout(() => { if (!shuttingDown) fork() }, Math.min(5000, 100 * 2 ** Math.min(restarts, 6))).unref()
   })
 
+  const adminAddress = adminListen(loaded.config)
+  const { host, port } = splitHostPort(adminAddress)
+  const boundToLoopback = isLoopback(host)
   const admin = createServer(answeringSafely((req, res) => {
-    if (misdirectedAdminRequest(req, res)) return
+    if (misdirectedAdminRequest(req, res, boundToLoopback)) return
     const path = (req.url ?? '/').split('?')[0]
     if (limitsApi(req, res)) return
     // the same rule as a single process's admin listener (src/admin/admin-server.ts)
@@ -205,8 +208,6 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     if (handleDashboard(req, res, path ?? '/', feed, () => null, json)) return
     json(res, ERRORS.GW_ERR_NOT_FOUND.status, errorBody('GW_ERR_NOT_FOUND', 'admin endpoints: / (page) /events /routes /healthz /readyz /metrics /config /limits /consumers/NAME'))
   }))
-  const adminAddress = adminListen(loaded.config)
-  const { host, port } = splitHostPort(adminAddress)
   await new Promise<void>((resolve, reject) => {
     admin.once('error', reject)
     admin.listen(port, host, () => resolve())

@@ -62,6 +62,9 @@ t.test('an admin listener on loopback answers loopback Host names only (DNS rebi
     t.equal((await rawRequest(port, `GET /config HTTP/1.1\r\nHost: ${host}\r\n`)).status, 200, `Host ${host}: answered`)
   }
   t.equal((await fetch(`${gw.adminUrl}/healthz`)).status, 200)
+  // bound to every address: reached by name on purpose (the machine's own name is 127.0.1.1 on Debian)
+  const open = await startGateway(t, backendConfig(upstream.url, '  - { name: all, pathPrefix: /, upstream: backend }\n').replace(/^admin: .*$/m, 'admin: { listen: "0.0.0.0:0", token: "a-token-of-sixteen-chars" }'))
+  t.equal((await rawRequest(open.adminPort, 'GET /config HTTP/1.1\r\nHost: gateway-host.example\r\n')).status, 200, 'a listener on 0.0.0.0 answers any Host')
 })
 
 t.test('/readyz answers 503 while the gateway drains', async (t) => {

@@ -95,17 +95,19 @@ function hostName (header: string): string {
  * and the live feed's client IPs and users from the operator's browser: the Host it sends is its
  * own name. A listener on another address is reached by name on purpose, and has a token.
  */
-export function misdirectedAdminRequest (req: IncomingMessage, res: ServerResponse): boolean {
-  if (!isLoopback(req.socket.localAddress ?? '')) return false
+export function misdirectedAdminRequest (req: IncomingMessage, res: ServerResponse, boundToLoopback: boolean): boolean {
+  // the configured bind address, not the connection's: a listener on 0.0.0.0 reached over
+  // loopback by the machine's own name (127.0.1.1 on Debian) is reached by name on purpose
+  if (!boundToLoopback) return false
   const host = req.headers.host
   if (host === undefined || isLoopback(hostName(host))) return false
   json(res, 421, errorBody('GW_ERR_BAD_REQUEST', 'this admin listener is bound to loopback and answers Host localhost, 127.0.0.1 or [::1] only'))
   return true
 }
 
-export function createAdminServer (source: AdminSource, live: LiveFeed | null = null): Server {
+export function createAdminServer (source: AdminSource, live: LiveFeed | null = null, boundToLoopback = true): Server {
   return createServer(answeringSafely((req, res) => {
-    if (misdirectedAdminRequest(req, res)) return
+    if (misdirectedAdminRequest(req, res, boundToLoopback)) return
     const path = (req.url ?? '/').split('?')[0] ?? '/'
     if (source.limits?.(req, res) === true) return
     if (req.method !== 'GET' && req.method !== 'HEAD') return json(res, 405, errorBody('GW_ERR_BAD_REQUEST', 'admin endpoints are read-only'))

@@ -188,7 +188,7 @@ export const configSchema = z.strictObject({
     z.strictObject({
       listen: hostPort.optional().describe('default 127.0.0.1:9901'),
       // visible ASCII: a header carries it as Latin-1, so a token with "€" could never match
-      token: z.string().min(16, 'expected a token of at least 16 characters').regex(/^[\x21-\x7e]+$/, 'expected visible ASCII characters only (a header cannot carry others as written)').optional()
+      token: z.string().min(16, 'expected a token of at least 16 characters').regex(/^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$/, 'expected visible ASCII characters only, spaces inside (a header cannot carry others as written)').optional()
         .describe('Bearer token every mutating admin endpoint requires (DELETE /limits)')
     })
   ]).optional().describe('address (default 127.0.0.1:9901), or { listen, token }; /healthz /readyz /metrics /config /limits /consumers'),

@@ -353,7 +353,6 @@ export class UpstreamPool {
     }))
   }
 
-  /** Graceful: in-flight requests finish, then the sockets close; requests still waiting get 503. */
   /**
    * Answers every waiting request `503 GW_ERR_SHUTTING_DOWN` and takes no more (the shutdown's
    * deadline: they are answered before their connections are cut). Returns how many there were.
@@ -364,6 +363,7 @@ export class UpstreamPool {
     return waiting
   }
 
+  /** Graceful: in-flight requests finish, then the sockets close; requests still waiting get 503. */
   async close (): Promise<void> {
     this.#refuseWaiting()
     await Promise.all(this.targets.map(async (target) => await target.dispatcher.close()))
