@@ -283,7 +283,7 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
     }
     const workers = loaded.config.workers
     if (workers > 1) {
-      // every check a worker makes, before any is forked: a file each worker would refuse is one
+      // every check a worker makes, before a single one is forked: a file each worker would refuse is one
       // located error and exit 1, as in a single process, not N workers failing in a loop
       try {
         await checkRuntime(loaded)

@@ -2,7 +2,7 @@
 // that matches, who the client is, and each limit that applies, with its algorithm, parameters and
 // store key. It asks the runtime compiled by src/runtime.ts (the live gateway's own factory, run
 // offline), so it cannot disagree with the gateway on routing, identity or plans.
-import { normalizePath, splitRequestTarget } from './router/normalize-path.js'
+import { normalizePath, requestTargetPath, requestTargetQuery } from './router/normalize-path.js'
 import { normalizeHost } from './router/route-table.js'
 import { dimensionValue, keyFor, limitsFor } from './limit/plan.js'
 import type { IdentityResult } from './identify/identity.js'
@@ -43,13 +43,13 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   const lines: string[] = []
   // the raw target, split and normalized as the live gateway does (src/pipeline.ts): URL's
   // parsing resolves "..", turns "\\" into "/" and drops "#...", and routed what the gateway refuses
-  const target = splitRequestTarget(req.url)
-  if (target === null) return '400 GW_ERR_BAD_PATH: not an origin-form or absolute-form request target\n'
-  const normalized = normalizePath(target.rawPath)
+  const rawPath = requestTargetPath(req.url)
+  if (rawPath === null) return '400 GW_ERR_BAD_PATH: not an origin-form or absolute-form request target\n'
+  const normalized = normalizePath(rawPath)
   if (!normalized.ok) return `400 GW_ERR_BAD_PATH: ${normalized.reason}\n`
   const hostHeader = headers.host ?? authority
   const host = normalizeHost(hostHeader)
-  lines.push(`request: ${method} ${normalized.path}${target.query} (${hostHeader === undefined ? 'no Host header' : `host "${hostHeader}"`})`)
+  lines.push(`request: ${method} ${normalized.path}${requestTargetQuery(req.url)} (${hostHeader === undefined ? 'no Host header' : `host "${hostHeader}"`})`)
   const route = rt.routes.match(host, method, normalized.path)
   if (route === null) {
     const allow = rt.routes.allowedMethods(host, normalized.path)

@@ -7,7 +7,7 @@
 // Every stage only looks things up in the runtime compiled at load time.
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Duplex } from 'node:stream'
-import { normalizePath, splitRequestTarget } from './router/normalize-path.js'
+import { normalizePath, requestTargetPath, requestTargetQuery } from './router/normalize-path.js'
 import { normalizeHost } from './router/route-table.js'
 import { checkRequestHead } from './router/request-head.js'
 import { looksLikeMisconfiguredProxy } from './identify/client-ip.js'
@@ -67,10 +67,10 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   const head = checkRequestHead(req, rt.server.maxHeadersCount)
   if (head !== null) return { ok: false, code: head.code, extra: { reason: head.reason }, ipKey: client.key }
   // absolute-form (RFC 9112 §3.2.2) is accepted; anything else (e.g. "*") is not routable
-  const target = splitRequestTarget(req.url ?? '/')
-  if (target === null) return { ok: false, code: 'GW_ERR_BAD_PATH', ipKey: client.key }
-  const query = target.query
-  const normalized = normalizePath(target.rawPath)
+  const url = req.url ?? '/'
+  const rawPath = requestTargetPath(url)
+  if (rawPath === null) return { ok: false, code: 'GW_ERR_BAD_PATH', ipKey: client.key }
+  const normalized = normalizePath(rawPath)
   if (!normalized.ok) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: normalized.reason }, ipKey: client.key }
   const host = normalizeHost(req.headers.host)
   const route = rt.routes.match(host, req.method ?? 'GET', normalized.path)
@@ -83,7 +83,7 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   // Servlet containers and others strip ";params" from path segments: "/admin;x=1" would miss an
   // "/admin" route here, fall through to a catch-all and be served as /admin upstream.
   if (!route.allowPathParams && normalized.path.includes(';')) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: 'path parameters (";") are not allowed on this route (allowPathParams)' }, ipKey: client.key }
-  return { ok: true, admission: { route, path: normalized.path + query, clientIp: client.ip, ipKey: client.key, user: null, storeMs: 0 } }
+  return { ok: true, admission: { route, path: normalized.path + requestTargetQuery(url), clientIp: client.ip, ipKey: client.key, user: null, storeMs: 0 } }
 }
 
 /**

@@ -353,7 +353,7 @@ export class ResourceCache {
     await Promise.allSettled(closing)
   }
 
-  /** Connections no runtime uses any more that still hold leases (open WebSockets, long requests). */
+  /** Connections no runtime uses now that still hold leases (open WebSockets, long requests). */
   private readonly retiringRedis = new Set<RedisBundle>()
 
   /**

@@ -83,12 +83,12 @@ function responseClosed (open: OpenResponses, res: ServerResponse): void {
 
 /**
  * `identity.header` names a header an auth layer sets. With `trustedProxies` set it is believed from
- * those peers only; without, from every client, which can then claim any user and its plan.
+ * those peers only; without, from every client, which can then claim whichever user and plan it likes.
  */
 function warnUntrustedIdentityHeader (logger: Logger, runtime: Runtime): void {
   const identity = runtime.config.identity
   if (identity === undefined || !('header' in identity) || runtime.config.trustedProxies.length > 0) return
-  logger.warn({ header: identity.header }, 'identity.header is believed from every client because trustedProxies is empty: any client can claim any user; list the auth layer\'s addresses in trustedProxies')
+  logger.warn({ header: identity.header }, 'identity.header is believed from every client because trustedProxies is empty: a client can claim whichever user it likes; list the auth layer\'s addresses in trustedProxies')
 }
 
 /** Responses the drain told to close their connection (and may tell to stay open again). */

@@ -214,7 +214,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   })
   const adminPort = (admin.address() as { port: number }).port
   // Forked once the admin listener is bound: a taken admin port fails the start (exit 1) before
-  // any worker serves, instead of leaving workers that no signal handler would drain.
+  // a worker serves, instead of leaving workers that no signal handler would drain.
   for (let i = 0; i < workers; i++) fork()
   if (!isLoopback(host) && adminToken(loaded.config) === null) {
     // as in a single process (src/server.ts): /config and /metrics are open to whoever reaches it

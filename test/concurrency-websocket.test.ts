@@ -98,4 +98,11 @@ t.test('a reload that rebuilds the Redis connection keeps the leases of open Web
   const fourth = await open(t, url, 'bob')
   t.ok(fourth.ok, 'a new WebSocket takes the freed place')
   t.equal(await reader.zcard(key), 2)
+  // the last lease of the old connection given back: it closes (its client leaves Redis)
+  const clients = async (): Promise<number> => String(await reader.call('CLIENT', 'LIST')).trim().split('\n').length
+  const withOld = await clients()
+  if (second.ok) second.ws.close()
+  await eventually('the replaced connection closes', async () => await clients() < withOld, 3000).catch(() => {})
+  t.ok(await clients() < withOld, 'one client fewer on Redis once its last lease is released')
+  t.equal(await reader.zcard(key), 1, 'only the WebSocket opened after the reload still counts')
 })

@@ -1,6 +1,6 @@
 // identity.apiKeys.file (issue 9): more "key: consumer" lines outside gateway.yaml, re-read on
 // SIGHUP by a real `bin/gateway` process; a bad file is a located error and the old keys keep working.
-import t from 'tap'
+import t, { type Test } from 'tap'
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { spawnGateway, startGateway } from './helpers/gateway.js'
@@ -29,6 +29,13 @@ upstreams:
 routes:
   - { name: api, pathPrefix: /, upstream: backend }
 `
+}
+
+/** Starts a gateway that must refuse `yaml`: the ConfigError it throws. */
+async function startRefused (t: Test, yaml: string): Promise<ConfigError> {
+  const err = await startGateway(t, yaml).then(() => null, (e: unknown) => e)
+  t.ok(err instanceof ConfigError, 'the start is refused with a ConfigError')
+  return err as ConfigError
 }
 
 t.test('the key file is re-read on SIGHUP; a bad one is rejected with its location and the old keys keep working', async t => {
@@ -64,13 +71,12 @@ t.test('a missing or malformed key file stops the start with a located error', a
   await t.rejects(startGateway(t, config(up.url, missing)), new ConfigError([{ file: missing, line: 0, column: 0, path: '', message: 'API key file not found' }]))
   const bad = join(dir, 'bad.yaml')
   writeFileSync(bad, 'k-1: alice\nk-1: bob\n')
-  const err = await startGateway(t, config(up.url, bad)).then(() => null, (e: unknown) => e)
-  t.ok(err instanceof ConfigError)
-  t.match((err as ConfigError).message, new RegExp(`^${bad.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}:2:1: Map keys must be unique`))
+  const err = await startRefused(t, config(up.url, bad))
+  t.match(err.message, new RegExp(`^${bad.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}:2:1: Map keys must be unique`))
   const empty = join(dir, 'empty.yaml')
   writeFileSync(empty, 'k-1:\n')
-  const err2 = await startGateway(t, config(up.url, empty)).then(() => null, (e: unknown) => e)
-  t.match((err2 as ConfigError).message, `${empty}:1:5 [0]: an API key must map to a consumer name`)
+  const err2 = await startRefused(t, config(up.url, empty))
+  t.match(err2.message, `${empty}:1:5 [0]: an API key must map to a consumer name`)
 })
 
 t.test('a key the YAML reads as null or a number is refused, located, without printing it (": eve" made "null" a key)', async t => {
@@ -80,15 +86,14 @@ t.test('a key the YAML reads as null or a number is refused, located, without pr
   // the line an empty shell variable writes, a key YAML reads as 7123456789, one it reads as 1000,
   // and a consumer name it reads as 7
   writeFileSync(file, ': alice\n007123456789: alice\n1e3: bob\nk-ok: 007\n')
-  const err = await startGateway(t, config(up.url, file)).then(() => null, (e: unknown) => e)
-  t.ok(err instanceof ConfigError)
-  t.same((err as ConfigError).problems.map(p => `${p.line}:${p.column} ${p.path}: ${p.message}`), [
+  const err = await startRefused(t, config(up.url, file))
+  t.same(err.problems.map(p => `${p.line}:${p.column} ${p.path}: ${p.message}`), [
     '1:1 [0]: this API key: YAML reads it as null (an empty key, ~ or null): quote it, or remove the line',
     '2:1 [1]: this API key: YAML reads it as a number, not as the text written: quote it',
     '3:1 [2]: this API key: YAML reads it as a number, not as the text written: quote it',
     '4:7 [3]: consumer name: YAML reads it as the number 7, not as the text written: quote it'
   ])
-  t.notMatch((err as ConfigError).message, /7123456789|1000/, 'the keys are not printed')
+  t.notMatch(err.message, /7123456789|1000/, 'the keys are not printed')
   // quoted, they are the text written; a number written as YAML reads it is that text
   writeFileSync(file, '"007123456789": alice\n123456: bob\n')
   const gw = await startGateway(t, config(up.url, file))
@@ -104,9 +109,8 @@ t.test('a key both inline and in the file for another consumer is a config error
   const dir = tempDir(t, 'gw-keys')
   const file = join(dir, 'keys.yaml')
   writeFileSync(file, 'k-other: bob\nk-inline: bob\n')
-  const err = await startGateway(t, config(up.url, file)).then(() => null, (e: unknown) => e)
-  t.ok(err instanceof ConfigError)
-  t.match((err as ConfigError).message, 'an API key is given twice: in identity.apiKeys.keys for consumer "alice" and in the key file (entry [1]) for "bob"')
+  const err = await startRefused(t, config(up.url, file))
+  t.match(err.message, 'an API key is given twice: in identity.apiKeys.keys for consumer "alice" and in the key file (entry [1]) for "bob"')
   writeFileSync(file, 'k-inline: alice\n')
   const gw = await startGateway(t, config(up.url, file))
   t.equal((await send(`${gw.url}/x`, { headers: { 'x-api-key': 'k-inline' } })).status, 200)

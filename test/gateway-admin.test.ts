@@ -58,7 +58,7 @@ t.test('an admin listener on loopback answers loopback Host names only (DNS rebi
     const rebound = await rawRequest(port, `GET ${path} HTTP/1.1\r\nHost: attacker.example:${port}\r\n`)
     t.same([rebound.status, rebound.json?.error], [421, 'GW_ERR_BAD_REQUEST'], `${path} with the page's own Host: 421`)
   }
-  for (const host of [`localhost:${port}`, `127.0.0.1:${port}`, 'LOCALHOST']) {
+  for (const host of [`localhost:${port}`, `127.0.0.1:${port}`, 'LOCALHOST', `[::1]:${port}`]) {
     t.equal((await rawRequest(port, `GET /config HTTP/1.1\r\nHost: ${host}\r\n`)).status, 200, `Host ${host}: answered`)
   }
   t.equal((await fetch(`${gw.adminUrl}/healthz`)).status, 200)

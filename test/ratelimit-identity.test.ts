@@ -103,7 +103,10 @@ t.test('identity header with trustedProxies: believed from those peers only, rem
   await admin.flushall()
   const up = await startUpstream(t)
   const quiet = await startGateway(t, config(up.url, 'identity: { header: x-user-id }', USER_LIMIT))
-  t.equal(quiet.lines.filter(l => typeof l.msg === 'string' && l.msg.startsWith('identity.header is believed from every client')).length, 1, 'without trustedProxies: a warning at start')
+  const warnings = (): number => quiet.lines.filter(l => typeof l.msg === 'string' && l.msg.startsWith('identity.header is believed from every client')).length
+  t.equal(warnings(), 1, 'without trustedProxies: a warning at start')
+  t.match(await quiet.reload(), { ok: true })
+  t.equal(warnings(), 2, 'and on each reload')
   const gw = await startGateway(t, config(up.url, 'identity: { header: x-user-id }\ntrustedProxies: [127.0.0.2]', USER_LIMIT))
   t.notOk(gw.lines.some(l => typeof l.msg === 'string' && l.msg.startsWith('identity.header is believed')), 'with trustedProxies: none')
   const url = `${gw.url}/x`

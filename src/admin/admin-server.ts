@@ -8,6 +8,7 @@ import type { LiveFeed } from './live-feed.js'
 import type { Runtime } from '../runtime.js'
 import type { RedisStatus } from '../runtime-resources.js'
 import { ERRORS, errorBody } from '../errors.js'
+import { normalizeHost } from '../router/route-table.js'
 
 export interface AdminSource {
   readonly runtime: Runtime | null
@@ -81,14 +82,6 @@ export function isLoopback (host: string): boolean {
   return host === 'localhost' || host === '::1' || /^(::ffff:)?127\.\d+\.\d+\.\d+$/.test(host)
 }
 
-/** The host name of a Host header, without its port or IPv6 brackets. */
-function hostName (header: string): string {
-  const h = header.trim().toLowerCase()
-  if (h.startsWith('[')) return h.slice(1, h.indexOf(']') === -1 ? h.length : h.indexOf(']'))
-  const colon = h.indexOf(':')
-  return colon === -1 ? h : h.slice(0, colon)
-}
-
 /**
  * An admin listener bound to loopback answers loopback Host names only. A web page the operator
  * opens could otherwise point its own name at 127.0.0.1 (DNS rebinding) and read /config, /metrics
@@ -100,7 +93,10 @@ export function misdirectedAdminRequest (req: IncomingMessage, res: ServerRespon
   // loopback by the machine's own name (127.0.1.1 on Debian) is reached by name on purpose
   if (!boundToLoopback) return false
   const host = req.headers.host
-  if (host === undefined || isLoopback(hostName(host))) return false
+  if (host === undefined) return false
+  // the router's own Host parsing (port cut, lower case, trailing dot); IPv6 keeps its brackets
+  const name = normalizeHost(host)
+  if (isLoopback(name.startsWith('[') ? name.slice(1, -1) : name)) return false
   json(res, 421, errorBody('GW_ERR_BAD_REQUEST', 'this admin listener is bound to loopback and answers Host localhost, 127.0.0.1 or [::1] only'))
   return true
 }

@@ -216,7 +216,7 @@ export class GatewayMetrics implements Telemetry {
       help: '1 while a target takes traffic, 0 while it is ejected',
       labelNames: ['upstream', 'target'],
       registers,
-      // workers: N sums each metric over the workers; a state is not a count: 0 once any ejects it
+      // workers: N sums each metric over the workers; a state is not a count: 0 once one worker ejects it
       aggregator: 'min',
       collect () {
         this.reset()

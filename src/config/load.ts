@@ -291,11 +291,11 @@ function misreadNames (doc: Document, text: string): Array<[KeyPath, number | un
     const map = doc.getIn(mapPath, true)
     if (!isMap(map)) continue
     for (const pair of map.items) {
-      const reason = misreadScalar(pair.key, text)
-      if (reason === null || !isScalar(pair.key)) continue
       const secret = what === 'this API key'
+      const reason = misreadScalar(pair.key, text, secret)
+      if (reason === null || !isScalar(pair.key)) continue
       // a null key's path segment must not be "null": the message's "null" would be redacted as the key
-      out.push([[...mapPath, pair.key.value === null ? '<null>' : String(pair.key.value)], rangeStart(pair.key), `${what}: ${secret ? reason.replace(/ the (number|boolean) .*, not/, ' a $1, not') : reason}`])
+      out.push([[...mapPath, pair.key.value === null ? '<null>' : String(pair.key.value)], rangeStart(pair.key), `${what}: ${reason}`])
     }
   }
   return out

@@ -68,9 +68,9 @@ export async function readApiKeyFile (file: string | undefined, consumers: Consu
       continue
     }
     // the reason names the value YAML read, never the text: that is the secret
-    const misread = misreadScalar(keyNode, text)
+    const misread = misreadScalar(keyNode, text, true)
     if (misread !== null) {
-      problems.push(at(where, `[${i}]`, `this API key: ${misread.replace(/ the (number|boolean) .*, not/, ' a $1, not')}`))
+      problems.push(at(where, `[${i}]`, `this API key: ${misread}`))
       continue
     }
     if (key.includes('${')) {

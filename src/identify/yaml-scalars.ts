@@ -5,8 +5,11 @@
 // the fix named: quote it.
 import { isScalar, type Scalar } from 'yaml'
 
-/** Why the scalar `node` of `text` is not read as the text written, or null when it is. */
-export function misreadScalar (node: unknown, text: string): string | null {
+/**
+ * Why the scalar `node` of `text` is not read as the text written, or null when it is. `secret`:
+ * the value is an API key, so the reason names its type, never the value YAML read.
+ */
+export function misreadScalar (node: unknown, text: string, secret = false): string | null {
   if (!isScalar(node)) return null
   const value = (node as Scalar).value
   if (typeof value === 'string') return null
@@ -14,5 +17,5 @@ export function misreadScalar (node: unknown, text: string): string | null {
   const range = (node as Scalar).range
   const written = range === undefined || range === null ? null : text.slice(range[0], range[1]).trim()
   if (written === String(value)) return null
-  return `YAML reads it as the ${typeof value} ${String(value)}, not as the text written: quote it`
+  return `YAML reads it as ${secret ? `a ${typeof value}` : `the ${typeof value} ${String(value)}`}, not as the text written: quote it`
 }

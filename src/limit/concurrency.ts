@@ -128,7 +128,7 @@ export class LeaseKeeper {
     return this.held.length
   }
 
-  /** Resolved once no lease is held in Redis (its connection can then close without giving any back). */
+  /** Resolved once no lease is held in Redis (its connection can then close with none to give back). */
   whenNoneHeld (): Promise<void> {
     if (this.held.length === 0) return Promise.resolve()
     return new Promise(resolve => this.noneHeld.push(resolve))

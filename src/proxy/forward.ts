@@ -178,8 +178,6 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   bytesIn = 0
   bytesOut = 0
   onDrain: (() => void) | null = null
-  /** A write answered false and no 'drain' came yet. */
-  draining = false
   /** Backpressured before node gave the response its socket (pipelined behind another). */
   awaitingSocket = false
   onBodyData: ((chunk: Buffer) => void) | null = null
@@ -433,18 +431,16 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     // sendTimeout. A response pipelined behind an earlier one has no socket yet: its client is not
     // slow, it is not its turn; the timer starts when the socket is its (a client reading
     // everything had its second response cut as a slow reader).
-    this.draining = true
     if (this.res.socket !== null) this.armIdle('send_timeout', this.plan.sendTimeoutMs)
     else if (!this.awaitingSocket) {
       this.awaitingSocket = true
       this.res.once('socket', () => {
         this.awaitingSocket = false
-        if (this.draining && !this.settled) this.armIdle('send_timeout', this.plan.sendTimeoutMs)
+        if (this.res.writableNeedDrain && !this.settled) this.armIdle('send_timeout', this.plan.sendTimeoutMs)
       })
     }
     if (this.onDrain === null) {
       this.onDrain = (): void => {
-        this.draining = false
         this.clearIdle('send_timeout')
         this.resumeUpstream?.()
       }
@@ -487,7 +483,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     // A target answering what is not HTTP (pointed at another service) counts toward its ejection
     // too. A reset while a streamed body is still being sent does not: that is how a healthy
     // upstream refuses a body early (a 413 or 401, then close: Go's net/http, node's
-    // Connection: close), and any client could otherwise eject a target with a few large POSTs.
+    // Connection: close), and every client could otherwise eject a target with a few large POSTs.
     const refusedBody = kind === 'reset' && this.opts.body !== null && !this.replayable && !this.req.complete
     if ((kind === 'response_timeout' || kind === 'reset' || kind === 'bad_response') && target !== null && !refusedBody) this.plan.pool.failed(target)
     if ((kind === 'refused' || kind === 'dns' || kind === 'connect_timeout') && target !== null) {

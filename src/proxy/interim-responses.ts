@@ -9,9 +9,11 @@ import { buildConnector } from 'undici'
 
 const HEAD_END = Buffer.from('\r\n\r\n')
 const REQUEST_LINE = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+ [^ ]+ HTTP\/1\.1\r\n/
-// "HTTP/1.x 100 " or "HTTP/1.x 100\r": enough bytes to tell a 100 from any other status.
-const PREFIX_LENGTH = 13
-const HTTP_1_DOT = Buffer.from('HTTP/1.')
+// "HTTP/1.x 100 " or "HTTP/1.x 100\r": enough bytes to tell a 100 from every other status. Each
+// position lists the bytes allowed there.
+const CONTINUE_PREFIX: ReadonlyArray<readonly number[]> = [...'HTTP/1.'].map(c => [c.charCodeAt(0)])
+  .concat([[0x30, 0x31], [0x20], [0x31], [0x30], [0x30], [0x20, 0x0d]])
+const PREFIX_LENGTH = CONTINUE_PREFIX.length
 
 /**
  * Whether `buf` starts a `100 Continue` head: 'yes', 'no', or 'maybe' while every byte so far
@@ -20,16 +22,7 @@ const HTTP_1_DOT = Buffer.from('HTTP/1.')
  */
 function continueHead (buf: Buffer): 'yes' | 'no' | 'maybe' {
   const n = Math.min(buf.length, PREFIX_LENGTH)
-  for (let i = 0; i < n; i++) {
-    const b = buf[i] as number
-    const ok = i < 7 ? b === HTTP_1_DOT[i]
-      : i === 7 ? b === 0x30 || b === 0x31
-        : i === 8 ? b === 0x20
-          : i === 9 ? b === 0x31
-            : i === 10 || i === 11 ? b === 0x30
-              : b === 0x20 || b === 0x0d
-    if (!ok) return 'no'
-  }
+  for (let i = 0; i < n; i++) if (!(CONTINUE_PREFIX[i] as readonly number[]).includes(buf[i] as number)) return 'no'
   return n < PREFIX_LENGTH ? 'maybe' : 'yes'
 }
 

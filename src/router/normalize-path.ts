@@ -114,21 +114,23 @@ function hexValue (c: number): number {
 }
 
 /**
- * The path and the raw query of a request target, as the gateway routes it: origin-form, or
- * absolute-form (RFC 9112 §3.2.2) from its first "/" after the authority. Null for anything else
- * (e.g. "*"). The path still needs normalizePath; nothing is decoded or resolved here (WHATWG URL
- * parsing would turn "\\" into "/" and resolve "..", and route what the gateway refuses).
+ * The path of a request target, as the gateway routes it: origin-form, or absolute-form (RFC 9112
+ * §3.2.2) from its first "/" after the authority. Null for anything else (e.g. "*"). The path still
+ * needs normalizePath; nothing is decoded or resolved here (WHATWG URL parsing would turn "\\" into
+ * "/" and resolve "..", and route what the gateway refuses). Two functions, not one returning both:
+ * the request path allocates no pair.
  */
-export function splitRequestTarget (target: string): { readonly rawPath: string, readonly query: string } | null {
-  let rawPath = target
-  let query = ''
+export function requestTargetPath (target: string): string | null {
   const q = target.indexOf('?')
-  if (q !== -1) {
-    rawPath = target.slice(0, q)
-    query = target.slice(q)
-  }
-  if (rawPath.charCodeAt(0) === 47 /* / */) return { rawPath, query }
+  const rawPath = q === -1 ? target : target.slice(0, q)
+  if (rawPath.charCodeAt(0) === 47 /* / */) return rawPath
   if (!/^https?:\/\//i.test(rawPath)) return null
   const slash = rawPath.indexOf('/', rawPath.indexOf('//') + 2)
-  return { rawPath: slash === -1 ? '/' : rawPath.slice(slash), query }
+  return slash === -1 ? '/' : rawPath.slice(slash)
+}
+
+/** The raw query of a request target, with its "?" ('' without one): passed upstream untouched. */
+export function requestTargetQuery (target: string): string {
+  const q = target.indexOf('?')
+  return q === -1 ? '' : target.slice(q)
 }
