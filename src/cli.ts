@@ -11,6 +11,7 @@ import { explain } from './explain.js'
 import { limitsCommand } from './cli-limits.js'
 import { isWorker, notifyReady, registerWorkerMetrics, runPrimary } from './workers.js'
 import { createLogger } from './log.js'
+import { notTheGateway } from './pid-file.js'
 
 const HELP = `Usage: gateway [command] [options]
 
@@ -184,6 +185,8 @@ function reportConfigError (err: unknown, file?: string): number {
 }
 
 interface ReloadView {
+  /** The process answering (the primary in workers mode); absent from a gateway older than the field. */
+  readonly pid?: number
   readonly generation: number
   readonly lastReload: { attempt: number, ok: boolean, generation: number, problems: string[] } | null
 }
@@ -239,6 +242,11 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
   try {
     before = await readReloadView(adminUrl)
   } catch { /* reported below, after the signal: the reload itself does not need the admin listener */ }
+  const stale = notTheGateway(pid, pidFile, typeof before?.pid === 'number' ? before.pid : null, adminUrl)
+  if (stale !== null) {
+    process.stderr.write(`gateway reload: ${stale}\n`)
+    return EXIT_NOT_RUNNING
+  }
   try {
     process.kill(pid, 'SIGHUP')
   } catch (err) {

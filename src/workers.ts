@@ -187,7 +187,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     if (req.method !== 'GET' && req.method !== 'HEAD') return json(res, 405, errorBody('GW_ERR_BAD_REQUEST', 'admin endpoints are read-only'))
     if (path === '/healthz') return json(res, 200, { status: 'ok' })
     if (path === '/readyz') return json(res, ready.size === workers && !shuttingDown ? 200 : 503, { status: ready.size === workers ? 'ready' : 'not_ready', workers, ready: ready.size })
-    if (path === '/config') return json(res, 200, { generation, hash: loaded.hash, file: loaded.file, workers, lastReload, config: redactConfig(loaded.config) })
+    if (path === '/config') return json(res, 200, { pid: process.pid, generation, hash: loaded.hash, file: loaded.file, workers, lastReload, config: redactConfig(loaded.config) })
     if (path === '/metrics') {
       const asked = readyWorkers()
       adminIpc.ask(asked, 'metrics', '', '-').then(async (answers) => {

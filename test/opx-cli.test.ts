@@ -1,7 +1,7 @@
 // The CLI as an operator runs it (bin/gateway, real processes): reload waits for the running
 // gateway's verdict, help exists per command, failures are one line with an exit code per kind.
 import t from 'tap'
-import { writeFileSync, readFileSync } from 'node:fs'
+import { writeFileSync, readFileSync, utimesSync } from 'node:fs'
 import { execFile, spawn } from 'node:child_process'
 import { spawnGateway, childEnv, writeConfig } from './helpers/gateway.js'
 import { refusingUrl, startUpstream } from './helpers/upstream.js'
@@ -76,6 +76,34 @@ t.test('reload: missing pid file and dead process are exit 3, one line, no stack
   t.equal(dead.code, 3)
   t.match(dead.stderr, /no process 2147483646/)
   t.notMatch(missing.stderr + dead.stderr, /\n\s+at /, 'no stack frames')
+})
+
+// A pid file left by a gateway killed with SIGKILL names an id the kernel may give to another
+// process: SIGHUP would end it (sleep's default action for SIGHUP is to terminate).
+t.test('reload: a stale pid file naming another live process signals nothing, exit 3', async t => {
+  const up = await startUpstream(t)
+  const gw = await spawnGateway(t, config(up.url, 'first'))
+  const bystander = spawn('sleep', ['60'], { stdio: 'ignore' })
+  t.teardown(() => { bystander.kill('SIGKILL') })
+  const exited = new Promise<NodeJS.Signals | null>(resolve => bystander.once('exit', (_code, signal) => resolve(signal)))
+  const stale = gw.file.replace(/gateway\.yaml$/, 'other.pid')
+  // written after the bystander started: /proc cannot tell, the admin listener's pid does
+  writeFileSync(stale, `${bystander.pid}\n`)
+  const byAdmin = await gateway(['reload', '-c', gw.file, '--pid-file', stale, '--admin', `127.0.0.1:${gw.adminPort}`])
+  t.equal(byAdmin.code, 3, byAdmin.stderr)
+  t.match(byAdmin.stderr, new RegExp(`names process ${bystander.pid}, but the gateway answering on .* is process ${readFileSync(gw.pidFile, 'utf8').trim()}`))
+  // the admin listener unreachable: the pid file is older than the process holding its id
+  writeFileSync(gw.file.replace(/gateway\.yaml$/, 'closed.yaml'), config(up.url, 'first').replace('admin: 127.0.0.1:0', `admin: ${await refusingUrl().then(u => u.slice('http://'.length))}`))
+  const old = new Date(Date.now() - 3600_000)
+  utimesSync(stale, old, old)
+  const byProc = await gateway(['reload', '-c', gw.file.replace(/gateway\.yaml$/, 'closed.yaml'), '--pid-file', stale])
+  t.equal(byProc.code, 3, byProc.stderr)
+  t.match(byProc.stderr, new RegExp(`process ${bystander.pid} started after .*other\\.pid was written`))
+  t.equal(byAdmin.stderr.trim().split('\n').length + byProc.stderr.trim().split('\n').length, 2, 'one line each')
+  t.equal(await Promise.race([exited, new Promise(resolve => setTimeout(() => resolve('alive'), 300))]), 'alive', 'the process holding the id was not signalled')
+  // the gateway's own pid file still works
+  const ok = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`])
+  t.equal(ok.code, 0, ok.stderr)
 })
 
 t.test('unreadable or missing config: one located line, exit 1', async t => {

@@ -124,7 +124,7 @@ export function createAdminServer (source: AdminSource, live: LiveFeed | null = 
         const rt = source.runtime
         if (rt === null) return json(res, ERRORS.GW_ERR_NOT_READY.status, errorBody('GW_ERR_NOT_READY', 'no configuration loaded yet'))
         // the config in force: the file with every default written in, secrets redacted
-        return json(res, 200, { generation: rt.generation, hash: rt.hash, file: rt.file, loadedAt: rt.loadedAt, lastReload: source.lastReload ?? null, config: redactConfig(rt.config) })
+        return json(res, 200, { pid: process.pid, generation: rt.generation, hash: rt.hash, file: rt.file, loadedAt: rt.loadedAt, lastReload: source.lastReload ?? null, config: redactConfig(rt.config) })
       }
       default:
         if (handleDashboard(req, res, path, live, () => source.runtime, json)) return
