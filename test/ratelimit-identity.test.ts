@@ -118,6 +118,16 @@ t.test('identity header with trustedProxies: believed from those peers only, rem
   t.same(await admin.keys('gw:r.user.*'), [], 'nothing charged to alice')
   // the auth layer (a trusted peer) names alice: her limit applies
   t.same(await statuses(3, url, { 'x-user-id': 'alice' }, '127.0.0.2'), [200, 200, 429])
+  // An auth layer that appends its header to the client's: node joins the two as "mallory, bob",
+  // which must not become a user with a fresh budget (nor reach the upstream).
+  const before = up.requests
+  for (const headers of [{ 'x-user-id': ['mallory', 'bob'] }, { 'x-user-id': 'mallory, bob' }]) {
+    const r = await send(url, { headers, localAddress: '127.0.0.2' })
+    t.equal(r.status, 401, 'a repeated identity header is refused')
+    t.same([r.json?.error, r.json?.reason], ['GW_ERR_UNAUTHORIZED', 'identity header repeated or holds a comma'])
+  }
+  t.equal(up.requests, before, 'neither reached the upstream')
+  t.same((await admin.keys('gw:r.user.*')).map(k => k.slice(k.lastIndexOf(':') + 1)), ['alice'], 'no budget for a joined name')
 })
 
 t.test('identity required: a request without identity gets 401 JSON before any limit', async t => {

@@ -122,7 +122,7 @@ function headerName (name: string): string {
 function compileHeaderIdentity (header: string, absent: Absent, consumers: ConsumerDirectory, trustedPeersOnly: boolean): IdentityResolver {
   const name = headerName(header)
   const tooLong = failure('identity header too long')
-  const repeated = failure('identity header repeated')
+  const repeated = failure('identity header repeated or holds a comma')
   return {
     credentialHeader: name,
     resolve (headers, required, peerTrusted = true) {
@@ -134,6 +134,10 @@ function compileHeaderIdentity (header: string, absent: Absent, consumers: Consu
         return absent(required)
       }
       if (typeof raw !== 'string') return repeated
+      // Node joins a repeated field with ", ": an auth layer that appends its X-User-Id to the
+      // client's would hand over "forged, real", a made-up user with a budget of its own. A name
+      // holding a comma cannot be told from that, so it is refused too.
+      if (raw.includes(',')) return repeated
       const user = raw.trim()
       if (user.length === 0) return absent(required)
       if (user.length > MAX_USER_LENGTH) return tooLong

@@ -13,7 +13,8 @@ export interface Reply {
 
 export interface SendOptions {
   readonly method?: string
-  readonly headers?: Record<string, string>
+  /** An array value sends the field once per element (a repeated header). */
+  readonly headers?: Record<string, string | readonly string[]>
   /** Local address to connect from (e.g. '::1' with an [::1] gateway). */
   readonly localAddress?: string
 }
@@ -26,7 +27,7 @@ export function send (url: string, options: SendOptions = {}): Promise<Reply> {
   return new Promise((resolve, reject) => {
     const req = request(url, {
       method: options.method ?? 'GET',
-      headers: options.headers ?? {},
+      headers: (options.headers ?? {}) as Record<string, string | string[]>,
       agent: false,
       ...(options.localAddress !== undefined ? { localAddress: options.localAddress } : {})
     }, (res) => {
