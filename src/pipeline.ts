@@ -49,7 +49,7 @@ interface Admission extends RecordedAdmission {
   readonly route: CompiledRoute
 }
 
-type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown>, headers?: ReadonlyArray<readonly [string, string]>, ipKey: string }
+type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown>, headers?: ReadonlyArray<readonly [string, string]>, ipKey: string, clientIp: string }
 
 function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage): Early {
   // The client IP comes first: a request that fails to route is still charged to its address.
@@ -65,24 +65,24 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
     }
   }
   const head = checkRequestHead(req, rt.server.maxHeadersCount)
-  if (head !== null) return { ok: false, code: head.code, extra: { reason: head.reason }, ipKey: client.key }
+  if (head !== null) return { ok: false, code: head.code, extra: { reason: head.reason }, ipKey: client.key, clientIp: client.ip }
   // absolute-form (RFC 9112 §3.2.2) is accepted; anything else (e.g. "*") is not routable
   const url = req.url ?? '/'
   const rawPath = requestTargetPath(url)
-  if (rawPath === null) return { ok: false, code: 'GW_ERR_BAD_PATH', ipKey: client.key }
+  if (rawPath === null) return { ok: false, code: 'GW_ERR_BAD_PATH', ipKey: client.key, clientIp: client.ip }
   const normalized = normalizePath(rawPath)
-  if (!normalized.ok) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: normalized.reason }, ipKey: client.key }
+  if (!normalized.ok) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: normalized.reason }, ipKey: client.key, clientIp: client.ip }
   const host = normalizeHost(req.headers.host)
   const route = rt.routes.match(host, req.method ?? 'GET', normalized.path)
   if (route === null) {
     // A route has this path but not this method: 405 with Allow (RFC 9110 §15.5.6), not 404.
     const allow = rt.routes.allowedMethods(host, normalized.path)
-    if (allow !== null) return { ok: false, code: 'GW_ERR_METHOD_NOT_ALLOWED', headers: [['allow', allow.join(', ')]], ipKey: client.key }
-    return { ok: false, code: 'GW_ERR_NOT_FOUND', ipKey: client.key }
+    if (allow !== null) return { ok: false, code: 'GW_ERR_METHOD_NOT_ALLOWED', headers: [['allow', allow.join(', ')]], ipKey: client.key, clientIp: client.ip }
+    return { ok: false, code: 'GW_ERR_NOT_FOUND', ipKey: client.key, clientIp: client.ip }
   }
   // Servlet containers and others strip ";params" from path segments: "/admin;x=1" would miss an
   // "/admin" route here, fall through to a catch-all and be served as /admin upstream.
-  if (!route.allowPathParams && normalized.path.includes(';')) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: 'path parameters (";") are not allowed on this route (allowPathParams)' }, ipKey: client.key }
+  if (!route.allowPathParams && normalized.path.includes(';')) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: 'path parameters (";") are not allowed on this route (allowPathParams)' }, ipKey: client.key, clientIp: client.ip }
   return { ok: true, admission: { route, path: normalized.path + requestTargetQuery(url), clientIp: client.ip, ipKey: client.key, user: null, storeMs: 0 } }
 }
 
@@ -237,7 +237,10 @@ function reject (transport: Transport, record: RequestRecord, v: RejectVerdict):
 function admit (state: PipelineState, rt: Runtime, record: RequestRecord, transport: Transport, admitted: (a: Admission, v: AllowVerdict) => void): void {
   const { req, requestId } = record
   const early = routeRequest(state, rt, req)
+  // A request refused before it has a route is still logged and shown under its client's address
+  // (behind a trusted proxy, not the proxy's): the address the local level charged.
   if (early.ok) record.admission = early.admission
+  else record.clientIp = early.clientIp
   const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
   if (shed !== null && shed.kind === 'reject') return reject(transport, record, shed)
   if (!early.ok) return refuse(transport, record, early)

@@ -61,6 +61,8 @@ export class RequestRecord {
   readonly trustedPeer: boolean
   readonly requestId: string
   admission: Admission | null = null
+  /** The client's address when the request has no admission (refused before routing). */
+  clientIp: string | null = null
   private phase: 'open' | 'finished' = 'open'
   private counted = true
 
@@ -119,7 +121,7 @@ export class RequestRecord {
     const seconds = (performance.now() - this.started) / 1e3
     const route = a?.route.name ?? '-'
     telemetry.request(route, req.method ?? 'GET', status, seconds)
-    if (outcome === 'rejected') telemetry.clientRejected(a?.clientIp ?? req.socket.remoteAddress ?? '-', a?.user ?? null)
+    if (outcome === 'rejected') telemetry.clientRejected(a?.clientIp ?? this.clientIp ?? req.socket.remoteAddress ?? '-', a?.user ?? null)
     const logged = accessLog.enabled()
     const trace = logged || rt.tracer !== PROPAGATING_TRACER ? this.trace() : traceOf(req)
     if (trace !== undefined && trace.span !== null) {
@@ -139,7 +141,7 @@ export class RequestRecord {
     accessLog({
       requestId: this.requestId,
       traceId: trace?.traceId,
-      ip: a?.clientIp ?? req.socket.remoteAddress,
+      ip: a?.clientIp ?? this.clientIp ?? req.socket.remoteAddress,
       user: a?.user ?? undefined,
       method: req.method,
       host: req.headers.host,

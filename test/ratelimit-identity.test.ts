@@ -66,6 +66,19 @@ t.test('behind a trusted proxy each X-Forwarded-For client has its own budget an
   t.ok(upstreamXff.includes('198.51.100.3'), 'the access log names the resolved client')
 })
 
+t.test('a request refused before it has a route is logged under its client behind a trusted proxy, not the proxy', async t => {
+  await admin.flushall()
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, 'trustedProxies: [127.0.0.1]\nlocal: { limit: 2, window: 1h, burst: 2 }', ''))
+  const replies: Reply[] = []
+  // TRACE is taken by no route here: 405, charged to the client by the local level
+  for (let i = 0; i < 3; i++) replies.push(await send(`${gw.url}/x`, { method: 'TRACE', headers: { 'x-forwarded-for': '203.0.113.9' } }))
+  t.same(replies.map(r => r.status), [405, 405, 429])
+  t.equal(replies[2]?.json?.limit, 'local')
+  const access = gw.lines.filter(l => l.msg === 'request')
+  t.same(access.map(l => [l.status, l.ip]), [[405, '203.0.113.9'], [405, '203.0.113.9'], [429, '203.0.113.9']], 'the access log names the client the local level charged')
+})
+
 t.test('IPv6 clients are limited per /64: two addresses in one /64 share a budget', async t => {
   await admin.flushall()
   const up = await startUpstream(t)
