@@ -6,7 +6,7 @@ import { ROOT_CONTEXT, SpanKind, SpanStatusCode, TraceFlags, trace as otelTrace,
 import { BatchSpanProcessor, TracerProvider } from '@opentelemetry/sdk-trace'
 import { resourceFromAttributes } from '@opentelemetry/resources'
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http'
-import { parseTraceparent, traceparentOf, type RequestTracer, type SpanEnd, type TraceContext } from './tracing.js'
+import { incomingParent, traceparentOf, type RequestTracer, type SpanEnd, type TraceContext } from './tracing.js'
 
 export interface OtlpTracer extends RequestTracer {
   /** Exports what is buffered, then stops. */
@@ -40,7 +40,7 @@ export function createOtlpTracer (url: string, serviceName: string): OtlpTracer 
   const tracer: Tracer = provider.getTracer('edge-gateway')
   return {
     start (req: IncomingMessage, startedAtMs: number): TraceContext {
-      const parent = parseTraceparent(req.headers.traceparent)
+      const parent = incomingParent(req)
       const context = parent === null
         ? ROOT_CONTEXT
         : otelTrace.setSpanContext(ROOT_CONTEXT, { traceId: parent.traceId, spanId: parent.parentSpanId, traceFlags: parseInt(parent.flags, 16), isRemote: true })

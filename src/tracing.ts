@@ -45,14 +45,26 @@ const ZERO_SPAN = '0'.repeat(16)
 export interface ParsedParent { traceId: string, parentSpanId: string, flags: string }
 
 export function parseTraceparent (header: string | string[] | undefined): ParsedParent | null {
-  // a repeated traceparent is invalid (§3.2): start a new trace rather than pick one
-  if (typeof header !== 'string') return null
+  // a repeated traceparent is invalid (§3.2): start a new trace rather than pick one. Node joins a
+  // repeated field with ", ", and a later version's extra fields matched the joined pair.
+  if (typeof header !== 'string' || header.includes(',')) return null
   const m = TRACEPARENT_RE.exec(header.trim())
   if (m === null) return null
   const [, version, traceId, parentSpanId, flags, rest] = m as unknown as [string, string, string, string, string, string | undefined]
   if (version === 'ff' || (version === '00' && rest !== undefined)) return null
   if (traceId === ZERO_TRACE || parentSpanId === ZERO_SPAN) return null
   return { traceId, parentSpanId, flags }
+}
+
+/**
+ * The caller's span from the request's traceparent, or null. Without one, the caller's tracestate
+ * is removed: it describes a trace the upstream will not see (W3C Trace Context §3.3.1: a
+ * tracestate is discarded when the traceparent is invalid).
+ */
+export function incomingParent (req: IncomingMessage): ParsedParent | null {
+  const parent = parseTraceparent(req.headers.traceparent)
+  if (parent === null && req.headers.tracestate !== undefined) delete req.headers.tracestate
+  return parent
 }
 
 // Ids come from a pooled random buffer: one randomFillSync per 256 ids instead of one per request.
@@ -77,7 +89,7 @@ export function traceparentOf (trace: TraceContext): string {
 /** Propagation without export: the default when `tracing.otlp` is not set. */
 export const PROPAGATING_TRACER: RequestTracer = Object.freeze({
   start (req: IncomingMessage): TraceContext {
-    const parent = parseTraceparent(req.headers.traceparent)
+    const parent = incomingParent(req)
     // A new trace is sampled (01): whoever collects downstream should keep what starts here.
     const trace: TraceContext = parent === null
       ? { traceId: randomHex(16), spanId: randomHex(8), parentSpanId: null, flags: '01', span: null }

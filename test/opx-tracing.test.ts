@@ -54,14 +54,17 @@ t.test('no traceparent, or an invalid one: a new trace, propagated and logged', 
     '00-00000000000000000000000000000000-00f067aa0ba902b7-01', // zero trace id
     '00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01', // zero parent id
     'ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', // version ff
-    '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra' // version 00 with more fields
+    '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra', // version 00 with more fields
+    // repeated, as node joins two fields: the first alone would be a valid later version
+    'cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x, 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'
   ]
   const seen = new Set<string>()
   for (const header of invalid) {
-    const headers: Record<string, string> = {}
+    const headers: Record<string, string> = { tracestate: 'vendor=1' }
     if (header !== undefined) headers.traceparent = header
     const res = await fetch(`${gw.url}/x`, { headers })
     const echo = await res.json() as EchoBody
+    t.equal(echo.headers.tracestate, undefined, `${String(header)}: the caller's tracestate is not sent with a new trace`)
     const sent = TRACEPARENT.exec(echo.headers.traceparent as string)
     t.ok(sent !== null, `${String(header)}: upstream got a valid traceparent`)
     const traceId = (sent as RegExpExecArray)[1] as string
