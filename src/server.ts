@@ -17,7 +17,7 @@ import { LiveFeed } from './admin/live-feed.js'
 import { describeRoutes } from './admin/dashboard.js'
 import { answerAdminRequests, sendLiveFrames } from './workers.js'
 import { redactConfig } from './admin/redact.js'
-import { cutByShutdown } from './proxy/shutdown-cut.js'
+import { cutByGateway } from './proxy/shutdown-cut.js'
 import { createAccessLog, createLogger, droppedLogLines, type Logger, type LogLevel } from './log.js'
 import { errorBody, writeRawError, type ErrorCode } from './errors.js'
 import { adminListen, adminToken } from './config/defaults.js'
@@ -314,9 +314,13 @@ export class Gateway {
       // byte now and then keeps clientBodyTimeout from firing), and its answer would wait for it
       // for ever. Ending the connection closes it (logged as a client abort, giving back what it
       // held); answers still owed to requests pipelined before it are lost, the price of a
-      // connection that outlived server.requestTimeout.
-      else if (code === 'ERR_HTTP_REQUEST_TIMEOUT' && open.responses.some(r => !r.req.complete)) socket.destroy()
-      else open.then = answer
+      // connection that outlived server.requestTimeout. Each of those requests is logged and
+      // counted once, as the client_timeout it is, not as a client abort beside a 408 never sent.
+      else if (code === 'ERR_HTTP_REQUEST_TIMEOUT' && open.responses.some(r => !r.req.complete)) {
+        for (const res of open.responses) cutByGateway.set(res, 'client_timeout')
+        socket.destroy()
+        return
+      } else open.then = answer
       // Counted and logged like any answered request: oversized headers and slowloris are worth seeing.
       this.live.request('-', '-', status, 0)
       this.logger.info({ requestId, ip: socket.remoteAddress, route: '-', status, error: code === '' ? 'bad_request' : code }, 'request')
@@ -520,7 +524,7 @@ export class Gateway {
       }
       if (refused > 0) await new Promise(resolve => setTimeout(resolve, 50))
       // What is still running now is cut by the gateway: logged as shutting_down, not as 499.
-      for (const c of this.connections) for (const res of c.responses) cutByShutdown.add(res)
+      for (const c of this.connections) for (const res of c.responses) cutByGateway.set(res, 'shutting_down')
       server.closeAllConnections()
       for (const s of this.sockets) s.destroy()
     }

@@ -7,7 +7,7 @@ import { stripPathPrefix } from './forward-path.js'
 import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
 import { UpstreamTarget, type PendingRequest, type PoolWaiter, type UpstreamPool } from './upstream-pool.js'
 import { BodyBudget } from './body-budget.js'
-import { cutByShutdown } from './shutdown-cut.js'
+import { cutByGateway } from './shutdown-cut.js'
 
 export type { HeaderRules } from './forward-headers.js'
 export type { ForwardErrorKind } from './upstream-errors.js'
@@ -554,8 +554,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     }
     this.releaseTarget()
     this.releaseHeldBytes()
-    // The connection was closed by the gateway's own shutdown, not by the client.
-    if (kind === 'client_abort' && cutByShutdown.has(this.res)) kind = 'shutting_down'
+    // The connection was closed by the gateway (its shutdown, server.requestTimeout), not by the client.
+    if (kind === 'client_abort') kind = cutByGateway.get(this.res) ?? kind
     const code = kind === null ? null : KIND_CODES[kind]
     let status = this.status
     let sentStatus: number | undefined

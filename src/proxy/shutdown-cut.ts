@@ -1,4 +1,5 @@
-// Responses the gateway itself cut because the shutdown budget (server.shutdownTimeout) ran out.
-// Their connection closes like a client's would; this set lets the forward tell the two apart,
-// so the access log says the gateway ended them (shutting_down), not the client (499).
-export const cutByShutdown = new WeakSet<object>()
+// Responses the gateway itself cut: the shutdown budget (server.shutdownTimeout) ran out, or the
+// connection outlived server.requestTimeout while a body was still arriving. Their connection
+// closes like a client's would; this map lets the forward tell them apart, so the access log says
+// what ended them (shutting_down, client_timeout), not the client (499).
+export const cutByGateway = new WeakMap<object, 'shutting_down' | 'client_timeout'>()
