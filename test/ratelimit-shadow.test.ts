@@ -31,3 +31,27 @@ routes:
   t.equal(await shadow('shadow'), 0, 'and never reached its own limit of 3')
   t.equal(up.requests, 2)
 })
+
+t.test('two shadow limits are decided each on its own: the tighter one\'s refusals are not counted against the other', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - name: r
+    pathPrefix: /
+    upstream: backend
+    limits:
+      ip:   { algorithm: sliding-window-log, limit: 1000, window: 1h, mode: shadow }
+      user: { algorithm: sliding-window-log, limit: 2, window: 1h, mode: shadow }
+`)
+  const statuses: number[] = []
+  for (let i = 0; i < 5; i++) statuses.push((await send(`${gw.url}/x`, { headers: { 'x-user-id': 'alice' } })).status)
+  t.same(statuses, [200, 200, 200, 200, 200], 'shadow limits never reject')
+  const count = (dimension: string, result: string): Promise<number> => metric(gw.adminUrl, 'gateway_ratelimit_decisions_total', { route: 'r', dimension, result })
+  await eventually('every request reaches both shadow limits', async () => await count('ip', 'allowed') + await count('ip', 'shadow') === 5 && await count('user', 'allowed') + await count('user', 'shadow') === 5)
+  t.same([await count('user', 'allowed'), await count('user', 'shadow')], [2, 3], 'the user limit would have refused 3')
+  t.same([await count('ip', 'allowed'), await count('ip', 'shadow')], [5, 0], 'the ip limit, at 5 of 1000, would have refused none')
+})

@@ -279,16 +279,21 @@ export class Limiter {
   }
 
   // Shadow limits are counted and reported, never enforced: decided after the enforced ones
-  // admitted the request, in a call of their own so that running out cannot veto anything.
+  // admitted the request, in a call of their own so that running out cannot veto anything. Each
+  // is decided alone: decided together, all-or-nothing, the tightest one's refusals were counted
+  // as refusals of every other and left them uncharged, so a limit on trial beside a tighter one
+  // showed rejections it would never make.
   private async decideShadow (req: LimitRequest): Promise<void> {
     const { checks, limits } = buildChecks(req.plan.shadow, req)
-    if (checks.length === 0) return
-    try {
-      const { decision, level } = await this.options.shared.decide(checks, limits, req.requestId + ':shadow')
-      for (const l of limits) this.counterOf(req.route, l).count(level, decision.allowed ? 'allowed' : 'shadow')
-    } catch {
-      // a shadow limit never affects the request
-    }
+    await Promise.all(checks.map(async (check, i) => {
+      const l = limits[i] as PlannedLimit
+      try {
+        const { decision, level } = await this.options.shared.decide([check], [l], `${req.requestId}:shadow:${i}`)
+        this.counterOf(req.route, l).count(level, decision.allowed ? 'allowed' : 'shadow')
+      } catch {
+        // a shadow limit never affects the request
+      }
+    }))
   }
 
   // draft-ietf-httpapi-ratelimit-headers: RateLimit-Policy names the quota, RateLimit carries the
