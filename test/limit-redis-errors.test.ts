@@ -4,7 +4,11 @@
 import t from 'tap'
 import { Redis } from 'ioredis'
 import { startRedis, startRedisCluster, startRedisReplica } from './helpers/redis.js'
-import { classifyRedisError, createRedisClient, replyCode } from '../src/limit/redis-client.js'
+import { classifyRedisError, createRedisClient, replyCode, whenReady } from '../src/limit/redis-client.js'
+import { createRedisStore } from '../src/limit/redis-store.js'
+import { RedisGuard } from '../src/limit/redis-guard.js'
+import { NOOP_TELEMETRY } from '../src/telemetry.js'
+import type { LimitSpec } from '../src/limit/types.js'
 
 async function failureOf (call: () => Promise<unknown>): Promise<unknown> {
   try {
@@ -73,4 +77,34 @@ t.test('no connection: a refused socket, a client that will not queue', async (t
 t.test('the guard\'s own timeout, by its code', async (t) => {
   t.equal(classifyRedisError(Object.assign(new Error('no answer within 50ms'), { code: 'GW_ERR_REDIS_TIMEOUT' })), 'timeout')
   t.equal(classifyRedisError('not an error'), 'other')
+})
+
+t.test('a check the store refuses before calling Redis (the request\'s fault) fails that decision, not Redis: the breaker stays closed', async (t) => {
+  const client = createRedisClient({ url: redis.url })
+  t.teardown(() => client.disconnect())
+  await whenReady(client)
+  const states: string[] = []
+  const failures: string[] = []
+  const guard = new RedisGuard({
+    store: createRedisStore({ client }),
+    fallbackMaxKeys: 100,
+    timeoutMs: 1000,
+    instances: () => 1,
+    telemetry: { ...NOOP_TELEMETRY, redisCall: (_s, ok, kind) => { if (!ok) failures.push(String(kind)) } },
+    onStateChange: (state) => { states.push(state) }
+  })
+  t.teardown(() => guard.close())
+  // a window of 0 is what identity.failureLimit let through before the config checked it
+  const invalid: LimitSpec = Object.freeze({ id: 'zero-window', algorithm: 'gcra', limit: 10, windowMs: 0, burst: 10, maxDelayMs: 0 })
+  const valid: LimitSpec = Object.freeze({ id: 'fw-10-60000', algorithm: 'fixed-window', limit: 10, windowMs: 60_000, burst: 10, maxDelayMs: 0 })
+  const LOCAL = [{ onError: 'local' as const }]
+  for (let i = 0; i < 5; i++) {
+    await t.rejects(guard.decide([{ key: `caller-${i}`, spec: invalid, cost: 1 }], LOCAL, `bad${i}`), { name: 'RangeError', message: 'limit zero-window: windowMs must be an integer >= 1' })
+  }
+  t.equal(guard.breaker, 'closed', 'five such requests leave the breaker closed (three Redis failures open it)')
+  t.same(states, [], 'no state change')
+  t.same(failures, [], 'no Redis failure counted')
+  const answered = await guard.decide([{ key: 'caller-ok', spec: valid, cost: 1 }], LOCAL, 'good')
+  t.equal(answered.level, 'redis', 'the next valid request is decided by Redis, not the fallback')
+  t.equal(answered.decision.allowed, true)
 })

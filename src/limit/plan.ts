@@ -4,6 +4,7 @@
 import { createHash } from 'node:crypto'
 import type { AlgorithmName, LimitCheck, LimitSpec } from './types.js'
 import { escapeKeyValue } from './keys.js'
+import { validateLimitSpec } from './algorithms/index.js'
 import { PERIOD_WINDOW_MS, zonedQuotaDelay, type QuotaPeriod } from './algorithms/calendar-quota.js'
 
 // The scope of gateway-wide limits in their ids: "*" cannot be a route name (schema), so a route
@@ -268,12 +269,20 @@ export const FAILURE_LIMIT_NAME = 'identity.failures'
  * gateway-wide `ip` limit and the failed-identity budget of its IP. Empty without identity.
  */
 export function compileFailurePlan (options: LimitPlanOptions): RouteLimitPlan {
-  if (options.failureLimit === null) return EMPTY_PLAN
+  const rule = options.failureLimit
+  if (rule === null) return EMPTY_PLAN
+  // Refused here, at compile time, rather than by the store on each failed credential: there it
+  // answered 503 instead of 401 and, with Redis, counted toward the breaker.
+  if (rule.shadow) throw new RangeError('a failure budget cannot be in shadow mode: it is what stops a client guessing credentials, so it is always enforced')
   const keyPrefix = options.keyPrefix
   const all: PlannedLimit[] = []
   if (options.ip !== null && !options.ip.shadow) all.push(planLimit(GATEWAY_SCOPE, 'ip', options.ip, keyPrefix))
   // "*identity" cannot be a route name (schema), so no route's ip limit can share these keys.
-  const failures = planLimit('*identity', 'ip', { ...options.failureLimit, shadow: false }, keyPrefix)
+  const failures = planLimit('*identity', 'ip', rule, keyPrefix)
+  const invalid = validateLimitSpec(failures.spec)
+  if (invalid !== undefined) throw new RangeError(invalid)
+  const capacity = failures.spec.algorithm === 'gcra' || failures.spec.algorithm === 'token-bucket' || failures.spec.algorithm === 'leaky-bucket' ? failures.spec.burst : failures.spec.limit
+  if (!Number.isSafeInteger(rule.cost) || rule.cost < 1 || rule.cost > capacity) throw new RangeError(`cost ${rule.cost} must be an integer from 1 to the capacity ${capacity}`)
   all.push(Object.freeze({ ...failures, name: FAILURE_LIMIT_NAME, policy: `"${FAILURE_LIMIT_NAME}";q=${failures.spec.limit};w=${Math.max(1, Math.ceil(failures.spec.windowMs / 1000))}` }))
   return Object.freeze({ enforced: Object.freeze(all), shadow: Object.freeze([]), all: Object.freeze(all) })
 }

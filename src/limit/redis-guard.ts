@@ -318,6 +318,12 @@ export class RedisGuard implements SharedLevel {
     let raw: Promise<StoreAnswer> | StoreAnswer | null = null
     const fail = (err: unknown): GuardedDecision => {
       if (raw instanceof Promise) this.giveBackLateLeases(raw, checks)
+      if (callersFault(err)) {
+        // Redis was not asked: the breaker learns nothing, and the fallback would refuse the same
+        // checks. The decision fails (the pipeline answers 503) and the next request probes again.
+        endProbes(probes)
+        throw err
+      }
       return this.failed(err, started, involved, probes, checks, limits, requestId)
     }
     let asked: Promise<StoreAnswer>
@@ -326,7 +332,8 @@ export class RedisGuard implements SharedLevel {
       raw = store.decideDetailed !== undefined ? store.decideDetailed(checks, requestId) : store.decide(checks, requestId)
       asked = this.withTimeout<StoreAnswer>(raw)
     } catch (err) {
-      return Promise.resolve(fail(err))
+      // a promise, so that a throw of fail() rejects it as the asynchronous path does
+      return new Promise(resolve => { resolve(fail(err)) })
     }
     return asked.then((answer) => {
       try {
@@ -726,6 +733,15 @@ export class RedisGuard implements SharedLevel {
     if (check.spec.algorithm === 'lease') return
     if (!addDebt(outage.debt, this.maxKeys, check.key, check.spec, check.cost, Date.now())) outage.overflow++
   }
+}
+
+/**
+ * An error of the request, not of Redis: the store refuses checks it cannot decide (a spec out of
+ * its bounds, a cost above MAX_EXACT, one key twice: assertDecidable's RangeError) before it calls
+ * Redis. Counted as a Redis failure, three such requests opened the breaker for every request.
+ */
+function callersFault (err: unknown): boolean {
+  return err instanceof RangeError
 }
 
 /**
