@@ -258,12 +258,12 @@ t.test('limits: burst, onLimit: delay and maxDelay go together; the limit stage\
   t.equal(delayOnGcra[0], 'gw.yaml:2:44 limits.global.onLimit: "onLimit: delay" needs algorithm: leaky-bucket (the one algorithm that can hold a request for its slot)')
   t.same(problems(globalLimit('{ algorithm: leaky-bucket, limit: 5, window: 1s, maxDelay: 1s }')), ['gw.yaml:2:70 limits.global.maxDelay: "maxDelay" needs "onLimit: delay"'])
   // a maxDelay that does not apply is not checked against the rate either
-  t.same(problems(globalLimit('{ algorithm: leaky-bucket, limit: 1000, window: 1ms, maxDelay: 999999999h }')), ['gw.yaml:2:74 limits.global.maxDelay: "maxDelay" needs "onLimit: delay"'])
+  t.same(problems(globalLimit('{ algorithm: leaky-bucket, limit: 1000003, window: 1ms, maxDelay: 596h }')), ['gw.yaml:2:77 limits.global.maxDelay: "maxDelay" needs "onLimit: delay"'])
   t.same(problems(globalLimit('{ algorithm: leaky-bucket, limit: 5, window: 1s, onLimit: delay }')), [
     'gw.yaml:2:11 limits.global.maxDelay: "onLimit: delay" needs "maxDelay" (the longest a request may wait)'
   ])
   t.match(accepted(globalLimit('{ algorithm: leaky-bucket, limit: 5, window: 1s, onLimit: delay, maxDelay: 1s }')).config.limits?.global, { maxDelay: '1s' })
-  t.same(problems(globalLimit('{ algorithm: leaky-bucket, limit: 1000, window: 1ms, onLimit: delay, maxDelay: 999999999h }')), ['gw.yaml:2:11 limits.global: maxDelayMs is too large for this rate'])
+  t.same(problems(globalLimit('{ algorithm: leaky-bucket, limit: 1000003, window: 1ms, onLimit: delay, maxDelay: 596h }')), ['gw.yaml:2:11 limits.global: maxDelayMs is too large for this rate'])
   t.same(problems(globalLimit('{ limit: 5, window: 0s }')), ['gw.yaml:2:11 limits.global: windowMs must be an integer >= 1'])
   t.same(problems(globalLimit('{ limit: 2000, window: 1ms }')), ['gw.yaml:2:11 limits.global: gcra allows at most one request per µs (limit <= windowMs * 1000)'])
   t.same(problems(globalLimit('{ algorithm: token-bucket, limit: 1, window: 1000h, burst: 1000 }')), [
@@ -513,4 +513,101 @@ t.test('a problem inside an alias is located at the alias, where the anchored te
     'gw.yaml:2:34 upstreams.a.wieght: unknown key "wieght"',
     'gw.yaml:3:6 upstreams.b.wieght: unknown key "wieght"'
   ])
+})
+
+t.test('identity.failureLimit is checked like every other limit, and cannot be in shadow mode', async t => {
+  const failureLimit = (limit: string): string => `identity: { header: x-user, failureLimit: ${limit} }\n` + BASE
+  t.same(problems(failureLimit('{ algorithm: sliding-window-log, limit: 20000, window: 1m }')), [
+    'gw.yaml:1:43 identity.failureLimit: sliding-window-log stores one entry per admitted unit: limit must be <= 10000 (use sliding-window for larger limits)'
+  ])
+  t.same(problems(failureLimit('{ limit: 10, window: 0s }')), ['gw.yaml:1:43 identity.failureLimit: windowMs must be an integer >= 1'])
+  t.same(problems(failureLimit('{ limit: 10, window: 1m, cost: 11 }')), ['gw.yaml:1:74 identity.failureLimit.cost: cost 11 is above the capacity 10: every request would be rejected'])
+  t.same(problems(failureLimit('{ algorithm: fixed-window, limit: 10, window: 1m, burst: 20 }')), [
+    'gw.yaml:1:100 identity.failureLimit.burst: "burst" applies to gcra, token-bucket and leaky-bucket, not fixed-window'
+  ])
+  t.same(problems(failureLimit('{ limit: 10, window: 1m, mode: shadow }')), [
+    'gw.yaml:1:74 identity.failureLimit.mode: a failure budget cannot be in shadow mode: it is what stops a client guessing credentials, so it is always enforced (remove "mode")'
+  ])
+  // in each form of identity
+  t.same(problems('identity: { apiKeys: { header: x, keys: { k-1: a } }, failureLimit: { limit: 10, window: 0s } }\n' + BASE), [
+    'gw.yaml:1:69 identity.failureLimit: windowMs must be an integer >= 1'
+  ])
+  t.same(problems(`identity: { jwt: { secret: "${'s'.repeat(32)}" }, failureLimit: { limit: 10, window: 1m, mode: shadow } }\n` + BASE), [
+    'gw.yaml:1:111 identity.failureLimit.mode: a failure budget cannot be in shadow mode: it is what stops a client guessing credentials, so it is always enforced (remove "mode")'
+  ])
+  t.match(accepted(failureLimit('{ algorithm: sliding-window-log, limit: 10000, window: 1m, cost: 10000, mode: enforce }')).config.identity?.failureLimit, { limit: 10000, mode: 'enforce' })
+})
+
+t.test('an upstream target URL holding credentials is refused, and the message does not show them', async t => {
+  const found = problems('upstreams:\n  b: { targets: ["http://user:s3cret@127.0.0.1:1", { url: "http://u:pw-2@h:2", weight: 2 }, "http://tok3n@h:3"] }\n' + ROUTE)
+  const why = 'a target URL may not hold credentials (user:password@): set an Authorization header with headers.request.set instead'
+  t.same(found, [
+    `gw.yaml:2:18 upstreams.b.targets[0]: ${why}`,
+    `gw.yaml:2:59 upstreams.b.targets[1].url: ${why}`,
+    `gw.yaml:2:93 upstreams.b.targets[2]: ${why}`
+  ])
+  t.notMatch(found.join('\n'), /s3cret|pw-2|tok3n/)
+  // an unparsable URL is quoted, without what stands before its "@"
+  t.same(problems('upstreams:\n  b: { targets: ["http://u:s3cret@a:b:c"] }\n' + ROUTE), ['gw.yaml:2:18 upstreams.b.targets[0]: invalid URL "http://<credentials>@a:b:c"'])
+})
+
+t.test('an unknown key in identity.apiKeys, or beside it, is named by its place: it may be a mis-indented API key', async t => {
+  const tooHigh = problems('identity:\n  apiKeys:\n    header: x-api-key\n    keys: { k-live-abc123: alice }\n    k-live-def456: bob\n' + BASE)
+  t.same(tooHigh, ['gw.yaml:5:5 identity.apiKeys.<key 3>: unknown key, not quoted as it may be an API key (inline keys go under "keys")'])
+  const twoLevels = problems('identity:\n  apiKeys: { header: x-api-key, keys: { k-live-abc123: alice } }\n  k-live-def456: bob\n' + BASE)
+  t.same(twoLevels, ['gw.yaml:3:3 identity.<key 2>: unknown key, not quoted as it may be an API key (inline keys go under "keys")'])
+  t.notMatch([...tooHigh, ...twoLevels].join('\n'), /k-live/)
+  // a typo of a key the form has still gets its suggestion
+  t.same(problems('identity:\n  apiKeys: { headr: x-api-key, keys: { k-1: alice } }\n' + BASE), [
+    'gw.yaml:2:12 identity.apiKeys.header: required key is missing',
+    'gw.yaml:2:14 identity.apiKeys.<key 1>: unknown key, not quoted as it may be an API key (inline keys go under "keys") (did you mean header?)'
+  ])
+  // the other forms of identity hold no API key: their unknown keys are quoted
+  t.same(problems('identity: { header: x-user, k-live-def456: bob }\n' + BASE), ['gw.yaml:1:29 identity.k-live-def456: unknown key "k-live-def456"'])
+})
+
+t.test('a duration a timer waits is at most 596h; 0 is refused where it would fire at once', async t => {
+  const timerBound = 'at most 596h (2147483647ms, the longest a timer can wait: a longer one would fire after 1ms)'
+  const zero = 'must be more than 0: a timer of 0 fires at once'
+  t.same(problems('server: { shutdownTimeout: 597h, clientBodyTimeout: 2147483648ms, sendTimeout: 0s, keepAliveTimeout: 35791395m }\n' + BASE), [
+    `gw.yaml:1:102 server.keepAliveTimeout: ${timerBound}`,
+    `gw.yaml:1:28 server.shutdownTimeout: ${timerBound}`,
+    `gw.yaml:1:53 server.clientBodyTimeout: ${timerBound}`,
+    `gw.yaml:1:80 server.sendTimeout: ${zero}`
+  ])
+  t.same(problems('upstreams:\n  b: { targets: [http://h:1], timeouts: { connect: 0s, response: 0ms, idle: 600h, queue: 1000h }, ejectFor: 9999h }\n' + ROUTE), [
+    `gw.yaml:2:52 upstreams.b.timeouts.connect: ${zero}`,
+    `gw.yaml:2:66 upstreams.b.timeouts.response: ${zero}`,
+    `gw.yaml:2:77 upstreams.b.timeouts.idle: ${timerBound}`,
+    `gw.yaml:2:90 upstreams.b.timeouts.queue: ${timerBound}`,
+    `gw.yaml:2:109 upstreams.b.ejectFor: ${timerBound}`
+  ])
+  t.same(problems(UP + 'routes:\n  - { name: a, pathPrefix: /, upstream: b, timeouts: { response: 0s } }\n'), [`gw.yaml:4:66 routes[0].timeouts.response: ${zero}`])
+  t.same(problems('redis: { url: "redis://h:1", timeout: 0s, leaseTtl: 1000h }\n' + BASE), [
+    `gw.yaml:1:39 redis.timeout: ${zero}`,
+    `gw.yaml:1:53 redis.leaseTtl: ${timerBound}`
+  ])
+  t.same(problems(globalLimit('{ algorithm: leaky-bucket, limit: 1, window: 1000h, onLimit: delay, maxDelay: 1000h }')), [`gw.yaml:2:89 limits.global.maxDelay: ${timerBound}`])
+  // the longest a timer can wait, in either unit, and 0 where it means "no wait" or "no timeout"
+  const edge = accepted('server: { shutdownTimeout: 0s, keepAliveTimeout: 2147483647ms, sendTimeout: 596h }\n' + UP.replace('] }', '], timeouts: { queue: 0s, idle: 0s } }') + ROUTE)
+  t.match(edge.config.server, { shutdownTimeout: '0s', keepAliveTimeout: '2147483647ms', sendTimeout: '596h' })
+  // limit windows are arithmetic, not timers: longer than a timer can wait is fine
+  t.match(accepted(globalLimit('{ algorithm: sliding-window, limit: 10, window: 1000h }')).config.limits?.global, { window: '1000h' })
+})
+
+t.test('YAML aliases: one anchor reused on every route loads; nested aliases that multiply, a self-reference or a missing anchor are located errors', async t => {
+  let reused = 'limits:\n  ip: &std { limit: 5, window: 1s }\n' + UP + 'routes:\n'
+  for (let i = 0; i < 150; i++) reused += `  - { name: r${i}, pathPrefix: /r${i}/, upstream: b, limits: { ip: *std } }\n`
+  const loaded = accepted(reused)
+  t.equal(loaded.config.routes.length, 150)
+  t.match(loaded.config.routes[149]?.limits?.ip, { limit: 5, window: '1s' })
+  // "billion laughs": nine levels of nine aliases would expand to 9^9 copies
+  let laughs = 'a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n'
+  for (const [prev, name] of [['a', 'b'], ['b', 'c'], ['c', 'd'], ['d', 'e'], ['e', 'f'], ['f', 'g'], ['g', 'h'], ['h', 'i']]) laughs += `${name as string}: &${name as string} [${Array(9).fill(`*${prev as string}`).join(', ')}]\n`
+  const started = performance.now()
+  const refused = problems(laughs + BASE)
+  t.ok(performance.now() - started < 1000, 'refused before expanding')
+  t.same(refused, ['gw.yaml:4:32: aliases expand to more than 498 copies of one anchor (nested aliases multiply, as in a "billion laughs" document): write fewer levels of aliases'])
+  t.same(problems('a: &x [1, *x]\n' + BASE), ['gw.yaml:1:11: alias *x is inside the node anchored &x: the value would contain itself'])
+  t.same(problems('a: *none\n' + BASE), ['gw.yaml:1:4: alias *none names no anchor before it (write &none on an earlier node)'])
 })

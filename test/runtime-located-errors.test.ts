@@ -78,6 +78,22 @@ const CASES: Case[] = [
     expect: () => /^gateway\.yaml:3:6 tls: cert and key cannot be used together: .*key values mismatch/
   },
   {
+    kind: 'identity.failureLimit the limit stage refuses',
+    yaml: up => head(up, 'identity: { header: x-user, failureLimit: { limit: 10, window: 0s } }\n') + 'routes:\n  - { name: api, pathPrefix: /, upstream: backend }\n',
+    expect: () => /^gateway\.yaml:3:43 identity\.failureLimit: windowMs must be an integer >= 1$/
+  },
+  {
+    kind: 'an inline API key written a level too high (never shown)',
+    yaml: up => head(up, 'identity:\n  apiKeys:\n    header: x-api-key\n    k-live-def456: bob\n') + 'routes:\n  - { name: api, pathPrefix: /, upstream: backend }\n',
+    expect: () => /^gateway\.yaml:6:5 identity\.apiKeys\.<key 2>: unknown key, not quoted as it may be an API key \(inline keys go under "keys"\)$/
+  },
+  {
+    kind: 'YAML aliases that multiply (billion laughs)',
+    yaml: up => head(up, 'a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n' + ['b', 'c', 'd', 'e', 'f', 'g', 'h', 'i'].map((n, i) => `${n}: &${n} [${Array(9).fill('*' + 'abcdefghi'[i]).join(', ')}]\n`).join('')) +
+      'routes:\n  - { name: api, pathPrefix: /, upstream: backend }\n',
+    expect: () => /^gateway\.yaml:6:\d+: aliases expand to more than \d+ copies of one anchor \(nested aliases multiply, as in a "billion laughs" document\): write fewer levels of aliases$/
+  },
+  {
     kind: 'API key file',
     prepare: dir => writeFileSync(join(dir, 'keys.yaml'), 'k-1: alice\nk-2: ""\n'),
     yaml: up => head(up, 'identity: { apiKeys: { header: x-api-key, file: keys.yaml } }\n') + 'routes:\n  - { name: api, pathPrefix: /, upstream: backend }\n',

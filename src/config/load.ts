@@ -4,7 +4,7 @@
 // cross-reference checks can both be pointed back at the text.
 import { readFile } from 'node:fs/promises'
 import { createHash } from 'node:crypto'
-import { LineCounter, parseDocument, isMap, isSeq, isScalar, type Document, type Node as YamlNode } from 'yaml'
+import { LineCounter, parseDocument, visit, isAlias, isCollection, isMap, isPair, isSeq, isScalar, type Alias, type Document, type Node as YamlNode } from 'yaml'
 import { dirname, resolve } from 'node:path'
 import { configSchema, gatewayJsonSchema, BUCKET_ALGORITHMS, type GatewayConfig, type LimitConfig } from './schema.js'
 import { adminListen, applyDefaults, type ResolvedConfig } from './defaults.js'
@@ -104,7 +104,23 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
   const problems: ConfigProblem[] = []
   for (const [path, offset, message] of misreadNames(doc, text)) problems.push(at(offset, path, message))
   if (problems.length > 0) throw new ConfigError(problems)
-  const raw: unknown = substituteEnv(doc.toJS({ maxAliasCount: 100 }), [], env, (path, msg) => {
+  const aliasProblem = aliasProblemIn(doc)
+  if (aliasProblem !== null) throw new ConfigError([at(rangeStart(aliasProblem[0]), [], aliasProblem[1])])
+  // yaml's guard against exponential expansion ("billion laughs") counts the copies of an anchor
+  // the expansion makes. A fixed 100 refused a file reusing one anchor on a hundred routes; no
+  // document can write more aliases than it has characters, so flat reuse always fits, while
+  // nested aliases multiply far past it.
+  const maxAliasCount = Math.max(100, text.length)
+  let js: unknown
+  try {
+    js = doc.toJS({ maxAliasCount })
+  } catch (err) {
+    const message = err instanceof Error ? err.message : String(err)
+    if (!message.startsWith('Excessive alias count')) throw new ConfigError([at(0, [], message)])
+    const alias = aliasBeyond(doc, maxAliasCount)
+    throw new ConfigError([at(rangeStart(alias), [], `aliases expand to more than ${maxAliasCount} copies of one anchor (nested aliases multiply, as in a "billion laughs" document): write fewer levels of aliases`)])
+  }
+  const raw: unknown = substituteEnv(js, [], env, (path, msg) => {
     problems.push(at(locate(doc, path), path, msg))
   })
   if (problems.length > 0) throw new ConfigError(problems)
@@ -143,10 +159,18 @@ function reportIssue (issue: Issue, prefix: KeyPath, raw: unknown, doc: Document
     for (const key of issue.keys) {
       const keyPath = [...path, key]
       const suggestion = closestKey(key, validKeysAt(path))
+      const did = suggestion === null ? '' : ` (did you mean ${suggestion}?)`
+      if (suggestion !== key && mayHoldApiKey(path, raw)) {
+        // An API key written a level too high (identity.apiKeys.k-live-1: bob) lands here: named by
+        // its place in the map, so a reload's log and the admin page never show the credential.
+        const shown = [...path, `<key ${positionOf(doc, path, key)}>`]
+        problems.push(at(locateKey(doc, keyPath), shown, `unknown key, not quoted as it may be an API key (inline keys go under "keys")${did}`))
+        continue
+      }
       // valid in another branch of a union (identity with both header and apiKeys): not a typo
       const message = suggestion === key
         ? `key "${key}" belongs to another form of ${formatKeyPath(path)}: it cannot be combined with the keys beside it`
-        : `unknown key "${key}"${suggestion === null ? '' : ` (did you mean ${suggestion}?)`}`
+        : `unknown key "${key}"${did}`
       problems.push(at(locateKey(doc, keyPath), keyPath, message))
     }
   } else if (issue.code === 'invalid_union' && issue.errors.length > 0) {
@@ -161,6 +185,20 @@ function reportIssue (issue: Issue, prefix: KeyPath, raw: unknown, doc: Document
   } else {
     problems.push(at(locate(doc, path), path, issue.message))
   }
+}
+
+/** Whether an unknown key in the map at `path` may be an inline API key: in identity.apiKeys, or beside it. */
+function mayHoldApiKey (path: KeyPath, raw: unknown): boolean {
+  if (path[0] !== 'identity') return false
+  if (path.length === 2 && path[1] === 'apiKeys') return true
+  const identity = valueAt(raw, ['identity'])
+  return path.length === 1 && identity !== null && typeof identity === 'object' && 'apiKeys' in identity
+}
+
+/** 1-based place of `key` among the keys of the map at `path` as written (0 when it is not found there). */
+function positionOf (doc: Document, path: KeyPath, key: string): number {
+  const map = doc.getIn(path, true)
+  return isMap(map) ? map.items.findIndex(p => isScalar(p.key) && String(p.key.value) === key) + 1 : 0
 }
 
 /**
@@ -332,6 +370,59 @@ function locateKey (doc: Document, path: KeyPath): number | undefined {
   return locate(doc, parentPath)
 }
 
+/**
+ * An alias yaml's toJS cannot resolve (no anchor of that name before it), or one inside the node
+ * its anchor names (`a: &x [*x]`): that value would contain itself, and walking it (substitution,
+ * validation) would never end. With the reason, or null.
+ */
+function aliasProblemIn (doc: Document): [Alias, string] | null {
+  let found: [Alias, string] | null = null
+  visit(doc, {
+    Alias: (_key, alias, ancestors) => {
+      const target = alias.resolve(doc)
+      if (target === undefined) found = [alias, `alias *${alias.source} names no anchor before it (write &${alias.source} on an earlier node)`]
+      else if (ancestors.includes(target)) found = [alias, `alias *${alias.source} is inside the node anchored &${alias.source}: the value would contain itself`]
+      else return undefined
+      return visit.BREAK
+    }
+  })
+  return found
+}
+
+/**
+ * The alias at which yaml's expansion count (toJS, `maxAliasCount`) passes `max`, computed as
+ * yaml does: aliases resolve in document order, and each use of an anchor weighs the copies that
+ * the aliases inside it already stand for. Undefined when none does (the error is then located at
+ * the document's start).
+ */
+function aliasBeyond (doc: Document, max: number): Alias | undefined {
+  const uses = new Map<unknown, { count: number, weight: number }>()
+  const weight = (node: unknown): number => {
+    if (isAlias(node)) {
+      const u = uses.get(node.resolve(doc))
+      return u === undefined ? 0 : u.count * u.weight
+    }
+    if (isCollection(node)) return node.items.reduce((m: number, item: unknown) => Math.max(m, weight(item)), 0)
+    if (isPair(node)) return Math.max(weight(node.key), weight(node.value))
+    return 1
+  }
+  let beyond: Alias | undefined
+  visit(doc, {
+    Alias: (_key, alias) => {
+      const target = alias.resolve(doc)
+      if (target === undefined) return undefined
+      let u = uses.get(target)
+      if (u === undefined) uses.set(target, u = { count: 0, weight: 0 })
+      u.count++
+      if (u.weight === 0) u.weight = weight(target)
+      if (u.count * u.weight <= max) return undefined
+      beyond = alias
+      return visit.BREAK
+    }
+  })
+  return beyond
+}
+
 function rangeStart (node: unknown): number | undefined {
   return (node as YamlNode | null)?.range?.[0]
 }
@@ -381,6 +472,15 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
   if (hasUserLimit && config.identity === undefined) {
     out.push([['identity'], 'a "user" limit, plan or quota is configured but no identity: add identity.header, identity.apiKeys or identity.jwt'])
   }
+  // The failure budget is compiled into its own plan (src/limit/plan.ts compileFailurePlan): left
+  // unchecked, a limit the stage refuses passed validation and failed every wrong credential.
+  const failureLimit = config.identity?.failureLimit
+  if (failureLimit !== undefined) {
+    out.push(...checkLimit(failureLimit, ['identity', 'failureLimit']))
+    if (failureLimit.mode === 'shadow') {
+      out.push([['identity', 'failureLimit', 'mode'], 'a failure budget cannot be in shadow mode: it is what stops a client guessing credentials, so it is always enforced (remove "mode")'])
+    }
+  }
   const jwt = config.identity !== undefined && 'jwt' in config.identity ? config.identity.jwt : undefined
   if (jwt !== undefined) {
     const sources = [jwt.secret, jwt.publicKey, jwt.jwksUrl].filter(v => v !== undefined).length
@@ -423,15 +523,24 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
   for (const [name, up] of Object.entries(config.upstreams)) {
     up.targets.forEach((t, i) => {
       const url = typeof t === 'string' ? t : t.url
+      const path: KeyPath = typeof t === 'string' ? ['upstreams', name, 'targets', i] : ['upstreams', name, 'targets', i, 'url']
       try {
         const u = new URL(url)
-        if (u.pathname !== '/' || u.search !== '') out.push([['upstreams', name, 'targets', i], 'a target is an origin (scheme, host, port) without a path'])
+        // The pool connects to the origin, so credentials never reached the upstream, while the
+        // URL as written went to access lines, metrics, /readyz and the admin page.
+        if (u.username !== '' || u.password !== '') out.push([path, 'a target URL may not hold credentials (user:password@): set an Authorization header with headers.request.set instead'])
+        else if (u.pathname !== '/' || u.search !== '') out.push([['upstreams', name, 'targets', i], 'a target is an origin (scheme, host, port) without a path'])
       } catch {
-        out.push([['upstreams', name, 'targets', i], `invalid URL "${url}"`])
+        out.push([['upstreams', name, 'targets', i], `invalid URL "${withoutUserinfo(url)}"`])
       }
     })
   }
   return out
+}
+
+/** `url` with whatever stands before an "@" in its authority shown as `<credentials>`: a message may quote it. */
+function withoutUserinfo (url: string): string {
+  return url.replace(/^([a-z]+:\/\/)[^/?#]*@/i, '$1<credentials>@')
 }
 
 /** Two binds that would collide: same port on the same host, or on a wildcard (port 0 never collides). */

@@ -7,6 +7,18 @@ export const DURATION_RE = /^(\d+)(ms|s|m|h)$/
 export const SIZE_RE = /^(\d+)(b|kb|mb|gb)$/i
 
 const duration = z.string().regex(DURATION_RE, 'expected a duration like "250ms", "1s", "1m" or "1h"')
+/** The longest wait setTimeout takes: Node fires a longer one after 1 ms (TimeoutOverflowWarning). */
+export const MAX_TIMER_MS = 2_147_483_647
+const DURATION_UNIT_MS: Readonly<Record<string, number>> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 }
+/** A written duration in ms, or null when it is not one (its own issue says so). */
+function durationMs (text: string): number | null {
+  const m = DURATION_RE.exec(text)
+  return m === null ? null : Number(m[1]) * (DURATION_UNIT_MS[m[2] as string] as number)
+}
+/** A duration a timer waits: limit windows are arithmetic and keep `duration`. */
+const timer = duration.refine(text => (durationMs(text) ?? 0) <= MAX_TIMER_MS, 'at most 596h (2147483647ms, the longest a timer can wait: a longer one would fire after 1ms)')
+/** A timer whose 0 would fire at once, where the key promises a wait. */
+const wait = timer.refine(text => durationMs(text) !== 0, 'must be more than 0: a timer of 0 fires at once')
 const size = z.union([
   z.int().nonnegative(),
   z.string().regex(SIZE_RE, 'expected a size like 1048576, "512kb", "10mb" or "1gb"')
@@ -42,7 +54,7 @@ export const limitSchema = z.strictObject({
   mode: z.enum(['enforce', 'shadow']).optional().describe('shadow: count and report, never reject'),
   status: z.int().min(400).max(599).optional().describe('status of a rejection; default 429'),
   onLimit: z.enum(['reject', 'delay']).optional().describe('leaky-bucket only: delay holds the request until its slot'),
-  maxDelay: duration.optional().describe('with onLimit: delay, the longest wait before rejecting'),
+  maxDelay: timer.optional().describe('with onLimit: delay, the longest wait before rejecting'),
   onError: z.enum(ON_ERROR).optional().describe('when Redis fails; default redis.onError')
 })
 
@@ -101,12 +113,12 @@ const target = z.union([httpUrl, z.strictObject({ url: httpUrl, weight: z.int().
 export const upstreamSchema = z.strictObject({
   targets: z.array(target).min(1),
   timeouts: z.strictObject({
-    connect: duration.optional(),
-    response: duration.optional().describe('until the response headers; default 30s'),
-    idle: duration.optional().describe('longest pause between two reads of the response body; default 60s'),
-    queue: duration.optional().describe('longest a request waits for a connection while every target is at maxConnections; then 503; default 10s')
+    connect: wait.optional(),
+    response: wait.optional().describe('until the response headers; default 30s'),
+    idle: timer.optional().describe('longest pause between two reads of the response body; default 60s'),
+    queue: timer.optional().describe('longest a request waits for a connection while every target is at maxConnections; then 503; default 10s')
   }).optional(),
-  ejectFor: duration.optional().describe('passive health: how long a failing target is left out; default 10s'),
+  ejectFor: timer.optional().describe('passive health: how long a failing target is left out; default 10s'),
   consecutiveFailures: z.int().positive().optional().describe('outlier detection: response timeouts or resets in a row that eject a target; default 5'),
   maxConnections: z.int().positive().optional().describe('per target; default 256'),
   maxPending: z.int().nonnegative().optional().describe('requests that may wait for a connection while every target is at maxConnections; beyond it 503 at once; default 1024')
@@ -124,7 +136,7 @@ export const routeSchema = z.strictObject({
   caseInsensitive: z.boolean().optional().describe('match the path ignoring case (/Admin is /admin); default routing.caseInsensitive'),
   matchTrailingSlash: z.boolean().optional().describe('path: /a also matches /a/, pathPrefix: /a/ also matches /a; default routing.matchTrailingSlash'),
   allowPathParams: z.boolean().optional().describe('accept ";" in the path (matrix/path parameters); otherwise 400; default routing.allowPathParams'),
-  timeouts: z.strictObject({ response: duration.optional() }).optional(),
+  timeouts: z.strictObject({ response: wait.optional() }).optional(),
   maxBodySize: size.optional(),
   headers: z.strictObject({ request: headerRules.optional(), response: headerRules.optional() }).optional(),
   limits: z.strictObject({ api: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional(),
@@ -172,10 +184,10 @@ export const redisSchema = z.strictObject({
   password: z.string().optional(),
   tls: z.boolean().optional(),
   keyPrefix: z.string().regex(/^[A-Za-z0-9_.:-]+$/).optional().describe('default "gw"'),
-  timeout: duration.optional().describe('bound on every Redis call; default 50ms'),
+  timeout: wait.optional().describe('bound on every Redis call; default 50ms'),
   onError: z.enum(ON_ERROR).optional().describe('default local'),
   autoPipelining: z.boolean().optional(),
-  leaseTtl: duration.optional().describe('concurrency leases of an instance that died are reclaimed within this; default 10s'),
+  leaseTtl: timer.optional().describe('concurrency leases of an instance that died are reclaimed within this; default 10s'),
   expectedInstances: z.int().min(1).max(1024).optional()
     .describe('gateway instances sharing the budget: the least the onError: local fallback divides each limit by; default 1')
 })
@@ -206,17 +218,17 @@ export const configSchema = z.strictObject({
     redactQuery: z.array(z.string().min(1)).optional().describe('query parameters whose values the access log shows as [redacted]; default token, key, api_key, password, secret, signature; [] logs every query as sent')
   }).optional(),
   server: z.strictObject({
-    headersTimeout: duration.optional(),
-    requestTimeout: duration.optional(),
-    keepAliveTimeout: duration.optional(),
+    headersTimeout: timer.optional(),
+    requestTimeout: timer.optional(),
+    keepAliveTimeout: timer.optional(),
     maxHeaderSize: z.int().min(1024).max(1048576).optional(),
     maxHeadersCount: z.int().min(8).max(10000).optional().describe('more header fields than this get 431; default 100'),
-    shutdownTimeout: duration.optional(),
+    shutdownTimeout: timer.optional(),
     bufferBodies: size.optional().describe('request bodies up to this size are read whole before an upstream connection is taken; 0 streams every body; default 1mb'),
     bufferBodiesTotal: size.optional().describe('gateway-wide cap on bytes held by bufferBodies; beyond it bodies stream; default 64mb'),
-    clientBodyTimeout: duration.optional().describe('longest pause between two reads of a request body; default 60s'),
-    sendTimeout: duration.optional().describe('longest a response write may wait for the client to read; default 60s'),
-    websocketIdleTimeout: duration.optional().describe('a WebSocket tunnel with no traffic either way for this long is closed; default 5m'),
+    clientBodyTimeout: wait.optional().describe('longest pause between two reads of a request body; default 60s'),
+    sendTimeout: wait.optional().describe('longest a response write may wait for the client to read; default 60s'),
+    websocketIdleTimeout: timer.optional().describe('a WebSocket tunnel with no traffic either way for this long is closed; default 5m'),
     maxWebSockets: z.int().positive().optional().describe('open WebSocket tunnels, gateway-wide; an upgrade beyond it gets 503; default 10000')
   }).optional(),
   tls: z.strictObject({ cert: z.string(), key: z.string() }).optional(),
