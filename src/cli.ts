@@ -188,7 +188,7 @@ interface ReloadView {
   /** The process answering (the primary in workers mode); absent from a gateway older than the field. */
   readonly pid?: number
   readonly generation: number
-  readonly lastReload: { attempt: number, ok: boolean, generation: number, problems: string[] } | null
+  readonly lastReload: { attempt: number, ok: boolean, generation: number, problems: string[], restartNeeded?: string[] } | null
 }
 
 async function readReloadView (adminUrl: string): Promise<ReloadView> {
@@ -272,6 +272,8 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
     if (last === null || last.attempt <= attemptBefore) continue
     if (last.ok) {
       process.stdout.write(`reloaded: generation ${before.generation} -> ${last.generation} (pid ${pid})\n`)
+      const restart = last.restartNeeded ?? []
+      if (restart.length > 0) process.stderr.write(`gateway reload: ${restart.join(', ')}: these changes need a restart; the running gateway keeps its start's values\n`)
       return 0
     }
     process.stderr.write(`gateway reload: the running gateway rejected ${configFile}; generation ${last.generation} keeps serving:\n${last.problems.join('\n')}\n`)
@@ -301,7 +303,7 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
       if (pidFile !== undefined) writeFileSync(pidFile, `${process.pid}\n`)
       const logger = createLogger(logLevel ?? loaded.config.log.level)
       try {
-        return await runPrimary({ configFile, loaded, workers, workerArgs: process.argv.slice(2), logger })
+        return await runPrimary({ configFile, loaded, workers, workerArgs: process.argv.slice(2), logger, logLevelFromFile: logLevel === undefined })
       } finally {
         if (pidFile !== undefined) rmSync(pidFile, { force: true })
       }

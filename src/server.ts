@@ -5,6 +5,7 @@ import { createServer as createHttpsServer, type Server as HttpsServer } from 'n
 import { randomUUID } from 'node:crypto'
 import type { AddressInfo, Socket } from 'node:net'
 import { loadConfigFile, ConfigError, formatProblem, type LoadedConfig } from './config/load.js'
+import type { ResolvedConfig } from './config/defaults.js'
 import { compileRuntime, type Runtime } from './runtime.js'
 import { ResourceCache, type RedisStatus } from './runtime-resources.js'
 import { createRequestHandler, createUpgradeHandler, type PipelineState } from './pipeline.js'
@@ -32,7 +33,7 @@ export interface GatewayOptions {
   readonly adminListener?: boolean
 }
 
-export type ReloadResult = { ok: true, generation: number } | { ok: false, error: string }
+export type ReloadResult = { ok: true, generation: number, restartNeeded: readonly string[] } | { ok: false, error: string }
 
 /** The outcome of the latest SIGHUP, shown on /config so `gateway reload` can report it. */
 export interface ReloadOutcome {
@@ -42,6 +43,22 @@ export interface ReloadOutcome {
   readonly generation: number
   readonly problems: readonly string[]
   readonly at: string
+  /** Settings of an accepted file that keep their values from the start until a restart. */
+  readonly restartNeeded?: readonly string[]
+}
+
+/**
+ * What `after` changes that a reload cannot apply: the sockets bound at start (the listener, its
+ * TLS or plain protocol, the admin listener) and the number of workers. Compared with the config
+ * the process started with, so a change that is reverted needs nothing.
+ */
+export function settingsNeedingRestart (started: ResolvedConfig, after: ResolvedConfig): string[] {
+  const needed: string[] = []
+  if (after.listen !== started.listen) needed.push('listen')
+  if ((after.tls === undefined) !== (started.tls === undefined)) needed.push('tls (on or off)')
+  if (adminListen(after) !== adminListen(started)) needed.push('admin')
+  if (after.workers !== started.workers) needed.push('workers')
+  return needed
 }
 
 export function splitHostPort (hp: string): { host: string, port: number } {
@@ -163,6 +180,8 @@ export class Gateway {
   private readonly openResponses = new WeakMap<Socket, OpenResponses>()
   private readonly connections = new Set<OpenResponses>()
   private listenAddress = ''
+  /** The config the sockets were bound with: what settingsNeedingRestart compares a reload to. */
+  private startedConfig: ResolvedConfig | null = null
   port = 0
   adminPort = 0
 
@@ -327,6 +346,7 @@ export class Gateway {
     })
     this.server = server
     this.listenAddress = runtime.config.listen
+    this.startedConfig = runtime.config
     this.port = (await listen(server, this.listenAddress)).port
 
     const self = this // eslint-disable-line @typescript-eslint/no-this-alias
@@ -388,7 +408,8 @@ export class Gateway {
         ok: result.ok,
         generation: this.generation,
         problems: result.ok ? [] : result.error.split('\n'),
-        at: new Date().toISOString()
+        at: new Date().toISOString(),
+        restartNeeded: result.ok ? result.restartNeeded : []
       }
       this.reloadHistory.push(this.lastReload)
       if (this.reloadHistory.length > RELOAD_HISTORY) this.reloadHistory.shift()
@@ -423,8 +444,11 @@ export class Gateway {
     this.refreshTls(runtime)
     this.metrics.generation.set(runtime.generation)
     this.metrics.reload('success')
-    const newListen = runtime.config.listen
-    if (newListen !== this.listenAddress) this.logger.warn({ listen: newListen, current: this.listenAddress }, 'listen address changes need a restart; still listening on the old one')
+    // An operator who lowers log.level to silence a flood expects it at once (the CLI's
+    // --log-level and an embedder's own logger win over the file, as at start).
+    if (this.options.logLevel === undefined && this.options.logger === undefined) this.logger.level = runtime.config.log.level
+    const restartNeeded = this.startedConfig === null ? [] : settingsNeedingRestart(this.startedConfig, runtime.config)
+    if (restartNeeded.length > 0) this.logger.warn({ settings: restartNeeded, listen: this.listenAddress }, `${restartNeeded.join(', ')}: these changes need a restart; the running gateway keeps its start's values`)
     this.logger.info({ generation: runtime.generation, previous: previous.generation, hash: runtime.hash }, 'configuration reloaded')
     warnUntrustedIdentityHeader(this.logger, runtime)
     // The old runtime's requests may be admitted but not yet dispatched (waiting on Redis, a JWKS,
@@ -436,7 +460,7 @@ export class Gateway {
       if (previous.activity.inflight === 0) this.retired.delete(previous)
       return this.sweep()
     })
-    return { ok: true, generation: runtime.generation }
+    return { ok: true, generation: runtime.generation, restartNeeded }
   }
 
   // A renewed certificate is picked up by SIGHUP without a restart. The files were read and

@@ -16,7 +16,7 @@ import { handleDashboard, type RouteView } from './admin/dashboard.js'
 import { LiveFeed } from './admin/live-feed.js'
 import type { LiveFrame } from './admin/live-stats.js'
 import type { Logger } from './log.js'
-import { isLoopback, splitHostPort, type ReloadOutcome } from './server.js'
+import { isLoopback, settingsNeedingRestart, splitHostPort, type ReloadOutcome } from './server.js'
 import { adminListen, adminToken } from './config/defaults.js'
 
 export const WORKER_ADMIN_ENV = 'GATEWAY_WORKER'
@@ -106,6 +106,8 @@ interface PrimaryOptions {
   readonly workers: number
   readonly workerArgs: readonly string[]
   readonly logger: Logger
+  /** No --log-level was given: a reload applies the file's log.level. */
+  readonly logLevelFromFile: boolean
 }
 
 /** Runs the primary until SIGTERM/SIGINT; resolves with the exit code. */
@@ -122,13 +124,17 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   process.on('SIGHUP', () => {
     for (const w of Object.values(cluster.workers ?? {})) w?.process.kill('SIGHUP')
     checking = checking.then(async () => {
-      let outcome: Pick<ReloadOutcome, 'ok' | 'problems'>
+      let outcome: Pick<ReloadOutcome, 'ok' | 'problems' | 'restartNeeded'>
       try {
         const next = await loadConfigFile(options.configFile)
         await checkRuntime(next)
         loaded = next
         generation++
-        outcome = { ok: true, problems: [] }
+        const restartNeeded = settingsNeedingRestart(options.loaded.config, next.config)
+        if (restartNeeded.length > 0) logger.warn({ settings: restartNeeded }, `${restartNeeded.join(', ')}: these changes need a restart; the running gateway keeps its start's values`)
+        // the primary's own lines (worker exits, this warning) follow the file's level too
+        if (options.logLevelFromFile) logger.level = next.config.log.level
+        outcome = { ok: true, problems: [], restartNeeded }
       } catch (err) {
         // each worker logs the located problems as well
         outcome = { ok: false, problems: err instanceof ConfigError ? err.problems.map(formatProblem) : [(err as Error).message] }

@@ -156,6 +156,17 @@ t.test('TLS termination; a renewed certificate is picked up by SIGHUP', async t 
   gw.child.kill('SIGHUP')
   await gw.waitForLog(l => l.msg === 'configuration reloaded')
   t.equal((await peerCn(gw.port)).cn, 'second.test')
+  // Turning TLS off needs a restart: the reload says so and the port keeps TLS. log.level applies at once.
+  writeFileSync(gw.file, config(`http://127.0.0.1:${(a.address() as AddressInfo).port}`).replace('log: { level: info }', 'log: { level: warn }'))
+  gw.child.kill('SIGHUP')
+  const warned = await gw.waitForLog(l => Array.isArray(l.settings))
+  t.same(warned.settings, ['tls (on or off)'], 'the reload names what needs a restart')
+  const accessLines = (): number => gw.logs.filter(l => l.msg === 'request').length
+  const before = accessLines()
+  t.equal((await peerCn(gw.port)).cn, 'second.test', 'still TLS until a restart')
+  // the sink flushes every 100 ms: a line at info would be here well within this
+  await new Promise(resolve => setTimeout(resolve, 500))
+  t.equal(accessLines(), before, 'log.level warn took effect: no access line')
 })
 
 t.test('regression: a request admitted before a reload but held (delay slot) still reaches its upstream after the pool is removed', async t => {

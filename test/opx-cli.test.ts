@@ -32,10 +32,22 @@ t.test('reload: a valid edit reports the new generation once the gateway has swa
   const r = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`])
   t.equal(r.code, 0, r.stderr)
   t.match(r.stdout, /reloaded: generation 1 -> 2/)
+  t.equal(r.stderr, '', 'nothing needs a restart')
   // the verdict is the gateway's: by the time the CLI exits, /config serves the new file
   const live = await (await fetch(`${gw.adminUrl}/config`)).json() as { generation: number, config: { routes: Array<{ name: string }> } }
   t.equal(live.generation, 2)
   t.equal(live.config.routes[0]?.name, 'second')
+})
+
+t.test('reload: a change that needs a restart (listen) is accepted and named on stderr', async t => {
+  const up = await startUpstream(t)
+  const gw = await spawnGateway(t, config(up.url, 'first'))
+  writeFileSync(gw.file, config(up.url, 'second').replace('listen: 127.0.0.1:0', 'listen: 127.0.0.1:1'))
+  const r = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`])
+  t.equal(r.code, 0, r.stderr)
+  t.match(r.stdout, /reloaded: generation 1 -> 2/)
+  t.equal(r.stderr, 'gateway reload: listen: these changes need a restart; the running gateway keeps its start\'s values\n')
+  t.equal((await fetch(`${gw.url}/x`)).status, 200, 'still served on the address it started with')
 })
 
 t.test('reload: an invalid file is never signalled; located errors, exit 1', async t => {
@@ -151,11 +163,13 @@ t.test('reload with workers: the primary gives the verdict, and never shows a fi
     await (await fetch(`http://${admin}/config`)).json() as { generation: number, lastReload: { ok: boolean } | null, config: { routes: Array<{ name: string }> } }
   for (let i = 0; i < 100 && (await fetch(`http://${admin}/readyz`)).status !== 200; i++) await new Promise(resolve => setTimeout(resolve, 100))
 
-  writeFileSync(gw.file, withWorkers('second'))
+  // workers: 3 needs a restart: accepted, and said so
+  writeFileSync(gw.file, withWorkers('second').replace('workers: 2', 'workers: 3'))
   const good = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', admin])
   t.equal(good.code, 0, good.stderr)
   t.match(good.stdout, /reloaded: generation 1 -> 2/)
-  t.match(await view(), { generation: 2, lastReload: { ok: true }, config: { routes: [{ name: 'second' }] } })
+  t.match(good.stderr, /^gateway reload: workers: these changes need a restart/)
+  t.match(await view(), { generation: 2, lastReload: { ok: true, restartNeeded: ['workers'] }, config: { routes: [{ name: 'second' }] } })
 
   // valid for the schema, refused when compiled (a path not in normal form), by every worker
   writeFileSync(gw.file, withWorkers('third', '/a//b/'))
