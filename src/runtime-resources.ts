@@ -335,9 +335,11 @@ export class ResourceCache {
       closing.push(this.memory.store.close())
       this.memory = null
     }
-    const liveTracer = tracerKey(config)
+    // A replaced config's requests still in flight end their spans on its tracer: shut down, it
+    // would drop them (the upstream's spans would then name a parent never exported).
+    const usedTracers = new Set([config, ...draining].map(tracerKey))
     for (const [key, tracer] of this.tracers) {
-      if (key !== liveTracer) {
+      if (!usedTracers.has(key)) {
         this.tracers.delete(key)
         closing.push(tracer.shutdown())
       }

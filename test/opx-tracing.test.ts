@@ -2,6 +2,7 @@
 // span (the caller's trace kept, or a new one), and the access log line carries the trace id.
 import t from 'tap'
 import { once } from 'node:events'
+import { writeFileSync } from 'node:fs'
 import type { IncomingMessage } from 'node:http'
 import { WebSocket } from 'ws'
 import { spawnGateway, startGateway } from './helpers/gateway.js'
@@ -166,6 +167,36 @@ routes:
   t.equal(attr(second, 'gateway.limit'), 'api.ip')
   const logged = gw.lines.filter(l => l.msg === 'request').map(l => l.traceId)
   t.same(logged.sort(), [first.traceId, second.traceId].sort(), 'the access log names the exported traces')
+})
+
+t.test('tracing.otlp: a request in flight across reloads (one that changes the tracer, then a rejected one) still exports its span', async t => {
+  const spans: Array<{ service: string | undefined, span: OtlpSpan }> = []
+  const receiver = await startHttpServer(t, (req, res) => {
+    const chunks: Buffer[] = []
+    req.on('data', (c: Buffer) => chunks.push(c))
+    req.on('end', () => {
+      const e = JSON.parse(Buffer.concat(chunks).toString()) as OtlpExport
+      for (const r of e.resourceSpans) {
+        const service = r.resource.attributes.find(a => a.key === 'service.name')?.value.stringValue
+        for (const s of r.scopeSpans) for (const span of s.spans) spans.push({ service, span })
+      }
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{}')
+    })
+  })
+  let answer: (() => void) | null = null
+  const up = await startHttpServer(t, (_req, res) => { answer = () => res.end('late') })
+  const yaml = (service: string): string => config(up.url).replace('routes:', `tracing: { otlp: "${receiver.url}", serviceName: ${service} }\nroutes:`)
+  const gw = await startGateway(t, yaml('before'))
+  const slow = fetch(`${gw.url}/slow`).then(async r => await r.text())
+  for (let i = 0; i < 200 && answer === null; i++) await sleep(10)
+  writeFileSync(gw.configFile, yaml('after'))
+  t.match(await gw.reload(), { ok: true })
+  writeFileSync(gw.configFile, 'listen: [')
+  t.match(await gw.reload(), { ok: false }, 'a rejected reload sweeps what the live config does not use')
+  ;(answer as unknown as () => void)()
+  t.equal(await slow, 'late')
+  await gw.close() // flushes every tracer
+  t.same(spans.map(s => [s.service, attr(s.span, 'url.path')]), [['before', '/slow']], 'the span of the request started before the reloads, from its tracer')
 })
 
 t.test('tracing.otlp: a collector that never answers delays the shutdown by at most about a second', async t => {
