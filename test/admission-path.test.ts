@@ -138,7 +138,7 @@ routes:
   await eventually('in flight', async () => await metric(gw.adminUrl, 'gateway_requests_in_flight') === 1, 3000)
   const before = gw.runtime
   t.equal(before?.activity.inflight, 1, 'counted on the runtime it started on')
-  t.same(await gw.reload(), { ok: true, generation: 2 })
+  t.same(await gw.reload(), { ok: true, generation: 2, restartNeeded: [] })
   t.not(gw.runtime, before, 'a new runtime serves')
   t.equal(gw.runtime?.activity.inflight, 0, 'the new runtime has nothing in flight')
   t.equal(await metric(gw.adminUrl, 'gateway_requests_in_flight'), 1, 'the request on the old runtime still counts')
