@@ -337,7 +337,7 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
     })
     admit(state, rt, record, new UpgradeTransport(req, socket), (a, v) => {
       // Logged and counted once the handshake is decided: 101, or the refusal the client got.
-      const upgrade = (): void => state.ws.upgrade(req, socket, head, a.route.forward, { requestId: record.requestId, clientIp: a.clientIp, proto: state.proto, path: a.path, trustedPeer: record.trustedPeer }, (result) => {
+      const upgrade = (): void => state.ws.upgrade(req, socket, head, a.route.forward, { requestId: record.requestId, clientIp: a.clientIp, proto: state.proto, path: a.path, trustedPeer: record.trustedPeer, extraResponseHeaders: v.headers ?? undefined }, (result) => {
         if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
         if (result.status === 101 && !closed) {
           open = true

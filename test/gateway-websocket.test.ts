@@ -287,3 +287,53 @@ t.test('shutdown closes open WebSockets without waiting for the whole drain budg
   await upstreamClosed
   t.ok(took < 4000, `the gateway closed in ${took} ms with an idle WebSocket open (budget 8 s)`)
 })
+
+t.test('an upstream that breaks off its refusal mid-body: the client gets the truncated answer and the end, never a 502 inside it', async (t) => {
+  const { server, url } = await startHttpServer(t, (_req, res) => { res.end() })
+  server.on('upgrade', (req: IncomingMessage, socket: net.Socket) => {
+    socket.write('HTTP/1.1 401 Unauthorized\r\ncontent-type: text/plain\r\ncontent-length: 100\r\n\r\nabcdefghij')
+    // a reset (RST), or a plain close (FIN) before the 100 bytes announced
+    setTimeout(() => { if (req.url === '/rst') socket.resetAndDestroy(); else socket.destroy() }, 50)
+  })
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${url}], timeouts: { idle: 60s } }
+routes:
+  - { name: events, pathPrefix: /, websocket: true, upstream: backend }
+`)
+  for (const path of ['/rst', '/fin']) {
+    const started = Date.now()
+    const text = await rawExchange(gw.port, `GET ${path} HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n` +
+      `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: ${randomBytes(16).toString('base64')}\r\n\r\n`, 20_000)
+    t.match(text, /^HTTP\/1\.1 401 /, `${path}: the upstream's answer is relayed`)
+    t.ok(text.endsWith('abcdefghij'), `${path}: ends with the bytes the upstream sent, nothing of the gateway's after them`)
+    t.notMatch(text, /HTTP\/1\.1 502/, `${path}: no answer of the gateway's inside the body`)
+    // the upstream's idle timeout is 60 s: a client left waiting for the rest would hit it
+    t.ok(Date.now() - started < 10_000, `${path}: the client's connection ended at once, not after timeouts.idle`)
+  }
+})
+
+t.test('upgrade headers: a client header named like an Object member arrives as sent; the 101 carries the RateLimit headers', async (t) => {
+  const { server, url } = await startHttpServer(t, (_req, res) => { res.end() })
+  server.on('upgrade', (req: IncomingMessage, socket: Duplex) => {
+    const body = JSON.stringify({ constructor: req.headers.constructor, tostring: req.headers.tostring })
+    socket.end(`HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`)
+  })
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  refusing: { targets: [${url}] }
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: refusing, pathPrefix: /refusing/, websocket: true, upstream: refusing }
+  - { name: events, pathPrefix: /ws/, websocket: true, upstream: backend, limits: { ip: { limit: 10, window: 1m } } }
+`)
+  const text = await rawExchange(gw.port, 'GET /refusing/x HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nconstructor: y\r\ntoString: z\r\n' +
+    `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: ${randomBytes(16).toString('base64')}\r\n\r\n`)
+  t.same(parseResponses(text)[0]?.json, { constructor: 'y', tostring: 'z' }, 'not joined with inherited members')
+  const { response } = await connect(t, `${gw.url.replace(/^http/, 'ws')}/ws/x`)
+  t.equal(response.headers['ratelimit-policy'], '"events.ip";q=10;w=60', 'an allowed upgrade carries RateLimit-Policy, as an allowed response does')
+  t.match(response.headers.ratelimit, /^"events\.ip";r=9;t=\d+$/)
+})

@@ -229,7 +229,7 @@ export const configSchema = z.strictObject({
     clientBodyTimeout: wait.optional().describe('longest pause between two reads of a request body; default 60s'),
     sendTimeout: wait.optional().describe('longest a response write may wait for the client to read; default 60s'),
     websocketIdleTimeout: timer.optional().describe('a WebSocket tunnel with no traffic either way for this long is closed; default 5m'),
-    maxWebSockets: z.int().positive().optional().describe('open WebSocket tunnels, gateway-wide; an upgrade beyond it gets 503; default 10000')
+    maxWebSockets: z.int().positive().optional().describe('open WebSocket tunnels per process (per worker with workers: N); an upgrade beyond it gets 503; default 10000')
   }).optional(),
   tls: z.strictObject({ cert: z.string(), key: z.string() }).optional(),
   redis: redisSchema.optional(),

@@ -43,7 +43,9 @@ export function createWebSocketProxy (): WebSocketProxy {
       if (tunnels.size >= plan.maxWebSockets) return refuse(socket, 'GW_ERR_TOO_MANY_TUNNELS', 'too_many_tunnels', ctx, done)
       const target = plan.pool.pick()
       if (target === null) return refuse(socket, 'GW_ERR_NO_HEALTHY_UPSTREAM', 'no_healthy', ctx, done)
-      const headers: Record<string, string> = {}
+      // No prototype: a client header named "constructor" or "toString" found an inherited value
+      // and reached the upstream joined with it.
+      const headers = Object.create(null) as Record<string, string>
       const flat = upstreamRequestHeaders(req, plan.headers, ctx)
       for (let i = 0; i < flat.length; i += 2) {
         const name = flat[i] as string
@@ -86,6 +88,8 @@ class Tunnel {
   proxyReq: ClientRequest | null = null
   upstream: Duplex | null = null
   upgraded = false
+  /** The upstream refused the upgrade and its answer is being relayed: the client has its head. */
+  responded = false
   timer: NodeJS.Timeout | null = null
   timeoutKind: ForwardErrorKind | null = null
   done: ((result: ForwardResult) => void) | null
@@ -149,12 +153,18 @@ class Tunnel {
     // Not upgraded (e.g. 403 or 404 from the upstream): http-proxy relays that answer as is.
     proxyReq.once('response', (res: IncomingMessage) => {
       this.clearTimer()
+      this.responded = true
       notUpgraded(res)
       this.answerHeaders(res)
       this.settle(res.statusCode ?? 502, null, null)
       // http-proxy pipes the answer and ends the client socket, which then waits for the client's
-      // own end (allowHalfOpen): closeSoon does not wait for a client that never sends it.
-      res.once('end', () => closeSoon(this.socket))
+      // own end (allowHalfOpen): closeSoon does not wait for a client that never sends it. An
+      // answer the upstream broke off (its connection closed before the body's end) never ends:
+      // the client is cut at once, so it sees a truncated answer rather than waiting for the rest.
+      res.once('close', () => {
+        if (res.complete) closeSoon(this.socket)
+        else this.socket.destroy()
+      })
       // A body that stops (an upstream that stalls, a client that stops reading) is cut after the
       // upstream's idle timeout, as an HTTP response body is: no timer watched it.
       if (this.socket instanceof Socket) {
@@ -180,6 +190,12 @@ class Tunnel {
     this.clearTimer()
     if (this.upgraded) {
       closeSoon(this.socket)
+      return
+    }
+    // The upstream's refusal is being relayed: an answer of the gateway's own written now would
+    // land inside that body (a client reading by Content-Length took it for the upstream's bytes).
+    if (this.responded) {
+      this.socket.destroy()
       return
     }
     const kind = this.timeoutKind ?? classifyUpstreamError(err)
