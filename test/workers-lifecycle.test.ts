@@ -112,8 +112,9 @@ t.test('a worker that cannot start exits and is replaced; /metrics answers at on
   t.ok(Date.now() - asked < 2500, 'without waiting for it')
   t.match(await during.text(), /^gateway_workers_scraped 1$/m, 'and says how many workers it sums')
   // its replacement cannot start with that file: it exits (it used to stay, never ready), and the
-  // primary tries again
-  for (let i = 0; i < 200 && gw.logs.filter(l => l.msg === 'worker exited; starting a new one').length < 3; i++) await new Promise(resolve => setTimeout(resolve, 50))
+  // primary tries again. Each try boots a node process: 30 s leaves a loaded 2-core machine room
+  // (10 s failed in a CI run beside other tests)
+  for (let i = 0; i < 600 && gw.logs.filter(l => l.msg === 'worker exited; starting a new one').length < 3; i++) await new Promise(resolve => setTimeout(resolve, 50))
   t.ok(gw.logs.filter(l => l.msg === 'worker exited; starting a new one').length >= 3, 'the replacement exited and was replaced again')
   t.equal((await fetch(`${gw.url}/x`)).status, 200, 'the other worker serves meanwhile')
   // the file is fixed: the next replacement starts, and the pair is ready again
