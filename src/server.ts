@@ -305,7 +305,21 @@ export class Gateway {
       open.responses.push(res)
       handleRequest(req, res)
     })
-    server.on('upgrade', createUpgradeHandler(this.state))
+    const handleUpgrade = createUpgradeHandler(this.state)
+    server.on('upgrade', (req: IncomingMessage, socket: Socket, head: Buffer) => {
+      // Node emits 'upgrade' while requests pipelined before it on the connection still await their
+      // answers. Admitted at once, its 101 went out first and those answers were written into the
+      // tunnel (RFC 9112 §9.3.2: answers go in order). It waits for them, as a malformed request's
+      // error does; if the last of them closes the connection, the upgrade finds it closed.
+      const open = this.openResponses.get(socket)
+      if (open === undefined || open.responses.length === 0) {
+        handleUpgrade(req, socket, head)
+        return
+      }
+      // (node arms its keep-alive timer as that last answer finishes; http-proxy clears a socket's
+      // timeout as it starts the upgrade, and the tunnel sets websocketIdleTimeout once open)
+      open.then = () => { handleUpgrade(req, socket, head) }
+    })
     server.on('connection', (socket: Socket) => {
       this.sockets.add(socket)
       socket.once('close', () => this.sockets.delete(socket))

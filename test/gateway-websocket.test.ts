@@ -337,3 +337,29 @@ routes:
   t.equal(response.headers['ratelimit-policy'], '"events.ip";q=10;w=60', 'an allowed upgrade carries RateLimit-Policy, as an allowed response does')
   t.match(response.headers.ratelimit, /^"events\.ip";r=9;t=\d+$/)
 })
+
+t.test('an upgrade pipelined behind a request is answered after it, and its tunnel is not cut by the keep-alive timeout', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { keepAliveTimeout: 500ms }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: events, pathPrefix: /ws/, websocket: true, upstream: backend }
+  - { name: plain, pathPrefix: /, upstream: backend }
+`)
+  const client = net.connect(gw.port, '127.0.0.1')
+  t.teardown(() => client.destroy())
+  let received = ''
+  client.on('data', (chunk: Buffer) => { received += chunk.toString('latin1') })
+  const closed = once(client, 'close').then(() => true)
+  client.write('GET /slow?ms=200 HTTP/1.1\r\nHost: a\r\n\r\nGET /ws/x HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n' +
+    `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: ${randomBytes(16).toString('base64')}\r\n\r\n`)
+  for (let i = 0; i < 250 && !received.includes('HTTP/1.1 101'); i++) await new Promise((resolve) => setTimeout(resolve, 20))
+  const first = received.indexOf('HTTP/1.1 200')
+  const second = received.indexOf('HTTP/1.1 101')
+  t.ok(first === 0 && second > first, `the request's answer first, then the 101: ${JSON.stringify(received.slice(0, 40))}...`)
+  // three keep-alive timeouts (each 0.5 s, and node adds 1 s) of silence: a tunnel is idle only after websocketIdleTimeout (5 min)
+  t.equal(await Promise.race([closed, new Promise((resolve) => setTimeout(() => resolve(false), 4500))]), false, 'the tunnel is still open')
+})
