@@ -6,6 +6,7 @@ import { spawn } from 'node:child_process'
 import { once } from 'node:events'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
+import { parseResponses, rawExchange } from './helpers/raw-http.js'
 import type { Teardown } from './helpers/teardown.js'
 
 /** A real HTTP server in its own process, so it can be stopped with SIGSTOP. */
@@ -117,4 +118,31 @@ routes:
   const get = await fetch(`${gw.url}/`)
   t.equal(get.status, 200, 'the target still takes traffic (four uploads refused by it used to eject it: 503)')
   t.notOk(gw.lines.some(l => l.msg === 'upstream target ejected'), 'no ejection logged')
+})
+
+t.test('WebSocket upgrades count toward ejection too: a target that accepts and never answers them is ejected', async t => {
+  const held: import('node:net').Socket[] = []
+  const silent = (await import('node:net')).createServer(socket => { held.push(socket) })
+  await new Promise<void>(resolve => silent.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => { for (const s of held) s.destroy(); silent.close() })
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend:
+    targets: [http://127.0.0.1:${(silent.address() as import('node:net').AddressInfo).port}]
+    timeouts: { response: 300ms }
+    consecutiveFailures: 2
+    ejectFor: 1m
+routes:
+  - { name: events, pathPrefix: /, websocket: true, upstream: backend }
+`)
+  const statuses: number[] = []
+  for (let i = 0; i < 3; i++) {
+    const text = await rawExchange(gw.port, 'GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n')
+    statuses.push(parseResponses(text)[0]?.status ?? 0)
+  }
+  t.same(statuses, [504, 504, 503], 'two response timeouts, then the target is out')
+  const metrics = await (await fetch(`${gw.adminUrl}/metrics`)).text()
+  t.match(metrics, /gateway_upstream_ejections_total\{upstream="backend",target="[^"]+",reason="consecutive_failures"\} 1/)
 })

@@ -121,6 +121,7 @@ class Tunnel {
     })
     proxyReq.once('upgrade', (res: IncomingMessage, upstream: Duplex) => {
       this.clearTimer()
+      this.plan.pool.succeeded(this.target)
       this.upgraded = true
       this.upstream = upstream
       this.answerHeaders(res)
@@ -153,6 +154,7 @@ class Tunnel {
     // Not upgraded (e.g. 403 or 404 from the upstream): http-proxy relays that answer as is.
     proxyReq.once('response', (res: IncomingMessage) => {
       this.clearTimer()
+      this.plan.pool.succeeded(this.target)
       this.responded = true
       notUpgraded(res)
       this.answerHeaders(res)
@@ -200,6 +202,8 @@ class Tunnel {
     }
     const kind = this.timeoutKind ?? classifyUpstreamError(err)
     if (kind === 'refused' || kind === 'dns' || kind === 'connect_timeout') this.plan.pool.eject(this.target)
+    // a target that accepts and then never answers, or resets, is an outlier for upgrades too
+    else if (kind === 'response_timeout' || kind === 'reset' || kind === 'bad_response') this.plan.pool.failed(this.target)
     const code = KIND_CODES[kind] ?? 'GW_ERR_UPSTREAM_UNAVAILABLE'
     // The client may already be gone (its close settled the tunnel); then nobody is answered.
     answer(this.socket, code, this.ctx)
