@@ -1,3 +1,4 @@
+import { isIP } from 'node:net'
 import { continueTolerantConnector } from './interim-responses.js'
 import { Pool } from 'undici'
 
@@ -47,6 +48,13 @@ export class UpstreamTarget {
   /** Hostname without IPv6 brackets and port, as node:http wants them (used by the WebSocket proxy). */
   readonly hostname: string
   readonly port: number
+  /**
+   * The TLS server name (SNI, and the name the certificate is checked against) of an https
+   * target named by a host name: the target's, not the client's Host, which undici and node:http
+   * take otherwise (a public Host in front of https://backend.internal failed every request, and
+   * each new Host reconnected). Null for an address: the Host then names the service, as before.
+   */
+  readonly servername: string | null
   readonly dispatcher: Pool
   /** Smooth weighted round-robin state (nginx's `current_weight`). */
   current = 0
@@ -72,6 +80,7 @@ export class UpstreamTarget {
     this.secure = url.protocol === 'https:'
     this.hostname = url.hostname.startsWith('[') ? url.hostname.slice(1, -1) : url.hostname
     this.port = url.port === '' ? (this.secure ? 443 : 80) : Number(url.port)
+    this.servername = this.secure && isIP(this.hostname) === 0 ? this.hostname : null
     this.dispatcher = new Pool(url.origin, {
       connections: upstream.maxConnectionsPerTarget,
       connect: continueTolerantConnector(upstream.connectTimeoutMs),

@@ -1,6 +1,7 @@
 import type { ClientRequest, IncomingMessage } from 'node:http'
 import type { Duplex } from 'node:stream'
 import { Socket } from 'node:net'
+import { Agent as HttpsAgent } from 'node:https'
 import httpProxy from 'http-proxy'
 import { CLOSE_GRACE_MS, ERRORS, GatewayError, closeSoon, writeError, type ErrorCode } from '../errors.js'
 import type { ForwardContext, ForwardPlan, ForwardResult } from './forward.js'
@@ -61,7 +62,8 @@ export function createWebSocketProxy (): WebSocketProxy {
       tunnels.set(socket, tunnel)
       try {
         proxy.ws(req, socket, head, {
-          target: { protocol: target.secure ? 'wss:' : 'ws:', host: target.hostname, hostname: target.hostname, port: target.port }
+          target: { protocol: target.secure ? 'wss:' : 'ws:', host: target.hostname, hostname: target.hostname, port: target.port },
+          ...(target.servername === null ? {} : { agent: tlsAgentOf(target.servername) })
         }, (err) => tunnel.failed(err))
       } catch (err) {
         // node:http refused to build the upstream request (e.g. a header value it rejects).
@@ -275,3 +277,13 @@ function notUpgraded (res: IncomingMessage): void {
 }
 
 function noop (): void {}
+
+// node:http takes the TLS server name from the Host header, and http-proxy passes no servername
+// of its own: an agent's options win over the request's (node's Agent.addRequest). One agent per
+// name, without keep-alive: an upgraded socket leaves its agent.
+const tlsAgents = new Map<string, HttpsAgent>()
+function tlsAgentOf (servername: string): HttpsAgent {
+  let agent = tlsAgents.get(servername)
+  if (agent === undefined) tlsAgents.set(servername, agent = new HttpsAgent({ servername, keepAlive: false }))
+  return agent
+}

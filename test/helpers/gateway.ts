@@ -76,10 +76,10 @@ export interface GatewayProcess {
  * `bin/gateway start` as a child process. `group`: in a process group of its own (as systemd or a
  * shell runs it), so a test can signal the whole group like `kill -TERM -PGID` or Ctrl-C.
  */
-export async function spawnGateway (t: Teardown, yaml: string, extraArgs: string[] = [], options: { group?: boolean } = {}): Promise<GatewayProcess> {
+export async function spawnGateway (t: Teardown, yaml: string, extraArgs: string[] = [], options: { group?: boolean, env?: NodeJS.ProcessEnv } = {}): Promise<GatewayProcess> {
   const file = writeConfig(t, yaml)
   const pidFile = file.replace(/gateway\.yaml$/, 'gateway.pid')
-  const child = spawn(process.execPath, ['bin/gateway', 'start', '-c', file, '--pid-file', pidFile, ...extraArgs], { stdio: ['ignore', 'pipe', 'pipe'], env: childEnv(), detached: options.group === true })
+  const child = spawn(process.execPath, ['bin/gateway', 'start', '-c', file, '--pid-file', pidFile, ...extraArgs], { stdio: ['ignore', 'pipe', 'pipe'], env: childEnv(options.env), detached: options.group === true })
   const exited = new Promise<number | null>(resolve => child.once('exit', code => resolve(code)))
   t.teardown(async () => {
     if (options.group === true && child.pid !== undefined) {

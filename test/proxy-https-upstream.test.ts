@@ -1,0 +1,55 @@
+// An https upstream behind a public Host: the TLS server name and the certificate check use the
+// target's host name, not the client's Host (which passes through), for requests and WebSocket
+// upgrades alike. The gateway trusts the upstream's self-signed certificate through
+// NODE_EXTRA_CA_CERTS, as an operator would with a private CA.
+import t from 'tap'
+import { execFileSync } from 'node:child_process'
+import { createHash } from 'node:crypto'
+import { readFileSync } from 'node:fs'
+import { createServer } from 'node:https'
+import type { AddressInfo } from 'node:net'
+import type { Duplex } from 'node:stream'
+import { join } from 'node:path'
+import { spawnGateway } from './helpers/gateway.js'
+import { tempDir } from './helpers/teardown.js'
+import { parseResponses, rawExchange } from './helpers/raw-http.js'
+import { send } from './helpers/ratelimit.js'
+
+t.test('an https target named by host name gets its own name as TLS server name, whatever Host the client sends', async t => {
+  const dir = tempDir(t, 'gw-https-upstream')
+  const cert = join(dir, 'cert.pem')
+  const key = join(dir, 'key.pem')
+  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', cert,
+    '-days', '1', '-subj', '/CN=localhost', '-addext', 'subjectAltName=DNS:localhost'], { stdio: 'ignore' })
+  const names: string[] = []
+  const upstream = createServer({ cert: readFileSync(cert), key: readFileSync(key) }, (req, res) => {
+    res.setHeader('content-type', 'application/json')
+    res.end(JSON.stringify({ host: req.headers.host }))
+  })
+  upstream.on('secureConnection', (socket: import('node:tls').TLSSocket) => { names.push(String((socket as unknown as { servername?: string }).servername)) })
+  upstream.on('upgrade', (req, socket: Duplex) => {
+    const accept = createHash('sha1').update(`${String(req.headers['sec-websocket-key'])}258EAFA5-E914-47DA-95CA-C5AB0DC85B11`).digest('base64')
+    socket.end(`HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ${accept}\r\n\r\n`)
+  })
+  await new Promise<void>(resolve => upstream.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => { upstream.closeAllConnections(); upstream.close() })
+  const port = (upstream.address() as AddressInfo).port
+  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [https://localhost:${port}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend, websocket: true }
+`, [], { env: { NODE_EXTRA_CA_CERTS: cert } })
+  for (const host of ['api.example.com', 'other.example.com']) {
+    const res = await send(`${gw.url}/x`, { headers: { host } })
+    t.equal(res.status, 200, `Host ${host}: the certificate of localhost is accepted`)
+    t.same(res.json, { host }, 'the client\'s Host still reaches the upstream')
+  }
+  t.same([...new Set(names)], ['localhost'], 'the server name sent is the target\'s')
+  t.equal(names.length, 1, 'one connection for both Hosts: a new Host no longer reconnects')
+  const text = await rawExchange(gw.port, 'GET /ws HTTP/1.1\r\nHost: api.example.com\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n' +
+    'Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n')
+  t.equal(parseResponses(text)[0]?.status, 101, 'a WebSocket upgrade too')
+  t.same(names.slice(1), ['localhost'], 'with the target\'s name')
+})
