@@ -2,10 +2,12 @@
 // limits let through: a request rejected anyway must not use up a shadow budget.
 import t from 'tap'
 import { startGateway } from './helpers/gateway.js'
-import { startUpstream } from './helpers/upstream.js'
+import { startUpstream, type Upstream } from './helpers/upstream.js'
 import { eventually, metric, send } from './helpers/ratelimit.js'
+import type { Teardown } from './helpers/teardown.js'
 
-t.test('regression: requests rejected by an enforced limit are not counted by shadow limits', async t => {
+/** A gateway with one route `r` (users named by x-user-id) whose `limits:` block is `limits`. */
+async function routeWithLimits (t: Teardown, limits: string): Promise<{ up: Upstream, gw: Awaited<ReturnType<typeof startGateway>> }> {
   const up = await startUpstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
@@ -16,7 +18,12 @@ routes:
   - name: r
     pathPrefix: /
     upstream: backend
-    limits:
+    limits:${limits}`)
+  return { up, gw }
+}
+
+t.test('regression: requests rejected by an enforced limit are not counted by shadow limits', async t => {
+  const { up, gw } = await routeWithLimits(t, `
       api:  { algorithm: token-bucket, limit: 2, window: 1h }
       user: { algorithm: sliding-window-log, limit: 3, window: 1h, mode: shadow }
 `)
@@ -33,17 +40,7 @@ routes:
 })
 
 t.test('two shadow limits are decided each on its own: the tighter one\'s refusals are not counted against the other', async t => {
-  const up = await startUpstream(t)
-  const gw = await startGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-identity: { header: x-user-id }
-upstreams:
-  backend: { targets: [${up.url}] }
-routes:
-  - name: r
-    pathPrefix: /
-    upstream: backend
-    limits:
+  const { gw } = await routeWithLimits(t, `
       ip:   { algorithm: sliding-window-log, limit: 1000, window: 1h, mode: shadow }
       user: { algorithm: sliding-window-log, limit: 2, window: 1h, mode: shadow }
 `)
