@@ -10,7 +10,7 @@ import type { LogLevel } from './log.js'
 import { explain } from './explain.js'
 import { limitsCommand } from './cli-limits.js'
 import { isWorker, notifyReady, registerWorkerMetrics, runPrimary } from './workers.js'
-import { createLogger } from './log.js'
+import { createLogDestination, createLogger } from './log.js'
 import { notTheGateway } from './pid-file.js'
 
 const HELP = `Usage: gateway [command] [options]
@@ -301,7 +301,8 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
         return reportConfigError(err, configFile)
       }
       if (pidFile !== undefined) writeFileSync(pidFile, `${process.pid}\n`)
-      const logger = createLogger(logLevel ?? loaded.config.log.level)
+      // the primary shares stdout with its workers (src/log-sink.ts, sharedFd)
+      const logger = createLogger(logLevel ?? loaded.config.log.level, createLogDestination(1, { sharedFd: true }))
       try {
         return await runPrimary({ configFile, loaded, workers, workerArgs: process.argv.slice(2), logger, logLevelFromFile: logLevel === undefined })
       } finally {

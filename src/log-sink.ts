@@ -14,7 +14,17 @@ export interface LogSinkOptions {
   readonly flushMs?: number
   /** Lines beyond this many bytes waiting (stdout blocked) are dropped and counted. */
   readonly maxBufferBytes?: number
+  /**
+   * Other processes write to the same fd (workers mode: the primary and every worker share
+   * stdout): each write holds whole lines and at most PIPE_BUF bytes, which a pipe never
+   * interleaves with another writer's. A larger batch was spliced mid-line with another
+   * process's, and the log's reader got broken JSON.
+   */
+  readonly sharedFd?: boolean
 }
+
+/** POSIX: a pipe write of at most this many bytes is never interleaved with other writers' (Linux). */
+export const PIPE_BUF = 4096
 
 export const LOG_BATCH_BYTES = 16 * 1024
 export const LOG_FLUSH_MS = 100
@@ -58,10 +68,12 @@ export class LogSink extends EventEmitter {
   private retry: NodeJS.Timeout | null = null
   private readonly timer: NodeJS.Timeout
   private closed = false
+  private readonly sharedFd: boolean
 
   constructor (options: LogSinkOptions = {}) {
     super()
     this.fd = options.fd ?? 1
+    this.sharedFd = options.sharedFd === true
     this.batchBytes = options.batchBytes ?? LOG_BATCH_BYTES
     this.maxBufferBytes = options.maxBufferBytes ?? LOG_MAX_BUFFER_BYTES
     this.initialBytes = Math.min(2 * this.batchBytes, this.maxBufferBytes) + 4096
@@ -122,7 +134,7 @@ export class LogSink extends EventEmitter {
       data = this.buffer.subarray(0, this.used)
     }
     this.used = 0
-    const written = writeAllSync(this.fd, data, LOG_EXIT_FLUSH_MS)
+    const written = writeAllSync(this.fd, data, LOG_EXIT_FLUSH_MS, this.sharedFd)
     // a line is whole once its newline is written: the newlines left unwritten count the rest
     if (written < data.length) {
       const lost = countLines(data.subarray(written))
@@ -163,7 +175,7 @@ export class LogSink extends EventEmitter {
 
   private writeInFlight (): void {
     const data = this.inFlight as Buffer
-    fsWrite(this.fd, data, 0, data.length, null, (err, written) => {
+    fsWrite(this.fd, data, 0, this.sharedFd ? atomicLength(data, 0) : data.length, null, (err, written) => {
       if (err !== null) {
         // a non-blocking pipe that is full: keep the batch and try again shortly
         if ((err as NodeJS.ErrnoException).code === 'EAGAIN') {
@@ -207,13 +219,13 @@ export class LogSink extends EventEmitter {
  * Writes `data` synchronously, waiting out EAGAIN (a full non-blocking pipe) for at most
  * `boundMs`; returns the bytes written. Any other failure ends it.
  */
-function writeAllSync (fd: number, data: Buffer, boundMs: number): number {
+function writeAllSync (fd: number, data: Buffer, boundMs: number, shared: boolean): number {
   const deadline = Date.now() + boundMs
   let written = 0
   let pause: Int32Array | null = null
   while (written < data.length) {
     try {
-      written += writeSync(fd, data, written)
+      written += writeSync(fd, data, written, shared ? atomicLength(data, written) : data.length - written)
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== 'EAGAIN' || Date.now() >= deadline) break
       pause ??= new Int32Array(new SharedArrayBuffer(4))
@@ -221,6 +233,19 @@ function writeAllSync (fd: number, data: Buffer, boundMs: number): number {
     }
   }
   return written
+}
+
+/**
+ * How many bytes of `data` from `from` one write to a shared fd takes: whole lines within PIPE_BUF
+ * bytes, or a single longer line whole (it cannot be atomic; it still ends at its newline).
+ */
+function atomicLength (data: Buffer, from: number): number {
+  const rest = data.length - from
+  if (rest <= PIPE_BUF) return rest
+  const lastEnd = data.lastIndexOf(10, from + PIPE_BUF - 1)
+  if (lastEnd >= from) return lastEnd + 1 - from
+  const lineEnd = data.indexOf(10, from)
+  return lineEnd === -1 ? rest : lineEnd + 1 - from
 }
 
 function countLines (data: Buffer): number {

@@ -1,5 +1,7 @@
 // pino JSON logs. Secrets never reach a log line: credentials are redacted by path, and the
 // config is logged only in its redacted form (see admin/redact.ts).
+import cluster from 'node:cluster'
+import { fstatSync } from 'node:fs'
 import { pino, type Logger as PinoLogger, type DestinationStream } from 'pino'
 import { LogSink, type LogSinkOptions } from './log-sink.js'
 
@@ -26,7 +28,9 @@ let exitHookInstalled = false
  * synchronously at exit, so no line of a finished request is lost on SIGTERM.
  */
 export function createLogDestination (fd = 1, options: Omit<LogSinkOptions, 'fd'> = {}): LogSink {
-  const sink = new LogSink({ ...options, fd })
+  if (fd === 1) nonBlockingStdout()
+  // a worker shares stdout with the primary and the other workers
+  const sink = new LogSink({ sharedFd: cluster.isWorker, ...options, fd })
   for (const ref of liveSinks) if (ref.deref() === undefined) liveSinks.delete(ref)
   liveSinks.add(new WeakRef(sink))
   if (!exitHookInstalled) {
@@ -34,6 +38,21 @@ export function createLogDestination (fd = 1, options: Omit<LogSinkOptions, 'fd'
     process.once('exit', () => { for (const ref of liveSinks) ref.deref()?.flushSync() })
   }
   return sink
+}
+
+/**
+ * A stdout that is a pipe or a socket is inherited blocking (libuv makes a child's stdio so): a
+ * write to a stalled reader then held a thread-pool thread for good, the bounded waits of the sink
+ * (EAGAIN) never applied, and SIGTERM never ended the process. Node opens process.stdout on a pipe
+ * or socket through libuv, which makes it non-blocking (on the open file, which the workers share).
+ */
+function nonBlockingStdout (): void {
+  try {
+    const stat = fstatSync(1)
+    if (stat.isFIFO() || stat.isSocket()) void process.stdout
+  } catch {
+    // no fd 1: the sink's writes fail and are counted
+  }
 }
 
 /** The sink under each logger made by createLogger: access lines are written to it directly. */

@@ -3,8 +3,9 @@
 // stopped with SIGTERM under load (the buffer is flushed at drain and at exit).
 import t from 'tap'
 import { request } from 'undici'
-import { spawnGateway } from './helpers/gateway.js'
-import { startUpstream } from './helpers/upstream.js'
+import { spawn } from 'node:child_process'
+import { childEnv, spawnGateway, writeConfig } from './helpers/gateway.js'
+import { refusingUrl, startUpstream } from './helpers/upstream.js'
 
 const config = (target: string): string => `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
@@ -61,3 +62,35 @@ t.test('SIGTERM under load: every answered request has its access line', async t
   t.same(missing, [], `every one of the ${answered.size} answered requests has its access line`)
 })
 
+
+// A stdout pipe is inherited blocking (as under Docker, systemd or a shell pipe): with a reader
+// that stalls, a write blocked a thread for good and SIGTERM never ended the process.
+t.test('a stdout pipe nobody reads: SIGTERM still ends the gateway, and the lines it could not write are counted on stderr', async t => {
+  const up = await startUpstream(t)
+  // stdout is a pipe this test never reads, so the gateway listens where it is told
+  const port = Number(new URL(await refusingUrl()).port)
+  const file = writeConfig(t, config(up.url).replace('listen: 127.0.0.1:0', `listen: 127.0.0.1:${port}`))
+  const child = spawn(process.execPath, ['bin/gateway', 'start', '-c', file], { stdio: ['ignore', 'pipe', 'pipe'], env: childEnv() })
+  child.stdout.pause()
+  let stderr = ''
+  child.stderr.on('data', (c: Buffer) => { stderr += c.toString() })
+  const exited = new Promise<number | null>(resolve => child.once('exit', code => resolve(code)))
+  t.teardown(() => { child.kill('SIGKILL') })
+  for (let i = 0; i < 300; i++) {
+    try {
+      await (await request(`http://127.0.0.1:${port}/up`)).body.text()
+      break
+    } catch { await new Promise(resolve => setTimeout(resolve, 50)) }
+  }
+  // about 2,000 access lines: several times what the pipe and node's read buffer hold
+  for (let i = 0; i < 2000; i++) {
+    const res = await request(`http://127.0.0.1:${port}/fill/${i}`)
+    await res.body.text()
+  }
+  const stopped = Date.now()
+  child.kill('SIGTERM')
+  const code = await Promise.race([exited, new Promise(resolve => setTimeout(() => resolve('still running'), 20_000))])
+  t.equal(code, 0, 'the gateway exited')
+  t.ok(Date.now() - stopped < 20_000, `within ${Date.now() - stopped} ms`)
+  t.match(stderr, /log: \d+ lines dropped at exit/, 'the lines the pipe did not take are counted')
+})

@@ -298,3 +298,26 @@ t.test('at exit, the batch waiting for a full pipe is written once the reader ta
   t.same(held.map(l => l.i), Array.from({ length: 200 }, (_, i) => i), 'every line, in order (the batch in flight and the queue were lost before)')
   sink.end()
 })
+
+// Workers mode: the primary and every worker write to one stdout. Two processes write 3 MB each
+// into one pipe whose reader starts late, so the pipe is full and writes are cut short; every line
+// read back must be one process's whole line.
+t.test('two processes sharing one stdout pipe: no line is spliced with another process\'s', async t => {
+  const writer = (name: string, shared: boolean): string => `
+    const { LogSink } = await import(${JSON.stringify(new URL('../dist/log-sink.js', import.meta.url).href)})
+    const sink = new LogSink({ fd: 1, sharedFd: ${String(shared)} })
+    process.stdout // a pipe: non-blocking, as the gateway makes it (src/log.ts)
+    const pad = 'x'.repeat(200)
+    for (let i = 0; i < 15000; i++) sink.write(JSON.stringify({ w: '${name}', i, pad }) + '\\n')
+    // the sink's retry timer does not hold the process: this does, until the pipe took every line
+    const alive = setInterval(() => {}, 1000)
+    await new Promise(resolve => sink.flush(resolve))
+    clearInterval(alive)`
+  const run = (shared: boolean): string => execFileSync('sh', ['-c',
+    `(node --input-type=module -e "$A" & node --input-type=module -e "$B" & wait) | (sleep 0.5; cat)`],
+  { env: { ...process.env, A: writer('a', shared), B: writer('b', shared) }, maxBuffer: 64 * 1024 * 1024, encoding: 'utf8' })
+  const lines = run(true).split('\n').slice(0, -1)
+  const broken = lines.filter(l => { try { JSON.parse(l); return false } catch { return true } })
+  t.equal(lines.length, 30000, 'every line arrives')
+  t.same(broken.slice(0, 3), [], `no line is broken (${broken.length} of ${lines.length})`)
+})
