@@ -175,6 +175,8 @@ export const DEFAULT_REDACT_QUERY: readonly string[] = Object.freeze(['token', '
  * case-insensitively and after percent-decoding (`?API%5Fkey=` is `api_key`); the value becomes
  * `[redacted]`, everything else stays byte for byte. A path without `?` is returned as is.
  */
+const QUERY_SEPARATORS = /([&;])/
+
 export function compileQueryRedactor (names: readonly string[] = DEFAULT_REDACT_QUERY): (path: string) => string {
   if (names.length === 0) return path => path
   const redacted = new Set(names.map(n => n.toLowerCase()))
@@ -182,8 +184,9 @@ export function compileQueryRedactor (names: readonly string[] = DEFAULT_REDACT_
     const q = path.indexOf('?')
     if (q === -1) return path
     let changed = false
-    const parts = path.slice(q + 1).split('&')
-    for (let i = 0; i < parts.length; i++) {
+    // ";" separates parameters too for some frameworks; the separators stay at the odd indexes
+    const parts = path.slice(q + 1).split(QUERY_SEPARATORS)
+    for (let i = 0; i < parts.length; i += 2) {
       const part = parts[i] as string
       const eq = part.indexOf('=')
       const rawName = eq === -1 ? part : part.slice(0, eq)
@@ -192,11 +195,14 @@ export function compileQueryRedactor (names: readonly string[] = DEFAULT_REDACT_
       if (rawName.includes('%') || rawName.includes('+')) {
         try { name = decodeURIComponent(rawName.replace(/\+/g, ' ')) } catch { /* malformed escape: compare as written */ }
       }
-      if (redacted.has(name.toLowerCase())) {
+      // "token[]", "api_key[0]" (qs, PHP, Rails) and "token " name the same parameter to the upstream
+      const bracket = name.indexOf('[')
+      if (bracket !== -1) name = name.slice(0, bracket)
+      if (redacted.has(name.trim().toLowerCase())) {
         parts[i] = `${rawName}=[redacted]`
         changed = true
       }
     }
-    return changed ? `${path.slice(0, q)}?${parts.join('&')}` : path
+    return changed ? `${path.slice(0, q)}?${parts.join('')}` : path
   }
 }

@@ -92,6 +92,10 @@ routes:
   t.equal(up.log.at(-1), path)
   const line = await lineOf(gw.lines, l => l.requestId === r.id)
   t.equal(line.path, '/x?token=[redacted]&q=1&API_KEY=[redacted]&Signature=[redacted]&password=[redacted]&secret=[redacted]&key=[redacted]&other=2')
+  // the spellings frameworks read as the same parameter: brackets (qs, PHP, Rails), ";" as a
+  // separator, a trailing space
+  const spelled = await send(gw.port, '/x?token[]=S1&api_key[0]=S2&a=1;password=S3&secret%20=S4&tokens=kept')
+  t.equal((await lineOf(gw.lines, l => l.requestId === spelled.id)).path, '/x?token[]=[redacted]&api_key[0]=[redacted]&a=1;password=[redacted]&secret%20=[redacted]&tokens=kept')
   const noQuery = await send(gw.port, '/plain')
   t.equal(noQuery.status, 200)
   t.equal((await lineOf(gw.lines, l => l.requestId === noQuery.id)).path, '/plain')
