@@ -171,38 +171,48 @@ function numberJson (n: number): string {
 export const DEFAULT_REDACT_QUERY: readonly string[] = Object.freeze(['token', 'key', 'api_key', 'password', 'secret', 'signature'])
 
 /**
- * Compiled at config load: the function the access log passes every path through. Names match
- * case-insensitively and after percent-decoding (`?API%5Fkey=` is `api_key`); the value becomes
- * `[redacted]`, everything else stays byte for byte. A path without `?` is returned as is.
+ * Compiled at config load: the function the access log passes every path through. A parameter is
+ * redacted under the name its upstream reads: compared case-insensitively after percent-decoding
+ * (`?API%5Fkey=` is `api_key`), without a `[...]` suffix (`token[]`, `api_key[0]`: qs, PHP, Rails)
+ * and trimmed (`token%20`), with `;` separating parameters as `&` does (frameworks that accept it).
+ * The value becomes `[redacted]`, everything else stays byte for byte. A path without `?` is
+ * returned as is. The query is walked with indexOf, not split: it runs per logged request (issue
+ * 13), and a query without a listed name costs its parameter names as strings, no array, no copy.
  */
-const QUERY_SEPARATORS = /([&;])/
-
 export function compileQueryRedactor (names: readonly string[] = DEFAULT_REDACT_QUERY): (path: string) => string {
   if (names.length === 0) return path => path
   const redacted = new Set(names.map(n => n.toLowerCase()))
+  const listed = (rawName: string): boolean => {
+    let name = rawName
+    // decoding is the slow part: names with an escape need it
+    if (rawName.includes('%') || rawName.includes('+')) {
+      try { name = decodeURIComponent(rawName.replace(/\+/g, ' ')) } catch { /* malformed escape: compare as written */ }
+    }
+    const bracket = name.indexOf('[')
+    if (bracket !== -1) name = name.slice(0, bracket)
+    return redacted.has(name.trim().toLowerCase())
+  }
   return path => {
     const q = path.indexOf('?')
     if (q === -1) return path
-    let changed = false
-    // ";" separates parameters too for some frameworks; the separators stay at the odd indexes
-    const parts = path.slice(q + 1).split(QUERY_SEPARATORS)
-    for (let i = 0; i < parts.length; i += 2) {
-      const part = parts[i] as string
-      const eq = part.indexOf('=')
-      const rawName = eq === -1 ? part : part.slice(0, eq)
-      let name = rawName
-      // decoding is the slow part: only names with an escape need it
-      if (rawName.includes('%') || rawName.includes('+')) {
-        try { name = decodeURIComponent(rawName.replace(/\+/g, ' ')) } catch { /* malformed escape: compare as written */ }
+    // `out` is the redacted path up to `copied`, built from the first listed name on
+    let out = ''
+    let copied = 0
+    let amp = path.indexOf('&', q)
+    let semi = path.indexOf(';', q)
+    let eq = path.indexOf('=', q)
+    for (let start = q + 1; start <= path.length;) {
+      if (amp !== -1 && amp < start) amp = path.indexOf('&', start)
+      if (semi !== -1 && semi < start) semi = path.indexOf(';', start)
+      if (eq !== -1 && eq < start) eq = path.indexOf('=', start)
+      const end = amp === -1 ? (semi === -1 ? path.length : semi) : (semi === -1 || amp < semi ? amp : semi)
+      const nameEnd = eq !== -1 && eq < end ? eq : end
+      if (nameEnd > start && listed(path.slice(start, nameEnd))) {
+        out += path.slice(copied, nameEnd) + '=[redacted]'
+        copied = end
       }
-      // "token[]", "api_key[0]" (qs, PHP, Rails) and "token " name the same parameter to the upstream
-      const bracket = name.indexOf('[')
-      if (bracket !== -1) name = name.slice(0, bracket)
-      if (redacted.has(name.trim().toLowerCase())) {
-        parts[i] = `${rawName}=[redacted]`
-        changed = true
-      }
+      start = end + 1
     }
-    return changed ? `${path.slice(0, q)}?${parts.join('')}` : path
+    return copied === 0 ? path : out + path.slice(copied)
   }
 }
