@@ -119,7 +119,7 @@ export class LogSink extends EventEmitter {
    * At exit: what waits is written synchronously, the batch that waits for a full pipe's reader
    * (EAGAIN) first. A pipe that stays full gets LOG_EXIT_FLUSH_MS, then what it could not take is
    * counted as dropped, line by line, and said on stderr: no line is lost without a count. A write
-   * running on libuv's thread pool finishes on its own (the process waits for it).
+   * running on libuv's thread pool is left to finish and start the next (see flushAtExit).
    */
   flushSync (): void {
     if (this.inFlight !== null && this.retry === null) return
@@ -139,12 +139,28 @@ export class LogSink extends EventEmitter {
     if (written < data.length) {
       const lost = countLines(data.subarray(written))
       this.dropped += lost
-      try {
-        writeSync(2, `log: ${lost} lines dropped at exit: the log's reader did not take them within ${LOG_EXIT_FLUSH_MS} ms\n`)
-      } catch {
-        // stderr is gone too: the count above is all there is
-      }
+      reportExitDrops(`log: ${lost} lines dropped at exit: the log's reader did not take them within ${LOG_EXIT_FLUSH_MS} ms\n`)
     }
+  }
+
+  /**
+   * flushSync for the process's 'exit' event. A write still on libuv's thread pool then (the
+   * process is ended by process.exit or a crash while it runs) has a result this process never
+   * sees, and the lines queued behind it cannot be written before it without splicing them into
+   * its batch: both are counted and said on stderr, where flushSync left them uncounted. (Such a
+   * write on a blocking fd would hold the exit itself: libuv joins its threads at exit, which is
+   * why src/log.ts makes a stdout pipe non-blocking.)
+   */
+  flushAtExit (): void {
+    if (this.inFlight === null || this.retry !== null) {
+      this.flushSync()
+      return
+    }
+    const running = countLines(this.inFlight)
+    const lost = running + countLines(this.buffer.subarray(0, this.used))
+    this.used = 0
+    this.dropped += lost
+    if (lost > 0) reportExitDrops(`log: ${lost} lines dropped at exit (${running} of them in a write that had not finished and may have reached the log)\n`)
   }
 
   end (): void {
@@ -246,6 +262,14 @@ function atomicLength (data: Buffer, from: number): number {
   if (lastEnd >= from) return lastEnd + 1 - from
   const lineEnd = data.indexOf(10, from)
   return lineEnd === -1 ? rest : lineEnd + 1 - from
+}
+
+function reportExitDrops (message: string): void {
+  try {
+    writeSync(2, message)
+  } catch {
+    // stderr is gone too: the count in `dropped` is all there is
+  }
 }
 
 function countLines (data: Buffer): number {

@@ -35,7 +35,7 @@ export function createLogDestination (fd = 1, options: Omit<LogSinkOptions, 'fd'
   liveSinks.add(new WeakRef(sink))
   if (!exitHookInstalled) {
     exitHookInstalled = true
-    process.once('exit', () => { for (const ref of liveSinks) ref.deref()?.flushSync() })
+    process.once('exit', () => { for (const ref of liveSinks) ref.deref()?.flushAtExit() })
   }
   return sink
 }
@@ -43,8 +43,12 @@ export function createLogDestination (fd = 1, options: Omit<LogSinkOptions, 'fd'
 /**
  * A stdout that is a pipe or a socket is inherited blocking (libuv makes a child's stdio so): a
  * write to a stalled reader then held a thread-pool thread for good, the bounded waits of the sink
- * (EAGAIN) never applied, and SIGTERM never ended the process. Node opens process.stdout on a pipe
- * or socket through libuv, which makes it non-blocking (on the open file, which the workers share).
+ * (EAGAIN) never applied, and SIGTERM never ended the process (process.exit neither: libuv joins
+ * its threads at exit). Node opens process.stdout on a pipe or socket through libuv, which makes
+ * it non-blocking; the flag is on the open file, shared with the other workers. An ESM import of
+ * node:process happens to open it as well (its module facade reads every property of process);
+ * this does not depend on one. Each fork makes the shared file blocking again until the new worker
+ * gets here.
  */
 function nonBlockingStdout (): void {
   try {

@@ -2,15 +2,15 @@
 // very JSON pino writes, and a stdout that stops being read costs counted lines, never unbounded
 // memory, and the sink writes again once the reader is back.
 import t from 'tap'
-import { closeSync, constants as fsConstants, openSync, readFileSync, readSync, writeSync } from 'node:fs'
+import { closeSync, constants as fsConstants, openSync, readFileSync, readSync, writeFileSync, writeSync } from 'node:fs'
 import { join } from 'node:path'
-import { execFileSync, spawn } from 'node:child_process'
+import { execFile, execFileSync, spawn } from 'node:child_process'
 import { once } from 'node:events'
 import type { LogSink } from '../src/log-sink.js'
 import { request } from 'undici'
 import { createAccessLog, createLogDestination, createLogger, type AccessRecord } from '../src/log.js'
 import { Gateway } from '../src/server.js'
-import { writeConfig } from './helpers/gateway.js'
+import { childEnv, writeConfig } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 
 const flushed = async (logger: ReturnType<typeof createLogger>): Promise<void> => {
@@ -299,25 +299,147 @@ t.test('at exit, the batch waiting for a full pipe is written once the reader ta
   sink.end()
 })
 
-// Workers mode: the primary and every worker write to one stdout. Two processes write 3 MB each
-// into one pipe whose reader starts late, so the pipe is full and writes are cut short; every line
-// read back must be one process's whole line.
-t.test('two processes sharing one stdout pipe: no line is spliced with another process\'s', async t => {
-  const writer = (name: string, shared: boolean): string => `
-    const { LogSink } = await import(${JSON.stringify(new URL('../dist/log-sink.js', import.meta.url).href)})
-    const sink = new LogSink({ fd: 1, sharedFd: ${String(shared)} })
-    process.stdout // a pipe: non-blocking, as the gateway makes it (src/log.ts)
-    const pad = 'x'.repeat(200)
-    for (let i = 0; i < 15000; i++) sink.write(JSON.stringify({ w: '${name}', i, pad }) + '\\n')
-    // the sink's retry timer does not hold the process: this does, until the pipe took every line
-    const alive = setInterval(() => {}, 1000)
-    await new Promise(resolve => sink.flush(resolve))
-    clearInterval(alive)`
-  const run = (shared: boolean): string => execFileSync('sh', ['-c',
-    `(node --input-type=module -e "$A" & node --input-type=module -e "$B" & wait) | (sleep 0.5; cat)`],
-  { env: { ...process.env, A: writer('a', shared), B: writer('b', shared) }, maxBuffer: 64 * 1024 * 1024, encoding: 'utf8' })
-  const lines = run(true).split('\n').slice(0, -1)
-  const broken = lines.filter(l => { try { JSON.parse(l); return false } catch { return true } })
-  t.equal(lines.length, 30000, 'every line arrives')
-  t.same(broken.slice(0, 3), [], `no line is broken (${broken.length} of ${lines.length})`)
+// A pipe as a child's stdout, the way Docker (a FIFO) or a shell gives it: the write end is opened
+// blocking, the test keeps the read end and reads nothing until the child is gone.
+function unreadPipe (t: { testdir: () => string, teardown: (fn: () => unknown) => void }): { dir: string, writeFd: number, readAll: () => string } {
+  const dir = t.testdir()
+  const fifo = join(dir, 'stdout.fifo')
+  execFileSync('mkfifo', [fifo])
+  const readFd = openSync(fifo, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK)
+  const writeFd = openSync(fifo, 'w')
+  t.teardown(() => { closeSync(readFd) })
+  const readAll = (): string => {
+    const chunks: Buffer[] = []
+    const chunk = Buffer.alloc(65536)
+    for (;;) {
+      let n: number
+      try { n = readSync(readFd, chunk, 0, chunk.length, null) } catch { break }
+      if (n === 0) break
+      chunks.push(Buffer.from(chunk.subarray(0, n)))
+    }
+    return Buffer.concat(chunks).toString()
+  }
+  return { dir, writeFd, readAll }
+}
+
+const LOG_MODULE = JSON.stringify(new URL('../dist/log.js', import.meta.url).href)
+
+/** Runs an ES module script with `stdout` as its fd 1; resolves with its exit code (or 'still running' after `boundMs`) and its stderr. */
+async function runScript (t: { teardown: (fn: () => unknown) => void }, dir: string, source: string, stdout: number | 'pipe', boundMs: number): Promise<{ code: number | null | 'still running', stderr: string, ms: number }> {
+  const file = join(dir, 'script.mjs')
+  writeFileSync(file, source)
+  const started = Date.now()
+  // through env(1): tap puts its own --import back into a child's NODE_OPTIONS, and that import
+  // opens process.stdout, which makes a stdout pipe non-blocking before the code under test runs
+  const child = spawn('env', ['-u', 'NODE_OPTIONS', process.execPath, file], { stdio: ['ignore', stdout, 'pipe'], env: childEnv() })
+  t.teardown(() => { child.kill('SIGKILL') })
+  let stderr = ''
+  child.stderr?.on('data', (c: Buffer) => { stderr += c.toString() })
+  const exited = new Promise<number | null>(resolve => child.once('exit', code => resolve(code)))
+  const code = await Promise.race([exited, new Promise<'still running'>(resolve => setTimeout(() => resolve('still running'), boundMs))])
+  return { code, stderr, ms: Date.now() - started }
+}
+
+const wholeLines = (text: string): string[] => text.split('\n').slice(0, -1)
+const broken = (lines: string[]): string[] => lines.filter(l => { try { JSON.parse(l); return false } catch { return true } })
+
+// stdout a pipe nobody reads, inherited blocking: a write to it held a thread-pool thread for
+// good and the process never ended (src/log.ts makes such a stdout non-blocking).
+t.test('a logger on a stdout pipe nobody reads: the process still ends by itself, and every line it could not write is counted on stderr', async t => {
+  const { dir, writeFd, readAll } = unreadPipe(t)
+  const run = runScript(t, dir, `
+    const { createLogger } = await import(${LOG_MODULE})
+    const logger = createLogger('info')
+    const pad = 'x'.repeat(1000)
+    // about 2 MB: many times what the pipe holds
+    for (let i = 0; i < 2000; i++) logger.info({ i, pad }, 'line')
+  `, writeFd, 15_000)
+  closeSync(writeFd)
+  const { code, stderr, ms } = await run
+  // the exit waits 1 s for the reader (LOG_EXIT_FLUSH_MS); 15 s is the margin of a loaded machine
+  t.equal(code, 0, `the process ended by itself (after ${ms} ms)`)
+  const dropped = Number(/log: (\d+) lines dropped at exit/.exec(stderr)?.[1] ?? Number.NaN)
+  const lines = wholeLines(readAll())
+  t.same(broken(lines), [], 'every line that reached the pipe is whole')
+  t.ok(dropped > 0, `the lines the pipe did not take are said on stderr (${stderr.trim()})`)
+  t.equal(lines.length + dropped, 2000, `each line reached the pipe (${lines.length}) or is counted (${dropped})`)
+})
+
+t.test('process.exit while a batch is being written: the lines queued behind it are counted on stderr, not skipped', async t => {
+  const { dir, writeFd, readAll } = unreadPipe(t)
+  const run = runScript(t, dir, `
+    const { createLogDestination } = await import(${LOG_MODULE})
+    const sink = createLogDestination(1)
+    const pad = 'x'.repeat(100)
+    // the first 16 KiB go to the thread pool as one write; the rest waits behind it
+    for (let i = 0; i < 1000; i++) sink.write(JSON.stringify({ i, pad }) + '\\n')
+    process.exit(0)
+  `, writeFd, 15_000)
+  closeSync(writeFd)
+  const { code, stderr } = await run
+  t.equal(code, 0)
+  const dropped = Number(/log: (\d+) lines dropped at exit/.exec(stderr)?.[1] ?? Number.NaN)
+  const lines = wholeLines(readAll())
+  t.same(broken(lines), [], 'every line that reached the pipe is whole')
+  // the batch's own lines are counted too: its write's outcome is not known at exit
+  t.ok(lines.length + dropped >= 1000, `each line reached the pipe (${lines.length}) or is counted (${dropped})`)
+  t.ok(dropped >= 1000 - lines.length && lines.length < 1000, 'the lines queued behind the write are among those counted')
+})
+
+// Workers mode: the primary and every worker write to one stdout (src/workers.ts forks with
+// silent: false). A reader that takes the pipe slowly, a kilobyte at a time, keeps it almost
+// full, so writes larger than PIPE_BUF went in part and another process's write was spliced in.
+t.test('workers mode: the primary and two workers share one slowly read stdout pipe, and every line comes out whole', async t => {
+  const dir = t.testdir()
+  const script = join(dir, 'cluster.mjs')
+  writeFileSync(script, `
+    import cluster from 'node:cluster'
+    const { createLogDestination } = await import(${LOG_MODULE})
+    const write = async (sink, w) => {
+      const pad = 'x'.repeat(200)
+      for (let i = 0; i < 10000; i++) sink.write(JSON.stringify({ w, i, pad }) + '\\n')
+      // the sink's retry timer does not hold the process: this does, until the pipe took every line
+      const alive = setInterval(() => {}, 1000)
+      await new Promise(resolve => sink.flush(resolve))
+      clearInterval(alive)
+    }
+    if (cluster.isPrimary) {
+      // as src/cli.ts creates the primary's logger in workers mode
+      const sink = createLogDestination(1, { sharedFd: true })
+      const workers = [cluster.fork(), cluster.fork()]
+      let ready = 0
+      for (const w of workers) w.on('message', () => { if (++ready === 2) { for (const x of workers) x.send('go'); void write(sink, 'primary') } })
+    } else {
+      // a worker's logger, made as the gateway makes it: nothing says it shares stdout
+      const sink = createLogDestination()
+      process.once('message', async () => { await write(sink, cluster.worker.id); process.disconnect() })
+      process.send('ready')
+    }
+  `)
+  const reader = join(dir, 'reader.cjs')
+  writeFileSync(reader, `
+    const fs = require('fs')
+    const chunk = Buffer.alloc(1024)
+    const pause = new Int32Array(new SharedArrayBuffer(4))
+    const out = []
+    for (;;) {
+      const n = fs.readSync(0, chunk, 0, chunk.length, null)
+      if (n === 0) break
+      out.push(Buffer.from(chunk.subarray(0, n)))
+      Atomics.wait(pause, 0, 0, 0.2)
+    }
+    fs.writeFileSync(process.argv[2], Buffer.concat(out))
+  `)
+  const out = join(dir, 'read.log')
+  await new Promise<void>((resolve, reject) => {
+    // without tap's NODE_OPTIONS, whose --import would open process.stdout (see runScript)
+    execFile('sh', ['-c', `unset NODE_OPTIONS; node "${script}" | node "${reader}" "${out}"`], { env: childEnv(), timeout: 120_000 }, err => {
+      if (err !== null) reject(err)
+      else resolve()
+    })
+  })
+  const lines = wholeLines(readFileSync(out, 'utf8'))
+  const spliced = broken(lines)
+  t.same(spliced.slice(0, 2), [], `no line is spliced with another process's (${spliced.length} of ${lines.length})`)
+  t.equal(lines.length, 30000, 'every line of the three processes arrives')
 })
