@@ -23,7 +23,7 @@ export interface LogSinkOptions {
   readonly sharedFd?: boolean
 }
 
-/** POSIX: a pipe write of at most this many bytes is never interleaved with other writers' (Linux). */
+/** POSIX: a pipe write no longer than this is never interleaved with other writers' (Linux). */
 export const PIPE_BUF = 4096
 
 export const LOG_BATCH_BYTES = 16 * 1024
@@ -252,7 +252,7 @@ function writeAllSync (fd: number, data: Buffer, boundMs: number, shared: boolea
 }
 
 /**
- * How many bytes of `data` from `from` one write to a shared fd takes: whole lines within PIPE_BUF
+ * The length of `data`, from `from`, that one write to a shared fd takes: whole lines within PIPE_BUF
  * bytes, or a single longer line whole (it cannot be atomic; it still ends at its newline).
  */
 function atomicLength (data: Buffer, from: number): number {

@@ -279,7 +279,7 @@ export class Limiter {
   }
 
   // Shadow limits are counted and reported, never enforced: decided after the enforced ones
-  // admitted the request, in a call of their own so that running out cannot veto anything. Each
+  // admitted the request, in a call of their own so that running out can veto no request. Each
   // is decided alone: decided together, all-or-nothing, the tightest one's refusals were counted
   // as refusals of every other and left them uncharged, so a limit on trial beside a tighter one
   // showed rejections it would never make.

@@ -115,7 +115,7 @@ function hexValue (c: number): number {
 
 /**
  * The path of a request target, as the gateway routes it: origin-form, or absolute-form (RFC 9112
- * §3.2.2) from its first "/" after the authority. Null for anything else (e.g. "*"). The path still
+ * §3.2.2) from its first "/" after the authority. Null for every other form (e.g. "*"). The path still
  * needs normalizePath; nothing is decoded or resolved here (WHATWG URL parsing would turn "\\" into
  * "/" and resolve "..", and route what the gateway refuses). Two functions, not one returning both:
  * the request path allocates no pair.
