@@ -6,7 +6,7 @@
 // the plain proxy path (issue 13) is spread over many frames of 1-5% each.
 //
 //   node bench/instructions.js [--contenders b,c,d,f,l,r,r1] [--warm 20000] [--requests 5000]
-//                              [--repeat 2] [--dist dist[,other/dist]] [--json FILE]
+//                              [--repeat 2] [--dist dist[,other/dist]] [--main-thread] [--json FILE]
 //
 // Each contender runs under `valgrind --tool=callgrind --instr-atstart=no`: `--warm` requests
 // (50 keep-alive connections) let V8 optimise the hot path uninstrumented, then counting is turned
@@ -23,6 +23,9 @@
 // process, 50 decisions in flight over 1,000 clients. r batches them (lua/limit-batch.lua: the 50
 // decisions of a turn in one call, so the count repeats within 0.1%), r1 sends one lua/limit.lua
 // call per decision (the store's maxBatch 1). Their warm-up is 2,000 decisions (Lua has no JIT).
+// `--main-thread` counts the main thread alone (callgrind's --separate-threads): V8's compiler and
+// GC helper threads are what moves repeats of one build by up to 10%; the request path's
+// JavaScript, node:http and undici all run on the main thread.
 // `--dist` compares builds: each directory is a compiled dist/ (for example a `git worktree` of
 // another commit after `npx tsc -p tsconfig.build.json`).
 import { execFileSync } from 'node:child_process'
@@ -64,11 +67,14 @@ function requireValgrind () {
  * Sum of the `totals:` lines of the dumps callgrind wrote for `pid`.
  * @param {string} dir
  * @param {number} pid
+ * @param {boolean} [mainThread]  count the main thread's dump alone (--separate-threads)
  */
-function countedInstructions (dir, pid) {
+function countedInstructions (dir, pid, mainThread = false) {
   let total = 0
   for (const f of readdirSync(dir)) {
     if (!f.startsWith(`cg.${pid}`)) continue
+    // with --separate-threads each thread has its own file, the main thread's ending in -01
+    if (mainThread && !f.endsWith('-01')) continue
     const m = /^totals:\s+(\d+)/m.exec(readFileSync(join(dir, f), 'utf8'))
     if (m !== null) total += Number(m[1])
   }
@@ -83,7 +89,8 @@ function countedInstructions (dir, pid) {
  */
 async function measure (id, dist, env) {
   const { port, args, ready } = await contenderCommand(id, { dist, dir: env.dir, upstreamOrigin: env.upstreamOrigin, ...(id === 'l' ? { config: GATEWAY_CONFIGS.f, logOn: true } : {}) })
-  const child = await startProcess(`${id} under callgrind`, 'valgrind', ['--tool=callgrind', '--instr-atstart=no', `--callgrind-out-file=${join(env.dir, 'cg.%p')}`, process.execPath, ...args], {
+  const threads = settings.mainThread ? ['--separate-threads=yes'] : []
+  const child = await startProcess(`${id} under callgrind`, 'valgrind', ['--tool=callgrind', '--instr-atstart=no', ...threads, `--callgrind-out-file=${join(env.dir, 'cg.%p')}`, process.execPath, ...args], {
     env: { ...process.env, NODE_ENV: 'production' },
     drainStdout: true,
     ready,
@@ -95,7 +102,7 @@ async function measure (id, dist, env) {
     const counted = await loadCounted(port, settings.requests)
     execFileSync('callgrind_control', ['-i', 'off', String(child.pid)], { stdio: 'ignore' })
     execFileSync('callgrind_control', ['-d', String(child.pid)], { stdio: 'ignore' })
-    const instructions = countedInstructions(env.dir, child.pid)
+    const instructions = countedInstructions(env.dir, child.pid, settings.mainThread)
     if (instructions === 0) throw new Error(`${id}: callgrind wrote no count`)
     return instructions / counted
   } finally {
@@ -164,7 +171,7 @@ async function main () {
     if (!BARE.has(id) && !GATEWAYS.has(id) && !(id in REDIS)) throw new Error(`unknown contender ${id} (b, u, c, d, f, l, r or r1)`)
     for (const dist of BARE.has(id) ? [settings.dists[0]] : settings.dists) rows.push({ id, dist: /** @type {string} */ (dist), runs: [] })
   }
-  console.log(`instructions per request: ${settings.warm} warm-up requests, ${settings.requests} counted, ${settings.repeat} repeats`)
+  console.log(`instructions per request${settings.mainThread ? ' (main thread)' : ''}: ${settings.warm} warm-up requests, ${settings.requests} counted, ${settings.repeat} repeats`)
   for (let r = 0; r < settings.repeat; r++) {
     for (const row of r % 2 === 0 ? rows : [...rows].reverse()) {
       const perRequest = row.id in REDIS ? await measureRedis(row.id, row.dist, env) : await measure(row.id, row.dist, env)

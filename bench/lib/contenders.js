@@ -26,6 +26,7 @@ export function countFlags (defaults) {
       repeat: { type: 'string', default: '2' },
       top: { type: 'string', default: defaults.top ?? '0' },
       dist: { type: 'string', default: 'dist' },
+      'main-thread': { type: 'boolean', default: false },
       json: { type: 'string' }
     }
   })
@@ -37,7 +38,8 @@ export function countFlags (defaults) {
       requests: Number(flags.requests),
       repeat: Number(flags.repeat),
       top: Number(flags.top),
-      dists: (flags.dist ?? 'dist').split(',').filter(Boolean).map((d) => resolve(ROOT, d))
+      dists: (flags.dist ?? 'dist').split(',').filter(Boolean).map((d) => resolve(ROOT, d)),
+      mainThread: flags['main-thread'] === true
     }
   }
 }
@@ -77,7 +79,9 @@ export async function contenderCommand (id, env) {
  * @param {number} n
  */
 export async function loadCounted (port, n) {
-  const r = await runLoad({ url: `http://127.0.0.1:${port}`, connections: 50, durationS: 900, amount: n, requests: [{ path: '/api/items/42', headers: { 'x-user-id': 'user-1' } }] })
+  // Under callgrind a contender runs about 50 times slower, and slower again on a busy machine: a
+  // response may take longer than autocannon's 10 s, which counted as a timeout and ended the run.
+  const r = await runLoad({ url: `http://127.0.0.1:${port}`, connections: 50, durationS: 900, amount: n, timeoutS: 120, requests: [{ path: '/api/items/42', headers: { 'x-user-id': 'user-1' } }] })
   if (r.non2xx + r.errors + r.timeouts > 0) throw new Error(`port ${port}: ${r.non2xx} non-2xx, ${r.errors} errors, ${r.timeouts} timeouts of ${r.requests}`)
   return r.requests
 }

@@ -9,6 +9,7 @@ import autocannon from 'autocannon'
  * @property {number} [amount]  stop after this many responses instead of after `durationS`
  * @property {Array<{ method?: string, path?: string, headers?: Record<string, string> }>} requests  cycled per connection
  * @property {number} [overallRate]  requests/s over all connections; unset = as fast as answers come back
+ * @property {number} [timeoutS]  seconds a response may take before autocannon counts a timeout (default 10)
  * @property {(ms: number) => void} [onResponseTime]  every response's latency, for merging runs
  */
 
@@ -43,7 +44,7 @@ export function runLoad (opts) {
       connections: opts.connections,
       duration: opts.durationS,
       pipelining: 1,
-      timeout: 10,
+      timeout: opts.timeoutS ?? 10,
       requests: opts.requests,
       ...(opts.amount ? { amount: opts.amount } : {}),
       // autocannon's coordinated-omission correction assumes 1/rate ms between requests where the
