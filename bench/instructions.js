@@ -6,7 +6,7 @@
 // the plain proxy path (issue 13) is spread over many frames of 1-5% each.
 //
 //   node bench/instructions.js [--contenders b,c,d,f,l,r,r1] [--warm 20000] [--requests 5000]
-//                              [--repeat 2] [--dist dist[,other/dist]] [--main-thread] [--json FILE]
+//                              [--repeat 2] [--dist dist[,other/dist]] [--main-thread] [--keep] [--json FILE]
 //
 // Each contender runs under `valgrind --tool=callgrind --instr-atstart=no`: `--warm` requests
 // (50 keep-alive connections) let V8 optimise the hot path uninstrumented, then counting is turned
@@ -26,6 +26,9 @@
 // `--main-thread` counts the main thread alone (callgrind's --separate-threads): V8's compiler and
 // GC helper threads are what moves repeats of one build by up to 10%; the request path's
 // JavaScript, node:http and undici all run on the main thread.
+// `--keep` leaves callgrind's dumps in their directory (named on stdout with each run's pid) for
+// `callgrind_annotate`: node's C++ and V8's builtins and runtime functions are named there, the
+// JavaScript is not.
 // `--dist` compares builds: each directory is a compiled dist/ (for example a `git worktree` of
 // another commit after `npx tsc -p tsconfig.build.json`).
 import { execFileSync } from 'node:child_process'
@@ -103,6 +106,7 @@ async function measure (id, dist, env) {
     execFileSync('callgrind_control', ['-i', 'off', String(child.pid)], { stdio: 'ignore' })
     execFileSync('callgrind_control', ['-d', String(child.pid)], { stdio: 'ignore' })
     const instructions = countedInstructions(env.dir, child.pid, settings.mainThread)
+    if (settings.keep) console.log(`  (${id}, ${dist}: callgrind's dumps ${join(env.dir, `cg.${child.pid}`)}*)`)
     if (instructions === 0) throw new Error(`${id}: callgrind wrote no count`)
     return instructions / counted
   } finally {
@@ -161,7 +165,11 @@ async function measureRedis (id, dist, env) {
 async function main () {
   requireValgrind()
   const dir = mkdtempSync(join(tmpdir(), 'gw-instructions-'))
-  process.on('exit', () => { killAllSync(); rmSync(dir, { recursive: true, force: true }) })
+  process.on('exit', () => {
+    killAllSync()
+    if (settings.keep) console.log(`callgrind's dumps are kept in ${dir}`)
+    else rmSync(dir, { recursive: true, force: true })
+  })
   const upstreamPort = await freePort()
   await startProcess('upstream', process.execPath, [join(BENCH, 'upstream.js'), String(upstreamPort)], { ready: () => answers200(`http://127.0.0.1:${upstreamPort}/`) })
   const env = { dir, upstreamOrigin: `http://127.0.0.1:${upstreamPort}` }

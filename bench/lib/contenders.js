@@ -27,6 +27,7 @@ export function countFlags (defaults) {
       top: { type: 'string', default: defaults.top ?? '0' },
       dist: { type: 'string', default: 'dist' },
       'main-thread': { type: 'boolean', default: false },
+      keep: { type: 'boolean', default: false },
       json: { type: 'string' }
     }
   })
@@ -39,7 +40,8 @@ export function countFlags (defaults) {
       repeat: Number(flags.repeat),
       top: Number(flags.top),
       dists: (flags.dist ?? 'dist').split(',').filter(Boolean).map((d) => resolve(ROOT, d)),
-      mainThread: flags['main-thread'] === true
+      mainThread: flags['main-thread'] === true,
+      keep: flags.keep === true
     }
   }
 }
