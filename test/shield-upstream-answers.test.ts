@@ -28,6 +28,8 @@ const PIECES: Record<string, ReadonlyArray<string | typeof CLOSE>> = {
   '/split': ['HTTP/1.1 ', '200 OK\r\nContent-Length: 2\r\n\r\nok'],
   '/split-short': ['HTTP', '/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok'],
   '/split-continue': ['HTTP/1.1 100 Continue\r\n', '\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal'],
+  // a body whose bytes, read apart from its head, look like a 100 Continue head
+  '/body-like-continue': ['HTTP/1.1 200 OK\r\nContent-Length: 33\r\n\r\n', 'HTTP/1.1 100 Continue\r\n\r\nfinal!!!'],
   '/not-http': ['ERROR\r\n', CLOSE],
   '/cut-head': ['HTTP/1.1 ', CLOSE]
 }
@@ -105,6 +107,7 @@ t.test('a response head split by the network, or an answer that is not HTTP, nev
   t.equal(await get('/split'), '200 ok', 'a head split after "HTTP/1.1 "')
   t.equal(await get('/split-short'), '200 ok', 'a head split after "HTTP"')
   t.equal(await get('/split-continue'), '200 final', 'a 100 Continue whose blank line comes later')
+  t.equal(await get('/body-like-continue'), '200 HTTP/1.1 100 Continue\r\n\r\nfinal!!!', 'a body that reads like a 100 Continue is relayed whole')
   t.equal(await get('/not-http'), '502 GW_ERR_UPSTREAM_BAD_RESPONSE', 'not HTTP: 502 at once')
   t.match(await get('/cut-head'), /^502 /, 'a head cut short by the upstream closing: 502')
   t.equal(await get('/ok'), '200 ok', 'the gateway still answers')

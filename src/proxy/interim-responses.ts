@@ -8,7 +8,6 @@ import type { Socket } from 'node:net'
 import { buildConnector } from 'undici'
 
 const HEAD_END = Buffer.from('\r\n\r\n')
-const REQUEST_LINE = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+ [^ ]+ HTTP\/1\.1\r\n/
 // "HTTP/1.x 100 " or "HTTP/1.x 100\r": enough bytes to tell a 100 from every other status. Each
 // position lists the bytes allowed there.
 const CONTINUE_PREFIX: ReadonlyArray<readonly number[]> = [...'HTTP/1.'].map(c => [c.charCodeAt(0)])
@@ -26,26 +25,34 @@ function continueHead (buf: Buffer): 'yes' | 'no' | 'maybe' {
   return n < PREFIX_LENGTH ? 'maybe' : 'yes'
 }
 
-/** Makes `socket.read()` skip `100 Continue` heads at the start of each response. */
+/**
+ * Whether undici's string write starts a request. undici writes a request head as one latin1
+ * string starting with the method, which node:http's parser (llhttp) takes in upper case letters
+ * only; its other string writes are chunk framing, starting with CR or a hex digit in lower case
+ * (lib/dispatcher/client-h1.js). One character code, where a regex over the request line cost a
+ * match per request.
+ */
+function startsRequest (data: string): boolean {
+  const c = data.charCodeAt(0)
+  return c >= 0x41 && c <= 0x5a
+}
+
+/**
+ * Makes `socket.read()` skip `100 Continue` heads at the start of each response. The filtering
+ * read is the socket's `read` from a request's head until the response's first bytes tell a 100
+ * from the rest; then the stream's own `read` is put back, so the reads of a response body and
+ * undici's last read of each turn (the one that returns null) go straight to the stream.
+ */
 export function dropContinueResponses (socket: Socket): void {
-  let atResponseStart = false
   // Bytes read at a response's start that cannot be told from a 100 yet. Held here, not put back
   // with unshift(): unshift emits 'readable' at once, undici reads the same bytes again, and a
   // short first read ("HTTP/1.1 " then the rest 50 ms later, or "ERROR\r\n" from a server of
   // another protocol) spun the event loop for good.
   let held: Buffer | null = null
-  // Named parameters, not a rest array and apply: this runs on every write to every upstream.
-  const write = socket.write as (this: Socket, data: unknown, encoding?: unknown, callback?: unknown) => boolean
-  socket.write = function (this: Socket, data: unknown, encoding?: unknown, callback?: unknown): boolean {
-    // Only a request head (undici writes it as one latin1 string) starts a new exchange; body
-    // chunks must not, or the middle of an early response would be inspected.
-    if (typeof data === 'string' && REQUEST_LINE.test(data)) atResponseStart = true
-    return write.call(this, data, encoding, callback)
-  } as Socket['write']
   const read = socket.read
-  socket.read = function (this: Socket, size?: number): unknown {
+  const filteringRead = function (this: Socket, size?: number): unknown {
     let chunk = read.call(this, size) as Buffer | string | null
-    if (!atResponseStart || chunk === null || typeof chunk === 'string') return chunk
+    if (chunk === null || typeof chunk === 'string') return chunk
     if (held !== null) {
       chunk = Buffer.concat([held, chunk])
       held = null
@@ -53,7 +60,7 @@ export function dropContinueResponses (socket: Socket): void {
     for (;;) {
       const head = continueHead(chunk)
       if (head === 'no') {
-        atResponseStart = false
+        socket.read = read
         return chunk
       }
       // a 100 head, whole or not yet: wait for the next 'readable' with what was read
@@ -70,6 +77,14 @@ export function dropContinueResponses (socket: Socket): void {
       }
     }
   } as Socket['read']
+  // Named parameters, not a rest array and apply: this runs on every write to every upstream.
+  const write = socket.write as (this: Socket, data: unknown, encoding?: unknown, callback?: unknown) => boolean
+  socket.write = function (this: Socket, data: unknown, encoding?: unknown, callback?: unknown): boolean {
+    // Only a request head starts a new exchange; body chunks must not, or the middle of an early
+    // response would be inspected.
+    if (typeof data === 'string' && startsRequest(data)) socket.read = filteringRead
+    return write.call(this, data, encoding, callback)
+  } as Socket['write']
 }
 
 /** undici's own connector (same timeout), with `dropContinueResponses` on every socket (TLS too). */
