@@ -6,7 +6,8 @@
 -- 2678400000 month (its longest length). Dates use integer arithmetic only (Howard Hinnant's
 -- days_from_civil / civil_from_days): Redis Lua has no os.date. maxDelayMs carries the clock's
 -- UTC offset (quotaTimezone; 0 = UTC), see cq_read.
--- State: HASH { w = period start in seconds of the quota's clock (Unix seconds for UTC), c = units
+-- State: HASH { w = period start in seconds of the quota's clock (Unix seconds for UTC and for
+-- hours), c = units
 -- admitted in it }. As in
 -- fixed-window.lua the period is stored: decisions never depend on when the key expires.
 
@@ -67,6 +68,14 @@ local function cq_read (key, p, now)
     if p.max_delay_ms >= 4096 then off_end = (floor(p.max_delay_ms / 4096) - 1440) * 60 end
   end
   local start, stop = cq_period(p.window_ms, floor(now / 1000000) + off)
+  -- An hour is identified by its start in Unix seconds and ends on the clock it started on: an
+  -- autumn DST change repeats a local hour, and its second pass is an hour of its own.
+  local hour = p.window_ms == 3600000
+  if hour then
+    off_end = 0
+    start = start - off
+    stop = start + 3600
+  end
   local sw, sc = hash_get(key, 'w', 'c')
   local cur = 0
   sw = tonumber(sw)
@@ -74,8 +83,12 @@ local function cq_read (key, p, now)
   -- A stored period ahead of now: the clock stepped back; keep counting in that later period.
   if sw and sw > start then
     period = sw
-    local _, later_stop = cq_period(p.window_ms, sw)
-    stop = later_stop
+    if hour then
+      stop = sw + 3600
+    else
+      local _, later_stop = cq_period(p.window_ms, sw)
+      stop = later_stop
+    end
   end
   if sw == period then cur = tonumber(sc) or 0 end
   return period, cur, (stop - off_end) * 1000000 - now

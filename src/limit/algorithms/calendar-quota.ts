@@ -1,7 +1,7 @@
 import { admitted, rejected, type AlgorithmTwin } from './algorithm.js'
 
 // Twin of lua/calendar-quota.lua: a counter per calendar period (hour, day, ISO week from Monday,
-// month) in UTC. The period is named by the spec's windowMs (PERIOD_WINDOW_MS), so a quota travels
+// month) in UTC or a quotaTimezone. The period is named by the spec's windowMs (PERIOD_WINDOW_MS), so a quota travels
 // to Redis as an ordinary check. Dates are computed with integer arithmetic only (Howard
 // Hinnant's days_from_civil / civil_from_days), the same operations as the Lua side.
 
@@ -63,6 +63,9 @@ export function quotaEndOffsetSeconds (maxDelayMs: number): number {
  */
 export function zonedQuotaDelay (timeZone: string, windowMs: number, nowMs: number): number {
   const now = utcOffsetMinutes(timeZone, nowMs)
+  // an hour ends on the clock it started on: the repeated 02:00 of an autumn change ends at the
+  // change (the local 03:00 after it is an hour later), and so does the hour a spring change skips into
+  if (windowMs === PERIOD_WINDOW_MS.hour) return now + 1440
   const localEnd = localPeriod(windowMs, Math.floor(nowMs / 1000) + now * 60).end
   let atEnd = utcOffsetMinutes(timeZone, (localEnd - now * 60) * 1000)
   atEnd = utcOffsetMinutes(timeZone, (localEnd - atEnd * 60) * 1000)
@@ -98,7 +101,7 @@ export function localPeriod (windowMs: number, s: number): { start: number, end:
  */
 export function calendarPeriod (windowMs: number, nowUs: number, offsetS = 0, endOffsetS = offsetS): { start: number, end: number } {
   const { start, end } = localPeriod(windowMs, Math.floor(nowUs / 1_000_000) + offsetS)
-  return { start: start - offsetS, end: end - endOffsetS }
+  return { start: start - offsetS, end: end - (windowMs === PERIOD_WINDOW_MS.hour ? offsetS : endOffsetS) }
 }
 
 /** When the period of the quota `spec` holding `nowUs` ends, in Unix seconds (its zone's offsets included). */
@@ -124,16 +127,21 @@ export function utcOffsetMinutes (timeZone: string, atMs: number): number {
 export const calendarQuota: AlgorithmTwin = {
   name: 'calendar-quota',
   check (state, spec, cost, now) {
-    // Periods are identified by their start on the local clock: a DST change within a month does
-    // not move the month's identity, so its count carries on.
+    // A day, week or month is identified by its start on the local clock: a DST change within a
+    // month does not move the month's identity, so its count carries on. An hour is identified by
+    // its start in Unix seconds and lasts 3600 s: an autumn change repeats a local hour (02:00 to
+    // 03:00 in Berlin), and the second pass is an hour of its own with a budget of its own.
     const offsetS = quotaOffsetSeconds(spec.maxDelayMs)
-    const endOffsetS = quotaEndOffsetSeconds(spec.maxDelayMs)
-    const { start, end } = localPeriod(spec.windowMs, Math.floor(now / 1_000_000) + offsetS)
+    const hour = spec.windowMs === PERIOD_WINDOW_MS.hour
+    const endOffsetS = hour ? offsetS : quotaEndOffsetSeconds(spec.maxDelayMs)
+    const local = localPeriod(spec.windowMs, Math.floor(now / 1_000_000) + offsetS)
+    const start = hour ? local.start - offsetS : local.start
     const stored = state?.kind === 'calendar-quota' ? state : undefined
     // A stored period ahead of now: the clock stepped back; keep counting in the later period.
     const period = Math.max(start, stored?.period ?? -Infinity)
     const count = stored !== undefined && stored.period === period ? stored.count : 0
-    const toEnd = ((period === start ? end : localPeriod(spec.windowMs, period).end) - endOffsetS) * 1_000_000 - now
+    const end = hour ? period + 3600 : (period === start ? local.end : localPeriod(spec.windowMs, period).end) - endOffsetS
+    const toEnd = end * 1_000_000 - now
     if (cost <= spec.limit && count + cost <= spec.limit) {
       return admitted(spec.limit - count - cost, toEnd, 0,
         () => ({ kind: 'calendar-quota', period, count: count + cost }))
