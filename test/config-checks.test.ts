@@ -4,6 +4,8 @@
 import t from 'tap'
 import { createHash } from 'node:crypto'
 import { resolve } from 'node:path'
+import { mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
 import { parseConfigText, loadConfigFile, closestKey, ConfigError, formatProblem, formatKeyPath, type LoadedConfig } from '../src/config/load.js'
 
 const UP = 'upstreams:\n  b: { targets: [http://127.0.0.1:1] }\n'
@@ -610,4 +612,31 @@ t.test('YAML aliases: one anchor reused on every route loads; nested aliases tha
   t.same(refused, ['gw.yaml:4:32: aliases expand to more than 498 copies of one anchor (nested aliases multiply, as in a "billion laughs" document): write fewer levels of aliases'])
   t.same(problems('a: &x [1, *x]\n' + BASE), ['gw.yaml:1:11: alias *x is inside the node anchored &x: the value would contain itself'])
   t.same(problems('a: *none\n' + BASE), ['gw.yaml:1:4: alias *none names no anchor before it (write &none on an earlier node)'])
+})
+
+t.test('a JWKS or OTLP collector URL holding credentials is refused at its place, and no message shows them', async t => {
+  const jwks = 'a JWKS URL may not hold credentials (user:password@): it would be shown on /config, in logs and in errors; serve the key set where the gateway can read it without them'
+  const otlp = 'an OTLP collector URL may not hold credentials (user:password@): it would be shown on /config, in logs and in errors, and an OTLP/HTTP collector takes its credentials in a header (e.g. Authorization), not in the URL'
+  const text = 'identity: { jwt: { jwksUrl: "https://kid:s3cret@idp.example/jwks.json" } }\ntracing: { otlp: "http://otel:pw-2@collector:4318" }\n' + BASE
+  const found = problems(text)
+  t.same(found, [`gw.yaml:1:29 identity.jwt.jwksUrl: ${jwks}`, `gw.yaml:2:18 tracing.otlp: ${otlp}`])
+  t.same(problems('tracing: { otlp: "https://tok3n@collector:4318" }\n' + BASE), [`gw.yaml:1:18 tracing.otlp: ${otlp}`], 'a user name alone is a credential too')
+  // an unparsable URL is quoted without what stands before its "@"
+  const unparsable = problems('identity: { jwt: { jwksUrl: "https://kid:s3cret@idp:99999/jwks" } }\n' + BASE)
+  t.same(unparsable, ['gw.yaml:1:29 identity.jwt.jwksUrl: invalid URL "https://<credentials>@idp:99999/jwks"'])
+  t.notMatch([...found, ...unparsable].join('\n'), /s3cret|pw-2|tok3n|kid:|otel:/)
+  // from a file, as `gateway validate` and a reload read it
+  const dir = await mkdtemp(resolve(tmpdir(), 'gw-credentials-'))
+  t.teardown(() => rm(dir, { recursive: true, force: true }))
+  const file = resolve(dir, 'gateway.yaml')
+  await writeFile(file, text)
+  let loaded = ''
+  try {
+    await loadConfigFile(file)
+  } catch (err) {
+    loaded = (err as Error).message
+  }
+  t.same(loaded.split('\n'), [`${file}:1:29 identity.jwt.jwksUrl: ${jwks}`, `${file}:2:18 tracing.otlp: ${otlp}`], 'loadConfigFile refuses the file with located messages')
+  // the same URLs without credentials load
+  t.match(accepted('identity: { jwt: { jwksUrl: "https://idp.example/jwks.json" } }\ntracing: { otlp: "http://collector:4318" }\n' + BASE).config.tracing, { otlp: 'http://collector:4318' })
 })

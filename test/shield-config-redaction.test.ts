@@ -3,6 +3,7 @@
 import t from 'tap'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
+import { redactConfig } from '../src/admin/redact.js'
 
 t.test('/config hides every header-rule value and a URL password containing "@" or "/"', async t => {
   const upstream = await startUpstream(t)
@@ -45,4 +46,14 @@ routes:
   t.match(warning, { admin: '0.0.0.0:0', msg: /non-loopback address and has no access token/ })
   const local = await startGateway(t, yaml('127.0.0.1:0'))
   t.equal(local.lines.filter(l => typeof l.msg === 'string' && l.msg.includes('admin listener')).length, 0, 'no warning on loopback')
+})
+
+t.test('/config redaction hides credentials in a JWKS or OTLP collector URL too (the loader refuses them, redaction does not rely on it)', async t => {
+  const shown = JSON.stringify(redactConfig({
+    identity: { jwt: { jwksUrl: 'https://kid:s3cret@idp.example/jwks.json' } },
+    tracing: { otlp: 'http://otel:p@ss/w-2@collector:4318' }
+  }))
+  t.notMatch(shown, /s3cret|p@ss|w-2|kid:|otel:/, 'no user name or password is shown')
+  t.match(shown, 'https://[redacted]@idp.example/jwks.json', 'the JWKS host and path are still shown')
+  t.match(shown, 'http://[redacted]@collector:4318', 'the collector host is still shown')
 })

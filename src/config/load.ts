@@ -485,6 +485,12 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
   if (jwt !== undefined) {
     const sources = [jwt.secret, jwt.publicKey, jwt.jwksUrl].filter(v => v !== undefined).length
     if (sources !== 1) out.push([['identity', 'jwt'], 'give exactly one of "secret", "publicKey" or "jwksUrl"'])
+    if (jwt.jwksUrl !== undefined) {
+      out.push(...urlCredentialChecks(jwt.jwksUrl, ['identity', 'jwt', 'jwksUrl'], 'a JWKS URL may not hold credentials (user:password@): it would be shown on /config, in logs and in errors; serve the key set where the gateway can read it without them'))
+    }
+  }
+  if (config.tracing !== undefined) {
+    out.push(...urlCredentialChecks(config.tracing.otlp, ['tracing', 'otlp'], 'an OTLP collector URL may not hold credentials (user:password@): it would be shown on /config, in logs and in errors, and an OTLP/HTTP collector takes its credentials in a header (e.g. Authorization), not in the URL'))
   }
   // Concurrency limits (issue 10): a user cap needs users; a lease renewed every third of its TTL
   // needs a TTL a stalled event loop does not outlast.
@@ -536,6 +542,16 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
     })
   }
   return out
+}
+
+/** `refusal` at `path` when `url` holds a user name or password; a URL that does not parse is quoted without them. */
+function urlCredentialChecks (url: string, path: KeyPath, refusal: string): Array<[KeyPath, string]> {
+  try {
+    const u = new URL(url)
+    return u.username !== '' || u.password !== '' ? [[path, refusal]] : []
+  } catch {
+    return [[path, `invalid URL "${withoutUserinfo(url)}"`]]
+  }
 }
 
 /** `url` with whatever stands before an "@" in its authority shown as `<credentials>`: a message may quote it. */
