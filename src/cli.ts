@@ -9,7 +9,7 @@ import { Gateway, splitHostPort } from './server.js'
 import type { LogLevel } from './log.js'
 import { explain } from './explain.js'
 import { limitsCommand } from './cli-limits.js'
-import { isWorker, notifyReady, registerWorkerMetrics, runPrimary } from './workers.js'
+import { acceptedConfig, isWorker, notifyReady, registerWorkerMetrics, runPrimary } from './workers.js'
 import { createLogDestination, createLogger } from './log.js'
 import { notTheGateway } from './pid-file.js'
 
@@ -320,7 +320,9 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
     else void gw.reload()
   })
   try {
-    gw = await Gateway.start({ configFile, ...(logLevel !== undefined ? { logLevel } : {}), adminListener: !isWorker() })
+    // a worker starts with the config its primary last accepted, not the file as edited since
+    const initial = await acceptedConfig(configFile)
+    gw = await Gateway.start({ configFile, ...(logLevel !== undefined ? { logLevel } : {}), adminListener: !isWorker(), ...(initial !== undefined ? { initial } : {}) })
   } catch (err) {
     // a worker's IPC channel would keep it alive, not ready, for good: it exits, and the primary
     // starts another (the file on disk may have been fixed meanwhile)

@@ -31,6 +31,11 @@ export interface GatewayOptions {
   readonly env?: NodeJS.ProcessEnv
   /** false in `workers: N` mode: the primary serves the admin listener for all workers. */
   readonly adminListener?: boolean
+  /**
+   * The config to start with instead of reading `configFile` (a worker gets the one its primary
+   * last accepted: src/workers.ts acceptedConfig). Reloads read `configFile`.
+   */
+  readonly initial?: LoadedConfig
 }
 
 export type ReloadResult = { ok: true, generation: number, restartNeeded: readonly string[] } | { ok: false, error: string }
@@ -194,7 +199,7 @@ export class Gateway {
 
   /** Loads the file, starts both listeners; throws ConfigError with located problems. */
   static async start (options: GatewayOptions): Promise<Gateway> {
-    const loaded = await loadConfigFile(options.configFile, options.env)
+    const loaded = options.initial ?? await loadConfigFile(options.configFile, options.env)
     const logger = options.logger ?? createLogger(options.logLevel ?? loaded.config.log.level)
     const gw = new Gateway(options, logger)
     try {

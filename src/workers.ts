@@ -4,8 +4,10 @@
 // and the admin API answered by every worker over IPC (src/admin/limits-over-workers.ts).
 import cluster, { type Worker } from 'node:cluster'
 import { createServer } from 'node:http'
+import { readFile } from 'node:fs/promises'
+import { createHash } from 'node:crypto'
 import { AggregatorRegistry } from 'prom-client'
-import { ConfigError, formatProblem, loadConfigFile, type LoadedConfig } from './config/load.js'
+import { ConfigError, formatProblem, loadConfigFile, parseConfigText, type LoadedConfig } from './config/load.js'
 import { checkRuntime } from './runtime.js'
 import { redactConfig } from './admin/redact.js'
 import { answeringSafely, json, misdirectedAdminRequest } from './admin/admin-server.js'
@@ -48,6 +50,51 @@ interface AdminReply {
   readonly type: 'gateway:admin-reply'
   readonly id: number
   readonly answer: AdminAnswer
+}
+
+/**
+ * A starting worker asks the primary for the text of the file the primary last accepted, and
+ * compiles that instead of the file on disk: a worker that replaces a crashed one serves the same
+ * generation as its siblings, even when the file was edited since (and not reloaded), valid or not.
+ *
+ * Handed over IPC rather than as a snapshot file: the text may hold inline API keys, and a file
+ * would outlive a primary killed with SIGKILL; over the channel nothing is written to disk, and
+ * a text of the size of a config is well within what the channel carries (an environment
+ * variable would not be: Linux caps each at 128 KiB).
+ *
+ * What is handed over is the YAML text alone. The worker substitutes `${VAR}` from its own
+ * environment, which is the primary's (cluster.fork inherits it), so the values are those the
+ * primary checked. Files the config names (the API key file, TLS certificate and key) are read
+ * from disk by the worker as they are when it starts, as a reload would read them.
+ */
+interface ConfigAsk { readonly type: 'gateway:config-ask' }
+interface ConfigGiven {
+  readonly type: 'gateway:config'
+  /** null: the primary holds no text (read apart from its check, the file differed): read the file. */
+  readonly text: string | null
+}
+
+const isConfigAsk = (msg: unknown): msg is ConfigAsk =>
+  typeof msg === 'object' && msg !== null && (msg as { type?: unknown }).type === 'gateway:config-ask'
+const isConfigGiven = (msg: unknown): msg is ConfigGiven =>
+  typeof msg === 'object' && msg !== null && (msg as { type?: unknown }).type === 'gateway:config'
+
+/** How long a starting worker waits for the primary's text before it reads the file itself. */
+const CONFIG_ASK_TIMEOUT_MS = 10_000
+
+/**
+ * Loads the file as loadConfigFile does, keeping its text for the workers. A read that fails is
+ * worded by loadConfigFile (the same located "file not found"); if that second read succeeds,
+ * no text is kept and a worker started next reads the file.
+ */
+async function loadWithText (file: string): Promise<{ loaded: LoadedConfig, text: string | null }> {
+  let text: string
+  try {
+    text = await readFile(file, 'utf8')
+  } catch {
+    return { loaded: await loadConfigFile(file), text: null }
+  }
+  return { loaded: parseConfigText(text, file), text }
 }
 
 const isAdminRequest = (msg: unknown): msg is AdminRequest =>
@@ -114,6 +161,10 @@ interface PrimaryOptions {
 export async function runPrimary (options: PrimaryOptions): Promise<number> {
   const { logger, workers } = options
   let loaded = options.loaded
+  // The text of the accepted file, handed to each worker as it starts (ConfigAsk above). The
+  // caller loaded the file before: read again, it is kept when it is the same text (same hash).
+  const startText = await readFile(options.configFile, 'utf8').catch(() => null)
+  let acceptedText = startText !== null && createHash('sha256').update(startText).digest('hex') === loaded.hash ? startText : null
   let shuttingDown = false
   // The primary's verdict on each SIGHUP, for /config and `gateway reload`: the file checked as
   // each worker checks it (schema and compile, offline), so a file the workers reject is never
@@ -126,9 +177,10 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     checking = checking.then(async () => {
       let outcome: Pick<ReloadOutcome, 'ok' | 'problems' | 'restartNeeded'>
       try {
-        const next = await loadConfigFile(options.configFile)
+        const { loaded: next, text } = await loadWithText(options.configFile)
         await checkRuntime(next)
         loaded = next
+        acceptedText = text
         generation++
         const restartNeeded = settingsNeedingRestart(options.loaded.config, next.config)
         if (restartNeeded.length > 0) logger.warn({ settings: restartNeeded }, `${restartNeeded.join(', ')}: these changes need a restart; the running gateway keeps its start's values`)
@@ -168,6 +220,14 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
         workerHealth = msg.health
         if (msg.routes !== undefined) routesView = msg.routes
       } else if (isAdminReply(msg)) adminIpc.reply(w, msg)
+      else if (isConfigAsk(msg)) {
+        // after the SIGHUP being checked, if one is: a worker forked once the SIGHUP was relayed
+        // would not get it, and must start with its verdict
+        void checking.then(() => {
+          const given: ConfigGiven = { type: 'gateway:config', text: acceptedText }
+          if (!w.isDead()) w.send(given, (err: Error | null) => { if (err !== null) logger.warn({ worker: w.process.pid, err: err.message }, 'could not hand the accepted config to a starting worker') })
+        })
+      }
     })
     return w
   }
@@ -269,6 +329,29 @@ async function metricsAnswer (): Promise<AdminAnswer> {
 }
 
 export const isWorker = (): boolean => cluster.isWorker
+
+/**
+ * In a worker, before it starts: the config the primary last accepted (ConfigAsk above), located
+ * under the real file's name, so its errors and /config name that file and a later SIGHUP reads
+ * it. undefined outside a worker, or when the primary has no text to give: then the worker reads
+ * the file, as a single process does.
+ */
+export async function acceptedConfig (file: string): Promise<LoadedConfig | undefined> {
+  if (!cluster.isWorker || process.send === undefined) return undefined
+  const text = await new Promise<string | null>((resolve) => {
+    const done = (value: string | null): void => {
+      clearTimeout(timer)
+      process.off('message', onMessage)
+      resolve(value)
+    }
+    const onMessage = (msg: unknown): void => { if (isConfigGiven(msg)) done(msg.text) }
+    const timer = setTimeout(() => done(null), CONFIG_ASK_TIMEOUT_MS)
+    process.on('message', onMessage)
+    const ask: ConfigAsk = { type: 'gateway:config-ask' }
+    process.send?.(ask, undefined, undefined, (err: Error | null) => { if (err !== null) done(null) })
+  })
+  return text === null ? undefined : parseConfigText(text, file)
+}
 export const notifyReady = (): void => { process.send?.('gateway:ready') }
 
 /**

@@ -1,15 +1,17 @@
 // `workers: N` from the operator's side: a signal sent to the whole process group (systemd's
 // KillMode=control-group, Ctrl-C, kill -TERM -PGID) drains like one sent to the primary; a file the
 // workers would refuse, or a taken admin port, fails the start with exit 1 instead of leaving
-// workers behind; a worker that cannot start exits (and is replaced once the file is fixed); the
+// workers behind; a worker that cannot start (a file the config names broke) exits, and is
+// replaced once the file is fixed; the
 // primary's /metrics sums the workers that answer, at once, whatever one restarting does.
 import t from 'tap'
 import { createServer, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { existsSync, writeFileSync } from 'node:fs'
 import { spawn } from 'node:child_process'
+import { join } from 'node:path'
 import { childEnv, spawnGateway, writeConfig, type GatewayProcess } from './helpers/gateway.js'
-import type { Teardown } from './helpers/teardown.js'
+import { tempDir, type Teardown } from './helpers/teardown.js'
 
 async function slowUpstream (t: Teardown): Promise<{ url: string, arrived: () => number }> {
   let arrived = 0
@@ -91,7 +93,12 @@ t.test('a file the workers would refuse, or a taken admin port, fails the start 
 
 t.test('a worker that cannot start exits and is replaced; /metrics answers at once while one restarts', async t => {
   const up = await slowUpstream(t)
-  const gw = await spawnGateway(t, config(up.url))
+  // A starting worker compiles the text its primary accepted (test/workers-restart-config.test.ts),
+  // but reads the files it names from disk: a broken API key file is what keeps one from starting.
+  const keyFile = join(tempDir(t, 'workers-keys'), 'keys.yaml')
+  writeFileSync(keyFile, 'k-1: alice\n')
+  const withKeys = config(up.url, `identity:\n  apiKeys: { header: x-api-key, file: ${keyFile} }\n  required: false\n`)
+  const gw = await spawnGateway(t, withKeys)
   const adminUrl = await readyPrimary(gw)
   const workerPids = (): number[] => [...new Set(gw.logs.filter(l => l.msg === 'gateway started').map(l => l.pid as number))]
   for (let i = 0; i < 100 && workerPids().length < 2; i++) await new Promise(resolve => setTimeout(resolve, 100))
@@ -101,8 +108,8 @@ t.test('a worker that cannot start exits and is replaced; /metrics answers at on
   t.match(healthy, /^gateway_workers_scraped 2$/m)
   t.match(healthy, /^gateway_upstream_target_healthy\{upstream="b",target="[^"]+"\} 1$/m, 'healthy on both: 1, not 2')
 
-  // the file on disk is now one a worker refuses (a reload of it was refused), and a worker crashes
-  writeFileSync(gw.file, config(up.url).replace('pathPrefix: /,', 'pathPrefix: "/a/../b/",'))
+  // the key file on disk is now one a worker refuses, and a worker crashes
+  writeFileSync(keyFile, '[1, 2]\n')
   const victim = workerPids()[0] as number
   process.kill(victim, 'SIGKILL')
   await gw.waitForLog(l => l.msg === 'worker exited; starting a new one' && l.worker === victim)
@@ -111,14 +118,14 @@ t.test('a worker that cannot start exits and is replaced; /metrics answers at on
   t.equal(during.status, 200, 'the scrape is answered while a worker is missing')
   t.ok(Date.now() - asked < 2500, 'without waiting for it')
   t.match(await during.text(), /^gateway_workers_scraped 1$/m, 'and says how many workers it sums')
-  // its replacement cannot start with that file: it exits (it used to stay, never ready), and the
+  // its replacement cannot start with that key file: it exits (it used to stay, never ready), and the
   // primary tries again. Each try boots a node process: 30 s leaves a loaded 2-core machine room
   // (10 s failed in a CI run beside other tests)
   for (let i = 0; i < 600 && gw.logs.filter(l => l.msg === 'worker exited; starting a new one').length < 3; i++) await new Promise(resolve => setTimeout(resolve, 50))
   t.ok(gw.logs.filter(l => l.msg === 'worker exited; starting a new one').length >= 3, 'the replacement exited and was replaced again')
   t.equal((await fetch(`${gw.url}/x`)).status, 200, 'the other worker serves meanwhile')
-  // the file is fixed: the next replacement starts, and the pair is ready again
-  writeFileSync(gw.file, config(up.url))
+  // the key file is fixed: the next replacement starts, and the pair is ready again
+  writeFileSync(keyFile, 'k-1: alice\n')
   let readyAgain = false
   for (let i = 0; i < 150 && !readyAgain; i++) {
     readyAgain = (await fetch(`${adminUrl}/readyz`)).status === 200

@@ -1,0 +1,107 @@
+// `workers: N`: a worker that replaces a crashed one serves the config the primary last accepted,
+// the same as its siblings, not the file as edited since the last reload (src/workers.ts
+// acceptedConfig). Real processes: bin/gateway in workers mode, a worker ended with SIGKILL.
+import t from 'tap'
+import { createServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { writeFileSync } from 'node:fs'
+import { spawnGateway, type GatewayProcess } from './helpers/gateway.js'
+import type { Teardown } from './helpers/teardown.js'
+
+/** An upstream that answers every request with `body`. */
+async function answering (t: Teardown, body: string): Promise<string> {
+  const server = createServer((req, res) => res.end(body))
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => { server.closeAllConnections(); server.close() })
+  return `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+}
+
+const config = (upstream: string): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+workers: 2
+upstreams: { b: { targets: [${upstream}] } }
+routes:
+  - { name: all, pathPrefix: /, upstream: b }
+`
+
+const sleep = async (ms: number): Promise<void> => await new Promise(resolve => setTimeout(resolve, ms))
+
+async function until (what: string, check: () => Promise<boolean> | boolean, timeoutMs = 30_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
+    await sleep(50)
+  }
+}
+
+interface Running { readonly gw: GatewayProcess, readonly adminUrl: string, readonly workerPids: () => number[] }
+
+async function twoWorkers (t: Teardown, yaml: string): Promise<Running> {
+  const gw = await spawnGateway(t, yaml)
+  const primary = await gw.waitForLog(l => l.msg === 'gateway primary started')
+  const adminUrl = `http://127.0.0.1:${primary.adminPort as number}`
+  const workerPids = (): number[] => [...new Set(gw.logs.filter(l => l.msg === 'gateway started').map(l => l.pid as number))]
+  await until('both workers ready', async () => (await fetch(`${adminUrl}/readyz`)).status === 200 && workerPids().length === 2)
+  return { gw, adminUrl, workerPids }
+}
+
+/** Kills one worker with SIGKILL and waits until its replacement has started and the primary is ready again. */
+async function replaceOne (r: Running): Promise<number> {
+  const victim = r.workerPids()[0] as number
+  process.kill(victim, 'SIGKILL')
+  await r.gw.waitForLog(l => l.msg === 'worker exited; starting a new one' && l.worker === victim)
+  await until('the replacement started', () => r.workerPids().length === 3)
+  const replacement = r.workerPids()[2] as number
+  await until('/readyz ready again', async () => (await fetch(`${r.adminUrl}/readyz`)).status === 200)
+  return replacement
+}
+
+/** Answers of `n` requests, each on a new connection, so both workers take some. */
+async function bodies (url: string, n: number): Promise<string[]> {
+  return await Promise.all(Array.from({ length: n }, async () => {
+    const res = await fetch(`${url}/x`, { headers: { connection: 'close' } })
+    return `${res.status} ${await res.text()}`
+  }))
+}
+
+/** The replacement's own access lines: it took requests too. */
+const servedBy = (gw: GatewayProcess, pid: number): number => gw.logs.filter(l => l.msg === 'request' && l.pid === pid).length
+
+t.test('an edited file that is invalid, not reloaded: a crashed worker\'s replacement starts with the accepted config and serves', async t => {
+  const a = await answering(t, 'from a')
+  const r = await twoWorkers(t, config(a))
+  const before = await (await fetch(`${r.adminUrl}/config`)).json() as { hash: string, generation: number, file: string }
+
+  // a path not in normal form: a worker reading this file cannot start
+  writeFileSync(r.gw.file, config(a).replace('pathPrefix: /,', 'pathPrefix: "/a/../b/",'))
+  const replacement = await replaceOne(r)
+  const readyz = await (await fetch(`${r.adminUrl}/readyz`)).json() as { workers: number, ready: number }
+  t.same(readyz, { status: 'ready', workers: 2, ready: 2 }, 'both workers ready: the replacement did not exit')
+  t.same(await bodies(r.gw.url, 40), new Array(40).fill('200 from a'), 'every request answered with the accepted config')
+  await until('the replacement\'s access lines', () => servedBy(r.gw, replacement) > 0, 10_000)
+  t.ok(servedBy(r.gw, replacement) > 0, 'the replacement served some of them')
+  t.equal(r.gw.logs.filter(l => l.msg === 'worker exited; starting a new one').length, 1, 'one exit: the one the test caused')
+  t.notOk(r.gw.logs.some(l => l.pid === replacement && l.level === 'error'), 'the replacement logged no config error')
+
+  const after = await (await fetch(`${r.adminUrl}/config`)).json() as { hash: string, generation: number, file: string }
+  t.same({ hash: after.hash, generation: after.generation, file: after.file }, { hash: before.hash, generation: before.generation, file: r.gw.file }, '/config still shows the accepted file, under its real name')
+})
+
+t.test('an edited file that is valid, not reloaded: every answer after a worker is replaced is still the accepted config\'s; a SIGHUP then applies the file', async t => {
+  const a = await answering(t, 'from a')
+  const b = await answering(t, 'from b')
+  const r = await twoWorkers(t, config(a))
+
+  writeFileSync(r.gw.file, config(b))
+  const replacement = await replaceOne(r)
+  t.same(await bodies(r.gw.url, 40), new Array(40).fill('200 from a'), 'the replacement serves the accepted upstream, like its sibling')
+  await until('the replacement\'s access lines', () => servedBy(r.gw, replacement) > 0, 10_000)
+  t.ok(servedBy(r.gw, replacement) > 0, 'the replacement served some of them')
+
+  // the replacement still reads the real file on SIGHUP: the edit applies everywhere once reloaded
+  r.gw.child.kill('SIGHUP')
+  await until('both workers reloaded', () => r.gw.logs.filter(l => l.msg === 'configuration reloaded').length >= 2)
+  t.equal(r.gw.logs.filter(l => l.msg === 'configuration reloaded' && l.pid === replacement).length, 1, 'the replacement reloaded from the file')
+  await until('the primary\'s verdict', async () => ((await (await fetch(`${r.adminUrl}/config`)).json()) as { generation: number }).generation === 2)
+  t.same(await bodies(r.gw.url, 40), new Array(40).fill('200 from b'), 'every worker serves the reloaded file')
+})
