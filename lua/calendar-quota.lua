@@ -6,8 +6,8 @@
 -- 2678400000 month (its longest length). Dates use integer arithmetic only (Howard Hinnant's
 -- days_from_civil / civil_from_days): Redis Lua has no os.date. maxDelayMs carries the clock's
 -- UTC offset (quotaTimezone; 0 = UTC), see cq_read.
--- State: HASH { w = period start in seconds of the quota's clock (Unix seconds for UTC and for
--- hours), c = units
+-- State: HASH { w = period start in seconds of the quota's clock (Unix seconds for UTC), or u = a
+-- zoned hour's start in Unix seconds (cq_field), c = units
 -- admitted in it }. As in
 -- fixed-window.lua the period is stored: decisions never depend on when the key expires.
 
@@ -60,6 +60,16 @@ end
 -- 4096 times the offset at the current period's end (minutes + 1440; below 4096: the same offset),
 -- which a DST change inside the period makes differ. Periods are identified by their start on the
 -- local clock, so a DST change within a month does not change the month's identity.
+-- The hash field of the period start. A zoned hour (quotaTimezone set) is stored as its start in
+-- Unix seconds under 'u', where the gateway before 2026-11-27 stored its local start under 'w': read
+-- as a start, an old local start east of UTC lies hours ahead and looked like a clock stepped back,
+-- which held a refused client for up to the zone's offset plus an hour. Under its own field, a
+-- key written the old way starts its hour's count again, once.
+local function cq_field (p)
+  if p.window_ms == 3600000 and p.max_delay_ms ~= 0 then return 'u' end
+  return 'w'
+end
+
 local function cq_read (key, p, now)
   local off, off_end = 0, 0
   if p.max_delay_ms ~= 0 then
@@ -76,7 +86,7 @@ local function cq_read (key, p, now)
     start = start - off
     stop = start + 3600
   end
-  local sw, sc = hash_get(key, 'w', 'c')
+  local sw, sc = hash_get(key, cq_field(p), 'c')
   local cur = 0
   sw = tonumber(sw)
   local period = start
@@ -109,12 +119,12 @@ end
 
 -- receipt = the period start the request was counted in.
 local function cq_commit (key, p, now, r)
-  hash_set(key, r.reset, 'w', r.k, 'c', r.cur)
+  hash_set(key, r.reset, cq_field(p), r.k, 'c', r.cur)
   return r.k
 end
 
 local function cq_refund (key, p, now, receipt)
-  local s = redis.call('HMGET', key, 'w', 'c')
+  local s = redis.call('HMGET', key, cq_field(p), 'c')
   if tonumber(s[1]) == receipt then
     redis.call('HSET', key, 'c', int(max(0, (tonumber(s[2]) or 0) - p.cost)))
   end
@@ -123,7 +133,7 @@ end
 -- Records `p.cost` units admitted elsewhere (a fallback's debt), at most one more quota's worth.
 local function cq_charge (key, p, now)
   local period, cur, to_end = cq_read(key, p, now)
-  redis.call('HSET', key, 'w', int(period), 'c', int(min(cur + p.cost, 2 * p.limit)))
+  redis.call('HSET', key, cq_field(p), int(period), 'c', int(min(cur + p.cost, 2 * p.limit)))
   redis.call('PEXPIRE', key, ttl_ms(to_end))
 end
 

@@ -110,3 +110,25 @@ t.test('Kolkata (+05:30) and Kathmandu (+05:45): hours run from local :00, 30 an
     ['2026-07-01T05:15:00Z', '11:00 NPT', true]
   ])
 })
+
+t.test('a zoned hour stored the old way (its local start) does not hold a client east of UTC for hours', async t => {
+  // Before 2026-11-27 a zoned hour's key held the hour's local start. Tokyo is 9 h ahead of UTC,
+  // so read as a Unix start it lies 9 h ahead: the store took that for a clock stepped back and
+  // kept the client to that hour, refused until 10 h later, after the upgrade.
+  const [redisStore] = await stores(t, 'hour', 'Asia/Tokyo')
+  const { store, at } = redisStore as { store: LimitStore, at: (who: string) => (iso: string) => LimitCheck }
+  const check = at('upgraded-client')
+  const first = check('2026-07-01T03:10:00Z')
+  const client = createRedisClient({ url: redis.url })
+  t.teardown(() => client.disconnect())
+  await whenReady(client, 5000)
+  // 12:00 JST, as the old script stored it: the local start in seconds, the hour's one unit spent
+  const oldLocalStart = Date.parse('2026-07-01T03:00:00Z') / 1000 + 9 * 3600
+  await client.hset(first.key, 'w', String(oldLocalStart), 'c', '1')
+  await client.pexpire(first.key, 3_600_000)
+  const d = await store.decide([first], 'upgrade')
+  t.ok(d.allowed, 'the hour is counted again from its start in Unix seconds: admitted')
+  const next = await store.decide([check('2026-07-01T03:20:00Z')], 'after')
+  t.notOk(next.allowed, 'the new count holds: the second request of the hour is refused')
+  t.equal(next.retryAfterMs, Date.parse('2026-07-01T04:00:00Z') - Date.parse('2026-07-01T03:20:00Z'), 'until 13:00 JST, not 10 h later')
+})
