@@ -5,7 +5,7 @@ import { loadConfigFile, ConfigError } from './config/load.js'
 import { gatewayJsonSchema } from './config/schema.js'
 import { adminListen } from './config/defaults.js'
 import { checkRuntime, compileOffline } from './runtime.js'
-import { Gateway, splitHostPort } from './server.js'
+import { Gateway, restartNeededMessage, splitHostPort } from './server.js'
 import type { LogLevel } from './log.js'
 import { explain } from './explain.js'
 import { limitsCommand } from './cli-limits.js'
@@ -273,7 +273,7 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
     if (last.ok) {
       process.stdout.write(`reloaded: generation ${before.generation} -> ${last.generation} (pid ${pid})\n`)
       const restart = last.restartNeeded ?? []
-      if (restart.length > 0) process.stderr.write(`gateway reload: ${restart.join(', ')}: these changes need a restart; the running gateway keeps its start's values\n`)
+      if (restart.length > 0) process.stderr.write(`gateway reload: ${restartNeededMessage(restart)}\n`)
       return 0
     }
     process.stderr.write(`gateway reload: the running gateway rejected ${configFile}; generation ${last.generation} keeps serving:\n${last.problems.join('\n')}\n`)

@@ -66,6 +66,11 @@ export function settingsNeedingRestart (started: ResolvedConfig, after: Resolved
   return needed
 }
 
+/** The one wording of settingsNeedingRestart's list: the reload's warning, in each process and on `gateway reload`'s stderr. */
+export function restartNeededMessage (settings: readonly string[]): string {
+  return `${settings.join(', ')}: these changes need a restart; the running gateway keeps its start's values`
+}
+
 export function splitHostPort (hp: string): { host: string, port: number } {
   const i = hp.lastIndexOf(':')
   return { host: hp.slice(0, i).replace(/^\[|\]$/g, '') || '0.0.0.0', port: Number(hp.slice(i + 1)) }
@@ -467,7 +472,7 @@ export class Gateway {
     // --log-level and an embedder's own logger win over the file, as at start).
     if (this.options.logLevel === undefined && this.options.logger === undefined) this.logger.level = runtime.config.log.level
     const restartNeeded = this.startedConfig === null ? [] : settingsNeedingRestart(this.startedConfig, runtime.config)
-    if (restartNeeded.length > 0) this.logger.warn({ settings: restartNeeded, listen: this.listenAddress }, `${restartNeeded.join(', ')}: these changes need a restart; the running gateway keeps its start's values`)
+    if (restartNeeded.length > 0) this.logger.warn({ settings: restartNeeded, listen: this.listenAddress }, restartNeededMessage(restartNeeded))
     this.logger.info({ generation: runtime.generation, previous: previous.generation, hash: runtime.hash }, 'configuration reloaded')
     warnUntrustedIdentityHeader(this.logger, runtime)
     // The old runtime's requests may be admitted but not yet dispatched (waiting on Redis, a JWKS,

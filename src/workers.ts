@@ -18,7 +18,7 @@ import { handleDashboard, type RouteView } from './admin/dashboard.js'
 import { LiveFeed } from './admin/live-feed.js'
 import type { LiveFrame } from './admin/live-stats.js'
 import type { Logger } from './log.js'
-import { isLoopback, settingsNeedingRestart, splitHostPort, type ReloadOutcome } from './server.js'
+import { isLoopback, restartNeededMessage, settingsNeedingRestart, splitHostPort, type ReloadOutcome } from './server.js'
 import { adminListen, adminToken } from './config/defaults.js'
 
 export const WORKER_ADMIN_ENV = 'GATEWAY_WORKER'
@@ -183,7 +183,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
         acceptedText = text
         generation++
         const restartNeeded = settingsNeedingRestart(options.loaded.config, next.config)
-        if (restartNeeded.length > 0) logger.warn({ settings: restartNeeded }, `${restartNeeded.join(', ')}: these changes need a restart; the running gateway keeps its start's values`)
+        if (restartNeeded.length > 0) logger.warn({ settings: restartNeeded }, restartNeededMessage(restartNeeded))
         // the primary's own lines (worker exits, this warning) follow the file's level too
         if (options.logLevelFromFile) logger.level = next.config.log.level
         outcome = { ok: true, problems: [], restartNeeded }
