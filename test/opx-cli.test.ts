@@ -48,6 +48,20 @@ t.test('reload: a change that needs a restart (listen) is accepted and named on 
   t.match(r.stdout, /reloaded: generation 1 -> 2/)
   t.equal(r.stderr, 'gateway reload: listen: these changes need a restart; the running gateway keeps its start\'s values\n')
   t.equal((await fetch(`${gw.url}/x`)).status, 200, 'still served on the address it started with')
+  const lastReload = async (): Promise<{ ok: boolean, generation: number, restartNeeded: string[] }> =>
+    ((await (await fetch(`${gw.adminUrl}/config`)).json()) as { lastReload: { ok: boolean, generation: number, restartNeeded: string[] } }).lastReload
+  const first = await lastReload()
+  t.same([first.ok, first.generation, first.restartNeeded], [true, 2, ['listen']], '/config names it too')
+
+  // listen back as started, the admin address and workers changed: a single process names both
+  writeFileSync(gw.file, config(up.url, 'third').replace('admin: 127.0.0.1:0', 'admin: 127.0.0.1:1') + 'workers: 2\n')
+  const again = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`])
+  t.equal(again.code, 0, again.stderr)
+  t.match(again.stdout, /reloaded: generation 2 -> 3/)
+  t.equal(again.stderr, 'gateway reload: admin, workers: these changes need a restart; the running gateway keeps its start\'s values\n')
+  const second = await lastReload()
+  t.same([second.ok, second.generation, second.restartNeeded], [true, 3, ['admin', 'workers']], '/config lastReload.restartNeeded: admin and workers, listen no longer')
+  t.equal((await fetch(`${gw.url}/x`)).status, 200, 'still one process serving on its start\'s addresses')
 })
 
 t.test('reload: an invalid file is never signalled; located errors, exit 1', async t => {
