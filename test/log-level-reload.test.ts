@@ -5,6 +5,7 @@ import t, { type Test } from 'tap'
 import { writeFileSync } from 'node:fs'
 import { spawnGateway, type GatewayProcess } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
+import { eventually } from './helpers/ratelimit.js'
 
 const config = (upstream: string, level: string, extra = ''): string => `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
@@ -14,15 +15,8 @@ routes:
   - { name: all, pathPrefix: /, upstream: b }
 ${extra}`
 
-const sleep = async (ms: number): Promise<void> => await new Promise(resolve => setTimeout(resolve, ms))
-
-async function until (what: string, check: () => Promise<boolean> | boolean, timeoutMs = 30_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await sleep(50)
-  }
-}
+const until = async (what: string, check: () => Promise<boolean> | boolean, timeoutMs = 30_000): Promise<void> =>
+  await eventually(what, async () => await check(), timeoutMs)
 
 const generation = async (adminUrl: string): Promise<number> =>
   ((await (await fetch(`${adminUrl}/config`)).json()) as { generation: number }).generation

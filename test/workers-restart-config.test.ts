@@ -7,6 +7,7 @@ import type { AddressInfo } from 'node:net'
 import { writeFileSync } from 'node:fs'
 import { spawnGateway, type GatewayProcess } from './helpers/gateway.js'
 import type { Teardown } from './helpers/teardown.js'
+import { eventually } from './helpers/ratelimit.js'
 
 /** An upstream that answers every request with `body`. */
 async function answering (t: Teardown, body: string): Promise<string> {
@@ -24,15 +25,8 @@ routes:
   - { name: all, pathPrefix: /, upstream: b }
 `
 
-const sleep = async (ms: number): Promise<void> => await new Promise(resolve => setTimeout(resolve, ms))
-
-async function until (what: string, check: () => Promise<boolean> | boolean, timeoutMs = 30_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await sleep(50)
-  }
-}
+const until = async (what: string, check: () => Promise<boolean> | boolean, timeoutMs = 30_000): Promise<void> =>
+  await eventually(what, async () => await check(), timeoutMs)
 
 interface Running { readonly gw: GatewayProcess, readonly adminUrl: string, readonly workerPids: () => number[] }
 
