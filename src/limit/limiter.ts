@@ -8,6 +8,7 @@ import { dimensionValue, keyFor, type PlannedLimit, type RouteLimitPlan } from '
 import type { DenyCache, LocalLevel } from './local-level.js'
 import type { DecisionCounter, Telemetry } from '../telemetry.js'
 import { quotaPeriodEnd } from './algorithms/calendar-quota.js'
+import { followsWallClock } from './algorithms/index.js'
 import type { HeldLease, LeaseKeeper } from './concurrency.js'
 
 export type HeaderList = Array<[string, string]>
@@ -193,14 +194,17 @@ export class Limiter {
 
   /** ms left on this instance's deny-cache entry for `check` (admin API), 0 when none. */
   denied (check: LimitCheck): number {
-    return this.options.deny.remaining(denyKey(check), performance.now())
+    return this.options.deny.remaining(denyKey(check), followsWallClock(check.spec) ? Date.now() : performance.now())
   }
 
   /** Synchronous unless the shared level has to ask Redis: the in-process path allocates no Promise. */
   check (req: LimitRequest): LimitVerdict | Promise<LimitVerdict> {
     const { deny } = this.options
-    // monotonic: a wall-clock step back must not freeze refills (the stores are monotonic too)
+    // monotonic: a wall-clock step back must not freeze refills (the stores measure rates on it too)
     const now = performance.now()
+    // A quota's refusal lasts until its period ends on the date (the stores decide it on the wall
+    // clock): held on the monotonic clock, it would outlast the period by a host suspend's length.
+    const wall = Date.now()
     const plan = req.plan
     if (plan.all.length === 0) return ALLOW_NO_HEADERS
 
@@ -208,7 +212,8 @@ export class Limiter {
     for (let i = 0; i < checks.length; i++) {
       // leases are never in the deny cache (a lease can come back at any moment)
       if ((limits[i] as PlannedLimit).concurrency) continue
-      const left = deny.remaining(denyKey(checks[i] as LimitCheck), now)
+      const check = checks[i] as LimitCheck
+      const left = deny.remaining(denyKey(check), followsWallClock(check.spec) ? wall : now)
       if (left > 0) {
         const l = limits[i] as PlannedLimit
         this.counterOf(req.route, l).count('local', 'rejected')
@@ -223,8 +228,8 @@ export class Limiter {
     // releases first: see LeaseKeeper.flushReleases (nothing waits when no lease is held in Redis)
     this.options.leases?.flushReleases()
     const decided = this.options.shared.decide(checks, limits, req.requestId)
-    if (decided instanceof Promise) return decided.then(d => this.conclude(req, checks, limits, d, now))
-    return this.conclude(req, checks, limits, decided, now)
+    if (decided instanceof Promise) return decided.then(d => this.conclude(req, checks, limits, d, now, wall))
+    return this.conclude(req, checks, limits, decided, now, wall)
   }
 
   /** Gives back the leases of a request whose response (or WebSocket) closed. Idempotent. */
@@ -232,7 +237,7 @@ export class Limiter {
     this.options.leases?.release(lease)
   }
 
-  private conclude (req: LimitRequest, checks: LimitCheck[], limits: PlannedLimit[], shared: SharedDecision, now: number): LimitVerdict {
+  private conclude (req: LimitRequest, checks: LimitCheck[], limits: PlannedLimit[], shared: SharedDecision, now: number, wall: number): LimitVerdict {
     if (shared.unavailable) return UNAVAILABLE
     const { decision, level } = shared
     const { deny, telemetry } = this.options
@@ -251,7 +256,8 @@ export class Limiter {
       if (decision.retryAfterMs > 0 && level !== 'fallback') {
         // A Redis Cluster rejection may be a refund race (RedisGuardOptions.denyCacheMaxMs):
         // cached whole, it would lock the client out for the full wait.
-        deny.add(denyKey(checks[decision.limitingIndex] as LimitCheck), now + Math.min(decision.retryAfterMs, this.options.shared.denyCacheMaxMs))
+        const check = checks[decision.limitingIndex] as LimitCheck
+        deny.add(denyKey(check), (followsWallClock(check.spec) ? wall : now) + Math.min(decision.retryAfterMs, this.options.shared.denyCacheMaxMs))
       }
       // -1 ("never": the cost is above what the limit can ever hold, e.g. a fallback share):
       // a whole window is the most honest wait to advertise.

@@ -1,5 +1,5 @@
 import { LRUCache } from 'lru-cache'
-import { ALGORITHMS, assertDecidable, msUp, type AlgorithmState, type Evaluation } from './algorithms/index.js'
+import { ALGORITHMS, assertDecidable, followsWallClock, msUp, type AlgorithmState, type Evaluation } from './algorithms/index.js'
 import { LRU_CALL } from './lru.js'
 import { NO_CHECKS, longer, type LimitCheck, type LimitDecision, type LimitStore, type PeekResult, type SharedDecision, type SharedLevel } from './types.js'
 
@@ -16,11 +16,13 @@ export interface LimitStateMap {
 /**
  * Decides `checks` at `nowUs` against `state`, with exactly the rules of lua/limit.lua: phase 1
  * evaluates every check without writing; only if all admit does phase 2 record all of them.
+ * Calendar quotas are evaluated at `wallUs` instead (followsWallClock): both clocks are read once,
+ * before phase 1, so a request mixing a rate and a quota is still one all-or-nothing decision.
  * Deciding check: the rejecting one with the longest wait, or when allowed the one with the
  * least remaining (first on ties). `requestId` is unused here (the log keeps timestamps only);
  * it is in the signature so both stores are driven alike.
  */
-export function decideAt (state: LimitStateMap, checks: readonly LimitCheck[], _requestId: string, nowUs: number): LimitDecision {
+export function decideAt (state: LimitStateMap, checks: readonly LimitCheck[], _requestId: string, nowUs: number, wallUs = nowUs): LimitDecision {
   const n = checks.length
   if (n === 0) return NO_CHECKS
   const evaluations: Evaluation[] = new Array(n)
@@ -28,7 +30,7 @@ export function decideAt (state: LimitStateMap, checks: readonly LimitCheck[], _
   let tightest = -1
   for (let i = 0; i < n; i++) {
     const check = checks[i] as LimitCheck
-    const ev = ALGORITHMS[check.spec.algorithm].check(state.get(check.key), check.spec, check.cost, nowUs)
+    const ev = ALGORITHMS[check.spec.algorithm].check(state.get(check.key), check.spec, check.cost, followsWallClock(check.spec) ? wallUs : nowUs)
     evaluations[i] = ev
     if (!ev.ok) {
       if (rejecting < 0 || longer(ev.retryUs, (evaluations[rejecting] as Evaluation).retryUs)) rejecting = i
@@ -62,8 +64,13 @@ export function decideAt (state: LimitStateMap, checks: readonly LimitCheck[], _
 export interface MemoryStoreOptions {
   /** Upper bound on keys held; the least recently used key is evicted beyond it. */
   readonly maxKeys: number
-  /** Clock in µs, for tests. Default: a monotonic clock (never steps back with NTP). */
+  /** The rates' clock in µs, for tests. Default: a monotonic clock (never steps back with NTP). */
   readonly now?: () => number
+  /**
+   * The calendar quotas' clock in µs, for tests. Default: `now` when a test gives one (one test
+   * clock drives every check), else Date.now(), the date a period is named after.
+   */
+  readonly wallNow?: () => number
 }
 
 export interface MemoryStore extends LimitStore {
@@ -91,11 +98,13 @@ export interface MemoryStore extends LimitStore {
 export type { PeekResult } from './types.js'
 
 const monotonicUs = (): number => Math.floor((performance.timeOrigin + performance.now()) * 1000)
+const wallUs = (): number => Date.now() * 1000
 
 export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
   const { maxKeys } = options
   if (!Number.isSafeInteger(maxKeys) || maxKeys < 1) throw new RangeError('maxKeys must be an integer >= 1')
   const now = options.now ?? monotonicUs
+  const wallNow = options.wallNow ?? options.now ?? wallUs
   // No TTL: state is self-validating (it carries its own times), so an entry past its time
   // decides exactly like a missing one, and lru-cache (without autopurge) only dropped an expired
   // entry when it was read again, just before it is written anew; deleting it then could clear
@@ -120,7 +129,7 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
     decide (checks, requestId) {
       if (checks.length === 0) return NO_CHECKS
       assertDecidable(checks)
-      return decideAt(map, checks, requestId, now())
+      return decideAt(map, checks, requestId, now(), wallNow())
     },
     get size () { return cache.size + leases.size },
     clear () {
@@ -132,9 +141,10 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
     forget (key) { cache.delete(key) },
     peek (checks) {
       const t = now()
+      const wall = wallNow()
       // the same arithmetic as lua/peek.lua
       return checks.map((c) => {
-        const ev = ALGORITHMS[c.spec.algorithm].check(map.get(c.key), c.spec, c.cost, t)
+        const ev = ALGORITHMS[c.spec.algorithm].check(map.get(c.key), c.spec, c.cost, followsWallClock(c.spec) ? wall : t)
         if (ev.ok) {
           const remaining = ev.remaining + c.cost
           return { remaining, resetMs: remaining >= c.spec.burst ? 0 : msUp(ev.resetUs), retryAfterMs: 0 }

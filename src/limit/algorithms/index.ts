@@ -23,6 +23,15 @@ export const ALGORITHMS: Readonly<Record<AlgorithmName, AlgorithmTwin>> = Object
   lease
 })
 
+/**
+ * Whether a check is decided on the wall clock: a calendar quota's period is a date (lua/calendar-quota.lua
+ * reads Redis TIME), which an NTP step or a host suspend moves away from the monotonic clock that
+ * rates are measured on.
+ */
+export function followsWallClock (spec: LimitSpec): boolean {
+  return spec.algorithm === 'calendar-quota'
+}
+
 /** Largest intermediate value allowed: 2^50 keeps every sum of two values below 2^52, where doubles divide exactly. */
 export const MAX_EXACT = 2 ** 50
 
