@@ -1,5 +1,9 @@
 import { Cluster, Redis, ReplyError, type ClusterOptions, type RedisOptions } from 'ioredis'
 import { keySlot } from './keys.js'
+import { restoreFastPrototypes } from '../fast-prototypes.js'
+
+// ioredis has just extended String (its RESP3 VerbatimString): see src/fast-prototypes.ts.
+restoreFastPrototypes()
 
 // Builds the ioredis client the Redis store runs on: standalone (url), Cluster or Sentinel.
 // Tuned to fail fast: the limiter wraps every call in its own timeout and falls back to a
