@@ -6,7 +6,8 @@
 // the plain proxy path (issue 13) is spread over many frames of 1-5% each.
 //
 //   node bench/instructions.js [--contenders b,c,d,f,l,r,r1] [--warm 20000] [--requests 5000]
-//                              [--repeat 2] [--dist dist[,other/dist]] [--main-thread] [--keep] [--json FILE]
+//                              [--repeat 2] [--dist dist[,other/dist]] [--main-thread] [--keep]
+//                              [--perf-map] [--json FILE]
 //
 // Each contender runs under `valgrind --tool=callgrind --instr-atstart=no`: `--warm` requests
 // (50 keep-alive connections) let V8 optimise the hot path uninstrumented, then counting is turned
@@ -29,10 +30,13 @@
 // `--keep` leaves callgrind's dumps in their directory (named on stdout with each run's pid) for
 // `callgrind_annotate`: node's C++ and V8's builtins and runtime functions are named there, the
 // JavaScript is not.
+// `--perf-map` (with `--keep`) runs node with --perf-basic-prof and keeps its map beside the dumps:
+// `node bench/callgrind-callers.js <dump> Builtins_LoadIC --perf-map <map> --per <requests>` then
+// names the JavaScript functions that call a builtin, which the dumps know only by address.
 // `--dist` compares builds: each directory is a compiled dist/ (for example a `git worktree` of
 // another commit after `npx tsc -p tsconfig.build.json`).
 import { execFileSync } from 'node:child_process'
-import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
+import { copyFileSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -93,7 +97,9 @@ function countedInstructions (dir, pid, mainThread = false) {
 async function measure (id, dist, env) {
   const { port, args, ready } = await contenderCommand(id, { dist, dir: env.dir, upstreamOrigin: env.upstreamOrigin, ...(id === 'l' ? { config: GATEWAY_CONFIGS.f, logOn: true } : {}) })
   const threads = settings.mainThread ? ['--separate-threads=yes'] : []
-  const child = await startProcess(`${id} under callgrind`, 'valgrind', ['--tool=callgrind', '--instr-atstart=no', ...threads, `--callgrind-out-file=${join(env.dir, 'cg.%p')}`, process.execPath, ...args], {
+  // node names its JIT code in /tmp/perf-<pid>.map, which callgrind's dumps only know by address
+  const perfMap = settings.perfMap ? ['--perf-basic-prof'] : []
+  const child = await startProcess(`${id} under callgrind`, 'valgrind', ['--tool=callgrind', '--instr-atstart=no', ...threads, `--callgrind-out-file=${join(env.dir, 'cg.%p')}`, process.execPath, ...perfMap, ...args], {
     env: { ...process.env, NODE_ENV: 'production' },
     drainStdout: true,
     ready,
@@ -107,6 +113,7 @@ async function measure (id, dist, env) {
     execFileSync('callgrind_control', ['-d', String(child.pid)], { stdio: 'ignore' })
     const instructions = countedInstructions(env.dir, child.pid, settings.mainThread)
     if (settings.keep) console.log(`  (${id}, ${dist}: callgrind's dumps ${join(env.dir, `cg.${child.pid}`)}*)`)
+    if (settings.perfMap) copyFileSync(`/tmp/perf-${child.pid}.map`, join(env.dir, `perf-${child.pid}.map`))
     if (instructions === 0) throw new Error(`${id}: callgrind wrote no count`)
     return instructions / counted
   } finally {

@@ -28,6 +28,7 @@ export function countFlags (defaults) {
       dist: { type: 'string', default: 'dist' },
       'main-thread': { type: 'boolean', default: false },
       keep: { type: 'boolean', default: false },
+      'perf-map': { type: 'boolean', default: false },
       json: { type: 'string' }
     }
   })
@@ -41,7 +42,8 @@ export function countFlags (defaults) {
       top: Number(flags.top),
       dists: (flags.dist ?? 'dist').split(',').filter(Boolean).map((d) => resolve(ROOT, d)),
       mainThread: flags['main-thread'] === true,
-      keep: flags.keep === true
+      keep: flags.keep === true,
+      perfMap: flags['perf-map'] === true
     }
   }
 }
