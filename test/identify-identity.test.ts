@@ -2,6 +2,7 @@ import t from 'tap'
 import { checkRuntime } from '../src/runtime.js'
 import { parseConfigText } from '../src/config/load.js'
 import { createServer } from 'node:http'
+import { inspect } from 'node:util'
 import type { AddressInfo } from 'node:net'
 import type { IncomingHttpHeaders } from 'node:http'
 import { SignJWT, exportJWK, exportSPKI, generateKeyPair, type CryptoKey } from 'jose'
@@ -132,6 +133,10 @@ t.test('config errors', async (t) => {
   await t.rejects(compileIdentity({ jwt: {} }), { code: 'GW_ERR_CONFIG_INVALID', message: /exactly one/ })
   await t.rejects(compileIdentity({ jwt: { secret: SECRET, jwksUrl: 'http://x/' } }), { code: 'GW_ERR_CONFIG_INVALID', message: /exactly one/ })
   await t.rejects(compileIdentity({ jwt: { jwksUrl: 'ftp://x/keys' } }), { code: 'GW_ERR_CONFIG_INVALID' })
+  // the loader refuses such a URL first; an embedder calling compileIdentity meets this message
+  const unparsable = await compileIdentity({ jwt: { jwksUrl: 'https://idp.example:99999/jwks?sig=Jwks-Sig-9&kid=a' } }).then(() => null, (err: unknown) => err as Error)
+  t.match(unparsable, { code: 'GW_ERR_CONFIG_INVALID', message: 'identity: jwt.jwksUrl is not a URL: https://idp.example:99999/jwks?sig=[redacted]&kid=a' }, 'an unparsable JWKS URL is quoted with its signature redacted')
+  t.notMatch(inspect(unparsable, { depth: 5 }), 'Jwks-Sig-9', 'the signature is nowhere in the error as printed, a cause included (a URL TypeError keeps its input)')
   await t.rejects(compileIdentity({ jwt: { jwksUrl: 'http://x/', algorithms: ['HS256'] } }), { code: 'GW_ERR_CONFIG_INVALID' })
 })
 

@@ -57,3 +57,25 @@ t.test('/config redaction hides credentials in a JWKS or OTLP collector URL too 
   t.match(shown, 'https://[redacted]@idp.example/jwks.json', 'the JWKS host and path are still shown')
   t.match(shown, 'http://[redacted]@collector:4318', 'the collector host is still shown')
 })
+
+t.test('/config shows a signed JWKS URL and an OTLP collector URL with their secret query values redacted', async t => {
+  const upstream = await startUpstream(t)
+  // nothing listens on port 1: the JWKS warm-up and the span exports fail quietly
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+log: { redactQuery: [x-custom] }
+identity: { jwt: { jwksUrl: "https://127.0.0.1:1/jwks.json?token=Jwks-Token-1&kid=main&sig=Jwks-Sig-2" } }
+tracing: { otlp: "http://127.0.0.1:1/v1/traces?api_key=Otlp-Key-3&access_token=Otlp-Token-4&x-custom=Custom-5" }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: api, pathPrefix: /, upstream: backend }
+`)
+  const text = await (await fetch(`${gw.adminUrl}/config`)).text()
+  for (const secret of ['Jwks-Token-1', 'Jwks-Sig-2', 'Otlp-Key-3', 'Otlp-Token-4', 'Custom-5']) t.notMatch(text, secret, `${secret} is not shown`)
+  const config = (JSON.parse(text) as { config: { identity: { jwt: { jwksUrl: string } }, tracing: { otlp: string } } }).config
+  t.equal(config.identity.jwt.jwksUrl, 'https://127.0.0.1:1/jwks.json?token=[redacted]&kid=main&sig=[redacted]', 'the JWKS URL is shown, its other parameters as written')
+  t.equal(config.tracing.otlp, 'http://127.0.0.1:1/v1/traces?api_key=[redacted]&access_token=[redacted]&x-custom=[redacted]', 'a parameter the access log redacts (log.redactQuery) is redacted here too')
+  t.equal(gw.lines.filter(l => JSON.stringify(l).includes('Jwks-Sig-2')).length, 0, 'no log line holds the signature')
+})

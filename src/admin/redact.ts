@@ -1,4 +1,6 @@
 // /config and logs show the effective config, never its secrets.
+import { compileQueryRedactor, DEFAULT_REDACT_QUERY } from '../log.js'
+
 // Besides config keys, this matches header names in route rules (`headers.request.set`): a gateway
 // often injects the upstream's credentials there (`authorization`, `x-api-key`, `cookie`).
 const SECRET_KEY = /pass(word)?|secret|token|privatekey|^key$|cert$|authorization|cookie|api[-_]?key/i
@@ -7,15 +9,50 @@ const SECRET_KEY = /pass(word)?|secret|token|privatekey|^key$|cert$|authorizatio
 // password containing "@" or "/" ("redis://:p@ss/w@host") is hidden whole, not up to its first "@".
 const URL_WITH_USERINFO = /^([a-z][a-z0-9+.-]*:\/\/)(.*)@/is
 
+const URL_SCHEME = /^[a-z][a-z0-9+.-]*:\/\//i
+
 const REDACTED = '[redacted]'
 
+/**
+ * Query parameters whose values a URL in the config never shows: a signed or keyed URL (a JWKS
+ * endpoint, an OTLP collector) is legitimate, and carries its credential there. The access log's
+ * defaults, OAuth 2.0's access_token (RFC 6750 §2.3), and the signatures of presigned URLs (Azure
+ * SAS `sig`, AWS SigV4 and Google Cloud Storage `X-*-Signature`, `X-*-Credential`).
+ */
+export const URL_SECRET_QUERY: readonly string[] = Object.freeze([
+  ...DEFAULT_REDACT_QUERY, 'access_token', 'client_secret', 'apikey', 'sig',
+  'x-amz-signature', 'x-amz-credential', 'x-amz-security-token', 'x-goog-signature', 'x-goog-credential'
+])
+
+/** A URL's secret query values (URL_SECRET_QUERY) replaced by `[redacted]`; the rest byte for byte. */
+export const redactUrlQuery: (url: string) => string = compileQueryRedactor(URL_SECRET_QUERY)
+
+/**
+ * `url` as /config and error messages may quote it: userinfo and the values of secret query
+ * parameters (the access log's rule, compileQueryRedactor) replaced by `[redacted]`.
+ */
+export function redactUrl (url: string, redactQuery: (url: string) => string = redactUrlQuery): string {
+  return redactQuery(url.replace(URL_WITH_USERINFO, (_m, scheme: string) => `${scheme}${REDACTED}@`))
+}
+
+/**
+ * Redacts a config for /config and logs. A URL's query is redacted under URL_SECRET_QUERY and the
+ * config's own `log.redactQuery`: a parameter the operator keeps out of the access log is a secret
+ * here too (an empty list there shows queries in the log, not credentials on /config).
+ */
+export function redactConfig (config: unknown): unknown {
+  const own = (config as { log?: { redactQuery?: unknown } } | null)?.log?.redactQuery
+  const extra = Array.isArray(own) ? own.filter((n): n is string => typeof n === 'string' && !URL_SECRET_QUERY.includes(n)) : []
+  return redactValue(config, '', '', extra.length === 0 ? redactUrlQuery : compileQueryRedactor([...URL_SECRET_QUERY, ...extra]))
+}
+
 /** Redacts `value`; `key` is its own key, `parent` the key of the object holding it. */
-export function redactConfig (value: unknown, key = '', parent = ''): unknown {
+function redactValue (value: unknown, key: string, parent: string, redactQuery: (url: string) => string): unknown {
   if (typeof value === 'string') {
     if (SECRET_KEY.test(key)) return REDACTED
-    return value.replace(URL_WITH_USERINFO, (_m, scheme: string) => `${scheme}${REDACTED}@`)
+    return URL_SCHEME.test(value) ? redactUrl(value, redactQuery) : value
   }
-  if (Array.isArray(value)) return value.map(v => redactConfig(v, key, parent))
+  if (Array.isArray(value)) return value.map(v => redactValue(v, key, parent, redactQuery))
   if (value !== null && typeof value === 'object') {
     // headers.{request,response}.set: every value is hidden, whatever the header's name. An
     // injected credential is often named after the upstream (x-upstream-auth, x-internal-key).
@@ -26,7 +63,7 @@ export function redactConfig (value: unknown, key = '', parent = ''): unknown {
     for (const [k, v] of Object.entries(value)) {
       // API keys are the map's keys: show how many there are, not what they are
       if (k === 'keys' && key === 'apiKeys' && v !== null && typeof v === 'object') out[k] = `[${Object.keys(v).length} keys redacted]`
-      else out[k] = redactConfig(v, k, key)
+      else out[k] = redactValue(v, k, key, redactQuery)
     }
     return out
   }

@@ -14,6 +14,7 @@ import ipaddr from 'ipaddr.js'
 import { parseDuration } from './units.js'
 import { misreadScalar } from '../identify/yaml-scalars.js'
 import { HOP_BY_HOP } from '../proxy/hop-by-hop.js'
+import { redactUrlQuery } from '../admin/redact.js'
 import type { z } from 'zod'
 
 export type KeyPath = ReadonlyArray<string | number>
@@ -537,7 +538,7 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
         if (u.username !== '' || u.password !== '') out.push([path, 'a target URL may not hold credentials (user:password@): set an Authorization header with headers.request.set instead'])
         else if (u.pathname !== '/' || u.search !== '') out.push([['upstreams', name, 'targets', i], 'a target is an origin (scheme, host, port) without a path'])
       } catch {
-        out.push([['upstreams', name, 'targets', i], `invalid URL "${withoutUserinfo(url)}"`])
+        out.push([['upstreams', name, 'targets', i], `invalid URL "${quotableUrl(url)}"`])
       }
     })
   }
@@ -550,13 +551,16 @@ function urlCredentialChecks (url: string, path: KeyPath, refusal: string): Arra
     const u = new URL(url)
     return u.username !== '' || u.password !== '' ? [[path, refusal]] : []
   } catch {
-    return [[path, `invalid URL "${withoutUserinfo(url)}"`]]
+    return [[path, `invalid URL "${quotableUrl(url)}"`]]
   }
 }
 
-/** `url` with whatever stands before an "@" in its authority shown as `<credentials>`: a message may quote it. */
-function withoutUserinfo (url: string): string {
-  return url.replace(/^([a-z]+:\/\/)[^/?#]*@/i, '$1<credentials>@')
+/**
+ * `url` as a message may quote it: whatever stands before an "@" in its authority shown as
+ * `<credentials>`, and secret query values (a signed JWKS URL's `?sig=`) as `[redacted]`.
+ */
+function quotableUrl (url: string): string {
+  return redactUrlQuery(url.replace(/^([a-z]+:\/\/)[^/?#]*@/i, '$1<credentials>@'))
 }
 
 /** Two binds that would collide: same port on the same host, or on a wildcard (port 0 never collides). */

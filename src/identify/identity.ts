@@ -3,6 +3,7 @@ import { createPublicKey } from 'node:crypto'
 import { createRemoteJWKSet, importSPKI, jwtVerify, type CryptoKey, type JWTPayload, type JWTVerifyGetKey, type JWTVerifyOptions } from 'jose'
 import { LRUCache } from 'lru-cache'
 import { GatewayError } from '../errors.js'
+import { redactUrl } from '../admin/redact.js'
 import { readApiKeyFile } from './api-key-file.js'
 
 // Who is the user? Compiled once per config into a resolver. `compileIdentity` is async because
@@ -304,8 +305,9 @@ async function compileJwtKey (jwt: JwtConfig, warmJwks: boolean): Promise<{ key:
   let url: URL
   try {
     url = new URL(jwt.jwksUrl as string)
-  } catch (err) {
-    throw invalid(`jwt.jwksUrl is not a URL: ${jwt.jwksUrl}`, err)
+  } catch {
+    // quoted redacted, and without the TypeError as cause: it carries the URL as written (`input`)
+    throw invalid(`jwt.jwksUrl is not a URL: ${redactUrl(jwt.jwksUrl as string)}`)
   }
   if (url.protocol !== 'https:' && url.protocol !== 'http:') throw invalid('jwt.jwksUrl must be http(s)')
   // jose caches the set, refetches on an unknown "kid" at most once per cooldown, and bounds each
