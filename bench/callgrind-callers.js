@@ -4,7 +4,10 @@
 // --keep --perf-map` keeps it beside the dumps) each caller gets the JavaScript function it is in.
 //
 //   node bench/callgrind-callers.js <dump> <callee> [--perf-map FILE] [--per N] [--top 25]
+//   node bench/callgrind-callers.js <dump> --self [--perf-map FILE] [--per N] [--top 25]
 //
+// --self lists functions by their own instructions instead (JIT code named by the map), the
+// table callgrind_annotate gives for everything but JavaScript.
 // <callee> is matched exactly against callgrind's function names; --per divides the figures by
 // N (the requests counted) to give them per request.
 import { readFileSync } from 'node:fs'
@@ -15,11 +18,13 @@ const { values: flags, positionals } = parseArgs({
   options: {
     'perf-map': { type: 'string' },
     per: { type: 'string', default: '1' },
-    top: { type: 'string', default: '25' }
+    top: { type: 'string', default: '25' },
+    self: { type: 'boolean', default: false }
   }
 })
 const [dumpFile, callee] = positionals
-if (dumpFile === undefined || callee === undefined) {
+const selfMode = flags.self === true
+if (dumpFile === undefined || (callee === undefined && !selfMode)) {
   console.error('usage: node bench/callgrind-callers.js <dump> <callee> [--perf-map FILE] [--per N] [--top 25]')
   process.exit(2)
 }
@@ -60,6 +65,8 @@ function nameOf (spec) {
 
 /** @type {Map<string, { calls: number, inclusive: number }>} */
 const callers = new Map()
+/** @type {Map<string, number>} */
+const selfCost = new Map()
 let fn = ''
 let target = ''
 let pendingCalls = -1
@@ -79,6 +86,21 @@ for (const line of readFileSync(dumpFile, 'utf8').split('\n')) {
   if (line.startsWith('fn=')) fn = nameOf(line.slice(3))
   else if (line.startsWith('cfn=')) target = nameOf(line.slice(4))
   else if (line.startsWith('calls=')) pendingCalls = Number(line.slice(6).split(' ')[0])
+  else if (selfMode && /^[-+*0-9]/.test(line)) selfCost.set(fn, (selfCost.get(fn) ?? 0) + Number(line.split(' ')[1] ?? 0))
+}
+
+if (selfMode) {
+  /** @type {Map<string, number>} */
+  const byFunction = new Map()
+  for (const [f, cost] of selfCost) {
+    const name = /^0x[0-9a-f]+$/i.test(f) ? (jitName(f) ?? f) : f
+    byFunction.set(name, (byFunction.get(name) ?? 0) + cost)
+  }
+  const rows = [...byFunction].sort((a, b) => b[1] - a[1])
+  const total = rows.reduce((s, [, c]) => s + c, 0)
+  console.log(`${(total / per).toFixed(0)} instructions${per === 1 ? '' : ' per request'} in ${rows.length} functions`)
+  for (const [name, cost] of rows.slice(0, Number(flags.top))) console.log(`${(cost / per).toFixed(1)}\t${name}`)
+  process.exit(0)
 }
 
 /** @type {Map<string, { calls: number, inclusive: number, sites: number }>} */
