@@ -151,6 +151,39 @@ t.test('route header rules and the limiter headers are applied', async (t) => {
   t.equal(answer.headers.ratelimit, 'limit=10, remaining=9, reset=1')
 })
 
+// The relay lower-cases and looks up a response field's name by its length first (a dropped name
+// of another length cannot match): every case below must still be dropped or replaced.
+t.test('removed, hop-by-hop and replaced response fields go whatever their case and length, the rest are relayed as written', async (t) => {
+  const long = 'X-Internal-' + 'Diagnostic-'.repeat(6) + 'Trace'
+  const { url } = await startHttpServer(t, (_req, res) => {
+    res.setHeader(long, 'secret')
+    res.setHeader(long + '-Kept', 'kept')
+    res.setHeader('X-SERVER-TIMING-DB', 'dropped')
+    res.setHeader('KEEP-ALIVE', 'timeout=5')
+    res.setHeader('X-Request-ID', 'upstream-id')
+    res.setHeader('RATELIMIT', 'upstream-limit')
+    res.setHeader('Ratelimit-Policy-X', 'kept too')
+    res.setHeader('Content-Length', '2')
+    res.end('ok')
+  })
+  const plan = planOf(poolOf(t, [url]), {
+    responseHeaders: { set: [], remove: [long.toLowerCase(), 'x-server-timing-db'] }
+  })
+  const front = await startFront(t, plan, [['ratelimit', 'limit=10, remaining=9, reset=1']])
+  const answer = await send(front.url, '/', { headers: { 'x-request-id': 'gateway-id' } })
+  t.equal(answer.status, 200)
+  t.equal(answer.body, 'ok')
+  t.ok(long.length > 64, 'a name longer than the length table')
+  t.equal(answer.headers[long.toLowerCase()], undefined, 'a removed name longer than 64 characters')
+  t.equal(answer.headers[long.toLowerCase() + '-kept'], 'kept', 'a longer name that is not removed')
+  t.equal(answer.headers['x-server-timing-db'], undefined, 'a removed name in upper case')
+  t.equal(answer.headers['keep-alive'], undefined, 'a hop-by-hop name in upper case')
+  t.equal(answer.headers['x-request-id'], 'gateway-id', "the gateway's request id, not the upstream's")
+  t.equal(answer.headers.ratelimit, 'limit=10, remaining=9, reset=1', "the limiter's field replaces the upstream's")
+  t.equal(answer.headers['ratelimit-policy-x'], 'kept too')
+  t.ok(answer.rawHeaders.includes(long + '-Kept'), 'a relayed name keeps its case')
+})
+
 t.test('strips the route prefix and prepends the target path, leaving the query alone', async (t) => {
   const upstream = await startUpstream(t)
   const front = await startFront(t, planOf(poolOf(t, [upstream.url + '/v2/']), { stripPrefix: '/api' }))

@@ -20,6 +20,12 @@ export interface CompiledHeaders {
   /** A rule sets or removes Host: the client's is not passed (removed, undici sends the target's). */
   readonly hostRuled: boolean
   readonly responseDrop: ReadonlySet<string>
+  /**
+   * 1 at each length a name of `responseDrop` has (index MAX_NAME_LENGTH: longer names). A field
+   * whose name has another length is relayed without being lower-cased and looked up: that costs
+   * a new string and its hash, for every field of every response.
+   */
+  readonly responseDropLengths: Uint8Array
   readonly responseSet: readonly string[]
   readonly echoRequestId: boolean
 }
@@ -28,6 +34,8 @@ const FORWARDED_FOR = 'x-forwarded-for'
 const FORWARDED_PROTO = 'x-forwarded-proto'
 const FORWARDED_HOST = 'x-forwarded-host'
 const REQUEST_ID = 'x-request-id'
+// Names this long or longer share the last slot of responseDropLengths.
+const MAX_NAME_LENGTH = 64
 
 export function compileHeaders (request: HeaderRules, response: HeaderRules): CompiledHeaders {
   const requestRuled = new Set<string>([...request.remove, ...request.set.map(([name]) => name)])
@@ -47,6 +55,8 @@ export function compileHeaders (request: HeaderRules, response: HeaderRules): Co
     ...response.remove,
     ...response.set.map(([name]) => name)
   ])
+  const responseDropLengths = new Uint8Array(MAX_NAME_LENGTH + 1)
+  for (const name of responseDrop) responseDropLengths[Math.min(name.length, MAX_NAME_LENGTH)] = 1
   return Object.freeze({
     requestDrop,
     requestSet: Object.freeze(request.set.flat()),
@@ -56,6 +66,7 @@ export function compileHeaders (request: HeaderRules, response: HeaderRules): Co
     requestId: !requestRuled.has(REQUEST_ID),
     hostRuled: requestRuled.has('host'),
     responseDrop,
+    responseDropLengths,
     responseSet: Object.freeze(response.set.flat()),
     echoRequestId: !response.remove.includes(REQUEST_ID) && !response.set.some(([name]) => name === REQUEST_ID)
   })
@@ -137,23 +148,29 @@ export function clientResponseHeaders (
   extra: readonly (readonly [string, string])[] | undefined
 ): string[] | null {
   const drop = plan.responseDrop
+  const dropLengths = plan.responseDropLengths
   let named: readonly string[] | null = null
   let out: string[] = []
   let codings = 0
   for (let i = 0; i < raw.length; i += 2) {
     const name = latin1(raw[i] as Buffer | string)
-    const lower = name.toLowerCase()
-    if (drop.has(lower)) {
-      if (lower === 'connection') {
-        const tokens = connectionTokens(latin1(raw[i + 1] as Buffer | string))
-        if (tokens.length > 0) named = named === null ? tokens : named.concat(tokens)
-      } else if (lower === 'transfer-encoding') {
-        // A second field is a second coding, even when both say chunked (RFC 9112 §6.1).
-        if (++codings > 1 || !isChunkedOnly(latin1(raw[i + 1] as Buffer | string))) return null
+    // Lower-casing keeps a latin1 name's length: a name no dropped or replaced name is as long as
+    // is relayed as it is.
+    const length = name.length
+    if (dropLengths[length < MAX_NAME_LENGTH ? length : MAX_NAME_LENGTH] === 1 || (extra !== undefined && hasNameOfLength(extra, length))) {
+      const lower = name.toLowerCase()
+      if (drop.has(lower)) {
+        if (lower === 'connection') {
+          const tokens = connectionTokens(latin1(raw[i + 1] as Buffer | string))
+          if (tokens.length > 0) named = named === null ? tokens : named.concat(tokens)
+        } else if (lower === 'transfer-encoding') {
+          // A second field is a second coding, even when both say chunked (RFC 9112 §6.1).
+          if (++codings > 1 || !isChunkedOnly(latin1(raw[i + 1] as Buffer | string))) return null
+        }
+        continue
       }
-      continue
+      if (extra !== undefined && isExtra(extra, lower)) continue
     }
-    if (extra !== undefined && isExtra(extra, lower)) continue
     out.push(name, latin1(raw[i + 1] as Buffer | string))
   }
   // Fields named by `Connection` may come before it: filtered once it is known, which is rare.
@@ -174,6 +191,11 @@ function withoutNamed (headers: string[], named: readonly string[]): string[] {
 
 // The gateway's own headers (e.g. RateLimit-*) replace an upstream's header of the same name.
 // Their names are written in lower case where they are made (src/limit/limiter.ts).
+function hasNameOfLength (extra: readonly (readonly [string, string])[], length: number): boolean {
+  for (let i = 0; i < extra.length; i++) if ((extra[i] as readonly [string, string])[0].length === length) return true
+  return false
+}
+
 function isExtra (extra: readonly (readonly [string, string])[], lower: string): boolean {
   for (let i = 0; i < extra.length; i++) if ((extra[i] as readonly [string, string])[0] === lower) return true
   return false
