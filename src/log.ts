@@ -172,7 +172,13 @@ function numberJson (n: number): string {
 }
 
 /** Query parameters whose values never reach a log line unless `log.redactQuery` says otherwise. */
-export const DEFAULT_REDACT_QUERY: readonly string[] = Object.freeze(['token', 'key', 'api_key', 'password', 'secret', 'signature'])
+// Credentials clients put in a query: OAuth 2.0's access_token (RFC 6750 §2.3 lets a client send it
+// so) and client_secret, API keys however spelt, the signatures of presigned URLs (Azure SAS `sig`,
+// AWS SigV4 and Google Cloud Storage `X-*-Signature`, `X-*-Credential`).
+export const DEFAULT_REDACT_QUERY: readonly string[] = Object.freeze([
+  'token', 'key', 'api_key', 'password', 'secret', 'signature', 'access_token', 'client_secret', 'apikey', 'sig',
+  'x-amz-signature', 'x-amz-credential', 'x-amz-security-token', 'x-goog-signature', 'x-goog-credential'
+])
 
 /**
  * Compiled at config load: the function the access log passes every path through. A parameter is

@@ -102,6 +102,10 @@ routes:
     ['/x?token%20=S4', '/x?token%20=[redacted]'],
     ['/x?TOKEN%5B%5D=S5&q=1', '/x?TOKEN%5B%5D=[redacted]&q=1'],
     ['/x?a=1&+key=S6;b=2&&Secret[x][y]=S7;', '/x?a=1&+key=[redacted];b=2&&Secret[x][y]=[redacted];'],
+    // credentials clients put in a query by default: OAuth 2.0's (RFC 6750 §2.3), presigned URLs'
+    ['/x?access_token=S8&client_secret=S9&apikey=S10', '/x?access_token=[redacted]&client_secret=[redacted]&apikey=[redacted]'],
+    ['/x?sv=2024&sig=S11&X-Amz-Credential=S12&X-Amz-Signature=S13&X-Amz-Security-Token=S14&X-Goog-Signature=S15&X-Goog-Credential=S16',
+      '/x?sv=2024&sig=[redacted]&X-Amz-Credential=[redacted]&X-Amz-Signature=[redacted]&X-Amz-Security-Token=[redacted]&X-Goog-Signature=[redacted]&X-Goog-Credential=[redacted]'],
     // names that merely contain a listed one, and listed names as values, are left as they are
     ['/x?tokens=1&my_token[]=2;q=token&api_keys[0]=3', '/x?tokens=1&my_token[]=2;q=token&api_keys[0]=3']
   ]

@@ -16,13 +16,9 @@ const REDACTED = '[redacted]'
 /**
  * Query parameters whose values a URL in the config never shows: a signed or keyed URL (a JWKS
  * endpoint, an OTLP collector) is legitimate, and carries its credential there. The access log's
- * defaults, OAuth 2.0's access_token (RFC 6750 §2.3), and the signatures of presigned URLs (Azure
- * SAS `sig`, AWS SigV4 and Google Cloud Storage `X-*-Signature`, `X-*-Credential`).
+ * default list, whatever `log.redactQuery` says.
  */
-export const URL_SECRET_QUERY: readonly string[] = Object.freeze([
-  ...DEFAULT_REDACT_QUERY, 'access_token', 'client_secret', 'apikey', 'sig',
-  'x-amz-signature', 'x-amz-credential', 'x-amz-security-token', 'x-goog-signature', 'x-goog-credential'
-])
+export const URL_SECRET_QUERY: readonly string[] = DEFAULT_REDACT_QUERY
 
 /** A URL's secret query values (URL_SECRET_QUERY) replaced by `[redacted]`; the rest byte for byte. */
 export const redactUrlQuery: (url: string) => string = compileQueryRedactor(URL_SECRET_QUERY)

@@ -215,7 +215,7 @@ export const configSchema = z.strictObject({
   }).optional(),
   log: z.strictObject({
     level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).optional(),
-    redactQuery: z.array(z.string().min(1)).optional().describe('query parameters whose values the access log shows as [redacted]; default token, key, api_key, password, secret, signature; [] logs every query as sent')
+    redactQuery: z.array(z.string().min(1)).optional().describe('query parameters whose values the access log shows as [redacted]; default token, key, api_key, password, secret, signature, access_token, client_secret, apikey, sig and the AWS and Google signed-URL fields; [] logs every query as sent')
   }).optional(),
   server: z.strictObject({
     headersTimeout: timer.optional(),
