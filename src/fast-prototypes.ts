@@ -8,8 +8,9 @@
 // from a function that has its feedback vector by then, put the prototypes back.
 const WRAPPERS: readonly object[] = [Object(''), Object(0), Object(false), Object(Symbol('fast-prototypes')), Object(0n)]
 
-// V8 gives a function its inline caches after a few calls (--invocation-count-for-feedback-allocation,
-// 8 in Node 20-24); before that a load does not reach the code that restores the prototype.
+// V8 gives a function its inline caches (its feedback vector) only after it has run for a while
+// (--lazy-feedback-allocation and its interrupt budget); before that a load does not reach the code
+// that restores the prototype. 4 calls did it on Node 20; 32 leave a margin for other versions.
 const CALLS = 32
 
 function loadAbsent (wrapper: object): unknown {

@@ -60,12 +60,8 @@ routes:
   const { code, reports, stderr } = await runNatives(t, script)
   t.equal(code, 0, `the script ran to its end (stderr: ${stderr.slice(0, 2000)})`)
   const slow = Object.fromEntries(reports.map(r => [r.step, r.slow]))
-  t.same(slow, {
-    // what V8 does to a prototype that is extended: the test can see it
-    'extended before loading': ['String'],
-    // ioredis extends String as it loads; the gateway puts every prototype back
-    'gateway loaded': [],
-    'extended after loading': [],
-    started: []
-  }, 'every prototype is fast once the gateway is loaded, whatever extends String before or after')
+  // what V8 does to a prototype that is extended: the test can see it
+  t.ok(slow['extended before loading']?.includes('String'), 'String.prototype is slow once a class extends String')
+  t.same({ loaded: slow['gateway loaded'], after: slow['extended after loading'], started: slow.started }, { loaded: [], after: [], started: [] },
+    'every prototype is fast once the gateway is loaded (ioredis extends String as it loads), whatever extends String before or after')
 })
