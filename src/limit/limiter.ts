@@ -194,7 +194,7 @@ export class Limiter {
 
   /** ms left on this instance's deny-cache entry for `check` (admin API), 0 when none. */
   denied (check: LimitCheck): number {
-    return this.options.deny.remaining(denyKey(check), followsWallClock(check.spec) ? Date.now() : performance.now())
+    return this.options.deny.remaining(denyKey(check), performance.now(), Date.now())
   }
 
   /** Synchronous unless the shared level has to ask Redis: the in-process path allocates no Promise. */
@@ -202,8 +202,10 @@ export class Limiter {
     const { deny } = this.options
     // monotonic: a wall-clock step back must not freeze refills (the stores measure rates on it too)
     const now = performance.now()
-    // A quota's refusal lasts until its period ends on the date (the stores decide it on the wall
-    // clock): held on the monotonic clock, it would outlast the period by a host suspend's length.
+    // A quota's refusal is held on both clocks and ends at the earlier deadline (DenyCache,
+    // WallDeadline): the wall clock ends it after a host suspend, which the monotonic clock does
+    // not count; the monotonic one after a step back of this host's wall clock, which the store's
+    // (Redis TIME) did not take.
     const wall = Date.now()
     const plan = req.plan
     if (plan.all.length === 0) return ALLOW_NO_HEADERS
@@ -212,8 +214,7 @@ export class Limiter {
     for (let i = 0; i < checks.length; i++) {
       // leases are never in the deny cache (a lease can come back at any moment)
       if ((limits[i] as PlannedLimit).concurrency) continue
-      const check = checks[i] as LimitCheck
-      const left = deny.remaining(denyKey(check), followsWallClock(check.spec) ? wall : now)
+      const left = deny.remaining(denyKey(checks[i] as LimitCheck), now, wall)
       if (left > 0) {
         const l = limits[i] as PlannedLimit
         this.counterOf(req.route, l).count('local', 'rejected')
@@ -257,7 +258,10 @@ export class Limiter {
         // A Redis Cluster rejection may be a refund race (RedisGuardOptions.denyCacheMaxMs):
         // cached whole, it would lock the client out for the full wait.
         const check = checks[decision.limitingIndex] as LimitCheck
-        deny.add(denyKey(check), (followsWallClock(check.spec) ? wall : now) + Math.min(decision.retryAfterMs, this.options.shared.denyCacheMaxMs))
+        const holdMs = Math.min(decision.retryAfterMs, this.options.shared.denyCacheMaxMs)
+        // a rate's entry stays a plain monotonic number (no allocation); a quota's also ends on the wall clock
+        if (followsWallClock(check.spec)) deny.add(denyKey(check), now + holdMs, wall + holdMs)
+        else deny.add(denyKey(check), now + holdMs)
       }
       // -1 ("never": the cost is above what the limit can ever hold, e.g. a fallback share):
       // a whole window is the most honest wait to advertise.

@@ -75,29 +75,55 @@ export class LocalLevel {
 }
 
 /**
+ * A quota refusal's two deadlines. The store measures a quota's period on a wall clock (Date.now()
+ * in process, Redis TIME in front of Redis), so the entry must end when the wall clock passes its
+ * deadline: CLOCK_MONOTONIC does not count a host suspend, and held on performance.now() alone the
+ * refusal would outlast its period by the suspend's length. But the gateway's wall clock is not
+ * the store's: stepped back by NTP, Date.now() alone would hold the refusal that much longer than
+ * Redis (whose clock did not step) refuses, past retryAfterMs and denyCacheMaxMs. Held on both, it
+ * ends at the earlier one: a suspend ends it, a step back cannot stretch it past the time it was
+ * added for, a step forward ends it early (the store decides again, which is always correct).
+ */
+export interface WallDeadline {
+  readonly mono: number
+  readonly wall: number
+}
+
+/**
  * Keys the shared level rejected, with the time until which they stay rejected. Consulted before
  * Redis so a client hammering a key it is locked out of costs no round trip (envoy's
  * "over_limit_with_local_cache"). It can only reject, never grant.
+ *
+ * A rate's entry is a number, its deadline on the monotonic clock (no allocation per refusal); a
+ * quota's is a WallDeadline (one small object per quota refusal). Reading allocates nothing.
  */
 export class DenyCache {
-  private readonly until: LRUCache<string, number>
+  private readonly until: LRUCache<string, number | WallDeadline>
   constructor (maxKeys: number) {
     this.until = new LRUCache({ max: maxKeys })
   }
 
-  /** ms left on the deny for this key, or 0. */
-  remaining (key: string, nowMs: number): number {
+  /**
+   * ms left on the deny for this key, or 0. `monoNow` is performance.now(); `wallNow` is Date.now(),
+   * read here when not given (a caller checking several keys reads it once).
+   */
+  remaining (key: string, monoNow: number, wallNow?: number): number {
     const until = this.until.get(key, LRU_CALL)
     if (until === undefined) return 0
-    if (until > nowMs) return until - nowMs
+    const left = typeof until === 'number' ? until - monoNow : Math.min(until.mono - monoNow, until.wall - (wallNow ?? Date.now()))
+    if (left > 0) return left
     // Lapsed: deleted, leaving its slot to live denies; the last entry held stays, answering 0
     // like a missing one.
     deleteUnlessLast(this.until, key)
     return 0
   }
 
-  add (key: string, untilMs: number): void {
-    this.until.set(key, untilMs, LRU_CALL)
+  /**
+   * Denies `key` until `monoUntil` on performance.now(), and, when `wallUntil` is given (a quota),
+   * also no later than `wallUntil` on Date.now() (see WallDeadline).
+   */
+  add (key: string, monoUntil: number, wallUntil?: number): void {
+    this.until.set(key, wallUntil === undefined ? monoUntil : { mono: monoUntil, wall: wallUntil }, LRU_CALL)
   }
 
   /** Lifts a deny (admin reset). */
