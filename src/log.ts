@@ -124,16 +124,10 @@ export function createAccessLog (logger: Logger): AccessLog {
     return Object.assign((record: AccessRecord) => { if (enabled()) logger.info(record, 'request') }, { enabled })
   }
   const pidPart = `","pid":${process.pid}`
-  let lastMs = 0
-  let lastIso = ''
+  const isoTime = createIsoClock()
   const write = (record: AccessRecord): void => {
     if (logger.levelVal > INFO) return
-    const now = Date.now()
-    if (now !== lastMs) {
-      lastMs = now
-      lastIso = new Date(now).toISOString()
-    }
-    let line = '{"level":30,"time":"' + lastIso + pidPart + ',"requestId":' + jsonString(record.requestId)
+    let line = '{"level":30,"time":"' + isoTime(Date.now()) + pidPart + ',"requestId":' + jsonString(record.requestId)
     if (record.traceId !== undefined) line += ',"traceId":' + jsonString(record.traceId)
     if (record.ip !== undefined) line += ',"ip":' + jsonString(record.ip)
     if (record.user !== undefined) line += ',"user":' + jsonString(record.user)
@@ -151,6 +145,31 @@ export function createAccessLog (logger: Logger): AccessLog {
     sink.write(line + ',"msg":"request"}\n')
   }
   return Object.assign(write, { enabled: () => logger.levelVal <= INFO })
+}
+
+/**
+ * `new Date(ms).toISOString()` for the access line's time, formatted by V8 with snprintf (about 5k
+ * instructions a call): kept per second, with the milliseconds appended per line. Times from
+ * 1970 to 9999 (toISOString's format changes outside them).
+ */
+export function createIsoClock (): (ms: number) => string {
+  let lastMs = -1
+  let lastIso = ''
+  let second = -1
+  let secondPrefix = ''
+  return (ms) => {
+    if (ms === lastMs) return lastIso
+    lastMs = ms
+    const s = Math.floor(ms / 1000)
+    if (s !== second) {
+      second = s
+      // "2026-11-27T04:20:31." of "2026-11-27T04:20:31.000Z"
+      secondPrefix = new Date(s * 1000).toISOString().slice(0, 20)
+    }
+    const milli = ms - s * 1000
+    lastIso = secondPrefix + (milli < 10 ? '00' : milli < 100 ? '0' : '') + String(milli) + 'Z'
+    return lastIso
+  }
 }
 
 /**
