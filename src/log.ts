@@ -193,7 +193,7 @@ function numberJson (n: number): string {
 /**
  * `numberJson(ms)` for a duration of whole microseconds (the record's durationMs), printed from
  * integers: String() of a double searches for its shortest decimal, a frame of its own in the
- * access line's profile. Any other number goes to numberJson.
+ * access line's profile. Other numbers go to numberJson.
  */
 export function millisJson (ms: number): string {
   const us = Math.round(ms * 1000)

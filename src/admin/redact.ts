@@ -14,14 +14,11 @@ const URL_SCHEME = /^[a-z][a-z0-9+.-]*:\/\//i
 const REDACTED = '[redacted]'
 
 /**
- * Query parameters whose values a URL in the config never shows: a signed or keyed URL (a JWKS
- * endpoint, an OTLP collector) is legitimate, and carries its credential there. The access log's
- * default list, whatever `log.redactQuery` says.
+ * A URL's secret query values replaced by `[redacted]`; the rest byte for byte. A signed or keyed
+ * URL in the config (a JWKS endpoint, an OTLP collector) is legitimate and carries its credential
+ * there: the access log's default list (DEFAULT_REDACT_QUERY) applies, whatever `log.redactQuery` says.
  */
-export const URL_SECRET_QUERY: readonly string[] = DEFAULT_REDACT_QUERY
-
-/** A URL's secret query values (URL_SECRET_QUERY) replaced by `[redacted]`; the rest byte for byte. */
-export const redactUrlQuery: (url: string) => string = compileQueryRedactor(URL_SECRET_QUERY)
+export const redactUrlQuery: (url: string) => string = compileQueryRedactor(DEFAULT_REDACT_QUERY)
 
 /**
  * `url` as /config and error messages may quote it: userinfo and the values of secret query
@@ -32,14 +29,14 @@ export function redactUrl (url: string, redactQuery: (url: string) => string = r
 }
 
 /**
- * Redacts a config for /config and logs. A URL's query is redacted under URL_SECRET_QUERY and the
+ * Redacts a config for /config and logs. A URL's query is redacted under DEFAULT_REDACT_QUERY and the
  * config's own `log.redactQuery`: a parameter the operator keeps out of the access log is a secret
  * here too (an empty list there shows queries in the log, not credentials on /config).
  */
 export function redactConfig (config: unknown): unknown {
   const own = (config as { log?: { redactQuery?: unknown } } | null)?.log?.redactQuery
-  const extra = Array.isArray(own) ? own.filter((n): n is string => typeof n === 'string' && !URL_SECRET_QUERY.includes(n)) : []
-  return redactValue(config, '', '', extra.length === 0 ? redactUrlQuery : compileQueryRedactor([...URL_SECRET_QUERY, ...extra]))
+  const extra = Array.isArray(own) ? own.filter((n): n is string => typeof n === 'string' && !DEFAULT_REDACT_QUERY.includes(n)) : []
+  return redactValue(config, '', '', extra.length === 0 ? redactUrlQuery : compileQueryRedactor([...DEFAULT_REDACT_QUERY, ...extra]))
 }
 
 /** Redacts `value`; `key` is its own key, `parent` the key of the object holding it. */
