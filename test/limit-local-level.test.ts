@@ -33,3 +33,17 @@ t.test('deny cache: a key stays denied until its time; lapsed, it is deleted unl
   t.equal(deny.size, 1, 'and deleted, beside a live deny')
   t.equal(deny.remaining('b', 2_500), 500, 'which is untouched')
 })
+
+t.test('deny cache: quiet (every lookup would answer 0) only once the latest deadline added has passed', async (t) => {
+  const deny = new DenyCache(100)
+  t.equal(deny.quietAt(0), true, 'nothing denied yet')
+  deny.add('late', 5_000)
+  deny.add('early', 2_000, 1_000_000)
+  t.equal(deny.quietAt(4_999), false, 'a deny is live until 5,000')
+  t.equal(deny.remaining('late', 4_999), 1, 'the lookup it stands for')
+  t.equal(deny.quietAt(5_000), true, 'the latest deadline passed: every deny lapsed')
+  t.same([deny.remaining('late', 5_000), deny.remaining('early', 5_000, 0)], [0, 0], 'as the lookups say')
+  deny.forget('late')
+  deny.add('again', 6_000)
+  t.equal(deny.quietAt(5_500), false, 'a new deny makes it live again')
+})

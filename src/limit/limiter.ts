@@ -211,14 +211,17 @@ export class Limiter {
     if (plan.all.length === 0) return ALLOW_NO_HEADERS
 
     const { checks, limits } = buildChecks(plan.enforced, req)
-    for (let i = 0; i < checks.length; i++) {
-      // leases are never in the deny cache (a lease can come back at any moment)
-      if ((limits[i] as PlannedLimit).concurrency) continue
-      const left = deny.remaining(denyKey(checks[i] as LimitCheck), now, wall)
-      if (left > 0) {
-        const l = limits[i] as PlannedLimit
-        this.counterOf(req.route, l).count('local', 'rejected')
-        return reject(this.templateOf(l), left, 0, left)
+    // nobody denied lately (DenyCache.quietAt): no key to look up
+    if (!deny.quietAt(now)) {
+      for (let i = 0; i < checks.length; i++) {
+        // leases are never in the deny cache (a lease can come back at any moment)
+        if ((limits[i] as PlannedLimit).concurrency) continue
+        const left = deny.remaining(denyKey(checks[i] as LimitCheck), now, wall)
+        if (left > 0) {
+          const l = limits[i] as PlannedLimit
+          this.counterOf(req.route, l).count('local', 'rejected')
+          return reject(this.templateOf(l), left, 0, left)
+        }
       }
     }
     if (checks.length === 0) {
