@@ -501,7 +501,7 @@ routes:
   t.equal((await send(gw.url, '/1')).status, 200, 'refused, retried on the other target')
   // the refused address starts answering while it is ejected
   const revived = http.createServer((_req, res) => res.end('revived'))
-  await new Promise<void>((resolve) => revived.listen(Number(new URL(url).port), '127.0.0.1', resolve))
+  await new Promise<void>((resolve) => revived.listen(Number(new URL(url).port), new URL(url).hostname, resolve))
   t.teardown(() => { revived.closeAllConnections(); revived.close() })
   const during = await send(gw.url, '/2')
   t.equal(json<EchoBody>(during).name, 'other', 'still ejected')

@@ -222,12 +222,20 @@ export async function startHttpServer (t: Teardown, handler: http.RequestListene
   return { server, url: `http://127.0.0.1:${port}` }
 }
 
-/** A URL on 127.0.0.1 where nothing listens: connections are refused (ECONNREFUSED). */
+/**
+ * A URL where nothing listens: connections are refused (ECONNREFUSED). On a loopback address
+ * other than 127.0.0.1 (Linux routes all of 127/8 to lo): a port freed on 127.0.0.1 was taken by
+ * another test's server running in parallel, which answered 404 where a refusal was expected.
+ * Tests listen on 127.0.0.1, so only a wildcard listener could take this address's port.
+ */
 export async function refusingUrl (): Promise<string> {
+  const host = `127.0.0.${2 + Math.floor(Math.random() * 250)}`
   const server = net.createServer()
-  const port = await listen(server)
+  server.listen(0, host)
+  await once(server, 'listening')
+  const port = (server.address() as net.AddressInfo).port
   await new Promise<void>((resolve) => server.close(() => resolve()))
-  return `http://127.0.0.1:${port}`
+  return `http://${host}:${port}`
 }
 
 /**
