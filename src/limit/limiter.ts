@@ -214,7 +214,7 @@ export class Limiter {
     // nobody denied lately (DenyCache.quietAt): no key to look up
     if (!deny.quietAt(now)) {
       for (let i = 0; i < checks.length; i++) {
-        // leases are never in the deny cache (a lease can come back at any moment)
+        // leases are never in the deny cache: a lease comes back whenever its request ends
         if ((limits[i] as PlannedLimit).concurrency) continue
         const left = deny.remaining(denyKey(checks[i] as LimitCheck), now, wall)
         if (left > 0) {
