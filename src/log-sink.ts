@@ -66,7 +66,12 @@ export class LogSink extends EventEmitter {
   private waiters: Array<() => void> = []
   /** Set while the batch in flight waits to be written again (a full non-blocking pipe: EAGAIN). */
   private retry: NodeJS.Timeout | null = null
-  private readonly timer: NodeJS.Timeout
+  /**
+   * Armed by the first line of a batch and cleared when it fires: an idle gateway has no timer to
+   * wake for (an interval woke it ten times a second with nothing to write).
+   */
+  private timer: NodeJS.Timeout | null = null
+  private readonly flushMs: number
   private closed = false
   private readonly sharedFd: boolean
 
@@ -78,8 +83,7 @@ export class LogSink extends EventEmitter {
     this.maxBufferBytes = options.maxBufferBytes ?? LOG_MAX_BUFFER_BYTES
     this.initialBytes = Math.min(2 * this.batchBytes, this.maxBufferBytes) + 4096
     this.buffer = Buffer.allocUnsafeSlow(this.initialBytes)
-    this.timer = setInterval(() => { if (this.used > 0) this.startWrite() }, options.flushMs ?? LOG_FLUSH_MS)
-    this.timer.unref()
+    this.flushMs = options.flushMs ?? LOG_FLUSH_MS
   }
 
   /** Lines waiting, in bytes (queued plus the unwritten part of the batch in flight). */
@@ -102,7 +106,20 @@ export class LogSink extends EventEmitter {
     }
     this.used += this.buffer.write(line, this.used)
     if (this.used >= this.batchBytes) this.startWrite()
+    else if (this.timer === null) this.armTimer()
     return true
+  }
+
+  /**
+   * A line waits at most flushMs. A batch still being written when it fires is followed by the
+   * next as soon as it is done (writeInFlight), so the timer is not armed again for it.
+   */
+  private armTimer (): void {
+    this.timer = setTimeout(() => {
+      this.timer = null
+      if (this.used > 0) this.startWrite()
+    }, this.flushMs)
+    this.timer.unref()
   }
 
   /** Calls back once everything written so far has reached the fd (or was dropped). */
@@ -166,7 +183,8 @@ export class LogSink extends EventEmitter {
   end (): void {
     this.flushSync()
     this.closed = true
-    clearInterval(this.timer)
+    if (this.timer !== null) clearTimeout(this.timer)
+    this.timer = null
   }
 
   /**

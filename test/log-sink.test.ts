@@ -6,6 +6,8 @@ import { closeSync, constants as fsConstants, openSync, readFileSync, readSync, 
 import { join } from 'node:path'
 import { execFile, execFileSync, spawn } from 'node:child_process'
 import { once } from 'node:events'
+import { createHook } from 'node:async_hooks'
+import { setTimeout as sleep } from 'node:timers/promises'
 import type { LogSink } from '../src/log-sink.js'
 import { request } from 'undici'
 import { createAccessLog, createLogDestination, createLogger, type AccessRecord } from '../src/log.js'
@@ -442,4 +444,40 @@ t.test('workers mode: the primary and two workers share one slowly read stdout p
   const spliced = broken(lines)
   t.same(spliced.slice(0, 2), [], `no line is spliced with another process's (${spliced.length} of ${lines.length})`)
   t.equal(lines.length, 30000, 'every line of the three processes arrives')
+})
+
+t.test('a lone line is written by the timer, without a flush, and a sink with nothing to write has no timer that fires', async t => {
+  const file = join(t.testdir(), 'timer.log')
+  const fd = openSync(file, 'w')
+  t.teardown(() => closeSync(fd))
+  // the callbacks of the timers the sink makes while it is built and given its first line
+  const sinkTimers = new Set<number>()
+  let capturing = true
+  let fired = 0
+  const hook = createHook({
+    init (id, type) { if (capturing && type === 'Timeout') sinkTimers.add(id) },
+    before (id) { if (sinkTimers.has(id)) fired++ }
+  }).enable()
+  t.teardown(() => { hook.disable() })
+  const sink = createLogDestination(fd, { batchBytes: 1 << 20, flushMs: 10 })
+  t.teardown(() => { sink.end() })
+  sink.write('{"i":1}\n')
+  capturing = false
+  const readWhole = async (expected: string): Promise<string> => {
+    const deadline = Date.now() + 10_000
+    let text = readFileSync(file, 'utf8')
+    while (text !== expected && Date.now() < deadline) {
+      await sleep(5)
+      text = readFileSync(file, 'utf8')
+    }
+    return text
+  }
+  t.equal(await readWhole('{"i":1}\n'), '{"i":1}\n', 'the line reached the file with no flush and no full batch')
+  t.ok(fired >= 1, 'a timer of the sink wrote it')
+  const firedWhenWritten = fired
+  // thirty of its periods with nothing to write: an interval would have woken the process for each
+  await sleep(300)
+  t.equal(fired, firedWhenWritten, 'no timer of the sink fired while it had nothing to write')
+  sink.write('{"i":2}\n')
+  t.equal(await readWhole('{"i":1}\n{"i":2}\n'), '{"i":1}\n{"i":2}\n', 'the next line arms it again')
 })
