@@ -48,6 +48,18 @@ t.test('bounded: at most maxKeys keys, least recently used evicted', async (t) =
   t.equal(store.size, 0, 'close() drops everything')
 })
 
+t.test('a key evicted and decided again keeps the state of its new entry, not of the one it had before', async (t) => {
+  const store = createMemoryStore({ maxKeys: 2 })
+  const s = spec('fixed-window', 2, 3_600_000)
+  const a = (): boolean => store.decide([{ key: 'a', spec: s, cost: 1 }], 'r').allowed
+  t.same([a(), a()], [true, true], 'a spends its budget, the second time through the entry read')
+  store.decide([{ key: 'b', spec: s, cost: 1 }], 'r')
+  store.decide([{ key: 'c', spec: s, cost: 1 }], 'r')
+  // evicted: a starts over, and what it spends now must be kept in its new entry
+  t.same([a(), a(), a()], [true, true, false], 'two admitted after the eviction, the third refused')
+  t.equal(store.size, 2)
+})
+
 t.test('an entry past its time decides like a fresh key: nothing expires, nothing is cleared', async (t) => {
   let now = 1_700_000_000_000_000
   const store = createMemoryStore({ maxKeys: 10, now: () => now })

@@ -126,8 +126,12 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
   // decision instead of a get and a set (the set was about 300 instructions). Safe while the
   // cache holds at least a decision's keys: the writes of new keys then evict only entries older
   // than every box read, never one of them.
+  // Counted rather than emptied: `length = 0` gave back their storage, and the next decision's
+  // pushes grew it again (about 300 instructions per request of (f)). They hold one decision's
+  // boxes until the next one, which writes only the boxes it read itself (below its count).
   const readKeys: string[] = []
   const readBoxes: StateBox[] = []
+  let readCount = 0
   let keepBoxes = false
   const map: LimitStateMap = {
     get: (key) => {
@@ -138,8 +142,8 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
       const box = cache.get(key, LRU_CALL)
       if (box === undefined) return undefined
       if (keepBoxes) {
-        readKeys.push(key)
-        readBoxes.push(box)
+        readKeys[readCount] = key
+        readBoxes[readCount++] = box
       }
       return box.state
     },
@@ -149,7 +153,7 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
         else leases.delete(key)
         return
       }
-      for (let i = 0; i < readKeys.length; i++) {
+      for (let i = 0; i < readCount; i++) {
         if (readKeys[i] === key) {
           (readBoxes[i] as StateBox).state = state
           return
@@ -165,8 +169,7 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
       assertDecidable(checks)
       // more keys decided than held: a write could evict a box read (see readBoxes)
       keepBoxes = checks.length <= maxKeys
-      readKeys.length = 0
-      readBoxes.length = 0
+      readCount = 0
       const decision = decideAt(map, checks, requestId, now(), wallNow())
       keepBoxes = false
       return decision
