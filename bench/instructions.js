@@ -5,7 +5,7 @@
 // same contender's CPU per request moves by a factor of two between rounds, while what is left of
 // the plain proxy path (issue 13) is spread over many frames of 1-5% each.
 //
-//   node bench/instructions.js [--contenders b,c,d,f,l,r,r1] [--warm 20000] [--requests 5000]
+//   node bench/instructions.js [--contenders b,c,d,e,f,l,r,r1] [--warm 20000] [--requests 5000]
 //                              [--repeat 2] [--dist dist[,other/dist]] [--main-thread] [--keep]
 //                              [--perf-map] [--json FILE]
 //
@@ -17,8 +17,12 @@
 // requests. Repeats of one build agree within about 1%; JIT timing is what still moves them.
 // Contenders: b the bare undici proxy (bench/bare-proxy.js), u the bare proxy plus the gateway's
 // per-request duties (bench/bare-duties.js, (l) of bench/run.js), c/d/f the gateway configs of
-// `npm run bench`, l = f with the access log on; (e) is left out, its batching depends on
-// timing, and valgrind slows the gateway about 20-50x.
+// `npm run bench`, l = f with the access log on. e is (e), the four limits on a redis-server of
+// its own (not under valgrind), counted to see where its instructions go, not as a figure to
+// hold against `npm run bench`: its batching depends on timing, and valgrind slows the gateway
+// about 20-50x, so its batches are larger than at full speed. Its line gives the script calls
+// per request of the counted window beside the count. Its Redis calls are given 10 s instead of
+// the config's 50 ms: under valgrind some took longer, and the fallback's decisions were counted.
 // r and r1 count redis-server instead, per decision: the four limits of (e) (the "four dimensions
 // (e)" scenario of bench/lib/limit-stores.js) decided through the build's Redis store by this
 // process, 50 decisions in flight over 1,000 clients. r batches them (lua/limit-batch.lua: the 50
@@ -44,7 +48,7 @@ import { Redis } from 'ioredis'
 import { answers200, freePort, killAllSync, startProcess, stopAll, stopProcess } from './lib/processes.js'
 import { GATEWAY_CONFIGS, contenderCommand, countFlags, loadCounted } from './lib/contenders.js'
 import { fmt, spread } from './lib/summary.js'
-import { startRedis } from './lib/redis-server.js'
+import { commandCalls, startRedis } from './lib/redis-server.js'
 import { checksByClient, loadStores, scenarios } from './lib/limit-stores.js'
 
 /** Contenders that are not the gateway: one row whatever --dist says. */
@@ -57,7 +61,7 @@ const { json, settings } = countFlags({ contenders: 'b,c,d,f', requests: '5000' 
 // l is (f) with the access log on (`log.level: info`), its stdout read by a `cat` of its own:
 // l - f is the access line's cost in instructions, free of the rate effects that blur it in
 // `npm run bench`, where (i) runs slower than (e) because the log's reader takes CPU.
-const GATEWAYS = new Set(['c', 'd', 'f', 'l'])
+const GATEWAYS = new Set(['c', 'd', 'e', 'f', 'l'])
 
 function requireValgrind () {
   for (const tool of ['valgrind', 'callgrind_control']) {
@@ -90,12 +94,30 @@ function countedInstructions (dir, pid, mainThread = false) {
 
 /**
  * One contender under callgrind: warm up uninstrumented, count `requests`, stop.
- * @param {string} id  b, c, d, f or l
+ * @param {string} id  b, c, d, e, f or l
  * @param {string} dist
  * @param {{ dir: string, upstreamOrigin: string }} env
  */
 async function measure (id, dist, env) {
-  const { port, args, ready } = await contenderCommand(id, { dist, dir: env.dir, upstreamOrigin: env.upstreamOrigin, ...(id === 'l' ? { config: GATEWAY_CONFIGS.f, logOn: true } : {}) })
+  const redis = id === 'e' ? await startRedis(env.dir) : null
+  try {
+    return await measureGateway(id, dist, env, redis)
+  } finally {
+    if (redis !== null) {
+      redis.client.disconnect()
+      await stopProcess(redis.child)
+    }
+  }
+}
+
+/**
+ * @param {string} id
+ * @param {string} dist
+ * @param {{ dir: string, upstreamOrigin: string }} env
+ * @param {Awaited<ReturnType<typeof startRedis>> | null} redis  (e)'s redis-server
+ */
+async function measureGateway (id, dist, env, redis) {
+  const { port, args, ready } = await contenderCommand(id, { dist, dir: env.dir, upstreamOrigin: env.upstreamOrigin, redisUrl: redis?.url ?? null, ...(redis === null ? {} : { redisTimeout: '10s' }), ...(id === 'l' ? { config: GATEWAY_CONFIGS.f, logOn: true } : {}) })
   const threads = settings.mainThread ? ['--separate-threads=yes'] : []
   // node names its JIT code in /tmp/perf-<pid>.map, which callgrind's dumps only know by address
   const perfMap = settings.perfMap ? ['--perf-basic-prof'] : []
@@ -107,9 +129,11 @@ async function measure (id, dist, env) {
   })
   try {
     await loadCounted(port, settings.warm)
+    const before = redis === null ? null : await scriptCalls(redis.client)
     execFileSync('callgrind_control', ['-i', 'on', String(child.pid)], { stdio: 'ignore' })
     const counted = await loadCounted(port, settings.requests)
     execFileSync('callgrind_control', ['-i', 'off', String(child.pid)], { stdio: 'ignore' })
+    if (redis !== null && before !== null) console.log(`  (${id}: ${((await scriptCalls(redis.client) - before) / counted).toFixed(3)} script calls per request while counted)`)
     execFileSync('callgrind_control', ['-d', String(child.pid)], { stdio: 'ignore' })
     const instructions = countedInstructions(env.dir, child.pid, settings.mainThread)
     if (settings.keep) console.log(`  (${id}, ${dist}: callgrind's dumps ${join(env.dir, `cg.${child.pid}`)}*)`)
@@ -119,6 +143,15 @@ async function measure (id, dist, env) {
   } finally {
     await stopProcess(child)
   }
+}
+
+/**
+ * Script calls (EVALSHA and EVAL) redis-server has served so far.
+ * @param {Redis} client
+ */
+async function scriptCalls (client) {
+  const calls = await commandCalls(client)
+  return (calls.evalsha ?? 0) + (calls.eval ?? 0)
 }
 
 /** Redis contenders: the store's maxBatch (undefined: its default). */
@@ -183,7 +216,7 @@ async function main () {
   /** @type {Array<{ id: string, dist: string, runs: number[] }>} */
   const rows = []
   for (const id of settings.contenders) {
-    if (!BARE.has(id) && !GATEWAYS.has(id) && !(id in REDIS)) throw new Error(`unknown contender ${id} (b, u, c, d, f, l, r or r1)`)
+    if (!BARE.has(id) && !GATEWAYS.has(id) && !(id in REDIS)) throw new Error(`unknown contender ${id} (b, u, c, d, e, f, l, r or r1)`)
     for (const dist of BARE.has(id) ? [settings.dists[0]] : settings.dists) rows.push({ id, dist: /** @type {string} */ (dist), runs: [] })
   }
   console.log(`instructions per request${settings.mainThread ? ' (main thread)' : ''}: ${settings.warm} warm-up requests, ${settings.requests} counted, ${settings.repeat} repeats`)

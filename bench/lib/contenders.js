@@ -54,9 +54,10 @@ export const GATEWAY_CONFIGS = { c: 'gateway-no-limits.yaml', d: 'gateway-local.
 
 /**
  * Arguments for `node` (after any flags of the caller's) that start contender `id`, its port, and
- * when it is ready. `logOn` turns the config's access log on (`log: { level: warn }` -> info).
+ * when it is ready. `logOn` turns the config's access log on (`log: { level: warn }` -> info);
+ * `redisTimeout` replaces the config's bound on a Redis call (`timeout: 50ms`).
  * @param {string} id  b, u (bare + duties), or a key of GATEWAY_CONFIGS
- * @param {{ dist: string, dir: string, upstreamOrigin: string, redisUrl?: string | null, config?: string, logOn?: boolean }} env
+ * @param {{ dist: string, dir: string, upstreamOrigin: string, redisUrl?: string | null, config?: string, logOn?: boolean, redisTimeout?: string }} env
  * @returns {Promise<{ port: number, args: string[], ready: () => Promise<boolean> }>}
  */
 export async function contenderCommand (id, env) {
@@ -68,10 +69,12 @@ export async function contenderCommand (id, env) {
   if (config === undefined) throw new Error(`unknown contender ${id}`)
   const adminPort = await freePort()
   const text = renderConfig(config, { GATEWAY_PORT: String(port), ADMIN_PORT: String(adminPort), UPSTREAM_ORIGIN: env.upstreamOrigin, ...(env.redisUrl == null ? {} : { REDIS_URL: env.redisUrl }) })
-  const logged = text.replace(/^log: \{ level: warn \}$/m, 'log: { level: info }')
+  const logged = env.logOn === true ? text.replace(/^log: \{ level: warn \}$/m, 'log: { level: info }') : text
   if (env.logOn === true && logged === text) throw new Error(`${config}: no "log: { level: warn }" line to turn the access log on`)
+  const timed = env.redisTimeout === undefined ? logged : logged.replace(/^(redis: \{.*)timeout: 50ms/m, `$1timeout: ${env.redisTimeout}`)
+  if (env.redisTimeout !== undefined && timed === logged) throw new Error(`${config}: no "redis: { ... timeout: 50ms" line to replace`)
   const file = join(env.dir, `${id}.yaml`)
-  writeFileSync(file, env.logOn === true ? logged : text)
+  writeFileSync(file, timed)
   const runner = `const { main } = await import(${JSON.stringify(join(env.dist, 'cli.js'))}); process.exitCode = await main(process.argv.slice(1))`
   return { port, args: ['--input-type=module', '-e', runner, 'start', '-c', file], ready: () => answers200(`http://127.0.0.1:${adminPort}/readyz`) }
 }
