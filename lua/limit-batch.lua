@@ -23,10 +23,14 @@
 -- d as the byte 48 + d): read with string.byte, no pattern and no string per number. Parsing
 -- "n,k1,c1,..." with string.find cost Redis 2.4 µs per request, the byte codes 0.3 µs.
 -- Returns one string of comma-separated integers: per request, the length of its reply followed
--- by limit.lua's reply. One bulk string instead of an array of integers: the client decodes one
--- value per call instead of one per integer (issue 13; decoding the array cost the gateway more
--- CPU than building the call). Each number goes through '%d', as Redis turns a Lua number into an
--- integer reply (truncated), so the values are those limit.lua returns.
+-- by limit.lua's reply without its receipts: the seven values, then the n remainings, whether
+-- the request was allowed or not. Receipts are what refund.lua needs to undo a request admitted in
+-- one slot group and refused in another, which only Redis Cluster has, and Cluster is never
+-- batched; sent, they were a third of the reply's digits, formatted by Redis and read by the
+-- client for each request. One bulk string instead of an array of integers: the client decodes
+-- one value per call instead of one per integer (issue 13; decoding the array cost the gateway
+-- more CPU than building the call). Each number goes through '%d', as Redis turns a Lua number
+-- into an integer reply (truncated), so the values are those limit.lua returns.
 -- A malformed batch is refused whole (no reply); the string and hash state of its requests is
 -- not written (sliding-window-log entries are, as they go straight to their sorted sets).
 
@@ -96,12 +100,17 @@ for r = 1, count do
   local reply, problem = decide_request(rk, 0, rc, 0, n, id, now)
   if not reply then return redis.error_reply('ERR limit-batch.lua: ' .. problem) end
   local n_reply = #reply
+  if n_reply > 7 + n then
+    -- allowed: the remainings move over the receipts, and what follows them is not sent
+    for i = 1, n do reply[7 + i] = reply[7 + n + i] end
+    n_reply = 7 + n
+  end
   local format = formats[n_reply]
   if not format then
     format = '%d' .. string.rep(',%d', n_reply)
     formats[n_reply] = format
   end
-  out[r] = string.format(format, n_reply, unpack(reply))
+  out[r] = string.format(format, n_reply, unpack(reply, 1, n_reply))
 end
 flush_batch_keys()
 return table.concat(out, ',')

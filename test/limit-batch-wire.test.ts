@@ -32,9 +32,13 @@ t.test('shared keys and check strings are sent once; every request gets its own 
 
   const reply = await client.eval(LIMIT_BATCH_SCRIPT, numKeys, ...keysAndArgs) as string
   const values = reply.split(',').map(Number)
-  // per request: its reply length 11 (7, then a receipt and a remaining per check), then allowed = 1
-  for (let i = 0; i < 4; i++) t.same([values[i * 12], values[i * 12 + 1]], [11, 1], `request ${i} decided and admitted`)
-  t.equal(values.length, 48, 'four replies')
+  // per request: its reply length 9 (7, then a remaining per check: a batch sends no receipts),
+  // allowed = 1, and after the seven values what is left of the shared gcra budget and of its log
+  for (let i = 0; i < 4; i++) {
+    t.same([values[i * 10], values[i * 10 + 1]], [9, 1], `request ${i} decided and admitted`)
+    t.same([values[i * 10 + 8], values[i * 10 + 9]], [99 - i, 99 - Math.floor(i / 2)], `request ${i}: the remainings of its two checks`)
+  }
+  t.equal(values.length, 40, 'four replies')
   t.equal(await client.get('global'), String(now + 4 * 10_000), 'the shared gcra key counted all four requests')
   const members = [...await client.zrange('log:0', '0', '-1'), ...await client.zrange('log:1', '0', '-1')].sort()
   t.same(members, ids.map((id) => `${id}:1`).sort(), 'each log entry carries its request id unchanged')

@@ -133,7 +133,8 @@ export function batchKeysAndArgs (batch: readonly BatchedRequest[], nowOverrideU
 
 /**
  * Splits LIMIT_BATCH_SCRIPT's reply (one string of comma-separated integers, asked for as bytes)
- * into one limit.lua reply per request; throws on anything else.
+ * into one limit.lua reply per request, without receipts (the script leaves them out: nothing
+ * batched is ever refunded); throws on anything else.
  * - Bytes, not a string: indexing a Uint8Array is a plain element load, where a string's length
  *   and charCodeAt went through V8's generic LoadIC in the gateway (a quarter of the batcher's
  *   CPU in a perf profile), and ioredis skips decoding the reply to a string.
@@ -155,7 +156,7 @@ export function parseBatchReply (reply: unknown, batch: readonly BatchedRequest[
       scratch[i] = readInteger(reply, at)
       at = integerEnd + 1
     }
-    out.push(limitReplyAt(scratch, 0, length, (batch[r] as BatchedRequest).checks.length))
+    out.push(limitReplyAt(scratch, 0, length, (batch[r] as BatchedRequest).checks.length, false))
   }
   if (at <= end) throw new TypeError('limit-batch.lua returned more replies than requests')
   return out
@@ -221,7 +222,10 @@ export interface LimitReply {
   readonly decision: LimitDecision
   /** Redis time of the decision, ms. */
   readonly nowMs: number
-  /** One per check when allowed (what refund needs), empty when rejected. */
+  /**
+   * One per check when allowed (what refund needs), empty when rejected, and always empty from a
+   * batch: only Redis Cluster refunds, and it is never batched.
+   */
   readonly receipts: readonly number[]
   /** One per check: its budget left (after this request when allowed, before it when rejected). */
   readonly remainings: readonly number[]
@@ -232,14 +236,19 @@ export function parseLimitReply (reply: unknown, checkCount: number): LimitReply
   if (!Array.isArray(reply) || !reply.every((v) => typeof v === 'number')) {
     throw new TypeError(`unexpected reply from limit.lua: ${JSON.stringify(reply)}`)
   }
-  return limitReplyAt(reply as number[], 0, reply.length, checkCount)
+  return limitReplyAt(reply as number[], 0, reply.length, checkCount, true)
 }
 
-/** limit.lua's reply read from `values[start .. start + length)`. */
-function limitReplyAt (values: readonly number[], start: number, length: number, checkCount: number): LimitReply {
+const NO_RECEIPTS: readonly number[] = Object.freeze([])
+
+/**
+ * limit.lua's reply read from `values[start .. start + length)`; without `withReceipts`, as
+ * limit-batch.lua sends it: the remainings follow the seven values whether allowed or not.
+ */
+function limitReplyAt (values: readonly number[], start: number, length: number, checkCount: number, withReceipts: boolean): LimitReply {
   if (length < 7) throw new TypeError(`unexpected reply from limit.lua: ${JSON.stringify(values.slice(start, start + length))}`)
   const allowed = values[start] === 1
-  const expected = 7 + (allowed ? 2 : 1) * checkCount
+  const expected = 7 + (allowed && withReceipts ? 2 : 1) * checkCount
   if (length !== expected) throw new TypeError(`limit.lua returned ${length} values for ${checkCount} checks (expected ${expected})`)
   const remainings = values.slice(start + expected - checkCount, start + expected)
   const remaining = values[start + 1] as number
@@ -253,7 +262,7 @@ function limitReplyAt (values: readonly number[], start: number, length: number,
       ? { allowed, remaining, retryAfterMs, resetMs, limitingIndex, delayMs, remainings }
       : { allowed, remaining, retryAfterMs, resetMs, limitingIndex, delayMs },
     nowMs: values[start + 6] as number,
-    receipts: allowed ? values.slice(start + 7, start + 7 + checkCount) : [],
+    receipts: allowed && withReceipts ? values.slice(start + 7, start + 7 + checkCount) : NO_RECEIPTS,
     remainings
   }
 }
