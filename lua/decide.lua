@@ -2,9 +2,11 @@
 -- Shared by limit.lua (one request per call) and limit-batch.lua (the requests of one event-loop
 -- turn in one call), so both decide with the very same code.
 --
--- decide_request(keys, kbase, argv, abase, n, id, now): check i has its state key keys[kbase + i]
--- and its parameters argv[abase + i] ("code,limit,windowMs,burst,cost,maxDelayMs"). Returns limit.lua's
--- reply (see its header), or nil and an error message for bad parameters.
+-- decide_request(keys, kbase, argv, abase, n, id, now, receipts): check i has its state key
+-- keys[kbase + i] and its parameters argv[abase + i] ("code,limit,windowMs,burst,cost,maxDelayMs").
+-- Returns limit.lua's reply (see its header), or nil and an error message for bad parameters.
+-- Without `receipts` an admitted request's reply has no receipts either (limit-batch.lua: only
+-- Redis Cluster refunds, and it is never batched): the remainings follow the seven values.
 --
 -- Phase 1 evaluates every check against the current state without writing anything. Only if
 -- all of them admit does phase 2 write all of them: a request rejected by one dimension
@@ -33,7 +35,7 @@ local function reply_ends (length)
   return reply
 end
 
-local function decide_request (keys, kbase, argv, abase, n, id, now)
+local function decide_request (keys, kbase, argv, abase, n, id, now, receipts)
   local now_ms = floor(now / 1000)
   if n == 0 then return { 1, 0, 0, 0, -1, 0, now_ms } end
   local rejecting, tightest = 0, 0
@@ -72,9 +74,13 @@ local function decide_request (keys, kbase, argv, abase, n, id, now)
   -- comparisons rather than max() and ms_up(): each math call is a C call, and these run for
   -- every check of every request of a batch
   local delay = 0
+  -- where the remainings start: after the receipts, or after the seven values without them
+  local at = 7
+  if receipts then at = 7 + n end
   for i = 1, n do
     local p, r = params[i], results[i]
-    reply[7 + i] = ALGORITHMS[p.code].commit(keys[kbase + i], p, now, r, id)
+    local receipt = ALGORITHMS[p.code].commit(keys[kbase + i], p, now, r, id)
+    if receipts then reply[7 + i] = receipt end
     local d = r.delay
     if d > 0 then
       d = ms_up(d)
@@ -82,8 +88,8 @@ local function decide_request (keys, kbase, argv, abase, n, id, now)
     end
     local left = r.remaining
     if left < 0 then left = 0 end
-    reply[7 + n + i] = left
+    reply[at + i] = left
   end
   reply[6] = delay
-  return reply_ends(7 + 2 * n)
+  return reply_ends(at + n)
 end

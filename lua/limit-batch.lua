@@ -97,20 +97,16 @@ batch_keys = {}
 for r = 1, count do
   local n, id = read_request(ARGV[a + r])
   if not n then return redis.error_reply('ERR limit-batch.lua: bad request ' .. ARGV[a + r]) end
-  local reply, problem = decide_request(rk, 0, rc, 0, n, id, now)
+  -- no receipts (see above)
+  local reply, problem = decide_request(rk, 0, rc, 0, n, id, now, false)
   if not reply then return redis.error_reply('ERR limit-batch.lua: ' .. problem) end
   local n_reply = #reply
-  if n_reply > 7 + n then
-    -- allowed: the remainings move over the receipts, and what follows them is not sent
-    for i = 1, n do reply[7 + i] = reply[7 + n + i] end
-    n_reply = 7 + n
-  end
   local format = formats[n_reply]
   if not format then
     format = '%d' .. string.rep(',%d', n_reply)
     formats[n_reply] = format
   end
-  out[r] = string.format(format, n_reply, unpack(reply, 1, n_reply))
+  out[r] = string.format(format, n_reply, unpack(reply))
 end
 flush_batch_keys()
 return table.concat(out, ',')

@@ -25,6 +25,6 @@ local n = #KEYS
 if #ARGV ~= 2 + n then
   return redis.error_reply('ERR limit.lua: expected ' .. (2 + n) .. ' arguments, got ' .. #ARGV)
 end
-local reply, problem = decide_request(KEYS, 0, ARGV, 2, n, id, now)
+local reply, problem = decide_request(KEYS, 0, ARGV, 2, n, id, now, true)
 if not reply then return redis.error_reply('ERR limit.lua: ' .. problem) end
 return reply

@@ -134,7 +134,7 @@ export function batchKeysAndArgs (batch: readonly BatchedRequest[], nowOverrideU
 /**
  * Splits LIMIT_BATCH_SCRIPT's reply (one string of comma-separated integers, asked for as bytes)
  * into one limit.lua reply per request, without receipts (the script leaves them out: nothing
- * batched is ever refunded); throws on anything else.
+ * batched is ever refunded); a reply of another shape throws.
  * - Bytes, not a string: indexing a Uint8Array is a plain element load, where a string's length
  *   and charCodeAt went through V8's generic LoadIC in the gateway (a quarter of the batcher's
  *   CPU in a perf profile), and ioredis skips decoding the reply to a string.
