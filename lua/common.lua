@@ -1,6 +1,7 @@
 -- common.lua: helpers shared by limit.lua and refund.lua.
--- src/limit/scripts.ts concatenates common.lua, the six algorithm files and then limit.lua
--- (or refund.lua) into one script, so everything here is a chunk-level local.
+-- src/limit/scripts.ts concatenates common.lua, the algorithm files and then limit.lua (or
+-- refund.lua) into one script, so everything here is a chunk-level local. Each algorithm file
+-- becomes the body of a loader, LOADERS[code] (see below).
 -- KEYS: none of its own.  ARGV: none of its own.  Returns: nothing (library).
 --
 -- Numbers: Redis Lua numbers are IEEE doubles. Every value kept here is an integer below 2^52
@@ -20,7 +21,21 @@ local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
 -- Redis's expiry clock, so a TTL computed from virtual time could drop state a test still needs.
 local ttl_slack_ms = 0
 
-local ALGORITHMS = {}
+-- An algorithm's functions are made the first time a call names its code. Redis runs a script's
+-- whole chunk on every call, and built eagerly the eight algorithm files cost every call their
+-- functions and tables, mostly for algorithms it never uses: one limit.lua call for one gcra
+-- check counted 200k Redis instructions, 157k with loaders (bench/README.md, twenty-second
+-- session). A loader is the algorithm file itself, wrapped by scripts.ts as
+-- `LOADERS[code] = function () <file> end`; the file registers ALGORITHMS[code] as before.
+local LOADERS = {}
+local ALGORITHMS = setmetatable({}, {
+  __index = function (algorithms, code)
+    local load = LOADERS[code]
+    if load == nil then return nil end
+    load()
+    return rawget(algorithms, code)
+  end
+})
 
 local function read_clock (override)
   local o = tonumber(override) or 0

@@ -19,7 +19,19 @@ const LIBRARY = [
 ]
 
 const read = (file: string): string => readFileSync(new URL(file, LUA_DIR), 'utf8')
-const library = LIBRARY.map(read).join('\n')
+
+/**
+ * An algorithm file as the body of its loader (lua/common.lua, LOADERS): its functions are made
+ * only by a call that names its code. Other library files are taken as they are.
+ */
+export function asLoader (file: string, text: string): string {
+  const codes = [...text.matchAll(/^ALGORITHMS\[(\d+)\] = /gm)]
+  if (codes.length === 0) return text
+  if (codes.length > 1) throw new Error(`lua/${file} registers ${codes.length} algorithms: a loader makes one`)
+  return `LOADERS[${(codes[0] as RegExpMatchArray)[1]}] = function ()\n${text}\nend`
+}
+
+const library = LIBRARY.map((file) => asLoader(file, read(file))).join('\n')
 
 /** lua/limit.lua with its library: decides all checks of a request atomically, all or nothing. */
 export const LIMIT_SCRIPT = `${library}\n${read('limit.lua')}`
