@@ -7,7 +7,7 @@
 //
 //   node bench/instructions.js [--contenders b,c,d,e,f,l,r,r1] [--warm 20000] [--requests 5000]
 //                              [--repeat 2] [--dist dist[,other/dist]] [--main-thread] [--keep]
-//                              [--perf-map] [--json FILE]
+//                              [--perf-map] [--scenario NAME] [--json FILE]
 //
 // Each contender runs under `valgrind --tool=callgrind --instr-atstart=no`: `--warm` requests
 // (50 keep-alive connections) let V8 optimise the hot path uninstrumented, then counting is turned
@@ -28,6 +28,8 @@
 // process, 50 decisions in flight over 1,000 clients. r batches them (lua/limit-batch.lua: the 50
 // decisions of a turn in one call, so the count repeats within 0.1%), r1 sends one lua/limit.lua
 // call per decision (the store's maxBatch 1). Their warm-up is 2,000 decisions (Lua has no JIT).
+// `--scenario` counts another scenario of bench/lib/limit-stores.js instead, e.g. `gcra` (one check:
+// one limit.lua call per decision is what Redis Cluster sends, never batched).
 // `--main-thread` counts the main thread alone (callgrind's --separate-threads): V8's compiler and
 // GC helper threads are what moves repeats of one build by up to 10%; the request path's
 // JavaScript, node:http and undici all run on the main thread.
@@ -167,8 +169,8 @@ const REDIS = { r: undefined, r1: 1 }
 async function measureRedis (id, dist, env) {
   const stores = await loadStores(dist)
   if (stores.missing.length > 0 || !stores.createRedisStore || !stores.compileLimitSpec) throw new Error(`${dist}: ${stores.missing.join(', ')} missing (npm run build)`)
-  const scenario = scenarios(stores.compileLimitSpec).find((s) => s.name === 'four dimensions (e)')
-  if (scenario === undefined) throw new Error('bench/lib/limit-stores.js has no "four dimensions (e)" scenario')
+  const scenario = scenarios(stores.compileLimitSpec).find((s) => s.name === settings.scenario)
+  if (scenario === undefined) throw new Error(`bench/lib/limit-stores.js has no "${settings.scenario}" scenario`)
   const byClient = checksByClient(scenario, `instructions-${id}`, 1000)
   const redis = await startRedis(env.dir, ['valgrind', '--tool=callgrind', '--instr-atstart=no', `--callgrind-out-file=${join(env.dir, 'cg.%p')}`])
   const client = new Redis({ host: '127.0.0.1', port: redis.port, enableAutoPipelining: false, maxRetriesPerRequest: 1 })

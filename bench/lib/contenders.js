@@ -14,7 +14,8 @@ const ROOT = join(BENCH, '..')
 
 /**
  * The flags of both scripts: `--contenders`, `--warm`, `--requests`, `--repeat`, `--dist` (builds,
- * comma-separated) and `--json`, with a script's own defaults; `top` only where a script lists sites.
+ * comma-separated) and `--json`, with a script's own defaults; `top` only where a script lists sites,
+ * `scenario` only where it counts redis-server (a scenario of bench/lib/limit-stores.js).
  * @param {{ contenders: string, requests: string, top?: string }} defaults
  */
 export function countFlags (defaults) {
@@ -29,6 +30,7 @@ export function countFlags (defaults) {
       'main-thread': { type: 'boolean', default: false },
       keep: { type: 'boolean', default: false },
       'perf-map': { type: 'boolean', default: false },
+      scenario: { type: 'string', default: 'four dimensions (e)' },
       json: { type: 'string' }
     }
   })
@@ -43,7 +45,8 @@ export function countFlags (defaults) {
       dists: (flags.dist ?? 'dist').split(',').filter(Boolean).map((d) => resolve(ROOT, d)),
       mainThread: flags['main-thread'] === true,
       keep: flags.keep === true,
-      perfMap: flags['perf-map'] === true
+      perfMap: flags['perf-map'] === true,
+      scenario: flags.scenario ?? 'four dimensions (e)'
     }
   }
 }
