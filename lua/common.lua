@@ -1,7 +1,7 @@
 -- common.lua: helpers shared by limit.lua and refund.lua.
 -- src/limit/scripts.ts concatenates common.lua, the algorithm files and then limit.lua (or
--- refund.lua) into one script, so everything here is a chunk-level local. Each algorithm file
--- becomes the body of a loader, LOADERS[code] (see below).
+-- refund.lua) into one script, so everything here is a chunk-level local. The algorithm files
+-- become the branches of load_algorithm (see below).
 -- KEYS: none of its own.  ARGV: none of its own.  Returns: nothing (library).
 --
 -- Numbers: Redis Lua numbers are IEEE doubles. Every value kept here is an integer below 2^52
@@ -23,16 +23,17 @@ local ttl_slack_ms = 0
 
 -- An algorithm's functions are made the first time a call names its code. Redis runs a script's
 -- whole chunk on every call, and built eagerly the eight algorithm files cost every call their
--- functions and tables, mostly for algorithms it never uses: one limit.lua call for one gcra
--- check counted 200k Redis instructions, 157k with loaders (bench/README.md, twenty-second
--- session). A loader is the algorithm file itself, wrapped by scripts.ts as
--- `LOADERS[code] = function () <file> end`; the file registers ALGORITHMS[code] as before.
-local LOADERS = {}
+-- functions and tables, mostly for algorithms it never uses. load_algorithm(code) is written by
+-- scripts.ts after the algorithm files' helpers below: one function whose branch for each code is
+-- that algorithm's file, which registers ALGORITHMS[code] as before. One function, not one per
+-- file: a closure captures every helper its file uses, each capture a walk of Lua's list of open
+-- upvalues, and eight such closures cost each call 22k Redis instructions against about 5k for
+-- the one. One limit.lua call for one gcra check counts 200k Redis instructions eager, 140k this
+-- way (bench/README.md, twenty-second session).
+local load_algorithm
 local ALGORITHMS = setmetatable({}, {
   __index = function (algorithms, code)
-    local load = LOADERS[code]
-    if load == nil then return nil end
-    load()
+    load_algorithm(code)
     return rawget(algorithms, code)
   end
 })

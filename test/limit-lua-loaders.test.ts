@@ -1,13 +1,12 @@
 // The Lua library makes an algorithm's functions only when a call names its code (lua/common.lua,
-// LOADERS): Redis runs a script's whole chunk on every call, and the eight algorithm files built
-// eagerly cost each call the functions of algorithms it never uses. These tests check on a real
-// redis-server that nothing is built before it is named, that naming a code builds that one
-// algorithm, and that an unknown code is still no algorithm; and that scripts.ts wraps exactly the
-// algorithm files.
+// load_algorithm): Redis runs a script's whole chunk on every call, and the eight algorithm files
+// built eagerly cost each call the functions of algorithms it never uses. These tests check on a
+// real redis-server that nothing is built before it is named, that naming a code builds that one
+// algorithm, and that an unknown code is still no algorithm; and how scripts.ts writes the loader.
 import t from 'tap'
 import { readFileSync } from 'node:fs'
 import { startRedis } from './helpers/redis.js'
-import { LIMIT_SCRIPT, asLoader } from '../src/limit/scripts.js'
+import { LIMIT_SCRIPT, algorithmLoader } from '../src/limit/scripts.js'
 
 const LUA = new URL('../lua/', import.meta.url)
 const read = (file: string): string => readFileSync(new URL(file, LUA), 'utf8')
@@ -45,12 +44,13 @@ t.test('an algorithm is built the first time a call names its code, and only tha
   t.equal(beforeNext, '', 'the next call starts with nothing built again')
 })
 
-t.test('scripts.ts wraps each algorithm file in its loader and leaves the rest as they are', async (t) => {
+t.test('scripts.ts writes one loader whose branch for each code is that algorithm file', async (t) => {
   const gcra = read('gcra.lua')
-  t.equal(asLoader('gcra.lua', gcra), `LOADERS[1] = function ()\n${gcra}\nend`)
   const lease = read('lease.lua')
-  t.match(asLoader('lease.lua', lease), /^LOADERS\[8\] = function \(\)\n/)
-  for (const file of ['common.lua', 'decide.lua']) t.equal(asLoader(file, read(file)), read(file), `${file} is not an algorithm`)
-  t.throws(() => asLoader('two.lua', 'ALGORITHMS[1] = {}\nALGORITHMS[2] = {}\n'), /registers 2 algorithms/)
-  for (let code = 1; code <= 8; code++) t.match(LIMIT_SCRIPT, new RegExp(`^LOADERS\\[${code}\\] = function \\(\\)$`, 'm'), `code ${code} has a loader`)
+  t.equal(algorithmLoader([['gcra.lua', gcra], ['lease.lua', lease]]),
+    `load_algorithm = function (code)\nif code == 1 then\n${gcra}\nelseif code == 8 then\n${lease}\nend\nend`)
+  t.throws(() => algorithmLoader([['two.lua', 'ALGORITHMS[1] = {}\nALGORITHMS[2] = {}\n']]), /registers 2 algorithms/)
+  t.throws(() => algorithmLoader([['none.lua', 'local x = 1\n']]), /registers 0 algorithms/)
+  for (let code = 1; code <= 8; code++) t.match(LIMIT_SCRIPT, new RegExp(`^(if|elseif) code == ${code} then$`, 'm'), `code ${code} has its branch`)
+  t.equal(LIMIT_SCRIPT.match(/^load_algorithm = function \(code\)$/gm)?.length, 1, 'one loader')
 })

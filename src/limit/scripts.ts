@@ -5,8 +5,8 @@ import { ALGORITHM_CODES, type LimitCheck, type LimitDecision, type LimitSpec } 
 // per algorithm, then the entry point. See the header of each file for its KEYS, ARGV and reply.
 
 const LUA_DIR = new URL('../../lua/', import.meta.url)
-const LIBRARY = [
-  'common.lua',
+// The algorithm files: the branches of load_algorithm (lua/common.lua), one per code.
+const ALGORITHM_FILES = [
   'gcra.lua',
   'token-bucket.lua',
   'leaky-bucket.lua',
@@ -14,24 +14,29 @@ const LIBRARY = [
   'sliding-window.lua',
   'fixed-window.lua',
   'calendar-quota.lua',
-  'lease.lua',
-  'decide.lua'
+  'lease.lua'
 ]
 
 const read = (file: string): string => readFileSync(new URL(file, LUA_DIR), 'utf8')
 
 /**
- * An algorithm file as the body of its loader (lua/common.lua, LOADERS): its functions are made
- * only by a call that names its code. Other library files are taken as they are.
+ * lua/common.lua's load_algorithm: one function whose branch for each code is the file that
+ * registers ALGORITHMS[code], so a call makes only the algorithms it names.
  */
-export function asLoader (file: string, text: string): string {
-  const codes = [...text.matchAll(/^ALGORITHMS\[(\d+)\] = /gm)]
-  if (codes.length === 0) return text
-  if (codes.length > 1) throw new Error(`lua/${file} registers ${codes.length} algorithms: a loader makes one`)
-  return `LOADERS[${(codes[0] as RegExpMatchArray)[1]}] = function ()\n${text}\nend`
+export function algorithmLoader (files: ReadonlyArray<readonly [file: string, text: string]>): string {
+  const branches = files.map(([file, text], i) => {
+    const codes = [...text.matchAll(/^ALGORITHMS\[(\d+)\] = /gm)]
+    if (codes.length !== 1) throw new Error(`lua/${file} registers ${codes.length} algorithms: a branch of load_algorithm makes one`)
+    return `${i === 0 ? 'if' : 'elseif'} code == ${(codes[0] as RegExpMatchArray)[1]} then\n${text}\n`
+  })
+  return `load_algorithm = function (code)\n${branches.join('')}end\nend`
 }
 
-const library = LIBRARY.map((file) => asLoader(file, read(file))).join('\n')
+const library = [
+  read('common.lua'),
+  algorithmLoader(ALGORITHM_FILES.map((file) => [file, read(file)])),
+  read('decide.lua')
+].join('\n')
 
 /** lua/limit.lua with its library: decides all checks of a request atomically, all or nothing. */
 export const LIMIT_SCRIPT = `${library}\n${read('limit.lua')}`
