@@ -23,13 +23,13 @@ local ttl_slack_ms = 0
 
 -- An algorithm's functions are made the first time a call names its code. Redis runs a script's
 -- whole chunk on every call, and built eagerly the eight algorithm files cost every call their
--- functions and tables, mostly for algorithms it never uses. load_algorithm(code) is written by
--- scripts.ts after the algorithm files' helpers below: one function whose branch for each code is
--- that algorithm's file, which registers ALGORITHMS[code] as before. One function, not one per
--- file: a closure captures every helper its file uses, each capture a walk of Lua's list of open
--- upvalues, and eight such closures cost each call 22k Redis instructions against about 5k for
--- the one. One limit.lua call for one gcra check counts 200k Redis instructions eager, 140k this
--- way (bench/README.md, twenty-second session).
+-- functions and tables, mostly for algorithms it never uses. scripts.ts writes load_algorithm(code)
+-- right after this file: one function whose branch for each code is that algorithm's file, which
+-- registers ALGORITHMS[code] as before. One function, not one per file: a closure captures every
+-- helper its file uses, each capture a walk of Lua's list of open upvalues, and eight such
+-- closures cost each call 22k Redis instructions against about 5k for the one. One limit.lua call
+-- for one gcra check counts 200.7k Redis instructions eager, 138.7k this way (bench/README.md,
+-- twenty-second session).
 local load_algorithm
 local ALGORITHMS = setmetatable({}, {
   __index = function (algorithms, code)

@@ -160,7 +160,7 @@ t.test('limitKey percent-encodes braces so a value cannot be a hash tag', async 
   t.equal(limitKey('gw', 'api.user.x', '{tenant}'), 'gw:api.user.x:%7Btenant%7D')
   t.equal(limitKey('gw', 'id', '%7B'), 'gw:id:%257B', '"%" is encoded too: "{" and "%7B" stay different keys')
   t.notOk(limitKey('gw', 'id', 'a{b}c').includes('{'))
-  // each of the three alone, anywhere in the value
+  // each of the three alone in a value, after other characters
   t.equal(limitKey('gw', 'id', 'a}'), 'gw:id:a%7D', 'a closing brace alone')
   t.equal(limitKey('gw', 'id', 'x{'), 'gw:id:x%7B', 'an opening brace last')
   t.equal(limitKey('gw', 'id', 'ab%'), 'gw:id:ab%25', 'a percent sign last')

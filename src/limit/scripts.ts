@@ -21,7 +21,9 @@ const read = (file: string): string => readFileSync(new URL(file, LUA_DIR), 'utf
 
 /**
  * lua/common.lua's load_algorithm: one function whose branch for each code is the file that
- * registers ALGORITHMS[code], so a call makes only the algorithms it names.
+ * registers ALGORITHMS[code], so a call makes only the algorithms it names. Lua 5.1 gives a
+ * function at most 60 upvalues: all the branches together may use at most 60 of common.lua's
+ * locals (past that, every script fails to load, and so every test that runs one).
  */
 export function algorithmLoader (files: ReadonlyArray<readonly [file: string, text: string]>): string {
   const branches = files.map(([file, text], i) => {
