@@ -5,7 +5,7 @@
 // same contender's CPU per request moves by a factor of two between rounds, while what is left of
 // the plain proxy path (issue 13) is spread over many frames of 1-5% each.
 //
-//   node bench/instructions.js [--contenders b,c,d,e,f,l,r,r1] [--warm 20000] [--requests 5000]
+//   node bench/instructions.js [--contenders b,c,d,e,f,l,r,r1,r9] [--warm 20000] [--requests 5000]
 //                              [--repeat 2] [--dist dist[,other/dist]] [--main-thread] [--keep]
 //                              [--perf-map] [--scenario NAME] [--json FILE]
 //
@@ -23,11 +23,13 @@
 // about 20-50x, so its batches are larger than at full speed. Its line gives the script calls
 // per request of the counted window beside the count. Its Redis calls are given 10 s instead of
 // the config's 50 ms: under valgrind some took longer, and the fallback's decisions were counted.
-// r and r1 count redis-server instead, per decision: the four limits of (e) (the "four dimensions
+// r, r1 and r9 count redis-server instead, per decision: the four limits of (e) (the "four dimensions
 // (e)" scenario of bench/lib/limit-stores.js) decided through the build's Redis store by this
 // process, 50 decisions in flight over 1,000 clients. r batches them (lua/limit-batch.lua: the 50
 // decisions of a turn in one call, so the count repeats within 0.1%), r1 sends one lua/limit.lua
-// call per decision (the store's maxBatch 1). Their warm-up is 2,000 decisions (Lua has no JIT).
+// call per decision (the store's maxBatch 1), r9 calls of nine decisions (maxBatch 9: about the
+// batches of (e) in `npm run bench`, 0.11 calls per request, where a call's fixed cost still
+// weighs). Their warm-up is 2,000 decisions (Lua has no JIT).
 // `--scenario` counts another scenario of bench/lib/limit-stores.js instead, e.g. `gcra` (one check:
 // one limit.lua call per decision is what Redis Cluster sends, never batched).
 // `--main-thread` counts the main thread alone (callgrind's --separate-threads): V8's compiler and
@@ -158,7 +160,7 @@ async function scriptCalls (client) {
 
 /** Redis contenders: the store's maxBatch (undefined: its default). */
 /** @type {Record<string, number | undefined>} */
-const REDIS = { r: undefined, r1: 1 }
+const REDIS = { r: undefined, r1: 1, r9: 9 }
 
 /**
  * redis-server's instructions per decision for contender r or r1 (see the header).
@@ -218,7 +220,7 @@ async function main () {
   /** @type {Array<{ id: string, dist: string, runs: number[] }>} */
   const rows = []
   for (const id of settings.contenders) {
-    if (!BARE.has(id) && !GATEWAYS.has(id) && !(id in REDIS)) throw new Error(`unknown contender ${id} (b, u, c, d, e, f, l, r or r1)`)
+    if (!BARE.has(id) && !GATEWAYS.has(id) && !(id in REDIS)) throw new Error(`unknown contender ${id} (b, u, c, d, e, f, l, r, r1 or r9)`)
     for (const dist of BARE.has(id) ? [settings.dists[0]] : settings.dists) rows.push({ id, dist: /** @type {string} */ (dist), runs: [] })
   }
   console.log(`instructions per request${settings.mainThread ? ' (main thread)' : ''}: ${settings.warm} warm-up requests, ${settings.requests} counted, ${settings.repeat} repeats`)
