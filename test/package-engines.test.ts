@@ -12,6 +12,9 @@ const read = (file: string): string => readFileSync(new URL(file, ROOT), 'utf8')
 
 interface LockedPackage { version?: string, dev?: boolean, devOptional?: boolean, engines?: { node?: string } | string[] }
 
+// an array is the old, advisory form of the field (ignored by npm)
+const nodeRange = (p: LockedPackage | undefined): string | undefined => Array.isArray(p?.engines) ? undefined : p?.engines?.node
+
 const pkg = JSON.parse(read('package.json')) as { engines: { node: string } }
 const lock = JSON.parse(read('package-lock.json')) as { packages: Record<string, LockedPackage> }
 const promised = pkg.engines.node
@@ -23,12 +26,11 @@ t.test('every package the gateway runs with supports the oldest Node.js it promi
   t.ok(runtime.some(([path]) => path === 'node_modules/undici'), 'the lock lists the runtime packages (undici among them)')
   const unsupported: string[] = []
   for (const [path, p] of runtime) {
-    // an array is the old, advisory form of the field (ignored by npm)
-    const wanted = Array.isArray(p.engines) ? undefined : p.engines?.node
+    const wanted = nodeRange(p)
     if (wanted !== undefined && !semver.satisfies(oldest as semver.SemVer, wanted)) unsupported.push(`${path.replace(/^.*node_modules\//, '')}@${p.version ?? '?'} wants node ${wanted}`)
   }
   t.same(unsupported, [], `runtime packages that do not run on node ${oldest?.version ?? '?'}`)
-  t.equal(lock.packages['']?.engines && !Array.isArray(lock.packages[''].engines) ? lock.packages[''].engines.node : undefined, promised, 'package-lock.json is in step with package.json')
+  t.equal(nodeRange(lock.packages['']), promised, 'package-lock.json is in step with package.json')
 })
 
 t.test('the README promises the same Node.js version as package.json', async (t) => {

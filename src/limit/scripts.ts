@@ -1,8 +1,9 @@
 import { readFileSync } from 'node:fs'
 import { ALGORITHM_CODES, type LimitCheck, type LimitDecision, type LimitSpec } from './types.js'
 
-// The Lua scripts, built once at load time from the files in lua/: the shared helpers, one file
-// per algorithm, then the entry point. See the header of each file for its KEYS, ARGV and reply.
+// The Lua scripts, built once at load time from the files in lua/: the shared helpers, the
+// algorithm files as the branches of one loader (algorithmLoader), the decision, then the entry
+// point. See the header of each file for its KEYS, ARGV and reply.
 
 const LUA_DIR = new URL('../../lua/', import.meta.url)
 // The algorithm files: the branches of load_algorithm (lua/common.lua), one per code.
