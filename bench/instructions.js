@@ -150,12 +150,13 @@ async function measureGateway (id, dist, env, redis) {
 }
 
 /**
- * Script calls (EVALSHA and EVAL) redis-server has served so far.
+ * Script calls redis-server has served so far: FCALL of the function library, EVALSHA and EVAL
+ * (before the library is loaded, or where the server refuses it).
  * @param {Redis} client
  */
 async function scriptCalls (client) {
   const calls = await commandCalls(client)
-  return (calls.evalsha ?? 0) + (calls.eval ?? 0)
+  return (calls.fcall ?? 0) + (calls.evalsha ?? 0) + (calls.eval ?? 0)
 }
 
 /** Redis contenders: the store's maxBatch (undefined: its default). */

@@ -229,9 +229,13 @@ end
 -- A check's parameters arrive as one argument "code,limit,windowMs,burst,cost,maxDelayMs": the
 -- client builds that string once per limit (every part is fixed by the config), which saves it
 -- encoding five more arguments per check on every call. nil when the argument is malformed.
--- Parsed once per distinct argument in a call (a local of the script's chunk, so it starts empty
--- on every call): a batch repeats the same few limits for each of its requests.
-local parsed_params = {}
+-- Parsed once per distinct argument: a batch repeats the same few limits for each of its requests.
+-- Under EVALSHA the cache is a local of the script's chunk, so it starts empty on every call; under
+-- FCALL the library is kept from call to call (begin_call), and so is the cache, up to
+-- PARSED_PARAMS_MAX arguments (a config has a few limits, but a check's cost is part of its
+-- argument).
+local PARSED_PARAMS_MAX = 1024
+local parsed_params, parsed_count = {}, 0
 local function read_params (arg)
   local known = parsed_params[arg or '']
   if known then return known end
@@ -247,6 +251,7 @@ local function read_params (arg)
   }
   p.window_us = p.window_ms * 1000
   parsed_params[arg] = p
+  parsed_count = parsed_count + 1
   return p
 end
 
@@ -258,4 +263,13 @@ end
 local function outcome (r, ok, remaining, retry, reset, delay)
   r.ok, r.remaining, r.retry, r.reset, r.delay = ok, remaining, retry, reset, delay
   return r
+end
+
+-- Under FCALL (FUNCTION_LIBRARY in src/limit/scripts.ts) the library is made once, by a call's
+-- first use, and kept: every entry starts with this. A call's own state starts empty as in a fresh
+-- chunk (a batch that failed half-way left batch_keys set; a test's clock override left the TTL
+-- slack), while the algorithms and the parsed limits stay made.
+local function begin_call ()
+  batch_keys, ttl_slack_ms = nil, 0
+  if parsed_count >= PARSED_PARAMS_MAX then parsed_params, parsed_count = {}, 0 end
 end

@@ -27,8 +27,14 @@ local params, results = {}, {}
 -- rest cleared, so # and Redis's conversion of a returned table see exactly this reply. Whoever
 -- calls decide_request reads the reply before the next request is decided. It starts with room
 -- for four checks: one call per request would otherwise grow it from empty every time.
+-- reply_length counts every entry that may be set: under FCALL the table outlives a call, and a
+-- call that fails while it writes a reply (a commit's command refused) must leave nothing that
+-- the next call's reply would carry, so reply_reaches is called before the entries are written.
 local reply = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 local reply_length = #reply
+local function reply_reaches (length)
+  if length > reply_length then reply_length = length end
+end
 local function reply_ends (length)
   for k = length + 1, reply_length do reply[k] = nil end
   reply_length = length
@@ -59,6 +65,7 @@ local function decide_request (keys, kbase, argv, abase, n, id, now, receipts)
 
   if rejecting > 0 then
     local r = results[rejecting]
+    reply_reaches(7 + n)
     local retry = -1
     if r.retry >= 0 then retry = max(1, ms_up(r.retry)) end
     reply[1], reply[2], reply[3], reply[4], reply[5], reply[6], reply[7] = 0, r.remaining, retry, ms_up(r.reset), rejecting - 1, 0, now_ms
@@ -77,6 +84,7 @@ local function decide_request (keys, kbase, argv, abase, n, id, now, receipts)
   -- where the remainings start: after the receipts, or after the seven values without them
   local at = 7
   if receipts then at = 7 + n end
+  reply_reaches(at + n)
   for i = 1, n do
     local p, r = params[i], results[i]
     local receipt = ALGORITHMS[p.code].commit(keys[kbase + i], p, now, r, id)

@@ -1,9 +1,11 @@
 // The Redis store against a real redis-server: exact under concurrency (several "gateway
-// instances" with their own connections), windows that pass, scripts that survive SCRIPT FLUSH
-// and a server crash, and failing fast while Redis is down.
+// instances" with their own connections), windows that pass, a function library that survives
+// FUNCTION FLUSH and a server crash, and failing fast while Redis is down.
 import t from 'tap'
 import type { Redis } from 'ioredis'
-import { startRedis } from './helpers/redis.js'
+import { fcallStats, functionLibraries, startRedis } from './helpers/redis.js'
+import { eventually } from './helpers/ratelimit.js'
+import { FUNCTION_LIBRARY_NAME } from '../src/limit/scripts.js'
 import { createRedisStore, type RedisStore } from '../src/limit/redis-store.js'
 import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import type { AlgorithmName, LimitCheck, LimitDecision, LimitSpec } from '../src/limit/types.js'
@@ -108,20 +110,23 @@ t.test('sliding-window: what it admits follows its estimate, within the document
   t.ok(50 + second < 2 * 50, `${50 + second} over two windows, below 2 * limit`)
 })
 
-t.test('NOSCRIPT after SCRIPT FLUSH: recovers by itself, counts continue', async (t) => {
+t.test('a lost function library (FUNCTION FLUSH): recovers by itself, counts continue', async (t) => {
   const store = instances[0] as RedisStore
   // a token bucket (one token per 6 min), not a fixed window: an epoch-aligned window would start
   // afresh if the run crossed the top of the hour, and the counts below would jump back to 9
   const checks = [{ key: freshKey(), spec: spec('token-bucket', 10, 3_600_000), cost: 1 }]
   const remaining = async (): Promise<number> => (await store.decide(checks, 'r')).remaining
   t.same([await remaining(), await remaining(), await remaining()], [9, 8, 7])
-  const noscript = async (): Promise<number> => Number(/errorstat_NOSCRIPT:count=(\d+)/.exec(await plain.info('errorstats'))?.[1] ?? 0)
-  const before = await noscript()
-  t.equal(await plain.script('FLUSH'), 'OK')
+  const before = await fcallStats(plain)
+  t.ok(before.calls >= 3, 'the store calls the function library (FCALL)')
+  t.equal(await plain.call('FUNCTION', 'FLUSH'), 'OK')
   t.equal(await remaining(), 6, 'decided correctly after the flush')
-  t.equal(await noscript(), before + 1, 'the EVALSHA did hit NOSCRIPT once (then EVAL reloaded it)')
+  t.equal((await fcallStats(plain)).failed, before.failed + 1, 'the FCALL found no function once (that call went by EVALSHA)')
+  await eventually('the library loaded again', async () => (await functionLibraries(plain)).includes(FUNCTION_LIBRARY_NAME))
+  t.same(await functionLibraries(plain), [FUNCTION_LIBRARY_NAME], 'the library is loaded again')
+  const again = await fcallStats(plain)
   t.same([await remaining(), await remaining()], [5, 4])
-  t.equal(await noscript(), before + 1, 'and EVALSHA works again afterwards')
+  t.same(await fcallStats(plain), { calls: again.calls + 2, failed: again.failed }, 'and FCALL works again afterwards')
 })
 
 t.test('Redis down: calls fail fast with the ioredis error; back up: decides again', async (t) => {

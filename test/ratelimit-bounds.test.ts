@@ -4,7 +4,7 @@ import t from 'tap'
 import { startGateway } from './helpers/gateway.js'
 import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
-import { evalshaCalls, metric, send } from './helpers/ratelimit.js'
+import { limitCalls, metric, send } from './helpers/ratelimit.js'
 
 const redis = await startRedis(t)
 const admin = redis.client()
@@ -46,11 +46,11 @@ routes:
 
   // The deny cache holds the newest MAX_KEYS rejected clients: the newest is answered from it,
   // the oldest was evicted and goes back to Redis (which still rejects it).
-  let calls = await evalshaCalls(admin)
+  let calls = await limitCalls(admin)
   t.equal((await send(`${gw.url}/x`, from(CLIENTS - 1))).status, 429)
-  t.equal(await evalshaCalls(admin) - calls, 0, 'the newest rejected client: deny cache, no Redis call')
-  calls = await evalshaCalls(admin)
+  t.equal(await limitCalls(admin) - calls, 0, 'the newest rejected client: deny cache, no Redis call')
+  calls = await limitCalls(admin)
   t.equal((await send(`${gw.url}/x`, from(0))).status, 429)
-  t.equal(await evalshaCalls(admin) - calls, 1, 'the oldest rejected client was evicted from the bounded deny cache: asked Redis again')
+  t.equal(await limitCalls(admin) - calls, 1, 'the oldest rejected client was evicted from the bounded deny cache: asked Redis again')
   t.equal(await metric(gw.adminUrl, 'gateway_ratelimit_local_keys'), MAX_KEYS, 'still bounded')
 })

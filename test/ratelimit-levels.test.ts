@@ -5,7 +5,7 @@ import t from 'tap'
 import { startGateway } from './helpers/gateway.js'
 import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
-import { burst, count, evalshaCalls, inNextWindow, limitedShapeProblem, metric, send, sleep, statusCounts, type Reply } from './helpers/ratelimit.js'
+import { burst, count, limitCalls, inNextWindow, limitedShapeProblem, metric, send, sleep, statusCounts, type Reply } from './helpers/ratelimit.js'
 import { awayFromWindowEdge } from './helpers/window-edge.js'
 
 const redis = await startRedis(t)
@@ -125,11 +125,11 @@ routes:
   const url = `${gw.url}/x`
   // the first call on a connection loads the script with EVAL; later calls are EVALSHA
   t.equal((await send(url, asUser('warm-up'))).status, 200)
-  const c0 = await evalshaCalls(admin)
+  const c0 = await limitCalls(admin)
   t.same((await Promise.all([send(url, asUser('dora')), send(url, asUser('dora'))])).map(r => r.status), [200, 200])
   const first = await send(url, asUser('dora'))
   t.equal(first.status, 429)
-  const c1 = await evalshaCalls(admin)
+  const c1 = await limitCalls(admin)
   t.equal(c1 - c0, 3, 'three decisions, three script calls (the measure works)')
   t.equal(await metric(gw.adminUrl, 'gateway_ratelimit_decisions_total', { level: 'redis', result: 'rejected' }), 1)
 
@@ -137,14 +137,14 @@ routes:
   for (let i = 0; i < 20; i++) again.push(await send(url, asUser('dora')))
   again.push(...await burst(30, url, asUser('dora')))
   t.same(statusCounts(again), { 429: 50 })
-  t.equal(await evalshaCalls(admin) - c1, 0, 'fifty rejections, zero script calls')
+  t.equal(await limitCalls(admin) - c1, 0, 'fifty rejections, zero script calls')
   t.equal(await metric(gw.adminUrl, 'gateway_ratelimit_decisions_total', { dimension: 'user', level: 'local', result: 'rejected' }), 50, 'counted at level "local"')
   t.equal(limitedShapeProblem(again[0] as Reply, { dimension: 'user', limit: 'deny.user' }), null, 'a deny-cache answer looks like any 429')
   const retry = Number(again[0]?.headers['retry-after'])
   t.ok(retry >= 1700 && retry <= 1800, `Retry-After ${retry}: the bucket's own wait (1800 s per token), not a made-up one`)
   // another user is unaffected
   t.equal((await send(url, asUser('ed'))).status, 200)
-  t.equal(await evalshaCalls(admin) - c1, 1)
+  t.equal(await limitCalls(admin) - c1, 1)
 })
 
 t.test('local level: a flood over local.limit is shed in process; what passes reaches Redis', async t => {
@@ -167,7 +167,7 @@ routes:
   const url = `${gw.url}/x`
   const warmedUp = Date.now()
   t.equal((await send(url, asUser('warm-up'))).status, 200)
-  const c0 = await evalshaCalls(admin)
+  const c0 = await limitCalls(admin)
   const flood = await burst(150, url, asUser('flooder'))
   const seconds = (Date.now() - warmedUp) / 1000
   const admitted = count(flood, 200)
@@ -176,7 +176,7 @@ routes:
   t.ok(admitted >= 9 && admitted <= 10 + Math.ceil(10 * seconds) + 1, `${admitted} admitted, ${seconds.toFixed(2)} s after the warm-up`)
   t.equal(count(flood, 429), 150 - admitted)
   t.equal(await metric(gw.adminUrl, 'gateway_ratelimit_decisions_total', { level: 'local', result: 'rejected', dimension: 'local' }), 150 - admitted, 'rejections counted at level "local"')
-  t.equal(await evalshaCalls(admin) - c0, admitted, 'only what the local level let through cost a script call')
+  t.equal(await limitCalls(admin) - c0, admitted, 'only what the local level let through cost a script call')
   const shed = flood.find(r => r.status === 429) as Reply
   t.equal(limitedShapeProblem(shed, { dimension: 'local', limit: 'local' }), null)
   t.equal(shed.headers['ratelimit-policy'], '"local";q=10;w=1')

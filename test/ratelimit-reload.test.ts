@@ -7,7 +7,7 @@ import { spawnSync } from 'node:child_process'
 import { childEnv, spawnGateway, startGateway, writeConfig } from './helpers/gateway.js'
 import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
-import { evalshaCalls, eventually, metric, send, type Reply } from './helpers/ratelimit.js'
+import { limitCalls, eventually, metric, send, type Reply } from './helpers/ratelimit.js'
 import type { Gateway } from '../src/server.js'
 
 const redis = await startRedis(t)
@@ -70,10 +70,10 @@ for (const store of ['redis', 'memory'] as const) {
     // was decided (level "local", the reject-only cache) and that Redis was not asked.
     const deniedLocally = { route: 'denied', level: 'local', result: 'rejected' }
     const local0 = await metric(gw.adminUrl, 'gateway_ratelimit_decisions_total', deniedLocally)
-    const calls0 = await evalshaCalls(admin)
+    const calls0 = await limitCalls(admin)
     t.same(await statuses(1, `${gw.url}/denied`), [429], 'denied: still rejected after the reload')
     t.equal(await metric(gw.adminUrl, 'gateway_ratelimit_decisions_total', deniedLocally) - local0, 1, 'denied: rejected by the deny cache the reload kept')
-    t.equal(await evalshaCalls(admin) - calls0, 0, 'denied: no script call to Redis')
+    t.equal(await limitCalls(admin) - calls0, 0, 'denied: no script call to Redis')
     t.same(await statuses(5, `${gw.url}/change`), [200, 200, 200, 200, 429], 'change: a fresh budget of 4')
     if (store === 'redis') {
       const keysAfter = await admin.keys('gw:change.api.*')
@@ -176,7 +176,7 @@ routes:
   const used = new Set<string>()
   monitor.on('monitor', (_time: string, args: string[]) => {
     const command = String(args[0]).toLowerCase()
-    if (command !== 'evalsha' && command !== 'eval') return
+    if (command !== 'fcall' && command !== 'evalsha' && command !== 'eval') return
     const keys = args.slice(3, 3 + Number(args[2]))
     if (!keys.includes('gw:instances')) for (const k of keys) used.add(k)
   })

@@ -4,7 +4,7 @@ import t from 'tap'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { startRedis } from './helpers/redis.js'
-import { evalshaCalls, send, statusCounts } from './helpers/ratelimit.js'
+import { limitCalls, send, statusCounts } from './helpers/ratelimit.js'
 
 const redis = await startRedis(t)
 
@@ -24,13 +24,13 @@ routes:
   - { name: all, pathPrefix: /, upstream: backend }
 `)
   const admin = redis.client()
-  const before = await evalshaCalls(admin)
+  const before = await limitCalls(admin)
   const replies = []
   for (let i = 0; i < 8; i++) replies.push(await send(`${gw.url}/x`, { headers: { 'x-api-key': `guess-${i}` } }))
   t.same(replies.map(r => r.status), [401, 401, 401, 401, 401, 429, 429, 429])
   t.equal(replies[5]?.json?.limit, 'identity.failures', 'the 429 names the failed-identity budget')
   t.ok(replies[5]?.headers['retry-after'] !== undefined, 'with Retry-After')
-  const calls = await evalshaCalls(admin) - before
+  const calls = await limitCalls(admin) - before
   // one call per failure until the deny cache holds the key; never more than one per request
   t.ok(calls >= 5 && calls <= 8, `${calls} Redis calls for 8 failed requests`)
   t.equal(upstream.requests, 0, 'nothing reached the upstream')

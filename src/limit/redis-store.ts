@@ -3,7 +3,8 @@ import { Cluster, type Redis } from 'ioredis'
 import { assertDecidable } from './algorithms/index.js'
 import { keySlot } from './keys.js'
 import { createLimitBatcher, DEFAULT_MAX_BATCH } from './redis-batch.js'
-import { CHARGE_SCRIPT, LIMIT_BATCH_SCRIPT, LIMIT_SCRIPT, REFUND_SCRIPT, chargeArgs, limitArgs, parseLimitReply, refundArgs, type LeaseReleases, type LimitReply } from './scripts.js'
+import { createScriptCommands } from './redis-functions.js'
+import { chargeArgs, limitArgs, parseLimitReply, refundArgs, type LeaseReleases, type LimitReply } from './scripts.js'
 import { NO_CHECKS, longer, type LimitCheck, type LimitDecision, type LimitStore } from './types.js'
 
 // The shared store: every check of a request decided by one call of lua/limit.lua.
@@ -80,14 +81,6 @@ export interface RedisStore extends LimitStore {
   carryReleases(take: () => LeaseReleases | null): boolean
 }
 
-interface ScriptCommands {
-  /** limit-batch.lua with its reply as bytes (ioredis makes a *Buffer twin of every script command) */
-  gatewayLimitBatchBuffer(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown>
-  gatewayLimit(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown>
-  gatewayLimitRefund(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown>
-  gatewayLimitCharge(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown>
-}
-
 // A short hash tag per Cluster slot, found once by search: a refund's marker key must live in the
 // slot of the keys it refunds, which carry no hash tag of their own (src/limit/keys.ts).
 let slotTags: string[] | null = null
@@ -137,13 +130,8 @@ interface Group {
 
 export function createRedisStore (options: RedisStoreOptions): RedisStore {
   const { client, keyPrefix = '', nowUs, onBackgroundError, markerPrefix = 'gw', maxBatch = DEFAULT_MAX_BATCH } = options
-  // defineCommand sends EVALSHA and falls back to EVAL on NOSCRIPT (a restarted or flushed
-  // server), per connection; the script text is only sent when the server lacks it.
-  client.defineCommand('gatewayLimit', { lua: LIMIT_SCRIPT })
-  client.defineCommand('gatewayLimitBatch', { lua: LIMIT_BATCH_SCRIPT })
-  client.defineCommand('gatewayLimitRefund', { lua: REFUND_SCRIPT })
-  client.defineCommand('gatewayLimitCharge', { lua: CHARGE_SCRIPT })
-  const commands = client as unknown as ScriptCommands
+  // FCALL of the function library, or EVALSHA of the same code where functions are not to be had
+  const commands = createScriptCommands(client)
   const isCluster = client instanceof Cluster
   let releaseSource: (() => LeaseReleases | null) | null = null
   const batched = isCluster || maxBatch <= 1 ? null : createLimitBatcher(commands, maxBatch, () => releaseSource?.() ?? null)

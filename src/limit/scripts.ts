@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { ALGORITHM_CODES, type LimitCheck, type LimitDecision, type LimitSpec } from './types.js'
 
@@ -51,6 +52,56 @@ export const REFUND_SCRIPT = `${library}\n${read('refund.lua')}`
 export const PEEK_SCRIPT = `${library}\n${read('peek.lua')}`
 /** lua/charge.lua with its library: records units a fallback admitted (a debt). */
 export const CHARGE_SCRIPT = `${library}\n${read('charge.lua')}`
+
+/** The store's entry points, each a function of FUNCTION_LIBRARY named functionName(entry). */
+export type FunctionEntry = 'limit' | 'limit_batch' | 'refund' | 'charge'
+
+const FUNCTION_ENTRIES: ReadonlyArray<readonly [FunctionEntry, string]> = [
+  ['limit', 'limit.lua'],
+  ['limit_batch', 'limit-batch.lua'],
+  ['refund', 'refund.lua'],
+  ['charge', 'charge.lua']
+]
+
+/**
+ * The library and its entry scripts as one Redis function library (Redis >= 7, FUNCTION LOAD,
+ * called with FCALL: src/limit/redis-functions.ts). Redis runs a script's whole chunk on every
+ * EVALSHA: the library's helpers, the algorithms a call names and the limits it parses are made
+ * again each time. A function library is loaded once, and this one makes the library on its first
+ * call and keeps it (lua/common.lua, begin_call). Redis runs a library's top level with nothing but
+ * `redis` in reach (no `math`, no `string`), so the library is made inside `setup`, at call time.
+ * The entry scripts are the same files as the EVALSHA scripts', as function bodies whose KEYS and
+ * ARGV are their arguments. The name carries a hash of the text: instances of two versions of the
+ * gateway (a rolling deploy) each call their own, side by side.
+ */
+function functionLibrary (): { name: string, text: string } {
+  const body = [
+    'local call_entry',
+    'local function setup ()',
+    library,
+    'local entries = {}',
+    ...FUNCTION_ENTRIES.map(([entry, file]) => `entries.${entry} = function (KEYS, ARGV)\n${read(file)}\nend`),
+    'return function (entry, keys, args)',
+    '  begin_call()',
+    '  return entries[entry](keys, args)',
+    'end',
+    'end'
+  ].join('\n')
+  const name = `gateway_${createHash('sha1').update(body).digest('hex').slice(0, 16)}`
+  const registrations = FUNCTION_ENTRIES.map(([entry]) =>
+    `redis.register_function('${name}_${entry}', function (keys, args)\n` +
+    '  if not call_entry then call_entry = setup() end\n' +
+    `  return call_entry('${entry}', keys, args)\nend)`)
+  return { name, text: `#!lua name=${name}\n${body}\n${registrations.join('\n')}\n` }
+}
+
+const FUNCTIONS = functionLibrary()
+/** The library's name in Redis (FUNCTION LIST, FUNCTION DELETE): gateway_ and a hash of its code. */
+export const FUNCTION_LIBRARY_NAME = FUNCTIONS.name
+/** FUNCTION LOAD's argument. */
+export const FUNCTION_LIBRARY = FUNCTIONS.text
+/** FCALL's name of an entry point. */
+export const functionName = (entry: FunctionEntry): string => `${FUNCTIONS.name}_${entry}`
 
 /** lua/lease-release.lua: gives back the leases released in one event-loop turn. */
 export const LEASE_RELEASE_SCRIPT = read('lease-release.lua')

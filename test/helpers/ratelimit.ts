@@ -84,14 +84,17 @@ export async function metric (adminUrl: string, name: string, labels: Record<str
 }
 
 /**
- * EVALSHA calls Redis has executed so far (INFO commandstats). Every limiter decision is one
- * EVALSHA once the script is loaded on the connection (the first call there is an EVAL); the
- * instance heartbeat uses EVAL, so it does not move this count.
+ * Limit calls Redis has executed so far (INFO commandstats): FCALL of the gateway's function
+ * library, or EVALSHA of its scripts until the library is loaded or where the server refuses it
+ * (src/limit/redis-functions.ts). Every limiter decision is one of them once the script is loaded
+ * on the connection (the first EVALSHA there is an EVAL); the instance heartbeat uses EVAL, so it
+ * does not move this count.
  */
-export async function evalshaCalls (client: Redis): Promise<number> {
+export async function limitCalls (client: Redis): Promise<number> {
   const info = await client.info('commandstats')
-  const m = /^cmdstat_evalsha:calls=(\d+)/m.exec(info)
-  return m === null ? 0 : Number(m[1])
+  let calls = 0
+  for (const m of info.matchAll(/^cmdstat_(?:evalsha|fcall):calls=(\d+)/gm)) calls += Number(m[1])
+  return calls
 }
 
 /** Waits until `now % windowMs` is at `offsetMs` (windows aligned to the Unix epoch, as fixed windows are). */

@@ -404,3 +404,16 @@ export async function startReplicatedCluster (t: Teardown, nodeTimeoutMs = 2000)
     }
   }
 }
+
+/** FCALL's count in INFO commandstats: calls and failed calls (a "Function not found" is one). */
+export async function fcallStats (client: Redis): Promise<{ calls: number, failed: number }> {
+  const m = /^cmdstat_fcall:calls=(\d+),.*failed_calls=(\d+)/m.exec(await client.info('commandstats'))
+  return m === null ? { calls: 0, failed: 0 } : { calls: Number(m[1]), failed: Number(m[2]) }
+}
+
+/** The function libraries a server holds, by name (FUNCTION LIST). */
+export async function functionLibraries (client: Redis): Promise<string[]> {
+  const list = await client.call('FUNCTION', 'LIST') as unknown[][]
+  // each library is a flat [key, value, ...] array: library_name is its second element
+  return list.map((lib) => String(lib[lib.indexOf('library_name') + 1]))
+}
