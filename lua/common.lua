@@ -1,7 +1,9 @@
--- common.lua: helpers shared by limit.lua and refund.lua.
--- src/limit/scripts.ts concatenates common.lua, the algorithm files and then limit.lua (or
--- refund.lua) into one script, so everything here is a chunk-level local. The algorithm files
--- become the branches of load_algorithm (see below).
+-- common.lua: helpers shared by limit.lua, limit-batch.lua, refund.lua, peek.lua and charge.lua.
+-- src/limit/scripts.ts concatenates common.lua, the algorithm files and decide.lua, then one entry
+-- file, into one script, so everything here is a chunk-level local (made again on every EVALSHA);
+-- or, for FCALL, all the entry files as functions of one library, whose locals live from call to
+-- call (begin_call, at the end). The algorithm files become the branches of load_algorithm (see
+-- below).
 -- KEYS: none of its own.  ARGV: none of its own.  Returns: nothing (library).
 --
 -- Numbers: Redis Lua numbers are IEEE doubles. Every value kept here is an integer below 2^52

@@ -6,6 +6,7 @@ import t from 'tap'
 import { Redis, type Cluster } from 'ioredis'
 import { fcallStats, functionLibraries, startRedis, startRedisCluster } from './helpers/redis.js'
 import { eventually } from './helpers/ratelimit.js'
+import type { Teardown } from './helpers/teardown.js'
 import { createRedisStore, type RedisStore } from '../src/limit/redis-store.js'
 import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import { FUNCTION_LIBRARY, FUNCTION_LIBRARY_NAME, functionName } from '../src/limit/scripts.js'
@@ -34,13 +35,19 @@ async function untilFunctionCalls (store: RedisStore, reader: Redis): Promise<vo
   })
 }
 
-t.test('the library is loaded once the connection is up, and every decision after it is one FCALL', async (t) => {
+/** A redis-server of the test's own (`prepare` runs on it first), a production-configured client and a store. */
+async function freshStore (t: Teardown, prepare?: (reader: Redis) => Promise<unknown>, url?: (port: number) => string): Promise<{ reader: Redis, client: Redis | Cluster, store: RedisStore }> {
   const redis = await startRedis(t)
   const reader = redis.client()
-  const client = createRedisClient({ url: redis.url })
+  await prepare?.(reader)
+  const client = createRedisClient({ url: url?.(redis.port) ?? redis.url })
   t.teardown(() => client.disconnect())
   await whenReady(client)
-  const store = createRedisStore({ client })
+  return { reader, client, store: createRedisStore({ client }) }
+}
+
+t.test('the library is loaded once the connection is up, and every decision after it is one FCALL', async (t) => {
+  const { reader, store } = await freshStore(t)
   await untilFunctionCalls(store, reader)
   t.same(await functionLibraries(reader), [FUNCTION_LIBRARY_NAME], 'one library, named after its code')
   await reader.config('RESETSTAT')
@@ -52,14 +59,9 @@ t.test('the library is loaded once the connection is up, and every decision afte
 })
 
 t.test('a server that refuses FUNCTION LOAD is called by EVALSHA for good, and recovers from SCRIPT FLUSH', async (t) => {
-  const redis = await startRedis(t)
-  const reader = redis.client()
   // an ACL user who may run scripts but not load functions
-  await reader.acl('SETUSER', 'no-functions', 'on', '>secret', '~*', '+@all', '-function')
-  const client = createRedisClient({ url: `redis://no-functions:secret@127.0.0.1:${redis.port}` })
-  t.teardown(() => client.disconnect())
-  await whenReady(client)
-  const store = createRedisStore({ client })
+  const { reader, store } = await freshStore(t, async (reader) => await reader.acl('SETUSER', 'no-functions', 'on', '>secret', '~*', '+@all', '-function'),
+    (port) => `redis://no-functions:secret@127.0.0.1:${port}`)
   const s = spec('token-bucket', 10, 3_600_000)
   const remaining = async (): Promise<number> => (await store.decide(check('bucket', s), 'r')).remaining
   t.same([await remaining(), await remaining(), await remaining()], [9, 8, 7])
@@ -81,15 +83,9 @@ t.test('a server that refuses FUNCTION LOAD is called by EVALSHA for good, and r
 })
 
 t.test('a load that failed for another reason than a refusal is tried again, on a call 5 s later', async (t) => {
-  const redis = await startRedis(t)
-  const reader = redis.client()
-  // over maxmemory, FUNCTION LOAD is refused with OOM: a passing state, not a refusal of functions
-  await reader.config('SET', 'maxmemory', '1')
-  const client = createRedisClient({ url: redis.url })
-  t.teardown(() => client.disconnect())
-  await whenReady(client)
   const startedAt = Date.now()
-  const store = createRedisStore({ client })
+  // over maxmemory, FUNCTION LOAD is refused with OOM: a passing state, not a refusal of functions
+  const { reader, store } = await freshStore(t, async (reader) => await reader.config('SET', 'maxmemory', '1'))
   await eventually('the first load refused', async () => (await scriptCalls(reader)).functionLoad === 1)
   await reader.config('SET', 'maxmemory', '0')
   const s = spec('gcra', 1_000_000, 1000)
@@ -106,12 +102,7 @@ t.test('a load that failed for another reason than a refusal is tried again, on 
 })
 
 t.test('the library outlives a call, a call\'s state does not', async (t) => {
-  const redis = await startRedis(t)
-  const reader = redis.client()
-  const client = createRedisClient({ url: redis.url })
-  t.teardown(() => client.disconnect())
-  await whenReady(client)
-  const store = createRedisStore({ client })
+  const { reader, client, store } = await freshStore(t)
   await untilFunctionCalls(store, reader)
 
   t.test('a batch that fails half-way leaves its key cache behind for no later call', async (t) => {
@@ -153,15 +144,9 @@ t.test('the library outlives a call, a call\'s state does not', async (t) => {
 })
 
 t.test('two versions side by side: a library of another version is left alone', async (t) => {
-  const redis = await startRedis(t)
-  const reader = redis.client()
   // what an instance of another version loaded: its own name, its own function names
   const other = FUNCTION_LIBRARY.replaceAll(FUNCTION_LIBRARY_NAME, 'gateway_0000000000000000')
-  await reader.call('FUNCTION', 'LOAD', other)
-  const client = createRedisClient({ url: redis.url })
-  t.teardown(() => client.disconnect())
-  await whenReady(client)
-  const store = createRedisStore({ client })
+  const { reader, store } = await freshStore(t, async (reader) => await reader.call('FUNCTION', 'LOAD', other))
   await untilFunctionCalls(store, reader)
   t.same((await functionLibraries(reader)).sort(), ['gateway_0000000000000000', FUNCTION_LIBRARY_NAME].sort(), 'both libraries loaded')
   t.equal((await store.decide(check('k', spec('gcra', 1, 60_000)), 'a')).allowed, true)
