@@ -188,7 +188,8 @@ export class ResourceCache {
       const store = createRedisStore({
         client,
         markerPrefix: keyPrefix,
-        onBackgroundError: (err) => { this.logger.debug({ err: (err as Error).message }, 'redis cluster refund failed') }
+        onBackgroundError: (err) => { this.logger.debug({ err: (err as Error).message }, 'redis cluster refund failed') },
+        onFunctionsRefused: (err) => { this.logger.info({ err: (err as Error).message }, 'Redis refused the gateway\'s function library: limits run as scripts (EVALSHA), which costs Redis more per call') }
       })
       const guard = new RedisGuard({
         store,

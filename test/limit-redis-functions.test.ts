@@ -7,6 +7,9 @@ import { Redis, type Cluster } from 'ioredis'
 import { fcallStats, functionLibraries, startRedis, startRedisCluster } from './helpers/redis.js'
 import { eventually } from './helpers/ratelimit.js'
 import type { Teardown } from './helpers/teardown.js'
+import { startGateway } from './helpers/gateway.js'
+import { startUpstream } from './helpers/upstream.js'
+import { send } from './helpers/ratelimit.js'
 import { createRedisStore, type RedisStore } from '../src/limit/redis-store.js'
 import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import { FUNCTION_LIBRARY, FUNCTION_LIBRARY_NAME, functionName } from '../src/limit/scripts.js'
@@ -35,15 +38,24 @@ async function untilFunctionCalls (store: RedisStore, reader: Redis): Promise<vo
   })
 }
 
-/** A redis-server of the test's own (`prepare` runs on it first), a production-configured client and a store. */
-async function freshStore (t: Teardown, prepare?: (reader: Redis) => Promise<unknown>, url?: (port: number) => string): Promise<{ reader: Redis, client: Redis | Cluster, store: RedisStore }> {
+interface FreshStoreOptions {
+  /** Runs on the new server before the client connects. */
+  readonly prepare?: (reader: Redis) => Promise<unknown>
+  /** The client's URL from the server's port (default: the server's own URL). */
+  readonly url?: (port: number) => string
+  readonly onFunctionsRefused?: (reason: unknown) => void
+}
+
+/** A redis-server of the test's own, a production-configured client on it and a store. */
+async function freshStore (t: Teardown, options: FreshStoreOptions = {}): Promise<{ reader: Redis, client: Redis | Cluster, store: RedisStore }> {
   const redis = await startRedis(t)
   const reader = redis.client()
-  await prepare?.(reader)
-  const client = createRedisClient({ url: url?.(redis.port) ?? redis.url })
+  await options.prepare?.(reader)
+  const client = createRedisClient({ url: options.url?.(redis.port) ?? redis.url })
   t.teardown(() => client.disconnect())
   await whenReady(client)
-  return { reader, client, store: createRedisStore({ client }) }
+  const onFunctionsRefused = options.onFunctionsRefused
+  return { reader, client, store: createRedisStore({ client, ...(onFunctionsRefused !== undefined ? { onFunctionsRefused } : {}) }) }
 }
 
 t.test('the library is loaded once the connection is up, and every decision after it is one FCALL', async (t) => {
@@ -59,9 +71,13 @@ t.test('the library is loaded once the connection is up, and every decision afte
 })
 
 t.test('a server that refuses FUNCTION LOAD is called by EVALSHA for good, and recovers from SCRIPT FLUSH', async (t) => {
+  const refusals: string[] = []
   // an ACL user who may run scripts but not load functions
-  const { reader, store } = await freshStore(t, async (reader) => await reader.acl('SETUSER', 'no-functions', 'on', '>secret', '~*', '+@all', '-function'),
-    (port) => `redis://no-functions:secret@127.0.0.1:${port}`)
+  const { reader, store } = await freshStore(t, {
+    prepare: async (reader) => await reader.acl('SETUSER', 'no-functions', 'on', '>secret', '~*', '+@all', '-function'),
+    url: (port) => `redis://no-functions:secret@127.0.0.1:${port}`,
+    onFunctionsRefused: (reason) => refusals.push((reason as Error).message)
+  })
   const s = spec('token-bucket', 10, 3_600_000)
   const remaining = async (): Promise<number> => (await store.decide(check('bucket', s), 'r')).remaining
   t.same([await remaining(), await remaining(), await remaining()], [9, 8, 7])
@@ -80,12 +96,13 @@ t.test('a server that refuses FUNCTION LOAD is called by EVALSHA for good, and r
   t.equal(calls.fcall, 0, 'no FCALL')
   t.equal(calls.evalsha + calls.eval, 8, 'eight decisions, eight script calls')
   t.same(await functionLibraries(reader), [], 'nothing loaded')
+  t.match(refusals, [/^NOPERM/], 'the refusal was told once, with the server\'s words')
 })
 
 t.test('a load that failed for another reason than a refusal is tried again, on a call 5 s later', async (t) => {
   const startedAt = Date.now()
   // over maxmemory, FUNCTION LOAD is refused with OOM: a passing state, not a refusal of functions
-  const { reader, store } = await freshStore(t, async (reader) => await reader.config('SET', 'maxmemory', '1'))
+  const { reader, store } = await freshStore(t, { prepare: async (reader) => await reader.config('SET', 'maxmemory', '1') })
   await eventually('the first load refused', async () => (await scriptCalls(reader)).functionLoad === 1)
   await reader.config('SET', 'maxmemory', '0')
   const s = spec('gcra', 1_000_000, 1000)
@@ -146,7 +163,7 @@ t.test('the library outlives a call, a call\'s state does not', async (t) => {
 t.test('two versions side by side: a library of another version is left alone', async (t) => {
   // what an instance of another version loaded: its own name, its own function names
   const other = FUNCTION_LIBRARY.replaceAll(FUNCTION_LIBRARY_NAME, 'gateway_0000000000000000')
-  const { reader, store } = await freshStore(t, async (reader) => await reader.call('FUNCTION', 'LOAD', other))
+  const { reader, store } = await freshStore(t, { prepare: async (reader) => await reader.call('FUNCTION', 'LOAD', other) })
   await untilFunctionCalls(store, reader)
   t.same((await functionLibraries(reader)).sort(), ['gateway_0000000000000000', FUNCTION_LIBRARY_NAME].sort(), 'both libraries loaded')
   t.equal((await store.decide(check('k', spec('gcra', 1, 60_000)), 'a')).allowed, true)
@@ -174,4 +191,28 @@ t.test('Redis Cluster: the library is loaded on every master, and each decides b
   }
   const calls = await Promise.all(masters.map(fcallStats))
   t.ok(calls.every((c) => c.calls > 0 && c.failed === 0), `FCALL on every master (${calls.map((c) => c.calls).join(', ')})`)
+})
+
+t.test('the gateway says once, in its log, that Redis refused the library and the limits run as scripts', async (t) => {
+  const redis = await startRedis(t)
+  await redis.client().acl('SETUSER', 'no-functions', 'on', '>secret', '~*', '+@all', '-function')
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+log: { level: info }
+redis: { url: 'redis://no-functions:secret@127.0.0.1:${redis.port}', timeout: 2s }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - name: r
+    pathPrefix: /
+    upstream: backend
+    limits:
+      api: { algorithm: fixed-window, limit: 2, window: 1h }
+`)
+  const statuses = [(await send(`${gw.url}/x`)).status, (await send(`${gw.url}/x`)).status, (await send(`${gw.url}/x`)).status]
+  t.same(statuses, [200, 200, 429], 'the limit holds on scripts')
+  const refused = gw.lines.filter((l) => String(l.msg).startsWith('Redis refused the gateway\'s function library'))
+  t.equal(refused.length, 1, 'one line')
+  t.match(refused[0], { level: 30, err: /^NOPERM/ }, 'at info, with the server\'s words')
 })

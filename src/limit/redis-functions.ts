@@ -50,7 +50,11 @@ async function loadLibrary (client: Redis | Cluster): Promise<void> {
   }))
 }
 
-export function createScriptCommands (client: Redis | Cluster): ScriptCommands {
+/**
+ * `onRefused` hears once that the server refused the library (its error), so an operator can tell
+ * why Redis runs the scripts instead.
+ */
+export function createScriptCommands (client: Redis | Cluster, onRefused?: (reason: unknown) => void): ScriptCommands {
   // defineCommand sends EVALSHA and falls back to EVAL on NOSCRIPT, per connection
   client.defineCommand('gatewayLimit', { lua: LIMIT_SCRIPT })
   client.defineCommand('gatewayLimitBatch', { lua: LIMIT_BATCH_SCRIPT })
@@ -70,8 +74,10 @@ export function createScriptCommands (client: Redis | Cluster): ScriptCommands {
     loadLibrary(client).then(() => {
       loaded = true
     }, (err: unknown) => {
-      if (isRefusal(err)) refused = true
-      else retryAt = Date.now() + LOAD_RETRY_MS
+      if (isRefusal(err)) {
+        refused = true
+        onRefused?.(err)
+      } else retryAt = Date.now() + LOAD_RETRY_MS
     }).finally(() => { loading = false })
   }
 

@@ -44,6 +44,8 @@ export interface RedisStoreOptions {
    * one call per request. Standalone and Sentinel only; Cluster always calls per slot group.
    */
   readonly maxBatch?: number
+  /** The server refused the function library (src/limit/redis-functions.ts): told once, with its error. */
+  readonly onFunctionsRefused?: (reason: unknown) => void
 }
 
 /** A decision and every check's budget left, in the order of the checks (-1 = unknown). */
@@ -129,9 +131,9 @@ interface Group {
 }
 
 export function createRedisStore (options: RedisStoreOptions): RedisStore {
-  const { client, keyPrefix = '', nowUs, onBackgroundError, markerPrefix = 'gw', maxBatch = DEFAULT_MAX_BATCH } = options
+  const { client, keyPrefix = '', nowUs, onBackgroundError, markerPrefix = 'gw', maxBatch = DEFAULT_MAX_BATCH, onFunctionsRefused } = options
   // FCALL of the function library, or EVALSHA of the same code where functions are not to be had
-  const commands = createScriptCommands(client)
+  const commands = createScriptCommands(client, onFunctionsRefused)
   const isCluster = client instanceof Cluster
   let releaseSource: (() => LeaseReleases | null) | null = null
   const batched = isCluster || maxBatch <= 1 ? null : createLimitBatcher(commands, maxBatch, () => releaseSource?.() ?? null)
