@@ -99,6 +99,42 @@ t.test('a server that refuses FUNCTION LOAD is called by EVALSHA for good, and r
   t.match(refusals, [/^NOPERM/], 'the refusal was told once, with the server\'s words')
 })
 
+t.test('FCALL refused after the library was in (an ACL changed): every call goes by EVALSHA from then on', async (t) => {
+  const refusals: string[] = []
+  const { reader, client, store } = await freshStore(t, {
+    prepare: async (reader) => await reader.acl('SETUSER', 'gw', 'on', '>secret', '~*', '+@all'),
+    url: (port) => `redis://gw:secret@127.0.0.1:${port}`,
+    onFunctionsRefused: (reason) => refusals.push((reason as Error).message)
+  })
+  await untilFunctionCalls(store, reader)
+  // the operator takes functions away from the gateway's user and drops its connection
+  await reader.acl('SETUSER', 'gw', '-fcall', '-function')
+  await reader.client('KILL', 'USER', 'gw')
+  await whenReady(client)
+  const s = spec('fixed-window', 3, 3_600_000)
+  const decisions = []
+  for (let i = 0; i < 5; i++) decisions.push((await store.decide(check('after-acl', s), `r${i}`)).allowed)
+  t.same(decisions, [true, true, true, false, false], 'every decision answered, exactly')
+  t.equal(refusals.length, 1, 'the refusal told once')
+  t.match(refusals[0], /^NOPERM/)
+  const fcallsBefore = (await scriptCalls(reader)).fcall
+  await store.decide(check('after-acl', s), 'again')
+  t.equal((await scriptCalls(reader)).fcall, fcallsBefore, 'no FCALL tried any more')
+})
+
+t.test('over maxmemory a rejection is still answered, as scripts answered it', async (t) => {
+  const { reader, store } = await freshStore(t)
+  await untilFunctionCalls(store, reader)
+  const s = spec('gcra', 1, 60_000)
+  t.equal((await store.decide(check('full', s), 'a')).allowed, true)
+  // noeviction (the default) and no memory left: a function that may write is refused whole
+  await reader.config('SET', 'maxmemory', '1')
+  t.teardown(async () => { await reader.config('SET', 'maxmemory', '0') })
+  const rejected = await store.decide(check('full', s), 'b')
+  t.same([rejected.allowed, rejected.retryAfterMs > 0], [false, true], 'rejected by Redis, with its wait')
+  await t.rejects(store.decide(check('other', s), 'c'), /^OOM/, 'an admission, which writes, is refused as before')
+})
+
 t.test('a load that failed for another reason than a refusal is tried again, on a call 5 s later', async (t) => {
   const startedAt = Date.now()
   // over maxmemory, FUNCTION LOAD is refused with OOM: a passing state, not a refusal of functions

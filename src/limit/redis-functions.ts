@@ -11,8 +11,11 @@ import { CHARGE_SCRIPT, FUNCTION_LIBRARY, LIMIT_BATCH_SCRIPT, LIMIT_SCRIPT, REFU
 //
 // - The library is loaded in the background (FUNCTION LOAD, on every master of a Cluster); calls
 //   go by EVALSHA until it is in.
-// - A server that refuses FUNCTION LOAD (Redis before 7.0, an ACL user without `function`) is
-//   called by EVALSHA for good: nothing is tried again, so its ACL log does not fill up.
+// - A server that refuses FUNCTION LOAD or FCALL (Redis before 7.0, an ACL user without `function`
+//   or `fcall`, also after the library was in) is called by EVALSHA for good: nothing is tried
+//   again, so its ACL log does not fill up.
+// - Over maxmemory a call is sent again by EVALSHA, which Redis refuses only at a write: a
+//   rejection is still answered, as it was before functions.
 // - A server that lost the library (restarted empty, FUNCTION FLUSH, a new Cluster master) answers
 //   "Function not found": that call is sent again by EVALSHA and the library loaded again, as
 //   ioredis recovers a script from NOSCRIPT. A request never fails for it.
@@ -36,6 +39,9 @@ const messageOf = (err: unknown): string => err instanceof Error ? err.message :
 // Redis's own words: 7.0 "ERR Function not found"; before 7.0 "ERR unknown command 'FUNCTION'"
 const isNotFound = (err: unknown): boolean => messageOf(err).startsWith('ERR Function not found')
 const isRefusal = (err: unknown): boolean => /^NOPERM|unknown command|unknown subcommand|Error registering functions/.test(messageOf(err))
+// Over maxmemory (noeviction) a function that may write is refused whole, where a script is refused
+// only at its first write: a rejection, which writes nothing, is still answered by the script.
+const isOutOfMemory = (err: unknown): boolean => messageOf(err).startsWith('OOM ')
 
 async function loadLibrary (client: Redis | Cluster): Promise<void> {
   const nodes = client instanceof Cluster ? client.nodes('master') : [client]
@@ -66,18 +72,24 @@ export function createScriptCommands (client: Redis | Cluster, onRefused?: (reas
   let loading = false
   let refused = false
   let retryAt = 0
+  // for good: told once, and every call from then on goes by script
+  const refuse = (err: unknown): void => {
+    loaded = false
+    if (refused) return
+    refused = true
+    onRefused?.(err)
+  }
   const load = (): void => {
     // not before the connection is up: the gateway's client has no offline queue, and the
     // 'ready' listener below loads it then
     if (loading || refused || client.status !== 'ready' || Date.now() < retryAt) return
     loading = true
     loadLibrary(client).then(() => {
-      loaded = true
+      // a refusal of FCALL may have come while this load was out
+      loaded = !refused
     }, (err: unknown) => {
-      if (isRefusal(err)) {
-        refused = true
-        onRefused?.(err)
-      } else retryAt = Date.now() + LOAD_RETRY_MS
+      if (isRefusal(err)) refuse(err)
+      else retryAt = Date.now() + LOAD_RETRY_MS
     }).finally(() => { loading = false })
   }
 
@@ -90,9 +102,14 @@ export function createScriptCommands (client: Redis | Cluster, onRefused?: (reas
       }
       const reply = buffer ? client.callBuffer('FCALL', name, numKeys, ...keysAndArgs) : client.call('FCALL', name, numKeys, ...keysAndArgs)
       return reply.catch((err: unknown) => {
-        if (!isNotFound(err)) throw err
-        loaded = false
-        load()
+        if (isNotFound(err)) {
+          loaded = false
+          load()
+        } else if (isRefusal(err)) {
+          // FCALL itself refused after the library was in: an ACL changed, a failover to a server
+          // without functions
+          refuse(err)
+        } else if (!isOutOfMemory(err)) throw err
         return script(numKeys, ...keysAndArgs)
       })
     }
