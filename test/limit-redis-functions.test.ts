@@ -62,6 +62,7 @@ t.test('the library is loaded once the connection is up, and every decision afte
   const { reader, store } = await freshStore(t)
   await untilFunctionCalls(store, reader)
   t.same(await functionLibraries(reader), [FUNCTION_LIBRARY_NAME], 'one library, named after its code')
+  t.ok(Buffer.byteLength(FUNCTION_LIBRARY) < 64 * 1024, 'under 64 KB of code (the README says so)')
   await reader.config('RESETSTAT')
   const s = spec('fixed-window', 3, 3_600_000)
   const allowed: boolean[] = []
@@ -109,7 +110,10 @@ t.test('FCALL refused after the library was in (an ACL changed): every call goes
   await untilFunctionCalls(store, reader)
   // the operator takes functions away from the gateway's user and drops its connection
   await reader.acl('SETUSER', 'gw', '-fcall', '-function')
+  // wait for the client to see the drop before waiting for it to be ready again
+  const closed = new Promise((resolve) => client.once('close', resolve))
   await reader.client('KILL', 'USER', 'gw')
+  await closed
   await whenReady(client)
   const s = spec('fixed-window', 3, 3_600_000)
   const decisions = []

@@ -12,7 +12,7 @@ import { NO_CHECKS, longer, type LimitCheck, type LimitDecision, type LimitStore
 // Standalone / Sentinel: one atomic call decides all checks, all or nothing.
 // Redis Cluster: one script call can only touch one hash slot, and the keys deliberately spread
 // over slots (src/limit/keys.ts). Checks are grouped by slot and the groups decided in parallel;
-// if any group rejects, lua/refund.lua undoes exactly what the admitting groups recorded.
+// if one group rejects, lua/refund.lua undoes exactly what the admitting groups recorded.
 // Guarantee: never over-admit. At worst a concurrent request is rejected while a refund is in
 // flight (a brief under-admit), or, if a refund fails, the budget stays consumed until it expires.
 //
