@@ -2,11 +2,12 @@
 -- Shared by limit.lua (one request per call) and limit-batch.lua (the requests of one event-loop
 -- turn in one call), so both decide with the very same code.
 --
--- decide_request(keys, kbase, argv, abase, n, id, now, receipts): check i has its state key
+-- decide_request(keys, kbase, argv, abase, n, id, now, single): check i has its state key
 -- keys[kbase + i] and its parameters argv[abase + i] ("code,limit,windowMs,burst,cost,maxDelayMs").
--- Returns limit.lua's reply (see its header), or nil and an error message for bad parameters.
--- Without `receipts` an admitted request's reply has no receipts either (limit-batch.lua: only
--- Redis Cluster refunds, and it is never batched): the remainings follow the seven values.
+-- Returns limit.lua's reply (see its header) when `single`, or nil and an error message for bad
+-- parameters. Without `single` (limit-batch.lua) the reply has neither nowMs (the batch sends it
+-- once) nor receipts (only Redis Cluster refunds, and it is never batched): the remainings follow
+-- the first six values.
 --
 -- Phase 1 evaluates every check against the current state without writing anything. Only if
 -- all of them admit does phase 2 write all of them: a request rejected by one dimension
@@ -41,9 +42,11 @@ local function reply_ends (length)
   return reply
 end
 
-local function decide_request (keys, kbase, argv, abase, n, id, now, receipts)
-  local now_ms = floor(now / 1000)
-  if n == 0 then return { 1, 0, 0, 0, -1, 0, now_ms } end
+local function decide_request (keys, kbase, argv, abase, n, id, now, single)
+  if n == 0 then
+    if single then return { 1, 0, 0, 0, -1, 0, floor(now / 1000) } end
+    return { 1, 0, 0, 0, -1, 0 }
+  end
   local rejecting, tightest = 0, 0
   for i = 1, n do
     local p = read_params(argv[abase + i])
@@ -63,32 +66,37 @@ local function decide_request (keys, kbase, argv, abase, n, id, now, receipts)
     end
   end
 
+  -- the values before the remainings: six, and nowMs when single
+  local head = 6
+  if single then head = 7 end
   if rejecting > 0 then
     local r = results[rejecting]
-    reply_reaches(7 + n)
+    reply_reaches(head + n)
     local retry = -1
     if r.retry >= 0 then retry = max(1, ms_up(r.retry)) end
-    reply[1], reply[2], reply[3], reply[4], reply[5], reply[6], reply[7] = 0, r.remaining, retry, ms_up(r.reset), rejecting - 1, 0, now_ms
+    reply[1], reply[2], reply[3], reply[4], reply[5], reply[6] = 0, r.remaining, retry, ms_up(r.reset), rejecting - 1, 0
+    if single then reply[7] = floor(now / 1000) end
     for i = 1, n do
       -- An admitting check's remaining counts this request, which was not recorded: add it back.
-      if results[i].ok then reply[7 + i] = results[i].remaining + params[i].cost else reply[7 + i] = max(0, results[i].remaining) end
+      if results[i].ok then reply[head + i] = results[i].remaining + params[i].cost else reply[head + i] = max(0, results[i].remaining) end
     end
-    return reply_ends(7 + n)
+    return reply_ends(head + n)
   end
 
   local t = results[tightest]
-  reply[1], reply[2], reply[3], reply[4], reply[5], reply[7] = 1, t.remaining, 0, ms_up(t.reset), tightest - 1, now_ms
+  reply[1], reply[2], reply[3], reply[4], reply[5] = 1, t.remaining, 0, ms_up(t.reset), tightest - 1
   -- comparisons rather than max() and ms_up(): each math call is a C call, and these run for
   -- every check of every request of a batch
   local delay = 0
-  -- where the remainings start: after the receipts, or after the seven values without them
-  local at = 7
-  if receipts then at = 7 + n end
+  -- where the remainings start: after the receipts when single
+  local at = head
+  if single then at = 7 + n end
   reply_reaches(at + n)
+  if single then reply[7] = floor(now / 1000) end
   for i = 1, n do
     local p, r = params[i], results[i]
     local receipt = ALGORITHMS[p.code].commit(keys[kbase + i], p, now, r, id)
-    if receipts then reply[7 + i] = receipt end
+    if single then reply[7 + i] = receipt end
     local d = r.delay
     if d > 0 then
       d = ms_up(d)

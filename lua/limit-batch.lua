@@ -22,12 +22,15 @@
 -- <x> is a number written in three characters of '0'..'o' (base 64, most significant first, digit
 -- d as the byte 48 + d): read with string.byte, no pattern and no string per number. Parsing
 -- "n,k1,c1,..." with string.find cost Redis 2.4 µs per request, the byte codes 0.3 µs.
--- Returns one string of comma-separated integers: per request, the length of its reply followed
--- by limit.lua's reply without its receipts: the seven values, then the n remainings, whether
--- the request was allowed or not. Receipts are what refund.lua needs to undo a request admitted in
--- one slot group and refused in another, which only Redis Cluster has, and Cluster is never
--- batched; sent, they were a third of the reply's digits, formatted by Redis and read by the
--- client for each request. One bulk string instead of an array of integers: the client decodes
+-- Returns one string of comma-separated integers: nowMs (Redis time of the batch, ms), then per
+-- request limit.lua's reply without nowMs and receipts: allowed, remaining, retryAfterMs, resetMs,
+-- limitingIndex, delayMs, then the n remainings, whether the request was allowed or not. The
+-- client knows each request's n, so no length is sent. Every request of a batch is decided at the
+-- one nowMs. Receipts are what refund.lua needs to undo a request admitted in one slot group and
+-- refused in another, which only Redis Cluster has, and Cluster is never batched; sent, they were
+-- a third of the reply's digits, formatted by Redis and read by the client for each request (and
+-- the per-request length and nowMs two more of its twelve numbers). One bulk string instead of an
+-- array of integers: the client decodes
 -- one value per call instead of one per integer (issue 13; decoding the array cost the gateway
 -- more CPU than building the call). Each number goes through '%d', as Redis turns a Lua number
 -- into an integer reply (truncated), so the values are those limit.lua returns.
@@ -89,7 +92,7 @@ local function read_request (s)
   return n, sub(s, p)
 end
 
-local out = {}
+local out = { string.format('%d', floor(now / 1000)) }
 -- '%d,%d,...' per reply length, built once per length in a call
 local formats = {}
 -- string and hash keys read once and written once for the whole batch (common.lua)
@@ -97,16 +100,16 @@ batch_keys = {}
 for r = 1, count do
   local n, id = read_request(ARGV[a + r])
   if not n then return redis.error_reply('ERR limit-batch.lua: bad request ' .. ARGV[a + r]) end
-  -- no receipts (see above)
+  -- neither nowMs nor receipts (see above)
   local reply, problem = decide_request(rk, 0, rc, 0, n, id, now, false)
   if not reply then return redis.error_reply('ERR limit-batch.lua: ' .. problem) end
   local n_reply = #reply
   local format = formats[n_reply]
   if not format then
-    format = '%d' .. string.rep(',%d', n_reply)
+    format = '%d' .. string.rep(',%d', n_reply - 1)
     formats[n_reply] = format
   end
-  out[r] = string.format(format, n_reply, unpack(reply))
+  out[r + 1] = string.format(format, unpack(reply))
 end
 flush_batch_keys()
 return table.concat(out, ',')

@@ -16,23 +16,32 @@ t.test('anything but integers between commas is refused', async t => {
   }
 })
 
-t.test('a batch reply is split per request by the length before each reply', async t => {
+t.test('a batch reply is split per request by each request\'s check count, after the batch\'s time', async t => {
   const checks = (n: number): LimitCheck[] => Array.from({ length: n }, () => ({}) as unknown as LimitCheck)
   const batch = [{ keys: ['a'], checks: checks(1), id: 'r1' }, { keys: ['b', 'c'], checks: checks(2), id: 'r2' }]
-  // r1 allowed (1 check: 7 + 1 values, no receipt in a batch), r2 refused by its second check (2 checks: 7 + 2 values)
-  const [r1, r2] = parseBatchReply(Buffer.from('8,1,4,0,1000,-1,0,1763925000123,4,9,0,0,250,1000,1,0,1763925000123,3,0'), batch)
+  // the time once; r1 allowed (1 check: 6 + 1 values, no receipt in a batch), r2 refused by its second check (2 checks: 6 + 2 values)
+  const [r1, r2] = parseBatchReply(Buffer.from('1763925000123,1,4,0,1000,-1,0,4,0,0,250,1000,1,0,3,0'), batch)
   t.same(r1?.decision, { allowed: true, remaining: 4, retryAfterMs: 0, resetMs: 1000, limitingIndex: -1, delayMs: 0, remainings: [4] })
   t.same(r1?.remainings, [4])
   t.same(r1?.receipts, [], 'a batch carries no receipts: nothing batched is refunded')
   t.equal(r1?.nowMs, 1763925000123)
+  t.equal(r1?.callId, 'r1', 'each reply names the call id its request was recorded under')
   t.same(r2?.decision, { allowed: false, remaining: 0, retryAfterMs: 250, resetMs: 1000, limitingIndex: 1, delayMs: 0 })
   t.same(r2?.remainings, [3, 0])
   t.same(r2?.receipts, [])
-  // an allowed reply with receipts (limit.lua's own shape) is one value too many for a batch's
-  t.throws(() => parseBatchReply(Buffer.from('9,1,4,0,1000,-1,0,1763925000123,55,4,9,0,0,250,1000,1,0,1763925000123,3,0'), batch), /returned 9 values for 1 checks/)
-  t.throws(() => parseBatchReply(Buffer.from('8,1,4,0,1000,-1,0,1,4'), batch), /fewer replies than requests/)
-  t.throws(() => parseBatchReply(Buffer.from('8,1,4,0,1000,-1,0,1,4,9,0,0,250,1000,1,0,1,3,0,1'), batch), /more replies than requests|fewer replies/)
+  t.equal(r2?.nowMs, 1763925000123, 'every request of a batch is decided at its one time')
+  t.equal(r2?.callId, 'r2')
+  // an allowed reply with receipts (limit.lua's own shape) puts the next request out of step
+  t.throws(() => parseBatchReply(Buffer.from('1763925000123,1,4,0,1000,-1,0,55,4,0,0,250,1000,1,0,3,0'), batch), /unexpected reply from limit-batch\.lua: allowed is 4/)
+  t.throws(() => parseBatchReply(Buffer.from('1763925000123,1,4,0,1000,-1,55,0,4'), batch.slice(0, 1)), /more values than its requests need/)
+  // the last value missing, found where it should be
+  t.throws(() => parseBatchReply(Buffer.from('1763925000123,1,4,0,1000,-1,0,4,0,0,250,1000,1,0,3'), batch), /unexpected reply from limit-batch\.lua: "1763925000123,/)
+  t.throws(() => parseBatchReply(Buffer.from('1763925000123,1,4,0,1000,-1,0,4'), batch), /fewer values than its requests need/)
+  t.throws(() => parseBatchReply(Buffer.from('1763925000123,1,4,0,1000,-1,0,4,0,0,250,1000,1,0,3,0,1'), batch), /more values than its requests need/)
+  // values out of step (a reply whose requests are not where the client expects them): refused, not read as decisions
+  t.throws(() => parseBatchReply(Buffer.from('1763925000123,4,1,0,1000,-1,0,4,0,0,250,1000,1,0,3,0'), batch), /allowed is 4/)
+  t.throws(() => parseBatchReply(Buffer.from('1763925000123,1,4,0,1000,-1,0,4,0,0,250,1000,1,0,3,x'), batch), /unexpected reply/)
   t.throws(() => parseBatchReply([9, 1], batch), /unexpected reply/)
   // the reply is asked for as bytes: a decoded string means the call was made the wrong way
-  t.throws(() => parseBatchReply('8,1,4,0,1000,-1,0,1,4,9,0,0,250,1000,1,0,1,3,0', batch), /unexpected reply/)
+  t.throws(() => parseBatchReply('1763925000123,1,4,0,1000,-1,0,4,0,0,250,1000,1,0,3,0', batch), /unexpected reply/)
 })

@@ -32,13 +32,14 @@ t.test('shared keys and check strings are sent once; every request gets its own 
 
   const reply = await client.eval(LIMIT_BATCH_SCRIPT, numKeys, ...keysAndArgs) as string
   const values = reply.split(',').map(Number)
-  // per request: its reply length 9 (7, then a remaining per check: a batch sends no receipts),
-  // allowed = 1, and after the seven values what is left of the shared gcra budget and of its log
+  t.equal(values[0], Math.floor(now / 1000), 'the batch\'s time in ms, once')
+  // per request eight values (six, then a remaining per check: a batch sends no receipts):
+  // allowed = 1, and after the six values what is left of the shared gcra budget and of its log
   for (let i = 0; i < 4; i++) {
-    t.same([values[i * 10], values[i * 10 + 1]], [9, 1], `request ${i} decided and admitted`)
-    t.same([values[i * 10 + 8], values[i * 10 + 9]], [99 - i, 99 - Math.floor(i / 2)], `request ${i}: the remainings of its two checks`)
+    t.equal(values[1 + i * 8], 1, `request ${i} decided and admitted`)
+    t.same([values[1 + i * 8 + 6], values[1 + i * 8 + 7]], [99 - i, 99 - Math.floor(i / 2)], `request ${i}: the remainings of its two checks`)
   }
-  t.equal(values.length, 40, 'four replies')
+  t.equal(values.length, 1 + 4 * 8, 'the time, then four replies')
   t.equal(await client.get('global'), String(now + 4 * 10_000), 'the shared gcra key counted all four requests')
   const members = [...await client.zrange('log:0', '0', '-1'), ...await client.zrange('log:1', '0', '-1')].sort()
   t.same(members, ids.map((id) => `${id}:1`).sort(), 'each log entry carries its request id unchanged')
@@ -119,7 +120,7 @@ t.test('one log key checked under two windows in one batch counts every entry th
     request('r5', check('log', shortLog))
   ]
   const { numKeys, keysAndArgs } = batchKeysAndArgs(batch, now)
-  const allowed = admittedOf(await client.eval(LIMIT_BATCH_SCRIPT, numKeys, ...keysAndArgs) as string)
+  const allowed = admittedOf(await client.eval(LIMIT_BATCH_SCRIPT, numKeys, ...keysAndArgs) as string, batch)
   // one call per request in this order: r1 and r2 fill the limit of 2, whichever window counts
   t.same(allowed, [1, 1, 0, 0, 0], 'two admitted, every later request refused under either window')
   t.same((await client.zrange('log', '0', '-1')).sort(), ['r1:1', 'r2:1'], 'the log holds the two admitted entries')
@@ -133,15 +134,20 @@ t.test('one log key checked under two windows in one batch counts every entry th
     request('s3', check('log2', roomy(longLog)))
   ]
   const next = batchKeysAndArgs(second, now)
-  const allowed2 = admittedOf(await client.eval(LIMIT_BATCH_SCRIPT, next.numKeys, ...next.keysAndArgs) as string)
+  const allowed2 = admittedOf(await client.eval(LIMIT_BATCH_SCRIPT, next.numKeys, ...next.keysAndArgs) as string, second)
   t.same(allowed2, [1, 1, 0], 's1 wrote two entries: s2 fills the limit of 3, s3 is refused')
   t.same((await client.zrange('log2', '0', '-1')).sort(), ['s1:1', 's1:2', 's2:1'], 'the log holds every admitted entry')
 })
 
-/** Each request's allowed flag (1 or 0) from a limit-batch.lua reply: per request, its length then its values. */
-function admittedOf (reply: string): number[] {
+/** Each request's allowed flag (1 or 0) from a limit-batch.lua reply: the time, then per request six values and its remainings. */
+function admittedOf (reply: string, batch: readonly BatchedRequest[]): number[] {
   const values = reply.split(',').map(Number)
   const allowed: number[] = []
-  for (let pos = 0; pos < values.length; pos += (values[pos] as number) + 1) allowed.push(values[pos + 1] as number)
+  let pos = 1
+  for (const r of batch) {
+    allowed.push(values[pos] as number)
+    pos += 6 + r.checks.length
+  }
+  if (pos !== values.length) throw new Error(`a reply of ${values.length} values for ${pos} expected`)
   return allowed
 }

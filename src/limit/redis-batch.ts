@@ -85,7 +85,7 @@ export function createLimitBatcher (commands: BatchCommands, maxBatch = DEFAULT_
 function settleOne (r: Waiting, reply: unknown): void {
   let parsed: LimitReply
   try {
-    parsed = parseLimitReply(reply, r.checks.length)
+    parsed = parseLimitReply(reply, r.checks.length, r.id)
   } catch (err) {
     r.reject(err)
     return

@@ -21,7 +21,6 @@ import { NO_CHECKS, longer, type LimitCheck, type LimitDecision, type LimitStore
 
 export { limitKey } from './keys.js'
 
-const detailed = (reply: LimitReply, callId: string): DetailedDecision => ({ decision: reply.decision, remainings: reply.remainings, callId })
 const decisionOf = (d: DetailedDecision): LimitDecision => d.decision
 const NONE: DetailedDecision = Object.freeze({ decision: NO_CHECKS, remainings: [], callId: '' })
 
@@ -147,7 +146,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
 
   async function limit (keys: readonly string[], checks: readonly LimitCheck[], id: string, now: number): Promise<LimitReply> {
     const reply = await commands.gatewayLimit(keys.length, ...keys, ...limitArgs(checks, id, now))
-    return parseLimitReply(reply, checks.length)
+    return parseLimitReply(reply, checks.length, id)
   }
 
   async function decideAcrossSlots (keys: string[], checks: readonly LimitCheck[], id: string, now: number): Promise<DetailedDecision> {
@@ -161,7 +160,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
       group.checks.push(checks[i] as LimitCheck)
     })
     const groups = [...bySlot.entries()]
-    if (groups.length === 1) return detailed(await limit(keys, checks, id, now), id)
+    if (groups.length === 1) return await limit(keys, checks, id, now)
     const remainings: number[] = new Array(checks.length).fill(-1)
 
     const settled = await Promise.allSettled(groups.map(([, g]) => limit(g.keys, g.checks, id, now)))
@@ -233,8 +232,8 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
     const now = nowUs?.() ?? 0
     const keys = checks.map((c) => keyPrefix + c.key)
     if (isCluster) return decideAcrossSlots(keys, checks, id, now)
-    const reply = batched !== null ? batched(keys, checks, id, now) : limit(keys, checks, id, now)
-    return reply.then((r) => detailed(r, id))
+    // a script's reply is the detailed decision itself (LimitReply): no promise more to map it
+    return batched !== null ? batched(keys, checks, id, now) : limit(keys, checks, id, now)
   }
 
   return {

@@ -204,36 +204,52 @@ export function batchKeysAndArgs (batch: readonly BatchedRequest[], nowOverrideU
 
 /**
  * Splits LIMIT_BATCH_SCRIPT's reply (one string of comma-separated integers, asked for as bytes)
- * into one limit.lua reply per request, without receipts (the script leaves them out: nothing
- * batched is ever refunded); a reply of another shape throws.
+ * into one limit.lua reply per request: nowMs once, then per request its six values and one
+ * remaining per check (no receipts: nothing batched is ever refunded). Each request's length is
+ * known here from its checks, so the script sends none; a reply of another shape throws.
  * - Bytes, not a string: indexing a Uint8Array is a plain element load, where a string's length
  *   and charCodeAt went through V8's generic LoadIC in the gateway (a quarter of the batcher's
  *   CPU in a perf profile), and ioredis skips decoding the reply to a string.
- * - Each request's integers go into one scratch array reused across calls: no array of the whole
- *   reply, whose elements would change kind from small integers to doubles at the first µs
- *   timestamp of every call.
+ * - Each request's values are read into locals and its remainings into their own array: no array
+ *   of the whole reply, whose elements would change kind from small integers to doubles at the
+ *   first large value of every call.
  */
 export function parseBatchReply (reply: unknown, batch: readonly BatchedRequest[]): LimitReply[] {
   if (!(reply instanceof Uint8Array)) throw new TypeError(`unexpected reply from limit-batch.lua: ${JSON.stringify(reply)}`)
-  const out: LimitReply[] = []
+  const out: LimitReply[] = new Array(batch.length)
   const end = reply.length
-  let at = 0
+  const nowMs = readInteger(reply, 0)
+  let at = integerEnd + 1
   for (let r = 0; r < batch.length; r++) {
-    if (at > end) throw new TypeError('limit-batch.lua returned fewer replies than requests')
-    const length = readInteger(reply, at)
+    const request = batch[r] as BatchedRequest
+    const n = request.checks.length
+    // every value but the last of the reply is followed by a comma: at most `end` while one is due
+    if (at + 2 * (6 + n) - 1 > end) throw new TypeError('limit-batch.lua returned fewer values than its requests need')
+    const allowed = readInteger(reply, at)
+    const remaining = readInteger(reply, integerEnd + 1)
+    const retryAfterMs = readInteger(reply, integerEnd + 1)
+    const resetMs = readInteger(reply, integerEnd + 1)
+    const limitingIndex = readInteger(reply, integerEnd + 1)
+    const delayMs = readInteger(reply, integerEnd + 1)
+    const remainings: number[] = new Array(n)
+    for (let i = 0; i < n; i++) remainings[i] = readInteger(reply, integerEnd + 1)
     at = integerEnd + 1
-    for (let i = 0; i < length; i++) {
-      if (at > end) throw new TypeError('limit-batch.lua returned fewer replies than requests')
-      scratch[i] = readInteger(reply, at)
-      at = integerEnd + 1
+    if (allowed !== 0 && allowed !== 1) throw new TypeError(`unexpected reply from limit-batch.lua: allowed is ${allowed}`)
+    out[r] = {
+      // two literals rather than a spread of an optional field: no object cloned per reply
+      decision: allowed === 1
+        ? { allowed: true, remaining, retryAfterMs, resetMs, limitingIndex, delayMs, remainings }
+        : { allowed: false, remaining, retryAfterMs, resetMs, limitingIndex, delayMs },
+      callId: request.id,
+      nowMs,
+      receipts: NO_RECEIPTS,
+      remainings
     }
-    out.push(limitReplyAt(scratch, 0, length, (batch[r] as BatchedRequest).checks.length, false))
   }
-  if (at <= end) throw new TypeError('limit-batch.lua returned more replies than requests')
+  if (at <= end) throw new TypeError('limit-batch.lua returned more values than its requests need')
   return out
 }
 
-const scratch: number[] = []
 /** Where the integer readInteger read last ends (its comma, or the end of the bytes). */
 let integerEnd = 0
 
@@ -291,6 +307,8 @@ export function chargeArgs (checks: readonly LimitCheck[], callId: string, nowOv
 
 export interface LimitReply {
   readonly decision: LimitDecision
+  /** The id the call recorded under (lease members, sliding-window-log entries); '' when not given. */
+  readonly callId: string
   /** Redis time of the decision, ms. */
   readonly nowMs: number
   /**
@@ -303,37 +321,32 @@ export interface LimitReply {
 }
 
 /** Parses LIMIT_SCRIPT's reply for `checkCount` checks; throws on anything else. */
-export function parseLimitReply (reply: unknown, checkCount: number): LimitReply {
+export function parseLimitReply (reply: unknown, checkCount: number, callId = ''): LimitReply {
   if (!Array.isArray(reply) || !reply.every((v) => typeof v === 'number')) {
     throw new TypeError(`unexpected reply from limit.lua: ${JSON.stringify(reply)}`)
   }
-  return limitReplyAt(reply as number[], 0, reply.length, checkCount, true)
+  const values = reply as number[]
+  const length = values.length
+  if (length < 7) throw new TypeError(`unexpected reply from limit.lua: ${JSON.stringify(values)}`)
+  const allowed = values[0] === 1
+  const expected = 7 + (allowed ? 2 : 1) * checkCount
+  if (length !== expected) throw new TypeError(`limit.lua returned ${length} values for ${checkCount} checks (expected ${expected})`)
+  const remainings = values.slice(expected - checkCount, expected)
+  const remaining = values[1] as number
+  const retryAfterMs = values[2] as number
+  const resetMs = values[3] as number
+  const limitingIndex = values[4] as number
+  const delayMs = values[5] as number
+  return {
+    decision: allowed && checkCount > 0
+      ? { allowed, remaining, retryAfterMs, resetMs, limitingIndex, delayMs, remainings }
+      : { allowed, remaining, retryAfterMs, resetMs, limitingIndex, delayMs },
+    callId,
+    nowMs: values[6] as number,
+    receipts: allowed ? values.slice(7, 7 + checkCount) : NO_RECEIPTS,
+    remainings
+  }
 }
 
 const NO_RECEIPTS: readonly number[] = Object.freeze([])
 
-/**
- * limit.lua's reply read from `values[start .. start + length)`; without `withReceipts`, as
- * limit-batch.lua sends it: the remainings follow the seven values whether allowed or not.
- */
-function limitReplyAt (values: readonly number[], start: number, length: number, checkCount: number, withReceipts: boolean): LimitReply {
-  if (length < 7) throw new TypeError(`unexpected reply from limit.lua: ${JSON.stringify(values.slice(start, start + length))}`)
-  const allowed = values[start] === 1
-  const expected = 7 + (allowed && withReceipts ? 2 : 1) * checkCount
-  if (length !== expected) throw new TypeError(`limit.lua returned ${length} values for ${checkCount} checks (expected ${expected})`)
-  const remainings = values.slice(start + expected - checkCount, start + expected)
-  const remaining = values[start + 1] as number
-  const retryAfterMs = values[start + 2] as number
-  const resetMs = values[start + 3] as number
-  const limitingIndex = values[start + 4] as number
-  const delayMs = values[start + 5] as number
-  return {
-    // two literals rather than a spread of an optional field: no object cloned per reply
-    decision: allowed && checkCount > 0
-      ? { allowed, remaining, retryAfterMs, resetMs, limitingIndex, delayMs, remainings }
-      : { allowed, remaining, retryAfterMs, resetMs, limitingIndex, delayMs },
-    nowMs: values[start + 6] as number,
-    receipts: allowed && withReceipts ? values.slice(start + 7, start + 7 + checkCount) : NO_RECEIPTS,
-    remainings
-  }
-}
