@@ -129,3 +129,37 @@ t.test('a stall in the check phase before the deadline timer\'s expiry: the answ
   }
   t.equal(timeouts(), 0, 'no call counted as timed out')
 })
+
+t.test('an answer that comes after its deadline is not an answer: the breaker the timeouts opened stays open', async t => {
+  const client = createRedisClient({ url: redis.url })
+  t.teardown(() => client.disconnect())
+  await whenReady(client)
+  const states: string[] = []
+  let answers = 0
+  let timeouts = 0
+  const guard = new RedisGuard({
+    store: createRedisStore({ client }),
+    fallbackMaxKeys: 100,
+    timeoutMs: 100,
+    failureThreshold: 2,
+    // no probe within the test: only an answer counted could close the breaker
+    openMs: 60_000,
+    maxOpenMs: 60_000,
+    instances: () => 1,
+    telemetry: { ...NOOP_TELEMETRY, redisCall: (_s, ok, kind) => { if (ok) answers++; else if (kind === 'timeout') timeouts++ } },
+    onStateChange: (state) => { states.push(state) }
+  })
+  t.teardown(() => guard.close())
+  await client.call('CLIENT', 'PAUSE', '700', 'ALL')
+  const levels = await Promise.all([guard.decide([check('late-1')], LOCAL, 'l1'), guard.decide([check('late-2')], LOCAL, 'l2')])
+  t.same(levels.map((g) => g.level), ['fallback', 'fallback'], 'both calls timed out to the fallback')
+  t.equal(guard.breaker, 'open', 'two timeouts opened the breaker')
+  // the same connection answers in order: once this PING is answered, both late answers were read,
+  // and their promise chains have run by the next check phase
+  await client.ping()
+  await new Promise((resolve) => setImmediate(resolve))
+  t.equal(timeouts, 2)
+  t.equal(answers, 0, 'the late answers were not counted as answers')
+  t.equal(guard.breaker, 'open', 'and did not close the breaker')
+  t.same(states, ['open'])
+})
