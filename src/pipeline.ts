@@ -209,10 +209,16 @@ abstract class Exchange extends RequestRecord {
     const verdict = limiter.check({ route: a.route.name, plan: limitsFor(a.route, identity.plan ?? null), ipKey: a.ipKey, user: a.user, requestId: this.requestId })
     if (verdict instanceof Promise) {
       const asked = performance.now()
+      // one reaction for both outcomes: a .catch after the .then was a promise and a microtask
+      // more for every request the shared level decides through Redis
       verdict.then(v => {
         a.storeMs = performance.now() - asked
-        this.decided(a, identity, v)
-      }).catch((err: unknown) => { this.failed(err) })
+        try {
+          this.decided(a, identity, v)
+        } catch (err) {
+          this.failed(err)
+        }
+      }, (err: unknown) => { this.failed(err) })
     } else this.decided(a, identity, verdict)
   }
 

@@ -146,3 +146,31 @@ routes:
   await eventually('nothing in flight', async () => await metric(gw.adminUrl, 'gateway_requests_in_flight') === 0, 3000)
   t.equal(before?.activity.inflight, 0, 'the old runtime is idle: its pools may close')
 })
+
+t.test('a stage that throws after a decision from Redis answers 503 and the gateway serves on', async (t) => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: api, pathPrefix: /, upstream: backend }
+`)
+  const limiter = gw.runtime?.limiter
+  if (limiter === undefined) throw new Error('no runtime')
+  const check = limiter.check.bind(limiter)
+  // the shape a decision through Redis has (a promise), settled with a verdict the next stage
+  // cannot read, then a promise that fails: each must be a 503 with its JSON body, never a crash
+  const broken = Object.defineProperty({}, 'kind', { get () { throw new Error('verdict unreadable') } })
+  limiter.check = () => Promise.resolve(broken) as ReturnType<typeof check>
+  const unreadable = await rawRequest(gw.port, 'GET /a HTTP/1.1\r\nHost: x\r\n')
+  limiter.check = () => Promise.reject(new Error('decision failed')) as ReturnType<typeof check>
+  const rejected = await rawRequest(gw.port, 'GET /b HTTP/1.1\r\nHost: x\r\n')
+  limiter.check = check
+  for (const [name, reply] of [['an unreadable verdict', unreadable], ['a failed decision', rejected]] as const) {
+    t.equal(reply.status, 503, name)
+    t.equal(reply.json?.error, 'GW_ERR_LIMITER_UNAVAILABLE', name)
+  }
+  t.equal(gw.lines.filter(l => l.msg === 'request pipeline failed').length, 2, 'each failure logged once with its request')
+  t.equal((await rawRequest(gw.port, 'GET /c HTTP/1.1\r\nHost: x\r\n')).status, 200, 'the gateway serves on')
+})
