@@ -326,53 +326,22 @@ export class RedisGuard implements SharedLevel {
       }
       return this.failed(err, started, involved, probes, checks, limits, requestId)
     }
+    let asked: Promise<StoreAnswer>
     try {
       const store = this.options.store
       raw = store.decideDetailed !== undefined ? store.decideDetailed(checks, requestId) : store.decide(checks, requestId)
+      asked = this.withTimeout<StoreAnswer>(raw)
     } catch (err) {
       // a promise, so that a throw of fail() rejects it as the asynchronous path does
       return new Promise(resolve => { resolve(fail(err)) })
     }
-    if (!(raw instanceof Promise)) {
-      const answer = raw
-      return Promise.resolve().then(() => {
-        try {
-          return this.answered(answer, started, involved, probes, checks)
-        } catch (err) {
-          return fail(err)
-        }
-      })
-    }
-    const asked = raw
-    // The deadline and the answer settle one promise: a promise of the answer within the
-    // deadline, then one of its verdict, cost each request a promise and a microtask more (issue 13).
-    return new Promise<GuardedDecision>((resolve, reject) => {
-      const failWith = (err: unknown): void => {
-        try {
-          resolve(fail(err))
-        } catch (thrown) {
-          reject(thrown)
-        }
+    return asked.then((answer) => {
+      try {
+        return this.answered(answer, started, involved, probes, checks)
+      } catch (err) {
+        return fail(err)
       }
-      // expireCalls settles calls while it walks the list: the failure is answered after it
-      const call = this.track((err) => { queueMicrotask(() => { failWith(err) }) })
-      asked.then((answer) => {
-        if (call.reject === null) return // past its deadline: the fallback answered
-        call.reject = null
-        let verdict: GuardedDecision
-        try {
-          verdict = this.answered(answer, started, involved, probes, checks)
-        } catch (err) {
-          failWith(err)
-          return
-        }
-        resolve(verdict)
-      }, (err: unknown) => {
-        if (call.reject === null) return
-        call.reject = null
-        failWith(err)
-      })
-    })
+    }, fail)
   }
 
   /** The fallback decided this call: leases Redis still takes for it (a late answer) go back. */
@@ -521,20 +490,14 @@ export class RedisGuard implements SharedLevel {
   private withTimeout<T> (p: Promise<T> | T): Promise<T> {
     if (!(p instanceof Promise)) return Promise.resolve(p)
     return new Promise<T>((resolve, reject) => {
-      const call = this.track(reject)
+      const call: PendingCall = { deadline: performance.now() + this.timeoutMs, reject }
+      // settled calls are forgotten when the timer fires; with a long timeout under heavy traffic
+      // that is many calls later, so the list is also swept when it has doubled
+      if (this.pending.push(call) >= this.sweepAt) this.expireCalls()
+      // a reload may shorten the timeout: then this call's deadline comes before the armed one
+      if (call.deadline < this.timerDue) this.armDeadlineTimer(call.deadline)
       p.then(v => { call.reject = null; resolve(v) }, (e: unknown) => { call.reject = null; reject(e) })
     })
-  }
-
-  /** A call that `onDeadline` fails unless it settles (sets its reject to null) within the timeout. */
-  private track (onDeadline: (err: unknown) => void): PendingCall {
-    const call: PendingCall = { deadline: performance.now() + this.timeoutMs, reject: onDeadline }
-    // settled calls are forgotten when the timer fires; with a long timeout under heavy traffic
-    // that is many calls later, so the list is also swept when it has doubled
-    if (this.pending.push(call) >= this.sweepAt) this.expireCalls()
-    // a reload may shorten the timeout: then this call's deadline comes before the armed one
-    if (call.deadline < this.timerDue) this.armDeadlineTimer(call.deadline)
-    return call
   }
 
   // One timer for every call in flight instead of one per call (a setTimeout and clearTimeout per
