@@ -1,7 +1,7 @@
 // One admission path (issue 7 item 4): HTTP requests and WebSocket upgrades go through the same
 // admit() and differ only in how a refusal is written; a request is logged and counted once
 // however many ways it ends; one in-flight counter serves the drain, the gauge and a reload.
-import t from 'tap'
+import t, { type Test } from 'tap'
 import http from 'node:http'
 import { once } from 'node:events'
 import { Writable } from 'node:stream'
@@ -105,15 +105,20 @@ t.test('a request that both times out and errors is logged and counted once', as
   t.same(counted?.values.map(v => [v.labels.status_class, v.value]), [['5xx', 1]], 'counted once, as the 504')
 })
 
-t.test('a response timeout through the gateway: one 504, one log line, one count, nothing left in flight', async (t) => {
+/** An in-process gateway with one route (given as its YAML flow mapping) to an upstream of its own. */
+async function gatewayWithRoute (t: Test, route: string): Promise<Awaited<ReturnType<typeof startGateway>>> {
   const up = await startUpstream(t)
-  const gw = await startGateway(t, `listen: 127.0.0.1:0
+  return await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 upstreams:
   backend: { targets: [${up.url}] }
 routes:
-  - { name: slow, pathPrefix: /, upstream: backend, timeouts: { response: 200ms } }
+  - ${route}
 `)
+}
+
+t.test('a response timeout through the gateway: one 504, one log line, one count, nothing left in flight', async (t) => {
+  const gw = await gatewayWithRoute(t, '{ name: slow, pathPrefix: /, upstream: backend, timeouts: { response: 200ms } }')
   const reply = await rawRequest(gw.port, 'GET /hang HTTP/1.1\r\nHost: x\r\n')
   t.equal(reply.status, 504)
   t.equal(reply.json?.error, 'GW_ERR_UPSTREAM_TIMEOUT')
@@ -125,14 +130,7 @@ routes:
 })
 
 t.test('one in-flight counter: a request on a replaced runtime still counts, for the gauge and the drain', async (t) => {
-  const up = await startUpstream(t)
-  const gw = await startGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  backend: { targets: [${up.url}] }
-routes:
-  - { name: hang, pathPrefix: /, upstream: backend }
-`)
+  const gw = await gatewayWithRoute(t, '{ name: hang, pathPrefix: /, upstream: backend }')
   const client = http.get(`${gw.url}/hang`)
   client.on('error', () => {})
   await eventually('in flight', async () => await metric(gw.adminUrl, 'gateway_requests_in_flight') === 1, 3000)
@@ -148,14 +146,7 @@ routes:
 })
 
 t.test('a stage that throws after a decision from Redis answers 503 and the gateway serves on', async (t) => {
-  const up = await startUpstream(t)
-  const gw = await startGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  backend: { targets: [${up.url}] }
-routes:
-  - { name: api, pathPrefix: /, upstream: backend }
-`)
+  const gw = await gatewayWithRoute(t, '{ name: api, pathPrefix: /, upstream: backend }')
   const limiter = gw.runtime?.limiter
   if (limiter === undefined) throw new Error('no runtime')
   const check = limiter.check.bind(limiter)
