@@ -6,7 +6,7 @@ import t from 'tap'
 import net from 'node:net'
 import { request } from 'node:http'
 import { startGateway } from './helpers/gateway.js'
-import { startRedis } from './helpers/redis.js'
+import { scriptCalls, startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import type { Teardown } from './helpers/teardown.js'
 import { burst, count, eventually, metric, send, sleep, statusCounts, type Reply } from './helpers/ratelimit.js'
@@ -287,7 +287,7 @@ t.test('releases ride with the next limit call: no call of their own, removed be
   // as src/runtime-resources.ts builds it: the keeper hands its releases to the store
   const { limiter, leases, plan } = await limiterOnRedis(t, 'ride', 1, true)
   const check = async (user: string, i: number): Promise<Awaited<ReturnType<typeof limiter.check>>> => await limiter.check({ route: 'ride', plan, ipKey: '127.0.0.1', user, requestId: `q${i}` })
-  const scripts = async (): Promise<number> => [...(await reader.info('commandstats')).matchAll(/cmdstat_(?:eval|evalsha|fcall):calls=(\d+)/g)].reduce((n, m) => n + Number(m[1]), 0)
+  const scripts = async (): Promise<number> => await scriptCalls(reader)
   // 20 users hold their one lease each
   const held = await Promise.all(Array.from({ length: 20 }, async (_, i) => await check(`rider${i}`, i)))
   t.ok(held.every((v) => v.kind === 'allow' && v.lease !== null), '20 leases taken')

@@ -4,7 +4,7 @@
 // Redis then holds: the ids come back whole whatever they contain, shared keys are sent once,
 // and a malformed batch is refused with its reason before any counter is written.
 import t from 'tap'
-import { startRedis } from './helpers/redis.js'
+import { commandStats, startRedis } from './helpers/redis.js'
 import { LIMIT_BATCH_SCRIPT, batchKeysAndArgs, type BatchedRequest } from '../src/limit/scripts.js'
 import { createRedisStore } from '../src/limit/redis-store.js'
 import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
@@ -92,8 +92,8 @@ t.test('keys that every request of a batch shares are read once and written once
   await reader.config('RESETSTAT')
   const decisions = await Promise.all(Array.from({ length: 10 }, (_, i) => store.decide(checksOf(i), `r${i}`)))
   t.ok(decisions.every((d) => d.allowed), 'all ten admitted')
-  const stats = await reader.info('commandstats')
-  const calls = (command: string): number => Number(new RegExp(`cmdstat_${command}:calls=(\\d+)`).exec(stats)?.[1] ?? 0)
+  const stat = await commandStats(reader)
+  const calls = (command: string): number => stat(command).calls
   t.equal(calls('fcall') + calls('evalsha') + calls('eval'), 1, 'one script call for the ten requests')
   t.same({ get: calls('get'), set: calls('set') }, { get: 1, set: 1 }, 'the shared gcra key: one GET, one SET')
   t.same({ hmget: calls('hmget'), hset: calls('hset') }, { hmget: 1, hset: 1 }, 'the shared fixed window: one HMGET, one HSET')

@@ -5,7 +5,7 @@
 // virtual clock; every decision and every key's state is compared.
 import t from 'tap'
 import type { Redis } from 'ioredis'
-import { startRedis } from './helpers/redis.js'
+import { scriptCalls, startRedis } from './helpers/redis.js'
 import { prng } from './helpers/prng.js'
 import { createRedisStore } from '../src/limit/redis-store.js'
 import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
@@ -38,14 +38,6 @@ async function stateOf (client: Redis, key: string): Promise<string> {
     }
     default: return `unexpected ${type}`
   }
-}
-
-async function scriptCalls (client: Redis): Promise<number> {
-  const info = await client.info('commandstats')
-  // FCALL once the function library is loaded; before, EVALSHA (a script's first call on a
-  // connection is EVALSHA refused with NOSCRIPT, then EVAL)
-  const calls = (command: string): number => Number(new RegExp(`cmdstat_${command}:calls=(\\d+)`).exec(info)?.[1] ?? 0)
-  return calls('fcall') + calls('evalsha') + calls('eval')
 }
 
 t.test('a batch decides and stores exactly what one call per request in the same order does', async (t) => {

@@ -4,7 +4,7 @@
 // Cluster.
 import t from 'tap'
 import { Redis, type Cluster } from 'ioredis'
-import { fcallStats, functionLibraries, startRedis, startRedisCluster } from './helpers/redis.js'
+import { commandStats, fcallStats, functionLibraries, startRedis, startRedisCluster } from './helpers/redis.js'
 import { eventually } from './helpers/ratelimit.js'
 import type { Teardown } from './helpers/teardown.js'
 import { startGateway } from './helpers/gateway.js'
@@ -19,14 +19,11 @@ const spec = (algorithm: AlgorithmName, limit: number, windowMs: number): LimitS
   Object.freeze({ id: `${algorithm}-${limit}-${windowMs}`, algorithm, limit, windowMs, burst: limit, maxDelayMs: 0 })
 const check = (key: string, s: LimitSpec): LimitCheck[] => [{ key, spec: s, cost: 1 }]
 
+/** Each kind of script call tried so far: executed or refused (a refused FUNCTION LOAD, NOPERM, is rejected, not a call). */
 async function scriptCalls (client: Redis): Promise<{ fcall: number, evalsha: number, eval: number, functionLoad: number }> {
-  const info = await client.info('commandstats')
-  const calls = (command: string): number => {
-    const m = new RegExp(`^cmdstat_${command.replace('|', '\\|')}:calls=(\\d+),.*rejected_calls=(\\d+)`, 'm').exec(info)
-    // a refused FUNCTION LOAD (NOPERM) counts as rejected, not as a call
-    return m === null ? 0 : Number(m[1]) + Number(m[2])
-  }
-  return { fcall: calls('fcall'), evalsha: calls('evalsha'), eval: calls('eval'), functionLoad: calls('function|load') }
+  const stat = await commandStats(client)
+  const tried = (command: string): number => stat(command).calls + stat(command).rejected
+  return { fcall: tried('fcall'), evalsha: tried('evalsha'), eval: tried('eval'), functionLoad: tried('function|load') }
 }
 
 /** Decisions until one goes by FCALL: the store has the library loaded (it loads in the background). */

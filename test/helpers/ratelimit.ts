@@ -2,6 +2,7 @@
 // keep what a client observes, read Prometheus counters and Redis command statistics.
 import { request, type IncomingHttpHeaders } from 'node:http'
 import type { Redis } from 'ioredis'
+import { commandCalls } from './redis.js'
 
 export interface Reply {
   readonly status: number
@@ -91,10 +92,7 @@ export async function metric (adminUrl: string, name: string, labels: Record<str
  * does not move this count.
  */
 export async function limitCalls (client: Redis): Promise<number> {
-  const info = await client.info('commandstats')
-  let calls = 0
-  for (const m of info.matchAll(/^cmdstat_(?:evalsha|fcall):calls=(\d+)/gm)) calls += Number(m[1])
-  return calls
+  return await commandCalls(client, 'evalsha', 'fcall')
 }
 
 /** Waits until `now % windowMs` is at `offsetMs` (windows aligned to the Unix epoch, as fixed windows are). */

@@ -405,10 +405,46 @@ export async function startReplicatedCluster (t: Teardown, nodeTimeoutMs = 2000)
   }
 }
 
+/** One command's counts in INFO commandstats since the server started or its last CONFIG RESETSTAT. */
+export interface CommandStat {
+  /** Executed (a call that failed while running, e.g. "Function not found", is one). */
+  readonly calls: number
+  /** Refused before running (NOPERM, OOM, a wrong argument count): not in `calls`. */
+  readonly rejected: number
+  /** Executed and answered with an error. */
+  readonly failed: number
+}
+
+const NO_STAT: CommandStat = Object.freeze({ calls: 0, rejected: 0, failed: 0 })
+
+/**
+ * INFO commandstats by command, named as Redis names them (`fcall`, `function|load`); a command
+ * never called reads as zeros. Every test that counts Redis's commands reads them here.
+ */
+export async function commandStats (client: Redis): Promise<(command: string) => CommandStat> {
+  const stats = new Map<string, CommandStat>()
+  for (const m of (await client.info('commandstats')).matchAll(/^cmdstat_([^:]+):(.*)$/gm)) {
+    const fields = new Map((m[2] ?? '').trim().split(',').map((f) => f.split('=') as [string, string]))
+    stats.set(m[1] as string, { calls: Number(fields.get('calls') ?? 0), rejected: Number(fields.get('rejected_calls') ?? 0), failed: Number(fields.get('failed_calls') ?? 0) })
+  }
+  return (command) => stats.get(command) ?? NO_STAT
+}
+
+/** Calls executed so far of the commands named, summed (INFO commandstats). */
+export async function commandCalls (client: Redis, ...commands: string[]): Promise<number> {
+  const stat = await commandStats(client)
+  return commands.reduce((n, command) => n + stat(command).calls, 0)
+}
+
+/** Script calls of every kind executed so far: FCALL, and EVALSHA or EVAL (before the function library is loaded, or where it is refused). */
+export async function scriptCalls (client: Redis): Promise<number> {
+  return await commandCalls(client, 'fcall', 'fcall_ro', 'evalsha', 'evalsha_ro', 'eval', 'eval_ro')
+}
+
 /** FCALL's count in INFO commandstats: calls and failed calls (a "Function not found" is one). */
 export async function fcallStats (client: Redis): Promise<{ calls: number, failed: number }> {
-  const m = /^cmdstat_fcall:calls=(\d+),.*failed_calls=(\d+)/m.exec(await client.info('commandstats'))
-  return m === null ? { calls: 0, failed: 0 } : { calls: Number(m[1]), failed: Number(m[2]) }
+  const { calls, failed } = (await commandStats(client))('fcall')
+  return { calls, failed }
 }
 
 /** The function libraries a server holds, by name (FUNCTION LIST). */
