@@ -11,7 +11,8 @@ t.test('integers are read exactly: signs, zero, µs timestamps up to 2^53 - 1', 
 })
 
 t.test('anything but integers between commas is refused', async t => {
-  for (const bad of ['', ',', '1,', ',1', '1,,2', '-', '--1', '1-2', '1.5', '1e3', ' 1', 'a', '1,b'] as const) {
+  // junk as the very last byte too: '1a', '12x', '1,2 '
+  for (const bad of ['', ',', '1,', ',1', '1,,2', '-', '--1', '1-2', '1.5', '1e3', ' 1', 'a', '1,b', '1a', '12x', '1,2 '] as const) {
     t.throws(() => parseIntegerList(bad), /unexpected reply from limit-batch\.lua/, JSON.stringify(bad))
   }
 })
@@ -38,6 +39,8 @@ t.test('a batch reply is split per request by each request\'s check count, after
   t.throws(() => parseBatchReply(Buffer.from('1763925000123,1,4,0,1000,-1,0,4,0,0,250,1000,1,0,3'), batch), /unexpected reply from limit-batch\.lua: "1763925000123,/)
   t.throws(() => parseBatchReply(Buffer.from('1763925000123,1,4,0,1000,-1,0,4'), batch), /fewer values than its requests need/)
   t.throws(() => parseBatchReply(Buffer.from('1763925000123,1,4,0,1000,-1,0,4,0,0,250,1000,1,0,3,0,1'), batch), /more values than its requests need/)
+  t.throws(() => parseBatchReply(Buffer.from('1763925000123,1,4,0,1000,-1,0,4,0,0,250,1000,1,0,3,0,'), batch), /more values than its requests need/, 'a trailing comma')
+  t.throws(() => parseBatchReply(Buffer.from('1763925000123,1,4,0,1000,-1,0,4,0,0,250,1000,1,0,3,0x'), batch), /unexpected reply/, 'junk after the last value')
   // values out of step (a reply whose requests are not where the client expects them): refused, not read as decisions
   t.throws(() => parseBatchReply(Buffer.from('1763925000123,4,1,0,1000,-1,0,4,0,0,250,1000,1,0,3,0'), batch), /allowed is 4/)
   t.throws(() => parseBatchReply(Buffer.from('1763925000123,1,4,0,1000,-1,0,4,0,0,250,1000,1,0,3,x'), batch), /unexpected reply/)

@@ -5,7 +5,7 @@
 // virtual clock; every decision and every key's state is compared.
 import t from 'tap'
 import type { Redis } from 'ioredis'
-import { scriptCalls, startRedis } from './helpers/redis.js'
+import { commandStats, scriptCalls, startRedis } from './helpers/redis.js'
 import { prng } from './helpers/prng.js'
 import { createRedisStore } from '../src/limit/redis-store.js'
 import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
@@ -158,4 +158,30 @@ t.test('a failed batch fails each of its requests (their own onError path), and 
   await admin.config('SET', 'maxmemory', '0')
   const again = await Promise.all(Array.from({ length: 5 }, (_, i) => store.decide([{ key: `k${i}`, spec: s, cost: 1 }], `again${i}`)))
   t.same(again.map((d) => d.allowed), Array(5).fill(true), 'the next batch is decided')
+})
+
+t.test('requests from separate callbacks of one turn share a call; a turn of exactly two batches makes two calls, no empty third', async (t) => {
+  const redis = await startRedis(t)
+  const client = createRedisClient({ url: redis.url })
+  t.teardown(() => client.disconnect())
+  await whenReady(client)
+  const reader = redis.client()
+  const store = createRedisStore({ client, maxBatch: 8 })
+  const s = spec('token-bucket', 100, 3_600_000, 100)
+  await store.decide([{ key: 'warm', spec: s, cost: 1 }], 'warm')
+  // each HTTP request is parsed in a callback of its own: three timers due together run in one
+  // timers phase, as a socket's reads do in one poll phase, and their requests must still go together
+  const before = await scriptCalls(reader)
+  const fromCallbacks = await Promise.all(Array.from({ length: 3 }, async (_, i) => await new Promise<LimitDecision>((resolve, reject) => {
+    setTimeout(() => { store.decide([{ key: 'cb', spec: s, cost: 1 }], `cb${i}`).then(resolve, reject) }, 0)
+  })))
+  t.equal(await scriptCalls(reader) - before, 1, 'three callbacks of one turn: one call')
+  t.same(fromCallbacks.map((d) => d.remaining), [99, 98, 97], 'decided in arrival order')
+
+  const beforeTwo = await scriptCalls(reader)
+  const sixteen = await Promise.all(Array.from({ length: 16 }, (_, i) => store.decide([{ key: `two-${i}`, spec: s, cost: 1 }], `t${i}`)))
+  t.ok(sixteen.every((d) => d.allowed))
+  await new Promise((resolve) => setImmediate(resolve))
+  t.equal(await scriptCalls(reader) - beforeTwo, 2, '16 requests at most 8 per call: two calls, and no empty batch sent after them')
+  t.equal((await commandStats(reader))('fcall').failed, 0, 'no call failed')
 })

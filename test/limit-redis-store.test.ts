@@ -165,3 +165,28 @@ t.test('a debt is capped at one extra budget: charging 100 budgets locks a clien
     t.ok(d.retryAfterMs > 0 && d.retryAfterMs <= 2 * 1000 + 50, `${algorithm}: refused for ${d.retryAfterMs} ms, at most two windows (2 s), not a hundred`)
   }
 })
+
+t.test('a refused request reports every check\'s budget as it was before it, never below 0, one call or batched', async t => {
+  // The guard learns these remainings as the fallback's starting budgets (src/limit/redis-guard.ts):
+  // a refusal must not make the other checks look spent by the request that was refused.
+  const store = instances[0] as RedisStore
+  const roomy = spec('fixed-window', 10, 3_600_000)
+  const tight = spec('fixed-window', 1, 3_600_000)
+  const indebted = spec('token-bucket', 10, 3_600_000)
+  const roomyKey = freshKey()
+  const tightKey = freshKey()
+  const indebtedKey = freshKey()
+  await awayFromWindowEdge(3_600_000, 5_000)
+  for (let i = 0; i < 3; i++) await store.decide([{ key: roomyKey, spec: roomy, cost: 1 }], `fill-${i}`)
+  await store.decide([{ key: tightKey, spec: tight, cost: 1 }], 'fill-tight')
+  // a fallback's debt takes the bucket below empty (charge.lua: at most one budget more)
+  await store.charge([{ key: indebtedKey, spec: indebted, cost: 15 }])
+  const request: LimitCheck[] = [{ key: roomyKey, spec: roomy, cost: 2 }, { key: tightKey, spec: tight, cost: 1 }, { key: indebtedKey, spec: indebted, cost: 1 }]
+  // alone in its turn: limit.lua; two in one turn: limit-batch.lua
+  const alone = await store.decideDetailed(request, 'alone')
+  const batched = await Promise.all([store.decideDetailed(request, 'batched-1'), store.decideDetailed(request, 'batched-2')])
+  for (const [name, d] of [['one call', alone], ['batched', batched[0]], ['batched, second', batched[1]]] as const) {
+    t.equal(d?.decision.allowed, false, `${name}: refused`)
+    t.same(d?.remainings, [7, 0, 0], `${name}: 7 left of the roomy window (not 5), the full window 0, the indebted bucket 0 (not below)`)
+  }
+})
