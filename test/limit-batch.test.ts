@@ -3,11 +3,11 @@
 // same order would decide them: the same decisions and the same state left in Redis. Two stores
 // on one Redis, one batched and one calling per request, are fed the same random turns on one
 // virtual clock; every decision and every key's state is compared.
-import t from 'tap'
+import t, { type Test } from 'tap'
 import type { Redis } from 'ioredis'
 import { commandStats, scriptCalls, startRedis } from './helpers/redis.js'
 import { prng } from './helpers/prng.js'
-import { createRedisStore } from '../src/limit/redis-store.js'
+import { createRedisStore, type RedisStore } from '../src/limit/redis-store.js'
 import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import type { AlgorithmName, LimitCheck, LimitDecision, LimitSpec } from '../src/limit/types.js'
 
@@ -116,17 +116,22 @@ t.test('a batch decides and stores exactly what one call per request in the same
   t.equal(batchCalls, turns, 'one script call per turn')
 })
 
-t.test('a batch is bounded: more requests in one turn than maxBatch take more calls, still decided in order', async (t) => {
+/** A store batching at most eight requests per call on a Redis of its own, its script called once, and a reader of that Redis. */
+async function storeOfEight (t: Test, s: LimitSpec): Promise<{ store: RedisStore, client: ReturnType<typeof createRedisClient>, reader: Redis }> {
   const redis = await startRedis(t)
   const client = createRedisClient({ url: redis.url })
   t.teardown(() => client.disconnect())
   await whenReady(client)
-  const reader = redis.client()
   const store = createRedisStore({ client, maxBatch: 8 })
+  await store.decide([{ key: 'warm', spec: s, cost: 1 }], 'warm')
+  return { store, client, reader: redis.client() }
+}
+
+t.test('a batch is bounded: more requests in one turn than maxBatch take more calls, still decided in order', async (t) => {
   // a token bucket (one token per 6 min), not a fixed window: a window aligned on the minute would
   // start afresh if the clock crossed hh:mm:00 between the three script calls
   const s = spec('token-bucket', 10, 3_600_000, 10)
-  await store.decide([{ key: 'warm', spec: s, cost: 1 }], 'warm')
+  const { store, client, reader } = await storeOfEight(t, s)
   const before = await scriptCalls(reader)
   const results = await Promise.all(Array.from({ length: 20 }, (_, i) => store.decide([{ key: 'k', spec: s, cost: 1 }], `r${i}`)))
   t.equal(await scriptCalls(reader) - before, 3, '20 requests, at most 8 per call: 3 calls')
@@ -161,14 +166,8 @@ t.test('a failed batch fails each of its requests (their own onError path), and 
 })
 
 t.test('requests from separate callbacks of one turn share a call; a turn of exactly two batches makes two calls, no empty third', async (t) => {
-  const redis = await startRedis(t)
-  const client = createRedisClient({ url: redis.url })
-  t.teardown(() => client.disconnect())
-  await whenReady(client)
-  const reader = redis.client()
-  const store = createRedisStore({ client, maxBatch: 8 })
   const s = spec('token-bucket', 100, 3_600_000, 100)
-  await store.decide([{ key: 'warm', spec: s, cost: 1 }], 'warm')
+  const { store, reader } = await storeOfEight(t, s)
   // each HTTP request is parsed in a callback of its own: three timers due together run in one
   // timers phase, as a socket's reads do in one poll phase, and their requests must still go together
   const before = await scriptCalls(reader)
