@@ -197,6 +197,33 @@ t.test('the library outlives a call, a call\'s state does not', async (t) => {
   })
 })
 
+t.test('a batch reply the store cannot read fails every request of the batch, and the next batch is decided', async (t) => {
+  // A library under this version's name that answers a batch with too few values (what a
+  // library edited by hand, or a bug in limit-batch.lua, would send): the store's load finds the
+  // name taken ("already exists") and calls it.
+  const junk = `#!lua name=${FUNCTION_LIBRARY_NAME}\n` +
+    `redis.register_function('${functionName('limit_batch')}', function (keys, args) return '1700000000000,1,0' end)\n` +
+    `redis.register_function('${functionName('limit')}', function (keys, args) return redis.error_reply('ERR not used') end)\n`
+  const { reader, store } = await freshStore(t, { prepare: async (reader) => await reader.call('FUNCTION', 'LOAD', junk) })
+  await eventually('the store\'s own load refused as already there', async () => (await scriptCalls(reader)).functionLoad === 2)
+  const s = spec('gcra', 1_000_000, 1000)
+  // three requests of one turn: one call of the batch function
+  const hung = new Promise<'hung'>((resolve) => { setTimeout(() => { resolve('hung') }, 5000).unref() })
+  const settled = await Promise.race([Promise.allSettled([0, 1, 2].map(async (i) => await store.decide(check(`k${i}`, s), `r${i}`))), hung])
+  if (settled === 'hung') {
+    t.fail('a request of the batch was left waiting')
+    return
+  }
+  t.same(settled.map((r) => r.status), ['rejected', 'rejected', 'rejected'], 'each request of the batch fails (each then takes its onError path)')
+  t.match(settled.map((r) => r.status === 'rejected' ? String(r.reason) : ''), Array(3).fill(/fewer values than its requests need/))
+  t.same((await fcallStats(reader)).calls, 1, 'one call for the three')
+
+  // the library repaired: the next turn's batch is decided
+  await reader.call('FUNCTION', 'LOAD', 'REPLACE', FUNCTION_LIBRARY)
+  const next = await Promise.all([0, 1].map(async (i) => await store.decide(check(`k${i}`, s), `n${i}`)))
+  t.same(next.map((d) => d.allowed), [true, true], 'the next batch is admitted')
+})
+
 t.test('two versions side by side: a library of another version is left alone', async (t) => {
   // what an instance of another version loaded: its own name, its own function names
   const other = FUNCTION_LIBRARY.replaceAll(FUNCTION_LIBRARY_NAME, 'gateway_0000000000000000')
