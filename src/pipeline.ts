@@ -13,6 +13,7 @@ import { checkRequestHead } from './router/request-head.js'
 import { looksLikeMisconfiguredProxy } from './identify/client-ip.js'
 import { forwardRequest, type ForwardContext, type ForwardErrorKind } from './proxy/forward.js'
 import type { createWebSocketProxy } from './proxy/websocket.js'
+import { offersWebSocket } from './proxy/upgrade-offer.js'
 import { ERRORS, sendError, sendJsonText, writeError, writeRawJsonText, type ErrorCode } from './errors.js'
 import type { CompiledRoute, Runtime } from './runtime.js'
 import type { LimitVerdict, RejectVerdict } from './limit/limiter.js'
@@ -364,7 +365,7 @@ class UpgradeExchange extends Exchange {
   }
 
   protected routed (a: Admission): Refusal | null {
-    if (!a.route.websocket || (this.req.headers.upgrade ?? '').toLowerCase() !== 'websocket') return NOT_A_WEBSOCKET_ROUTE
+    if (!a.route.websocket || !offersWebSocket(this.req)) return NOT_A_WEBSOCKET_ROUTE
     return this.req.method === 'GET' ? null : UPGRADE_NOT_GET
   }
 

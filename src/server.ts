@@ -10,6 +10,7 @@ import { compileRuntime, type Runtime } from './runtime.js'
 import { ResourceCache, type RedisStatus } from './runtime-resources.js'
 import { createRequestHandler, createUpgradeHandler, type PipelineState } from './pipeline.js'
 import { createWebSocketProxy } from './proxy/websocket.js'
+import { declineUpgrade, offersWebSocket } from './proxy/upgrade-offer.js'
 import { GatewayMetrics } from './admin/metrics.js'
 import { createAdminServer, healthOf, isLoopback, json, type AdminSource } from './admin/admin-server.js'
 import { createLimitsApi, createLimitsOps, type LimitsApiDeps } from './admin/limits-api.js'
@@ -317,20 +318,25 @@ export class Gateway {
     })
     const handleUpgrade = createUpgradeHandler(this.state)
     server.on('upgrade', (req: IncomingMessage, socket: Socket, head: Buffer) => {
+      // h2c and any other offer but WebSocket: served over HTTP/1.1 (src/proxy/upgrade-offer.ts)
+      const proceed = offersWebSocket(req) ? () => { handleUpgrade(req, socket, head) } : () => { declineUpgrade(server, req, socket, head) }
       // Node emits 'upgrade' while requests pipelined before it on the connection still await their
       // answers. Admitted at once, its 101 went out first and those answers were written into the
-      // tunnel (RFC 9112 §9.3.2: answers go in order). It waits for them, as a malformed request's
-      // error does; if the last of them closes the connection, the upgrade finds it closed.
+      // tunnel (RFC 9112 §9.3.2: answers go in order); a declined offer's answer would overtake
+      // them. It waits for them, as a malformed request's error does; if the last of them closes
+      // the connection, the upgrade finds it closed.
       const open = this.openResponses.get(socket)
       if (open === undefined || open.responses.length === 0) {
-        handleUpgrade(req, socket, head)
+        proceed()
         return
       }
       // (node arms its keep-alive timer as that last answer finishes; http-proxy clears a socket's
       // timeout as it starts the upgrade, and the tunnel sets websocketIdleTimeout once open)
-      open.then = () => { handleUpgrade(req, socket, head) }
+      open.then = proceed
     })
     server.on('connection', (socket: Socket) => {
+      // a declined upgrade hands its connection to the server again (declineUpgrade)
+      if (this.sockets.has(socket)) return
       this.sockets.add(socket)
       socket.once('close', () => this.sockets.delete(socket))
     })
