@@ -328,6 +328,61 @@ routes:
   t.same(json(smallChunked), { bytes: 1000 })
 })
 
+t.test('an upstream that refuses an upload early (413 while the body streams, then a lingering close) has its answer relayed', async (t) => {
+  // As nginx and Go's net/http refuse a body: the answer at once, then the body read and dropped
+  // for a while before the connection closes. (An upstream that closes with the body unread makes
+  // its kernel reset the connection, and the reset can discard the answer in flight: a 502
+  // then, as behind any proxy.) The body streams to the upstream as it comes, past what the
+  // gateway buffers for a retry, so the answer comes while the client is still sending.
+  const refusals: number[] = []
+  const upstream = net.createServer((socket) => {
+    socket.on('error', () => {})
+    socket.once('data', () => {
+      refusals.push(Date.now())
+      socket.end('HTTP/1.1 413 Payload Too Large\r\ncontent-type: application/json\r\ncontent-length: 22\r\nconnection: close\r\n\r\n{"error":"too large"}\n')
+      socket.resume()
+      setTimeout(() => socket.destroy(), 3000).unref()
+    })
+  })
+  await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => upstream.close())
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [http://127.0.0.1:${(upstream.address() as net.AddressInfo).port}] }
+routes:
+  - { name: uploads, pathPrefix: /, upstream: backend }
+`)
+  for (const framing of ['content-length', 'chunked'] as const) {
+    // 4 MB in 64 KB steps every 10 ms: still streaming when the answer comes
+    const total = 4 * 1024 * 1024
+    const { port } = new URL(gw.url)
+    const reply = await new Promise<{ status: number, body: string, sentWhenAnswered: number }>((resolve, reject) => {
+      let sent = 0
+      const req = http.request({ host: '127.0.0.1', port, path: '/upload', method: 'PUT', agent: false, headers: framing === 'content-length' ? { 'content-length': String(total) } : {} }, (res) => {
+        const sentWhenAnswered = sent
+        clearInterval(timer)
+        let body = ''
+        res.on('data', (chunk: Buffer) => { body += chunk.toString() })
+        res.on('end', () => { resolve({ status: res.statusCode ?? 0, body, sentWhenAnswered }); req.destroy() })
+      })
+      req.on('error', reject)
+      const chunk = Buffer.alloc(64 * 1024, 97)
+      const timer = setInterval(() => {
+        if (sent >= total) {
+          clearInterval(timer)
+          req.end()
+          return
+        }
+        sent += chunk.length
+        req.write(chunk)
+      }, 10)
+    })
+    t.equal(reply.status, 413, `${framing}: the upstream's status`)
+    t.equal(reply.body, '{"error":"too large"}\n', `${framing}: and its body`)
+    t.ok(reply.sentWhenAnswered < total, `${framing}: answered while the body was still being sent (${reply.sentWhenAnswered} of ${total} bytes)`)
+  }
+  t.equal(refusals.length, 2, 'one upstream request per upload')
+})
+
 t.test('headers larger than server.maxHeaderSize get 431 JSON', async (t) => {
   const upstream = await startUpstream(t)
   const gw = await startGateway(t, `${HEAD}server: { maxHeaderSize: 2048 }
