@@ -21,7 +21,7 @@ import { answerAdminRequests, sendLiveFrames } from './workers.js'
 import { redactConfig } from './admin/redact.js'
 import { cutByGateway } from './proxy/shutdown-cut.js'
 import { createAccessLog, createLogger, droppedLogLines, type Logger, type LogLevel } from './log.js'
-import { errorBody, writeRawError, type ErrorCode } from './errors.js'
+import { errorBody, writeError, writeRawError, type ErrorCode } from './errors.js'
 import { adminListen, adminToken } from './config/defaults.js'
 
 export interface GatewayOptions {
@@ -156,6 +156,16 @@ function applyServerSettings (server: Server | HttpsServer, runtime: Runtime): v
   ;(server as { maxHeaderSize?: number }).maxHeaderSize = s.maxHeaderSize
 }
 
+const NOT_A_FORWARD_PROXY = Object.freeze({ reason: 'CONNECT is not served: the gateway is a reverse proxy, not a forward proxy' })
+
+/** The message of a 400 for a head node:http could not parse: its parser's code, or what it means. */
+function parserErrorMessage (code: string): string {
+  if (code === '') return 'bad request'
+  // "PRI * HTTP/2.0": a client speaking HTTP/2 without asking first (prior knowledge, h2c)
+  if (code === 'HPE_PAUSED_H2_UPGRADE') return 'HTTP/2 with prior knowledge is not served: this listener speaks HTTP/1.1'
+  return code
+}
+
 /** Longest the exit waits for the log buffer to reach stdout once the gateway has stopped. */
 const LOG_DRAIN_MS = 2000
 
@@ -259,6 +269,21 @@ export class Gateway {
   }
 
   /** The connection's open responses, tracked from its first request until it closes. */
+
+  /**
+   * Answers what reached no route (a malformed head, a CONNECT), with a request id made for it.
+   * Pipelined requests before it on the connection are answered first, in order (RFC 9112
+   * §9.3.2): the answer waits for their responses instead of being written in the middle of them.
+   * Counted and logged like any answered request: oversized headers and slowloris are worth seeing.
+   */
+  private answerUnrouted (socket: Socket, status: number, error: string, write: (requestId: string) => void): void {
+    const requestId = randomUUID()
+    const open = this.openResponses.get(socket)
+    if (open === undefined || open.responses.length === 0) write(requestId)
+    else open.then = () => { write(requestId) }
+    this.live.request('-', '-', status, 0)
+    this.logger.info({ requestId, ip: socket.remoteAddress, route: '-', status, error }, 'request')
+  }
   private openResponsesOf (socket: Socket): OpenResponses {
     let open = this.openResponses.get(socket)
     if (open === undefined) {
@@ -352,27 +377,26 @@ export class Gateway {
       const [status, error]: [number, ErrorCode] = code === 'HPE_HEADER_OVERFLOW'
         ? [431, 'GW_ERR_HEADERS_TOO_LARGE']
         : code === 'ERR_HTTP_REQUEST_TIMEOUT' ? [408, 'GW_ERR_BAD_REQUEST'] : [400, 'GW_ERR_BAD_REQUEST']
-      // No request was parsed, so no id was given: one is made, as for every other error answer.
-      const requestId = randomUUID()
-      const answer = (): void => { writeRawError(socket, status, errorBody(error, code === '' ? 'bad request' : code, { requestId }), requestId) }
-      // Pipelined requests before the malformed one are answered first, in order (RFC 9112 §9.3.2):
-      // the error waits for their responses instead of being written in the middle of them.
-      const open = this.openResponses.get(socket)
-      if (open === undefined || open.responses.length === 0) answer()
       // A request timeout while a request's body is still arriving: that body is what is late (a
       // byte now and then keeps clientBodyTimeout from firing), and its answer would wait for it
       // for ever. Ending the connection closes it (logged as a client abort, giving back what it
       // held); answers still owed to requests pipelined before it are lost, the price of a
       // connection that outlived server.requestTimeout. Each of those requests is logged and
       // counted once, as the client_timeout it is, not as a client abort beside a 408 never sent.
-      else if (code === 'ERR_HTTP_REQUEST_TIMEOUT' && open.responses.some(r => !r.req.complete)) {
+      const open = this.openResponses.get(socket)
+      if (code === 'ERR_HTTP_REQUEST_TIMEOUT' && open !== undefined && open.responses.some(r => !r.req.complete)) {
         for (const res of open.responses) cutByGateway.set(res, 'client_timeout')
         socket.destroy()
         return
-      } else open.then = answer
-      // Counted and logged like any answered request: oversized headers and slowloris are worth seeing.
-      this.live.request('-', '-', status, 0)
-      this.logger.info({ requestId, ip: socket.remoteAddress, route: '-', status, error: code === '' ? 'bad_request' : code }, 'request')
+      }
+      this.answerUnrouted(socket, status, code === '' ? 'bad_request' : code, (requestId) => {
+        writeRawError(socket, status, errorBody(error, parserErrorMessage(code), { requestId }), requestId)
+      })
+    })
+    // CONNECT asks for a tunnel to another host (forward proxying), which the gateway does not
+    // offer; node closes such a connection without a word when nothing listens for it.
+    server.on('connect', (_req: IncomingMessage, socket: Socket) => {
+      this.answerUnrouted(socket, 400, 'connect', (requestId) => { writeError(socket, 'GW_ERR_BAD_REQUEST', requestId, NOT_A_FORWARD_PROXY) })
     })
     this.server = server
     this.listenAddress = runtime.config.listen
