@@ -11,6 +11,7 @@ import { ResourceCache, type RedisStatus } from './runtime-resources.js'
 import { createRequestHandler, createUpgradeHandler, type PipelineState } from './pipeline.js'
 import { createWebSocketProxy } from './proxy/websocket.js'
 import { declineUpgrade, offersWebSocket } from './proxy/upgrade-offer.js'
+import { holdContinue } from './proxy/expect-continue.js'
 import { GatewayMetrics } from './admin/metrics.js'
 import { createAdminServer, healthOf, isLoopback, json, type AdminSource } from './admin/admin-server.js'
 import { createLimitsApi, createLimitsOps, type LimitsApiDeps } from './admin/limits-api.js'
@@ -333,13 +334,19 @@ export class Gateway {
       if (open !== undefined) responseClosed(open, res)
     })
     applyServerSettings(server, runtime)
-    server.on('request', (req: IncomingMessage, res: ServerResponse) => {
+    const onRequest = (req: IncomingMessage, res: ServerResponse): void => {
       // While draining, each connection's last response says Connection: close, so keep-alive
       // clients reconnect elsewhere instead of sending their next request to a gateway about to go.
       const open = this.openResponsesOf(req.socket)
       if (this.shuttingDown) closeAfterLast(open, res)
       open.responses.push(res)
       handleRequest(req, res)
+    }
+    server.on('request', onRequest)
+    // Expect: 100-continue: the 100 goes out when the body is read (src/proxy/expect-continue.ts)
+    server.on('checkContinue', (req: IncomingMessage, res: ServerResponse) => {
+      holdContinue(req, res)
+      onRequest(req, res)
     })
     const handleUpgrade = createUpgradeHandler(this.state)
     server.on('upgrade', (req: IncomingMessage, socket: Socket, head: Buffer) => {

@@ -8,6 +8,7 @@ import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upst
 import { UpstreamTarget, type PendingRequest, type PoolWaiter, type UpstreamPool } from './upstream-pool.js'
 import { BodyBudget } from './body-budget.js'
 import { cutByGateway } from './shutdown-cut.js'
+import { sendContinue } from './expect-continue.js'
 
 export type { HeaderRules } from './forward-headers.js'
 export type { ForwardErrorKind } from './upstream-errors.js'
@@ -234,6 +235,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       return
     }
     this.res.on('close', this.onClientClose)
+    // the client that asked for 100 Continue sends its body now
+    if (this.opts.body !== null) sendContinue(this.req, this.res)
     // Like nginx's proxy_request_buffering: a body that trickles in holds no upstream connection.
     if (this.opts.body !== null && plan.bufferBodies > 0) this.bufferBody()
     else this.proceed()

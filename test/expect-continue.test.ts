@@ -1,0 +1,116 @@
+// Expect: 100-continue is answered when the gateway starts to read the body (src/proxy/
+// expect-continue.ts): an admitted upload gets its 100 and its connection stays open, and a request
+// refused before its body (413 by Content-Length, a limit's 429) is answered without a 100, so its
+// client never sends the body, and the connection is closed.
+import t from 'tap'
+import net from 'node:net'
+import { startGateway } from './helpers/gateway.js'
+import { startUpstream, type EchoBody } from './helpers/upstream.js'
+import { parseResponses } from './helpers/raw-http.js'
+
+/** A connection that sends what it is told and collects what comes back. */
+function connection (port: number): { send: (raw: string) => void, received: () => string, untilText: (re: RegExp) => Promise<string>, closed: Promise<void> } {
+  const socket = net.connect(port, '127.0.0.1')
+  socket.on('error', () => {})
+  let text = ''
+  socket.setEncoding('latin1')
+  socket.on('data', (chunk: string) => { text += chunk })
+  const closed = new Promise<void>((resolve) => socket.once('close', () => { resolve() }))
+  return {
+    send: (raw) => { socket.write(raw) },
+    received: () => text,
+    untilText: async (re) => {
+      const deadline = Date.now() + 10_000
+      while (!re.test(text)) {
+        if (Date.now() > deadline) throw new Error(`no ${String(re)} in ${JSON.stringify(text)}`)
+        await new Promise((resolve) => setTimeout(resolve, 10))
+      }
+      return text
+    },
+    closed
+  }
+}
+
+/** The final responses of a connection's bytes, the interim 100 Continue left out. */
+const finals = (text: string): ReturnType<typeof parseResponses> => parseResponses(text.replaceAll('HTTP/1.1 100 Continue\r\n\r\n', ''))
+
+const upload = (path: string, length: number, extra = ''): string =>
+  `PUT ${path} HTTP/1.1\r\nHost: a.test\r\nContent-Type: text/plain\r\nContent-Length: ${length}\r\nExpect: 100-continue\r\n${extra}\r\n`
+
+t.test('an admitted upload gets 100 Continue, then its answer, and the connection stays open', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const c = connection(gw.port)
+  c.send(upload('/first', 5))
+  await c.untilText(/^HTTP\/1\.1 100 Continue\r\n\r\n/)
+  t.equal(up.requests, 0, 'the 100 came before anything went upstream')
+  c.send('hello')
+  await c.untilText(/"body":"hello"/)
+  // the same connection: keep-alive as for any request
+  c.send('GET /second HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n')
+  await c.closed
+  const replies = finals(c.received())
+  t.same(replies.map((r) => r.status), [200, 200])
+  t.same(replies.map((r) => (r.json as unknown as EchoBody).url), ['/first', '/second'])
+  t.not(replies[0]?.headers.connection, 'close')
+})
+
+t.test('refused before its body, by Content-Length or by a limit: no 100, the answer, the connection closed', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: small, pathPrefix: /small/, upstream: backend, maxBodySize: 1kb }
+  - name: limited
+    pathPrefix: /limited/
+    upstream: backend
+    limits:
+      user: { algorithm: fixed-window, limit: 1, window: 1h }
+`)
+  const tooLarge = connection(gw.port)
+  tooLarge.send(upload('/small/x', 10_000_000))
+  await tooLarge.closed
+  const [big] = parseResponses(tooLarge.received())
+  t.equal(big?.status, 413, 'refused by its Content-Length')
+  t.equal(big?.headers.connection, 'close')
+  t.notMatch(tooLarge.received(), /100 Continue/, 'without a 100: the client never sent the body')
+
+  const first = connection(gw.port)
+  first.send(upload('/limited/x', 2, 'X-User-Id: alice\r\n'))
+  await first.untilText(/100 Continue/)
+  first.send('ok')
+  await first.untilText(/"body":"ok"/)
+  const second = connection(gw.port)
+  second.send(upload('/limited/x', 2, 'X-User-Id: alice\r\n'))
+  await second.closed
+  const [limited] = parseResponses(second.received())
+  t.equal(limited?.status, 429, 'over the limit')
+  t.notMatch(second.received(), /100 Continue/)
+  t.equal(up.requests, 1, 'only the admitted upload reached the upstream')
+})
+
+t.test('a bodyless request that asks for 100 Continue is served as any other, on a kept connection', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const c = connection(gw.port)
+  c.send('GET /a HTTP/1.1\r\nHost: a.test\r\nExpect: 100-continue\r\n\r\nGET /b HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n')
+  await c.closed
+  const replies = finals(c.received())
+  t.same(replies.map((r) => r.status), [200, 200])
+  t.same(replies.map((r) => (r.json as unknown as EchoBody).url), ['/a', '/b'])
+})
