@@ -61,7 +61,7 @@ routes:
   t.not(replies[0]?.headers.connection, 'close')
 })
 
-t.test('refused before its body, by Content-Length or by a limit: no 100, the answer, the connection closed', async t => {
+t.test('refused before its body, by Content-Length, by a limit or for want of a route: no 100, the answer, the connection closed', async t => {
   const up = await startUpstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
@@ -95,6 +95,11 @@ routes:
   const [limited] = parseResponses(second.received())
   t.equal(limited?.status, 429, 'over the limit')
   t.notMatch(second.received(), /100 Continue/)
+  const nowhere = connection(gw.port)
+  nowhere.send(upload('/nowhere', 2))
+  await nowhere.closed
+  t.equal(parseResponses(nowhere.received())[0]?.status, 404, 'no route')
+  t.notMatch(nowhere.received(), /100 Continue/)
   t.equal(up.requests, 1, 'only the admitted upload reached the upstream')
 })
 
