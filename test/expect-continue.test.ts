@@ -61,15 +61,17 @@ routes:
   t.not(replies[0]?.headers.connection, 'close')
 })
 
-t.test('refused before its body, by Content-Length, by a limit or for want of a route: no 100, the answer, the connection closed', async t => {
+t.test('refused before its body, by Content-Length, a limit, for want of credentials or of a route: no 100, the answer, the connection closed', async t => {
   const up = await startUpstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
-identity: { header: x-user-id }
+identity:
+  apiKeys: { header: x-api-key, keys: { good-key: alice } }
 upstreams:
   backend: { targets: [${up.url}] }
 routes:
   - { name: small, pathPrefix: /small/, upstream: backend, maxBodySize: 1kb }
+  - { name: private, pathPrefix: /private/, upstream: backend, auth: required }
   - name: limited
     pathPrefix: /limited/
     upstream: backend
@@ -85,16 +87,21 @@ routes:
   t.notMatch(tooLarge.received(), /100 Continue/, 'without a 100: the client never sent the body')
 
   const first = connection(gw.port)
-  first.send(upload('/limited/x', 2, 'X-User-Id: alice\r\n'))
+  first.send(upload('/limited/x', 2, 'X-Api-Key: good-key\r\n'))
   await first.untilText(/100 Continue/)
   first.send('ok')
   await first.untilText(/"body":"ok"/)
   const second = connection(gw.port)
-  second.send(upload('/limited/x', 2, 'X-User-Id: alice\r\n'))
+  second.send(upload('/limited/x', 2, 'X-Api-Key: good-key\r\n'))
   await second.closed
   const [limited] = parseResponses(second.received())
   t.equal(limited?.status, 429, 'over the limit')
   t.notMatch(second.received(), /100 Continue/)
+  const anonymous = connection(gw.port)
+  anonymous.send(upload('/private/x', 2))
+  await anonymous.closed
+  t.equal(parseResponses(anonymous.received())[0]?.status, 401, 'no credentials')
+  t.notMatch(anonymous.received(), /100 Continue/)
   const nowhere = connection(gw.port)
   nowhere.send(upload('/nowhere', 2))
   await nowhere.closed
