@@ -275,7 +275,7 @@ export class Gateway {
    * Answers what reached no route (a malformed head, a CONNECT), with a request id made for it.
    * Pipelined requests before it on the connection are answered first, in order (RFC 9112
    * §9.3.2): the answer waits for their responses instead of being written in the middle of them.
-   * Counted and logged like any answered request: oversized headers and slowloris are worth seeing.
+   * Counted and logged like every answered request: oversized headers and slowloris are worth seeing.
    */
   private answerUnrouted (socket: Socket, status: number, error: string, write: (requestId: string) => void): void {
     const requestId = randomUUID()
@@ -350,7 +350,7 @@ export class Gateway {
     })
     const handleUpgrade = createUpgradeHandler(this.state)
     server.on('upgrade', (req: IncomingMessage, socket: Socket, head: Buffer) => {
-      // h2c and any other offer but WebSocket: served over HTTP/1.1 (src/proxy/upgrade-offer.ts)
+      // h2c and every other offer but WebSocket: served over HTTP/1.1 (src/proxy/upgrade-offer.ts)
       const proceed = offersWebSocket(req) ? () => { handleUpgrade(req, socket, head) } : () => { declineUpgrade(server, req, socket, head) }
       // Node emits 'upgrade' while requests pipelined before it on the connection still await their
       // answers. Admitted at once, its 101 went out first and those answers were written into the

@@ -9,7 +9,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 const held = new WeakSet<IncomingMessage>()
 
 /**
- * The server's 'checkContinue': the request goes on as any other, its 100 held back. A final
+ * The server's 'checkContinue': the request goes on like every other, its 100 held back. A final
  * answer without a 100 closes the connection (node's ServerResponse): the body may still come (a
  * client gives up waiting after a second) or never, so the next bytes are not known to be a head.
  */

@@ -9,7 +9,7 @@
 // shouldUpgradeCallback is that choice). So the request head is written again without its
 // Upgrade field, put back in front of what the client sent after it (its body, requests pipelined
 // behind it) and the connection handed to the server again, which parses it as a new request on a
-// fresh parser: bodies, chunked or not, keep-alive and pipelining work as for any request.
+// fresh parser: bodies, chunked or not, keep-alive and pipelining work as for every request.
 import type { IncomingMessage } from 'node:http'
 import type { Socket } from 'node:net'
 import { TLSSocket } from 'node:tls'
