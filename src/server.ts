@@ -269,8 +269,6 @@ export class Gateway {
     return rt === null ? { configured: false, connected: false, breaker: null, instances: 1 } : this.resources.redisStatus(rt.config)
   }
 
-  /** The connection's open responses, tracked from its first request until it closes. */
-
   /**
    * Answers what reached no route (a malformed head, a CONNECT), with a request id made for it.
    * Pipelined requests before it on the connection are answered first, in order (RFC 9112
@@ -285,6 +283,8 @@ export class Gateway {
     this.live.request('-', '-', status, 0)
     this.logger.info({ requestId, ip: socket.remoteAddress, route: '-', status, error }, 'request')
   }
+
+  /** The connection's open responses, tracked from its first request until it closes. */
   private openResponsesOf (socket: Socket): OpenResponses {
     let open = this.openResponses.get(socket)
     if (open === undefined) {
