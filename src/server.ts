@@ -351,7 +351,11 @@ export class Gateway {
     const handleUpgrade = createUpgradeHandler(this.state)
     server.on('upgrade', (req: IncomingMessage, socket: Socket, head: Buffer) => {
       // h2c and every other offer but WebSocket: served over HTTP/1.1 (src/proxy/upgrade-offer.ts)
-      const proceed = offersWebSocket(req) ? () => { handleUpgrade(req, socket, head) } : () => { declineUpgrade(server, req, socket, head) }
+      const proceed = offersWebSocket(req)
+        ? () => { handleUpgrade(req, socket, head) }
+        : () => {
+            if (!declineUpgrade(server, req, socket, head)) this.answerUnrouted(socket, 431, 'GW_ERR_HEADERS_TOO_LARGE', (requestId) => { writeError(socket, 'GW_ERR_HEADERS_TOO_LARGE', requestId) })
+          }
       // Node emits 'upgrade' while requests pipelined before it on the connection still await their
       // answers. Admitted at once, its 101 went out first and those answers were written into the
       // tunnel (RFC 9112 §9.3.2: answers go in order); a declined offer's answer would overtake

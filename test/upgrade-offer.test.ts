@@ -100,3 +100,43 @@ t.test('over TLS too', async t => {
   t.same(replies.map((r) => [echoOf(r).url, echoOf(r).body]), [['/tls', 'ok'], ['/tls-next', '']])
   t.equal(echoOf(replies[0] as RawReply).headers['x-forwarded-proto'], 'https')
 })
+
+t.test('an h2c offer with more header fields than the gateway keeps is refused 431, its body never read as a request', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url))
+  const port = Number(new URL(gw.url).port)
+  // node keeps maxHeadersCount fields of a head but frames the body by all of them: a
+  // Content-Length past the kept ones must not be lost when the head is written again
+  const smuggled = 'GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n'
+  const filler = Array.from({ length: 120 }, (_, i) => `X-${i}: v\r\n`).join('')
+  const text = await rawExchange(port, `POST /outer HTTP/1.1\r\nHost: a.test\r\n${H2C}${filler}Content-Length: ${smuggled.length}\r\n\r\n${smuggled}`)
+  const replies = parseResponses(text)
+  t.same(replies.map((r) => r.status), [431], 'one answer, and the connection closed')
+  t.equal(replies[0]?.json?.error, 'GW_ERR_HEADERS_TOO_LARGE')
+  t.equal(up.requests, 0, 'nothing forwarded, the body least of all')
+})
+
+t.test('an h2c offer pipelined behind an answer is not cut by the keep-alive timeout that answer armed', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, 'server: { keepAliveTimeout: 1s }\n'))
+  const port = Number(new URL(gw.url).port)
+  const text = await rawExchange(port, `GET /a HTTP/1.1\r\nHost: a.test\r\n\r\nGET /slow?ms=3000 HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade, HTTP2-Settings, close\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n`)
+  const replies = parseResponses(text)
+  t.same(replies.map((r) => r.status), [200, 200], 'the slow one answered too')
+  t.same(replies.map((r) => echoOf(r).url), ['/a', '/slow?ms=3000'])
+})
+
+t.test('draining: an h2c offer pipelined behind the connection\'s last answer is not served', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url))
+  const port = Number(new URL(gw.url).port)
+  const exchange = rawExchange(port, `GET /slow?ms=600 HTTP/1.1\r\nHost: a.test\r\n\r\nPOST /second HTTP/1.1\r\nHost: a.test\r\n${H2C}Content-Length: 2\r\n\r\nok`)
+  await new Promise((resolve) => setTimeout(resolve, 200))
+  const closing = gw.close()
+  const replies = parseResponses(await exchange)
+  await closing
+  t.same(replies.map((r) => r.status), [200], 'the answer in flight, and the connection closed after it')
+  t.equal(replies[0]?.headers.connection, 'close')
+  t.notOk(up.log.includes('/second'), 'the request behind it never reached the upstream')
+  t.notOk(gw.lines.some((l) => l.msg === 'request' && l.path === '/second'), 'nor was it handled: the client resends it elsewhere')
+})

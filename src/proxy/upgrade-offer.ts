@@ -10,10 +10,10 @@
 // Upgrade field, put back in front of what the client sent after it (its body, requests pipelined
 // behind it) and the connection handed to the server again, which parses it as a new request on a
 // fresh parser: bodies, chunked or not, keep-alive and pipelining work as for every request.
-import type { IncomingMessage } from 'node:http'
+import type { IncomingMessage, Server } from 'node:http'
+import type { Server as HttpsServer } from 'node:https'
 import type { Socket } from 'node:net'
 import { TLSSocket } from 'node:tls'
-import type { EventEmitter } from 'node:events'
 
 /** Whether the request asks for the one protocol the gateway switches to. */
 export function offersWebSocket (req: IncomingMessage): boolean {
@@ -39,11 +39,27 @@ export function headWithoutUpgrade (req: IncomingMessage): Buffer {
 
 /**
  * Serves the request as if it had offered no upgrade: `server` parses it again from the
- * connection. `head` is what node read after the request head.
+ * connection. `head` is what node read after the request head. Returns false, touching nothing,
+ * for a head that cannot be written again as it came: node keeps at most maxHeadersCount fields
+ * in rawHeaders but frames the body by all of them, so a Content-Length past the kept ones would
+ * be lost and the body read as the next request (smuggling). Such a head has more fields than
+ * the gateway takes: the caller answers 431, as the pipeline would.
  */
-export function declineUpgrade (server: EventEmitter, req: IncomingMessage, socket: Socket, head: Buffer): void {
-  if (socket.destroyed) return
+export function declineUpgrade (server: Server | HttpsServer, req: IncomingMessage, socket: Socket, head: Buffer): boolean {
+  // (node's parser keeps 2000 fields when the server sets no count)
+  if (req.rawHeaders.length >= 2 * (server.maxHeadersCount ?? 2000)) return false
+  // Answers owed before it ended the connection (Connection: close, the drain's last answer):
+  // nothing after them is served, as node serves nothing after such an answer.
+  if (socket.destroyed || !socket.writable || socket.writableEnded) {
+    socket.destroy()
+    return true
+  }
+  // node arms the keep-alive timeout as the answer before this one finishes, and clears it when
+  // the next request arrives, in the parser state that the new one does not share: cleared here,
+  // or it would cut this request mid-way (node's resetSocketTimeout)
+  socket.setTimeout(server.timeout)
   socket.unshift(head.length === 0 ? headWithoutUpgrade(req) : Buffer.concat([headWithoutUpgrade(req), head]))
   // a TLS listener's HTTP layer starts on 'secureConnection', a plain one on 'connection'
   server.emit(socket instanceof TLSSocket ? 'secureConnection' : 'connection', socket)
+  return true
 }
