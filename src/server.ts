@@ -350,11 +350,19 @@ export class Gateway {
     })
     const handleUpgrade = createUpgradeHandler(this.state)
     server.on('upgrade', (req: IncomingMessage, socket: Socket, head: Buffer) => {
+      // node took its own 'error' listener off this socket: a reset while the request waits for
+      // the answers before it must not end the process
+      const onError = (): void => { socket.destroy() }
+      socket.on('error', onError)
       // h2c and every other offer but WebSocket: served over HTTP/1.1 (src/proxy/upgrade-offer.ts)
       const proceed = offersWebSocket(req)
         ? () => { handleUpgrade(req, socket, head) }
         : () => {
-            if (!declineUpgrade(server, req, socket, head)) this.answerUnrouted(socket, 431, 'GW_ERR_HEADERS_TOO_LARGE', (requestId) => { writeError(socket, 'GW_ERR_HEADERS_TOO_LARGE', requestId) })
+            // node's own listener comes back with the connection (one per decline, not one more each)
+            socket.off('error', onError)
+            if (declineUpgrade(server, req, socket, head)) return
+            socket.on('error', onError)
+            this.answerUnrouted(socket, 431, 'GW_ERR_HEADERS_TOO_LARGE', (requestId) => { writeError(socket, 'GW_ERR_HEADERS_TOO_LARGE', requestId) })
           }
       // Node emits 'upgrade' while requests pipelined before it on the connection still await their
       // answers. Admitted at once, its 101 went out first and those answers were written into the
@@ -407,6 +415,8 @@ export class Gateway {
     // CONNECT asks for a tunnel to another host (forward proxying), which the gateway does not
     // offer; node closes such a connection without a word when nothing listens for it.
     server.on('connect', (_req: IncomingMessage, socket: Socket) => {
+      // node took its own 'error' listener off: a reset while answering must not end the process
+      socket.on('error', () => { socket.destroy() })
       this.answerUnrouted(socket, 400, 'connect', (requestId) => { writeError(socket, 'GW_ERR_BAD_REQUEST', requestId, NOT_A_FORWARD_PROXY) })
     })
     this.server = server

@@ -3,6 +3,8 @@
 // forward proxy, as HTTPS_PROXY pointed at it does) was closed by node without a word, and
 // HTTP/2 with prior knowledge was answered with the parser's code alone.
 import t from 'tap'
+import net from 'node:net'
+import { once } from 'node:events'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { rawExchange, parseResponses } from './helpers/raw-http.js'
@@ -53,4 +55,49 @@ t.test('HTTP/2 with prior knowledge gets 400 JSON that says this listener speaks
   t.equal(reply?.status, 400)
   t.equal(reply?.json?.error, 'GW_ERR_BAD_REQUEST')
   t.equal(reply?.json?.message, 'HTTP/2 with prior knowledge is not served: this listener speaks HTTP/1.1')
+})
+
+t.test('a CONNECT or an oversized h2c offer behind an answer that closed the connection: nothing written, the gateway serves on', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: small, pathPrefix: /small/, upstream: backend, maxBodySize: 100 }
+  - { name: ok, pathPrefix: /ok/, upstream: backend }
+`)
+  const filler = Array.from({ length: 105 }, (_, i) => `X-${i}: v\r\n`).join('')
+  const closing = [
+    // refused without its 100 Continue (no route): node closes the connection after the 404...
+    'POST /nowhere HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nExpect: 100-continue\r\n\r\nx',
+    // ...and after a 413 by Content-Length
+    `POST /small/x HTTP/1.1\r\nHost: a\r\nContent-Length: 200\r\n\r\n${'y'.repeat(200)}`
+  ]
+  const behind = [CONNECT, `GET /h2c HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n${filler}\r\n`]
+  for (const first of closing) {
+    for (const second of behind) {
+      const replies = parseResponses(await rawExchange(gw.port, first + second))
+      t.equal(replies.length, 1, 'the first answer only: the connection had ended')
+      t.equal(replies[0]?.headers.connection, 'close')
+    }
+  }
+  const [after] = parseResponses(await rawExchange(gw.port, 'GET /ok/after HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n'))
+  t.equal(after?.status, 200, 'the gateway still serves')
+})
+
+t.test('a client that resets while its CONNECT or upgrade offer waits behind a slow answer does not end the gateway', async t => {
+  const gw = await gateway(t)
+  for (const offer of [CONNECT, 'GET /h2c HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n', 'GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n']) {
+    const socket = net.connect(gw.port, '127.0.0.1')
+    socket.on('error', () => {})
+    await once(socket, 'connect')
+    socket.write('GET /slow?ms=300 HTTP/1.1\r\nHost: a\r\n\r\n' + offer)
+    await new Promise((resolve) => setTimeout(resolve, 100))
+    socket.resetAndDestroy()
+    await new Promise((resolve) => setTimeout(resolve, 400))
+  }
+  const [after] = parseResponses(await rawExchange(gw.port, 'GET /after HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n'))
+  t.equal(after?.status, 200, 'the gateway still serves')
 })
