@@ -12,7 +12,7 @@ import type { Teardown } from './helpers/teardown.js'
 
 const CONNECT = 'CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n'
 
-async function gateway (t: Teardown): Promise<Awaited<ReturnType<typeof startGateway>>> {
+async function gateway (t: Teardown, routes = '  - { name: all, pathPrefix: /, upstream: backend }\n'): Promise<Awaited<ReturnType<typeof startGateway>>> {
   const upstream = await startUpstream(t)
   return await startGateway(t, `
 listen: 127.0.0.1:0
@@ -20,8 +20,7 @@ admin: 127.0.0.1:0
 upstreams:
   backend: { targets: [${upstream.url}] }
 routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+${routes}`)
 }
 
 t.test('CONNECT gets 400 JSON naming the reason, and the connection is closed', async t => {
@@ -58,14 +57,7 @@ t.test('HTTP/2 with prior knowledge gets 400 JSON that says this listener speaks
 })
 
 t.test('a CONNECT or an oversized h2c offer behind an answer that closed the connection: nothing written, the gateway serves on', async t => {
-  const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `
-listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: small, pathPrefix: /small/, upstream: backend, maxBodySize: 100 }
+  const gw = await gateway(t, `  - { name: small, pathPrefix: /small/, upstream: backend, maxBodySize: 100 }
   - { name: ok, pathPrefix: /ok/, upstream: backend }
 `)
   const filler = Array.from({ length: 105 }, (_, i) => `X-${i}: v\r\n`).join('')

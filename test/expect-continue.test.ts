@@ -5,8 +5,9 @@
 import t from 'tap'
 import net from 'node:net'
 import { startGateway } from './helpers/gateway.js'
-import { startUpstream, type EchoBody } from './helpers/upstream.js'
+import { startUpstream, type EchoBody, type Upstream } from './helpers/upstream.js'
 import { parseResponses } from './helpers/raw-http.js'
+import type { Teardown } from './helpers/teardown.js'
 
 /** A connection that sends what it is told and collects what comes back. */
 function connection (port: number): { send: (raw: string) => void, received: () => string, untilText: (re: RegExp) => Promise<string>, closed: Promise<void> } {
@@ -31,6 +32,13 @@ function connection (port: number): { send: (raw: string) => void, received: () 
   }
 }
 
+const ALL = '  - { name: all, pathPrefix: /, upstream: backend }\n'
+
+/** A gateway in front of `up`, with `routes` (YAML lines) and `head` before its upstreams. */
+async function gatewayTo (t: Teardown, up: Upstream, routes = ALL, head = ''): Promise<Awaited<ReturnType<typeof startGateway>>> {
+  return await startGateway(t, `listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\n${head}upstreams:\n  backend: { targets: [${up.url}] }\nroutes:\n${routes}`)
+}
+
 /** The final responses of a connection's bytes, the interim 100 Continue left out. */
 const finals = (text: string): ReturnType<typeof parseResponses> => parseResponses(text.replaceAll('HTTP/1.1 100 Continue\r\n\r\n', ''))
 
@@ -39,13 +47,7 @@ const upload = (path: string, length: number, extra = ''): string =>
 
 t.test('an admitted upload gets 100 Continue, then its answer, and the connection stays open', async t => {
   const up = await startUpstream(t)
-  const gw = await startGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  backend: { targets: [${up.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await gatewayTo(t, up)
   const c = connection(gw.port)
   c.send(upload('/first', 5))
   await c.untilText(/^HTTP\/1\.1 100 Continue\r\n\r\n/)
@@ -63,21 +65,14 @@ routes:
 
 t.test('refused before its body, by Content-Length, a limit, for want of credentials or of a route: no 100, the answer, the connection closed', async t => {
   const up = await startUpstream(t)
-  const gw = await startGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-identity:
-  apiKeys: { header: x-api-key, keys: { good-key: alice } }
-upstreams:
-  backend: { targets: [${up.url}] }
-routes:
-  - { name: small, pathPrefix: /small/, upstream: backend, maxBodySize: 1kb }
+  const gw = await gatewayTo(t, up, `  - { name: small, pathPrefix: /small/, upstream: backend, maxBodySize: 1kb }
   - { name: private, pathPrefix: /private/, upstream: backend, auth: required }
   - name: limited
     pathPrefix: /limited/
     upstream: backend
     limits:
       user: { algorithm: fixed-window, limit: 1, window: 1h }
-`)
+`, 'identity:\n  apiKeys: { header: x-api-key, keys: { good-key: alice } }\n')
   const tooLarge = connection(gw.port)
   tooLarge.send(upload('/small/x', 10_000_000))
   await tooLarge.closed
@@ -112,13 +107,7 @@ routes:
 
 t.test('a bodyless request that asks for 100 Continue is served as any other, on a kept connection', async t => {
   const up = await startUpstream(t)
-  const gw = await startGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  backend: { targets: [${up.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await gatewayTo(t, up)
   const c = connection(gw.port)
   c.send('GET /a HTTP/1.1\r\nHost: a.test\r\nExpect: 100-continue\r\n\r\nGET /b HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n')
   await c.closed
