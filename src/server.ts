@@ -12,6 +12,7 @@ import { createRequestHandler, createUpgradeHandler, type PipelineState } from '
 import { createWebSocketProxy } from './proxy/websocket.js'
 import { declineUpgrade, offersWebSocket } from './proxy/upgrade-offer.js'
 import { holdContinue } from './proxy/expect-continue.js'
+import { lingerAfterAnswer } from './proxy/lingering-close.js'
 import { GatewayMetrics } from './admin/metrics.js'
 import { createAdminServer, healthOf, isLoopback, json, type AdminSource } from './admin/admin-server.js'
 import { createLimitsApi, createLimitsOps, type LimitsApiDeps } from './admin/limits-api.js'
@@ -340,6 +341,8 @@ export class Gateway {
       const open = this.openResponsesOf(req.socket)
       if (this.shuttingDown) closeAfterLast(open, res)
       open.responses.push(res)
+      // a body's rest is read before a closing answer closes the connection (lingering close)
+      if (req.headers['transfer-encoding'] !== undefined || (req.headers['content-length'] !== undefined && req.headers['content-length'] !== '0')) lingerAfterAnswer(req, res)
       handleRequest(req, res)
     }
     server.on('request', onRequest)

@@ -1,0 +1,32 @@
+// A lingering close (nginx's lingering_close): an answer that closes the connection while the
+// client's body is still arriving (a refusal before the body was read: 404, 401, 429, 413, a
+// request refused without its 100 Continue) is followed by reading and dropping the rest of the
+// body before the socket is closed. Closed at once, the socket still has unread bytes or receives
+// more, and the kernel resets the connection; the reset discards the answer in flight at the
+// client, which then sees a broken connection instead of the gateway's 429.
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import { CLOSE_GRACE_MS } from '../errors.js'
+
+/**
+ * Called for a request with a body as it arrives. When its answer has ended the connection
+ * (Connection: close) and the body is not read to its end, node's close (destroySoon: destroy once
+ * the answer is flushed) waits for the body's end as well: node's parser reads the rest as the
+ * answered request's body and drops it (req._dump). A client that neither ends its body nor reads
+ * the answer within CLOSE_GRACE_MS is cut then.
+ */
+export function lingerAfterAnswer (req: IncomingMessage, res: ServerResponse): void {
+  // runs after node's own 'finish' listener, which detached the response and ended the socket
+  res.once('finish', () => {
+    const socket = req.socket
+    if (req.complete || socket.destroyed || !socket.writableEnded) return
+    // node's destroySoon: once('finish', this.destroy)
+    socket.removeListener('finish', socket.destroy)
+    const timer = setTimeout(() => { socket.destroy() }, CLOSE_GRACE_MS)
+    timer.unref()
+    socket.once('close', () => { clearTimeout(timer) })
+    req.once('end', () => {
+      if (socket.writableFinished) socket.destroy()
+      else socket.once('finish', () => { socket.destroy() })
+    })
+  })
+}
