@@ -71,7 +71,7 @@ t.test('a CONNECT or an oversized h2c offer behind an answer that closed the con
   for (const first of closing) {
     for (const second of behind) {
       const replies = parseResponses(await rawExchange(gw.port, first + second))
-      t.equal(replies.length, 1, 'the first answer only: the connection had ended')
+      t.equal(replies.length, 1, 'one answer, the first: the connection had ended')
       t.equal(replies[0]?.headers.connection, 'close')
     }
   }

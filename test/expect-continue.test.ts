@@ -102,7 +102,7 @@ t.test('refused before its body, by Content-Length, a limit, for want of credent
   await nowhere.closed
   t.equal(parseResponses(nowhere.received())[0]?.status, 404, 'no route')
   t.notMatch(nowhere.received(), /100 Continue/)
-  t.equal(up.requests, 1, 'only the admitted upload reached the upstream')
+  t.equal(up.requests, 1, 'the admitted upload alone reached the upstream')
 })
 
 t.test('a bodyless request that asks for 100 Continue is served as any other, on a kept connection', async t => {
