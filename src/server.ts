@@ -351,6 +351,10 @@ export class Gateway {
       holdContinue(req, res)
       onRequest(req, res)
     })
+    // An expectation other than 100-continue is ignored and the request served, as nginx does
+    // (RFC 9110 §10.1.1: a server MAY answer 417); node's own 417 had no JSON and no log line.
+    // Expect is never forwarded.
+    server.on('checkExpectation', onRequest)
     const handleUpgrade = createUpgradeHandler(this.state)
     server.on('upgrade', (req: IncomingMessage, socket: Socket, head: Buffer) => {
       // node took its own 'error' listener off this socket: a reset while the request waits for

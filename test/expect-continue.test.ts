@@ -115,3 +115,15 @@ t.test('a bodyless request that asks for 100 Continue is served as any other, on
   t.same(replies.map((r) => r.status), [200, 200])
   t.same(replies.map((r) => (r.json as unknown as EchoBody).url), ['/a', '/b'])
 })
+
+t.test('an expectation other than 100-continue is ignored: the request is served, and Expect is not forwarded', async t => {
+  const up = await startUpstream(t)
+  const gw = await gatewayTo(t, up)
+  const c = connection(gw.port)
+  c.send('PUT /odd HTTP/1.1\r\nHost: a.test\r\nExpect: something-else\r\nContent-Length: 2\r\n\r\nhiGET /next HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n')
+  await c.closed
+  const replies = finals(c.received())
+  t.same(replies.map((r) => r.status), [200, 200], 'no 417, and the connection kept')
+  const echo = replies[0]?.json as unknown as EchoBody
+  t.same([echo.url, echo.body, echo.headers.expect], ['/odd', 'hi', undefined])
+})
