@@ -13,6 +13,7 @@ import { createWebSocketProxy } from './proxy/websocket.js'
 import { declineUpgrade, offersWebSocket } from './proxy/upgrade-offer.js'
 import { holdContinue } from './proxy/expect-continue.js'
 import { lingerAfterAnswer } from './proxy/lingering-close.js'
+import { hasRequestBody } from './proxy/request-body.js'
 import { GatewayMetrics } from './admin/metrics.js'
 import { createAdminServer, healthOf, isLoopback, json, type AdminSource } from './admin/admin-server.js'
 import { createLimitsApi, createLimitsOps, type LimitsApiDeps } from './admin/limits-api.js'
@@ -342,7 +343,7 @@ export class Gateway {
       if (this.shuttingDown) closeAfterLast(open, res)
       open.responses.push(res)
       // a body's rest is read before a closing answer closes the connection (lingering close)
-      if (req.headers['transfer-encoding'] !== undefined || (req.headers['content-length'] !== undefined && req.headers['content-length'] !== '0')) lingerAfterAnswer(req, res)
+      if (hasRequestBody(req.headers)) lingerAfterAnswer(req, res)
       handleRequest(req, res)
     }
     server.on('request', onRequest)

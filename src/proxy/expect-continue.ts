@@ -4,6 +4,7 @@
 // most HTTP clients ask so for every upload over 1 MB, and the gateway then neither receives nor
 // reads gigabytes it will not forward. nginx answers 100 as late.
 import type { IncomingMessage, ServerResponse } from 'node:http'
+import { hasRequestBody } from './request-body.js'
 
 /** Requests whose client waits for 100 Continue before it sends the body. */
 const held = new WeakSet<IncomingMessage>()
@@ -14,11 +15,10 @@ const held = new WeakSet<IncomingMessage>()
  * client gives up waiting after a second) or never, so the next bytes are not known to be a head.
  */
 export function holdContinue (req: IncomingMessage, res: ServerResponse): void {
-  const headers = req.headers
-  // No length and no chunking means no body (RFC 9112 §6.3): answered at once as node would, so
-  // that the connection stays open for the requests behind it.
-  if ((headers['content-length'] === undefined || headers['content-length'] === '0') && headers['transfer-encoding'] === undefined) res.writeContinue()
-  else held.add(req)
+  // no body: answered at once as node would, so that the connection stays open for the requests
+  // behind it
+  if (hasRequestBody(req.headers)) held.add(req)
+  else res.writeContinue()
 }
 
 /** The body is about to be read: the client may send it now. */

@@ -9,6 +9,7 @@ import { UpstreamTarget, type PendingRequest, type PoolWaiter, type UpstreamPool
 import { BodyBudget } from './body-budget.js'
 import { cutByGateway } from './shutdown-cut.js'
 import { sendContinue } from './expect-continue.js'
+import { hasRequestBody } from './request-body.js'
 
 export type { HeaderRules } from './forward-headers.js'
 export type { ForwardErrorKind } from './upstream-errors.js'
@@ -214,7 +215,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       method: req.method ?? 'GET',
       headers: null,
       // No length and no chunking means no body (RFC 9112 §6.3); undici then sends none.
-      body: (headers['content-length'] !== undefined && headers['content-length'] !== '0') || headers['transfer-encoding'] !== undefined ? req : null,
+      body: hasRequestBody(headers) ? req : null,
       headersTimeout: plan.responseTimeoutMs,
       bodyTimeout: plan.idleTimeoutMs,
       servername: null
