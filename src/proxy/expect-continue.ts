@@ -1,8 +1,8 @@
 // Expect: 100-continue (RFC 9110 §10.1.1) is answered when the gateway starts to read the body,
 // not as soon as the head arrives (node's default). A request refused before that (a limit's 429,
-// a 401, a 413 by Content-Length, a 404) is refused before its client sends the body: curl and
-// most HTTP clients ask so for every upload over 1 MB, and the gateway then neither receives nor
-// reads gigabytes it will not forward. nginx answers 100 as late.
+// a 401, a 413 by Content-Length, a 404) is refused before its client sends the body: curl asks
+// so for a file upload and a large post, and the gateway then neither receives nor reads
+// gigabytes it will not forward. nginx answers 100 as late.
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { hasRequestBody } from './request-body.js'
 
