@@ -42,6 +42,15 @@ async function gatewayTo (t: Teardown, up: Upstream, routes = ALL, head = ''): P
 /** The final responses of a connection's bytes, the interim 100 Continue left out. */
 const finals = (text: string): ReturnType<typeof parseResponses> => parseResponses(text.replaceAll('HTTP/1.1 100 Continue\r\n\r\n', ''))
 
+/** `raw` on one connection to a gateway of its own with one route: the final answers, once it closed. */
+async function servedOnce (t: Teardown, raw: string): Promise<ReturnType<typeof parseResponses>> {
+  const gw = await gatewayTo(t, await startUpstream(t))
+  const c = connection(gw.port)
+  c.send(raw)
+  await c.closed
+  return finals(c.received())
+}
+
 const upload = (path: string, length: number, extra = ''): string =>
   `PUT ${path} HTTP/1.1\r\nHost: a.test\r\nContent-Type: text/plain\r\nContent-Length: ${length}\r\nExpect: 100-continue\r\n${extra}\r\n`
 
@@ -106,23 +115,13 @@ t.test('refused before its body, by Content-Length, a limit, for want of credent
 })
 
 t.test('a bodyless request that asks for 100 Continue is served as any other, on a kept connection', async t => {
-  const up = await startUpstream(t)
-  const gw = await gatewayTo(t, up)
-  const c = connection(gw.port)
-  c.send('GET /a HTTP/1.1\r\nHost: a.test\r\nExpect: 100-continue\r\n\r\nGET /b HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n')
-  await c.closed
-  const replies = finals(c.received())
+  const replies = await servedOnce(t, 'GET /a HTTP/1.1\r\nHost: a.test\r\nExpect: 100-continue\r\n\r\nGET /b HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n')
   t.same(replies.map((r) => r.status), [200, 200])
   t.same(replies.map((r) => (r.json as unknown as EchoBody).url), ['/a', '/b'])
 })
 
 t.test('an expectation other than 100-continue is ignored: the request is served, and Expect is not forwarded', async t => {
-  const up = await startUpstream(t)
-  const gw = await gatewayTo(t, up)
-  const c = connection(gw.port)
-  c.send('PUT /odd HTTP/1.1\r\nHost: a.test\r\nExpect: something-else\r\nContent-Length: 2\r\n\r\nhiGET /next HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n')
-  await c.closed
-  const replies = finals(c.received())
+  const replies = await servedOnce(t, 'PUT /odd HTTP/1.1\r\nHost: a.test\r\nExpect: something-else\r\nContent-Length: 2\r\n\r\nhiGET /next HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n')
   t.same(replies.map((r) => r.status), [200, 200], 'no 417, and the connection kept')
   const echo = replies[0]?.json as unknown as EchoBody
   t.same([echo.url, echo.body, echo.headers.expect], ['/odd', 'hi', undefined])
