@@ -169,6 +169,17 @@ function parserErrorMessage (code: string): string {
   return code
 }
 
+/**
+ * Nothing after an answer that closed the connection is served, logged or counted. Node's parser
+ * can still read a request there: a lingering close reads the rest of a body, and what follows it
+ * in the same read is parsed too (src/proxy/lingering-close.ts).
+ */
+function closedByAnswer (socket: Socket): boolean {
+  if (!socket.writableEnded) return false
+  socket.destroy()
+  return true
+}
+
 /** Longest the exit waits for the log buffer to reach stdout once the gateway has stopped. */
 const LOG_DRAIN_MS = 2000
 
@@ -337,6 +348,7 @@ export class Gateway {
     })
     applyServerSettings(server, runtime)
     const onRequest = (req: IncomingMessage, res: ServerResponse): void => {
+      if (closedByAnswer(req.socket)) return
       // While draining, each connection's last response says Connection: close, so keep-alive
       // clients reconnect elsewhere instead of sending their next request to a gateway about to go.
       const open = this.openResponsesOf(req.socket)
@@ -358,6 +370,7 @@ export class Gateway {
     server.on('checkExpectation', onRequest)
     const handleUpgrade = createUpgradeHandler(this.state)
     server.on('upgrade', (req: IncomingMessage, socket: Socket, head: Buffer) => {
+      if (closedByAnswer(socket)) return
       // node took its own 'error' listener off this socket: a reset while the request waits for
       // the answers before it must not end the process
       const onError = (): void => { socket.destroy() }
@@ -423,6 +436,7 @@ export class Gateway {
     // CONNECT asks for a tunnel to another host (forward proxying), which the gateway does not
     // offer; node closes such a connection without a word when nothing listens for it.
     server.on('connect', (_req: IncomingMessage, socket: Socket) => {
+      if (closedByAnswer(socket)) return
       // node took its own 'error' listener off: a reset while answering must not end the process
       socket.on('error', () => { socket.destroy() })
       this.answerUnrouted(socket, 400, 'connect', (requestId) => { writeError(socket, 'GW_ERR_BAD_REQUEST', requestId, NOT_A_FORWARD_PROXY) })

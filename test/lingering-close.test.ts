@@ -6,19 +6,22 @@
 import t from 'tap'
 import net from 'node:net'
 import { spawnGateway } from './helpers/gateway.js'
-import { startUpstream } from './helpers/upstream.js'
-import { parseResponses } from './helpers/raw-http.js'
+import { refusingUrl, startUpstream } from './helpers/upstream.js'
+import { parseResponses, rawExchange } from './helpers/raw-http.js'
 
 /**
  * Sends a head and `size` bytes of body in 64 KiB pieces (each a chunk of its own when `chunked`)
  * as fast as the socket takes them; resolves with what came back.
  */
-async function uploadWithoutWaiting (port: number, head: string, size: number, chunked = false): Promise<{ text: string, error: string | null }> {
+async function uploadWithoutWaiting (port: number, head: string, size: number, chunked = false, readAfterWriting = false): Promise<{ text: string, error: string | null }> {
   return await new Promise((resolve) => {
     const socket = net.connect(port, '127.0.0.1')
     let text = ''
     let error: string | null = null
     socket.setEncoding('latin1')
+    // a client that reads once its body is written (many simple clients): unread, the answer sits
+    // in its kernel's buffer, where a reset from the gateway discards it
+    if (readAfterWriting) socket.pause()
     socket.on('data', (chunk: string) => { text += chunk })
     socket.on('error', (err: NodeJS.ErrnoException) => { error = err.code ?? err.message })
     socket.on('close', () => { resolve({ text, error }) })
@@ -36,6 +39,7 @@ async function uploadWithoutWaiting (port: number, head: string, size: number, c
         }
       }
       if (chunked && !socket.destroyed) socket.write('0\r\n\r\n')
+      if (readAfterWriting) socket.resume()
     }
     pump()
   })
@@ -67,4 +71,81 @@ routes:
     t.same(statuses, Array(8).fill(c.status), `${c.status}: each of 8 clients got its answer`)
   }
   t.equal(up.requests, 0)
+})
+
+t.test('refused while its body streams upstream, past what the gateway buffers: the client that reads last gets its answer', async t => {
+  const up = await startUpstream(t)
+  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${up.url}] }
+  dead: { targets: [${await refusingUrl()}] }
+routes:
+  - { name: mid, pathPrefix: /mid/, upstream: backend, maxBodySize: 3mb }
+  - { name: dead, pathPrefix: /dead/, upstream: dead }
+`)
+  const size = 16 * 1024 * 1024
+  const cases = [
+    // past bufferBodies (1 MiB): the body streams on to the upstream when it outgrows 3 MiB
+    { head: 'PUT /mid/x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n', chunked: true, statuses: [413] },
+    // no upstream to stream it to
+    { head: `PUT /dead/x HTTP/1.1\r\nHost: a\r\nContent-Length: ${size}\r\n\r\n`, chunked: false, statuses: [502, 503] }
+  ]
+  for (const c of cases) {
+    for (let i = 0; i < 3; i++) {
+      const r = await uploadWithoutWaiting(gw.port, c.head, size, c.chunked, true)
+      const status = parseResponses(r.text)[0]?.status
+      t.ok(status !== undefined && c.statuses.includes(status), `${c.head.slice(0, 10)}: ${String(status ?? `nothing (${r.error ?? 'closed'})`)}`)
+    }
+  }
+})
+
+t.test('a request that follows a body on a connection its answer closed is not served', async t => {
+  const up = await startUpstream(t)
+  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - name: lim
+    pathPrefix: /lim/
+    upstream: backend
+    limits:
+      api: { algorithm: fixed-window, limit: 1, window: 1h }
+  - name: ws
+    pathPrefix: /ws/
+    upstream: backend
+    limits:
+      api: { algorithm: fixed-window, limit: 1, window: 1h }
+`)
+  const followers = [
+    'GET /lim/a HTTP/1.1\r\nHost: a\r\n\r\n',
+    'GET /ws/a HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n',
+    'CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n'
+  ]
+  for (const follower of followers) {
+    // refused without its 100 (no route), so the answer closes the connection; the body comes
+    // anyway, and another request behind it in the same write. Half-open allowed: the gateway's
+    // end of the connection does not end the client's writing.
+    const socket = net.connect({ port: gw.port, host: '127.0.0.1', allowHalfOpen: true })
+    socket.on('error', () => {})
+    let text = ''
+    socket.setEncoding('latin1')
+    socket.on('data', (chunk: string) => { text += chunk })
+    const closed = new Promise<void>((resolve) => socket.once('close', () => { resolve() }))
+    socket.write('PUT /nowhere HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n')
+    while (!text.includes('\r\n\r\n')) await new Promise((resolve) => setTimeout(resolve, 10))
+    socket.write('0123456789' + follower)
+    socket.end()
+    await closed
+    t.same(parseResponses(text).map((r) => r.status), [404], `${follower.slice(0, 12)}: the 404, and nothing for the request behind it`)
+  }
+  // each limit's one request of the hour is still there: the requests behind the bodies took nothing
+  for (const path of ['/lim/a', '/ws/a']) {
+    const [fresh] = parseResponses(await rawExchange(gw.port, `GET ${path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n`))
+    t.equal(fresh?.status, 200, `${path} still has its request`)
+    await gw.waitForLog((l) => l.msg === 'request' && l.path === path)
+  }
+  const logged = gw.logs.filter((l) => l.msg === 'request').map((l) => `${String(l.path ?? '-')} ${String(l.status)}`)
+  t.same(logged.sort(), ['/lim/a 200', '/nowhere 404', '/nowhere 404', '/nowhere 404', '/ws/a 200'], 'no line for the requests behind the bodies')
 })

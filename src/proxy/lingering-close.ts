@@ -21,6 +21,11 @@ export function lingerAfterAnswer (req: IncomingMessage, res: ServerResponse): v
     if (req.complete || socket.destroyed || !socket.writableEnded) return
     // node's destroySoon: once('finish', this.destroy)
     socket.removeListener('finish', socket.destroy)
+    // The rest of the body is read and dropped. Node dumps a body nobody read; one the forwarding
+    // was streaming (piped on, paused while its upstream call waited) is its own: taken back.
+    req.unpipe()
+    req.removeAllListeners('data')
+    req.resume()
     const timer = setTimeout(() => { socket.destroy() }, CLOSE_GRACE_MS)
     timer.unref()
     socket.once('close', () => { clearTimeout(timer) })
