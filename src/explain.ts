@@ -2,8 +2,9 @@
 // that matches, who the client is, and each limit that applies, with its algorithm, parameters and
 // store key. It asks the runtime compiled by src/runtime.ts (the live gateway's own factory, run
 // offline), so it cannot disagree with the gateway on routing, identity or plans.
-import { normalizePath, requestTargetPath, requestTargetQuery } from './router/normalize-path.js'
+import { normalizePath, requestTargetAuthority, requestTargetPath, requestTargetQuery } from './router/normalize-path.js'
 import { normalizeHost } from './router/route-table.js'
+import { isValidHost } from './router/request-head.js'
 import { dimensionValue, keyFor, limitsFor } from './limit/plan.js'
 import type { IdentityResult } from './identify/identity.js'
 import type { Runtime } from './runtime.js'
@@ -24,16 +25,10 @@ function asUser (rt: Runtime, user: string): IdentityResult {
 }
 
 export async function explain (rt: Runtime, req: ExplainRequest): Promise<string> {
-  const absolute = /^https?:\/\//i.test(req.url)
-  // only the authority of an absolute-form target comes from URL parsing (the path never does)
-  let authority: string | undefined
-  if (absolute) {
-    try {
-      authority = new URL(req.url).host
-    } catch {
-      return '400 GW_ERR_BAD_REQUEST: the absolute-form target is not a URL\n'
-    }
-  }
+  // an absolute-form target's authority is the host, whatever Host says (RFC 9112 §3.2.2), as in
+  // src/pipeline.ts
+  const authority = requestTargetAuthority(req.url) ?? undefined
+  if (authority !== undefined && (authority === '' || !isValidHost(authority))) return '400 GW_ERR_BAD_REQUEST: invalid authority in the request target\n'
   const headers: Record<string, string> = {}
   for (const h of req.headers) {
     const i = h.indexOf(':')
@@ -47,7 +42,7 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   if (rawPath === null) return '400 GW_ERR_BAD_PATH: not an origin-form or absolute-form request target\n'
   const normalized = normalizePath(rawPath)
   if (!normalized.ok) return `400 GW_ERR_BAD_PATH: ${normalized.reason}\n`
-  const hostHeader = headers.host ?? authority
+  const hostHeader = authority ?? headers.host
   const host = normalizeHost(hostHeader)
   lines.push(`request: ${method} ${normalized.path}${requestTargetQuery(req.url)} (${hostHeader === undefined ? 'no Host header' : `host "${hostHeader}"`})`)
   const route = rt.routes.match(host, method, normalized.path)

@@ -7,9 +7,9 @@
 // Every stage only looks things up in the runtime compiled at load time.
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Duplex } from 'node:stream'
-import { normalizePath, requestTargetPath, requestTargetQuery } from './router/normalize-path.js'
+import { normalizePath, requestTargetAuthority, requestTargetPath, requestTargetQuery } from './router/normalize-path.js'
 import { normalizeHost } from './router/route-table.js'
-import { checkRequestHead } from './router/request-head.js'
+import { checkRequestHead, isValidHost } from './router/request-head.js'
 import { looksLikeMisconfiguredProxy } from './identify/client-ip.js'
 import { forwardRequest, type ForwardContext, type ForwardErrorKind } from './proxy/forward.js'
 import type { createWebSocketProxy } from './proxy/websocket.js'
@@ -69,6 +69,18 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   if (head !== null) return { ok: false, code: head.code, extra: { reason: head.reason }, ipKey: client.key, clientIp: client.ip }
   // absolute-form (RFC 9112 §3.2.2) is accepted; anything else (e.g. "*") is not routable
   const url = req.url ?? '/'
+  if (url.charCodeAt(0) !== 47 /* / */) {
+    const authority = requestTargetAuthority(url)
+    if (authority !== null) {
+      // A userinfo ("user@host") or an empty host is refused, as an invalid Host is (RFC 9110 §4.2.1, §4.2.4).
+      if (authority === '' || !isValidHost(authority)) return { ok: false, code: 'GW_ERR_BAD_REQUEST', extra: { reason: 'invalid authority in the request target' }, ipKey: client.key, clientIp: client.ip }
+      // RFC 9112 §3.2.2: the target's authority is the host, whatever Host says, and a proxy
+      // forwards it as Host. Routed by the Host instead, "GET http://admin.internal/ HTTP/1.1" with
+      // "Host: public" would be served by one host's route and read by a cache or an upstream as
+      // the other's.
+      req.headers.host = authority
+    }
+  }
   const rawPath = requestTargetPath(url)
   if (rawPath === null) return { ok: false, code: 'GW_ERR_BAD_PATH', ipKey: client.key, clientIp: client.ip }
   const normalized = normalizePath(rawPath)

@@ -87,6 +87,25 @@ t.test('hosts: exact, wildcard subdomain, case and port insensitive; the apex is
   t.equal(other.status, 404)
 })
 
+t.test('an absolute-form target routes by its own authority, not by Host, and the upstream gets it as Host (RFC 9112 §3.2.2)', async (t) => {
+  const { base } = await setup(t)
+  const seenHost = async (target: string, host: string): Promise<{ status: number, route: unknown, host: unknown }> => {
+    const reply = await send(base, target, { headers: { host } })
+    if (reply.status !== 200) return { status: reply.status, route: null, host: null }
+    const seen = JSON.parse(reply.body) as EchoBody
+    return { status: reply.status, route: seen.headers['x-route'], host: seen.headers.host }
+  }
+  t.same(await seenHost('http://api.example.com/h/x', 'api.example.org'), { status: 200, route: 'host-exact', host: 'api.example.com' })
+  t.same(await seenHost('HTTPS://API.example.com:8443/h/x?q=1', 'www.example.com'), { status: 200, route: 'host-exact', host: 'API.example.com:8443' })
+  t.same(await seenHost('http://www.example.com/h/x', 'api.example.com'), { status: 200, route: 'host-wild', host: 'www.example.com' })
+  t.same(await seenHost('http://api.example.org/h/x', 'api.example.com'), { status: 404, route: null, host: null }, 'a Host naming a routed host does not route a target for another')
+  for (const target of ['http://user@api.example.com/h/x', 'http:///h/x', 'http://api.example.com:99999/h/x', 'http://a b/h/x'.replace(' ', '%20')]) {
+    const reply = await send(base, target, { headers: { host: 'api.example.com' } })
+    t.equal(reply.status, 400, target)
+    t.match(JSON.parse(reply.body), { error: 'GW_ERR_BAD_REQUEST', reason: 'invalid authority in the request target' }, target)
+  }
+})
+
 t.test('no route: 404 JSON with error, message and the request id', async (t) => {
   const { base, upstream } = await setup(t)
   const given = await send(base, '/nowhere', { headers: { 'x-request-id': 'req-404-given' } })

@@ -32,6 +32,7 @@ plans:
 upstreams:
   backend: { targets: [${up.url}] }
 routes:
+  - { name: internal, host: admin.internal, pathPrefix: /api/, upstream: backend, headers: { request: { set: { x-route: internal } } } }
   - { name: admin, pathPrefix: /Admin/, upstream: backend }
   - { name: api, pathPrefix: /api/, upstream: backend }
 `)
@@ -67,6 +68,16 @@ routes:
     // --user names a consumer without a credential: its plan is the one its requests get
     t.match(explain(file, 'GET', '/api/x', '--user', 'alice'), /^limit: +pro:user /m, '--user alice: plan pro')
     t.match(explain(file, 'GET', '/api/x', '--user', 'carol'), /^limit: +free:user /m, '--user carol: the defaultPlan')
+  })
+
+  t.test('an absolute-form target is routed by its authority, not by Host, in both', async t => {
+    const text = explain(file, 'GET', 'http://admin.internal/api/x', '--header', 'host:a')
+    t.match(text, /^route: +internal -> upstream backend$/m, text)
+    const live = await rawRequest(gw.port, 'GET http://admin.internal/api/x HTTP/1.1\r\nHost: a\r\n')
+    t.equal(live.status, 200)
+    t.equal((live.json?.headers as Record<string, string> | undefined)?.['x-route'], 'internal', 'the live gateway routes it there too')
+    t.match(explain(file, 'GET', 'http://u@admin.internal/api/x'), /^400 GW_ERR_BAD_REQUEST/, 'a userinfo: 400 in explain')
+    t.equal((await rawRequest(gw.port, 'GET http://u@admin.internal/api/x HTTP/1.1\r\nHost: a\r\n')).status, 400, 'and live')
   })
 
   t.test('paths the gateway refuses are refused by explain too (URL parsing resolved them to a route)', async t => {

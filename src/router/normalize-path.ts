@@ -129,6 +129,22 @@ export function requestTargetPath (target: string): string | null {
   return slash === -1 ? '/' : rawPath.slice(slash)
 }
 
+/**
+ * The authority of an absolute-form target ("api.example.com:8080" of "http://api.example.com:8080/x"),
+ * as it stands; null for every other form. Its validity is the caller's to check, as a Host's.
+ */
+export function requestTargetAuthority (target: string): string | null {
+  if (!/^https?:\/\//i.test(target)) return null
+  const start = target.indexOf('//') + 2
+  let end = start
+  while (end < target.length) {
+    const c = target.charCodeAt(end)
+    if (c === 47 /* / */ || c === 63 /* ? */ || c === 35 /* # */) break
+    end++
+  }
+  return target.slice(start, end)
+}
+
 /** The raw query of a request target, with its "?" ('' without one): passed upstream untouched. */
 export function requestTargetQuery (target: string): string {
   const q = target.indexOf('?')
