@@ -349,6 +349,15 @@ t.test('redis: one mode, a sentinel master name, a lease TTL of at least 1 s', a
   t.ok(accepted('redis: { url: "redis://h:1", leaseTtl: 1s }\n' + BASE))
 })
 
+t.test('server.headersTimeout longer than server.requestTimeout is named at the key written, not by node:http at start', async t => {
+  const message = (headers: string, request: string): string => `headersTimeout (${headers}) must not be longer than requestTimeout (${request}): the headers are part of the request`
+  t.same(problems('server: { headersTimeout: 20s, requestTimeout: 10s }\n' + BASE), [`gw.yaml:1:27 server.headersTimeout: ${message('20s', '10s')}`])
+  // the default headersTimeout is 10s
+  t.same(problems('server: { requestTimeout: 5s }\n' + BASE), [`gw.yaml:1:27 server.requestTimeout: ${message('10s', '5s')}`])
+  t.ok(accepted('server: { headersTimeout: 10s, requestTimeout: 10s }\n' + BASE))
+  t.ok(accepted('server: { headersTimeout: 20s, requestTimeout: 0s }\n' + BASE), 'requestTimeout 0 is no timeout')
+})
+
 t.test('workers > 1 without Redis is refused when any limit is shared', async t => {
   const message = 'gw.yaml:1:10 workers: workers > 1 needs "redis:" for the shared limits: without it each worker would enforce every limit on its own (N times the budget)'
   const route = (extra: string): string => UP + `routes:\n  - { name: a, pathPrefix: /, upstream: b, ${extra} }\n`

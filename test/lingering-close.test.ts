@@ -75,27 +75,45 @@ routes:
 
 t.test('refused while its body streams upstream, past what the gateway buffers: the client that reads last gets its answer', async t => {
   const up = await startUpstream(t)
+  // refuses at once, as nginx and Go do: its answer, then the body read and dropped for a while
+  const early = net.createServer((socket) => {
+    socket.on('error', () => {})
+    socket.once('data', () => {
+      socket.end('HTTP/1.1 413 Payload Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n')
+      socket.resume()
+      setTimeout(() => socket.destroy(), 3000).unref()
+    })
+  })
+  await new Promise<void>((resolve) => early.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => early.close())
   const gw = await spawnGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 upstreams:
   backend: { targets: [${up.url}] }
   dead: { targets: [${await refusingUrl()}] }
+  early: { targets: ["http://127.0.0.1:${(early.address() as net.AddressInfo).port}"] }
 routes:
   - { name: mid, pathPrefix: /mid/, upstream: backend, maxBodySize: 3mb }
   - { name: dead, pathPrefix: /dead/, upstream: dead }
+  - { name: early, pathPrefix: /early/, upstream: early }
 `)
   const size = 16 * 1024 * 1024
   const cases = [
     // past bufferBodies (1 MiB): the body streams on to the upstream when it outgrows 3 MiB
     { head: 'PUT /mid/x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n', chunked: true, statuses: [413] },
     // no upstream to stream it to
-    { head: `PUT /dead/x HTTP/1.1\r\nHost: a\r\nContent-Length: ${size}\r\n\r\n`, chunked: false, statuses: [502, 503] }
+    { head: `PUT /dead/x HTTP/1.1\r\nHost: a\r\nContent-Length: ${size}\r\n\r\n`, chunked: false, statuses: [502, 503] },
+    // the upstream's own early answer, relayed while the body still arrives: kept alive, the
+    // connection waited behind the unread body until the keep-alive timeout reset it
+    { head: `PUT /early/x HTTP/1.1\r\nHost: a\r\nContent-Length: ${size}\r\n\r\n`, chunked: false, statuses: [413] }
   ]
   for (const c of cases) {
     for (let i = 0; i < 3; i++) {
       const r = await uploadWithoutWaiting(gw.port, c.head, size, c.chunked, true)
-      const status = parseResponses(r.text)[0]?.status
+      const answer = parseResponses(r.text)[0]
+      const status = answer?.status
       t.ok(status !== undefined && c.statuses.includes(status), `${c.head.slice(0, 10)}: ${String(status ?? `nothing (${r.error ?? 'closed'})`)}`)
+      t.equal(answer?.headers.connection, 'close', `${c.head.slice(0, 10)}: the answer closes the connection`)
     }
   }
 })

@@ -34,6 +34,23 @@ const PIECES: Record<string, ReadonlyArray<string | typeof CLOSE>> = {
   '/cut-head': ['HTTP/1.1 ', CLOSE]
 }
 
+// Answers that go on until the connection closes: an interim response every 200 ms, or a
+// 100 Continue head that never ends, 8 KiB more every 20 ms.
+const STREAMS: Record<string, (socket: net.Socket) => void> = {
+  '/hints-forever': (socket) => { every(socket, 200, () => 'HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n') },
+  '/processing-forever': (socket) => { every(socket, 200, () => 'HTTP/1.1 102 Processing\r\n\r\n') },
+  '/continue-unending': (socket) => {
+    socket.write('HTTP/1.1 100 Continue\r\nX-Pad: ')
+    every(socket, 20, () => 'a'.repeat(8192))
+  },
+  '/hints-then-ok': (socket) => { void writePieces(socket, ['HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n', 'HTTP/1.1 103 Early Hints\r\n\r\n', 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok']) }
+}
+
+function every (socket: net.Socket, ms: number, piece: () => string): void {
+  const timer = setInterval(() => { if (!socket.destroyed) socket.write(piece()) }, ms)
+  socket.once('close', () => { clearInterval(timer) })
+}
+
 async function writePieces (socket: net.Socket, pieces: ReadonlyArray<string | typeof CLOSE>): Promise<void> {
   for (const piece of pieces) {
     if (piece === CLOSE) socket.end()
@@ -53,7 +70,9 @@ async function rawUpstream (t: Teardown): Promise<string> {
       const path = buf.split(' ')[1] ?? ''
       buf = buf.slice(end + 4)
       const pieces = PIECES[path]
-      if (pieces !== undefined) void writePieces(socket, pieces)
+      const stream = STREAMS[path]
+      if (stream !== undefined) stream(socket)
+      else if (pieces !== undefined) void writePieces(socket, pieces)
       else socket.write(ANSWERS[path] ?? 'HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n')
     })
   })
@@ -94,6 +113,39 @@ t.test('an upstream 100 Continue (even twice) then the final response: the final
   t.equal(post.body, 'final')
   t.equal((await rawRequest(gw.port, 'GET /ok HTTP/1.1\r\nHost: a\r\n')).body, 'ok', 'the pooled connection still reads the next response right')
   t.equal(gw.lines.filter(l => l.msg === 'request' && l.error !== undefined).length, 0, 'no error logged')
+})
+
+t.test('interim responses do not hold a request past timeouts.response, and a 100 head that never ends is refused', async t => {
+  const upstream = await rawUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${upstream}], timeouts: { response: 1s } }
+  slow: { targets: [${upstream}], timeouts: { response: 20s } }
+routes:
+  - { name: slow, pathPrefix: /continue-unending, upstream: slow }
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  // undici starts its headers timer again at each interim response: one a second held the
+  // request for good, with no answer and no log line
+  for (const path of ['/hints-forever', '/processing-forever']) {
+    const reply = await rawRequest(gw.port, `GET ${path} HTTP/1.1\r\nHost: a\r\n`)
+    t.equal(reply.status, 504, `${path}: 504`)
+    t.equal(reply.json?.error, 'GW_ERR_UPSTREAM_TIMEOUT')
+    const line = gw.lines.find(l => l.msg === 'request' && l.path === path)
+    t.match(line, { status: 504, error: 'response_timeout' }, `${path}: logged as a response timeout`)
+    t.ok(Number(line?.durationMs) < 10_000, `${path}: within the deadline of the first interim response (${String(line?.durationMs)} ms)`)
+  }
+  const hinted = await rawRequest(gw.port, 'GET /hints-then-ok HTTP/1.1\r\nHost: a\r\n')
+  t.equal(`${hinted.status} ${hinted.body}`, '200 ok', 'interim responses then the final one: relayed')
+  // held whole before, past any header limit (20 MB in a helper's run) and copied again at every
+  // read, until the 20 s response timeout: a 502 now, as undici answers a final head that large
+  const unending = await rawRequest(gw.port, 'GET /continue-unending HTTP/1.1\r\nHost: a\r\n')
+  t.equal(unending.status, 502, 'a 100 Continue head past the header limit: 502')
+  t.equal(unending.json?.error, 'GW_ERR_UPSTREAM_BAD_RESPONSE')
+  t.match(gw.lines.find(l => l.msg === 'request' && l.path === '/continue-unending'), { status: 502, error: 'bad_response' })
+  t.equal((await rawRequest(gw.port, 'GET /ok HTTP/1.1\r\nHost: a\r\n')).body, 'ok', 'the gateway serves on')
 })
 
 t.test('a response head split by the network, or an answer that is not HTTP, never stalls the gateway', async t => {

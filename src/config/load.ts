@@ -499,6 +499,13 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
   if (hasUserConcurrency && config.identity === undefined) {
     out.push([['identity'], 'a "concurrency.user" limit is configured but no identity: add identity.header, identity.apiKeys or identity.jwt'])
   }
+  // node:http refuses a server whose headers may take longer than the whole request (and a reload
+  // would set it without a word): reported here, at the key the operator wrote
+  const headersMs = parseDuration(resolved.server.headersTimeout)
+  const requestMs = parseDuration(resolved.server.requestTimeout)
+  if (requestMs > 0 && headersMs > requestMs) {
+    out.push([['server', config.server?.headersTimeout !== undefined ? 'headersTimeout' : 'requestTimeout'], `headersTimeout (${resolved.server.headersTimeout}) must not be longer than requestTimeout (${resolved.server.requestTimeout}): the headers are part of the request`])
+  }
   if (config.redis?.leaseTtl !== undefined && parseDuration(config.redis.leaseTtl) < 1000) {
     out.push([['redis', 'leaseTtl'], 'leaseTtl must be at least 1s (leases are renewed every third of it)'])
   }

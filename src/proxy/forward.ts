@@ -1,6 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { PassThrough } from 'node:stream'
-import type { Dispatcher } from 'undici'
+import { errors as undiciErrors, type Dispatcher } from 'undici'
 import { ERRORS, GatewayError, sendError, type ErrorCode } from '../errors.js'
 import { clientResponseHeaders, compileHeaders, upstreamRequestHeaders, type CompiledHeaders, type HeaderRules } from './forward-headers.js'
 import { stripPathPrefix } from './forward-path.js'
@@ -129,6 +129,12 @@ function onIdleTimer (forward: ForwardHandler, kind: 'client_timeout' | 'send_ti
   forward.onIdle(kind)
 }
 
+function onInterimDeadline (forward: ForwardHandler): void {
+  forward.interimTimer = null
+  // undici's own kind of error for a head that did not come in time: counted and answered as one (504)
+  if (!forward.settled && !forward.responded) forward.abortUpstream?.(new undiciErrors.HeadersTimeoutError())
+}
+
 /**
  * Forwards one request to the plan's upstream, streaming both bodies with backpressure. Never
  * throws; `done` is called exactly once, after the response ended or failed.
@@ -202,6 +208,11 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   clientTimer: NodeJS.Timeout | null = null
   sendTimer: NodeJS.Timeout | null = null
   timedOut: 'client_timeout' | 'send_timeout' | null = null
+  /**
+   * The final head's deadline once an interim response (103, 102) came: undici starts its
+   * headersTimeout again on each, so an upstream sending one a second never timed out.
+   */
+  interimTimer: NodeJS.Timeout | null = null
 
   constructor (req: IncomingMessage, res: ServerResponse, plan: ForwardPlan, ctx: ForwardContext, done: (result: ForwardResult) => void) {
     this.req = req
@@ -419,7 +430,11 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   /** Returns false to stop reading the upstream response (only onData does, under backpressure). */
   onHeaders (statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
     // 1xx: node:http already sent its own 100 Continue; other interim responses are not relayed.
-    if (statusCode < 200 || this.clientGone) return true
+    if (statusCode < 200 || this.clientGone) {
+      if (this.interimTimer === null && !this.clientGone) this.interimTimer = setTimeout(onInterimDeadline, this.plan.responseTimeoutMs, this)
+      return true
+    }
+    if (this.interimTimer !== null) this.clearInterimTimer()
     this.resumeUpstream = resume
     // RFC 9110 §15: a status is three digits, 1xx-5xx. A status node:http would relay as is (600),
     // or headers clientResponseHeaders cannot relay (a transfer coding other than chunked): 502.
@@ -431,6 +446,11 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     }
     if (this.target !== null) this.plan.pool.succeeded(this.target)
     this.status = statusCode
+    // An answer that comes while the client's body is still arriving (an upload refused early) no
+    // longer reads it: the connection closes after it, the rest of the body read and dropped
+    // (src/proxy/lingering-close.ts). Kept alive, the client's next request waited behind an
+    // unread body until the keep-alive timeout cut it.
+    if (this.opts.body !== null && !this.req.complete) this.res.shouldKeepAlive = false
     // A throw here (a header node:http rejects) makes undici abort, and onError answers 502.
     this.res.writeHead(statusCode, out)
     this.responded = true
@@ -557,10 +577,17 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     this.plan.pool.release(held)
   }
 
+  clearInterimTimer (): void {
+    if (this.interimTimer === null) return
+    clearTimeout(this.interimTimer)
+    this.interimTimer = null
+  }
+
   settle (kind: ForwardErrorKind | null, error: GatewayError | null): void {
     if (this.settled) return
     this.settled = true
     this.clearIdle()
+    this.clearInterimTimer()
     if (this.waiting !== null) {
       this.plan.pool.cancel(this.waiting)
       this.waiting = null

@@ -4,6 +4,7 @@
 // gateway never sends `Expect` upstream, so a 100 carries nothing: it is dropped on the socket,
 // before undici's parser, where a response can only start after a request was written (undici
 // does not pipeline: one request per connection at a time).
+import { maxHeaderSize } from 'node:http'
 import type { Socket } from 'node:net'
 import { buildConnector } from 'undici'
 
@@ -13,6 +14,10 @@ const HEAD_END = Buffer.from('\r\n\r\n')
 const CONTINUE_PREFIX: ReadonlyArray<readonly number[]> = [...'HTTP/1.'].map(c => [c.charCodeAt(0)])
   .concat([[0x30, 0x31], [0x20], [0x31], [0x30], [0x30], [0x20, 0x0d]])
 const PREFIX_LENGTH = CONTINUE_PREFIX.length
+// The most a 100 head may hold before it is handed to undici's parser, which refuses a head past
+// its own limit (the same: node's maxHeaderSize, undici's default). Held without a bound, a head
+// that never ended grew by every read, and each read copied all of it again.
+const MAX_HELD = maxHeaderSize
 
 /**
  * Whether `buf` starts a `100 Continue` head: 'yes', 'no', or 'maybe' while every byte so far
@@ -66,6 +71,10 @@ export function dropContinueResponses (socket: Socket): void {
       // a 100 head, whole or not yet: wait for the next 'readable' with what was read
       const end = head === 'yes' ? chunk.indexOf(HEAD_END) : -1
       if (end === -1) {
+        if (chunk.length > MAX_HELD) {
+          socket.read = read
+          return chunk
+        }
         held = chunk
         return null
       }

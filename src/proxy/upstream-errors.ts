@@ -62,6 +62,9 @@ export function classifyUpstreamError (err: unknown): ForwardErrorKind {
     case 'UND_ERR_HEADERS_TIMEOUT':
     case 'UND_ERR_BODY_TIMEOUT':
       return 'response_timeout'
+    // a head larger than undici takes: what the upstream sent is not relayable HTTP, its connection did not break
+    case 'UND_ERR_HEADERS_OVERFLOW':
+      return 'bad_response'
     // A header or path undici (or node:http, for WebSockets) will not put on the wire.
     case 'UND_ERR_INVALID_ARG':
     case 'UND_ERR_NOT_SUPPORTED':
