@@ -169,6 +169,18 @@ t.test('stripPrefix also strips a path its route matched by folding case or by t
   t.same(await routed(gw.url, '/svc/a'), { status: 200, route: 'slash', url: '/a' })
 })
 
+t.test('a path whose folded prefix is not a whole segment goes upstream as the client wrote it, never case-folded', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, backendConfig(upstream.url, `  - { name: admin, path: /apiadmin, upstream: backend, ${tag('admin')} }
+  - { name: folded, pathPrefix: /api, stripPrefix: /api, caseInsensitive: true, upstream: backend, ${tag('folded')} }
+`))
+  // '/APIadmin' went upstream as '/apiadmin': the admin route's path, past whatever limits it has
+  t.same(await routed(gw.url, '/APIadmin'), { status: 200, route: 'folded', url: '/APIadmin' })
+  t.same(await routed(gw.url, '/APIary/Report?x=1'), { status: 200, route: 'folded', url: '/APIary/Report?x=1' })
+  t.same(await routed(gw.url, '/APi/Report'), { status: 200, route: 'folded', url: '/Report' }, 'a whole segment is still stripped')
+  t.same(await routed(gw.url, '/apiadmin'), { status: 200, route: 'admin', url: '/apiadmin' })
+})
+
 t.test('bad paths get 400 GW_ERR_BAD_PATH as JSON and never reach the upstream', async (t) => {
   const { base, upstream } = await setup(t)
   const bad = [

@@ -167,3 +167,26 @@ routes:
   const logged = gw.logs.filter((l) => l.msg === 'request').map((l) => `${String(l.path ?? '-')} ${String(l.status)}`)
   t.same(logged.sort(), ['/lim/a 200', '/nowhere 404', '/nowhere 404', '/nowhere 404', '/ws/a 200'], 'no line for the requests behind the bodies')
 })
+
+t.test('with bufferBodies: 0, an upload refused mid-body (413, a client timeout) leaves the gateway serving', async t => {
+  const up = await startUpstream(t)
+  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { bufferBodies: 0, clientBodyTimeout: 300ms }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: small, pathPrefix: /small/, upstream: backend, maxBodySize: 100 }
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  // undici, streaming the request itself as the upload's body, set req.socket to null as it
+  // aborted it, and the lingering close read it: the process ended after the answer
+  const tooLarge = await rawExchange(gw.port, 'POST /small/x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n40\r\n' + 'a'.repeat(64) + '\r\n40\r\n' + 'b'.repeat(64) + '\r\n')
+  t.equal(parseResponses(tooLarge)[0]?.status, 413, 'a chunked body past maxBodySize: 413')
+  const late = await rawExchange(gw.port, 'POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 50\r\n\r\n0123456789')
+  t.equal(parseResponses(late)[0]?.status, 408, 'a body that stops coming: 408')
+  const [next] = parseResponses(await rawExchange(gw.port, 'GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n'))
+  t.equal(next?.status, 200, 'the next request is served')
+  t.equal(gw.child.exitCode, null, 'the gateway is still running')
+  t.notMatch(gw.stderr(), /TypeError/, 'and wrote no error')
+})

@@ -15,9 +15,12 @@ import { CLOSE_GRACE_MS } from '../errors.js'
  * the answer within CLOSE_GRACE_MS is cut then.
  */
 export function lingerAfterAnswer (req: IncomingMessage, res: ServerResponse): void {
+  // Taken now: undici, given the request itself as the body to stream (bufferBodies: 0), sets
+  // req.socket to null when that upload is aborted (a 413 mid-body, a client timeout), and a read
+  // of it at 'finish' ended the process.
+  const socket = req.socket
   // runs after node's own 'finish' listener, which detached the response and ended the socket
   res.once('finish', () => {
-    const socket = req.socket
     if (req.complete || socket.destroyed || !socket.writableEnded) return
     // node's destroySoon: once('finish', this.destroy)
     socket.removeListener('finish', socket.destroy)
