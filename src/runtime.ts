@@ -66,6 +66,7 @@ export interface ServerSettings {
   readonly sendTimeoutMs: number
   readonly websocketIdleTimeoutMs: number
   readonly maxWebSockets: number
+  readonly underscoresInHeaders: boolean
 }
 
 /** `tls.cert` and `tls.key` as read (and checked to form a pair) when the runtime was compiled. */
@@ -128,7 +129,8 @@ export function serverSettings (config: ResolvedConfig): ServerSettings {
     clientBodyTimeoutMs: parseDuration(s.clientBodyTimeout),
     sendTimeoutMs: parseDuration(s.sendTimeout),
     websocketIdleTimeoutMs: parseDuration(s.websocketIdleTimeout),
-    maxWebSockets: s.maxWebSockets
+    maxWebSockets: s.maxWebSockets,
+    underscoresInHeaders: s.underscoresInHeaders
   })
 }
 
@@ -373,6 +375,7 @@ export async function compileRuntime (
       pool,
       idleTimeoutMs: up.idleTimeoutMs ?? up.responseTimeoutMs,
       stripPrefix: route.stripPrefix ?? null,
+      underscoresInHeaders: server.underscoresInHeaders,
       responseTimeoutMs: parseDuration(route.timeouts.response),
       maxBodySize: route.maxBodySize !== undefined ? parseSize(route.maxBodySize) : Infinity,
       requestHeaders: headerRules(route.headers?.request),

@@ -55,3 +55,19 @@ t.test('from a trusted proxy: its X-Request-Id and client-address headers are ke
   t.equal(seen.headers['true-client-ip'], '10.0.0.3')
   t.equal(seen.headers['x-original-url'], '/admin/secret')
 })
+
+t.test('header names with "_" are dropped, as nginx does, unless server.underscoresInHeaders passes them', async t => {
+  const upstream = await startUpstream(t)
+  // CGI, WSGI and PHP read X_Forwarded_For as X-Forwarded-For: passed, these would get past the
+  // fields the gateway sets or drops, and past the credentials it reads
+  const underscored = { x_forwarded_for: '6.6.6.6', x_real_ip: '6.6.6.6', x_original_url: '/admin', x_api_key: 'k-alice', x_user_id: 'alice', 'x-kept': 'end-to-end' }
+  const dropping = await startGateway(t, config(upstream.url, ''))
+  const seen = (await send(`${dropping.url}/x`, { headers: underscored })).json as unknown as EchoBody
+  t.same(Object.keys(seen.headers).filter(name => name.includes('_')), [], 'no field with "_" reached the upstream')
+  t.equal(seen.headers['x-kept'], 'end-to-end', 'other headers pass')
+  t.equal(seen.headers['x-forwarded-for'], '127.0.0.1', "the gateway's own X-Forwarded-For")
+  const passing = await startGateway(t, config(upstream.url, 'server: { underscoresInHeaders: true }'))
+  const passed = (await send(`${passing.url}/x`, { headers: underscored })).json as unknown as EchoBody
+  t.equal(passed.headers.x_user_id, 'alice', 'passed when the operator asks')
+  t.equal(passed.headers.x_forwarded_for, '6.6.6.6')
+})

@@ -159,7 +159,9 @@ export function applyDefaults (c: GatewayConfig): ResolvedConfig {
       // Envoy's default idle timeout for upgraded connections; the cap keeps tunnels (which outlive
       // any request timeout) from holding every file descriptor
       websocketIdleTimeout: s?.websocketIdleTimeout ?? '5m',
-      maxWebSockets: s?.maxWebSockets ?? 10_000
+      maxWebSockets: s?.maxWebSockets ?? 10_000,
+      // nginx's underscores_in_headers off
+      underscoresInHeaders: s?.underscoresInHeaders ?? false
     },
     upstreams,
     routes: c.routes.map(r => ({

@@ -19,6 +19,8 @@ export interface CompiledHeaders {
   readonly requestId: boolean
   /** A rule sets or removes Host: the client's is not passed (removed, undici sends the target's). */
   readonly hostRuled: boolean
+  /** Client fields whose names hold "_" are dropped (server.underscoresInHeaders false, the default). */
+  readonly dropUnderscoreNames: boolean
   readonly responseDrop: ReadonlySet<string>
   /**
    * 1 at each length a name of `responseDrop` has (index MAX_NAME_LENGTH: longer names). A field
@@ -37,7 +39,7 @@ const REQUEST_ID = 'x-request-id'
 // Names this long or longer share the last slot of responseDropLengths.
 const MAX_NAME_LENGTH = 64
 
-export function compileHeaders (request: HeaderRules, response: HeaderRules): CompiledHeaders {
+export function compileHeaders (request: HeaderRules, response: HeaderRules, underscoresInHeaders = false): CompiledHeaders {
   const requestRuled = new Set<string>([...request.remove, ...request.set.map(([name]) => name)])
   const requestDrop = new Set<string>([
     ...HOP_BY_HOP,
@@ -65,6 +67,7 @@ export function compileHeaders (request: HeaderRules, response: HeaderRules): Co
     forwardedHost: !requestRuled.has(FORWARDED_HOST),
     requestId: !requestRuled.has(REQUEST_ID),
     hostRuled: requestRuled.has('host'),
+    dropUnderscoreNames: !underscoresInHeaders,
     responseDrop,
     responseDropLengths,
     responseSet: Object.freeze(response.set.flat()),
@@ -107,6 +110,10 @@ export function upstreamRequestHeaders (req: IncomingMessage, plan: CompiledHead
   for (const name in incoming) {
     if (drop.has(name) || (named !== null && named.has(name))) continue
     if (untrusted && CLIENT_FORGEABLE.has(name)) continue
+    // CGI, WSGI, PHP and others read X_Forwarded_For as X-Forwarded-For (both HTTP_X_FORWARDED_FOR):
+    // passed, it would get past every field above that the gateway drops or sets, and past the
+    // credentials it reads (an API key the gateway never saw, a user id it did not charge)
+    if (plan.dropUnderscoreNames && name.includes('_')) continue
     const value = incoming[name]
     if (typeof value === 'string') out.push(name, value)
     else if (value !== undefined) for (const item of value) out.push(name, item)

@@ -27,6 +27,8 @@ export interface ForwardPlan extends BodyHandling, TunnelHandling {
   readonly maxBodySize: number
   readonly requestHeaders: HeaderRules
   readonly responseHeaders: HeaderRules
+  /** Client request headers whose names hold "_" are passed upstream (server.underscoresInHeaders). */
+  readonly underscoresInHeaders: boolean
   /** requestHeaders/responseHeaders compiled once, when the plan is made (createForwardPlan). */
   readonly headers: CompiledHeaders
 }
@@ -51,7 +53,7 @@ export interface TunnelHandling {
   readonly maxWebSockets: number
 }
 
-export type ForwardPlanOptions = Omit<ForwardPlan, 'headers' | 'idleTimeoutMs' | keyof BodyHandling | keyof TunnelHandling> & Partial<BodyHandling & TunnelHandling> & { readonly idleTimeoutMs?: number }
+export type ForwardPlanOptions = Omit<ForwardPlan, 'headers' | 'idleTimeoutMs' | 'underscoresInHeaders' | keyof BodyHandling | keyof TunnelHandling> & Partial<BodyHandling & TunnelHandling> & { readonly idleTimeoutMs?: number, readonly underscoresInHeaders?: boolean }
 
 /** The one way to make a plan: header rules are compiled here, at config load, not per request. */
 export function createForwardPlan (options: ForwardPlanOptions): ForwardPlan {
@@ -63,8 +65,9 @@ export function createForwardPlan (options: ForwardPlanOptions): ForwardPlan {
     sendTimeoutMs: 60_000,
     websocketIdleTimeoutMs: 300_000,
     maxWebSockets: 10_000,
+    underscoresInHeaders: false,
     ...options,
-    headers: compileHeaders(options.requestHeaders, options.responseHeaders)
+    headers: compileHeaders(options.requestHeaders, options.responseHeaders, options.underscoresInHeaders ?? false)
   })
 }
 
