@@ -423,9 +423,14 @@ export class Gateway {
       // held); answers still owed to requests pipelined before it are lost, the price of a
       // connection that outlived server.requestTimeout. Each of those requests is logged and
       // counted once, as the client_timeout it is, not as a client abort beside a 408 never sent.
+      // A body that cannot be parsed (a bad chunk size) is the same: its request is in flight and
+      // waits for the rest of a body that will never come, for clientBodyTimeout (60 s by default)
+      // with an upstream connection held, while the 400 waited behind its response. Ended now, it
+      // is logged once, as the bad request it is.
       const open = this.openResponses.get(socket)
-      if (code === 'ERR_HTTP_REQUEST_TIMEOUT' && open !== undefined && open.responses.some(r => !r.req.complete)) {
-        for (const res of open.responses) cutByGateway.set(res, 'client_timeout')
+      if (open !== undefined && open.responses.some(r => !r.req.complete)) {
+        const kind = code === 'ERR_HTTP_REQUEST_TIMEOUT' ? 'client_timeout' : 'bad_request'
+        for (const res of open.responses) cutByGateway.set(res, kind)
         socket.destroy()
         return
       }

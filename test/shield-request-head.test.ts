@@ -3,7 +3,7 @@
 import t from 'tap'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
-import { rawRequest } from './helpers/raw-http.js'
+import { parseResponses, rawExchange, rawRequest } from './helpers/raw-http.js'
 
 function junk (n: number): string {
   let out = ''
@@ -75,4 +75,27 @@ routes:
   // RFC 9112 §3.2: an empty Host is what a client sends for a target without an authority
   t.equal((await rawRequest(gw.port, 'GET /good HTTP/1.1\r\nHost: \r\n')).status, 200, 'an empty Host passes')
   t.equal(upstream.log.filter(u => u !== '/good').length, 0, 'no refused request reached the upstream')
+})
+
+t.test('a chunked body that cannot be parsed ends its request at once, logged once as a 400', async t => {
+  const upstream = await startUpstream(t)
+  for (const bufferBodies of ['1mb', '0']) {
+    const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { clientBodyTimeout: 30s, bufferBodies: ${bufferBodies} }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+    // three bytes of chunk, then no CRLF: node's parser fails there. The request waited for the
+    // rest of its body for clientBodyTimeout (with an upstream connection, streamed), then got a
+    // 408, logged beside a 400 logged at once and never sent
+    const text = await rawExchange(gw.port, 'POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX0\r\n\r\n')
+    t.same(parseResponses(text).map(r => r.status).filter(s => s === 408), [], `bufferBodies ${bufferBodies}: no 408 after the body timeout`)
+    for (let i = 0; i < 500 && !gw.lines.some(l => l.msg === 'request'); i++) await new Promise(resolve => setTimeout(resolve, 10))
+    t.same(gw.lines.filter(l => l.msg === 'request').map(l => `${String(l.status)} ${String(l.error)}`), ['400 bad_request'], `bufferBodies ${bufferBodies}: one line, a 400`)
+    t.equal((await rawRequest(gw.port, 'GET /ok HTTP/1.1\r\nHost: a\r\n')).status, 200, 'the gateway serves on')
+  }
 })
