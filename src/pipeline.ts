@@ -66,7 +66,7 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
     }
   }
   const head = checkRequestHead(req, rt.server.maxHeadersCount)
-  if (head !== null) return { ok: false, code: head.code, extra: { reason: head.reason }, ipKey: client.key, clientIp: client.ip }
+  if (head !== null) return { ok: false, code: head.code, extra: { reason: head.reason }, headers: head.headers, ipKey: client.key, clientIp: client.ip }
   // absolute-form (RFC 9112 §3.2.2) is accepted; anything else (e.g. "*") is not routable
   const url = req.url ?? '/'
   if (url.charCodeAt(0) !== 47 /* / */) {

@@ -77,6 +77,26 @@ routes:
   t.equal(upstream.log.filter(u => u !== '/good').length, 0, 'no refused request reached the upstream')
 })
 
+t.test('an HTTP/1.0 request with Transfer-Encoding gets 400 and never reaches the upstream (RFC 9112 §6.1)', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  // served before, and the request pipelined behind it on the kept-alive connection too
+  const text = await rawExchange(gw.port, 'POST /first HTTP/1.0\r\nHost: a\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /second HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n')
+  const replies = parseResponses(text)
+  t.same(replies.map(r => r.status), [400], 'a 400, and the connection closed')
+  t.equal(replies[0]?.json?.reason, 'Transfer-Encoding in an HTTP/1.0 request')
+  t.same(upstream.log, [], 'nothing reached the upstream')
+  const chunked11 = await rawRequest(gw.port, 'POST /ok HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n', '3\r\nabc\r\n0\r\n\r\n')
+  t.equal(chunked11.status, 200, 'the same body in HTTP/1.1 is served')
+})
+
 t.test('a chunked body that cannot be parsed ends its request at once, logged once as a 400', async t => {
   const upstream = await startUpstream(t)
   for (const bufferBodies of ['1mb', '0']) {

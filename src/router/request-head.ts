@@ -7,6 +7,8 @@ import { isChunkedOnly } from '../proxy/hop-by-hop.js'
 export interface HeadProblem {
   readonly code: ErrorCode
   readonly reason: string
+  /** Added to the answer: `Connection: close` where what follows on the connection cannot be trusted. */
+  readonly headers?: ReadonlyArray<readonly [string, string]>
 }
 
 // RFC 9110 §7.2 / RFC 3986 §3.2.2: reg-name or IP-literal, then an optional port, or nothing at
@@ -53,6 +55,7 @@ const TOO_MANY: HeadProblem = Object.freeze({ code: 'GW_ERR_HEADERS_TOO_LARGE', 
 const TWO_HOSTS: HeadProblem = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', reason: 'more than one Host header' })
 const UNKNOWN_CODING: HeadProblem = Object.freeze({ code: 'GW_ERR_NOT_IMPLEMENTED', reason: 'only the chunked transfer coding is supported' })
 const BAD_HOST: HeadProblem = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', reason: 'invalid Host header' })
+const HTTP10_CODING: HeadProblem = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', reason: 'Transfer-Encoding in an HTTP/1.0 request', headers: Object.freeze([Object.freeze(['connection', 'close'] as const)]) })
 
 /**
  * null when the head is acceptable. `maxHeadersCount` is the configured limit; node:http keeps at
@@ -73,6 +76,9 @@ export function checkRequestHead (req: IncomingMessage, maxHeadersCount: number)
   // as an unlabelled gzip body).
   const te = req.headers['transfer-encoding']
   if (te !== undefined && !isChunkedOnly(te)) return UNKNOWN_CODING
+  // RFC 9112 §6.1: its framing is to be treated as faulty (an HTTP/1.0 hop in front may read the
+  // body by Content-Length, or to the connection's end); refused, as nginx does
+  if (te !== undefined && req.httpVersionMinor === 0 && req.httpVersionMajor === 1) return HTTP10_CODING
   const host = req.headers.host
   if (host !== undefined && !isValidHost(host)) return BAD_HOST
   return null
