@@ -5,7 +5,8 @@
 // lost the 404 or 429 that way about one time in four here.
 import t from 'tap'
 import net from 'node:net'
-import { spawnGateway } from './helpers/gateway.js'
+import { spawnGateway, type GatewayProcess } from './helpers/gateway.js'
+import type { Teardown } from './helpers/teardown.js'
 import { refusingUrl, startUpstream } from './helpers/upstream.js'
 import { parseResponses, rawExchange } from './helpers/raw-http.js'
 
@@ -45,16 +46,25 @@ async function uploadWithoutWaiting (port: number, head: string, size: number, c
   })
 }
 
+/**
+ * A gateway in a process of its own (in this one, the clients' writes and the gateway's reads
+ * would take turns on one event loop, and the kernel's buffers never fill as they do between two
+ * processes), with an upstream `backend` at `backend`, the other upstreams and the routes given.
+ */
+async function gatewayProcess (t: Teardown, backend: string, routes: string, more: { upstreams?: string, server?: string } = {}): Promise<GatewayProcess> {
+  return await spawnGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+${more.server ?? ''}
+upstreams:
+  backend: { targets: [${backend}] }
+${more.upstreams ?? ''}
+routes:
+${routes}`)
+}
+
 t.test('refused while its body streams in: every client gets its answer', async t => {
   const up = await startUpstream(t)
-  // a process of its own: in this one, the clients' writes and the gateway's reads would take
-  // turns on one event loop, and the kernel's buffers never fill as they do between two processes
-  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  backend: { targets: [${up.url}] }
-routes:
-  - { name: api, pathPrefix: /api/, upstream: backend }
+  const gw = await gatewayProcess(t, up.url, `  - { name: api, pathPrefix: /api/, upstream: backend }
   - { name: small, pathPrefix: /small/, upstream: backend, maxBodySize: 1kb }
 `)
   const cases = [
@@ -86,17 +96,11 @@ t.test('refused while its body streams upstream, past what the gateway buffers: 
   })
   await new Promise<void>((resolve) => early.listen(0, '127.0.0.1', resolve))
   t.teardown(() => early.close())
-  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  backend: { targets: [${up.url}] }
-  dead: { targets: [${await refusingUrl()}] }
-  early: { targets: ["http://127.0.0.1:${(early.address() as net.AddressInfo).port}"] }
-routes:
-  - { name: mid, pathPrefix: /mid/, upstream: backend, maxBodySize: 3mb }
+  const gw = await gatewayProcess(t, up.url, `  - { name: mid, pathPrefix: /mid/, upstream: backend, maxBodySize: 3mb }
   - { name: dead, pathPrefix: /dead/, upstream: dead }
   - { name: early, pathPrefix: /early/, upstream: early }
-`)
+`, { upstreams: `  dead: { targets: [${await refusingUrl()}] }
+  early: { targets: ["http://127.0.0.1:${(early.address() as net.AddressInfo).port}"] }` })
   const size = 16 * 1024 * 1024
   const cases = [
     // past bufferBodies (1 MiB): the body streams on to the upstream when it outgrows 3 MiB
@@ -120,12 +124,7 @@ routes:
 
 t.test('a request that follows a body on a connection its answer closed is not served', async t => {
   const up = await startUpstream(t)
-  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  backend: { targets: [${up.url}] }
-routes:
-  - name: lim
+  const gw = await gatewayProcess(t, up.url, `  - name: lim
     pathPrefix: /lim/
     upstream: backend
     limits:
@@ -170,15 +169,9 @@ routes:
 
 t.test('with bufferBodies: 0, an upload refused mid-body (413, a client timeout) leaves the gateway serving', async t => {
   const up = await startUpstream(t)
-  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-server: { bufferBodies: 0, clientBodyTimeout: 300ms }
-upstreams:
-  backend: { targets: [${up.url}] }
-routes:
-  - { name: small, pathPrefix: /small/, upstream: backend, maxBodySize: 100 }
+  const gw = await gatewayProcess(t, up.url, `  - { name: small, pathPrefix: /small/, upstream: backend, maxBodySize: 100 }
   - { name: all, pathPrefix: /, upstream: backend }
-`)
+`, { server: 'server: { bufferBodies: 0, clientBodyTimeout: 300ms }' })
   // undici, streaming the request itself as the upload's body, set req.socket to null as it
   // aborted it, and the lingering close read it: the process ended after the answer
   const tooLarge = await rawExchange(gw.port, 'POST /small/x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n40\r\n' + 'a'.repeat(64) + '\r\n40\r\n' + 'b'.repeat(64) + '\r\n')

@@ -1,7 +1,9 @@
 // Issue 15 items 7 and 8: request heads node:http accepts but the gateway must refuse, because the
 // upstream (or the gateway's own client-IP and routing decisions) would read them differently.
 import t from 'tap'
-import { startGateway } from './helpers/gateway.js'
+import { startGateway, type LogCapture } from './helpers/gateway.js'
+import type { Gateway } from '../src/server.js'
+import type { Teardown } from './helpers/teardown.js'
 import { startUpstream } from './helpers/upstream.js'
 import { parseResponses, rawExchange, rawRequest } from './helpers/raw-http.js'
 
@@ -11,17 +13,22 @@ function junk (n: number): string {
   return out
 }
 
-t.test('server.maxHeadersCount: more header fields get 431 (an X-Forwarded-For after 1000 junk lines is not lost silently)', async t => {
-  const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `
+/** A gateway in this process with one route, every path to `upstream`; `settings` adds top-level keys. */
+async function oneRoute (t: Teardown, upstream: string, settings = ''): Promise<Gateway & LogCapture> {
+  return await startGateway(t, `
 listen: 127.0.0.1:0
 admin: 127.0.0.1:0
-trustedProxies: [127.0.0.1]
+${settings}
 upstreams:
-  backend: { targets: [${upstream.url}] }
+  backend: { targets: [${upstream}] }
 routes:
   - { name: all, pathPrefix: /, upstream: backend }
 `)
+}
+
+t.test('server.maxHeadersCount: more header fields get 431 (an X-Forwarded-For after 1000 junk lines is not lost silently)', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await oneRoute(t, upstream.url, 'trustedProxies: [127.0.0.1]')
   // Host + Connection (added by rawRequest) + 98 = 100 fields: the default limit, accepted
   const ok = await rawRequest(gw.port, `GET /ok HTTP/1.1\r\nHost: a\r\n${junk(97)}X-Forwarded-For: 203.0.113.9\r\n`)
   t.equal(ok.status, 200, '100 fields pass')
@@ -38,29 +45,14 @@ routes:
 
 t.test('server.maxHeadersCount is configurable', async t => {
   const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `
-listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-server: { maxHeadersCount: 20 }
-upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await oneRoute(t, upstream.url, 'server: { maxHeadersCount: 20 }')
   t.equal((await rawRequest(gw.port, `GET / HTTP/1.1\r\nHost: a\r\n${junk(18)}`)).status, 200, '20 fields')
   t.equal((await rawRequest(gw.port, `GET / HTTP/1.1\r\nHost: a\r\n${junk(19)}`)).status, 431, '21 fields')
 })
 
 t.test('two Host headers, or an invalid Host, get 400 and never reach the upstream', async t => {
   const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `
-listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await oneRoute(t, upstream.url)
   const two = await rawRequest(gw.port, 'GET /two HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n')
   t.equal(two.status, 400, 'two Host lines')
   t.match(two.json, { error: 'GW_ERR_BAD_REQUEST', reason: 'more than one Host header', requestId: String })
@@ -79,14 +71,7 @@ routes:
 
 t.test('an HTTP/1.0 request with Transfer-Encoding gets 400 and never reaches the upstream (RFC 9112 §6.1)', async t => {
   const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `
-listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await oneRoute(t, upstream.url)
   // served before, and the request pipelined behind it on the kept-alive connection too
   const text = await rawExchange(gw.port, 'POST /first HTTP/1.0\r\nHost: a\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /second HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n')
   const replies = parseResponses(text)
@@ -100,15 +85,7 @@ routes:
 t.test('a chunked body that cannot be parsed ends its request at once, logged once as a 400', async t => {
   const upstream = await startUpstream(t)
   for (const bufferBodies of ['1mb', '0']) {
-    const gw = await startGateway(t, `
-listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-server: { clientBodyTimeout: 30s, bufferBodies: ${bufferBodies} }
-upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+    const gw = await oneRoute(t, upstream.url, `server: { clientBodyTimeout: 30s, bufferBodies: ${bufferBodies} }`)
     // three bytes of chunk, then no CRLF: node's parser fails there. The request waited for the
     // rest of its body for clientBodyTimeout (with an upstream connection, streamed), then got a
     // 408, logged beside a 400 logged at once and never sent
