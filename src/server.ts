@@ -180,6 +180,16 @@ function closedByAnswer (socket: Socket): boolean {
   return true
 }
 
+/** Destroys `socket` once each of `earlier` (responses pipelined before a request that failed) has closed. */
+function closeAfterEarlierAnswers (socket: Socket, earlier: readonly ServerResponse[]): void {
+  let left = earlier.length
+  if (left === 0) {
+    socket.destroy()
+    return
+  }
+  for (const res of earlier) res.once('close', () => { if (--left === 0) socket.destroy() })
+}
+
 /** Longest the exit waits for the log buffer to reach stdout once the gateway has stopped. */
 const LOG_DRAIN_MS = 2000
 
@@ -423,15 +433,21 @@ export class Gateway {
       // held); answers still owed to requests pipelined before it are lost, the price of a
       // connection that outlived server.requestTimeout. Each of those requests is logged and
       // counted once, as the client_timeout it is, not as a client abort beside a 408 never sent.
-      // A body that cannot be parsed (a bad chunk size) is the same: its request is in flight and
-      // waits for the rest of a body that will never come, for clientBodyTimeout (60 s by default)
-      // with an upstream connection held, while the 400 waited behind its response. Ended now, it
-      // is logged once, as the bad request it is.
       const open = this.openResponses.get(socket)
-      if (open !== undefined && open.responses.some(r => !r.req.complete)) {
-        const kind = code === 'ERR_HTTP_REQUEST_TIMEOUT' ? 'client_timeout' : 'bad_request'
-        for (const res of open.responses) cutByGateway.set(res, kind)
+      if (code === 'ERR_HTTP_REQUEST_TIMEOUT' && open !== undefined && open.responses.some(r => !r.req.complete)) {
+        for (const res of open.responses) cutByGateway.set(res, 'client_timeout')
         socket.destroy()
+        return
+      }
+      // A body that cannot be parsed (a bad chunk size): its request is in flight and waited for
+      // the rest of a body that never comes, for clientBodyTimeout (60 s by default, an upstream
+      // connection held when streamed), while the 400 waited behind its response. The answers
+      // owed to the requests before it go out first; then the connection is closed, and the
+      // request is logged once, as the bad request it is.
+      const broken = open?.responses.find(r => !r.req.complete)
+      if (open !== undefined && broken !== undefined) {
+        cutByGateway.set(broken, 'bad_request')
+        closeAfterEarlierAnswers(socket, open.responses.filter(r => r !== broken && !r.writableFinished))
         return
       }
       this.answerUnrouted(socket, status, code === '' ? 'bad_request' : code, (requestId) => {

@@ -682,3 +682,64 @@ routes:
   t.equal(peak, 2, 'never more than two at once at the upstream')
   t.ok(Date.now() - started >= 850, 'three rounds of two')
 })
+
+/** A PUT of `total` bytes written `piece` bytes every `everyMs`; resolves with the answer's status, Connection and body. */
+async function slowUpload (base: string, path: string, total: number, piece: number, everyMs: number, agent: http.Agent | false = false): Promise<{ status: number, connection: string | undefined, body: string }> {
+  const { port } = new URL(base)
+  return await new Promise((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port, path, method: 'PUT', agent, headers: { 'content-length': String(total) } }, (res) => {
+      let body = ''
+      res.on('data', (chunk: Buffer) => { body += chunk.toString() })
+      res.on('end', () => { resolve({ status: res.statusCode ?? 0, connection: res.headers.connection, body }) })
+    })
+    req.on('error', reject)
+    let sent = 0
+    const timer = setInterval(() => {
+      const n = Math.min(piece, total - sent)
+      sent += n
+      if (sent >= total) {
+        clearInterval(timer)
+        req.end(Buffer.alloc(n, 97))
+      } else req.write(Buffer.alloc(n, 97))
+    }, everyMs)
+  })
+}
+
+t.test('a 103 Early Hints during an upload: the response deadline runs from the end of the request, as undici\'s does', async (t) => {
+  const { url } = await startHttpServer(t, (req, res) => {
+    res.writeEarlyHints({ link: '</a.css>; rel=preload' })
+    let bytes = 0
+    req.on('data', (chunk: Buffer) => { bytes += chunk.length })
+    req.on('end', () => { res.end(JSON.stringify({ bytes })) })
+  })
+  const gw = await startGateway(t, `${HEAD}server: { bufferBodies: 0 }
+upstreams:
+  backend: { targets: [${url}], timeouts: { response: 1s } }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  // 3000 bytes over 3 s: the 103 comes at once, the final answer when the body is in
+  const reply = await slowUpload(gw.url, '/up', 3000, 100, 100)
+  t.equal(reply.status, 200, 'not a 504 one second into the upload')
+  t.same(JSON.parse(reply.body), { bytes: 3000 })
+})
+
+t.test('a 2xx that starts while the body still streams (a full-duplex echo) keeps its connection alive', async (t) => {
+  const { url } = await startHttpServer(t, (req, res) => {
+    res.writeHead(200, { 'content-type': 'application/octet-stream' })
+    res.flushHeaders()
+    req.pipe(res)
+  })
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 })
+  t.teardown(() => agent.destroy())
+  // past bufferBodies (1 MiB): streamed, so the answer starts before the body has come
+  const reply = await slowUpload(gw.url, '/echo', 2 * 1024 * 1024, 256 * 1024, 20, agent)
+  t.equal(reply.status, 200)
+  t.equal(reply.body.length, 2 * 1024 * 1024, 'the whole body echoed')
+  t.equal(reply.connection, 'keep-alive', 'the connection is kept')
+})

@@ -96,11 +96,7 @@ t.test('refused while its body streams upstream, past what the gateway buffers: 
   })
   await new Promise<void>((resolve) => early.listen(0, '127.0.0.1', resolve))
   t.teardown(() => early.close())
-  const gw = await gatewayProcess(t, up.url, `  - { name: mid, pathPrefix: /mid/, upstream: backend, maxBodySize: 3mb }
-  - { name: dead, pathPrefix: /dead/, upstream: dead }
-  - { name: early, pathPrefix: /early/, upstream: early }
-`, { upstreams: `  dead: { targets: [${await refusingUrl()}] }
-  early: { targets: ["http://127.0.0.1:${(early.address() as net.AddressInfo).port}"] }` })
+  const dead = await refusingUrl()
   const size = 16 * 1024 * 1024
   const cases = [
     // past bufferBodies (1 MiB): the body streams on to the upstream when it outgrows 3 MiB
@@ -111,13 +107,26 @@ t.test('refused while its body streams upstream, past what the gateway buffers: 
     // connection waited behind the unread body until the keep-alive timeout reset it
     { head: `PUT /early/x HTTP/1.1\r\nHost: a\r\nContent-Length: ${size}\r\n\r\n`, chunked: false, statuses: [413] }
   ]
-  for (const c of cases) {
-    for (let i = 0; i < 3; i++) {
-      const r = await uploadWithoutWaiting(gw.port, c.head, size, c.chunked, true)
-      const answer = parseResponses(r.text)[0]
-      const status = answer?.status
-      t.ok(status !== undefined && c.statuses.includes(status), `${c.head.slice(0, 10)}: ${String(status ?? `nothing (${r.error ?? 'closed'})`)}`)
-      t.equal(answer?.headers.connection, 'close', `${c.head.slice(0, 10)}: the answer closes the connection`)
+  // bufferBodies 0: every body streams from its first byte, and undici, handed the request itself
+  // as the upload, destroyed it (and the client's connection) when the answer came early
+  for (const bufferBodies of ['1mb', '0']) {
+    const gw = await gatewayProcess(t, up.url, `  - { name: mid, pathPrefix: /mid/, upstream: backend, maxBodySize: 3mb }
+  - { name: dead, pathPrefix: /dead/, upstream: dead }
+  - { name: early, pathPrefix: /early/, upstream: early }
+`, {
+      server: `server: { bufferBodies: ${bufferBodies} }`,
+      upstreams: `  dead: { targets: [${dead}] }
+  early: { targets: ["http://127.0.0.1:${(early.address() as net.AddressInfo).port}"] }`
+    })
+    for (const c of cases) {
+      for (let i = 0; i < 3; i++) {
+        const r = await uploadWithoutWaiting(gw.port, c.head, size, c.chunked, true)
+        const answer = parseResponses(r.text)[0]
+        const status = answer?.status
+        const what = `bufferBodies ${bufferBodies}, ${c.head.slice(0, 10)}`
+        t.ok(status !== undefined && c.statuses.includes(status), `${what}: ${String(status ?? `nothing (${r.error ?? 'closed'})`)}`)
+        t.equal(answer?.headers.connection, 'close', `${what}: the answer closes the connection`)
+      }
     }
   }
 })

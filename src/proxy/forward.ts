@@ -212,10 +212,16 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   sendTimer: NodeJS.Timeout | null = null
   timedOut: 'client_timeout' | 'send_timeout' | null = null
   /**
-   * The final head's deadline once an interim response (103, 102) came: undici starts its
-   * headersTimeout again on each, so an upstream sending one a second never timed out.
+   * The final head's deadline once an interim response (103, 102) came and the request was sent:
+   * undici starts its headersTimeout again on each, so an upstream sending one a second never
+   * timed out. Like undici's, it runs from the request's end: an upload still being sent when
+   * its 103 comes is not late.
    */
   interimTimer: NodeJS.Timeout | null = null
+  /** An interim response came (the deadline is armed once the request is sent). */
+  interim = false
+  /** undici wrote the whole request (onRequestSent). */
+  requestSent = false
 
   constructor (req: IncomingMessage, res: ServerResponse, plan: ForwardPlan, ctx: ForwardContext, done: (result: ForwardResult) => void) {
     this.req = req
@@ -254,7 +260,14 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     if (this.opts.body !== null) sendContinue(this.req, this.res)
     // Like nginx's proxy_request_buffering: a body that trickles in holds no upstream connection.
     if (this.opts.body !== null && plan.bufferBodies > 0) this.bufferBody()
-    else this.proceed()
+    else {
+      // undici destroys the body stream it was given when the exchange ends before the body does
+      // (an upstream's early answer, an abort). Given the request itself, that destroyed the
+      // client's connection, and with it the answer on its way; piped, the request stays the
+      // gateway's to drain (src/proxy/lingering-close.ts).
+      if (this.opts.body !== null) this.streamBody(new PassThrough())
+      this.proceed()
+    }
   }
 
   proceed (): void {
@@ -323,8 +336,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       // the PassThrough (onConnect), or the request settles: released here, it sat in memory
       // uncounted while the request waited for a connection, and 40 such uploads held 42 MB past
       // a 4 MB bufferBodiesTotal.
-      req.pipe(body)
-      this.opts.body = body
+      this.streamBody(body)
       // The body's idle timer starts again at onConnect: waiting for a connection is not the client's pause.
       this.clearIdle('client_timeout')
       this.proceed()
@@ -408,33 +420,46 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     // a streamed body's first bytes, read before it outgrew bufferBodies, now go to the upstream
     // (a body held whole stays counted: it may be sent again to another target)
     if (!this.replayable) this.releaseHeldBytes()
-    if (this.clientGone) {
+    // answered while it waited for its connection (a streamed body past maxBodySize)
+    if (this.clientGone || this.settled) {
       abort(new Error('the client closed the connection'))
       return
     }
-    // Counted beside undici's own 'data' listener (added right after this call, in the same tick),
-    // so the body flows through one stream with undici's backpressure.
-    if (this.opts.body !== null && this.onBodyData === null) {
-      if (!this.replayable) this.armIdle('client_timeout', this.plan.clientBodyTimeoutMs)
-      this.onBodyData = (chunk: Buffer): void => {
-        this.armIdle('client_timeout', this.plan.clientBodyTimeoutMs)
-        this.bytesIn += chunk.length
-        // Only a chunked body can get here over the limit: node:http enforces Content-Length.
-        if (this.bytesIn > this.plan.maxBodySize && !this.bodyTooLarge) {
-          this.bodyTooLarge = true
-          this.abortUpstream?.(new GatewayError('GW_ERR_BODY_TOO_LARGE'))
-        }
+    if (this.onBodyData !== null && !this.req.complete) this.armIdle('client_timeout', this.plan.clientBodyTimeoutMs)
+  }
+
+  /**
+   * Pipes the rest of the request's body into `body`, the stream undici sends, counting each chunk
+   * as it leaves the request: from the first, also those the pipe moves while the request waits
+   * for its connection (counted from onConnect, up to a pipe's buffer went past maxBodySize
+   * uncounted). The body's idle timer runs once the request has its connection: waiting for one
+   * is not the client's pause.
+   */
+  streamBody (body: PassThrough): void {
+    this.onBodyData = (chunk: Buffer): void => {
+      if (this.abortUpstream !== null) this.armIdle('client_timeout', this.plan.clientBodyTimeoutMs)
+      this.bytesIn += chunk.length
+      // Only a chunked body can get here over the limit: node:http enforces Content-Length.
+      if (this.bytesIn > this.plan.maxBodySize && !this.bodyTooLarge) {
+        this.bodyTooLarge = true
+        if (this.abortUpstream !== null) this.abortUpstream(new GatewayError('GW_ERR_BODY_TOO_LARGE'))
+        else this.fail('body_too_large', null)
       }
-      this.req.on('data', this.onBodyData)
-      this.req.once('end', () => { if (this.timedOut === null) this.clearIdle('client_timeout') })
     }
+    this.req.on('data', this.onBodyData)
+    this.req.once('end', () => { if (this.timedOut === null) this.clearIdle('client_timeout') })
+    this.req.pipe(body)
+    this.opts.body = body
   }
 
   /** Returns false to stop reading the upstream response (only onData does, under backpressure). */
   onHeaders (statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
     // 1xx: node:http already sent its own 100 Continue; other interim responses are not relayed.
     if (statusCode < 200 || this.clientGone) {
-      if (this.interimTimer === null && !this.clientGone) this.interimTimer = setTimeout(onInterimDeadline, this.plan.responseTimeoutMs, this)
+      if (!this.interim && !this.clientGone) {
+        this.interim = true
+        if (this.requestSent) this.armInterimDeadline()
+      }
       return true
     }
     if (this.interimTimer !== null) this.clearInterimTimer()
@@ -449,15 +474,26 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     }
     if (this.target !== null) this.plan.pool.succeeded(this.target)
     this.status = statusCode
-    // An answer that comes while the client's body is still arriving (an upload refused early) no
-    // longer reads it: the connection closes after it, the rest of the body read and dropped
+    // A refusal that comes while the client's body is still arriving (an upload refused early)
+    // no longer reads it: the connection closes after it, the rest of the body read and dropped
     // (src/proxy/lingering-close.ts). Kept alive, the client's next request waited behind an
-    // unread body until the keep-alive timeout cut it.
-    if (this.opts.body !== null && !this.req.complete) this.res.shouldKeepAlive = false
+    // unread body until the keep-alive timeout cut it. A 2xx sent early is a full-duplex
+    // exchange (an echo, a stream), whose upstream reads the body on: kept alive.
+    if (statusCode >= 300 && this.opts.body !== null && !this.req.complete) this.res.shouldKeepAlive = false
     // A throw here (a header node:http rejects) makes undici abort, and onError answers 502.
     this.res.writeHead(statusCode, out)
     this.responded = true
     return true
+  }
+
+  /** Called by undici 7's core (lib/core/request.js) once the whole request is written, though its types do not list it. */
+  onRequestSent (): void {
+    this.requestSent = true
+    if (this.interim) this.armInterimDeadline()
+  }
+
+  armInterimDeadline (): void {
+    if (this.interimTimer === null && !this.settled && !this.responded) this.interimTimer = setTimeout(onInterimDeadline, this.plan.responseTimeoutMs, this)
   }
 
   onData (chunk: Buffer): boolean {
