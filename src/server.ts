@@ -180,6 +180,9 @@ function closedByAnswer (socket: Socket): boolean {
   return true
 }
 
+/** Connections whose parser error was handled (node's clientError comes again at each read). */
+const answeredClientError = new WeakSet<Socket>()
+
 /** Destroys `socket` once each of `earlier` (responses pipelined before a request that failed) has closed. */
 function closeAfterEarlierAnswers (socket: Socket, earlier: readonly ServerResponse[]): void {
   let left = earlier.length
@@ -417,6 +420,11 @@ export class Gateway {
     })
     server.on('clientError', (err: NodeJS.ErrnoException, socket: Socket) => {
       if (!socket.writable) return socket.destroy()
+      // node's parser reports its error again at each read that follows: answered, logged and
+      // counted once (a bad request behind a slow answer, and its client sending on, was logged
+      // once per read)
+      if (answeredClientError.has(socket)) return
+      answeredClientError.add(socket)
       // The client closed its side mid-request (EOF inside a body) or reset: nobody is left to read
       // an answer. Destroying the socket closes the request in flight, which is then logged as a
       // client abort and gives back what it held (concurrency leases, buffer budget).

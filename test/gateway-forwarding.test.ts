@@ -6,6 +6,7 @@ import http, { type IncomingHttpHeaders } from 'node:http'
 import net from 'node:net'
 import { Readable } from 'node:stream'
 import { startGateway } from './helpers/gateway.js'
+import { parseResponses } from './helpers/raw-http.js'
 import { refusingUrl, startBlackhole, startHttpServer, startUpstream, type EchoBody, HOP_BY_HOP_PROBE } from './helpers/upstream.js'
 
 interface Reply { status: number, headers: IncomingHttpHeaders, rawHeaders: string[], body: string }
@@ -14,13 +15,15 @@ interface SendOptions {
   method?: string
   headers?: Record<string, string | string[]>
   body?: string | Readable
+  /** default: a connection of its own */
+  agent?: http.Agent
 }
 
-/** One request on its own connection; `path` goes on the request line as is. */
+/** One request on its own connection (or `agent`'s); `path` goes on the request line as is. */
 function send (base: string, path: string, options: SendOptions = {}): Promise<Reply> {
   const { port } = new URL(base)
   return new Promise((resolve, reject) => {
-    const req = http.request({ host: '127.0.0.1', port, path, method: options.method ?? 'GET', headers: options.headers ?? {}, agent: false }, (res) => {
+    const req = http.request({ host: '127.0.0.1', port, path, method: options.method ?? 'GET', headers: options.headers ?? {}, agent: options.agent ?? false }, (res) => {
       const chunks: Buffer[] = []
       res.on('data', (chunk: Buffer) => chunks.push(chunk))
       res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, rawHeaders: res.rawHeaders, body: Buffer.concat(chunks).toString() }))
@@ -742,4 +745,46 @@ routes:
   t.equal(reply.status, 200)
   t.equal(reply.body.length, 2 * 1024 * 1024, 'the whole body echoed')
   t.equal(reply.connection, 'keep-alive', 'the connection is kept')
+})
+
+t.test('a 2xx that ends before the upload does: the rest of the body is dropped and the connection serves its next request', async (t) => {
+  // answers at once, without reading the body (as an upstream that needs none of it does)
+  const { url } = await startHttpServer(t, (req, res) => { res.end('abc') })
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 })
+  t.teardown(() => agent.destroy())
+  // past bufferBodies (1 MiB): streamed, and still arriving when the answer is whole
+  const upload = await slowUpload(gw.url, '/early', 4 * 1024 * 1024, 256 * 1024, 5, agent)
+  t.equal(`${upload.status} ${upload.body}`, '200 abc')
+  // the body was left in a pipe undici had closed: the next request waited behind it until the
+  // keep-alive timeout reset the connection
+  const next = await send(gw.url, '/after', { agent })
+  t.equal(next.status, 200, 'the next request on the connection is served')
+})
+
+t.test('a body past maxBodySize while its connection is being made is answered once the attempt ends; the connection stays counted till then', async (t) => {
+  // a TLS target whose handshake never ends: each request waits in its connection attempt
+  const hanging = net.createServer((socket) => { socket.on('error', () => {}) })
+  await new Promise<void>((resolve) => hanging.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => hanging.close())
+  const gw = await startGateway(t, `${HEAD}server: { bufferBodies: 0 }
+upstreams:
+  slow: { targets: ["https://127.0.0.1:${(hanging.address() as net.AddressInfo).port}"], maxConnections: 1, timeouts: { connect: 2s, queue: 300ms } }
+routes:
+  - { name: all, pathPrefix: /, upstream: slow, maxBodySize: 16kb }
+`)
+  const { port } = new URL(gw.url)
+  const large = rawExchange(Number(port), 'POST /a HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n10000\r\n' + 'x'.repeat(0x10000) + '\r\n0\r\n\r\n')
+  await sleep(100)
+  // answered at once before, its connection counted free: this request then queued inside undici,
+  // behind the first, where no queue timeout reaches it, until the connection attempt failed
+  const next = await send(gw.url, '/b')
+  t.equal(next.status, 503, 'the next request waits for the connection, up to timeouts.queue')
+  t.equal(json(next).error, 'GW_ERR_UPSTREAM_BUSY')
+  const [first] = parseResponses((await large).text)
+  t.equal(first?.status, 413, 'the large body: 413')
 })

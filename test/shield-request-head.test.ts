@@ -1,6 +1,7 @@
 // Issue 15 items 7 and 8: request heads node:http accepts but the gateway must refuse, because the
 // upstream (or the gateway's own client-IP and routing decisions) would read them differently.
 import t from 'tap'
+import net from 'node:net'
 import { startGateway, type LogCapture } from './helpers/gateway.js'
 import type { Gateway } from '../src/server.js'
 import type { Teardown } from './helpers/teardown.js'
@@ -100,4 +101,32 @@ t.test('a chunked body that cannot be parsed ends its request at once, logged on
       t.equal((await rawRequest(gw.port, 'GET /ok HTTP/1.1\r\nHost: a\r\n')).status, 200, 'the gateway serves on')
     }
   }
+})
+
+t.test('a parse error behind a slow answer, its client sending on, is handled once: one line, no listener piled up per read', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await oneRoute(t, upstream.url)
+  const warnings: string[] = []
+  const onWarning = (w: Error): void => { warnings.push(w.name) }
+  process.on('warning', onWarning)
+  t.teardown(() => { process.off('warning', onWarning) })
+  // node's parser reports its error again at each read after it: the gateway logged a bad head
+  // once per read, and added a close listener per read for a bad body
+  for (const bad of ['GET /bad HTTP/1.1\r\nHost: a\r\nbad header: x\r\n\r\n', 'POST /bad HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX']) {
+    const socket = net.connect(gw.port, '127.0.0.1')
+    socket.on('error', () => {})
+    let text = ''
+    socket.setEncoding('latin1')
+    socket.on('data', (chunk: string) => { text += chunk })
+    const closed = new Promise<void>((resolve) => socket.once('close', () => { resolve() }))
+    socket.write('GET /slow?ms=600 HTTP/1.1\r\nHost: a\r\n\r\n' + bad)
+    const sending = setInterval(() => { if (!socket.destroyed) socket.write('0123456789') }, 20)
+    await closed
+    clearInterval(sending)
+    t.equal(parseResponses(text)[0]?.status, 200, `${bad.slice(0, 4)}: the slow answer came first`)
+  }
+  for (let i = 0; i < 500 && gw.lines.filter(l => l.msg === 'request').length < 4; i++) await new Promise(resolve => setTimeout(resolve, 10))
+  await new Promise(resolve => setTimeout(resolve, 200))
+  t.same(gw.lines.filter(l => l.msg === 'request').map(l => String(l.status)).sort(), ['200', '200', '400', '400'], 'one line for each request')
+  t.same(warnings, [], 'no warning (MaxListenersExceededWarning)')
 })

@@ -90,7 +90,7 @@ export interface ForwardResult {
   status: number
   /** URL of the last target tried. */
   target: string | null
-  /** Request body bytes read from the client and passed upstream. */
+  /** Request body bytes read from the client for the upstream (a streamed body's as they enter its pipe). */
   bytesIn: number
   /** Response body bytes written to the client. */
   bytesOut: number
@@ -420,9 +420,13 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     // a streamed body's first bytes, read before it outgrew bufferBodies, now go to the upstream
     // (a body held whole stays counted: it may be sent again to another target)
     if (!this.replayable) this.releaseHeldBytes()
-    // answered while it waited for its connection (a streamed body past maxBodySize)
-    if (this.clientGone || this.settled) {
+    if (this.clientGone) {
       abort(new Error('the client closed the connection'))
+      return
+    }
+    // past maxBodySize while its connection was being made: answered now, through onError
+    if (this.bodyTooLarge) {
+      abort(new GatewayError('GW_ERR_BODY_TOO_LARGE'))
       return
     }
     if (this.onBodyData !== null && !this.req.complete) this.armIdle('client_timeout', this.plan.clientBodyTimeoutMs)
@@ -443,7 +447,11 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       if (this.bytesIn > this.plan.maxBodySize && !this.bodyTooLarge) {
         this.bodyTooLarge = true
         if (this.abortUpstream !== null) this.abortUpstream(new GatewayError('GW_ERR_BODY_TOO_LARGE'))
-        else this.fail('body_too_large', null)
+        // Not dispatched yet (waiting for a connection of the pool's): answered here. Dispatched,
+        // it stays undici's until onConnect aborts it: settled now, its connection would be
+        // counted free while undici still queued the request, and the next one queued behind it
+        // in undici, where no queue timeout reaches it.
+        else if (this.target === null) this.fail('body_too_large', null)
       }
     }
     this.req.on('data', this.onBodyData)
@@ -522,8 +530,19 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   }
 
   onComplete (): void {
+    // The answer is whole while the client's body still arrives (an upstream that answered
+    // without reading it all): the rest is read and dropped, as node drops a body nobody read, so
+    // that the connection's next request is read. Left in the pipe undici closed, it held the
+    // connection until the keep-alive timeout reset it.
+    if (this.opts.body !== null && !this.req.complete) this.dropRestOfBody()
     this.res.end()
     this.settle(null, null)
+  }
+
+  dropRestOfBody (): void {
+    this.req.unpipe()
+    if (this.onBodyData !== null) this.req.off('data', this.onBodyData)
+    this.req.resume()
   }
 
   onError (err: Error): void {
@@ -625,6 +644,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   settle (kind: ForwardErrorKind | null, error: GatewayError | null): void {
     if (this.settled) return
     this.settled = true
+    // a body still flowing is counted no more, and arms no timer of a settled request
+    if (this.onBodyData !== null) this.req.off('data', this.onBodyData)
     this.clearIdle()
     this.clearInterimTimer()
     if (this.waiting !== null) {
