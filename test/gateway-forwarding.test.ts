@@ -7,6 +7,7 @@ import net from 'node:net'
 import { Readable } from 'node:stream'
 import { startGateway } from './helpers/gateway.js'
 import { parseResponses } from './helpers/raw-http.js'
+import type { Teardown } from './helpers/teardown.js'
 import { refusingUrl, startBlackhole, startHttpServer, startUpstream, type EchoBody, HOP_BY_HOP_PROBE } from './helpers/upstream.js'
 
 interface Reply { status: number, headers: IncomingHttpHeaders, rawHeaders: string[], body: string }
@@ -727,19 +728,25 @@ routes:
   t.same(JSON.parse(reply.body), { bytes: 3000 })
 })
 
+/** A gateway with one route to `upstream`, and a client agent of one kept-alive connection. */
+async function keptAliveThrough (t: Teardown, upstream: string): Promise<{ gw: Awaited<ReturnType<typeof startGateway>>, agent: http.Agent }> {
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${upstream}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 })
+  t.teardown(() => agent.destroy())
+  return { gw, agent }
+}
+
 t.test('a 2xx that starts while the body still streams (a full-duplex echo) keeps its connection alive', async (t) => {
   const { url } = await startHttpServer(t, (req, res) => {
     res.writeHead(200, { 'content-type': 'application/octet-stream' })
     res.flushHeaders()
     req.pipe(res)
   })
-  const gw = await startGateway(t, `${HEAD}upstreams:
-  backend: { targets: [${url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
-  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 })
-  t.teardown(() => agent.destroy())
+  const { gw, agent } = await keptAliveThrough(t, url)
   // past bufferBodies (1 MiB): streamed, so the answer starts before the body has come
   const reply = await slowUpload(gw.url, '/echo', 2 * 1024 * 1024, 256 * 1024, 20, agent)
   t.equal(reply.status, 200)
@@ -750,13 +757,7 @@ routes:
 t.test('a 2xx that ends before the upload does: the rest of the body is dropped and the connection serves its next request', async (t) => {
   // answers at once, without reading the body (as an upstream that needs none of it does)
   const { url } = await startHttpServer(t, (req, res) => { res.end('abc') })
-  const gw = await startGateway(t, `${HEAD}upstreams:
-  backend: { targets: [${url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
-  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 })
-  t.teardown(() => agent.destroy())
+  const { gw, agent } = await keptAliveThrough(t, url)
   // past bufferBodies (1 MiB): streamed, and still arriving when the answer is whole
   const upload = await slowUpload(gw.url, '/early', 4 * 1024 * 1024, 256 * 1024, 5, agent)
   t.equal(`${upload.status} ${upload.body}`, '200 abc')
