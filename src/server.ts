@@ -423,7 +423,11 @@ export class Gateway {
       // node's parser reports its error again at each read that follows: answered, logged and
       // counted once (a bad request behind a slow answer, and its client sending on, was logged
       // once per read)
-      if (answeredClientError.has(socket)) return
+      if (answeredClientError.has(socket)) {
+        // server.requestTimeout still bounds a connection kept for the answers before a bad request
+        if (err.code === 'ERR_HTTP_REQUEST_TIMEOUT') socket.destroy()
+        return
+      }
       answeredClientError.add(socket)
       // The client closed its side mid-request (EOF inside a body) or reset: nobody is left to read
       // an answer. Destroying the socket closes the request in flight, which is then logged as a

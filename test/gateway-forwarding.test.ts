@@ -765,6 +765,24 @@ t.test('a 2xx that ends before the upload does: the rest of the body is dropped 
   // keep-alive timeout reset the connection
   const next = await send(gw.url, '/after', { agent })
   t.equal(next.status, 200, 'the next request on the connection is served')
+  // read and dropped for 2 s at most, as a lingering close: a client sending on past maxBodySize
+  // and every timer of the settled request held the connection until server.requestTimeout
+  const socket = net.connect(gw.port, '127.0.0.1')
+  socket.on('error', () => {})
+  let text = ''
+  let closed = false
+  socket.setEncoding('latin1')
+  socket.on('data', (chunk: string) => { text += chunk })
+  socket.on('close', () => { closed = true })
+  socket.write(`PUT /early HTTP/1.1\r\nHost: a\r\nContent-Length: ${64 * 1024 * 1024}\r\n\r\n`)
+  socket.write(Buffer.alloc(2 * 1024 * 1024, 97))
+  await until(() => text.includes('abc'))
+  for (let i = 0; i < 160 && !closed; i++) {
+    socket.write(Buffer.alloc(1024, 97))
+    await sleep(50)
+  }
+  t.ok(closed, 'the gateway closed the connection while the client still sent (8 s of it)')
+  socket.destroy()
 })
 
 t.test('a body past maxBodySize while its connection is being made is answered once the attempt ends; the connection stays counted till then', async (t) => {

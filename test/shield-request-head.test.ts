@@ -88,11 +88,12 @@ t.test('a chunked body that cannot be parsed ends its request at once, logged on
   // three bytes of chunk, then no CRLF: node's parser fails there. The request waited for the
   // rest of its body for clientBodyTimeout (with an upstream connection, streamed), then got a
   // 408, logged beside a 400 logged at once and never sent
-  const bad = 'POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX0\r\n\r\n'
-  for (const bufferBodies of ['1mb', '0']) {
+  for (const [bufferBodies, target] of [['1mb', '/x'], ['0', '/x'], ['0', '/status?code=200']]) {
+    // /status answers at the head: its 200 was sent and logged behind the slow GET
+    const bad = `POST ${String(target)} HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX0\r\n\r\n`
     for (const before of ['', 'GET /slow?ms=300 HTTP/1.1\r\nHost: a\r\n\r\n']) {
-      const gw = await oneRoute(t, upstream.url, `server: { clientBodyTimeout: 30s, bufferBodies: ${bufferBodies} }`)
-      const what = `bufferBodies ${bufferBodies}${before === '' ? '' : ', behind a slow GET'}`
+      const gw = await oneRoute(t, upstream.url, `server: { clientBodyTimeout: 30s, bufferBodies: ${String(bufferBodies)} }`)
+      const what = `bufferBodies ${String(bufferBodies)} ${String(target)}${before === '' ? '' : ', behind a slow GET'}`
       const text = await rawExchange(gw.port, before + bad)
       t.same(parseResponses(text).map(r => r.status), before === '' ? [] : [200], `${what}: the GET's answer, then the connection closed; no 408`)
       const expected = before === '' ? ['400 bad_request'] : ['200 undefined', '400 bad_request']
@@ -129,4 +130,23 @@ t.test('a parse error behind a slow answer, its client sending on, is handled on
   await new Promise(resolve => setTimeout(resolve, 200))
   t.same(gw.lines.filter(l => l.msg === 'request').map(l => String(l.status)).sort(), ['200', '200', '400', '400'], 'one line for each request')
   t.same(warnings, [], 'no warning (MaxListenersExceededWarning)')
+})
+
+t.test('server.requestTimeout still cuts a connection kept for the answers before a bad body', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await oneRoute(t, upstream.url, 'server: { headersTimeout: 1s, requestTimeout: 1s }')
+  // the GET's answer takes 4 s; its connection, with a bad body behind it and a client sending
+  // on, outlived requestTimeout once the parse error was handled (node's timeout came as a
+  // second clientError)
+  const socket = net.connect(gw.port, '127.0.0.1')
+  socket.on('error', () => {})
+  let text = ''
+  socket.setEncoding('latin1')
+  socket.on('data', (chunk: string) => { text += chunk })
+  const closed = new Promise<void>((resolve) => socket.once('close', () => { resolve() }))
+  socket.write('GET /slow?ms=4000 HTTP/1.1\r\nHost: a\r\n\r\nPOST /bad HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX')
+  const sending = setInterval(() => { if (!socket.destroyed) socket.write('0123456789') }, 50)
+  await closed
+  clearInterval(sending)
+  t.same(parseResponses(text).map(r => r.status), [], 'cut before the slow answer came')
 })

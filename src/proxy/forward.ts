@@ -1,7 +1,8 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
+import type { Socket } from 'node:net'
 import { PassThrough } from 'node:stream'
 import { errors as undiciErrors, type Dispatcher } from 'undici'
-import { ERRORS, GatewayError, sendError, type ErrorCode } from '../errors.js'
+import { CLOSE_GRACE_MS, ERRORS, GatewayError, sendError, type ErrorCode } from '../errors.js'
 import { clientResponseHeaders, compileHeaders, upstreamRequestHeaders, type CompiledHeaders, type HeaderRules } from './forward-headers.js'
 import { stripPathPrefix } from './forward-path.js'
 import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
@@ -130,6 +131,10 @@ const CLOSE: ReadonlyArray<readonly [string, string]> = Object.freeze([Object.fr
 // A module function with the handler as argument: no closure per request for its timers.
 function onIdleTimer (forward: ForwardHandler, kind: 'client_timeout' | 'send_timeout'): void {
   forward.onIdle(kind)
+}
+
+function destroySocket (socket: Socket | null): void {
+  socket?.destroy()
 }
 
 function onInterimDeadline (forward: ForwardHandler): void {
@@ -530,6 +535,13 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   }
 
   onComplete (): void {
+    // Its body could not be parsed (src/server.ts) after the upstream took the head: the
+    // connection is closing, and the answer is not the client's to get
+    if (cutByGateway.get(this.res) === 'bad_request') {
+      this.res.destroy()
+      this.settle('bad_request', null)
+      return
+    }
     // The answer is whole while the client's body still arrives (an upstream that answered
     // without reading it all): the rest is read and dropped, as node drops a body nobody read, so
     // that the connection's next request is read. Left in the pipe undici closed, it held the
@@ -539,10 +551,17 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     this.settle(null, null)
   }
 
+  /** Reads and drops the rest of the body for at most CLOSE_GRACE_MS (as a lingering close), then closes the connection. */
   dropRestOfBody (): void {
-    this.req.unpipe()
-    if (this.onBodyData !== null) this.req.off('data', this.onBodyData)
-    this.req.resume()
+    const req = this.req
+    req.unpipe()
+    if (this.onBodyData !== null) req.off('data', this.onBodyData)
+    // past maxBodySize and every timer of a settled request, a client sending on would hold the
+    // connection until server.requestTimeout
+    const timer = setTimeout(destroySocket, CLOSE_GRACE_MS, req.socket)
+    timer.unref()
+    req.once('end', () => { clearTimeout(timer) })
+    req.resume()
   }
 
   onError (err: Error): void {
