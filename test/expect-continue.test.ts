@@ -3,34 +3,10 @@
 // refused before its body (413 by Content-Length, a limit's 429) is answered without a 100, so its
 // client never sends the body, and the connection is closed.
 import t from 'tap'
-import net from 'node:net'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream, type EchoBody, type Upstream } from './helpers/upstream.js'
-import { parseResponses } from './helpers/raw-http.js'
+import { parseResponses, rawConnection } from './helpers/raw-http.js'
 import type { Teardown } from './helpers/teardown.js'
-
-/** A connection that sends what it is told and collects what comes back. */
-function connection (port: number): { send: (raw: string) => void, received: () => string, untilText: (re: RegExp) => Promise<string>, closed: Promise<void> } {
-  const socket = net.connect(port, '127.0.0.1')
-  socket.on('error', () => {})
-  let text = ''
-  socket.setEncoding('latin1')
-  socket.on('data', (chunk: string) => { text += chunk })
-  const closed = new Promise<void>((resolve) => socket.once('close', () => { resolve() }))
-  return {
-    send: (raw) => { socket.write(raw) },
-    received: () => text,
-    untilText: async (re) => {
-      const deadline = Date.now() + 10_000
-      while (!re.test(text)) {
-        if (Date.now() > deadline) throw new Error(`no ${String(re)} in ${JSON.stringify(text)}`)
-        await new Promise((resolve) => setTimeout(resolve, 10))
-      }
-      return text
-    },
-    closed
-  }
-}
 
 const ALL = '  - { name: all, pathPrefix: /, upstream: backend }\n'
 
@@ -45,7 +21,7 @@ const finals = (text: string): ReturnType<typeof parseResponses> => parseRespons
 /** `raw` on one connection to a gateway of its own with one route: the final answers, once it closed. */
 async function servedOnce (t: Teardown, raw: string): Promise<ReturnType<typeof parseResponses>> {
   const gw = await gatewayTo(t, await startUpstream(t))
-  const c = connection(gw.port)
+  const c = rawConnection(gw.port)
   c.send(raw)
   await c.closed
   return finals(c.received())
@@ -57,7 +33,7 @@ const upload = (path: string, length: number, extra = ''): string =>
 t.test('an admitted upload gets 100 Continue, then its answer, and the connection stays open', async t => {
   const up = await startUpstream(t)
   const gw = await gatewayTo(t, up)
-  const c = connection(gw.port)
+  const c = rawConnection(gw.port)
   c.send(upload('/first', 5))
   await c.untilText(/^HTTP\/1\.1 100 Continue\r\n\r\n/)
   t.equal(up.requests, 0, 'the 100 came before anything went upstream')
@@ -82,7 +58,7 @@ t.test('refused before its body, by Content-Length, a limit, for want of credent
     limits:
       user: { algorithm: fixed-window, limit: 1, window: 1h }
 `, 'identity:\n  apiKeys: { header: x-api-key, keys: { good-key: alice } }\n')
-  const tooLarge = connection(gw.port)
+  const tooLarge = rawConnection(gw.port)
   tooLarge.send(upload('/small/x', 10_000_000))
   await tooLarge.closed
   const [big] = parseResponses(tooLarge.received())
@@ -90,23 +66,23 @@ t.test('refused before its body, by Content-Length, a limit, for want of credent
   t.equal(big?.headers.connection, 'close')
   t.notMatch(tooLarge.received(), /100 Continue/, 'without a 100: the client never sent the body')
 
-  const first = connection(gw.port)
+  const first = rawConnection(gw.port)
   first.send(upload('/limited/x', 2, 'X-Api-Key: good-key\r\n'))
   await first.untilText(/100 Continue/)
   first.send('ok')
   await first.untilText(/"body":"ok"/)
-  const second = connection(gw.port)
+  const second = rawConnection(gw.port)
   second.send(upload('/limited/x', 2, 'X-Api-Key: good-key\r\n'))
   await second.closed
   const [limited] = parseResponses(second.received())
   t.equal(limited?.status, 429, 'over the limit')
   t.notMatch(second.received(), /100 Continue/)
-  const anonymous = connection(gw.port)
+  const anonymous = rawConnection(gw.port)
   anonymous.send(upload('/private/x', 2))
   await anonymous.closed
   t.equal(parseResponses(anonymous.received())[0]?.status, 401, 'no credentials')
   t.notMatch(anonymous.received(), /100 Continue/)
-  const nowhere = connection(gw.port)
+  const nowhere = rawConnection(gw.port)
   nowhere.send(upload('/nowhere', 2))
   await nowhere.closed
   t.equal(parseResponses(nowhere.received())[0]?.status, 404, 'no route')

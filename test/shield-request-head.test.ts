@@ -1,12 +1,11 @@
 // Issue 15 items 7 and 8: request heads node:http accepts but the gateway must refuse, because the
 // upstream (or the gateway's own client-IP and routing decisions) would read them differently.
 import t from 'tap'
-import net from 'node:net'
 import { startGateway, type LogCapture } from './helpers/gateway.js'
 import type { Gateway } from '../src/server.js'
 import type { Teardown } from './helpers/teardown.js'
 import { startUpstream } from './helpers/upstream.js'
-import { parseResponses, rawExchange, rawRequest } from './helpers/raw-http.js'
+import { parseResponses, rawConnection, rawExchange, rawRequest } from './helpers/raw-http.js'
 
 function junk (n: number): string {
   let out = ''
@@ -104,6 +103,16 @@ t.test('a chunked body that cannot be parsed ends its request at once, logged on
   }
 })
 
+/** Writes `raw`, then ten bytes more every `everyMs` until the gateway closes the connection; what came back. */
+async function sendingOn (port: number, raw: string, everyMs: number): Promise<string> {
+  const c = rawConnection(port)
+  c.send(raw)
+  const sending = setInterval(() => { c.send('0123456789') }, everyMs)
+  await c.closed
+  clearInterval(sending)
+  return c.received()
+}
+
 t.test('a parse error behind a slow answer, its client sending on, is handled once: one line, no listener piled up per read', async t => {
   const upstream = await startUpstream(t)
   const gw = await oneRoute(t, upstream.url)
@@ -114,16 +123,7 @@ t.test('a parse error behind a slow answer, its client sending on, is handled on
   // node's parser reports its error again at each read after it: the gateway logged a bad head
   // once per read, and added a close listener per read for a bad body
   for (const bad of ['GET /bad HTTP/1.1\r\nHost: a\r\nbad header: x\r\n\r\n', 'POST /bad HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX']) {
-    const socket = net.connect(gw.port, '127.0.0.1')
-    socket.on('error', () => {})
-    let text = ''
-    socket.setEncoding('latin1')
-    socket.on('data', (chunk: string) => { text += chunk })
-    const closed = new Promise<void>((resolve) => socket.once('close', () => { resolve() }))
-    socket.write('GET /slow?ms=600 HTTP/1.1\r\nHost: a\r\n\r\n' + bad)
-    const sending = setInterval(() => { if (!socket.destroyed) socket.write('0123456789') }, 20)
-    await closed
-    clearInterval(sending)
+    const text = await sendingOn(gw.port, 'GET /slow?ms=600 HTTP/1.1\r\nHost: a\r\n\r\n' + bad, 20)
     t.equal(parseResponses(text)[0]?.status, 200, `${bad.slice(0, 4)}: the slow answer came first`)
   }
   for (let i = 0; i < 500 && gw.lines.filter(l => l.msg === 'request').length < 4; i++) await new Promise(resolve => setTimeout(resolve, 10))
@@ -138,15 +138,6 @@ t.test('server.requestTimeout still cuts a connection kept for the answers befor
   // the GET's answer takes 4 s; its connection, with a bad body behind it and a client sending
   // on, outlived requestTimeout once the parse error was handled (node's timeout came as a
   // second clientError)
-  const socket = net.connect(gw.port, '127.0.0.1')
-  socket.on('error', () => {})
-  let text = ''
-  socket.setEncoding('latin1')
-  socket.on('data', (chunk: string) => { text += chunk })
-  const closed = new Promise<void>((resolve) => socket.once('close', () => { resolve() }))
-  socket.write('GET /slow?ms=4000 HTTP/1.1\r\nHost: a\r\n\r\nPOST /bad HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX')
-  const sending = setInterval(() => { if (!socket.destroyed) socket.write('0123456789') }, 50)
-  await closed
-  clearInterval(sending)
+  const text = await sendingOn(gw.port, 'GET /slow?ms=4000 HTTP/1.1\r\nHost: a\r\n\r\nPOST /bad HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX', 50)
   t.same(parseResponses(text).map(r => r.status), [], 'cut before the slow answer came')
 })

@@ -55,3 +55,26 @@ export async function rawRequest (port: number, head: string, body = ''): Promis
   if (reply === undefined) throw new Error(`no response in ${JSON.stringify(text.slice(0, 200))}`)
   return reply
 }
+
+/** A connection that sends what it is told and collects what comes back. */
+export function rawConnection (port: number): { send: (raw: string) => void, received: () => string, untilText: (re: RegExp) => Promise<string>, closed: Promise<void> } {
+  const socket = net.connect(port, '127.0.0.1')
+  socket.on('error', () => {})
+  let text = ''
+  socket.setEncoding('latin1')
+  socket.on('data', (chunk: string) => { text += chunk })
+  const closed = new Promise<void>((resolve) => socket.once('close', () => { resolve() }))
+  return {
+    send: (raw) => { socket.write(raw) },
+    received: () => text,
+    untilText: async (re) => {
+      const deadline = Date.now() + 10_000
+      while (!re.test(text)) {
+        if (Date.now() > deadline) throw new Error(`no ${String(re)} in ${JSON.stringify(text)}`)
+        await new Promise((resolve) => setTimeout(resolve, 10))
+      }
+      return text
+    },
+    closed
+  }
+}
