@@ -4,7 +4,7 @@
 // offline), so it cannot disagree with the gateway on routing, identity or plans.
 import { normalizePath, requestTargetAuthority, requestTargetPath, requestTargetQuery } from './router/normalize-path.js'
 import { normalizeHost } from './router/route-table.js'
-import { isValidHost } from './router/request-head.js'
+import { checkTargetAuthority } from './router/request-head.js'
 import { dimensionValue, keyFor, limitsFor } from './limit/plan.js'
 import type { IdentityResult } from './identify/identity.js'
 import type { Runtime } from './runtime.js'
@@ -28,7 +28,8 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   // an absolute-form target's authority is the host, whatever Host says (RFC 9112 §3.2.2), as in
   // src/pipeline.ts
   const authority = requestTargetAuthority(req.url) ?? undefined
-  if (authority !== undefined && (authority === '' || !isValidHost(authority))) return '400 GW_ERR_BAD_REQUEST: invalid authority in the request target\n'
+  const badAuthority = authority === undefined ? null : checkTargetAuthority(authority)
+  if (badAuthority !== null) return `400 ${badAuthority.code}: ${badAuthority.reason}\n`
   const headers: Record<string, string> = {}
   for (const h of req.headers) {
     const i = h.indexOf(':')

@@ -9,7 +9,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Duplex } from 'node:stream'
 import { normalizePath, requestTargetAuthority, requestTargetPath, requestTargetQuery } from './router/normalize-path.js'
 import { normalizeHost } from './router/route-table.js'
-import { checkRequestHead, isValidHost } from './router/request-head.js'
+import { checkRequestHead, checkTargetAuthority } from './router/request-head.js'
 import { looksLikeMisconfiguredProxy } from './identify/client-ip.js'
 import { forwardRequest, type ForwardContext, type ForwardErrorKind } from './proxy/forward.js'
 import type { createWebSocketProxy } from './proxy/websocket.js'
@@ -65,22 +65,16 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
       state.logger.warn({ peer }, 'requests arrive with X-Forwarded-For from a private address but trustedProxies is empty: every client behind that proxy shares one IP limit')
     }
   }
-  const head = checkRequestHead(req, rt.server.maxHeadersCount)
-  if (head !== null) return { ok: false, code: head.code, extra: { reason: head.reason }, headers: head.headers, ipKey: client.key, clientIp: client.ip }
+  let head = checkRequestHead(req, rt.server.maxHeadersCount)
   // absolute-form (RFC 9112 §3.2.2) is accepted; anything else (e.g. "*") is not routable
   const url = req.url ?? '/'
-  if (url.charCodeAt(0) !== 47 /* / */) {
-    const authority = requestTargetAuthority(url)
-    if (authority !== null) {
-      // A userinfo ("user@host") or an empty host is refused, as an invalid Host is (RFC 9110 §4.2.1, §4.2.4).
-      if (authority === '' || !isValidHost(authority)) return { ok: false, code: 'GW_ERR_BAD_REQUEST', extra: { reason: 'invalid authority in the request target' }, ipKey: client.key, clientIp: client.ip }
-      // RFC 9112 §3.2.2: the target's authority is the host, whatever Host says, and a proxy
-      // forwards it as Host. Routed by the Host instead, "GET http://admin.internal/ HTTP/1.1" with
-      // "Host: public" would be served by one host's route and read by a cache or an upstream as
-      // the other's.
-      req.headers.host = authority
-    }
-  }
+  const authority = head === null && url.charCodeAt(0) !== 47 /* / */ ? requestTargetAuthority(url) : null
+  if (authority !== null) head = checkTargetAuthority(authority)
+  if (head !== null) return { ok: false, code: head.code, extra: { reason: head.reason }, headers: head.headers, ipKey: client.key, clientIp: client.ip }
+  // RFC 9112 §3.2.2: the target's authority is the host, whatever Host says, and a proxy forwards
+  // it as Host. Routed by the Host instead, "GET http://admin.internal/ HTTP/1.1" with "Host:
+  // public" would be served by one host's route and read by a cache or an upstream as the other's.
+  if (authority !== null) req.headers.host = authority
   const rawPath = requestTargetPath(url)
   if (rawPath === null) return { ok: false, code: 'GW_ERR_BAD_PATH', ipKey: client.key, clientIp: client.ip }
   const normalized = normalizePath(rawPath)

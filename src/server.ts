@@ -446,18 +446,18 @@ export class Gateway {
       // connection that outlived server.requestTimeout. Each of those requests is logged and
       // counted once, as the client_timeout it is, not as a client abort beside a 408 never sent.
       const open = this.openResponses.get(socket)
-      if (code === 'ERR_HTTP_REQUEST_TIMEOUT' && open !== undefined && open.responses.some(r => !r.req.complete)) {
-        for (const res of open.responses) cutByGateway.set(res, 'client_timeout')
-        socket.destroy()
-        return
-      }
-      // A body that cannot be parsed (a bad chunk size): its request is in flight and waited for
-      // the rest of a body that never comes, for clientBodyTimeout (60 s by default, an upstream
-      // connection held when streamed), while the 400 waited behind its response. The answers
-      // owed to the requests before it go out first; then the connection is closed, and the
-      // request is logged once, as the bad request it is.
       const broken = open?.responses.find(r => !r.req.complete)
       if (open !== undefined && broken !== undefined) {
+        if (code === 'ERR_HTTP_REQUEST_TIMEOUT') {
+          for (const res of open.responses) cutByGateway.set(res, 'client_timeout')
+          socket.destroy()
+          return
+        }
+        // A body that cannot be parsed (a bad chunk size) is the same: its request is in flight
+        // and waited for the rest of a body that never comes, for clientBodyTimeout (60 s by
+        // default, an upstream connection held when streamed), while the 400 waited behind its
+        // response. Here the answers owed to the requests before it go out first; then the
+        // connection is closed, and the request is logged once, as the bad request it is.
         cutByGateway.set(broken, 'bad_request')
         closeAfterEarlierAnswers(socket, open.responses.filter(r => r !== broken && !r.writableFinished))
         return

@@ -93,6 +93,8 @@ t.test('an absolute-form target routes by its own authority, not by Host, and th
     const reply = await send(base, target, { headers: { host } })
     if (reply.status !== 200) return { status: reply.status, route: null, host: null }
     const seen = JSON.parse(reply.body) as EchoBody
+    // X-Forwarded-Host names the host the request was for: the target's authority too
+    t.equal(seen.headers['x-forwarded-host'], seen.headers.host, `${target}: X-Forwarded-Host`)
     return { status: reply.status, route: seen.headers['x-route'], host: seen.headers.host }
   }
   t.same(await seenHost('http://api.example.com/h/x', 'api.example.org'), { status: 200, route: 'host-exact', host: 'api.example.com' })

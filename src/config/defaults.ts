@@ -157,7 +157,7 @@ export function applyDefaults (c: GatewayConfig): ResolvedConfig {
       clientBodyTimeout: s?.clientBodyTimeout ?? '1m',
       sendTimeout: s?.sendTimeout ?? '1m',
       // Envoy's default idle timeout for upgraded connections; the cap keeps tunnels (which outlive
-      // any request timeout) from holding every file descriptor
+      // every request timeout) from holding every file descriptor
       websocketIdleTimeout: s?.websocketIdleTimeout ?? '5m',
       maxWebSockets: s?.maxWebSockets ?? 10_000,
       // nginx's underscores_in_headers off

@@ -1,8 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
-import type { Socket } from 'node:net'
 import { PassThrough } from 'node:stream'
 import { errors as undiciErrors, type Dispatcher } from 'undici'
-import { CLOSE_GRACE_MS, ERRORS, GatewayError, sendError, type ErrorCode } from '../errors.js'
+import { ERRORS, GatewayError, sendError, type ErrorCode } from '../errors.js'
 import { clientResponseHeaders, compileHeaders, upstreamRequestHeaders, type CompiledHeaders, type HeaderRules } from './forward-headers.js'
 import { stripPathPrefix } from './forward-path.js'
 import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
@@ -11,6 +10,8 @@ import { BodyBudget } from './body-budget.js'
 import { cutByGateway } from './shutdown-cut.js'
 import { sendContinue } from './expect-continue.js'
 import { hasRequestBody } from './request-body.js'
+import { dropRestOfBody } from './lingering-close.js'
+import { CONNECTION_CLOSE } from './hop-by-hop.js'
 
 export type { HeaderRules } from './forward-headers.js'
 export type { ForwardErrorKind } from './upstream-errors.js'
@@ -126,15 +127,10 @@ export function mayRetry (sent: boolean, method: string, bodyResendable: boolean
  */
 type DispatchToTarget = Dispatcher.DispatchOptions & { servername: string | null }
 
-const CLOSE: ReadonlyArray<readonly [string, string]> = Object.freeze([Object.freeze(['connection', 'close'] as const)])
 
 // A module function with the handler as argument: no closure per request for its timers.
 function onIdleTimer (forward: ForwardHandler, kind: 'client_timeout' | 'send_timeout'): void {
   forward.onIdle(kind)
-}
-
-function destroySocket (socket: Socket | null): void {
-  socket?.destroy()
 }
 
 function onInterimDeadline (forward: ForwardHandler): void {
@@ -546,22 +542,15 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     // without reading it all): the rest is read and dropped, as node drops a body nobody read, so
     // that the connection's next request is read. Left in the pipe undici closed, it held the
     // connection until the keep-alive timeout reset it.
-    if (this.opts.body !== null && !this.req.complete) this.dropRestOfBody()
+    // For at most CLOSE_GRACE_MS: past maxBodySize and every timer of a settled request, a client
+    // sending on would hold the connection until server.requestTimeout. A body that ends in time
+    // leaves the connection kept alive.
+    if (this.opts.body !== null && !this.req.complete) {
+      const timer = dropRestOfBody(this.req, this.req.socket)
+      this.req.once('end', () => { clearTimeout(timer) })
+    }
     this.res.end()
     this.settle(null, null)
-  }
-
-  /** Reads and drops the rest of the body for at most CLOSE_GRACE_MS (as a lingering close), then closes the connection. */
-  dropRestOfBody (): void {
-    const req = this.req
-    req.unpipe()
-    if (this.onBodyData !== null) req.off('data', this.onBodyData)
-    // past maxBodySize and every timer of a settled request, a client sending on would hold the
-    // connection until server.requestTimeout
-    const timer = setTimeout(destroySocket, CLOSE_GRACE_MS, req.socket)
-    timer.unref()
-    req.once('end', () => { clearTimeout(timer) })
-    req.resume()
   }
 
   onError (err: Error): void {
@@ -635,7 +624,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   errorHeaders (): ReadonlyArray<readonly [string, string]> | undefined {
     const extra = this.ctx.extraResponseHeaders
     // An unread request body would be parsed as the next request: close instead of draining it.
-    if (this.opts.body !== null && !this.req.complete) return extra === undefined ? CLOSE : [...extra, ...CLOSE]
+    if (this.opts.body !== null && !this.req.complete) return extra === undefined ? CONNECTION_CLOSE : [...extra, ...CONNECTION_CLOSE]
     return extra
   }
 

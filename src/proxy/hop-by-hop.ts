@@ -40,3 +40,6 @@ export function connectionTokens (value: string | string[]): readonly string[] {
   }
   return tokens
 }
+
+/** The field an answer adds when the connection must close after it (its framing cannot be trusted, or a body is left unread). */
+export const CONNECTION_CLOSE: ReadonlyArray<readonly [string, string]> = Object.freeze([Object.freeze(['connection', 'close'] as const)])

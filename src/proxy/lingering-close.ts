@@ -5,7 +5,24 @@
 // more, and the kernel resets the connection; the reset discards the answer in flight at the
 // client, which then sees a broken connection instead of the gateway's 429.
 import type { IncomingMessage, ServerResponse } from 'node:http'
+import type { Socket } from 'node:net'
 import { CLOSE_GRACE_MS } from '../errors.js'
+
+/**
+ * Reads the rest of `req`'s body and drops it, for at most CLOSE_GRACE_MS: then `socket` is
+ * destroyed. Node dumps a body nobody read; one the forwarding was streaming (piped on, paused
+ * while its upstream call waited, or counted) is its own: taken back here. The caller decides what
+ * the body's end does; the timer returned is cleared when the socket closes.
+ */
+export function dropRestOfBody (req: IncomingMessage, socket: Socket): NodeJS.Timeout {
+  req.unpipe()
+  req.removeAllListeners('data')
+  req.resume()
+  const timer = setTimeout(() => { socket.destroy() }, CLOSE_GRACE_MS)
+  timer.unref()
+  socket.once('close', () => { clearTimeout(timer) })
+  return timer
+}
 
 /**
  * Called for a request with a body as it arrives. When its answer has ended the connection
@@ -15,23 +32,15 @@ import { CLOSE_GRACE_MS } from '../errors.js'
  * the answer within CLOSE_GRACE_MS is cut then.
  */
 export function lingerAfterAnswer (req: IncomingMessage, res: ServerResponse): void {
-  // Taken now: undici, given the request itself as the body to stream (bufferBodies: 0), sets
-  // req.socket to null when that upload is aborted (a 413 mid-body, a client timeout), and a read
-  // of it at 'finish' ended the process.
+  // Taken now: req.socket is null once the request is destroyed (undici did so when it streamed
+  // the request itself as an upload and aborted it), and a read of it at 'finish' ended the process.
   const socket = req.socket
   // runs after node's own 'finish' listener, which detached the response and ended the socket
   res.once('finish', () => {
     if (req.complete || socket.destroyed || !socket.writableEnded) return
     // node's destroySoon: once('finish', this.destroy)
     socket.removeListener('finish', socket.destroy)
-    // The rest of the body is read and dropped. Node dumps a body nobody read; one the forwarding
-    // was streaming (piped on, paused while its upstream call waited) is its own: taken back.
-    req.unpipe()
-    req.removeAllListeners('data')
-    req.resume()
-    const timer = setTimeout(() => { socket.destroy() }, CLOSE_GRACE_MS)
-    timer.unref()
-    socket.once('close', () => { clearTimeout(timer) })
+    dropRestOfBody(req, socket)
     req.once('end', () => {
       if (socket.writableFinished) socket.destroy()
       else socket.once('finish', () => { socket.destroy() })

@@ -2,7 +2,7 @@
 // the upstream would read differently from us is refused here (issue 15 items 7, 8 and 10).
 import type { IncomingMessage } from 'node:http'
 import type { ErrorCode } from '../errors.js'
-import { isChunkedOnly } from '../proxy/hop-by-hop.js'
+import { CONNECTION_CLOSE, isChunkedOnly } from '../proxy/hop-by-hop.js'
 
 export interface HeadProblem {
   readonly code: ErrorCode
@@ -55,7 +55,17 @@ const TOO_MANY: HeadProblem = Object.freeze({ code: 'GW_ERR_HEADERS_TOO_LARGE', 
 const TWO_HOSTS: HeadProblem = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', reason: 'more than one Host header' })
 const UNKNOWN_CODING: HeadProblem = Object.freeze({ code: 'GW_ERR_NOT_IMPLEMENTED', reason: 'only the chunked transfer coding is supported' })
 const BAD_HOST: HeadProblem = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', reason: 'invalid Host header' })
-const HTTP10_CODING: HeadProblem = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', reason: 'Transfer-Encoding in an HTTP/1.0 request', headers: Object.freeze([Object.freeze(['connection', 'close'] as const)]) })
+const HTTP10_CODING: HeadProblem = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', reason: 'Transfer-Encoding in an HTTP/1.0 request', headers: CONNECTION_CLOSE })
+const BAD_AUTHORITY: HeadProblem = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', reason: 'invalid authority in the request target' })
+
+/**
+ * The problem with an absolute-form target's authority (from requestTargetAuthority), null when it
+ * is a host: a userinfo ("user@host") or an empty host is refused, as an invalid Host is (RFC 9110
+ * §4.2.1, §4.2.4).
+ */
+export function checkTargetAuthority (authority: string): HeadProblem | null {
+  return authority !== '' && isValidHost(authority) ? null : BAD_AUTHORITY
+}
 
 /**
  * null when the head is acceptable. `maxHeadersCount` is the configured limit; node:http keeps at
