@@ -600,6 +600,66 @@ routes:
   t.equal(after.body, 'x'.repeat(10), 'the pool connection is still usable')
 })
 
+t.test('a head whose body has not come yet reaches the client at once (an event stream, a long poll)', async (t) => {
+  let sendBody = (): void => {}
+  const { url } = await startHttpServer(t, (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    res.flushHeaders()
+    sendBody = () => { res.end('data: late\n\n') }
+  })
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const { port } = new URL(gw.url)
+  const req = http.get({ host: '127.0.0.1', port, path: '/events', agent: false })
+  t.teardown(() => { req.destroy() })
+  // node:http keeps a head until the first body write: the client got nothing until the event came
+  const res = await Promise.race([new Promise<http.IncomingMessage>((resolve) => req.once('response', resolve)), sleep(5000).then(() => null)])
+  sendBody()
+  if (res === null) {
+    t.fail('no head within 5 s while the upstream held its body')
+    return
+  }
+  t.equal(res.statusCode, 200)
+  t.equal(res.headers['content-type'], 'text/event-stream')
+  const chunks: Buffer[] = []
+  for await (const chunk of res) chunks.push(chunk as Buffer)
+  t.equal(Buffer.concat(chunks).toString(), 'data: late\n\n', 'the body follows the head')
+})
+
+t.test('an upstream that fails after its head leaves the client that head, then a cut connection', async (t) => {
+  let fail = (): void => {}
+  const { url } = await startHttpServer(t, (_req, res) => {
+    res.writeHead(200, { 'content-length': '10' })
+    res.flushHeaders()
+    fail = () => { res.socket?.destroy() }
+  })
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const { port } = new URL(gw.url)
+  const req = http.get({ host: '127.0.0.1', port, path: '/', agent: false })
+  req.on('error', () => {})
+  t.teardown(() => { req.destroy() })
+  const res = await Promise.race([new Promise<http.IncomingMessage>((resolve) => req.once('response', resolve)), sleep(5000).then(() => null)])
+  fail()
+  if (res === null) {
+    t.fail('no head within 5 s')
+    return
+  }
+  t.equal(res.statusCode, 200, 'the upstream\'s status, sent before it failed')
+  const complete = await new Promise<boolean>((resolve) => {
+    res.on('error', () => {})
+    res.resume()
+    res.on('close', () => { resolve(res.complete) })
+  })
+  t.notOk(complete, 'the body is cut short: the client can tell')
+})
+
 t.test('Expect: 100-continue uploads go through', async (t) => {
   const upstream = await startUpstream(t)
   const gw = await startGateway(t, `${HEAD}upstreams:

@@ -139,6 +139,24 @@ function onInterimDeadline (forward: ForwardHandler): void {
   if (!forward.settled && !forward.responded) forward.abortUpstream?.(new undiciErrors.HeadersTimeoutError())
 }
 
+// Heads that came this turn: most have their body in the same read and go out with it; the rest
+// go out alone once the turn's I/O is done. One setImmediate per turn, not per request.
+let heldHeads: ForwardHandler[] = []
+let spareHeads: ForwardHandler[] = []
+
+function holdHead (forward: ForwardHandler): void {
+  if (heldHeads.length === 0) setImmediate(flushPendingHeads)
+  heldHeads.push(forward)
+}
+
+function flushPendingHeads (): void {
+  const list = heldHeads
+  heldHeads = spareHeads
+  spareHeads = list
+  for (let i = 0; i < list.length; i++) (list[i] as ForwardHandler).flushHead()
+  list.length = 0
+}
+
 /**
  * Forwards one request to the plan's upstream, streaming both bodies with backpressure. Never
  * throws; `done` is called exactly once, after the response ended or failed.
@@ -186,8 +204,15 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   retried = false
   /** undici began writing the request: from here on it is not retried. */
   sent = false
-  /** Response headers went to the client: from here on a failure can only cut the connection. */
+  /** The upstream's final head came (its status is `status`). */
   responded = false
+  /**
+   * That head, relayable, not yet given to node:http: it goes out with the first body bytes (one
+   * write, as before), or alone at the end of the event-loop turn (flushPendingHeads).
+   */
+  head: string[] | null = null
+  /** The head was given to node:http: from here on a failure can only cut the connection. */
+  headWritten = false
   settled = false
   clientGone = false
   bodyTooLarge = false
@@ -489,10 +514,40 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     // unread body until the keep-alive timeout cut it. A 2xx sent early is a full-duplex
     // exchange (an echo, a stream), whose upstream reads the body on: kept alive.
     if (statusCode >= 300 && this.opts.body !== null && !this.req.complete) this.res.shouldKeepAlive = false
-    // A throw here (a header node:http rejects) makes undici abort, and onError answers 502.
-    this.res.writeHead(statusCode, out)
     this.responded = true
+    this.head = out
+    holdHead(this)
     return true
+  }
+
+  /**
+   * Gives the held head to node:http. False when it rejects a header: the upstream's answer is not
+   * relayable (502), and nothing reached the client. undici's parser refuses such bytes first
+   * (a control character in a value is its 502); this guards the end-of-turn flush, where a throw
+   * would reach no handler.
+   */
+  writeHead (): boolean {
+    const head = this.head
+    this.head = null
+    try {
+      this.res.writeHead(this.status, head as string[])
+    } catch {
+      this.badResponse = true
+      return false
+    }
+    this.headWritten = true
+    return true
+  }
+
+  /**
+   * The end of the turn in which the head came, without a body byte (a stream, a long poll, an
+   * event source): the head goes out alone, as nginx sends it, so the client learns the status
+   * now. node:http would keep it until the first body write, minutes later for an event stream.
+   */
+  flushHead (): void {
+    if (this.head === null || this.settled || this.clientGone) return
+    if (this.writeHead()) this.res.flushHeaders()
+    else this.abortUpstream?.(new GatewayError('GW_ERR_UPSTREAM_BAD_RESPONSE'))
   }
 
   /** Called by undici 7's core (lib/core/request.js) once the whole request is written, though its types do not list it. */
@@ -506,6 +561,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   }
 
   onData (chunk: Buffer): boolean {
+    // undici aborts on a throw, and onError answers the bad response
+    if (this.head !== null && !this.writeHead()) throw new GatewayError('GW_ERR_UPSTREAM_BAD_RESPONSE')
     this.bytesOut += chunk.length
     if (this.res.write(chunk)) return true
     // Backpressure: stop reading the upstream socket until the client drains, for at most
@@ -548,6 +605,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     if (this.opts.body !== null && !this.req.complete) {
       const timer = dropRestOfBody(this.req, this.req.socket)
       this.req.once('end', () => { clearTimeout(timer) })
+    }
+    if (this.head !== null && !this.writeHead()) {
+      this.fail('bad_response', null)
+      return
     }
     this.res.end()
     this.settle(null, null)
@@ -667,7 +728,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     const code = kind === null ? null : KIND_CODES[kind]
     let status = this.status
     let sentStatus: number | undefined
-    if (!this.responded) {
+    if (!this.headWritten) {
       status = code === null ? (kind === 'client_abort' ? 499 : status) : ERRORS[code].status
     } else if (code !== null) {
       // Cut mid-body: the client got a 2xx head and half a body, which is a failure to count.
