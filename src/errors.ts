@@ -24,6 +24,7 @@ const TABLE = {
   GW_ERR_BODY_TOO_LARGE: { status: 413, message: 'the request body exceeds the route limit' },
   GW_ERR_CLIENT_TIMEOUT: { status: 408, message: 'the request body stopped arriving (server.clientBodyTimeout)' },
   GW_ERR_HEADERS_TOO_LARGE: { status: 431, message: 'the request headers are too large' },
+  GW_ERR_URI_TOO_LONG: { status: 414, message: 'the request target is too long (server.maxHeaderSize)' },
   GW_ERR_UNAUTHORIZED: { status: 401, message: 'missing or invalid credentials' },
   GW_ERR_RATE_LIMITED: { status: 429, message: 'rate limit exceeded', bodyCode: 'rate_limited' },
   GW_ERR_CONCURRENCY_LIMITED: { status: 429, message: 'too many requests in flight' },

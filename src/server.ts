@@ -170,6 +170,24 @@ function parserErrorMessage (code: string): string {
 }
 
 /**
+ * Whether a head overflowed server.maxHeaderSize within its request line (a long target): a 414,
+ * as nginx answers, where the fields' overflow is a 431. node reports one overflow for both; the
+ * read it failed in (`rawPacket`) tells them apart when it starts a request (a method and a space)
+ * and holds no line end before where the parser stopped (`bytesParsed`). A line that came over
+ * several reads is still a 431.
+ */
+function requestLineOverflowed (err: Error): boolean {
+  const { rawPacket: raw, bytesParsed: stop } = err as { rawPacket?: unknown, bytesParsed?: unknown }
+  if (!Buffer.isBuffer(raw) || typeof stop !== 'number') return false
+  const lineEnd = raw.indexOf(10)
+  if (lineEnd !== -1 && lineEnd < stop) return false
+  let i = 0
+  // A-Z: every registered method is upper-case letters (and node's parser takes no other)
+  while (i < raw.length && i < 24 && (raw[i] as number) >= 0x41 && (raw[i] as number) <= 0x5a) i++
+  return i > 0 && raw[i] === 0x20
+}
+
+/**
  * Nothing after an answer that closed the connection is served, logged or counted. Node's parser
  * can still read a request there: a lingering close reads the rest of a body, and what follows it
  * in the same read is parsed too (src/proxy/lingering-close.ts).
@@ -437,7 +455,7 @@ export class Gateway {
       // timeout is GW_ERR_BAD_REQUEST with 408 (README error table)
       const code = err.code ?? ''
       const [status, error]: [number, ErrorCode] = code === 'HPE_HEADER_OVERFLOW'
-        ? [431, 'GW_ERR_HEADERS_TOO_LARGE']
+        ? (requestLineOverflowed(err) ? [414, 'GW_ERR_URI_TOO_LONG'] : [431, 'GW_ERR_HEADERS_TOO_LARGE'])
         : code === 'ERR_HTTP_REQUEST_TIMEOUT' ? [408, 'GW_ERR_BAD_REQUEST'] : [400, 'GW_ERR_BAD_REQUEST']
       // A request timeout while a request's body is still arriving: that body is what is late (a
       // byte now and then keeps clientBodyTimeout from firing), and its answer would wait for it
@@ -463,7 +481,7 @@ export class Gateway {
         return
       }
       this.answerUnrouted(socket, status, code === '' ? 'bad_request' : code, (requestId) => {
-        writeRawError(socket, status, errorBody(error, parserErrorMessage(code), { requestId }), requestId)
+        writeRawError(socket, status, errorBody(error, status === 414 ? undefined : parserErrorMessage(code), { requestId }), requestId)
       })
     })
     // CONNECT asks for a tunnel to another host (forward proxying), which the gateway does not

@@ -445,6 +445,26 @@ routes:
   t.equal(upstream.requests, 0)
 })
 
+t.test('a request line longer than server.maxHeaderSize gets 414 JSON; fields past it still get 431', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `${HEAD}server: { maxHeaderSize: 4096 }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const longTarget = parseRaw((await rawExchange(gw.port, `GET /${'a'.repeat(6000)} HTTP/1.1\r\nHost: a\r\n\r\n`)).text)
+  t.equal(longTarget.status, 414)
+  t.match(JSON.parse(longTarget.body), { error: 'GW_ERR_URI_TOO_LONG', message: /target is too long/, requestId: String })
+  // a short line and a field over the limit; and a line that fits with fields past the rest
+  for (const raw of [`GET /x HTTP/1.1\r\nHost: a\r\nX-Big: ${'b'.repeat(6000)}\r\n\r\n`, `GET /${'a'.repeat(3000)} HTTP/1.1\r\nHost: a\r\nX-Big: ${'b'.repeat(3000)}\r\n\r\n`]) {
+    const reply = parseRaw((await rawExchange(gw.port, raw)).text)
+    t.equal(reply.status, 431)
+    t.equal((JSON.parse(reply.body) as { error: string }).error, 'GW_ERR_HEADERS_TOO_LARGE')
+  }
+  t.equal(upstream.requests, 0)
+})
+
 t.test('request smuggling shapes are refused before anything reaches the upstream', async (t) => {
   const upstream = await startUpstream(t)
   const gw = await startGateway(t, `${HEAD}upstreams:
