@@ -9,6 +9,7 @@ import type { ResolvedConfig } from './config/defaults.js'
 import { compileRuntime, type Runtime } from './runtime.js'
 import { ResourceCache, type RedisStatus } from './runtime-resources.js'
 import { createRequestHandler, createUpgradeHandler, type PipelineState } from './pipeline.js'
+import { refuseUnparsableBody } from './proxy/forward.js'
 import { createWebSocketProxy } from './proxy/websocket.js'
 import { declineUpgrade, offersWebSocket } from './proxy/upgrade-offer.js'
 import { holdContinue } from './proxy/expect-continue.js'
@@ -471,12 +472,18 @@ export class Gateway {
           socket.destroy()
           return
         }
-        // A body that cannot be parsed (a bad chunk size) is the same: its request is in flight
-        // and waited for the rest of a body that never comes, for clientBodyTimeout (60 s by
-        // default, an upstream connection held when streamed), while the 400 waited behind its
-        // response. Here the answers owed to the requests before it go out first; then the
-        // connection is closed, and the request is logged once, as the bad request it is.
+        // A body that cannot be parsed (a bad chunk size): its request is in flight and waited
+        // for the rest of a body that never comes, for clientBodyTimeout (60 s by default, an
+        // upstream connection held when streamed). Its answer, unless begun, is a 400 that closes
+        // the connection, after the answers owed to the requests before it (nginx answers 400);
+        // the forward gives up its upstream call for it. An answer begun (the upstream's) cannot
+        // become a 400: the connection is closed once the answers before it went out. Either way
+        // the request is logged once, as the bad request it is.
         cutByGateway.set(broken, 'bad_request')
+        if (refuseUnparsableBody(broken)) {
+          broken.shouldKeepAlive = false
+          return
+        }
         closeAfterEarlierAnswers(socket, open.responses.filter(r => r !== broken && !r.writableFinished))
         return
       }

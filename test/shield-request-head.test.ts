@@ -4,7 +4,8 @@ import t from 'tap'
 import { startGateway, type LogCapture } from './helpers/gateway.js'
 import type { Gateway } from '../src/server.js'
 import type { Teardown } from './helpers/teardown.js'
-import { startUpstream } from './helpers/upstream.js'
+import { startHttpServer, startUpstream } from './helpers/upstream.js'
+import { startRedis } from './helpers/redis.js'
 import { parseResponses, rawConnection, rawExchange, rawRequest } from './helpers/raw-http.js'
 
 function junk (n: number): string {
@@ -82,25 +83,90 @@ t.test('an HTTP/1.0 request with Transfer-Encoding gets 400 and never reaches th
   t.equal(chunked11.status, 200, 'the same body in HTTP/1.1 is served')
 })
 
-t.test('a chunked body that cannot be parsed ends its request at once, logged once as a 400; the answers before it go out', async t => {
+t.test('a chunked body that cannot be parsed gets a 400 at once, logged once, and the connection closes; the answers before it go out first', async t => {
   const upstream = await startUpstream(t)
   // three bytes of chunk, then no CRLF: node's parser fails there. The request waited for the
   // rest of its body for clientBodyTimeout (with an upstream connection, streamed), then got a
-  // 408, logged beside a 400 logged at once and never sent
+  // 408, logged beside a 400 logged at once and never sent; then it was cut without an answer
   for (const [bufferBodies, target] of [['1mb', '/x'], ['0', '/x'], ['0', '/status?code=200']]) {
     // /status answers at the head: its 200 was sent and logged behind the slow GET
     const bad = `POST ${String(target)} HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX0\r\n\r\n`
     for (const before of ['', 'GET /slow?ms=300 HTTP/1.1\r\nHost: a\r\n\r\n']) {
       const gw = await oneRoute(t, upstream.url, `server: { clientBodyTimeout: 30s, bufferBodies: ${String(bufferBodies)} }`)
       const what = `bufferBodies ${String(bufferBodies)} ${String(target)}${before === '' ? '' : ', behind a slow GET'}`
-      const text = await rawExchange(gw.port, before + bad)
-      t.same(parseResponses(text).map(r => r.status), before === '' ? [] : [200], `${what}: the GET's answer, then the connection closed; no 408`)
+      const replies = parseResponses(await rawExchange(gw.port, before + bad))
+      t.same(replies.map(r => r.status), before === '' ? [400] : [200, 400], `${what}: the GET's answer, the 400, then the connection closed; no 408`)
+      const refusal = replies[replies.length - 1]
+      t.match(refusal?.json, { error: 'GW_ERR_BAD_REQUEST', reason: 'the chunked request body cannot be parsed', requestId: String }, `${what}: the 400 says why`)
+      t.equal(refusal?.headers.connection, 'close', `${what}: the 400 closes the connection`)
       const expected = before === '' ? ['400 bad_request'] : ['200 undefined', '400 bad_request']
       for (let i = 0; i < 500 && gw.lines.filter(l => l.msg === 'request').length < expected.length; i++) await new Promise(resolve => setTimeout(resolve, 10))
       t.same(gw.lines.filter(l => l.msg === 'request').map(l => `${String(l.status)} ${String(l.error)}`).sort(), expected, `${what}: one line each, the bad one a 400`)
       t.equal((await rawRequest(gw.port, 'GET /ok HTTP/1.1\r\nHost: a\r\n')).status, 200, 'the gateway serves on')
     }
   }
+})
+
+t.test('a chunked body that cannot be parsed while its limits are decided in Redis: a 400, or the limit\'s 429, and the connection closes', async t => {
+  const upstream = await startUpstream(t)
+  const redis = await startRedis(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+redis: { url: ${redis.url}, timeout: 2s }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - name: open
+    pathPrefix: /open
+    upstream: backend
+    limits: { ip: { algorithm: fixed-window, limit: 100, window: 1m } }
+  - name: tight
+    pathPrefix: /tight
+    upstream: backend
+    limits: { ip: { algorithm: fixed-window, limit: 1, window: 1m } }
+`)
+  // head and body come in one read: the parser fails in the body while the decision is in Redis
+  const bad = (path: string): string => `POST ${path} HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX0\r\n\r\n`
+  const open = parseResponses(await rawExchange(gw.port, bad('/open') + 'GET /open/behind HTTP/1.1\r\nHost: a\r\n\r\n'))
+  t.same(open.map(r => r.status), [400], 'admitted: the forward answers 400 as it starts, and the connection closes')
+  t.equal(open[0]?.json?.reason, 'the chunked request body cannot be parsed')
+  t.equal((await rawRequest(gw.port, 'GET /tight HTTP/1.1\r\nHost: a\r\n')).status, 200, 'the tight limit\'s one request')
+  const tight = parseResponses(await rawExchange(gw.port, bad('/tight')))
+  t.same(tight.map(r => r.status), [429], 'refused by its limit: that answer, then the connection closed')
+  t.equal(tight[0]?.headers.connection, 'close')
+  t.same(upstream.log, ['/tight'], 'no unparsable body reached the upstream')
+})
+
+t.test('an upstream head held behind a pipelined answer becomes the 400 of a body found unparsable meanwhile', async t => {
+  let answered = false
+  let releaseSlow = (): void => {}
+  const { url } = await startHttpServer(t, (req, res) => {
+    if (req.url === '/slow') {
+      releaseSlow = () => { res.end('slow') }
+      return
+    }
+    // answers at the head and reads on (a full-duplex upload)
+    res.writeHead(200, { 'content-type': 'text/plain' })
+    res.flushHeaders()
+    answered = true
+    req.resume()
+    req.on('error', () => {})
+  })
+  const gw = await oneRoute(t, url, 'server: { bufferBodies: 0, clientBodyTimeout: 30s }')
+  const c = rawConnection(gw.port)
+  c.send('GET /slow HTTP/1.1\r\nHost: a\r\n\r\nPOST /up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n')
+  for (let i = 0; i < 500 && !answered; i++) await new Promise(resolve => setTimeout(resolve, 10))
+  t.ok(answered, 'the upstream answered the upload\'s head')
+  // the head reaches the gateway, which holds it: the answer before it is still owed
+  await new Promise(resolve => setTimeout(resolve, 200))
+  c.send('zz\r\n')
+  await new Promise(resolve => setTimeout(resolve, 100))
+  releaseSlow()
+  await c.closed
+  const replies = parseResponses(c.received())
+  t.same(replies.map(r => r.status), [200, 400], 'the slow answer, then the 400 (not the upstream\'s 200 head, then a cut)')
+  t.equal(replies[1]?.json?.reason, 'the chunked request body cannot be parsed')
 })
 
 /** Writes `raw`, then ten bytes more every `everyMs` until the gateway closes the connection; what came back. */

@@ -139,6 +139,22 @@ function onInterimDeadline (forward: ForwardHandler): void {
   if (!forward.settled && !forward.responded) forward.abortUpstream?.(new undiciErrors.HeadersTimeoutError())
 }
 
+const BAD_BODY = Object.freeze({ reason: 'the chunked request body cannot be parsed' })
+
+/** The forward of each request with a body, for the server to tell it the body cannot be parsed. */
+const bodyForwards = new WeakMap<ServerResponse, ForwardHandler>()
+
+/**
+ * The server's parser failed in `res`'s request body. True when its answer is the forward's to
+ * give, now (its upstream call given up) or as it starts (the request is still in an earlier
+ * stage); false when that answer has begun, or was given (the connection must then be cut).
+ */
+export function refuseUnparsableBody (res: ServerResponse): boolean {
+  const forward = bodyForwards.get(res)
+  if (forward !== undefined) return forward.refuseBadBody()
+  return !res.headersSent
+}
+
 // Heads that came this turn: most have their body in the same read and go out with it; the rest
 // go out alone once the turn's I/O is done. One setImmediate per turn, not per request.
 let heldHeads: ForwardHandler[] = []
@@ -153,7 +169,17 @@ function flushPendingHeads (): void {
   const list = heldHeads
   heldHeads = spareHeads
   spareHeads = list
-  for (let i = 0; i < list.length; i++) (list[i] as ForwardHandler).flushHead()
+  for (let i = 0; i < list.length; i++) {
+    const forward = list[i] as ForwardHandler
+    // Nothing here has a caller to catch for it: a throw would end the process, or leave the
+    // list unemptied and no flush scheduled again. That one response is cut instead.
+    try {
+      forward.flushHead()
+    } catch (err) {
+      forward.res.destroy()
+      process.emitWarning(err instanceof Error ? err : new Error(String(err)), 'GatewayHeadFlushError')
+    }
+  }
   list.length = 0
 }
 
@@ -213,11 +239,15 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   head: string[] | null = null
   /** The head was given to node:http: from here on a failure can only cut the connection. */
   headWritten = false
+  /** The held head waits for its response's turn on the connection (flushHead). */
+  headAwaitsSocket = false
   settled = false
   clientGone = false
   bodyTooLarge = false
   /** The upstream's status or transfer coding cannot be relayed (502). */
   badResponse = false
+  /** The client's chunked body cannot be parsed (refuseUnparsableBody): answered 400. */
+  badBody = false
   status = 0
   bytesIn = 0
   bytesOut = 0
@@ -282,8 +312,17 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       return
     }
     this.res.on('close', this.onClientClose)
-    // the client that asked for 100 Continue sends its body now
-    if (this.opts.body !== null) sendContinue(this.req, this.res)
+    if (this.opts.body !== null) {
+      // its body could not be parsed while an earlier stage (a limit through Redis) decided
+      if (cutByGateway.get(this.res) === 'bad_request') {
+        this.badBody = true
+        this.fail('bad_request', null)
+        return
+      }
+      bodyForwards.set(this.res, this)
+      // the client that asked for 100 Continue sends its body now
+      sendContinue(this.req, this.res)
+    }
     // Like nginx's proxy_request_buffering: a body that trickles in holds no upstream connection.
     if (this.opts.body !== null && plan.bufferBodies > 0) this.bufferBody()
     else {
@@ -450,9 +489,9 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       abort(new Error('the client closed the connection'))
       return
     }
-    // past maxBodySize while its connection was being made: answered now, through onError
-    if (this.bodyTooLarge) {
-      abort(new GatewayError('GW_ERR_BODY_TOO_LARGE'))
+    // past maxBodySize, or unparsable, while its connection was being made: answered now, through onError
+    if (this.bodyTooLarge || this.badBody) {
+      abort(new GatewayError(this.badBody ? 'GW_ERR_BAD_REQUEST' : 'GW_ERR_BODY_TOO_LARGE'))
       return
     }
     if (this.onBodyData !== null && !this.req.complete) this.armIdle('client_timeout', this.plan.clientBodyTimeoutMs)
@@ -546,6 +585,16 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
    */
   flushHead (): void {
     if (this.head === null || this.settled || this.clientGone) return
+    // Pipelined behind an answer still going out: the client cannot see this head before that
+    // answer ends. Held till its turn, it can still become the 400 of a body found unparsable
+    // meanwhile (refuseBadBody); given to node:http now, it went out before the cut.
+    if (this.res.socket === null) {
+      if (!this.headAwaitsSocket) {
+        this.headAwaitsSocket = true
+        this.res.once('socket', () => { this.flushHead() })
+      }
+      return
+    }
     if (this.writeHead()) this.res.flushHeaders()
     else this.abortUpstream?.(new GatewayError('GW_ERR_UPSTREAM_BAD_RESPONSE'))
   }
@@ -616,6 +665,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
 
   onError (err: Error): void {
     if (this.settled) return
+    if (this.badBody) {
+      this.fail('bad_request', null)
+      return
+    }
     // A 304 (or 204) carries no body whatever its Content-Length says (RFC 9110 §6.4.1), but
     // undici counts the missing bytes as a length mismatch: the response is complete.
     if (this.responded && (this.status === 304 || this.status === 204) && (err as { code?: unknown }).code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH') {
@@ -677,7 +730,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     const error = code === null ? null : new GatewayError(code, undefined, { cause })
     if (code !== null && !this.clientGone) {
       // sendError cuts the connection when headers were already sent: nothing else is honest.
-      sendError(this.res, code, this.ctx.requestId, undefined, this.errorHeaders())
+      sendError(this.res, code, this.ctx.requestId, this.badBody ? BAD_BODY : undefined, this.errorHeaders())
     }
     this.settle(kind, error)
   }
@@ -687,6 +740,20 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     // An unread request body would be parsed as the next request: close instead of draining it.
     if (this.opts.body !== null && !this.req.complete) return extra === undefined ? CONNECTION_CLOSE : [...extra, ...CONNECTION_CLOSE]
     return extra
+  }
+
+  /**
+   * The server's parser failed in this request's body (a bad chunk size): nothing more of it will
+   * come. False when its answer has begun (the connection is then cut after the answers before it);
+   * else the upstream call is given up and the answer is a 400 that closes the connection.
+   */
+  refuseBadBody (): boolean {
+    if (this.settled || this.headWritten) return false
+    this.badBody = true
+    if (this.abortUpstream !== null) this.abortUpstream(new GatewayError('GW_ERR_BAD_REQUEST'))
+    else if (this.target === null) this.fail('bad_request', null)
+    // else dispatched and still connecting: onConnect aborts it
+    return true
   }
 
   /** Gives this request's buffered bytes back to the gateway-wide body budget. Idempotent. */
