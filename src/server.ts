@@ -103,6 +103,21 @@ interface OpenResponses {
   then: (() => void) | null
 }
 
+/**
+ * node emits 'close' on a response once it has had the connection. A response pipelined behind
+ * one still going out never closed when the connection ended (the client reset it, a send timeout
+ * cut it): its request stayed counted in flight for good, and a drain waited for it until
+ * server.shutdownTimeout. Closed here, like the one that had the connection.
+ */
+function closeUnassigned (open: OpenResponses | undefined): void {
+  if (open === undefined) return
+  for (const res of open.responses.slice()) {
+    if (res.socket !== null || res.writableFinished) continue
+    res.destroy()
+    res.emit('close')
+  }
+}
+
 function responseClosed (open: OpenResponses, res: ServerResponse): void {
   const i = open.responses.indexOf(res)
   if (i !== -1) open.responses.splice(i, 1)
@@ -173,13 +188,15 @@ function parserErrorMessage (code: string): string {
 /**
  * Whether a head overflowed server.maxHeaderSize within its request line (a long target): a 414,
  * as nginx answers, where the fields' overflow is a 431. node reports one overflow for both; the
- * read it failed in (`rawPacket`) tells them apart when it starts a request (a method and a space)
- * and holds no line end before where the parser stopped (`bytesParsed`). A line that came over
- * several reads is still a 431.
+ * read it failed in (`rawPacket`) tells them apart when it is the connection's first, starts a
+ * request (a method and a space) and holds no line end before where the parser stopped
+ * (`bytesParsed`). A line that came over several reads, or behind a request on a kept-alive
+ * connection, or over TLS (whose bytes read are the records'), is still a 431.
  */
-function requestLineOverflowed (err: Error): boolean {
+function requestLineOverflowed (err: Error, socket: Socket): boolean {
   const { rawPacket: raw, bytesParsed: stop } = err as { rawPacket?: unknown, bytesParsed?: unknown }
-  if (!Buffer.isBuffer(raw) || typeof stop !== 'number') return false
+  // the connection's first read: a later one may continue a field whose value holds "WORD "
+  if (!Buffer.isBuffer(raw) || typeof stop !== 'number' || socket.bytesRead !== raw.length) return false
   const lineEnd = raw.indexOf(10)
   if (lineEnd !== -1 && lineEnd < stop) return false
   let i = 0
@@ -435,18 +452,23 @@ export class Gateway {
       // a declined upgrade hands its connection to the server again (declineUpgrade)
       if (this.sockets.has(socket)) return
       this.sockets.add(socket)
-      socket.once('close', () => this.sockets.delete(socket))
+      socket.once('close', () => {
+        this.sockets.delete(socket)
+        closeUnassigned(this.openResponses.get(socket))
+      })
     })
     server.on('clientError', (err: NodeJS.ErrnoException, socket: Socket) => {
-      if (!socket.writable) return socket.destroy()
       // node's parser reports its error again at each read that follows: answered, logged and
       // counted once (a bad request behind a slow answer, and its client sending on, was logged
-      // once per read)
+      // once per read). A connection whose answer has gone out (ended) lingers: destroyed at the
+      // next read, while its client still sent, the kernel's reset discarded the 400 at the client
+      // (lingerAfterAnswer's timer ends it).
       if (answeredClientError.has(socket)) {
         // server.requestTimeout still bounds a connection kept for the answers before a bad request
         if (err.code === 'ERR_HTTP_REQUEST_TIMEOUT') socket.destroy()
         return
       }
+      if (!socket.writable) return socket.destroy()
       answeredClientError.add(socket)
       // The client closed its side mid-request (EOF inside a body) or reset: nobody is left to read
       // an answer. Destroying the socket closes the request in flight, which is then logged as a
@@ -456,7 +478,7 @@ export class Gateway {
       // timeout is GW_ERR_BAD_REQUEST with 408 (README error table)
       const code = err.code ?? ''
       const [status, error]: [number, ErrorCode] = code === 'HPE_HEADER_OVERFLOW'
-        ? (requestLineOverflowed(err) ? [414, 'GW_ERR_URI_TOO_LONG'] : [431, 'GW_ERR_HEADERS_TOO_LARGE'])
+        ? (requestLineOverflowed(err, socket) ? [414, 'GW_ERR_URI_TOO_LONG'] : [431, 'GW_ERR_HEADERS_TOO_LARGE'])
         : code === 'ERR_HTTP_REQUEST_TIMEOUT' ? [408, 'GW_ERR_BAD_REQUEST'] : [400, 'GW_ERR_BAD_REQUEST']
       // A request timeout while a request's body is still arriving: that body is what is late (a
       // byte now and then keeps clientBodyTimeout from firing), and its answer would wait for it

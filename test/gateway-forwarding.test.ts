@@ -6,7 +6,8 @@ import http, { type IncomingHttpHeaders } from 'node:http'
 import net from 'node:net'
 import { Readable } from 'node:stream'
 import { startGateway } from './helpers/gateway.js'
-import { parseResponses } from './helpers/raw-http.js'
+import { parseResponses, rawConnection } from './helpers/raw-http.js'
+import { eventually, metric } from './helpers/ratelimit.js'
 import type { Teardown } from './helpers/teardown.js'
 import { refusingUrl, startBlackhole, startHttpServer, startUpstream, type EchoBody, HOP_BY_HOP_PROBE } from './helpers/upstream.js'
 
@@ -306,6 +307,26 @@ routes:
   t.equal(await abortedDrip, '/drip?chunks=1000&intervalMs=20')
 })
 
+t.test('a client that resets a connection with pipelined requests leaves none counted in flight', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `${HEAD}upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  for (let i = 0; i < 3; i++) {
+    const c = net.connect(gw.port, '127.0.0.1')
+    c.on('error', () => {})
+    c.write('GET /slow?ms=300 HTTP/1.1\r\nHost: a\r\n\r\nGET /slow?ms=300 HTTP/1.1\r\nHost: a\r\n\r\n')
+    await until(() => upstream.log.length >= 2 * (i + 1))
+    c.resetAndDestroy()
+  }
+  // node never closed the second response, which never had the connection: it stayed in flight
+  await eventually('nothing in flight', async () => await metric(gw.adminUrl, 'gateway_requests_in_flight') === 0, 5000)
+  t.equal(await metric(gw.adminUrl, 'gateway_requests_in_flight'), 0)
+  t.equal((await send(gw.url, '/after')).status, 200, 'the gateway serves on')
+})
+
 t.test('maxBodySize: 413 beyond it, by Content-Length or while a chunked body streams', async (t) => {
   const upstream = await startUpstream(t)
   const gw = await startGateway(t, `${HEAD}upstreams:
@@ -462,6 +483,13 @@ routes:
     t.equal(reply.status, 431)
     t.equal((JSON.parse(reply.body) as { error: string }).error, 'GW_ERR_HEADERS_TOO_LARGE')
   }
+  // a field continued in a later read, that read starting with a word and a space: still 431
+  const split = rawConnection(gw.port)
+  split.send('GET / HTTP/1.1\r\nHost: a\r\nUser-Agent: agent')
+  await sleep(100)
+  split.send(`FOO ${'b'.repeat(6000)}\r\n\r\n`)
+  await split.closed
+  t.equal(parseRaw(split.received()).status, 431, 'a long field split across reads')
   t.equal(upstream.requests, 0)
 })
 

@@ -1,6 +1,7 @@
 // Issue 15 items 7 and 8: request heads node:http accepts but the gateway must refuse, because the
 // upstream (or the gateway's own client-IP and routing decisions) would read them differently.
 import t from 'tap'
+import net from 'node:net'
 import { startGateway, type LogCapture } from './helpers/gateway.js'
 import type { Gateway } from '../src/server.js'
 import type { Teardown } from './helpers/teardown.js'
@@ -167,6 +168,30 @@ t.test('an upstream head held behind a pipelined answer becomes the 400 of a bod
   const replies = parseResponses(c.received())
   t.same(replies.map(r => r.status), [200, 400], 'the slow answer, then the 400 (not the upstream\'s 200 head, then a cut)')
   t.equal(replies[1]?.json?.reason, 'the chunked request body cannot be parsed')
+})
+
+t.test('a client that sends on after its unparsable body, reading later, still gets the 400', async t => {
+  const upstream = await startUpstream(t)
+  for (const bufferBodies of ['1mb', '0']) {
+    const gw = await oneRoute(t, upstream.url, `server: { bufferBodies: ${bufferBodies}, clientBodyTimeout: 30s }`)
+    const c = net.connect(gw.port, '127.0.0.1')
+    c.on('error', () => {})
+    const closed = new Promise(resolve => c.once('close', resolve))
+    // reads nothing until it has sent its whole upload, as a simple client does
+    c.pause()
+    c.write('POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\n')
+    for (let i = 0; i < 30 && !c.destroyed; i++) {
+      c.write('x'.repeat(1024))
+      await new Promise(resolve => setTimeout(resolve, 10))
+    }
+    let text = ''
+    c.setEncoding('latin1')
+    c.on('data', (chunk: string) => { text += chunk })
+    c.resume()
+    await closed
+    // the socket was destroyed at the next read after the 400 went out: the reset discarded it
+    t.same(parseResponses(text).map(r => r.status), [400], `bufferBodies ${bufferBodies}: the 400 reached the client`)
+  }
 })
 
 /** Writes `raw`, then ten bytes more every `everyMs` until the gateway closes the connection; what came back. */
