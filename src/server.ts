@@ -13,7 +13,7 @@ import { refuseUnparsableBody } from './proxy/forward.js'
 import { createWebSocketProxy } from './proxy/websocket.js'
 import { declineUpgrade, offersWebSocket } from './proxy/upgrade-offer.js'
 import { holdContinue } from './proxy/expect-continue.js'
-import { lingerAfterAnswer } from './proxy/lingering-close.js'
+import { isDroppingBody, lingerAfterAnswer } from './proxy/lingering-close.js'
 import { hasRequestBody } from './proxy/request-body.js'
 import { GatewayMetrics } from './admin/metrics.js'
 import { createAdminServer, healthOf, isLoopback, json, type AdminSource } from './admin/admin-server.js'
@@ -509,6 +509,10 @@ export class Gateway {
         closeAfterEarlierAnswers(socket, open.responses.filter(r => r !== broken && !r.writableFinished))
         return
       }
+      // The rest of a body whose request was answered whole (an upstream that answered early)
+      // cannot be parsed: that request is answered and logged. A 400 now would read as the
+      // answer to the client's next request.
+      if (isDroppingBody(socket)) return socket.destroy()
       this.answerUnrouted(socket, status, code === '' ? 'bad_request' : code, (requestId) => {
         writeRawError(socket, status, errorBody(error, status === 414 ? undefined : parserErrorMessage(code), { requestId }), requestId)
       })

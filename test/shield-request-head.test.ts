@@ -194,6 +194,21 @@ t.test('a client that sends on after its unparsable body, reading later, still g
   }
 })
 
+t.test('the unparsable rest of a body whose request was answered whole ends the connection, without a second answer or line', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await oneRoute(t, upstream.url, 'server: { bufferBodies: 0, clientBodyTimeout: 30s }')
+  const c = rawConnection(gw.port)
+  // /status answers at once, reading the body on: the answer ends while the body still arrives
+  c.send('POST /status?code=200 HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n')
+  await c.untilText(/\r\n\r\n\{[^}]*\}/)
+  c.send('zz\r\n')
+  await c.closed
+  // a 400 after it read as the answer to the client's next request, and was logged as a second request
+  t.same(parseResponses(c.received()).map(r => r.status), [200], 'the answer, then the connection closed')
+  await new Promise(resolve => setTimeout(resolve, 200))
+  t.same(gw.lines.filter(l => l.msg === 'request').map(l => l.status), [200], 'one line')
+})
+
 /** Writes `raw`, then ten bytes more every `everyMs` until the gateway closes the connection; what came back. */
 async function sendingOn (port: number, raw: string, everyMs: number): Promise<string> {
   const c = rawConnection(port)

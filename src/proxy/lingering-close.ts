@@ -18,10 +18,22 @@ export function dropRestOfBody (req: IncomingMessage, socket: Socket): NodeJS.Ti
   req.unpipe()
   req.removeAllListeners('data')
   req.resume()
+  droppingBody.add(socket)
+  req.once('end', () => { droppingBody.delete(socket) })
   const timer = setTimeout(() => { socket.destroy() }, CLOSE_GRACE_MS)
   timer.unref()
   socket.once('close', () => { clearTimeout(timer) })
   return timer
+}
+
+/**
+ * Connections reading and dropping the rest of a body whose request has been answered. Their
+ * parse error (that rest cannot be parsed) belongs to a request answered and logged already.
+ */
+const droppingBody = new WeakSet<Socket>()
+
+export function isDroppingBody (socket: Socket): boolean {
+  return droppingBody.has(socket)
 }
 
 /**
