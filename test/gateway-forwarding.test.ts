@@ -54,13 +54,18 @@ const HEAD = `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 `
 
-t.test('X-Forwarded-*, Host and X-Request-Id', async (t) => {
-  const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `${HEAD}upstreams:
-  backend: { targets: [${upstream.url}] }
+/** A gateway in this process with one route, every path to `upstream`; `settings` adds top-level keys. */
+async function oneRoute (t: Teardown, upstream: string, settings = ''): Promise<Awaited<ReturnType<typeof startGateway>>> {
+  return await startGateway(t, `${HEAD}${settings === '' ? '' : settings + '\n'}upstreams:
+  backend: { targets: [${upstream}] }
 routes:
   - { name: all, pathPrefix: /, upstream: backend }
 `)
+}
+
+t.test('X-Forwarded-*, Host and X-Request-Id', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await oneRoute(t, upstream.url)
   const given = await send(gw.url, '/items?id=7', {
     headers: { host: 'shop.example.com:8443', 'x-forwarded-for': '198.51.100.7, 203.0.113.1', 'x-request-id': 'req-abc.123', 'x-forwarded-proto': 'https', 'x-forwarded-host': 'evil.example' }
   })
@@ -93,12 +98,7 @@ routes:
 
 t.test('behind a trusted proxy, X-Forwarded-For gets the peer appended, not the client again', async (t) => {
   const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `${HEAD}trustedProxies: [127.0.0.1]
-upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await oneRoute(t, upstream.url, 'trustedProxies: [127.0.0.1]')
   const reply = await send(gw.url, '/x', { headers: { 'x-forwarded-for': '203.0.113.9', 'x-request-id': 'xff-trusted' } })
   // RFC 7239 §5.2 / de-facto XFF: each hop appends the address it received the request from
   t.equal(json<EchoBody>(reply).headers['x-forwarded-for'], '203.0.113.9, 127.0.0.1', 'the chain stays complete')
@@ -114,11 +114,7 @@ routes:
 
 t.test('hop-by-hop headers are removed in both directions, including those Connection names', async (t) => {
   const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `${HEAD}upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await oneRoute(t, upstream.url)
   const reply = await send(gw.url, '/echo', {
     method: 'POST',
     body: Readable.from(['chunked ', 'body']),
@@ -283,11 +279,7 @@ routes:
 
 t.test('a client that goes away cancels the upstream request', async (t) => {
   const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `${HEAD}upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await oneRoute(t, upstream.url)
   const aborted = upstream.nextAbort(10_000)
   const req = http.request({ host: '127.0.0.1', port: gw.port, path: '/hang', agent: false })
   req.on('error', () => {})
@@ -309,11 +301,7 @@ routes:
 
 t.test('a client that resets a connection with pipelined requests leaves none counted in flight', async (t) => {
   const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `${HEAD}upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await oneRoute(t, upstream.url)
   for (let i = 0; i < 3; i++) {
     const c = net.connect(gw.port, '127.0.0.1')
     c.on('error', () => {})
@@ -410,12 +398,7 @@ routes:
 
 t.test('headers larger than server.maxHeaderSize get 431 JSON', async (t) => {
   const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `${HEAD}server: { maxHeaderSize: 2048 }
-upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await oneRoute(t, upstream.url, 'server: { maxHeaderSize: 2048 }')
   const ok = await send(gw.url, '/x', { headers: { 'x-pad': 'p'.repeat(1000) } })
   t.equal(ok.status, 200)
   const big = await send(gw.url, '/x', { headers: { 'x-pad': 'p'.repeat(4000) } })
@@ -452,11 +435,7 @@ function parseRaw (text: string): { status: number, headers: Record<string, stri
 
 t.test('a malformed request gets 400 JSON with a request id', async (t) => {
   const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `${HEAD}upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await oneRoute(t, upstream.url)
   const { text } = await rawExchange(gw.port, 'GET /x HTTP/1.1\r\nHost: a\r\nbad header line\r\n\r\n')
   const reply = parseRaw(text)
   t.equal(reply.status, 400)
@@ -468,12 +447,7 @@ routes:
 
 t.test('a request line longer than server.maxHeaderSize gets 414 JSON; fields past it still get 431', async (t) => {
   const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `${HEAD}server: { maxHeaderSize: 4096 }
-upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await oneRoute(t, upstream.url, 'server: { maxHeaderSize: 4096 }')
   const longTarget = parseRaw((await rawExchange(gw.port, `GET /${'a'.repeat(6000)} HTTP/1.1\r\nHost: a\r\n\r\n`)).text)
   t.equal(longTarget.status, 414)
   t.match(JSON.parse(longTarget.body), { error: 'GW_ERR_URI_TOO_LONG', message: /target is too long/, requestId: String })
@@ -495,11 +469,7 @@ routes:
 
 t.test('request smuggling shapes are refused before anything reaches the upstream', async (t) => {
   const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `${HEAD}upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await oneRoute(t, upstream.url)
   const attempts = [
     // CL.TE (RFC 9112 §6.3: a sender must not send both; a server ought to treat it as an error)
     'POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n',
@@ -517,12 +487,7 @@ routes:
 
 t.test('a client that sends its headers too slowly gets 408 after server.headersTimeout', async (t) => {
   const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `${HEAD}server: { headersTimeout: 1s, requestTimeout: 2s }
-upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await oneRoute(t, upstream.url, 'server: { headersTimeout: 1s, requestTimeout: 2s }')
   // slowloris: a request line and one header, then nothing
   const { text, ms } = await rawExchange(gw.port, 'GET /x HTTP/1.1\r\nHost: a\r\n', 20_000)
   const reply = parseRaw(text)
@@ -623,11 +588,7 @@ t.test('several Set-Cookie headers pass through separately', async (t) => {
     res.writeHead(200, [['Set-Cookie', 'a=1; Path=/'], ['Set-Cookie', 'b=2, c; HttpOnly'], ['Content-Length', '2']].flat())
     res.end('ok')
   })
-  const gw = await startGateway(t, `${HEAD}upstreams:
-  backend: { targets: [${url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await oneRoute(t, url)
   const reply = await send(gw.url, '/')
   t.same(reply.headers['set-cookie'], ['a=1; Path=/', 'b=2, c; HttpOnly'])
   t.equal(reply.body, 'ok')
@@ -635,11 +596,7 @@ routes:
 
 t.test('HEAD gets the headers and no body', async (t) => {
   const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `${HEAD}upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await oneRoute(t, upstream.url)
   const reply = await send(gw.url, '/download?bytes=5000', { method: 'HEAD' })
   t.equal(reply.status, 200)
   t.equal(reply.headers['content-length'], '5000')
@@ -648,6 +605,14 @@ routes:
   t.equal(after.body, 'x'.repeat(10), 'the pool connection is still usable')
 })
 
+/** GET `path` on a connection of its own: the response once its head came, or null after 5 s without one. */
+async function headWithin5s (t: Teardown, base: string, path: string): Promise<http.IncomingMessage | null> {
+  const req = http.get({ host: '127.0.0.1', port: new URL(base).port, path, agent: false })
+  req.on('error', () => {})
+  t.teardown(() => { req.destroy() })
+  return await Promise.race([new Promise<http.IncomingMessage>((resolve) => req.once('response', resolve)), sleep(5000).then(() => null)])
+}
+
 t.test('a head whose body has not come yet reaches the client at once (an event stream, a long poll)', async (t) => {
   let sendBody = (): void => {}
   const { url } = await startHttpServer(t, (_req, res) => {
@@ -655,16 +620,9 @@ t.test('a head whose body has not come yet reaches the client at once (an event 
     res.flushHeaders()
     sendBody = () => { res.end('data: late\n\n') }
   })
-  const gw = await startGateway(t, `${HEAD}upstreams:
-  backend: { targets: [${url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
-  const { port } = new URL(gw.url)
-  const req = http.get({ host: '127.0.0.1', port, path: '/events', agent: false })
-  t.teardown(() => { req.destroy() })
+  const gw = await oneRoute(t, url)
   // node:http keeps a head until the first body write: the client got nothing until the event came
-  const res = await Promise.race([new Promise<http.IncomingMessage>((resolve) => req.once('response', resolve)), sleep(5000).then(() => null)])
+  const res = await headWithin5s(t, gw.url, '/events')
   sendBody()
   if (res === null) {
     t.fail('no head within 5 s while the upstream held its body')
@@ -684,16 +642,8 @@ t.test('an upstream that fails after its head leaves the client that head, then 
     res.flushHeaders()
     fail = () => { res.socket?.destroy() }
   })
-  const gw = await startGateway(t, `${HEAD}upstreams:
-  backend: { targets: [${url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
-  const { port } = new URL(gw.url)
-  const req = http.get({ host: '127.0.0.1', port, path: '/', agent: false })
-  req.on('error', () => {})
-  t.teardown(() => { req.destroy() })
-  const res = await Promise.race([new Promise<http.IncomingMessage>((resolve) => req.once('response', resolve)), sleep(5000).then(() => null)])
+  const gw = await oneRoute(t, url)
+  const res = await headWithin5s(t, gw.url, '/')
   fail()
   if (res === null) {
     t.fail('no head within 5 s')
@@ -710,11 +660,7 @@ routes:
 
 t.test('Expect: 100-continue uploads go through', async (t) => {
   const upstream = await startUpstream(t)
-  const gw = await startGateway(t, `${HEAD}upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await oneRoute(t, upstream.url)
   const reply = await new Promise<Reply>((resolve, reject) => {
     const req = http.request({ host: '127.0.0.1', port: gw.port, path: '/upload', method: 'POST', headers: { expect: '100-continue', 'content-length': '100000' }, agent: false }, (res) => {
       const chunks: Buffer[] = []
@@ -732,11 +678,7 @@ t.test('upstream connections are kept alive and reused', async (t) => {
   const upstream = await startUpstream(t)
   let connections = 0
   upstream.server.on('connection', () => { connections++ })
-  const gw = await startGateway(t, `${HEAD}upstreams:
-  backend: { targets: [${upstream.url}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await oneRoute(t, upstream.url)
   for (let i = 0; i < 20; i++) t.equal((await send(gw.url, `/k${i}`)).status, 200)
   t.equal(connections, 1, 'twenty sequential requests over one upstream connection')
 })
@@ -838,11 +780,7 @@ routes:
 
 /** A gateway with one route to `upstream`, and a client agent of one kept-alive connection. */
 async function keptAliveThrough (t: Teardown, upstream: string): Promise<{ gw: Awaited<ReturnType<typeof startGateway>>, agent: http.Agent }> {
-  const gw = await startGateway(t, `${HEAD}upstreams:
-  backend: { targets: [${upstream}] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await oneRoute(t, upstream)
   const agent = new http.Agent({ keepAlive: true, maxSockets: 1 })
   t.teardown(() => agent.destroy())
   return { gw, agent }
