@@ -831,14 +831,14 @@ t.test('a 2xx that ends before the upload does: the rest of the body is dropped 
   socket.destroy()
 })
 
-t.test('a body past maxBodySize while its connection is being made is answered once the attempt ends; the connection stays counted till then', async (t) => {
+t.test('a body past maxBodySize while its connection is being made is answered at once; the connection stays counted till the attempt ends', async (t) => {
   // a TLS target whose handshake never ends: each request waits in its connection attempt
   const hanging = net.createServer((socket) => { socket.on('error', () => {}) })
   await new Promise<void>((resolve) => hanging.listen(0, '127.0.0.1', resolve))
   t.teardown(() => hanging.close())
   const gw = await startGateway(t, `${HEAD}server: { bufferBodies: 0 }
 upstreams:
-  slow: { targets: ["https://127.0.0.1:${(hanging.address() as net.AddressInfo).port}"], maxConnections: 1, timeouts: { connect: 2s, queue: 300ms } }
+  slow: { targets: ["https://127.0.0.1:${(hanging.address() as net.AddressInfo).port}"], maxConnections: 1, timeouts: { connect: 6s, queue: 300ms } }
 routes:
   - { name: all, pathPrefix: /, upstream: slow, maxBodySize: 16kb }
 `)
@@ -850,6 +850,9 @@ routes:
   const next = await send(gw.url, '/b')
   t.equal(next.status, 503, 'the next request waits for the connection, up to timeouts.queue')
   t.equal(json(next).error, 'GW_ERR_UPSTREAM_BUSY')
-  const [first] = parseResponses((await large).text)
+  const { text, ms } = await large
+  const [first] = parseResponses(text)
   t.equal(first?.status, 413, 'the large body: 413')
+  // it waited for the attempt's end (timeouts.connect, 6 s) before
+  t.ok(ms < 3000, `answered while the attempt still ran (${ms} ms)`)
 })

@@ -209,6 +209,27 @@ t.test('the unparsable rest of a body whose request was answered whole ends the 
   t.same(gw.lines.filter(l => l.msg === 'request').map(l => l.status), [200], 'one line')
 })
 
+t.test('a body found unparsable while its upstream connection is being made is answered at once', async t => {
+  // a TLS target whose handshake never ends: the request waits in its connection attempt
+  const hanging = net.createServer((socket) => { socket.on('error', () => {}) })
+  await new Promise<void>((resolve) => hanging.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => hanging.close())
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { bufferBodies: 0, clientBodyTimeout: 30s }
+upstreams:
+  slow: { targets: ["https://127.0.0.1:${(hanging.address() as net.AddressInfo).port}"], timeouts: { connect: 6s } }
+routes:
+  - { name: all, pathPrefix: /, upstream: slow }
+`)
+  const started = Date.now()
+  const replies = parseResponses(await rawExchange(gw.port, 'POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX0\r\n\r\n'))
+  t.same(replies.map(r => r.status), [400])
+  // it waited for the attempt's end (timeouts.connect, 6 s) before
+  t.ok(Date.now() - started < 3000, `answered while the attempt still ran (${Date.now() - started} ms)`)
+})
+
 /** Writes `raw`, then ten bytes more every `everyMs` until the gateway closes the connection; what came back. */
 async function sendingOn (port: number, raw: string, everyMs: number): Promise<string> {
   const c = rawConnection(port)

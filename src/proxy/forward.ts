@@ -248,6 +248,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   badResponse = false
   /** The client's chunked body cannot be parsed (refuseUnparsableBody): answered 400. */
   badBody = false
+  /** The error answer went out (answer): it may precede the request's end (giveUp). */
+  answered = false
   status = 0
   bytesIn = 0
   bytesOut = 0
@@ -511,12 +513,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       // Only a chunked body can get here over the limit: node:http enforces Content-Length.
       if (this.bytesIn > this.plan.maxBodySize && !this.bodyTooLarge) {
         this.bodyTooLarge = true
-        if (this.abortUpstream !== null) this.abortUpstream(new GatewayError('GW_ERR_BODY_TOO_LARGE'))
-        // Not dispatched yet (waiting for a connection of the pool's): answered here. Dispatched,
-        // it stays undici's until onConnect aborts it: settled now, its connection would be
-        // counted free while undici still queued the request, and the next one queued behind it
-        // in undici, where no queue timeout reaches it.
-        else if (this.target === null) this.fail('body_too_large', null)
+        this.giveUp('body_too_large')
       }
     }
     this.req.on('data', this.onBodyData)
@@ -728,10 +725,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     if (this.settled) return
     const code = KIND_CODES[kind]
     const error = code === null ? null : new GatewayError(code, undefined, { cause })
-    if (code !== null && !this.clientGone) {
-      // sendError cuts the connection when headers were already sent: nothing else is honest.
-      sendError(this.res, code, this.ctx.requestId, this.badBody ? BAD_BODY : undefined, this.errorHeaders())
-    }
+    if (code !== null) this.answer(code)
     this.settle(kind, error)
   }
 
@@ -750,10 +744,30 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   refuseBadBody (): boolean {
     if (this.settled || this.headWritten) return false
     this.badBody = true
-    if (this.abortUpstream !== null) this.abortUpstream(new GatewayError('GW_ERR_BAD_REQUEST'))
-    else if (this.target === null) this.fail('bad_request', null)
-    // else dispatched and still connecting: onConnect aborts it
+    this.giveUp('bad_request')
     return true
+  }
+
+  /**
+   * The request cannot go on (its body is too large, or cannot be parsed): its upstream call is
+   * given up, through onError once it has a connection. Not dispatched yet (waiting for one of the
+   * pool's), it settles here. Dispatched and still connecting, it stays undici's until onConnect
+   * aborts it (settled now, its connection would be counted free while undici still queued the
+   * request, and the next one queued behind it in undici, where no queue timeout reaches it): the
+   * client is answered now, and the request settles when the attempt ends.
+   */
+  giveUp (kind: 'body_too_large' | 'bad_request'): void {
+    if (this.abortUpstream !== null) this.abortUpstream(new GatewayError(kind === 'bad_request' ? 'GW_ERR_BAD_REQUEST' : 'GW_ERR_BODY_TOO_LARGE'))
+    else if (this.target === null) this.fail(kind, null)
+    else this.answer(kind === 'bad_request' ? 'GW_ERR_BAD_REQUEST' : 'GW_ERR_BODY_TOO_LARGE')
+  }
+
+  /** Sends the error answer, once; the request settles apart from it (fail, settle). */
+  answer (code: ErrorCode): void {
+    if (this.answered || this.clientGone) return
+    this.answered = true
+    // sendError cuts the connection when headers were already sent: nothing else is honest.
+    sendError(this.res, code, this.ctx.requestId, this.badBody ? BAD_BODY : undefined, this.errorHeaders())
   }
 
   /** Gives this request's buffered bytes back to the gateway-wide body budget. Idempotent. */
