@@ -141,6 +141,13 @@ function onInterimDeadline (forward: ForwardHandler): void {
 
 const BAD_BODY = Object.freeze({ reason: 'the chunked request body cannot be parsed' })
 
+/** Why a request's body ends its forward: too large, or not parsable. */
+type BodyRefusal = 'body_too_large' | 'bad_request'
+
+function bodyRefusalCode (kind: BodyRefusal): ErrorCode {
+  return kind === 'bad_request' ? 'GW_ERR_BAD_REQUEST' : 'GW_ERR_BODY_TOO_LARGE'
+}
+
 /** The forward of each request with a body, for the server to tell it the body cannot be parsed. */
 const bodyForwards = new WeakMap<ServerResponse, ForwardHandler>()
 
@@ -493,7 +500,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     }
     // past maxBodySize, or unparsable, while its connection was being made: answered now, through onError
     if (this.bodyTooLarge || this.badBody) {
-      abort(new GatewayError(this.badBody ? 'GW_ERR_BAD_REQUEST' : 'GW_ERR_BODY_TOO_LARGE'))
+      abort(new GatewayError(bodyRefusalCode(this.badBody ? 'bad_request' : 'body_too_large')))
       return
     }
     if (this.onBodyData !== null && !this.req.complete) this.armIdle('client_timeout', this.plan.clientBodyTimeoutMs)
@@ -756,10 +763,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
    * request, and the next one queued behind it in undici, where no queue timeout reaches it): the
    * client is answered now, and the request settles when the attempt ends.
    */
-  giveUp (kind: 'body_too_large' | 'bad_request'): void {
-    if (this.abortUpstream !== null) this.abortUpstream(new GatewayError(kind === 'bad_request' ? 'GW_ERR_BAD_REQUEST' : 'GW_ERR_BODY_TOO_LARGE'))
+  giveUp (kind: BodyRefusal): void {
+    if (this.abortUpstream !== null) this.abortUpstream(new GatewayError(bodyRefusalCode(kind)))
     else if (this.target === null) this.fail(kind, null)
-    else this.answer(kind === 'bad_request' ? 'GW_ERR_BAD_REQUEST' : 'GW_ERR_BODY_TOO_LARGE')
+    else this.answer(bodyRefusalCode(kind))
   }
 
   /** Sends the error answer, once; the request settles apart from it (fail, settle). */
