@@ -14,6 +14,12 @@ const ANSWERS: Record<string, string> = {
   '/304': 'HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\nETag: "v1"\r\n\r\n',
   '/204': 'HTTP/1.1 204 No Content\r\nContent-Length: 10\r\nX-Done: yes\r\n\r\n',
   '/600': 'HTTP/1.1 600 Weird\r\nContent-Length: 2\r\n\r\nok',
+  '/000': 'HTTP/1.1 000 Zero\r\nContent-Length: 2\r\n\r\nok',
+  // a length and a coding at once: which one frames the body is a guess (request smuggling's
+  // response side); nginx answers 502
+  '/length-and-chunked': 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
+  // a switch of protocols nobody asked for
+  '/unasked-101': 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n',
   '/gzip-chunked': 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
   '/chunked-twice': 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
   '/chunked-upper': 'HTTP/1.1 200 OK\r\nTransfer-Encoding:  Chunked \r\n\r\n2\r\nok\r\n0\r\n\r\n',
@@ -166,15 +172,18 @@ t.test('a response head split by the network, or an answer that is not HTTP, nev
   t.equal((await fetch(`${gw.adminUrl}/healthz`)).status, 200, 'so does its admin listener')
 })
 
-t.test('an invalid upstream status (600) or an unknown transfer coding gets 502, counted as an upstream error', async t => {
+t.test('an invalid upstream status (600, 000), an unknown transfer coding, a length beside a coding or a 101 unasked gets 502, counted as a bad response', async t => {
   const gw = await startGateway(t, config(await rawUpstream(t)))
   // Two Transfer-Encoding fields are two codings (RFC 9112 §6.1), even when both say chunked.
-  for (const path of ['/600', '/gzip-chunked', '/chunked-twice']) {
+  const paths = ['/600', '/000', '/gzip-chunked', '/chunked-twice', '/length-and-chunked', '/unasked-101']
+  for (const path of paths) {
     const reply = await rawRequest(gw.port, `GET ${path} HTTP/1.1\r\nHost: a\r\n`)
     t.equal(reply.status, 502, `${path}: 502`)
-    t.equal(reply.json?.error, 'GW_ERR_UPSTREAM_BAD_RESPONSE')
+    t.equal(reply.json?.error, 'GW_ERR_UPSTREAM_BAD_RESPONSE', `${path}: a bad response, not an unavailable upstream`)
+    t.match(gw.lines.find(l => l.msg === 'request' && l.path === path), { status: 502, error: 'bad_response' }, `${path}: logged as a bad response`)
   }
-  t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { kind: 'bad_response' }), 3)
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { kind: 'bad_response' }), paths.length)
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { kind: 'reset' }), 0, 'none of them counted as a reset')
   const chunked = await rawRequest(gw.port, 'GET /chunked-upper HTTP/1.1\r\nHost: a\r\n')
   t.equal(chunked.status, 200, 'one chunked coding, in any case and with spaces, is relayed')
   t.equal(chunked.headers['transfer-encoding'], 'chunked')

@@ -529,8 +529,18 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     this.opts.body = body
   }
 
+  /** An upstream head the gateway will not relay: the request fails as `bad_response` (502). */
+  private refuseHead (): boolean {
+    this.badResponse = true
+    this.abortUpstream?.(new GatewayError('GW_ERR_UPSTREAM_BAD_RESPONSE'))
+    return true
+  }
+
   /** Returns false to stop reading the upstream response (only onData does, under backpressure). */
   onHeaders (statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
+    // RFC 9110 §15: a status is three digits, 1xx-5xx. Below 100 (a status 000), undici would
+    // take it for an interim response and fail on an assertion at its end, counted as a reset.
+    if (statusCode < 100 && !this.clientGone) return this.refuseHead()
     // 1xx: node:http already sent its own 100 Continue; other interim responses are not relayed.
     if (statusCode < 200 || this.clientGone) {
       if (!this.interim && !this.clientGone) {
@@ -541,14 +551,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     }
     if (this.interimTimer !== null) this.clearInterimTimer()
     this.resumeUpstream = resume
-    // RFC 9110 §15: a status is three digits, 1xx-5xx. A status node:http would relay as is (600),
-    // or headers clientResponseHeaders cannot relay (a transfer coding other than chunked): 502.
+    // A status node:http would relay as is (600), or headers clientResponseHeaders cannot relay
+    // (a transfer coding other than chunked): 502.
     const out = statusCode > 599 ? null : clientResponseHeaders(rawHeaders, this.plan.headers, this.ctx.requestId, this.ctx.extraResponseHeaders)
-    if (out === null) {
-      this.badResponse = true
-      this.abortUpstream?.(new GatewayError('GW_ERR_UPSTREAM_BAD_RESPONSE'))
-      return true
-    }
+    if (out === null) return this.refuseHead()
     if (this.target !== null) this.plan.pool.succeeded(this.target)
     this.status = statusCode
     // A refusal that comes while the client's body is still arriving (an upload refused early)

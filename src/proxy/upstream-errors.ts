@@ -62,9 +62,16 @@ export function classifyUpstreamError (err: unknown): ForwardErrorKind {
     case 'UND_ERR_HEADERS_TIMEOUT':
     case 'UND_ERR_BODY_TIMEOUT':
       return 'response_timeout'
-    // a head larger than undici takes: what the upstream sent is not relayable HTTP, its connection did not break
+    // What the upstream sent is not relayable HTTP, its connection did not break: a head larger
+    // than undici takes, a body whose length is not its Content-Length's with the connection
+    // still open (a Content-Length beside Transfer-Encoding, which nginx answers 502 too).
     case 'UND_ERR_HEADERS_OVERFLOW':
+    case 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH':
       return 'bad_response'
+    // undici's one SocketError for an upgrade nobody asked for (a 101 to a plain request): the
+    // message is all that tells it from a connection that broke
+    case 'UND_ERR_SOCKET':
+      return (err as { message?: unknown }).message === 'bad upgrade' ? 'bad_response' : 'reset'
     // A header or path undici (or node:http, for WebSockets) will not put on the wire.
     case 'UND_ERR_INVALID_ARG':
     case 'UND_ERR_NOT_SUPPORTED':
