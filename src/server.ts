@@ -4,7 +4,7 @@ import { createServer as createHttpServer, type IncomingMessage, type Server, ty
 import { createServer as createHttpsServer, type Server as HttpsServer } from 'node:https'
 import { randomUUID } from 'node:crypto'
 import type { AddressInfo, Socket } from 'node:net'
-import { loadConfigFile, ConfigError, formatProblem, type LoadedConfig } from './config/load.js'
+import { loadConfigFile, reloadProblems, type LoadedConfig } from './config/load.js'
 import type { ResolvedConfig } from './config/defaults.js'
 import { compileRuntime, type Runtime } from './runtime.js'
 import { ResourceCache, type RedisStatus } from './runtime-resources.js'
@@ -608,7 +608,7 @@ export class Gateway {
       prepared = await compileRuntime(loaded, this.generation + 1, this.resources, this.live)
     } catch (err) {
       this.metrics.reload('failure')
-      const problems = err instanceof ConfigError ? err.problems.map(formatProblem) : [(err as Error).message]
+      const problems = reloadProblems(err)
       this.logger.error({ problems, generation: state.runtime.generation }, 'reload rejected; the running configuration keeps serving')
       // anything the failed compile created but the live runtime does not use is released
       await this.sweep()

@@ -7,10 +7,10 @@ import { createServer } from 'node:http'
 import { readFile } from 'node:fs/promises'
 import { createHash } from 'node:crypto'
 import { AggregatorRegistry } from 'prom-client'
-import { ConfigError, formatProblem, loadConfigFile, parseConfigText, type LoadedConfig } from './config/load.js'
+import { loadConfigFile, parseConfigText, reloadProblems, type LoadedConfig } from './config/load.js'
 import { checkRuntime } from './runtime.js'
 import { redactConfig } from './admin/redact.js'
-import { answeringSafely, json, misdirectedAdminRequest } from './admin/admin-server.js'
+import { ADMIN_PATHS, answeringSafely, json, misdirectedAdminRequest, refusedAdminMethod } from './admin/admin-server.js'
 import { ERRORS, errorBody } from './errors.js'
 import { adminError, serveLimitsApi, type AdminAnswer, type LimitsOps } from './admin/limits-api.js'
 import { createWorkersLimitsOps, type AdminOp, type WorkerAnswer } from './admin/limits-over-workers.js'
@@ -189,7 +189,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
         outcome = { ok: true, problems: [], restartNeeded }
       } catch (err) {
         // each worker logs the located problems as well
-        outcome = { ok: false, problems: err instanceof ConfigError ? err.problems.map(formatProblem) : [(err as Error).message] }
+        outcome = { ok: false, problems: reloadProblems(err) }
       }
       lastReload = { attempt: (lastReload?.attempt ?? 0) + 1, generation, at: new Date().toISOString(), ...outcome }
     })
@@ -250,7 +250,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     const path = (req.url ?? '/').split('?')[0]
     if (limitsApi(req, res)) return
     // the same rule as a single process's admin listener (src/admin/admin-server.ts)
-    if (req.method !== 'GET' && req.method !== 'HEAD') return json(res, 405, errorBody('GW_ERR_BAD_REQUEST', 'admin endpoints are read-only'))
+    if (refusedAdminMethod(req, res, path ?? '/')) return
     if (path === '/healthz') return json(res, 200, { status: 'ok' })
     if (path === '/readyz') return json(res, ready.size === workers && !shuttingDown ? 200 : 503, { status: ready.size === workers ? 'ready' : 'not_ready', workers, ready: ready.size })
     if (path === '/config') return json(res, 200, { pid: process.pid, generation, hash: loaded.hash, file: loaded.file, workers, lastReload, config: redactConfig(loaded.config) })
@@ -272,7 +272,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       return json(res, 200, routesView)
     }
     if (handleDashboard(req, res, path ?? '/', feed, () => null, json)) return
-    json(res, ERRORS.GW_ERR_NOT_FOUND.status, errorBody('GW_ERR_NOT_FOUND', 'admin endpoints: / (page) /events /routes /healthz /readyz /metrics /config /limits /consumers/NAME'))
+    json(res, ERRORS.GW_ERR_NOT_FOUND.status, errorBody('GW_ERR_NOT_FOUND', ADMIN_PATHS))
   }))
   await new Promise<void>((resolve, reject) => {
     admin.once('error', reject)

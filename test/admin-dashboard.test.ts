@@ -163,6 +163,20 @@ t.test('/events: at most 16 subscribers; the next gets 503 GW_ERR_ADMIN_BUSY unt
   t.equal(again.status, 200, 'a subscriber that left frees its place')
 })
 
+t.test('HEAD /events gets the stream\'s head at once and holds no place', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, config(upstream.url))
+  // more than the 16 places: each subscribed HEAD held one and was never answered
+  for (let i = 0; i < 20; i++) {
+    const head = await fetch(`${gw.adminUrl}/events`, { method: 'HEAD', signal: AbortSignal.timeout(10_000) })
+    t.equal(head.status, 200, `HEAD ${i}: answered`)
+    t.equal(head.headers.get('content-type'), 'text/event-stream; charset=utf-8')
+  }
+  const streams = []
+  for (let i = 0; i < 16; i++) streams.push(await subscribe(t, `${gw.adminUrl}/events`))
+  t.same(streams.map(s => s.status), Array(16).fill(200), 'all 16 places are free for the page')
+})
+
 t.test('/events pipelined behind another stream is not subscribed: clients that leave free every place', async t => {
   const upstream = await startUpstream(t)
   const gw = await startGateway(t, config(upstream.url))

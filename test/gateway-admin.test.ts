@@ -2,6 +2,7 @@
 // with every kind of secret redacted, and a Redis that cannot be reached (the gateway still
 // starts, serves and reports itself degraded).
 import t from 'tap'
+import { writeFileSync } from 'node:fs'
 import { backendConfig, spawnGateway, startGateway } from './helpers/gateway.js'
 import { rawRequest } from './helpers/raw-http.js'
 import { refusingUrl, startUpstream } from './helpers/upstream.js'
@@ -34,6 +35,14 @@ routes:
   t.match(await unknown.json(), { error: 'GW_ERR_NOT_FOUND' })
   const post = await fetch(`${gw.adminUrl}/healthz`, { method: 'POST' })
   t.equal(post.status, 405, 'admin endpoints are read-only')
+  t.equal(post.headers.get('allow'), 'GET, HEAD', 'the 405 names the methods the path answers (RFC 9110 §15.5.6)')
+  t.match(await post.json(), { error: 'GW_ERR_METHOD_NOT_ALLOWED' })
+  const postUnknown = await fetch(`${gw.adminUrl}/no-such-path`, { method: 'POST' })
+  t.equal(postUnknown.status, 404, 'a path the listener does not serve is a 404 whatever the method')
+  t.match(await postUnknown.json(), { error: 'GW_ERR_NOT_FOUND' })
+  const putLimits = await fetch(`${gw.adminUrl}/limits`, { method: 'PUT' })
+  t.same([putLimits.status, putLimits.headers.get('allow')], [405, 'GET, DELETE'], '/limits answers GET and DELETE')
+  t.match(await putLimits.json(), { error: 'GW_ERR_METHOD_NOT_ALLOWED' })
   t.equal((await fetch(`${gw.url}/healthz`)).status, 200, 'the public listener forwards /healthz to the upstream')
   t.equal(upstream.log.length, 1)
 })
@@ -212,4 +221,21 @@ routes:
 `).then(() => 'started', (err: unknown) => err instanceof Error ? err.message : String(err))
   t.match(refused, /gateway\.yaml:4:\d+ identity\.jwt\.jwksUrl: a JWKS URL may not hold credentials/)
   t.notMatch(refused, 'JwksPw-7')
+})
+
+t.test('a reload rejected with thousands of problems keeps the first 100 and a count for /config and the admin page', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, backendConfig(upstream.url, '  - { name: all, pathPrefix: /, upstream: backend }\n'))
+  const routes = Array.from({ length: 2000 }, (_, i) => `  - { name: r${i}, pathPrefix: /r${i}/, upstream: nowhere }\n`).join('')
+  writeFileSync(gw.runtime!.file, backendConfig(upstream.url, routes))
+  const result = await gw.reload()
+  t.equal(result.ok, false)
+  const view = await (await fetch(`${gw.adminUrl}/config`)).json() as { lastReload: { ok: boolean, problems: string[] } }
+  t.equal(view.lastReload.ok, false)
+  t.equal(view.lastReload.problems.length, 101, 'the first 100 problems and one line counting the rest')
+  t.match(view.lastReload.problems[0], /gateway\.yaml:\d+:\d+ routes\[0\]\.upstream/)
+  t.equal(view.lastReload.problems[100], '... and 1900 more problems (gateway validate lists them all)')
+  const logged = gw.lines.find(l => l.msg === 'reload rejected; the running configuration keeps serving') as { problems?: string[] } | undefined
+  t.equal(logged?.problems?.length, 101, 'the log line holds the same')
+  t.equal((await fetch(`${gw.url}/x`)).status, 200, 'the running configuration keeps serving')
 })

@@ -187,7 +187,9 @@ routes:
   t.same([badUrl.status, badUrl.json?.error], [400, 'GW_ERR_BAD_REQUEST'], 'and GET //[')
   // the same rules as a single process: read-only, and loopback Host names only on loopback
   const adminPort = Number(new URL(adminUrl).port)
-  t.equal((await rawRequest(adminPort, 'POST /config HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n')).status, 405, 'POST /config: 405 (it was 200)')
+  const postConfig = await rawRequest(adminPort, 'POST /config HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n')
+  t.same([postConfig.status, postConfig.headers.allow, postConfig.json?.error], [405, 'GET, HEAD', 'GW_ERR_METHOD_NOT_ALLOWED'], 'POST /config: 405 (it was 200), with Allow')
+  t.equal((await rawRequest(adminPort, 'POST /nope HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n')).status, 404, 'POST to a path the primary does not serve: 404')
   t.equal((await rawRequest(adminPort, 'GET /config HTTP/1.1\r\nHost: attacker.example\r\n')).status, 421, 'a rebound Host: 421')
   t.equal((await send(`${gw.url}/x`)).status, 200, 'the workers still serve')
 })

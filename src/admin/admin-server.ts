@@ -51,11 +51,27 @@ export function healthOf (source: AdminSource): Record<string, unknown> {
 }
 
 /** Admin answers: pretty JSON, never cached. Also used by the workers primary's admin listener. */
-export function json (res: import('node:http').ServerResponse, status: number, body: unknown): void {
+export function json (res: import('node:http').ServerResponse, status: number, body: unknown, headers?: Readonly<Record<string, string>>): void {
   const text = JSON.stringify(body, null, 2)
-  res.writeHead(status, { 'content-type': 'application/json; charset=utf-8', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(text) })
+  res.writeHead(status, { 'content-type': 'application/json; charset=utf-8', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(text), ...headers })
   res.end(text)
 }
+
+/** The read-only paths of every admin listener (the page's among them: src/admin/dashboard.ts). */
+const READ_ONLY_PATHS: ReadonlySet<string> = new Set(['/healthz', '/readyz', '/metrics', '/config', '/routes', '/events', '/', '/ui/app.js', '/ui/app.css'])
+
+/**
+ * A method other than GET and HEAD: on a read-only path a 405 with the `Allow` header RFC 9110
+ * §15.5.6 asks for; on a path the listener does not serve a 404, as for GET. True when answered.
+ */
+export function refusedAdminMethod (req: IncomingMessage, res: ServerResponse, path: string): boolean {
+  if (req.method === 'GET' || req.method === 'HEAD') return false
+  if (READ_ONLY_PATHS.has(path)) json(res, 405, errorBody('GW_ERR_METHOD_NOT_ALLOWED', `${path} is read-only: it answers GET and HEAD`), { allow: 'GET, HEAD' })
+  else json(res, ERRORS.GW_ERR_NOT_FOUND.status, errorBody('GW_ERR_NOT_FOUND', ADMIN_PATHS))
+  return true
+}
+
+export const ADMIN_PATHS = 'admin endpoints: / (page) /events /routes /healthz /readyz /metrics /config /limits /consumers/NAME'
 
 /**
  * An admin listener's request handler that never throws: a request target that does not parse
@@ -106,7 +122,7 @@ export function createAdminServer (source: AdminSource, live: LiveFeed | null = 
     if (misdirectedAdminRequest(req, res, boundToLoopback)) return
     const path = (req.url ?? '/').split('?')[0] ?? '/'
     if (source.limits?.(req, res) === true) return
-    if (req.method !== 'GET' && req.method !== 'HEAD') return json(res, 405, errorBody('GW_ERR_BAD_REQUEST', 'admin endpoints are read-only'))
+    if (refusedAdminMethod(req, res, path)) return
     switch (path) {
       case '/healthz':
         return json(res, 200, { status: 'ok' })
@@ -128,7 +144,7 @@ export function createAdminServer (source: AdminSource, live: LiveFeed | null = 
       }
       default:
         if (handleDashboard(req, res, path, live, () => source.runtime, json)) return
-        return json(res, ERRORS.GW_ERR_NOT_FOUND.status, errorBody('GW_ERR_NOT_FOUND', 'admin endpoints: / (page) /events /routes /healthz /readyz /metrics /config /limits /consumers/NAME'))
+        return json(res, ERRORS.GW_ERR_NOT_FOUND.status, errorBody('GW_ERR_NOT_FOUND', ADMIN_PATHS))
     }
   }))
 }

@@ -4,7 +4,7 @@
 import { readFileSync } from 'node:fs'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { ERRORS, errorBody } from '../errors.js'
-import type { LiveFeed } from './live-feed.js'
+import { EVENT_STREAM_HEAD, type LiveFeed } from './live-feed.js'
 import type { Runtime } from '../runtime.js'
 import { describeLimit } from './limits-api.js'
 
@@ -92,6 +92,13 @@ export function handleDashboard (req: IncomingMessage, res: ServerResponse, path
   if (path === '/events') {
     if (feed === null) {
       json(res, ERRORS.GW_ERR_NOT_FOUND.status, errorBody('GW_ERR_NOT_FOUND', 'no live data on this listener'))
+      return true
+    }
+    // A HEAD gets the stream's head and nothing to wait for: node writes no body to it, so a
+    // subscribed HEAD never sent even its head and held one of the feed's places for good.
+    if (req.method === 'HEAD') {
+      res.writeHead(200, EVENT_STREAM_HEAD)
+      res.end()
       return true
     }
     const outcome = feed.subscribe(res)

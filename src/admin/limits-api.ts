@@ -27,7 +27,7 @@ export interface LimitsApiDeps {
   readonly logger: Logger
 }
 
-type Json = (res: ServerResponse, status: number, body: unknown) => void
+type Json = (res: ServerResponse, status: number, body: unknown, headers?: Readonly<Record<string, string>>) => void
 
 /** The first 12 hex digits of the token's SHA-256: who reset what, without logging the secret. */
 export function tokenId (token: string): string {
@@ -45,10 +45,16 @@ function tokenMatches (given: string, expected: string): boolean {
 export interface AdminAnswer {
   readonly status: number
   readonly body: Record<string, unknown>
+  readonly headers?: Readonly<Record<string, string>>
 }
 
 export function adminError (code: ErrorCode, message?: string, status?: number): AdminAnswer {
   return { status: status ?? ERRORS[code].status, body: errorBody(code, message) }
+}
+
+/** A 405 with the methods the path answers, in `Allow` (RFC 9110 §15.5.6). */
+function methodNotAllowed (path: string, allow: string): AdminAnswer {
+  return { status: 405, body: errorBody('GW_ERR_METHOD_NOT_ALLOWED', `${path} answers ${allow}`), headers: { allow } }
 }
 
 /**
@@ -250,7 +256,7 @@ export interface LimitsEndpoint {
  * Returns false for paths it does not serve.
  */
 export function serveLimitsApi (endpoint: LimitsEndpoint, json: Json): (req: IncomingMessage, res: ServerResponse) => boolean {
-  const send = (res: ServerResponse, answer: AdminAnswer): void => json(res, answer.status, answer.body)
+  const send = (res: ServerResponse, answer: AdminAnswer): void => json(res, answer.status, answer.body, answer.headers)
   const run = (res: ServerResponse, pending: Promise<AdminAnswer>): void => {
     pending.then(answer => send(res, answer), (err: unknown) => {
       endpoint.logger.warn({ err: (err as Error).message }, 'admin limits request failed')
@@ -273,12 +279,12 @@ export function serveLimitsApi (endpoint: LimitsEndpoint, json: Json): (req: Inc
         if (typeof by === 'string') run(res, endpoint.ops.reset(url.search, by))
         else send(res, by)
       } else {
-        send(res, adminError('GW_ERR_BAD_REQUEST', '/limits answers GET (read) and DELETE (reset)', 405))
+        send(res, methodNotAllowed('/limits', 'GET, DELETE'))
       }
       return true
     }
     if (req.method !== 'GET') {
-      send(res, adminError('GW_ERR_BAD_REQUEST', '/consumers/NAME is read-only', 405))
+      send(res, methodNotAllowed('/consumers/NAME', 'GET'))
       return true
     }
     let name: string

@@ -10,6 +10,12 @@ import {
 } from './live-stats.js'
 
 export const HISTORY_SECONDS = 300
+/** The head of every event stream, and of a HEAD request's answer for one. */
+export const EVENT_STREAM_HEAD: Readonly<Record<string, string>> = Object.freeze({
+  'content-type': 'text/event-stream; charset=utf-8',
+  'cache-control': 'no-store',
+  'x-accel-buffering': 'no'
+})
 const TOP_WINDOW_SECONDS = 60
 const TOP_SHOWN = 10
 // A stream whose socket holds more than this unsent is a reader that stopped: drop it.
@@ -150,11 +156,7 @@ export class LiveFeed {
   subscribe (res: ServerResponse): 'subscribed' | 'full' | 'pipelined' {
     if (res.socket === null) return 'pipelined'
     if (this.subscribers.size >= this.maxSubscribers) return 'full'
-    res.writeHead(200, {
-      'content-type': 'text/event-stream; charset=utf-8',
-      'cache-control': 'no-store',
-      'x-accel-buffering': 'no'
-    })
+    res.writeHead(200, EVENT_STREAM_HEAD)
     res.socket?.setNoDelay(true)
     this.subscribers.add(res)
     res.on('close', () => this.subscribers.delete(res))

@@ -53,6 +53,22 @@ export function formatProblem (p: ConfigProblem): string {
   return `${p.file}:${p.line}:${p.column}${p.path === '' ? '' : ' ' + p.path}: ${p.message}`
 }
 
+/** How many of a rejected reload's problems are logged and kept for /config and the admin page. */
+export const REPORTED_PROBLEMS = 100
+
+/**
+ * A rejected reload's problems as lines, the first REPORTED_PROBLEMS of them and a count of the
+ * rest: a file with 20,000 errors made each of the admin page's updates (which carry the last
+ * reloads) 40 MB, serialised every second on the serving thread. `gateway validate` lists them all.
+ */
+export function reloadProblems (err: unknown): string[] {
+  if (!(err instanceof ConfigError)) return [(err as Error).message]
+  const shown = err.problems.slice(0, REPORTED_PROBLEMS).map(formatProblem)
+  const more = err.problems.length - shown.length
+  if (more > 0) shown.push(`... and ${more} more problems (gateway validate lists them all)`)
+  return shown
+}
+
 /** What a problem shows instead of an inline API key (`identity.apiKeys.keys.<key>`). */
 const API_KEY_SHOWN = '<an API key>'
 
