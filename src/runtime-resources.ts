@@ -325,7 +325,7 @@ export class ResourceCache {
     for (const [key, pool] of this.pools) {
       if (!keep.has(pool)) {
         this.pools.delete(key)
-        closing.push(pool.close())
+        closing.push(pool.retire())
       }
     }
     const liveLocal = this.localLevel(config)

@@ -6,6 +6,16 @@ import { writeFileSync } from 'node:fs'
 import { request } from 'undici'
 import { startGateway } from './helpers/gateway.js'
 import { refusingUrl, startHttpServer } from './helpers/upstream.js'
+import { metric } from './helpers/ratelimit.js'
+
+/** Polls `check` every 20 ms until it holds; fails after 15 s. */
+async function until (check: () => boolean | Promise<boolean>): Promise<void> {
+  const deadline = Date.now() + 15_000
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error('condition not met within 15 s')
+    await new Promise(resolve => setTimeout(resolve, 20))
+  }
+}
 
 t.test('an unchanged upstream keeps its pool (and its connection) across a reload; a changed one does not', async t => {
   let connections = 0
@@ -59,4 +69,37 @@ routes:
   writeFileSync(gw.runtime!.file, yaml('20s'))
   t.match(await gw.reload(), { ok: true, generation: 2 })
   t.same((await health()).map((h) => h.healthy), [false, true], 'still ejected after the reload (its pool was rebuilt: a new one started healthy)')
+})
+
+t.test('requests waiting for a connection of a pool a reload replaces get it: none is answered 503 shutting_down', async t => {
+  // every answer held until the test lets them go: one request on the one connection, two waiting
+  const held: Array<() => void> = []
+  let holding = true
+  const { url } = await startHttpServer(t, (_req, res) => {
+    if (holding) held.push(() => res.end('ok'))
+    else res.end('ok')
+  })
+  // requestTimeout 0s: the replaced runtime's drain gave up after 1 s, then its pool refused
+  // whatever still waited
+  const yaml = (connect: string): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { requestTimeout: 0s }
+upstreams:
+  backend: { targets: [${url}], maxConnections: 1, timeouts: { connect: ${connect}, queue: 1m } }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`
+  const gw = await startGateway(t, yaml('2s'))
+  const answers = [0, 1, 2].map(async i => {
+    const res = await request(`${gw.url}/r${i}`)
+    return `${res.statusCode} ${await res.body.text()}`
+  })
+  await until(async () => held.length === 1 && await metric(gw.adminUrl, 'gateway_upstream_pending', { upstream: 'backend' }) === 2)
+  writeFileSync(gw.runtime!.file, yaml('3s'))
+  t.match(await gw.reload(), { ok: true, generation: 2 }, 'the changed connect timeout rebuilds the pool')
+  // past the replaced runtime's drain (1 s here), where the old pool refused its waiting requests
+  await new Promise(resolve => setTimeout(resolve, 2500))
+  holding = false
+  for (const answer of held) answer()
+  t.same(await Promise.all(answers), ['200 ok', '200 ok', '200 ok'], 'each request waited its turn on the replaced pool and was answered')
 })

@@ -143,6 +143,8 @@ export class UpstreamPool {
   /** Fires when an ejected target comes back while requests wait (#scheduleWake). */
   #wake: NodeJS.Timeout | null = null
   #closed = false
+  /** What retire() waits on: the last waiting request granted, timed out or gone. */
+  #noneWaiting: (() => void) | null = null
 
   constructor (config: UpstreamConfig) {
     if (config.targets.length === 0) throw new TypeError(`upstream ${config.name}: no targets`)
@@ -234,7 +236,11 @@ export class UpstreamPool {
     if (place.waiter === null) return
     place.waiter = null
     clearTimeout(place.timer)
-    this.#pending--
+    if (--this.#pending === 0 && this.#noneWaiting !== null) {
+      const resolve = this.#noneWaiting
+      this.#noneWaiting = null
+      resolve()
+    }
   }
 
   /** The request given `target` finished: its connection goes to the oldest waiting request. */
@@ -370,6 +376,17 @@ export class UpstreamPool {
     const waiting = this.#pending
     this.#refuseWaiting()
     return waiting
+  }
+
+  /**
+   * A pool a reload replaced: the requests still waiting for one of its connections get it (each
+   * waits at most queueTimeoutMs, as before the reload), in-flight requests finish, then the
+   * sockets close. close() answered the waiting ones 503 GW_ERR_SHUTTING_DOWN once the replaced
+   * runtime's drain gave up (server.requestTimeout + 1 s), though the gateway was not shutting down.
+   */
+  async retire (): Promise<void> {
+    if (this.#pending > 0) await new Promise<void>(resolve => { this.#noneWaiting = resolve })
+    await this.close()
   }
 
   /** Graceful: in-flight requests finish, then the sockets close; requests still waiting get 503. */
