@@ -189,6 +189,8 @@ interface ReloadView {
   readonly pid?: number
   readonly generation: number
   readonly lastReload: { attempt: number, ok: boolean, generation: number, problems: string[], restartNeeded?: string[] } | null
+  /** A reload running or queued (absent from a gateway older than the field). */
+  readonly reloadPending?: boolean
 }
 
 async function readReloadView (adminUrl: string): Promise<ReloadView> {
@@ -269,7 +271,9 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
       continue
     }
     const last = view.lastReload
-    if (last === null || last.attempt <= attemptBefore) continue
+    // A reload already running when the signal came is followed by one more that reads the file
+    // again: the verdict of the first one is not this file's.
+    if (last === null || last.attempt <= attemptBefore || view.reloadPending === true) continue
     if (last.ok) {
       process.stdout.write(`reloaded: generation ${before.generation} -> ${last.generation} (pid ${pid})\n`)
       const restart = last.restartNeeded ?? []

@@ -541,6 +541,7 @@ export class Gateway {
       get runtime () { return self.runtime },
       get shuttingDown () { return self.shuttingDown },
       get lastReload () { return self.lastReload },
+      get reloadPending () { return self.reloading !== null || self.pendingReload !== null },
       reloadHistory: this.reloadHistory,
       metrics: this.metrics,
       redisStatus: () => this.redisStatus(),

@@ -172,8 +172,11 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   let generation = 1
   let lastReload: ReloadOutcome | null = null
   let checking: Promise<void> = Promise.resolve()
+  // checks signalled and not yet decided: /config's reloadPending
+  let checksPending = 0
   process.on('SIGHUP', () => {
     for (const w of Object.values(cluster.workers ?? {})) w?.process.kill('SIGHUP')
+    checksPending++
     checking = checking.then(async () => {
       let outcome: Pick<ReloadOutcome, 'ok' | 'problems' | 'restartNeeded'>
       try {
@@ -192,6 +195,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
         outcome = { ok: false, problems: reloadProblems(err) }
       }
       lastReload = { attempt: (lastReload?.attempt ?? 0) + 1, generation, at: new Date().toISOString(), ...outcome }
+      checksPending--
     })
   })
   const ready = new Set<number>()
@@ -253,7 +257,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     if (refusedAdminMethod(req, res, path ?? '/')) return
     if (path === '/healthz') return json(res, 200, { status: 'ok' })
     if (path === '/readyz') return json(res, ready.size === workers && !shuttingDown ? 200 : 503, { status: ready.size === workers ? 'ready' : 'not_ready', workers, ready: ready.size })
-    if (path === '/config') return json(res, 200, { pid: process.pid, generation, hash: loaded.hash, file: loaded.file, workers, lastReload, config: redactConfig(loaded.config) })
+    if (path === '/config') return json(res, 200, { pid: process.pid, generation, hash: loaded.hash, file: loaded.file, workers, lastReload, reloadPending: checksPending > 0, config: redactConfig(loaded.config) })
     if (path === '/metrics') {
       const asked = readyWorkers()
       adminIpc.ask(asked, 'metrics', '', '-').then(async (answers) => {

@@ -3,6 +3,8 @@
 import t from 'tap'
 import { writeFileSync, readFileSync, utimesSync } from 'node:fs'
 import { execFile, spawn } from 'node:child_process'
+import net from 'node:net'
+import { once } from 'node:events'
 import { spawnGateway, childEnv, writeConfig } from './helpers/gateway.js'
 import { refusingUrl, startUpstream } from './helpers/upstream.js'
 
@@ -62,6 +64,34 @@ t.test('reload: a change that needs a restart (listen) is accepted and named on 
   const second = await lastReload()
   t.same([second.ok, second.generation, second.restartNeeded], [true, 3, ['admin', 'workers']], '/config lastReload.restartNeeded: admin and workers, listen no longer')
   t.equal((await fetch(`${gw.url}/x`)).status, 200, 'still one process serving on its start\'s addresses')
+})
+
+t.test('reload: signalled while another reload runs, it reports the verdict of the reload that read its file', async t => {
+  const up = await startUpstream(t)
+  const gw = await spawnGateway(t, config(up.url, 'first'))
+  const adminConfig = async (): Promise<{ generation: number, reloadPending: boolean }> => await (await fetch(`${gw.adminUrl}/config`)).json() as { generation: number, reloadPending: boolean }
+  // Each reload below takes 2 s in the gateway: its Redis takes connections and never answers,
+  // and the start of a store waits that long for it (the CLI's own check opens nothing).
+  const silentRedis = async (): Promise<string> => {
+    const silent = net.createServer(socket => { socket.on('error', () => {}) })
+    silent.listen(0, '127.0.0.1')
+    await once(silent, 'listening')
+    t.teardown(() => { silent.close() })
+    return `redis://127.0.0.1:${(silent.address() as net.AddressInfo).port}`
+  }
+  writeFileSync(gw.file, config(up.url, 'first') + `redis: { url: "${await silentRedis()}", timeout: 100ms }\n`)
+  process.kill(gw.child.pid!, 'SIGHUP')
+  for (let i = 0; i < 500 && !(await adminConfig()).reloadPending; i++) await new Promise(resolve => setTimeout(resolve, 10))
+  t.equal((await adminConfig()).reloadPending, true, 'the first reload is running')
+  // meanwhile the operator writes the next file and runs gateway reload: its SIGHUP queues a
+  // second reload, whose verdict comes 2 s after the first one's
+  writeFileSync(gw.file, config(up.url, 'second').replace('listen: 127.0.0.1:0', 'listen: 127.0.0.1:1') + `redis: { url: "${await silentRedis()}", timeout: 100ms }\n`)
+  const r = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`])
+  t.equal(r.code, 0, r.stderr)
+  // "2 -> 3" when the CLI started so slowly that the first reload had ended before it looked
+  t.match(r.stdout, /reloaded: generation [12] -> 3 /, 'the verdict of the reload that read the file it signalled, not of the one already running (1 -> 2)')
+  t.match(r.stderr, /listen: these changes need a restart/, 'with that file\'s restart warning')
+  t.same(await adminConfig().then(c => [c.generation, c.reloadPending]), [3, false])
 })
 
 t.test('reload: an invalid file is never signalled; located errors, exit 1', async t => {

@@ -15,6 +15,11 @@ export interface AdminSource {
   readonly shuttingDown: boolean
   /** Absent on listeners that do not reload themselves (the workers primary). */
   readonly lastReload?: unknown
+  /**
+   * A reload running or queued: `lastReload` may then be an earlier reload's verdict, not the
+   * one of a SIGHUP just sent (`gateway reload` waits until this is false).
+   */
+  readonly reloadPending?: boolean
   /** The last reloads, newest last (bounded), for the admin page. */
   readonly reloadHistory?: readonly unknown[]
   readonly metrics: GatewayMetrics
@@ -140,7 +145,7 @@ export function createAdminServer (source: AdminSource, live: LiveFeed | null = 
         const rt = source.runtime
         if (rt === null) return json(res, ERRORS.GW_ERR_NOT_READY.status, errorBody('GW_ERR_NOT_READY', 'no configuration loaded yet'))
         // the config in force: the file with every default written in, secrets redacted
-        return json(res, 200, { pid: process.pid, generation: rt.generation, hash: rt.hash, file: rt.file, loadedAt: rt.loadedAt, lastReload: source.lastReload ?? null, config: redactConfig(rt.config) })
+        return json(res, 200, { pid: process.pid, generation: rt.generation, hash: rt.hash, file: rt.file, loadedAt: rt.loadedAt, lastReload: source.lastReload ?? null, reloadPending: source.reloadPending ?? false, config: redactConfig(rt.config) })
       }
       default:
         if (handleDashboard(req, res, path, live, () => source.runtime, json)) return
