@@ -11,6 +11,7 @@ import net from 'node:net'
 import { readdirSync } from 'node:fs'
 import { refusingUrl, startHttpServer, startUpstream, type Upstream } from './helpers/upstream.js'
 import { parseResponses, rawExchange } from './helpers/raw-http.js'
+import { eventually, metric, send } from './helpers/ratelimit.js'
 import type { Teardown } from './helpers/teardown.js'
 
 function config (upstream: Upstream, refusing: string): string {
@@ -362,4 +363,45 @@ routes:
   t.ok(first === 0 && second > first, `the request's answer first, then the 101: ${JSON.stringify(received.slice(0, 40))}...`)
   // three keep-alive timeouts (each 0.5 s, and node adds 1 s) of silence: a tunnel is idle only after websocketIdleTimeout (5 min)
   t.equal(await Promise.race([closed, new Promise((resolve) => setTimeout(() => resolve(false), 4500))]), false, 'the tunnel is still open')
+})
+
+t.test('a client that resets its connection while the upstream is slow to answer the handshake is a client abort: the target is neither charged nor ejected', async (t) => {
+  const { server, url } = await startHttpServer(t, (_req, res) => { res.end('plain ok') })
+  // the upstream takes the handshake and has not answered when the client gives up
+  const upstreamSockets: net.Socket[] = []
+  server.on('upgrade', (_req: IncomingMessage, socket: net.Socket) => { upstreamSockets.push(socket) })
+  t.teardown(() => { for (const s of upstreamSockets) s.destroy() })
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+trustedProxies: [127.0.0.1]
+upstreams:
+  backend: { targets: [${url}], consecutiveFailures: 2 }
+routes:
+  - { name: events, pathPrefix: /ws/, websocket: true, upstream: backend }
+  - { name: plain, pathPrefix: /, upstream: backend }
+`)
+  for (const id of ['ws-abort-1', 'ws-abort-2']) {
+    const client = net.connect(gw.port, '127.0.0.1')
+    client.on('error', () => {})
+    t.teardown(() => client.destroy())
+    const arrived = once(server, 'upgrade', { signal: AbortSignal.timeout(10_000) }) as Promise<[IncomingMessage, net.Socket]>
+    client.write(`GET /ws/${id} HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nx-request-id: ${id}\r\n` +
+      `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: ${randomBytes(16).toString('base64')}\r\n\r\n`)
+    const [, upstreamSocket] = await arrived
+    // the gateway gives up its upstream request (the upstream's socket is half-open: 'end', not 'close')
+    const upstreamEnded = once(upstreamSocket, 'end', { signal: AbortSignal.timeout(10_000) })
+    upstreamSocket.resume()
+    client.resetAndDestroy()
+    await upstreamEnded
+    await eventually(`the access line of ${id}`, async () => gw.lines.some((l) => l.msg === 'request' && l.requestId === id), 10_000)
+    t.match(gw.lines.find((l) => l.msg === 'request' && l.requestId === id), { status: 499, error: 'client_abort' }, `${id} is logged as the client's abort`)
+  }
+  // two resets in a row were two upstream failures: consecutiveFailures ejected the target, and
+  // plain HTTP on that upstream got 503 GW_ERR_NO_HEALTHY_UPSTREAM
+  const plain = await send(`${gw.url}/plain`)
+  t.equal(plain.status, 200, `a plain request on the same upstream is served (${plain.text})`)
+  const ready = await (await fetch(`${gw.adminUrl}/readyz`)).json() as { upstreams: Record<string, Array<Record<string, unknown>>> }
+  t.match(ready.upstreams.backend?.[0], { healthy: true, consecutiveFailures: 0 }, '/readyz: the target is healthy, with no failure counted')
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { upstream: 'backend' }), 0, 'no upstream error counted')
+  t.notOk(gw.lines.some((l) => l.msg === 'upstream target ejected'), 'no ejection logged')
 })

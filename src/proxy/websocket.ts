@@ -92,6 +92,8 @@ class Tunnel {
   upgraded = false
   /** The upstream refused the upgrade and its answer is being relayed: the client has its head. */
   responded = false
+  /** The client's socket closed: an upstream request failing after it failed because we cut it. */
+  clientGone = false
   timer: NodeJS.Timeout | null = null
   timeoutKind: ForwardErrorKind | null = null
   done: ((result: ForwardResult) => void) | null
@@ -105,6 +107,9 @@ class Tunnel {
     // An 'error' without a listener would crash the process; 'close' follows it and tears down.
     socket.on('error', noop)
     socket.once('close', () => {
+      // before the destroy below: node reports it as 'socket hang up' through http-proxy's
+      // callback, which would charge a healthy target with a reset (consecutiveFailures eject it)
+      this.clientGone = true
       forget()
       this.clearTimer()
       if (this.upstream !== null) closeSoon(this.upstream)
@@ -200,6 +205,12 @@ class Tunnel {
     // land inside that body (a client reading by Content-Length took it for the upstream's bytes).
     if (this.responded) {
       this.socket.destroy()
+      return
+    }
+    // The client left first and its close cut the upstream request: a client abort, as a plain
+    // HTTP request's is, never the upstream's failure.
+    if (this.clientGone) {
+      this.settle(499, 'client_abort', null)
       return
     }
     const kind = this.timeoutKind ?? classifyUpstreamError(err)
