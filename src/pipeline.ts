@@ -410,6 +410,13 @@ class UpgradeExchange extends Exchange {
 export function createUpgradeHandler (state: PipelineState): (req: IncomingMessage, socket: Duplex, head: Buffer) => void {
   return (req, socket, head) => {
     const x = new UpgradeExchange(state, state.runtime, req, socket, head)
+    // A handshake pipelined behind slower answers starts when they close (src/server.ts), possibly
+    // after its client reset the connection: a socket that has closed emits no 'close' again, so
+    // a lease taken now would never be given back (the IP or route refused 429 for good).
+    if (socket.destroyed) {
+      x.finish({ status: 499, outcome: 'client_abort' })
+      return
+    }
     socket.on('error', () => socket.destroy())
     socket.once('close', () => { x.socketClose() })
     x.admit()

@@ -2,6 +2,8 @@
 // { user: N }` on a websocket route caps the WebSockets a user has open across all instances.
 import t from 'tap'
 import { once } from 'node:events'
+import net from 'node:net'
+import { randomBytes } from 'node:crypto'
 import type { IncomingMessage } from 'node:http'
 import { WebSocket } from 'ws'
 import { startGateway } from './helpers/gateway.js'
@@ -106,3 +108,32 @@ t.test('a reload that rebuilds the Redis connection keeps the leases of open Web
   t.ok(await clients() < withOld, 'one client fewer on Redis once its last lease is released')
   t.equal(await reader.zcard(key), 1, 'only the WebSocket opened after the reload still counts')
 })
+
+for (const store of ['redis', 'memory'] as const) {
+  t.test(`${store}: a handshake pipelined behind a slow answer whose client resets the connection takes no lease: the route's cap is not locked`, async t => {
+    const up = await startUpstream(t)
+    const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+${store === 'redis' ? `redis: { url: ${redis.url}, timeout: 2s, onError: deny, keyPrefix: wspipelined }` : ''}
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: events, pathPrefix: /ws/, websocket: true, upstream: backend, concurrency: { route: 1 } }
+  - { name: plain, pathPrefix: /, upstream: backend }
+`)
+    const client = net.connect(gw.port, '127.0.0.1')
+    client.on('error', () => {})
+    t.teardown(() => client.destroy())
+    // the handshake waits for the answer to /slow, which goes out first (RFC 9112 §9.3.2)
+    client.write('GET /slow?ms=300 HTTP/1.1\r\nHost: a\r\n\r\nGET /ws/pipelined HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n' +
+      `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: ${randomBytes(16).toString('base64')}\r\n\r\n`)
+    await eventually('the upstream has the slow request', async () => up.log.some(u => u.startsWith('/slow')), 10_000, 10)
+    client.resetAndDestroy()
+    await eventually('the pipelined handshake is logged', async () => gw.lines.some(l => l.msg === 'request' && l.path === '/ws/pipelined'), 10_000)
+    t.match(gw.lines.find(l => l.msg === 'request' && l.path === '/ws/pipelined'), { status: 499 }, 'the handshake is logged as the client\'s abort')
+    // its lease was taken once the earlier answer closed, on a socket already closed, and never given back
+    const next = await open(t, `${gw.url.replace(/^http/, 'ws')}/ws/next`, 'anyone')
+    t.match(next, { ok: true }, 'the next WebSocket on the route opens (it got 429 GW_ERR_CONCURRENCY_LIMITED for good)')
+    t.equal(up.upgrades.length, 1, 'the upstream saw the next handshake alone')
+  })
+}
