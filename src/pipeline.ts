@@ -14,6 +14,7 @@ import { looksLikeMisconfiguredProxy } from './identify/client-ip.js'
 import { forwardRequest, type ForwardContext, type ForwardErrorKind } from './proxy/forward.js'
 import type { createWebSocketProxy } from './proxy/websocket.js'
 import { offersWebSocket } from './proxy/upgrade-offer.js'
+import { hasRequestBody } from './proxy/request-body.js'
 import { ERRORS, sendError, sendJsonText, writeError, writeRawJsonText, type ErrorCode } from './errors.js'
 import type { CompiledRoute, Runtime } from './runtime.js'
 import type { LimitVerdict, RejectVerdict } from './limit/limiter.js'
@@ -108,6 +109,10 @@ const NOT_A_WEBSOCKET_ROUTE: Refusal = Object.freeze({ code: 'GW_ERR_BAD_REQUEST
 // RFC 6455 §4.1: the opening handshake is a GET. http-proxy destroys every other upgrade without a
 // word, which the access log showed as a client abort (499).
 const UPGRADE_NOT_GET: Refusal = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', extra: Object.freeze({ reason: 'a WebSocket upgrade must be a GET request' }) })
+// A handshake has no body (RFC 6455 §4.1), and http-proxy withholds one until a 101 comes while
+// forwarding its Content-Length: an upstream that reads the announced body waited for bytes that
+// never came, and its 504s, charged to the target, ejected it.
+const UPGRADE_WITH_BODY: Refusal = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', extra: Object.freeze({ reason: 'a WebSocket handshake carries no body (Content-Length or Transfer-Encoding)' }) })
 const LIMITER_UNAVAILABLE: Refusal = Object.freeze({ code: 'GW_ERR_LIMITER_UNAVAILABLE' })
 
 /**
@@ -372,7 +377,8 @@ class UpgradeExchange extends Exchange {
 
   protected routed (a: Admission): Refusal | null {
     if (!a.route.websocket || !offersWebSocket(this.req)) return NOT_A_WEBSOCKET_ROUTE
-    return this.req.method === 'GET' ? null : UPGRADE_NOT_GET
+    if (this.req.method !== 'GET') return UPGRADE_NOT_GET
+    return hasRequestBody(this.req.headers) ? UPGRADE_WITH_BODY : null
   }
 
   socketClose (): void {

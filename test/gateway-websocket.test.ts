@@ -405,3 +405,32 @@ routes:
   t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { upstream: 'backend' }), 0, 'no upstream error counted')
   t.notOk(gw.lines.some((l) => l.msg === 'upstream target ejected'), 'no ejection logged')
 })
+
+t.test('a handshake with a body is refused 400 without reaching the upstream, and its connection closed', async (t) => {
+  let reached = 0
+  const { server, url } = await startHttpServer(t, (req, res) => { reached++; req.resume(); res.end() })
+  server.on('upgrade', (_req: IncomingMessage, socket: Duplex) => {
+    reached++
+    socket.end('HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n')
+  })
+  const gw = await startGateway(t, backendConfig(url, '  - { name: events, pathPrefix: /ws/, websocket: true, upstream: backend }\n'))
+  const head = (path: string, framing: string): string => `GET ${path} HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n` +
+    `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: ${randomBytes(16).toString('base64')}\r\n${framing}\r\n`
+  const cases = [
+    { path: '/ws/length', raw: head('/ws/length', 'Content-Length: 5\r\n') + 'hello' },
+    { path: '/ws/chunked', raw: head('/ws/chunked', 'Transfer-Encoding: chunked\r\n') + '5\r\nhello\r\n0\r\n\r\n' }
+  ]
+  for (const { path, raw } of cases) {
+    // the gateway's close ends the exchange; a connection left open would run into this timeout
+    const started = Date.now()
+    const replies = parseResponses(await rawExchange(gw.port, raw, 20_000))
+    t.equal(replies.length, 1, `${path}: one answer`)
+    t.equal(replies[0]?.status, 400, `${path}: 400 (it was forwarded, its body withheld: the upstream's answer, or a 504 from one waiting for the body)`)
+    t.match(replies[0]?.json, { error: 'GW_ERR_BAD_REQUEST', reason: /carries no body/, requestId: String }, `${path}: the JSON body says why`)
+    t.equal(replies[0]?.headers.connection, 'close', `${path}: Connection: close`)
+    t.ok(Date.now() - started < 10_000, `${path}: the gateway closed the connection`)
+  }
+  t.equal(reached, 0, 'nothing reached the upstream')
+  await eventually('two access lines', async () => gw.lines.filter((l) => l.msg === 'request').length >= 2, 10_000)
+  t.same(gw.lines.filter((l) => l.msg === 'request').map((l) => l.status), [400, 400], 'each logged as 400')
+})
