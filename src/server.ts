@@ -731,10 +731,12 @@ export class Gateway {
       if (refused > 0) await new Promise(resolve => setTimeout(resolve, 50))
       // What is still running now is cut by the gateway: logged as shutting_down, not as 499.
       for (const c of this.connections) for (const res of c.responses) cutByGateway.set(res, 'shutting_down')
+      // Tunnels first: a handshake still waiting for its upstream is answered 503, which a socket
+      // already destroyed below could not carry.
+      this.state?.ws.close()
       server.closeAllConnections()
       for (const s of this.sockets) s.destroy()
     }
-    this.state?.ws.close()
     this.feed?.stop()
     this.stopLiveFrames?.()
     await this.resources.closeAll()

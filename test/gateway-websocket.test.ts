@@ -434,3 +434,32 @@ t.test('a handshake with a body is refused 400 without reaching the upstream, an
   await eventually('two access lines', async () => gw.lines.filter((l) => l.msg === 'request').length >= 2, 10_000)
   t.same(gw.lines.filter((l) => l.msg === 'request').map((l) => l.status), [400, 400], 'each logged as 400')
 })
+
+t.test('a handshake still waiting for its upstream when shutdownTimeout ends is answered and logged 503 shutting_down, and its target is not charged', async (t) => {
+  const { server, url } = await startHttpServer(t, (_req, res) => { res.end() })
+  // the upstream takes the handshake and never answers
+  const upstreamSockets: Duplex[] = []
+  server.on('upgrade', (_req: IncomingMessage, socket: Duplex) => { upstreamSockets.push(socket) })
+  t.teardown(() => { for (const s of upstreamSockets) s.destroy() })
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+trustedProxies: [127.0.0.1]
+server: { shutdownTimeout: 500ms }
+upstreams:
+  backend: { targets: [${url}], consecutiveFailures: 1, timeouts: { response: 60s } }
+routes:
+  - { name: events, pathPrefix: /ws/, websocket: true, upstream: backend }
+`)
+  const arrived = once(server, 'upgrade', { signal: AbortSignal.timeout(10_000) })
+  const exchange = rawExchange(gw.port, 'GET /ws/pending HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nx-request-id: ws-cut-at-shutdown\r\n' +
+    `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: ${randomBytes(16).toString('base64')}\r\n\r\n`, 20_000)
+  await arrived
+  await gw.close()
+  const [reply] = parseResponses(await exchange)
+  t.equal(reply?.status, 503, 'the client is told the gateway shuts down')
+  t.match(reply?.json, { error: 'GW_ERR_SHUTTING_DOWN', requestId: 'ws-cut-at-shutdown' }, 'its JSON body names the code and the request id')
+  await eventually('the access line', async () => gw.lines.some((l) => l.msg === 'request' && l.requestId === 'ws-cut-at-shutdown'), 10_000)
+  t.match(gw.lines.find((l) => l.msg === 'request' && l.requestId === 'ws-cut-at-shutdown'), { status: 503, error: 'shutting_down' },
+    'logged as the gateway\'s cut (it was 502 error=reset, an upstream failure)')
+  t.notOk(gw.lines.some((l) => l.msg === 'upstream target ejected'), 'the target is not charged a failure (consecutiveFailures: 1 ejected it)')
+})

@@ -94,6 +94,8 @@ class Tunnel {
   responded = false
   /** The client's socket closed: an upstream request failing after it failed because we cut it. */
   clientGone = false
+  /** Cut by the gateway's shutdown (destroy()): a pending handshake ends as the gateway's doing. */
+  shutDown = false
   timer: NodeJS.Timeout | null = null
   timeoutKind: ForwardErrorKind | null = null
   done: ((result: ForwardResult) => void) | null
@@ -114,7 +116,8 @@ class Tunnel {
       this.clearTimer()
       if (this.upstream !== null) closeSoon(this.upstream)
       else this.proxyReq?.destroy()
-      this.settle(499, 'client_abort', null)
+      if (this.shutDown) this.settleShutDown()
+      else this.settle(499, 'client_abort', null)
     })
   }
 
@@ -207,6 +210,12 @@ class Tunnel {
       this.socket.destroy()
       return
     }
+    // Our own destroy() at shutdown cut the upstream request (it failed first, as 'socket hang
+    // up'): no reset of the target's, and the README's 503 for what a shutdown cuts, never a 502.
+    if (this.shutDown) {
+      this.settleShutDown()
+      return
+    }
     // The client left first and its close cut the upstream request: a client abort, as a plain
     // HTTP request's is, never the upstream's failure.
     if (this.clientGone) {
@@ -221,6 +230,10 @@ class Tunnel {
     // The client may already be gone (its close settled the tunnel); then nobody is answered.
     answer(this.socket, code, this.ctx)
     this.settle(ERRORS[code].status, kind, new GatewayError(code, undefined, { cause: err }))
+  }
+
+  settleShutDown (): void {
+    this.settle(ERRORS.GW_ERR_SHUTTING_DOWN.status, 'shutting_down', new GatewayError('GW_ERR_SHUTTING_DOWN'))
   }
 
   settle (status: number, kind: ForwardErrorKind | null, error: GatewayError | null): void {
@@ -244,10 +257,15 @@ class Tunnel {
   }
 
   destroy (): void {
+    this.shutDown = true
     this.clearTimer()
+    // A handshake still waiting for its upstream can be told why it ends; once a head went out
+    // (a 101, an upstream's refusal) the connection can only be cut.
+    const pending = !this.upgraded && !this.responded && this.done !== null && this.socket.writable
     this.proxyReq?.destroy()
     this.upstream?.destroy()
-    this.socket.destroy()
+    if (pending) answer(this.socket, 'GW_ERR_SHUTTING_DOWN', this.ctx)
+    else this.socket.destroy()
   }
 }
 
