@@ -463,3 +463,28 @@ routes:
     'logged as the gateway\'s cut (it was 502 error=reset, an upstream failure)')
   t.notOk(gw.lines.some((l) => l.msg === 'upstream target ejected'), 'the target is not charged a failure (consecutiveFailures: 1 ejected it)')
 })
+
+t.test('an upstream 101 without an Upgrade header is a 502 GW_ERR_UPSTREAM_BAD_RESPONSE of kind bad_response, no WebSocket opened', async (t) => {
+  const { server, url } = await startHttpServer(t, (_req, res) => { res.end() })
+  server.on('upgrade', (_req: IncomingMessage, socket: Duplex) => {
+    socket.on('error', () => {})
+    socket.end('HTTP/1.1 101 Switching Protocols\r\n\r\n')
+  })
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+trustedProxies: [127.0.0.1]
+upstreams:
+  backend: { targets: [${url}] }
+routes:
+  - { name: events, pathPrefix: /ws/, websocket: true, upstream: backend }
+`)
+  const [reply] = parseResponses(await rawExchange(gw.port, 'GET /ws/x HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nx-request-id: ws-101-bare\r\n' +
+    `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: ${randomBytes(16).toString('base64')}\r\n\r\n`, 20_000))
+  t.equal(reply?.status, 502, 'the client gets a 502 (it got the bare 101, then a closed connection)')
+  t.match(reply?.json, { error: 'GW_ERR_UPSTREAM_BAD_RESPONSE', requestId: 'ws-101-bare' }, 'its JSON body names the code')
+  await eventually('the access line', async () => gw.lines.some((l) => l.msg === 'request' && l.requestId === 'ws-101-bare'), 10_000)
+  t.match(gw.lines.find((l) => l.msg === 'request' && l.requestId === 'ws-101-bare'), { status: 502, error: 'bad_response' }, 'logged as a bad response')
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { upstream: 'backend', kind: 'bad_response' }), 1, 'counted as kind bad_response')
+  t.equal(await metric(gw.adminUrl, 'gateway_requests_total', { route: 'events', status_class: '5xx' }), 1, 'counted as a 5xx')
+  t.notOk(gw.lines.some((l) => l.msg === 'websocket closed'), 'no WebSocket was opened (nor closed)')
+})

@@ -164,6 +164,19 @@ class Tunnel {
     // Not upgraded (e.g. 403 or 404 from the upstream): http-proxy relays that answer as is.
     proxyReq.once('response', (res: IncomingMessage) => {
       this.clearTimer()
+      // node's client takes a 101 for an upgrade when it names the protocol (RFC 9110 §15.2.2: a
+      // 101 has an Upgrade header); without one it switched to nothing the client asked for.
+      // Relayed, the client read a 101 and a closed connection, logged and counted as an open
+      // WebSocket and as the target's success.
+      if (res.statusCode === 101) {
+        // http-proxy's own 'response' listener, run after this one, relays every answer whose
+        // `upgrade` is false (node:http leaves it false here): its head and body written after
+        // our 502 are writes after the end, whose error destroys the socket, flushed or not.
+        ;(res as IncomingMessage & { upgrade: boolean }).upgrade = true
+        this.failed(new Error('the upstream answered 101 without an Upgrade header'), 'bad_response')
+        proxyReq.destroy()
+        return
+      }
       this.plan.pool.succeeded(this.target)
       this.responded = true
       notUpgraded(res)
@@ -198,7 +211,7 @@ class Tunnel {
   }
 
   /** http-proxy's callback: the upstream request failed, or the upstream socket after the upgrade. */
-  failed (err: Error): void {
+  failed (err: Error, known: ForwardErrorKind | null = null): void {
     this.clearTimer()
     if (this.upgraded) {
       closeSoon(this.socket)
@@ -222,7 +235,7 @@ class Tunnel {
       this.settle(499, 'client_abort', null)
       return
     }
-    const kind = this.timeoutKind ?? classifyUpstreamError(err)
+    const kind = known ?? this.timeoutKind ?? classifyUpstreamError(err)
     if (kind === 'refused' || kind === 'dns' || kind === 'connect_timeout') this.plan.pool.eject(this.target)
     // a target that accepts and then never answers, or resets, is an outlier for upgrades too
     else if (kind === 'response_timeout' || kind === 'reset' || kind === 'bad_response') this.plan.pool.failed(this.target)
