@@ -736,6 +736,8 @@ export class Gateway {
       this.state?.ws.close()
       server.closeAllConnections()
       for (const s of this.sockets) s.destroy()
+    } else {
+      this.state?.ws.close()
     }
     this.feed?.stop()
     this.stopLiveFrames?.()
