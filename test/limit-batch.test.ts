@@ -168,11 +168,13 @@ t.test('a failed batch fails each of its requests (their own onError path), and 
 t.test('requests from separate callbacks of one turn share a call; a turn of exactly two batches makes two calls, no empty third', async (t) => {
   const s = spec('token-bucket', 100, 3_600_000, 100)
   const { store, reader } = await storeOfEight(t, s)
-  // each HTTP request is parsed in a callback of its own: three timers due together run in one
-  // timers phase, as a socket's reads do in one poll phase, and their requests must still go together
+  // each HTTP request is parsed in a callback of its own: three immediates run in one check phase,
+  // as a socket's reads do in one poll phase, and their requests must still go together (three
+  // timers of 0 ms were not sure to: created across a millisecond's edge on a loaded machine, the
+  // last one was due a turn later)
   const before = await scriptCalls(reader)
   const fromCallbacks = await Promise.all(Array.from({ length: 3 }, async (_, i) => await new Promise<LimitDecision>((resolve, reject) => {
-    setTimeout(() => { store.decide([{ key: 'cb', spec: s, cost: 1 }], `cb${i}`).then(resolve, reject) }, 0)
+    setImmediate(() => { store.decide([{ key: 'cb', spec: s, cost: 1 }], `cb${i}`).then(resolve, reject) })
   })))
   t.equal(await scriptCalls(reader) - before, 1, 'three callbacks of one turn: one call')
   t.same(fromCallbacks.map((d) => d.remaining), [99, 98, 97], 'decided in arrival order')
