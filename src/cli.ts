@@ -326,7 +326,7 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
   try {
     // a worker starts with the config its primary last accepted, not the file as edited since
     const initial = await acceptedConfig(configFile)
-    gw = await Gateway.start({ configFile, ...(logLevel !== undefined ? { logLevel } : {}), adminListener: !isWorker(), ...(initial !== undefined ? { initial } : {}) })
+    gw = await Gateway.start({ configFile, ...(logLevel !== undefined ? { logLevel } : {}), adminListener: !isWorker(), ...(initial !== undefined ? { initial: initial.loaded, initialGeneration: initial.generation } : {}) })
   } catch (err) {
     // a worker's IPC channel would keep it alive, not ready, for good: it exits, and the primary
     // starts another (the file on disk may have been fixed meanwhile)

@@ -41,6 +41,8 @@ export interface GatewayOptions {
    * last accepted: src/workers.ts acceptedConfig). Reloads read `configFile`.
    */
   readonly initial?: LoadedConfig
+  /** The generation `initial` is (the primary's count, for a worker that replaces a crashed one); default 1. */
+  readonly initialGeneration?: number
 }
 
 export type ReloadResult = { ok: true, generation: number, restartNeeded: readonly string[] } | { ok: false, error: string }
@@ -270,6 +272,7 @@ export class Gateway {
   adminPort = 0
 
   private constructor (private readonly options: GatewayOptions, logger: Logger) {
+    this.generation = (options.initialGeneration ?? 1) - 1
     this.logger = logger
     this.resources = new ResourceCache(logger)
     this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth(), pending: () => this.upstreamsPending(), inflight: () => this.inflightRequests(), logDropped: () => droppedLogLines(this.logger) })

@@ -72,6 +72,8 @@ interface ConfigGiven {
   readonly type: 'gateway:config'
   /** null: the primary holds no text (read apart from its check, the file differed): read the file. */
   readonly text: string | null
+  /** The primary's generation of that text: a replacement counts on from its siblings' number. */
+  readonly generation: number
 }
 
 const isConfigAsk = (msg: unknown): msg is ConfigAsk =>
@@ -228,7 +230,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
         // after the SIGHUP being checked, if one is: a worker forked once the SIGHUP was relayed
         // would not get it, and must start with its verdict
         void checking.then(() => {
-          const given: ConfigGiven = { type: 'gateway:config', text: acceptedText }
+          const given: ConfigGiven = { type: 'gateway:config', text: acceptedText, generation }
           if (!w.isDead()) w.send(given, (err: Error | null) => { if (err !== null) logger.warn({ worker: w.process.pid, err: err.message }, 'could not hand the accepted config to a starting worker') })
         })
       }
@@ -340,21 +342,21 @@ export const isWorker = (): boolean => cluster.isWorker
  * it. undefined outside a worker, or when the primary has no text to give: then the worker reads
  * the file, as a single process does.
  */
-export async function acceptedConfig (file: string): Promise<LoadedConfig | undefined> {
+export async function acceptedConfig (file: string): Promise<{ loaded: LoadedConfig, generation: number } | undefined> {
   if (!cluster.isWorker || process.send === undefined) return undefined
-  const text = await new Promise<string | null>((resolve) => {
-    const done = (value: string | null): void => {
+  const given = await new Promise<ConfigGiven | null>((resolve) => {
+    const done = (value: ConfigGiven | null): void => {
       clearTimeout(timer)
       process.off('message', onMessage)
       resolve(value)
     }
-    const onMessage = (msg: unknown): void => { if (isConfigGiven(msg)) done(msg.text) }
+    const onMessage = (msg: unknown): void => { if (isConfigGiven(msg)) done(msg) }
     const timer = setTimeout(() => done(null), CONFIG_ASK_TIMEOUT_MS)
     process.on('message', onMessage)
     const ask: ConfigAsk = { type: 'gateway:config-ask' }
     process.send?.(ask, undefined, undefined, (err: Error | null) => { if (err !== null) done(null) })
   })
-  return text === null ? undefined : parseConfigText(text, file)
+  return given === null || given.text === null ? undefined : { loaded: parseConfigText(given.text, file), generation: given.generation }
 }
 export const notifyReady = (): void => { process.send?.('gateway:ready') }
 

@@ -99,3 +99,23 @@ t.test('an edited file that is valid, not reloaded: every answer after a worker 
   await until('the primary\'s verdict', async () => ((await (await fetch(`${r.adminUrl}/config`)).json()) as { generation: number }).generation === 2)
   t.same(await bodies(r.gw.url, 40), new Array(40).fill('200 from b'), 'every worker serves the reloaded file')
 })
+
+t.test('a worker that replaces a crashed one after a reload counts on from its siblings\' generation', async t => {
+  const a = await answering(t, 'from a')
+  const b = await answering(t, 'from b')
+  const r = await twoWorkers(t, config(a))
+  writeFileSync(r.gw.file, config(b))
+  r.gw.child.kill('SIGHUP')
+  await until('both workers reloaded', () => r.gw.logs.filter(l => l.msg === 'configuration reloaded').length >= 2)
+  t.same(r.gw.logs.filter(l => l.msg === 'configuration reloaded').map(l => l.generation), [2, 2], 'both workers at generation 2')
+  await until('the primary\'s verdict', async () => ((await (await fetch(`${r.adminUrl}/config`)).json()) as { generation: number }).generation === 2)
+
+  const replacement = await replaceOne(r)
+  const started = r.gw.logs.find(l => l.msg === 'gateway started' && l.pid === replacement)
+  t.equal(started?.generation, 2, 'the replacement starts at generation 2, as its sibling serves (it started at 1)')
+
+  // and the next reload is generation 3 everywhere
+  r.gw.child.kill('SIGHUP')
+  await until('both workers reloaded again', () => r.gw.logs.filter(l => l.msg === 'configuration reloaded').length >= 4)
+  t.same(r.gw.logs.filter(l => l.msg === 'configuration reloaded').slice(2).map(l => l.generation), [3, 3], 'both workers at generation 3')
+})
