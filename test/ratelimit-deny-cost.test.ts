@@ -56,3 +56,30 @@ t.test('a reload to another Redis drops the lockouts the old one earned', async 
   t.equal((await send(url)).status, 200, 'the second Redis has its own, full budget: no lockout carried over')
   t.ok(await calls() > before, 'the request was decided by the second Redis, not by a cached denial')
 })
+
+t.test('a lockout never passes to another user whose id ends like a cost: "bob#2" at cost 1 is not "bob" at cost 2', async t => {
+  const up = await startUpstream(t)
+  const yaml = (cost: number): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - name: r
+    pathPrefix: /
+    upstream: backend
+    limits:
+      user: { algorithm: fixed-window, limit: 4, window: 1h, cost: ${cost} }
+`
+  const gw = await startGateway(t, yaml(1))
+  const url = `${gw.url}/x`
+  const as = async (user: string): Promise<number> => (await send(url, { headers: { 'x-user-id': user } })).status
+  const statuses = []
+  for (let i = 0; i < 5; i++) statuses.push(await as('bob#2'))
+  t.same(statuses, [200, 200, 200, 200, 429], 'the user "bob#2" spends its budget of 4')
+  t.equal(await as('bob#2'), 429, 'and is held in the deny cache')
+  writeFileSync(gw.runtime?.file as string, yaml(2))
+  t.ok((await gw.reload()).ok, 'reloaded with cost 2')
+  t.equal(await as('bob'), 200, 'the user "bob" has its own budget (it got "bob#2"\'s refusal)')
+  t.equal(await as('bob#2'), 429, '"bob#2" is still out of budget')
+})

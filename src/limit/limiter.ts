@@ -347,8 +347,12 @@ const UNAVAILABLE: LimitVerdict = Object.freeze({ kind: 'unavailable' })
  * out until the period ends.
  */
 export function denyKey (check: LimitCheck): string {
-  const key = check.spec.algorithm === 'calendar-quota' ? `${check.key}@${check.spec.limit}` : check.key
-  return check.cost === 1 ? key : `${key}#${check.cost}`
+  // The cost and the quota's limit go in front of the key, whose end is the client's own value
+  // (a user id): behind it, the user "bob#2" at cost 1 and "bob" at cost 2 shared one entry, and a
+  // reload that changed the cost locked "bob" out with "bob#2"'s refusal. A key never starts with
+  // '@' or '#' (it starts with the configured prefix and the limit's id).
+  const key = check.spec.algorithm === 'calendar-quota' ? `@${check.spec.limit}|${check.key}` : check.key
+  return check.cost === 1 ? key : `#${check.cost}|${key}`
 }
 
 /**
