@@ -79,6 +79,17 @@ t.test('a missing or malformed key file stops the start with a located error', a
   t.match(err2.message, `${empty}:1:5 [0]: an API key must map to a consumer name`)
 })
 
+t.test('a key with a character no header carries as written is refused, located, without printing it', async t => {
+  const up = await startUpstream(t)
+  const file = join(tempDir(t, 'gw-keys'), 'keys.yaml')
+  // node reads a header's bytes as Latin-1: a client sending these keys (UTF-8) never matched
+  writeFileSync(file, 'k-ok: alice\n"ключ-0001": alice\n"clé-0002": alice\n"tab\\tkey": alice\n')
+  const err = await startRefused(t, config(up.url, file))
+  t.same(err.problems.map(p => `${p.line}:${p.column} ${p.path}: ${p.message}`), [2, 3, 4].map(line =>
+    `${line}:1 [${line - 1}]: an API key must be visible ASCII characters, spaces inside (a header cannot carry others as written: it could never match)`))
+  t.notMatch(err.message, /ключ|clé/, 'the keys are not printed')
+})
+
 t.test('a key the YAML reads as null or a number is refused, located, without printing it (": eve" made "null" a key)', async t => {
   const up = await startUpstream(t)
   const dir = tempDir(t, 'gw-keys')
