@@ -199,6 +199,17 @@ abstract class Exchange extends RequestRecord {
         this.limit(a, ANONYMOUS)
         return
       }
+      // An IP that spent its failure budget is refused whatever credential it sends (a 429, the
+      // budget's), before any verification: a valid key used to pass, so a key-guesser read
+      // the right guess as the one 200 among 429s.
+      const credential = this.runtime.identity.credentialHeader
+      if (credential !== null && this.req.headers[credential] !== undefined) {
+        const held = this.runtime.limiter.heldRefusal(a.route.name, this.runtime.failurePlan, a.ipKey, this.requestId)
+        if (held !== null) {
+          this.reject(held)
+          return
+        }
+      }
       const found = this.runtime.identity.resolve(this.req.headers, auth === null ? undefined : auth === 'required', this.trustedPeer)
       if (found instanceof Promise) found.then(identity => { this.limit(a, identity) }).catch((err: unknown) => { this.failed(err) })
       else this.limit(a, found)
@@ -245,8 +256,10 @@ abstract class Exchange extends RequestRecord {
       else this.lease = v.lease
     }
     if (v.kind === 'reject') return this.reject(v)
-    if (!identity.ok) return this.refuse({ code: 'GW_ERR_UNAUTHORIZED', extra: { reason: identity.reason }, headers: BEARER }, 'unauthorized')
+    // before the 401: a failure budget set to onError: deny refuses while Redis is away, as every
+    // other limit does (a 401 let each guess through uncounted)
     if (v.kind === 'unavailable') return this.refuse(LIMITER_UNAVAILABLE, 'limiter_unavailable')
+    if (!identity.ok) return this.refuse({ code: 'GW_ERR_UNAUTHORIZED', extra: { reason: identity.reason }, headers: BEARER }, 'unauthorized')
     this.admitted(a, v)
   }
 

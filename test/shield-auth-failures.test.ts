@@ -2,7 +2,7 @@
 // local level is keyed by client IP (rotating a client-chosen user header buys nothing).
 import t from 'tap'
 import { startGateway } from './helpers/gateway.js'
-import { startUpstream } from './helpers/upstream.js'
+import { refusingUrl, startUpstream } from './helpers/upstream.js'
 import { startRedis } from './helpers/redis.js'
 import { limitCalls, send, statusCounts } from './helpers/ratelimit.js'
 
@@ -34,7 +34,14 @@ routes:
   // one call per failure until the deny cache holds the key; never more than one per request
   t.ok(calls >= 5 && calls <= 8, `${calls} Redis calls for 8 failed requests`)
   t.equal(upstream.requests, 0, 'nothing reached the upstream')
-  t.equal((await send(`${gw.url}/x`, { headers: { 'x-api-key': 'good-key' } })).status, 200, 'a valid key is not touched by the failed-identity budget')
+  // the right key from the locked-out IP answers as a wrong one does: a 200 told a key-guesser
+  // which of its guesses was right
+  const right = await send(`${gw.url}/x`, { headers: { 'x-api-key': 'good-key' } })
+  t.same([right.status, right.json?.limit], [429, 'identity.failures'], 'a valid key from the IP that spent the budget: the same 429')
+  t.equal(upstream.requests, 0, 'and it did not reach the upstream')
+  const elsewhere = await send(`${gw.url}/x`, { headers: { 'x-api-key': 'good-key' }, localAddress: '127.0.0.2' })
+  t.equal(elsewhere.status, 200, 'the same key from another IP is served')
+  t.equal((await send(`${gw.url}/x`)).status, 200, 'a request without a credential from the locked-out IP is served (the route does not require one)')
 })
 
 t.test('a failed identity is charged against the gateway-wide ip limit too', async t => {
@@ -139,4 +146,33 @@ routes:
   }
   t.equal(upstream.requests, 0, 'none reached the upstream')
   t.equal((await send(`${gw.url}/x`, { headers: { authorization: `Bearer ${token}` } })).status, 200, 'the well-formed header passes')
+})
+
+t.test('with Redis away the failure budget holds on this instance whatever redis.onError says; failureLimit.onError: deny refuses 503', async t => {
+  const upstream = await startUpstream(t)
+  const away = `redis://127.0.0.1:${new URL(await refusingUrl()).port}`
+  const config = (onError: string, failureLimit: string): string => `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+redis: { url: ${away}, onError: ${onError} }
+identity:
+  apiKeys: { header: x-api-key, keys: { good-key: alice } }
+  failureLimit: ${failureLimit}
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`
+  for (const onError of ['allow', 'deny']) {
+    const gw = await startGateway(t, config(onError, '{ limit: 5, window: 1m }'))
+    const statuses = []
+    for (let i = 0; i < 8; i++) statuses.push((await send(`${gw.url}/x`, { headers: { 'x-api-key': `guess-${i}` } })).status)
+    // every guess got its 401 before, uncounted
+    t.same(statuses, [401, 401, 401, 401, 401, 429, 429, 429], `redis.onError: ${onError}: the budget of 5 holds (this instance's share)`)
+    await gw.close()
+  }
+  const strict = await startGateway(t, config('allow', '{ limit: 5, window: 1m, onError: deny }'))
+  const refused = await send(`${strict.url}/x`, { headers: { 'x-api-key': 'guess' } })
+  t.same([refused.status, refused.json?.error], [503, 'GW_ERR_LIMITER_UNAVAILABLE'], 'failureLimit.onError: deny: a failed identity is refused 503 while Redis is away, as every denying limit is')
+  t.equal(upstream.requests, 0)
 })

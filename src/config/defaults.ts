@@ -116,8 +116,13 @@ function upstream (up: GatewayConfig['upstreams'][string]): ResolvedUpstream {
   }
 }
 
-function identity (id: IdentityConfig, onError: ResolvedLimit['onError']): ResolvedIdentity {
-  const common = { required: id.required ?? false, failureLimit: limit(id.failureLimit ?? DEFAULT_FAILURE_LIMIT, onError) }
+/**
+ * The failure budget falls back to this instance's share when Redis is away, whatever
+ * `redis.onError` says: under `allow` (or `deny`, whose 503 a failed identity never gave) every
+ * guess got its 401 and no budget held while Redis was down. Set `failureLimit.onError` to choose.
+ */
+function identity (id: IdentityConfig): ResolvedIdentity {
+  const common = { required: id.required ?? false, failureLimit: limit(id.failureLimit ?? DEFAULT_FAILURE_LIMIT, 'local') }
   if ('jwt' in id) return { ...id, ...common, jwt: { ...id.jwt, claim: id.jwt.claim ?? DEFAULT_JWT_CLAIM, header: id.jwt.header ?? DEFAULT_JWT_HEADER } }
   return { ...id, ...common }
 }
@@ -187,7 +192,7 @@ export function applyDefaults (c: GatewayConfig): ResolvedConfig {
       expectedInstances: c.redis.expectedInstances ?? 1
     }
   }
-  if (c.identity !== undefined) resolved.identity = identity(c.identity, onError)
+  if (c.identity !== undefined) resolved.identity = identity(c.identity)
   if (c.tracing !== undefined) resolved.tracing = { ...c.tracing, serviceName: c.tracing.serviceName ?? 'edge-gateway' }
   if (c.local !== undefined) resolved.local = { ...c.local, burst: c.local.burst ?? c.local.limit, maxKeys: c.local.maxKeys ?? DEFAULT_MAX_KEYS }
   if (limits !== undefined) resolved.limits = limits

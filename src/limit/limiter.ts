@@ -213,16 +213,8 @@ export class Limiter {
     const { checks, limits } = buildChecks(plan.enforced, req)
     // nobody denied lately (DenyCache.quietAt): no key to look up
     if (!deny.quietAt(now)) {
-      for (let i = 0; i < checks.length; i++) {
-        // leases are never in the deny cache: a lease comes back whenever its request ends
-        if ((limits[i] as PlannedLimit).concurrency) continue
-        const left = deny.remaining(denyKey(checks[i] as LimitCheck), now, wall)
-        if (left > 0) {
-          const l = limits[i] as PlannedLimit
-          this.counterOf(req.route, l).count('local', 'rejected')
-          return reject(this.templateOf(l), left, 0, left)
-        }
-      }
+      const held = this.heldIn(req.route, checks, limits, now, wall)
+      if (held !== null) return held
     }
     if (checks.length === 0) {
       if (plan.shadow.length > 0) void this.decideShadow(req)
@@ -234,6 +226,34 @@ export class Limiter {
     const decided = this.options.shared.decide(checks, limits, req.requestId)
     if (decided instanceof Promise) return decided.then(d => this.conclude(req, checks, limits, d, now, wall))
     return this.conclude(req, checks, limits, decided, now, wall)
+  }
+
+  /**
+   * The deny cache's refusal of one of `plan`'s limits for this client, or null; decides nothing
+   * else. Read before identity for the failure budget: an IP that spent it is refused whatever
+   * credential it sends, so a right guess answers as a wrong one does (a 429, where it was a 200
+   * that told a key-guesser the key) and a guess costs no verification.
+   */
+  heldRefusal (route: string, plan: RouteLimitPlan, ipKey: string, requestId: string): RejectVerdict | null {
+    const now = performance.now()
+    if (this.options.deny.quietAt(now)) return null
+    const req: LimitRequest = { route, plan, ipKey, user: null, requestId }
+    const { checks, limits } = buildChecks(plan.enforced, req)
+    return this.heldIn(route, checks, limits, now, Date.now())
+  }
+
+  private heldIn (route: string, checks: readonly LimitCheck[], limits: readonly PlannedLimit[], now: number, wall: number): RejectVerdict | null {
+    for (let i = 0; i < checks.length; i++) {
+      // leases are never in the deny cache: a lease comes back whenever its request ends
+      if ((limits[i] as PlannedLimit).concurrency) continue
+      const left = this.options.deny.remaining(denyKey(checks[i] as LimitCheck), now, wall)
+      if (left > 0) {
+        const l = limits[i] as PlannedLimit
+        this.counterOf(route, l).count('local', 'rejected')
+        return reject(this.templateOf(l), left, 0, left)
+      }
+    }
+    return null
   }
 
   /** Gives back the leases of a request whose response (or WebSocket) closed. Idempotent. */
