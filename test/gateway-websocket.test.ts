@@ -478,9 +478,13 @@ upstreams:
 routes:
   - { name: events, pathPrefix: /ws/, websocket: true, upstream: backend }
 `)
-  const [reply] = parseResponses(await rawExchange(gw.port, 'GET /ws/x HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nx-request-id: ws-101-bare\r\n' +
+  const replies = parseResponses(await rawExchange(gw.port, 'GET /ws/x HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nx-request-id: ws-101-bare\r\n' +
     `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: ${randomBytes(16).toString('base64')}\r\n\r\n`, 20_000))
+  const reply = replies[0]
   t.equal(reply?.status, 502, 'the client gets a 502 (it got the bare 101, then a closed connection)')
+  t.equal(replies.length, 1, 'and nothing after it')
+  const readyz = await (await fetch(`${gw.adminUrl}/readyz`)).json() as { upstreams: { backend: Array<{ consecutiveFailures: number }> } }
+  t.equal(readyz.upstreams.backend[0]?.consecutiveFailures, 1, 'a failure of the target\'s, toward its ejection (a success undid it)')
   t.match(reply?.json, { error: 'GW_ERR_UPSTREAM_BAD_RESPONSE', requestId: 'ws-101-bare' }, 'its JSON body names the code')
   await eventually('the access line', async () => gw.lines.some((l) => l.msg === 'request' && l.requestId === 'ws-101-bare'), 10_000)
   t.match(gw.lines.find((l) => l.msg === 'request' && l.requestId === 'ws-101-bare'), { status: 502, error: 'bad_response' }, 'logged as a bad response')

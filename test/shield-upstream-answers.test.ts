@@ -6,7 +6,7 @@ import { once } from 'node:events'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { rawRequest } from './helpers/raw-http.js'
-import { metric } from './helpers/ratelimit.js'
+import { eventually, metric } from './helpers/ratelimit.js'
 import type { Teardown } from './helpers/teardown.js'
 
 // Answers written byte for byte, by request path: what node:http would never send itself.
@@ -37,6 +37,9 @@ const PIECES: Record<string, ReadonlyArray<string | typeof CLOSE>> = {
   // a body whose bytes, read apart from its head, look like a 100 Continue head
   '/body-like-continue': ['HTTP/1.1 200 OK\r\nContent-Length: 33\r\n\r\n', 'HTTP/1.1 100 Continue\r\n\r\nfinal!!!'],
   '/not-http': ['ERROR\r\n', CLOSE],
+  // an upstream that dies mid-body: undici reports it as a length mismatch, as it does a length
+  // beside a coding (/length-and-chunked), but this one is a broken connection
+  '/cut-body': ['HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nConnection: close\r\n\r\n0123456789', CLOSE],
   '/cut-head': ['HTTP/1.1 ', CLOSE]
 }
 
@@ -184,6 +187,11 @@ t.test('an invalid upstream status (600, 000), an unknown transfer coding, a len
   }
   t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { kind: 'bad_response' }), paths.length)
   t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { kind: 'reset' }), 0, 'none of them counted as a reset')
+  const cut = await rawRequest(gw.port, 'GET /cut-body HTTP/1.1\r\nHost: a\r\n')
+  t.equal(cut.status, 200, 'a body cut short by the upstream\'s close: its head went out')
+  await eventually('the access line', async () => gw.lines.some(l => l.msg === 'request' && l.path === '/cut-body'), 10_000)
+  t.match(gw.lines.find(l => l.msg === 'request' && l.path === '/cut-body'), { error: 'reset' }, 'a broken connection, logged as a reset')
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { kind: 'reset' }), 1, 'and counted as one')
   const chunked = await rawRequest(gw.port, 'GET /chunked-upper HTTP/1.1\r\nHost: a\r\n')
   t.equal(chunked.status, 200, 'one chunked coding, in any case and with spaces, is relayed')
   t.equal(chunked.headers['transfer-encoding'], 'chunked')

@@ -681,10 +681,16 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     }
     // A 304 (or 204) carries no body whatever its Content-Length says (RFC 9110 §6.4.1), but
     // undici counts the missing bytes as a length mismatch: the response is complete.
-    if (this.responded && (this.status === 304 || this.status === 204) && (err as { code?: unknown }).code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH') {
+    const lengthMismatch = (err as { code?: unknown }).code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH'
+    if (lengthMismatch && this.responded && (this.status === 304 || this.status === 204)) {
       this.onComplete()
       return
     }
+    // undici reports a length mismatch for a body cut short by the upstream's close (a reset, as
+    // the upstream-errors table has it), and in place of the parser's error for a head it could
+    // not parse that has a Content-Length (one beside a Transfer-Encoding, whose framing is a
+    // guess: an answer the gateway cannot relay, as nginx judges it too)
+    if (lengthMismatch && !this.responded) this.badResponse = true
     if (this.badResponse) {
       this.fail('bad_response', err)
       return
@@ -837,4 +843,3 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     }
   }
 }
-

@@ -62,11 +62,8 @@ export function classifyUpstreamError (err: unknown): ForwardErrorKind {
     case 'UND_ERR_HEADERS_TIMEOUT':
     case 'UND_ERR_BODY_TIMEOUT':
       return 'response_timeout'
-    // What the upstream sent is not relayable HTTP, its connection did not break: a head larger
-    // than undici takes, a body whose length is not its Content-Length's with the connection
-    // still open (a Content-Length beside Transfer-Encoding, which nginx answers 502 too).
+    // a head larger than undici takes: what the upstream sent is not relayable HTTP, its connection did not break
     case 'UND_ERR_HEADERS_OVERFLOW':
-    case 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH':
       return 'bad_response'
     // undici's one SocketError for an upgrade nobody asked for (a 101 to a plain request): the
     // message is all that tells it from a connection that broke

@@ -173,6 +173,10 @@ class Tunnel {
         // `upgrade` is false (node:http leaves it false here): its head and body written after
         // our 502 are writes after the end, whose error destroys the socket, flushed or not.
         ;(res as IncomingMessage & { upgrade: boolean }).upgrade = true
+        // With `upgrade` set, node's client then emits 'upgrade' on the request: our listener
+        // would count the target's success (undoing the failure) and http-proxy's would write a
+        // 101 to the client. Without listeners node destroys the socket itself.
+        proxyReq.removeAllListeners('upgrade')
         this.failed(new Error('the upstream answered 101 without an Upgrade header'), 'bad_response')
         proxyReq.destroy()
         return
