@@ -29,6 +29,7 @@ const TABLE = {
   GW_ERR_RATE_LIMITED: { status: 429, message: 'rate limit exceeded', bodyCode: 'rate_limited' },
   GW_ERR_CONCURRENCY_LIMITED: { status: 429, message: 'too many requests in flight' },
   GW_ERR_LIMITER_UNAVAILABLE: { status: 503, message: 'the rate limiter is unavailable' },
+  GW_ERR_IDENTITY_UNAVAILABLE: { status: 503, message: 'the identity provider\'s key set could not be fetched: the credential could not be checked' },
   GW_ERR_UPSTREAM_UNAVAILABLE: { status: 502, message: 'the upstream refused or reset the connection' },
   GW_ERR_UPSTREAM_DNS: { status: 502, message: 'the upstream host name did not resolve' },
   GW_ERR_UPSTREAM_BAD_RESPONSE: { status: 502, message: 'the upstream sent a response the gateway cannot relay' },

@@ -221,6 +221,12 @@ abstract class Exchange extends RequestRecord {
   private limit (a: Admission, identity: IdentityResult): void {
     const limiter = this.runtime.limiter
     if (!identity.ok) {
+      // The identity provider's outage is not the client's guess: a 503, and no budget charged
+      // (a 401 told clients with good tokens theirs was bad, then locked their IP out)
+      if (identity.unavailable === true) {
+        this.refuse({ code: 'GW_ERR_IDENTITY_UNAVAILABLE', extra: { reason: identity.reason } }, 'identity_unavailable')
+        return
+      }
       // Guessing keys or forging tokens costs budget: the IP is charged (one store call) even
       // though the request will never reach a route limit.
       const charged = limiter.check({ route: a.route.name, plan: this.runtime.failurePlan, ipKey: a.ipKey, user: null, requestId: this.requestId })

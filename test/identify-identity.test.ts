@@ -210,7 +210,7 @@ t.test('JWKS from a real HTTP server', async (t) => {
 
   const down = await compileIdentity({ jwt: { jwksUrl: `http://127.0.0.1:${port}/missing` } })
   const res = await resolve(down, bearer(token))
-  t.same(res, { ok: false, reason: 'key set unavailable' }, 'a non-200 key set refuses the token')
+  t.same(res, { ok: false, reason: 'key set unavailable', unavailable: true }, 'a non-200 key set: the token cannot be checked')
 
   // Nothing listens on a port just released by a closed server.
   const gone = createServer()
@@ -218,7 +218,7 @@ t.test('JWKS from a real HTTP server', async (t) => {
   const gonePort = (gone.address() as AddressInfo).port
   await new Promise<void>(resolve => gone.close(() => resolve()))
   const refused = await compileIdentity({ jwt: { jwksUrl: `http://127.0.0.1:${gonePort}/jwks.json` } })
-  t.same(await resolve(refused, bearer(token)), { ok: false, reason: 'key set unavailable' }, 'connection refused')
+  t.same(await resolve(refused, bearer(token)), { ok: false, reason: 'key set unavailable', unavailable: true }, 'connection refused')
 })
 
 t.test('gateway validate (checkRuntime) opens no connection to a JWKS URL; the gateway fetches it at start', async (t) => {

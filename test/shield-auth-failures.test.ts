@@ -1,6 +1,7 @@
 // Issue 15 items 2 and 3: requests that fail identity, routing or parsing are limited, and the
 // local level is keyed by client IP (rotating a client-chosen user header buys nothing).
 import t from 'tap'
+import { SignJWT, generateKeyPair } from 'jose'
 import { startGateway } from './helpers/gateway.js'
 import { refusingUrl, startUpstream } from './helpers/upstream.js'
 import { startRedis } from './helpers/redis.js'
@@ -175,4 +176,29 @@ routes:
   const refused = await send(`${strict.url}/x`, { headers: { 'x-api-key': 'guess' } })
   t.same([refused.status, refused.json?.error], [503, 'GW_ERR_LIMITER_UNAVAILABLE'], 'failureLimit.onError: deny: a failed identity is refused 503 while Redis is away, as every denying limit is')
   t.equal(upstream.requests, 0)
+})
+
+t.test('an identity provider whose key set cannot be fetched: 503 GW_ERR_IDENTITY_UNAVAILABLE, no client\'s failure budget charged', async t => {
+  const upstream = await startUpstream(t)
+  const jwks = new URL(await refusingUrl())
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+identity:
+  jwt: { jwksUrl: "http://127.0.0.1:${jwks.port}/jwks.json" }
+  failureLimit: { limit: 3, window: 1m }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const { privateKey } = await generateKeyPair('ES256')
+  const token = await new SignJWT({ sub: 'alice' }).setProtectedHeader({ alg: 'ES256', kid: 'k1' }).setExpirationTime('1h').sign(privateKey)
+  const replies = []
+  for (let i = 0; i < 5; i++) replies.push(await send(`${gw.url}/x`, { headers: { authorization: `Bearer ${token}` } }))
+  // each was a 401 "key set unavailable" before, and the fourth a 429 that locked the IP out
+  t.same(replies.map(r => [r.status, r.json?.error]), Array(5).fill([503, 'GW_ERR_IDENTITY_UNAVAILABLE']), 'the provider\'s outage, not the client\'s token, every time')
+  t.equal(replies[0]?.json?.reason, 'key set unavailable')
+  t.equal(upstream.requests, 0)
+  t.match(gw.lines.find(l => l.msg === 'request'), { status: 503, outcome: 'identity_unavailable' })
 })

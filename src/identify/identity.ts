@@ -45,7 +45,12 @@ export const NO_CONSUMERS: ConsumerDirectory = Object.freeze({ plans: new Map(),
 
 /** `ok: false` -> the caller answers 401. `reason` never contains a credential. */
 /** `plan` is the consumer's plan (issue 9); absent = none: the route's own limits apply. */
-export type IdentityResult = { ok: true; user: string | null; plan?: string } | { ok: false; reason: string }
+/**
+ * A failure's `unavailable`: the credential could not be checked because the identity provider's
+ * key set could not be had (its fault, not the client's): a 503, never charged to the client's
+ * failure budget.
+ */
+export type IdentityResult = { ok: true; user: string | null; plan?: string } | { ok: false; reason: string; unavailable?: true }
 
 export interface IdentityResolver {
   /**
@@ -340,6 +345,7 @@ function defaultAlgorithmOf (pem: string): string {
   throw invalid(`jwt.publicKey: unsupported key type ${type ?? 'unknown'}${curve === undefined ? '' : ` (${curve})`}, list jwt.algorithms`)
 }
 
+const KEY_SET_UNAVAILABLE: IdentityResult = Object.freeze({ ok: false, reason: 'key set unavailable', unavailable: true })
 // Reasons by jose error code (stable, unlike messages); frozen so a failure allocates nothing more.
 const JOSE_REASONS: ReadonlyMap<string, IdentityResult> = new Map([
   ['ERR_JWT_EXPIRED', failure('token expired')],
@@ -349,15 +355,14 @@ const JOSE_REASONS: ReadonlyMap<string, IdentityResult> = new Map([
   ['ERR_JWS_INVALID', failure('malformed token')],
   ['ERR_JWT_INVALID', failure('malformed token')],
   ['ERR_JWKS_NO_MATCHING_KEY', failure('no key matches the token')],
-  ['ERR_JWKS_TIMEOUT', failure('key set unavailable')],
-  ['ERR_JWKS_INVALID', failure('key set unavailable')]
+  ['ERR_JWKS_TIMEOUT', KEY_SET_UNAVAILABLE],
+  ['ERR_JWKS_INVALID', KEY_SET_UNAVAILABLE]
 ])
 const CLAIM_REASONS: ReadonlyMap<string, IdentityResult> = new Map(
   ['iss', 'aud', 'nbf', 'iat', 'exp', 'sub', 'jti'].map(c => [c, failure(`token "${c}" claim check failed`)])
 )
 const INVALID_TOKEN = failure('invalid token')
 const UNVERIFIABLE = failure('token could not be verified')
-const KEY_SET_UNAVAILABLE = JOSE_REASONS.get('ERR_JWKS_TIMEOUT') as IdentityResult
 
 function joseFailure (err: unknown, remote: boolean): IdentityResult {
   const { code, claim } = err as { code?: unknown; claim?: unknown }
