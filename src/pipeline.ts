@@ -202,8 +202,8 @@ abstract class Exchange extends RequestRecord {
       // An IP that spent its failure budget is refused whatever credential it sends (a 429, the
       // budget's), before any verification: a valid key used to pass, so a key-guesser read
       // the right guess as the one 200 among 429s.
-      const credential = this.runtime.identity.credentialHeader
-      if (credential !== null && this.req.headers[credential] !== undefined) {
+      const secret = this.runtime.identity.secretHeader
+      if (secret !== null && this.req.headers[secret] !== undefined) {
         const held = this.runtime.limiter.heldRefusal(a.route.name, this.runtime.failurePlan, a.ipKey, this.requestId)
         if (held !== null) {
           this.reject(held)

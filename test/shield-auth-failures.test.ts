@@ -170,6 +170,8 @@ routes:
     for (let i = 0; i < 8; i++) statuses.push((await send(`${gw.url}/x`, { headers: { 'x-api-key': `guess-${i}` } })).status)
     // every guess got its 401 before, uncounted
     t.same(statuses, [401, 401, 401, 401, 401, 429, 429, 429], `redis.onError: ${onError}: the budget of 5 holds (this instance's share)`)
+    const right = await send(`${gw.url}/x`, { headers: { 'x-api-key': 'good-key' } })
+    t.same([right.status, right.json?.limit], [429, 'identity.failures'], `redis.onError: ${onError}: the right key is refused as the wrong ones are (the fallback's refusal is held too)`)
     await gw.close()
   }
   const strict = await startGateway(t, config('allow', '{ limit: 5, window: 1m, onError: deny }'))
@@ -201,4 +203,24 @@ routes:
   t.equal(replies[0]?.json?.reason, 'key set unavailable')
   t.equal(upstream.requests, 0)
   t.match(gw.lines.find(l => l.msg === 'request'), { status: 503, outcome: 'identity_unavailable' })
+})
+
+t.test('a header identity has nothing to guess: a client that spent the failure budget is still served with its user header', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+identity:
+  header: x-user-id
+  failureLimit: { limit: 2, window: 1m }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: private, pathPrefix: /private/, auth: required, upstream: backend }
+  - { name: open, pathPrefix: /, upstream: backend }
+`)
+  const missing = []
+  for (let i = 0; i < 3; i++) missing.push((await send(`${gw.url}/private/x`)).status)
+  t.same(missing, [401, 401, 429], 'requests without the header on a required route spend the budget')
+  t.equal((await send(`${gw.url}/x`, { headers: { 'x-user-id': 'alice' } })).status, 200, 'the same client with its user header is served (the lockout is for keys and tokens)')
 })

@@ -6,7 +6,7 @@ import { readFile } from 'node:fs/promises'
 import { createHash } from 'node:crypto'
 import { LineCounter, parseDocument, visit, isAlias, isCollection, isMap, isPair, isSeq, isScalar, type Alias, type Document, type Node as YamlNode } from 'yaml'
 import { dirname, resolve } from 'node:path'
-import { API_KEY_CHARS, configSchema, gatewayJsonSchema, BUCKET_ALGORITHMS, VISIBLE_ASCII, type GatewayConfig, type LimitConfig } from './schema.js'
+import { API_KEY_CHARS, API_KEY_TEXT, configSchema, gatewayJsonSchema, BUCKET_ALGORITHMS, type GatewayConfig, type LimitConfig } from './schema.js'
 import { adminListen, applyDefaults, type ResolvedConfig } from './defaults.js'
 import { utcOffsetMinutes } from '../limit/algorithms/calendar-quota.js'
 import { validateLimitSpec } from '../limit/algorithms/index.js'
@@ -662,7 +662,7 @@ function planChecks (config: GatewayConfig): Array<[KeyPath, string]> {
     if (keys === undefined && file === undefined) out.push([['identity', 'apiKeys'], 'give "keys", "file" or both'])
     for (const [key, consumer] of Object.entries(keys ?? {})) {
       const path: KeyPath = ['identity', 'apiKeys', 'keys', key]
-      if (!VISIBLE_ASCII.test(key)) out.push([path, API_KEY_CHARS])
+      if (!API_KEY_TEXT.test(key)) out.push([path, API_KEY_CHARS])
       else if (consumer.length === 0) out.push([path, 'an API key must map to a consumer name'])
       else if (known.length > 0 && config.defaultPlan === undefined && !Object.hasOwn(config.consumers ?? {}, consumer)) {
         out.push([path, `API key maps to consumer "${consumer}", which has no entry in consumers (and there is no defaultPlan)`])

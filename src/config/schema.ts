@@ -153,7 +153,13 @@ const failureLimit = limitSchema.optional().describe('budget of failed identity 
  * Latin-1, so a secret with "é" or "ключ" compared with a header could never match.
  */
 export const VISIBLE_ASCII = /^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$/
-export const API_KEY_CHARS = 'an API key must be visible ASCII characters, spaces inside (a header cannot carry others as written: it could never match)'
+/**
+ * What an API key may hold: what a header value carries byte for byte (RFC 9110 §5.5: visible
+ * ASCII, Latin-1's obs-text, spaces and tabs inside). A character above U+00FF never reaches the
+ * gateway as written: node reads a header's bytes as Latin-1.
+ */
+export const API_KEY_TEXT = /^[\x21-\x7e\x80-\xff](?:[\x20-\x7e\x80-\xff\t]*[\x21-\x7e\x80-\xff])?$/
+export const API_KEY_CHARS = 'an API key must be characters a header carries as written (visible ASCII or Latin-1, spaces and tabs inside): a character above U+00FF could never match'
 
 const identitySchema = z.union([
   z.strictObject({ header: z.string().min(1), required: z.boolean().optional(), failureLimit }),

@@ -5,7 +5,7 @@ import { readFile } from 'node:fs/promises'
 import { LineCounter, parseDocument, isMap, isScalar } from 'yaml'
 import type { ConsumerDirectory } from './identity.js'
 import { misreadScalar } from './yaml-scalars.js'
-import { API_KEY_CHARS, VISIBLE_ASCII } from '../config/schema.js'
+import { API_KEY_CHARS, API_KEY_TEXT } from '../config/schema.js'
 
 /** A problem at a place in the key file; line 0 = the file itself (missing, unreadable). */
 export interface KeyFileProblem {
@@ -74,7 +74,7 @@ export async function readApiKeyFile (file: string | undefined, consumers: Consu
       problems.push(at(where, `[${i}]`, `this API key: ${misread}`))
       continue
     }
-    if (!VISIBLE_ASCII.test(key)) {
+    if (!API_KEY_TEXT.test(key)) {
       problems.push(at(where, `[${i}]`, API_KEY_CHARS))
       continue
     }

@@ -63,6 +63,12 @@ export interface IdentityResolver {
   resolve(headers: IncomingHttpHeaders, required?: boolean, peerTrusted?: boolean): IdentityResult | Promise<IdentityResult>
   /** The (lowercase) header carrying the credential: removed on `auth: none` routes. Null without identity. */
   readonly credentialHeader: string | null
+  /**
+   * The header carrying a secret that can be guessed (an API key, a token), or null: an IP that
+   * spent its failure budget is refused whatever it sends there. Null for a `header` identity,
+   * whose every value is a user: there is nothing to guess.
+   */
+  readonly secretHeader: string | null
 }
 
 /** The claim naming the user, and the header carrying the token (RFC 6750 §2.1), when not configured. */
@@ -78,7 +84,7 @@ const CACHE_MAX_TTL_MS = 60_000
 const ANONYMOUS: IdentityResult = Object.freeze({ ok: true, user: null })
 const failure = (reason: string): IdentityResult => Object.freeze({ ok: false, reason })
 const MISSING = failure('missing credentials')
-const NO_IDENTITY: IdentityResolver = Object.freeze({ resolve: () => ANONYMOUS, credentialHeader: null })
+const NO_IDENTITY: IdentityResolver = Object.freeze({ resolve: () => ANONYMOUS, credentialHeader: null, secretHeader: null })
 
 /** What a request without credentials gets: 401 when required, else anonymous (no user, no plan). */
 type Absent = (required: boolean | undefined) => IdentityResult
@@ -131,6 +137,7 @@ function compileHeaderIdentity (header: string, absent: Absent, consumers: Consu
   const repeated = failure('identity header repeated or holds a comma')
   return {
     credentialHeader: name,
+    secretHeader: null,
     resolve (headers, required, peerTrusted = true) {
       const raw = headers[name]
       if (raw === undefined) return absent(required)
@@ -177,6 +184,7 @@ function compileApiKeys (
   const repeated = failure('API key header repeated')
   return {
     credentialHeader: name,
+    secretHeader: name,
     resolve (headers, required) {
       const raw = headers[name]
       if (raw === undefined) return absent(required)
@@ -241,6 +249,7 @@ async function compileJwt (jwt: JwtConfig, absent: Absent, consumers: ConsumerDi
 
   return {
     credentialHeader: name,
+    secretHeader: name,
     resolve (headers, required) {
       const raw = headers[name]
       if (raw === undefined) return absent(required)

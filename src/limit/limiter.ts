@@ -4,7 +4,7 @@
 // limiter does not know which, see SharedLevel in ./types.ts).
 import type { LimitCheck, SharedDecision, SharedLevel } from './types.js'
 import { ERRORS, errorBodyCode } from '../errors.js'
-import { dimensionValue, keyFor, type PlannedLimit, type RouteLimitPlan } from './plan.js'
+import { FAILURE_LIMIT_NAME, dimensionValue, keyFor, type PlannedLimit, type RouteLimitPlan } from './plan.js'
 import type { DenyCache, LocalLevel } from './local-level.js'
 import type { DecisionCounter, Telemetry } from '../telemetry.js'
 import { quotaPeriodEnd } from './algorithms/calendar-quota.js'
@@ -276,8 +276,10 @@ export class Limiter {
       }
       this.counterOf(route, l).count(level, 'rejected')
       // The fallback store is in process already: caching its rejections saves nothing and would
-      // outlive Redis's recovery, holding a client to this instance's share of the budget.
-      if (decision.retryAfterMs > 0 && level !== 'fallback') {
+      // outlive Redis's recovery, holding a client to this instance's share of the budget. The
+      // failure budget's are cached all the same: heldRefusal reads them before identity, so
+      // that a right guess is refused as the wrong ones are while Redis is away too.
+      if (decision.retryAfterMs > 0 && (level !== 'fallback' || l.name === FAILURE_LIMIT_NAME)) {
         // A Redis Cluster rejection may be a refund race (RedisGuardOptions.denyCacheMaxMs):
         // cached whole, it would lock the client out for the full wait.
         const check = checks[decision.limitingIndex] as LimitCheck
