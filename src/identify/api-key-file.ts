@@ -5,7 +5,14 @@ import { readFile } from 'node:fs/promises'
 import { LineCounter, parseDocument, isMap, isScalar } from 'yaml'
 import type { ConsumerDirectory } from './identity.js'
 import { misreadScalar } from './yaml-scalars.js'
-import { API_KEY_CHARS, API_KEY_TEXT } from '../config/schema.js'
+
+/**
+ * What an API key may hold: what a header value carries byte for byte (RFC 9110 §5.5: visible
+ * ASCII, Latin-1's obs-text, spaces and tabs inside). A character above U+00FF never reaches the
+ * gateway as written: node reads a header's bytes as Latin-1.
+ */
+export const API_KEY_TEXT = /^[\x21-\x7e\x80-\xff](?:[\x20-\x7e\x80-\xff\t]*[\x21-\x7e\x80-\xff])?$/
+export const API_KEY_CHARS = 'an API key must be characters a header carries as written (visible ASCII or Latin-1, spaces and tabs inside): a character above U+00FF could never match'
 
 /** A problem at a place in the key file; line 0 = the file itself (missing, unreadable). */
 export interface KeyFileProblem {
