@@ -200,7 +200,7 @@ abstract class Exchange extends RequestRecord {
         return
       }
       // An IP that spent its failure budget is refused whatever credential it sends (a 429, the
-      // budget's), before any verification: a valid key used to pass, so a key-guesser read
+      // budget's), before it is verified: a valid key used to pass, so a key-guesser read
       // the right guess as the one 200 among 429s.
       const secret = this.runtime.identity.secretHeader
       if (secret !== null && this.req.headers[secret] !== undefined) {
