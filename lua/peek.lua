@@ -25,8 +25,15 @@ for i = 1, n do
   end
   local r = algorithm.check(KEYS[i], p, now, {})
   local remaining, retry, reset = max(0, r.remaining), 0, ms_up(r.reset)
+  if p.code == 8 then
+    -- a concurrency cap: its places left (an admitting lease check reports an unbounded
+    -- remaining, so that the RateLimit headers describe the tightest rate limit)
+    local held = redis.call('ZCOUNT', KEYS[i], '(' .. int(floor(now / 1000)), '+inf')
+    remaining = max(0, p.limit - held)
+    reset = 0
+    if not r.ok then retry = 1000 end
   -- an admitting check's remaining and reset count the request it evaluated: take it back out
-  if r.ok then
+  elseif r.ok then
     remaining = r.remaining + p.cost
     if remaining >= p.burst then reset = 0 end
   elseif r.retry < 0 then retry = -1

@@ -223,12 +223,18 @@ t.test('DELETE /limits resets budgets, never a concurrency cap\'s count of reque
     const holding = send(`${gw.url}/slow?ms=1500`)
     await new Promise(resolve => setTimeout(resolve, 300))
     t.equal((await send(`${gw.url}/x`)).json?.error, 'GW_ERR_CONCURRENCY_LIMITED', 'the route\'s one place is taken')
+    const cap = async (): Promise<LimitEntry | undefined> => ((await admin(`${gw.adminUrl}/limits?route=api&ip=203.0.113.9`)).json?.limits as LimitEntry[]).find(l => l.name.includes('concurrency'))
+    // it showed 2^50 + 1, the unbounded remaining an admitting lease check reports for the headers
+    t.match(await cap(), { remaining: 0, retryAfterMs: 1000 }, `GET /limits: no place left on the cap (${withRedis ? 'Redis' : 'in process'})`)
     // another client's reset: the route's total count is not theirs to clear
     const reset = await admin(`${gw.adminUrl}/limits?route=api&ip=203.0.113.9`, 'DELETE', TOKEN)
     t.equal(reset.status, 200)
     t.notOk(((reset.json?.reset ?? []) as Array<{ name: string }>).some(r => r.name.includes('concurrency')), 'the answer lists no concurrency limit as reset')
     t.equal((await send(`${gw.url}/x`)).json?.error, 'GW_ERR_CONCURRENCY_LIMITED', `still refused after the reset (${withRedis ? 'Redis' : 'in process'}; admitted before)`)
     t.equal((await holding).status, 200)
+    // given back as the response closes, which can come after the client has read it
+    await eventually('the place given back', async () => (await cap())?.remaining === 1, 10_000)
+    t.match(await cap(), { remaining: 1, retryAfterMs: 0 }, 'its place back once the request ended')
     await gw.close()
   }
 })

@@ -187,7 +187,14 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
       const wall = wallNow()
       // the same arithmetic as lua/peek.lua
       return checks.map((c) => {
-        const ev = ALGORITHMS[c.spec.algorithm].check(map.get(c.key), c.spec, c.cost, followsWallClock(c.spec) ? wall : t)
+        const state = map.get(c.key)
+        const ev = ALGORITHMS[c.spec.algorithm].check(state, c.spec, c.cost, followsWallClock(c.spec) ? wall : t)
+        if (c.spec.algorithm === 'lease') {
+          // a concurrency cap: its places left (an admitting lease check reports an unbounded
+          // remaining, so that the RateLimit headers describe the tightest rate limit)
+          const held = state?.kind === 'lease' ? state.held : 0
+          return { remaining: Math.max(0, c.spec.limit - held), resetMs: 0, retryAfterMs: ev.ok ? 0 : 1000 }
+        }
         if (ev.ok) {
           const remaining = ev.remaining + c.cost
           return { remaining, resetMs: remaining >= c.spec.burst ? 0 : msUp(ev.resetUs), retryAfterMs: 0 }
