@@ -3,7 +3,8 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import type { GatewayMetrics } from './metrics.js'
 import { redactConfig } from './redact.js'
-import { handleDashboard } from './dashboard.js'
+import { DASHBOARD_PATHS, handleDashboard } from './dashboard.js'
+import { adminError, methodNotAllowed } from './limits-api.js'
 import type { LiveFeed } from './live-feed.js'
 import type { Runtime } from '../runtime.js'
 import type { RedisStatus } from '../runtime-resources.js'
@@ -62,8 +63,8 @@ export function json (res: import('node:http').ServerResponse, status: number, b
   res.end(text)
 }
 
-/** The read-only paths of every admin listener (the page's among them: src/admin/dashboard.ts). */
-const READ_ONLY_PATHS: ReadonlySet<string> = new Set(['/healthz', '/readyz', '/metrics', '/config', '/routes', '/events', '/', '/ui/app.js', '/ui/app.css'])
+/** The read-only paths of every admin listener, the page's among them. */
+const READ_ONLY_PATHS: ReadonlySet<string> = new Set(['/healthz', '/readyz', '/metrics', '/config', ...DASHBOARD_PATHS])
 
 /**
  * A method other than GET and HEAD: on a read-only path a 405 with the `Allow` header RFC 9110
@@ -71,8 +72,8 @@ const READ_ONLY_PATHS: ReadonlySet<string> = new Set(['/healthz', '/readyz', '/m
  */
 export function refusedAdminMethod (req: IncomingMessage, res: ServerResponse, path: string): boolean {
   if (req.method === 'GET' || req.method === 'HEAD') return false
-  if (READ_ONLY_PATHS.has(path)) json(res, 405, errorBody('GW_ERR_METHOD_NOT_ALLOWED', `${path} is read-only: it answers GET and HEAD`), { allow: 'GET, HEAD' })
-  else json(res, ERRORS.GW_ERR_NOT_FOUND.status, errorBody('GW_ERR_NOT_FOUND', ADMIN_PATHS))
+  const answer = READ_ONLY_PATHS.has(path) ? methodNotAllowed(path, 'GET, HEAD') : adminError('GW_ERR_NOT_FOUND', ADMIN_PATHS)
+  json(res, answer.status, answer.body, answer.headers)
   return true
 }
 

@@ -25,13 +25,18 @@ export const DASHBOARD_CSP = [
 
 interface Asset { readonly type: string, readonly body: Buffer }
 
+// path -> [file in admin-ui/, content type]
+const ASSET_FILES: ReadonlyArray<readonly [string, string, string]> = [
+  ['/', 'index.html', 'text/html; charset=utf-8'],
+  ['/ui/app.js', 'app.js', 'text/javascript; charset=utf-8'],
+  ['/ui/app.css', 'app.css', 'text/css; charset=utf-8']
+]
+
+/** Every path the page answers (GET and HEAD only). */
+export const DASHBOARD_PATHS: readonly string[] = [...ASSET_FILES.map(([path]) => path), '/events', '/routes']
+
 function loadAssets (): ReadonlyMap<string, Asset> {
-  const read = (file: string, type: string): Asset => ({ type, body: readFileSync(new URL(file, UI_DIR)) })
-  return new Map([
-    ['/', read('index.html', 'text/html; charset=utf-8')],
-    ['/ui/app.js', read('app.js', 'text/javascript; charset=utf-8')],
-    ['/ui/app.css', read('app.css', 'text/css; charset=utf-8')]
-  ])
+  return new Map(ASSET_FILES.map(([path, file, type]) => [path, { type, body: readFileSync(new URL(file, UI_DIR)) }]))
 }
 
 let assets: ReadonlyMap<string, Asset> | null = null

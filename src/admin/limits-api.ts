@@ -53,7 +53,7 @@ export function adminError (code: ErrorCode, message?: string, status?: number):
 }
 
 /** A 405 with the methods the path answers, in `Allow` (RFC 9110 §15.5.6). */
-function methodNotAllowed (path: string, allow: string): AdminAnswer {
+export function methodNotAllowed (path: string, allow: string): AdminAnswer {
   return { status: 405, body: errorBody('GW_ERR_METHOD_NOT_ALLOWED', `${path} answers ${allow}`), headers: { allow } }
 }
 
