@@ -5,11 +5,11 @@ import { loadConfigFile, ConfigError } from './config/load.js'
 import { gatewayJsonSchema } from './config/schema.js'
 import { adminListen } from './config/defaults.js'
 import { checkRuntime, compileOffline } from './runtime.js'
-import { Gateway, restartNeededMessage, splitHostPort } from './server.js'
+import { Gateway, restartNeededMessage, splitHostPort, type ReloadSource } from './server.js'
 import type { LogLevel } from './log.js'
 import { explain } from './explain.js'
 import { limitsCommand } from './cli-limits.js'
-import { acceptedConfig, isWorker, notifyReady, registerWorkerMetrics, runPrimary } from './workers.js'
+import { acceptedConfig, followPrimaryReloads, isWorker, notifyReady, registerWorkerMetrics, runPrimary } from './workers.js'
 import { createLogDestination, createLogger } from './log.js'
 import { notTheGateway } from './pid-file.js'
 
@@ -315,17 +315,23 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
     }
   }
   // Installed before the start, which can take seconds (a slow Redis): Node's default for SIGHUP
-  // ends the process, and the workers primary relays SIGHUP to workers still starting. One that
-  // comes during the start reloads once started.
+  // ends the process. One that comes during the start reloads once started. A worker reloads
+  // with what its primary hands it (followPrimaryReloads), never on its own SIGHUP (one sent to
+  // the whole process group reaches it too).
   let gw: Gateway | null = null
-  let reloadWhenStarted = false
+  let reloadWhenStarted: { source: ReloadSource | undefined } | null = null
+  const reload = (source?: ReloadSource): void => {
+    if (gw === null) reloadWhenStarted = { source }
+    else void gw.reload(source)
+  }
   process.on('SIGHUP', () => {
-    if (gw === null) reloadWhenStarted = true
-    else void gw.reload()
+    if (!isWorker()) reload()
+    else gw?.logger.info({ primary: process.ppid }, 'SIGHUP ignored: a worker reloads with the config its primary checked; signal the primary')
   })
   try {
     // a worker starts with the config its primary last accepted, not the file as edited since
     const initial = await acceptedConfig(configFile)
+    followPrimaryReloads(initial?.generation ?? 1, reload)
     gw = await Gateway.start({ configFile, ...(logLevel !== undefined ? { logLevel } : {}), adminListener: !isWorker(), ...(initial !== undefined ? { initial: initial.loaded, initialGeneration: initial.generation } : {}) })
   } catch (err) {
     // a worker's IPC channel would keep it alive, not ready, for good: it exits, and the primary
@@ -333,7 +339,9 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
     if (isWorker()) process.disconnect?.()
     return reportConfigError(err, configFile)
   }
-  if (reloadWhenStarted) void gw.reload()
+  // set by the handlers above while the start was awaited (TypeScript cannot see that)
+  const waiting = reloadWhenStarted as { source: ReloadSource | undefined } | null
+  if (waiting !== null) void gw.reload(waiting.source)
   const started = gw
   if (isWorker()) {
     registerWorkerMetrics(gw.metrics.registry)

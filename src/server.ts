@@ -4,7 +4,7 @@ import { createServer as createHttpServer, type IncomingMessage, type Server, ty
 import { createServer as createHttpsServer, type Server as HttpsServer } from 'node:https'
 import { randomUUID } from 'node:crypto'
 import type { AddressInfo, Socket } from 'node:net'
-import { loadConfigFile, reloadProblems, type LoadedConfig } from './config/load.js'
+import { loadConfigFile, parseConfigText, reloadProblems, type LoadedConfig } from './config/load.js'
 import type { ResolvedConfig } from './config/defaults.js'
 import { compileRuntime, type Runtime } from './runtime.js'
 import { ResourceCache, type RedisStatus } from './runtime-resources.js'
@@ -38,11 +38,23 @@ export interface GatewayOptions {
   readonly adminListener?: boolean
   /**
    * The config to start with instead of reading `configFile` (a worker gets the one its primary
-   * last accepted: src/workers.ts acceptedConfig). Reloads read `configFile`.
+   * last accepted: src/workers.ts acceptedConfig). Reloads read `configFile`, unless given a
+   * ReloadSource.
    */
   readonly initial?: LoadedConfig
   /** The generation `initial` is (the primary's count, for a worker that replaces a crashed one); default 1. */
   readonly initialGeneration?: number
+}
+
+/**
+ * A reload's config handed over instead of read from `configFile`: a worker reloads with the text
+ * its primary checked, under the primary's generation number (src/workers.ts), so that every
+ * process counts the same generations however SIGHUPs come.
+ */
+export interface ReloadSource {
+  /** null: read `configFile` (the primary holds no text of it). */
+  readonly text: string | null
+  readonly generation: number
 }
 
 export type ReloadResult = { ok: true, generation: number, restartNeeded: readonly string[] } | { ok: false, error: string }
@@ -243,6 +255,8 @@ export class Gateway {
   private admin: Server | null = null
   private generation = 0
   private reloading: Promise<ReloadResult> | null = null
+  /** The newest ReloadSource not yet applied: reloads queued behind a running one take it. */
+  private nextSource: ReloadSource | null = null
   lastReload: ReloadOutcome | null = null
   /** The last RELOAD_HISTORY reloads, newest last: the admin page's reload history. */
   readonly reloadHistory: ReloadOutcome[] = []
@@ -577,9 +591,10 @@ export class Gateway {
    * its located problems and the old config keeps serving, unchanged: nothing shared with it
    * (Redis timeout, body budget, TLS context) is touched before the swap.
    */
-  reload (): Promise<ReloadResult> {
+  reload (source?: ReloadSource): Promise<ReloadResult> {
+    if (source !== undefined) this.nextSource = source
     // A SIGHUP during a reload may follow an edit the running reload did not read: it queues
-    // exactly one more reload (further ones coalesce into that one).
+    // exactly one more reload (further ones coalesce into that one, which takes the newest source).
     if (this.reloading !== null) {
       this.pendingReload ??= this.reloading.then(() => {
         this.pendingReload = null
@@ -606,10 +621,13 @@ export class Gateway {
   private async doReload (): Promise<ReloadResult> {
     const state = this.state
     if (state === null || this.shuttingDown) return { ok: false, error: 'gateway not running' }
+    const source = this.nextSource
+    this.nextSource = null
     let prepared: Awaited<ReturnType<typeof compileRuntime>>
     try {
-      const loaded = await loadConfigFile(this.options.configFile, this.options.env)
-      prepared = await compileRuntime(loaded, this.generation + 1, this.resources, this.live)
+      const file = this.options.configFile
+      const loaded = source === null || source.text === null ? await loadConfigFile(file, this.options.env) : parseConfigText(source.text, file, this.options.env)
+      prepared = await compileRuntime(loaded, source?.generation ?? this.generation + 1, this.resources, this.live)
     } catch (err) {
       this.metrics.reload('failure')
       const problems = reloadProblems(err)

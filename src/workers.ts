@@ -1,7 +1,8 @@
 // `workers: N` (node:cluster): N worker processes share the public listener and the Redis budget.
-// The primary only supervises: it relays SIGHUP/SIGTERM, restarts a crashed worker, and serves
-// the admin listener with metrics aggregated over all workers (prom-client AggregatorRegistry)
-// and the admin API answered by every worker over IPC (src/admin/limits-over-workers.ts).
+// The primary only supervises: it checks the file on SIGHUP and hands it to the workers, relays
+// SIGTERM, restarts a crashed worker, and serves the admin listener with metrics aggregated over
+// all workers (prom-client AggregatorRegistry) and the admin API answered by every worker over
+// IPC (src/admin/limits-over-workers.ts).
 import cluster, { type Worker } from 'node:cluster'
 import { createServer } from 'node:http'
 import { readFile } from 'node:fs/promises'
@@ -18,7 +19,7 @@ import { handleDashboard, type RouteView } from './admin/dashboard.js'
 import { LiveFeed } from './admin/live-feed.js'
 import type { LiveFrame } from './admin/live-stats.js'
 import type { Logger } from './log.js'
-import { isLoopback, restartNeededMessage, settingsNeedingRestart, splitHostPort, type ReloadOutcome } from './server.js'
+import { isLoopback, restartNeededMessage, settingsNeedingRestart, splitHostPort, type ReloadOutcome, type ReloadSource } from './server.js'
 import { adminListen, adminToken } from './config/defaults.js'
 
 export const WORKER_ADMIN_ENV = 'GATEWAY_WORKER'
@@ -176,8 +177,14 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   let checking: Promise<void> = Promise.resolve()
   // checks signalled and not yet decided: /config's reloadPending
   let checksPending = 0
+  const handOver = (w: Worker, given: ConfigGiven): void => {
+    w.send(given, (err: Error | null) => { if (err !== null) logger.warn({ worker: w.process.pid, generation: given.generation, err: err.message }, 'could not hand the accepted config to a worker') })
+  }
+  // The workers do not read the file on SIGHUP: each reading it on its own signal folded the
+  // signals that came during its reload into one, so after a burst their generation numbers fell
+  // behind the primary's. The primary reads and checks the file once per SIGHUP and hands an
+  // accepted text to every worker with its generation; a rejected one reaches no worker.
   process.on('SIGHUP', () => {
-    for (const w of Object.values(cluster.workers ?? {})) w?.process.kill('SIGHUP')
     checksPending++
     checking = checking.then(async () => {
       let outcome: Pick<ReloadOutcome, 'ok' | 'problems' | 'restartNeeded'>
@@ -187,14 +194,16 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
         loaded = next
         acceptedText = text
         generation++
+        const given: ConfigGiven = { type: 'gateway:config', text, generation }
+        for (const w of Object.values(cluster.workers ?? {})) if (w !== undefined && !w.isDead()) handOver(w, given)
         const restartNeeded = settingsNeedingRestart(options.loaded.config, next.config)
         if (restartNeeded.length > 0) logger.warn({ settings: restartNeeded }, restartNeededMessage(restartNeeded))
         // the primary's own lines (worker exits, this warning) follow the file's level too
         if (options.logLevelFromFile) logger.level = next.config.log.level
         outcome = { ok: true, problems: [], restartNeeded }
       } catch (err) {
-        // each worker logs the located problems as well
         outcome = { ok: false, problems: reloadProblems(err) }
+        logger.error({ problems: outcome.problems, generation }, 'reload rejected; the running configuration keeps serving')
       }
       lastReload = { attempt: (lastReload?.attempt ?? 0) + 1, generation, at: new Date().toISOString(), ...outcome }
       checksPending--
@@ -227,12 +236,9 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
         if (msg.routes !== undefined) routesView = msg.routes
       } else if (isAdminReply(msg)) adminIpc.reply(w, msg)
       else if (isConfigAsk(msg)) {
-        // after the SIGHUP being checked, if one is: a worker forked once the SIGHUP was relayed
+        // after the SIGHUP being checked, if one is: a worker forked after that check's hand-over
         // would not get it, and must start with its verdict
-        void checking.then(() => {
-          const given: ConfigGiven = { type: 'gateway:config', text: acceptedText, generation }
-          if (!w.isDead()) w.send(given, (err: Error | null) => { if (err !== null) logger.warn({ worker: w.process.pid, err: err.message }, 'could not hand the accepted config to a starting worker') })
-        })
+        void checking.then(() => { if (!w.isDead()) handOver(w, { type: 'gateway:config', text: acceptedText, generation }) })
       }
     })
     return w
@@ -357,6 +363,24 @@ export async function acceptedConfig (file: string): Promise<{ loaded: LoadedCon
     process.send?.(ask, undefined, undefined, (err: Error | null) => { if (err !== null) done(null) })
   })
   return given === null || given.text === null ? undefined : { loaded: parseConfigText(given.text, file), generation: given.generation }
+}
+
+/**
+ * In a worker: the configs its primary accepts on each SIGHUP, handed to `apply` in order. The
+ * one the worker started with (`startGeneration`) and older ones are skipped: a worker forked
+ * during a check gets its verdict both as its start and as a reload. Returns the function that
+ * stops it.
+ */
+export function followPrimaryReloads (startGeneration: number, apply: (source: ReloadSource) => void): () => void {
+  if (!cluster.isWorker) return () => {}
+  let newest = startGeneration
+  const onMessage = (msg: unknown): void => {
+    if (!isConfigGiven(msg) || msg.generation <= newest) return
+    newest = msg.generation
+    apply({ text: msg.text, generation: msg.generation })
+  }
+  process.on('message', onMessage)
+  return () => { process.off('message', onMessage) }
 }
 export const notifyReady = (): void => { process.send?.('gateway:ready') }
 

@@ -2,42 +2,9 @@
 // the same as its siblings, not the file as edited since the last reload (src/workers.ts
 // acceptedConfig). Real processes: bin/gateway in workers mode, a worker ended with SIGKILL.
 import t from 'tap'
-import { createServer } from 'node:http'
-import type { AddressInfo } from 'node:net'
 import { writeFileSync } from 'node:fs'
-import { spawnGateway, type GatewayProcess } from './helpers/gateway.js'
-import type { Teardown } from './helpers/teardown.js'
-import { eventually } from './helpers/ratelimit.js'
-
-/** An upstream that answers every request with `body`. */
-async function answering (t: Teardown, body: string): Promise<string> {
-  const server = createServer((req, res) => res.end(body))
-  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
-  t.teardown(() => { server.closeAllConnections(); server.close() })
-  return `http://127.0.0.1:${(server.address() as AddressInfo).port}`
-}
-
-const config = (upstream: string): string => `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-workers: 2
-upstreams: { b: { targets: [${upstream}] } }
-routes:
-  - { name: all, pathPrefix: /, upstream: b }
-`
-
-const until = async (what: string, check: () => Promise<boolean> | boolean, timeoutMs = 30_000): Promise<void> =>
-  await eventually(what, async () => await check(), timeoutMs)
-
-interface Running { readonly gw: GatewayProcess, readonly adminUrl: string, readonly workerPids: () => number[] }
-
-async function twoWorkers (t: Teardown, yaml: string): Promise<Running> {
-  const gw = await spawnGateway(t, yaml)
-  const primary = await gw.waitForLog(l => l.msg === 'gateway primary started')
-  const adminUrl = `http://127.0.0.1:${primary.adminPort as number}`
-  const workerPids = (): number[] => [...new Set(gw.logs.filter(l => l.msg === 'gateway started').map(l => l.pid as number))]
-  await until('both workers ready', async () => (await fetch(`${adminUrl}/readyz`)).status === 200 && workerPids().length === 2)
-  return { gw, adminUrl, workerPids }
-}
+import type { GatewayProcess } from './helpers/gateway.js'
+import { answering, bodies, config, twoWorkers, until, type Running } from './helpers/workers.js'
 
 /** Kills one worker with SIGKILL and waits until its replacement has started and the primary is ready again. */
 async function replaceOne (r: Running): Promise<number> {
@@ -48,14 +15,6 @@ async function replaceOne (r: Running): Promise<number> {
   const replacement = r.workerPids()[2] as number
   await until('/readyz ready again', async () => (await fetch(`${r.adminUrl}/readyz`)).status === 200)
   return replacement
-}
-
-/** Answers of `n` requests, each on a new connection, so both workers take some. */
-async function bodies (url: string, n: number): Promise<string[]> {
-  return await Promise.all(Array.from({ length: n }, async () => {
-    const res = await fetch(`${url}/x`, { headers: { connection: 'close' } })
-    return `${res.status} ${await res.text()}`
-  }))
 }
 
 /** The replacement's own access lines: it took requests too. */
@@ -92,10 +51,10 @@ t.test('an edited file that is valid, not reloaded: every answer after a worker 
   await until('the replacement\'s access lines', () => servedBy(r.gw, replacement) > 0, 10_000)
   t.ok(servedBy(r.gw, replacement) > 0, 'the replacement served some of them')
 
-  // the replacement still reads the real file on SIGHUP: the edit applies everywhere once reloaded
+  // the replacement takes the primary's reloads: the edit applies everywhere once reloaded
   r.gw.child.kill('SIGHUP')
   await until('both workers reloaded', () => r.gw.logs.filter(l => l.msg === 'configuration reloaded').length >= 2)
-  t.equal(r.gw.logs.filter(l => l.msg === 'configuration reloaded' && l.pid === replacement).length, 1, 'the replacement reloaded from the file')
+  t.equal(r.gw.logs.filter(l => l.msg === 'configuration reloaded' && l.pid === replacement).length, 1, 'the replacement reloaded too')
   await until('the primary\'s verdict', async () => ((await (await fetch(`${r.adminUrl}/config`)).json()) as { generation: number }).generation === 2)
   t.same(await bodies(r.gw.url, 40), new Array(40).fill('200 from b'), 'every worker serves the reloaded file')
 })

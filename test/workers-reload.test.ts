@@ -1,0 +1,68 @@
+// `workers: N` reloads: the primary reads and checks the file on each SIGHUP and hands an accepted
+// text to every worker with its generation (src/workers.ts followPrimaryReloads); no worker reads
+// the file on a signal of its own. Real processes: bin/gateway in workers mode.
+import t from 'tap'
+import { writeFileSync } from 'node:fs'
+import { answering, bodies, config, twoWorkers, until } from './helpers/workers.js'
+
+t.test('a burst of SIGHUPs: every worker ends at the primary\'s generation and serves the last file; a SIGHUP to a worker alone changes nothing', async t => {
+  const a = await answering(t, 'from a')
+  const b = await answering(t, 'from b')
+  const r = await twoWorkers(t, config(a))
+  const primaryConfig = async (): Promise<{ generation: number, reloadPending: boolean }> => await (await fetch(`${r.adminUrl}/config`)).json() as { generation: number, reloadPending: boolean }
+  // each worker's generation: the one it started with, then its last reload's
+  const workerGenerations = (): number[] => r.workerPids().map(pid => {
+    const lines = r.gw.logs.filter(l => l.pid === pid && (l.msg === 'gateway started' || l.msg === 'configuration reloaded'))
+    return lines[lines.length - 1]?.generation as number
+  })
+
+  // edits and signals faster than a worker reloads: a worker reading the file on each of its
+  // own signals folded those that came during its reload, and ended generations behind
+  // (400 more routes make each reload take a while)
+  const more = Array.from({ length: 400 }, (_, i) => `  - { name: r${i}, pathPrefix: /r${i}/, upstream: b }\n`).join('')
+  for (let i = 0; i < 8; i++) {
+    writeFileSync(r.gw.file, config(i % 2 === 0 ? a : b) + more)
+    r.gw.child.kill('SIGHUP')
+    await new Promise(resolve => setTimeout(resolve, 30))
+  }
+  // signals that reach the primary while one waits are merged by the kernel: the count is
+  // whatever it decided, once nothing has changed for a second
+  let generation = 0
+  let settled = 0
+  await until('the primary decided every SIGHUP', async () => {
+    const now = await primaryConfig()
+    if (now.reloadPending || now.generation !== generation) {
+      generation = now.generation
+      settled = Date.now()
+      return false
+    }
+    return Date.now() - settled >= 1000
+  })
+  t.ok(generation >= 2, `the primary accepted the burst (generation ${generation})`)
+  await until('both workers at the primary\'s generation', () => workerGenerations().every(g => g === generation), 15_000).catch(() => {})
+  t.same(workerGenerations(), [generation, generation], 'each worker serves the primary\'s generation')
+  t.same(await bodies(r.gw.url, 40), new Array(40).fill('200 from b'), 'every worker serves the last file')
+
+  // a SIGHUP that reaches one worker (a signal to the process group, or to its pid by mistake)
+  // does not reload it apart from its sibling
+  writeFileSync(r.gw.file, config(a))
+  const worker = r.workerPids()[0] as number
+  process.kill(worker, 'SIGHUP')
+  await r.gw.waitForLog(l => l.pid === worker && String(l.msg).startsWith('SIGHUP ignored'))
+  t.same(await bodies(r.gw.url, 40), new Array(40).fill('200 from b'), 'both workers still serve the file the primary accepted')
+  t.same(workerGenerations(), [generation, generation], 'and keep its generation')
+  t.equal((await primaryConfig()).generation, generation)
+})
+
+t.test('a file the primary rejects reaches no worker: one located error from the primary, the workers keep serving', async t => {
+  const a = await answering(t, 'from a')
+  const r = await twoWorkers(t, config(a))
+  writeFileSync(r.gw.file, config(a).replace('pathPrefix: /', 'pathPrefix: 7'))
+  r.gw.child.kill('SIGHUP')
+  const rejected = await r.gw.waitForLog(l => l.msg === 'reload rejected; the running configuration keeps serving')
+  t.equal(rejected.pid, r.gw.child.pid, 'logged by the primary')
+  t.match(JSON.stringify(rejected.problems), /gateway\.yaml:\d+:\d+ routes\[0\]\.pathPrefix/, 'with the located problem')
+  await until('/config has the verdict', async () => !((await (await fetch(`${r.adminUrl}/config`)).json()) as { reloadPending: boolean }).reloadPending)
+  t.same(await bodies(r.gw.url, 20), new Array(20).fill('200 from a'), 'both workers serve the accepted config')
+  t.equal(r.gw.logs.filter(l => l.msg === 'reload rejected; the running configuration keeps serving').length, 1, 'no worker read the file')
+})
