@@ -8,7 +8,7 @@ import { createServer } from 'node:http'
 import { readFile } from 'node:fs/promises'
 import { createHash } from 'node:crypto'
 import { AggregatorRegistry } from 'prom-client'
-import { loadConfigFile, parseConfigText, reloadProblems, type LoadedConfig } from './config/load.js'
+import { loadConfigFile, loadConfigText, reloadProblems, type LoadedConfig } from './config/load.js'
 import { checkRuntime } from './runtime.js'
 import { redactConfig } from './admin/redact.js'
 import { ADMIN_PATHS, answeringSafely, json, misdirectedAdminRequest, refusedAdminMethod } from './admin/admin-server.js'
@@ -97,7 +97,7 @@ async function loadWithText (file: string): Promise<{ loaded: LoadedConfig, text
   } catch {
     return { loaded: await loadConfigFile(file), text: null }
   }
-  return { loaded: parseConfigText(text, file), text }
+  return { loaded: await loadConfigText(text, file), text }
 }
 
 const isAdminRequest = (msg: unknown): msg is AdminRequest =>
@@ -362,7 +362,7 @@ export async function acceptedConfig (file: string): Promise<{ loaded: LoadedCon
     const ask: ConfigAsk = { type: 'gateway:config-ask' }
     process.send?.(ask, undefined, undefined, (err: Error | null) => { if (err !== null) done(null) })
   })
-  return given === null || given.text === null ? undefined : { loaded: parseConfigText(given.text, file), generation: given.generation }
+  return given === null || given.text === null ? undefined : { loaded: await loadConfigText(given.text, file), generation: given.generation }
 }
 
 /**

@@ -235,7 +235,7 @@ export function adminToken (config: ResolvedConfig): string | null {
   return typeof config.admin === 'object' ? (config.admin.token ?? null) : null
 }
 
-function deepFreeze<T> (value: T): T {
+export function deepFreeze<T> (value: T): T {
   if (value !== null && typeof value === 'object' && !Object.isFrozen(value)) {
     Object.freeze(value)
     for (const v of Object.values(value)) deepFreeze(v)
