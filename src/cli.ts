@@ -9,7 +9,7 @@ import { Gateway, restartNeededMessage, splitHostPort, type ReloadSource } from 
 import type { LogLevel } from './log.js'
 import { explain } from './explain.js'
 import { limitsCommand } from './cli-limits.js'
-import { acceptedConfig, followPrimaryReloads, isWorker, notifyReady, registerWorkerMetrics, runPrimary } from './workers.js'
+import { acceptedConfig, followPrimaryReloads, isWorker, withNamedFiles, notifyReady, registerWorkerMetrics, runPrimary } from './workers.js'
 import { createLogDestination, createLogger } from './log.js'
 import { notTheGateway } from './pid-file.js'
 
@@ -300,6 +300,7 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
       // every check a worker makes, before a single one is forked: a file each worker would refuse is one
       // located error and exit 1, as in a single process, not N workers failing in a loop
       try {
+        loaded = await withNamedFiles(loaded)
         await checkRuntime(loaded)
       } catch (err) {
         return reportConfigError(err, configFile)

@@ -9,9 +9,8 @@
 // uses: what must change on shared objects is applied by `commit`, once the runtime is swapped in.
 // A stage that rejects its options becomes a located problem (`file:line:col key.path: message`),
 // all of them reported together, like the schema's.
-import { readFile } from 'node:fs/promises'
 import { createSecureContext } from 'node:tls'
-import { ConfigError, type ConfigProblem, type KeyPath, type LoadedConfig } from './config/load.js'
+import { ConfigError, fileReader, type ConfigProblem, type KeyPath, type LoadedConfig } from './config/load.js'
 import type { ResolvedConfig, ResolvedLimit, ResolvedRoute } from './config/defaults.js'
 import { limitStateOf } from './config/defaults.js'
 import { parseDuration, parseSize } from './config/units.js'
@@ -298,7 +297,7 @@ function compileRoutes (problems: Problems, patterns: ReadonlyArray<RoutePattern
   if (problems.list.length === 0) problems.try(['routes'], () => compileRouteTable(patterns))
 }
 
-async function readTls (problems: Problems, config: ResolvedConfig): Promise<TlsFiles | null> {
+async function readTls (problems: Problems, config: ResolvedConfig, readFile: (path: string) => Promise<Buffer>): Promise<TlsFiles | null> {
   const tls = config.tls
   if (tls === undefined) return null
   const read = async (which: 'cert' | 'key'): Promise<Buffer | null> => await problems.tryAsync(['tls', which], async () => {
@@ -342,8 +341,9 @@ export async function compileRuntime (
   const resolveClientIp = problems.try(['trustedProxies'], () => compileClientIpResolver({ trustedProxies: config.trustedProxies, ipv6Prefix: config.ipv6Prefix }))
   const consumers = consumerDirectory(config)
   const identityMode = config.identity === undefined ? [] : ['header' in config.identity ? 'header' : 'apiKeys' in config.identity ? 'apiKeys' : 'jwt']
-  const identity = await problems.tryAsync(['identity', ...identityMode], async () => await compileIdentity(identityOptions(config), consumers, { headerFromTrustedPeersOnly: config.trustedProxies.length > 0, warmJwks: !resources.offline }), 'identity: ')
-  const tls = await readTls(problems, config)
+  const readNamed = fileReader(loaded)
+  const identity = await problems.tryAsync(['identity', ...identityMode], async () => await compileIdentity(identityOptions(config), consumers, { headerFromTrustedPeersOnly: config.trustedProxies.length > 0, warmJwks: !resources.offline, readFile: readNamed }), 'identity: ')
+  const tls = await readTls(problems, config, readNamed)
 
   const server = serverSettings(config)
   const body: BodyHandling & TunnelHandling = {

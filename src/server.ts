@@ -4,7 +4,7 @@ import { createServer as createHttpServer, type IncomingMessage, type Server, ty
 import { createServer as createHttpsServer, type Server as HttpsServer } from 'node:https'
 import { randomUUID } from 'node:crypto'
 import type { AddressInfo, Socket } from 'node:net'
-import { loadConfigFile, loadConfigText, reloadProblems, type LoadedConfig } from './config/load.js'
+import { loadConfigFile, loadConfigText, reloadProblems, type LoadedConfig, type NamedFiles } from './config/load.js'
 import type { ResolvedConfig } from './config/defaults.js'
 import { compileRuntime, type Runtime } from './runtime.js'
 import { ResourceCache, type RedisStatus } from './runtime-resources.js'
@@ -54,6 +54,8 @@ export interface GatewayOptions {
 export interface ReloadSource {
   /** null: read `configFile` (the primary holds no text of it). */
   readonly text: string | null
+  /** The files the text names, as the primary read them (LoadedConfig.files). */
+  readonly files?: NamedFiles
   readonly generation: number
 }
 
@@ -626,7 +628,7 @@ export class Gateway {
     let prepared: Awaited<ReturnType<typeof compileRuntime>>
     try {
       const file = this.options.configFile
-      const loaded = source === null || source.text === null ? await loadConfigFile(file, this.options.env) : await loadConfigText(source.text, file, this.options.env)
+      const loaded = source === null || source.text === null ? await loadConfigFile(file, this.options.env) : { ...await loadConfigText(source.text, file, this.options.env), ...(source.files !== undefined ? { files: source.files } : {}) }
       prepared = await compileRuntime(loaded, source?.generation ?? this.generation + 1, this.resources, this.live)
     } catch (err) {
       this.metrics.reload('failure')

@@ -8,7 +8,7 @@ import { createServer } from 'node:http'
 import { readFile } from 'node:fs/promises'
 import { createHash } from 'node:crypto'
 import { AggregatorRegistry } from 'prom-client'
-import { loadConfigFile, loadConfigText, reloadProblems, type LoadedConfig } from './config/load.js'
+import { loadConfigFile, loadConfigText, namedFiles, readNamedFiles, reloadProblems, type LoadedConfig, type NamedFiles } from './config/load.js'
 import { checkRuntime } from './runtime.js'
 import { redactConfig } from './admin/redact.js'
 import { ADMIN_PATHS, answeringSafely, json, misdirectedAdminRequest, refusedAdminMethod } from './admin/admin-server.js'
@@ -73,6 +73,8 @@ interface ConfigGiven {
   readonly type: 'gateway:config'
   /** null: the primary holds no text (read apart from its check, the file differed): read the file. */
   readonly text: string | null
+  /** The files the text names, as the primary read them for its check (withNamedFiles). */
+  readonly files: NamedFiles
   /** The primary's generation of that text: a replacement counts on from its siblings' number. */
   readonly generation: number
 }
@@ -95,9 +97,18 @@ async function loadWithText (file: string): Promise<{ loaded: LoadedConfig, text
   try {
     text = await readFile(file, 'utf8')
   } catch {
-    return { loaded: await loadConfigFile(file), text: null }
+    return { loaded: await withNamedFiles(await loadConfigFile(file)), text: null }
   }
-  return { loaded: await loadConfigText(text, file), text }
+  return { loaded: await withNamedFiles(await loadConfigText(text, file)), text }
+}
+
+/**
+ * `loaded` with the files it names read now (the API key file, TLS certificate and key): the
+ * primary checks those copies and hands them to its workers with the text, so a worker that
+ * replaces a crashed one starts with the files its siblings serve, not with one broken since.
+ */
+export async function withNamedFiles (loaded: LoadedConfig): Promise<LoadedConfig> {
+  return { ...loaded, files: await readNamedFiles(namedFiles(loaded.config)) }
 }
 
 const isAdminRequest = (msg: unknown): msg is AdminRequest =>
@@ -168,6 +179,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   // caller loaded the file before: read again, it is kept when it is the same text (same hash).
   const startText = await readFile(options.configFile, 'utf8').catch(() => null)
   let acceptedText = startText !== null && createHash('sha256').update(startText).digest('hex') === loaded.hash ? startText : null
+  let acceptedFiles = loaded.files ?? {}
   let shuttingDown = false
   // The primary's verdict on each SIGHUP, for /config and `gateway reload`: the file checked as
   // each worker checks it (schema and compile, offline), so a file the workers reject is never
@@ -193,8 +205,9 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
         await checkRuntime(next)
         loaded = next
         acceptedText = text
+        acceptedFiles = next.files ?? {}
         generation++
-        const given: ConfigGiven = { type: 'gateway:config', text, generation }
+        const given: ConfigGiven = { type: 'gateway:config', text, files: acceptedFiles, generation }
         for (const w of Object.values(cluster.workers ?? {})) if (w !== undefined && !w.isDead()) handOver(w, given)
         const restartNeeded = settingsNeedingRestart(options.loaded.config, next.config)
         if (restartNeeded.length > 0) logger.warn({ settings: restartNeeded }, restartNeededMessage(restartNeeded))
@@ -238,7 +251,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       else if (isConfigAsk(msg)) {
         // after the SIGHUP being checked, if one is: a worker forked after that check's hand-over
         // would not get it, and must start with its verdict
-        void checking.then(() => { if (!w.isDead()) handOver(w, { type: 'gateway:config', text: acceptedText, generation }) })
+        void checking.then(() => { if (!w.isDead()) handOver(w, { type: 'gateway:config', text: acceptedText, files: acceptedFiles, generation }) })
       }
     })
     return w
@@ -362,7 +375,7 @@ export async function acceptedConfig (file: string): Promise<{ loaded: LoadedCon
     const ask: ConfigAsk = { type: 'gateway:config-ask' }
     process.send?.(ask, undefined, undefined, (err: Error | null) => { if (err !== null) done(null) })
   })
-  return given === null || given.text === null ? undefined : { loaded: await loadConfigText(given.text, file), generation: given.generation }
+  return given === null || given.text === null ? undefined : { loaded: { ...await loadConfigText(given.text, file), files: given.files }, generation: given.generation }
 }
 
 /**
@@ -377,7 +390,7 @@ export function followPrimaryReloads (startGeneration: number, apply: (source: R
   const onMessage = (msg: unknown): void => {
     if (!isConfigGiven(msg) || msg.generation <= newest) return
     newest = msg.generation
-    apply({ text: msg.text, generation: msg.generation })
+    apply({ text: msg.text, files: msg.files, generation: msg.generation })
   }
   process.on('message', onMessage)
   return () => { process.off('message', onMessage) }

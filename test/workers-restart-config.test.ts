@@ -4,18 +4,7 @@
 import t from 'tap'
 import { writeFileSync } from 'node:fs'
 import type { GatewayProcess } from './helpers/gateway.js'
-import { answering, bodies, config, twoWorkers, until, type Running } from './helpers/workers.js'
-
-/** Kills one worker with SIGKILL and waits until its replacement has started and the primary is ready again. */
-async function replaceOne (r: Running): Promise<number> {
-  const victim = r.workerPids()[0] as number
-  process.kill(victim, 'SIGKILL')
-  await r.gw.waitForLog(l => l.msg === 'worker exited; starting a new one' && l.worker === victim)
-  await until('the replacement started', () => r.workerPids().length === 3)
-  const replacement = r.workerPids()[2] as number
-  await until('/readyz ready again', async () => (await fetch(`${r.adminUrl}/readyz`)).status === 200)
-  return replacement
-}
+import { answering, bodies, config, replaceOne, twoWorkers, until } from './helpers/workers.js'
 
 /** The replacement's own access lines: it took requests too. */
 const servedBy = (gw: GatewayProcess, pid: number): number => gw.logs.filter(l => l.msg === 'request' && l.pid === pid).length

@@ -50,6 +50,38 @@ export interface LoadedConfig {
    * the value of `path` in the file, or at its deepest ancestor that is written there.
    */
   readonly problemAt: (path: KeyPath, message: string) => ConfigProblem
+  /**
+   * The files the config names (API key file, TLS certificate and key) as a workers primary read
+   * them, base64 by path: compiling uses these instead of reading the disk (src/workers.ts).
+   */
+  readonly files?: NamedFiles
+}
+
+/** File contents by path, base64: what goes over a worker's IPC channel unchanged. */
+export type NamedFiles = Readonly<Record<string, string>>
+
+/** The files a config names, read at compile time: the API key file, TLS certificate and key. */
+export function namedFiles (config: ResolvedConfig): string[] {
+  const files: string[] = []
+  const identity = config.identity
+  if (identity !== undefined && 'apiKeys' in identity && identity.apiKeys.file !== undefined) files.push(identity.apiKeys.file)
+  if (config.tls !== undefined) files.push(config.tls.cert, config.tls.key)
+  return files
+}
+
+/** Reads `paths`; one that cannot be read is left out, and compiling reports it as it reads it. */
+export async function readNamedFiles (paths: readonly string[]): Promise<NamedFiles> {
+  const read = await Promise.all(paths.map(async path => [path, (await readFile(path).catch(() => null))?.toString('base64')] as const))
+  return Object.fromEntries(read.filter((e): e is readonly [string, string] => e[1] !== undefined))
+}
+
+/** A file compiling reads: the given copy when there is one, else the disk's. */
+export function fileReader (loaded: LoadedConfig): (path: string) => Promise<Buffer> {
+  const given = loaded.files
+  return async path => {
+    const copy = given?.[path]
+    return copy !== undefined ? Buffer.from(copy, 'base64') : await readFile(path)
+  }
 }
 
 export function formatProblem (p: ConfigProblem): string {

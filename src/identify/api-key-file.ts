@@ -45,11 +45,11 @@ export function consumerProblem (consumer: string, consumers: ConsumerDirectory)
 }
 
 /** The [key, consumer] pairs of the file; [] without a file. Throws ApiKeyFileError located in the file. */
-export async function readApiKeyFile (file: string | undefined, consumers: ConsumerDirectory): Promise<Array<[string, string]>> {
+export async function readApiKeyFile (file: string | undefined, consumers: ConsumerDirectory, read: (path: string) => Promise<Buffer> = readFile): Promise<Array<[string, string]>> {
   if (file === undefined) return []
   let text: string
   try {
-    text = await readFile(file, 'utf8')
+    text = (await read(file)).toString('utf8')
   } catch (err) {
     const reason = (err as NodeJS.ErrnoException).code === 'ENOENT' ? 'API key file not found' : (err as Error).message
     throw new ApiKeyFileError([{ file, line: 0, column: 0, path: '', message: reason }])

@@ -111,6 +111,8 @@ export interface IdentityOptions {
   readonly headerFromTrustedPeersOnly?: boolean
   /** Fetch a JWKS at once (default); false for `gateway validate`, which opens no connection. */
   readonly warmJwks?: boolean
+  /** Reads the API key file (default: the disk; a worker gets its primary's copy). */
+  readonly readFile?: (path: string) => Promise<Buffer>
 }
 
 export async function compileIdentity (config: IdentityConfig | undefined, consumers: ConsumerDirectory = NO_CONSUMERS, options: IdentityOptions = {}): Promise<IdentityResolver> {
@@ -118,7 +120,7 @@ export async function compileIdentity (config: IdentityConfig | undefined, consu
   const requiredByDefault = config.required === true
   const absent: Absent = (required) => (required ?? requiredByDefault) ? MISSING : ANONYMOUS
   if ('header' in config) return compileHeaderIdentity(config.header, absent, consumers, options.headerFromTrustedPeersOnly === true)
-  if ('apiKeys' in config) return compileApiKeys(config.apiKeys, absent, consumers, await readApiKeyFile(config.apiKeys.file, consumers))
+  if ('apiKeys' in config) return compileApiKeys(config.apiKeys, absent, consumers, await readApiKeyFile(config.apiKeys.file, consumers, options.readFile))
   if ('jwt' in config) return await compileJwt(config.jwt, absent, consumers, options)
   throw invalid('expected one of "header", "apiKeys" or "jwt"')
 }

@@ -43,3 +43,14 @@ export async function bodies (url: string, n: number): Promise<string[]> {
     return `${res.status} ${await res.text()}`
   }))
 }
+
+/** Kills one worker with SIGKILL and waits until its replacement has started and the primary is ready again. */
+export async function replaceOne (r: Running): Promise<number> {
+  const victim = r.workerPids()[0] as number
+  process.kill(victim, 'SIGKILL')
+  await r.gw.waitForLog(l => l.msg === 'worker exited; starting a new one' && l.worker === victim)
+  await until('the replacement started', () => r.workerPids().length === 3)
+  const replacement = r.workerPids()[2] as number
+  await until('/readyz ready again', async () => (await fetch(`${r.adminUrl}/readyz`)).status === 200)
+  return replacement
+}
