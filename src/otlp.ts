@@ -1,7 +1,8 @@
 // `tracing: { otlp: URL }`: one span per request, exported over OTLP/HTTP with the OpenTelemetry
 // JS SDK in batches (a collector that is slow or down costs a dropped batch, never a request).
 // Only this module imports the SDK; the pipeline sees the RequestTracer interface of tracing.ts.
-import type { IncomingMessage } from 'node:http'
+import { Agent as HttpAgent, type IncomingMessage } from 'node:http'
+import { Agent as HttpsAgent } from 'node:https'
 import { ROOT_CONTEXT, SpanKind, SpanStatusCode, TraceFlags, trace as otelTrace, type Span, type Tracer } from '@opentelemetry/api'
 import { BatchSpanProcessor, TracerProvider } from '@opentelemetry/sdk-trace'
 import { resourceFromAttributes } from '@opentelemetry/resources'
@@ -32,10 +33,32 @@ export const OTLP_SHUTDOWN_MS = 1000
  */
 export const OTLP_EXPORT_TIMEOUT_MS = 2000
 
+/**
+ * The exporter's agent: one connection per export, destroyed OTLP_EXPORT_TIMEOUT_MS after it was
+ * opened whatever the collector sends. The exporter's `timeoutMillis` is the socket's idle timeout:
+ * a collector answering a byte at a time never reached it, its exports never ended, and after
+ * SIGTERM the process never exited. Without keep-alive, a connection's bound is its one export's.
+ */
+function boundedAgent (protocol: string): HttpAgent {
+  const agent = protocol === 'https:' ? new HttpsAgent({ keepAlive: false }) : new HttpAgent({ keepAlive: false })
+  const connect = agent.createConnection.bind(agent)
+  agent.createConnection = (options, callback) => {
+    const socket = connect(options, callback)
+    if (socket != null) {
+      const cut = setTimeout(() => socket.destroy(new Error(`OTLP export cut after ${OTLP_EXPORT_TIMEOUT_MS} ms`)), OTLP_EXPORT_TIMEOUT_MS)
+      cut.unref()
+      socket.once('close', () => { clearTimeout(cut) })
+    }
+    return socket
+  }
+  return agent
+}
+
 export function createOtlpTracer (url: string, serviceName: string): OtlpTracer {
+  const exporter = new OTLPTraceExporter({ url: otlpTracesUrl(url), timeoutMillis: OTLP_EXPORT_TIMEOUT_MS, httpAgentOptions: boundedAgent })
   const provider = new TracerProvider({
     resource: resourceFromAttributes({ 'service.name': serviceName }),
-    spanProcessors: [new BatchSpanProcessor({ exporter: new OTLPTraceExporter({ url: otlpTracesUrl(url), timeoutMillis: OTLP_EXPORT_TIMEOUT_MS }), scheduledDelayMillis: 500 })]
+    spanProcessors: [new BatchSpanProcessor({ exporter, scheduledDelayMillis: 500 })]
   })
   const tracer: Tracer = provider.getTracer('edge-gateway')
   return {

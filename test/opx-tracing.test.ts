@@ -214,3 +214,35 @@ t.test('tracing.otlp: a collector that never answers delays the shutdown by at m
   t.ok(tookMs < 6000, `stopped in ${tookMs} ms`)
   t.ok(gw.logs.some(l => l.msg === 'gateway stopped'), 'its last line was written')
 })
+
+// The exporter's own timeout is the socket's idle timeout: a collector that sends its answer a
+// byte at a time never let an export end, the stuck exports piled up, and after SIGTERM and
+// "gateway stopped" the process never exited (seen still running minutes later).
+t.test('tracing.otlp: a collector that answers a byte at a time: each export ends within its bound, and SIGTERM still ends the gateway', async t => {
+  const up = await startUpstream(t)
+  const exports: Array<{ opened: number, closed: number | null }> = []
+  const { url: collector } = await startHttpServer(t, (req, res) => {
+    const e = { opened: Date.now(), closed: null as number | null }
+    exports.push(e)
+    req.resume()
+    res.writeHead(200, { 'content-type': 'application/json' })
+    const drip = setInterval(() => res.write(' '), 200)
+    res.on('close', () => { clearInterval(drip); e.closed = Date.now() })
+  })
+  const gw = await spawnGateway(t, config(up.url).replace('routes:', `tracing: { otlp: "${collector}" }\nserver: { shutdownTimeout: 1s }\nroutes:`))
+  for (let i = 0; i < 3; i++) t.equal((await fetch(`${gw.url}/x${i}`)).status, 200)
+  for (let i = 0; i < 300 && exports.length === 0; i++) await sleep(10)
+  t.equal(exports.length, 1, 'the batch was sent')
+  await sleep(3500)
+  const first = exports[0] as { opened: number, closed: number | null }
+  t.ok(first.closed !== null && first.closed - first.opened < 3000, `the export's connection was closed within its bound (${first.closed === null ? 'still open' : `${first.closed - first.opened} ms`})`)
+  t.equal((await fetch(`${gw.url}/after`)).status, 200, 'requests are served as usual')
+  await sleep(700) // the next batch is sent and drips
+  const stopping = Date.now()
+  gw.child.kill('SIGTERM')
+  const code = await Promise.race([gw.exited, sleep(10_000).then(() => 'still running')])
+  t.equal(code, 0, 'the gateway exited')
+  const tookMs = Date.now() - stopping
+  t.ok(tookMs < 6000, `stopped in ${tookMs} ms`)
+  t.ok(gw.logs.some(l => l.msg === 'gateway stopped'), 'its last line was written')
+})
