@@ -53,7 +53,9 @@ export function parseTraceparent (header: string | string[] | undefined): Parsed
   const [, version, traceId, parentSpanId, flags, rest] = m as unknown as [string, string, string, string, string, string | undefined]
   if (version === 'ff' || (version === '00' && rest !== undefined)) return null
   if (traceId === ZERO_TRACE || parentSpanId === ZERO_SPAN) return null
-  return { traceId, parentSpanId, flags }
+  // sampled is the one flag of version 00; the others are reserved and "Vendors MUST set those to
+  // zero" (§3.2.2.5): a caller's ff went on to the upstream as it came
+  return { traceId, parentSpanId, flags: (parseInt(flags, 16) & 1) === 1 ? '01' : '00' }
 }
 
 /**

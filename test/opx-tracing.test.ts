@@ -46,6 +46,20 @@ t.test('a caller\'s traceparent: same trace upstream, the gateway\'s span as par
   t.equal((await lineOf(gw.lines, res.headers.get('x-request-id') ?? '')).traceId, '4bf92f3577b34da6a3ce929d0e0e4736')
 })
 
+// W3C Trace Context §3.2.2.5: flags other than sampled are reserved, "Vendors MUST set those to
+// zero"; the caller's ff went on to the upstream as it came
+t.test('a caller\'s traceparent with reserved flags set: the upstream gets the sampled flag alone', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url))
+  for (const [flags, sent] of [['ff', '01'], ['fe', '00'], ['03', '01'], ['00', '00']]) {
+    const echo = await (await fetch(`${gw.url}/x`, { headers: { traceparent: `00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-${flags as string}` } })).json() as EchoBody
+    t.match(echo.headers.traceparent, new RegExp(`^00-4bf92f3577b34da6a3ce929d0e0e4736-[0-9a-f]{16}-${sent as string}$`), `flags ${flags as string}: ${String(echo.headers.traceparent)}`)
+  }
+  // a later version's flags are read as version 00's (§3.2.4)
+  const future = await (await fetch(`${gw.url}/x`, { headers: { traceparent: 'cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-ff-more' } })).json() as EchoBody
+  t.match(future.headers.traceparent, /^00-4bf92f3577b34da6a3ce929d0e0e4736-[0-9a-f]{16}-01$/)
+})
+
 t.test('no traceparent, or an invalid one: a new trace, propagated and logged', async t => {
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url))
