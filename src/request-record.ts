@@ -48,6 +48,18 @@ export interface Ending {
 
 const REQUEST_ID_RE = /^[A-Za-z0-9._:@/+=-]{1,128}$/
 
+/**
+ * An absolute-form target's userinfo (`GET http://user:password@host/ HTTP/1.1`): such a request is
+ * refused before routing and logged with its target as sent, where the password was in clear. It
+ * is shown as `[redacted]`, as /config shows a URL's.
+ */
+const TARGET_USERINFO = /^([a-z][a-z0-9+.-]*:\/\/)[^/?#]*@/i
+
+function loggedTarget (url: string | undefined): string {
+  if (url === undefined) return '/'
+  return url.charCodeAt(0) === 47 ? url : url.replace(TARGET_USERINFO, '$1[redacted]@')
+}
+
 // A client-chosen id would let it forge or collide with other requests' log lines: only our own
 // proxies (trustedProxies) may hand one over.
 function requestIdOf (req: IncomingMessage, trustedPeer: boolean): string {
@@ -145,7 +157,7 @@ export class RequestRecord {
       user: a?.user ?? undefined,
       method: req.method,
       host: req.headers.host,
-      path: rt.redactQuery(a?.path ?? req.url ?? '/'),
+      path: rt.redactQuery(a?.path ?? loggedTarget(req.url)),
       route,
       target: result?.target ?? undefined,
       status,

@@ -7,6 +7,7 @@ import { once } from 'node:events'
 import { WebSocket } from 'ws'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
+import { rawRequest } from './helpers/raw-http.js'
 
 type Line = Record<string, unknown>
 const sleep = (ms: number): Promise<void> => new Promise(resolve => setTimeout(resolve, ms))
@@ -121,6 +122,30 @@ routes:
   const custom = await startGateway(t, yaml('log: { redactQuery: [q, sig] }'))
   const rc = await send(custom.port, '/x?token=abc&q=1&sig=2')
   t.equal((await lineOf(custom.lines, l => l.requestId === rc.id)).path, '/x?token=abc&q=[redacted]&sig=[redacted]')
+})
+
+// An absolute-form target holding userinfo is refused before routing (RFC 9110 §4.2.4) and its line
+// shows the target as sent: the client's password was in the log in clear.
+t.test('an absolute-form target with a user and password is logged without them', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: ["${up.url}"] }
+routes:
+  - { name: api, pathPrefix: /, upstream: backend }
+`)
+  const targets: Array<[sent: string, logged: string]> = [
+    ['http://alice:S3cretPw@x/abs?a=1&token=T', 'http://[redacted]@x/abs?a=1&token=[redacted]'],
+    ['HTTP://S3cretPw@x', 'HTTP://[redacted]@x']
+  ]
+  for (const [sent, logged] of targets) {
+    const r = await rawRequest(gw.port, `GET ${sent} HTTP/1.1\r\nHost: x\r\n`)
+    t.equal(r.status, 400, sent)
+    const line = await lineOf(gw.lines, l => l.requestId === r.headers['x-request-id'])
+    t.equal(line.path, logged, `${sent} is logged as ${logged}`)
+  }
+  t.notOk(gw.lines.some(l => JSON.stringify(l).includes('S3cretPw')), 'no line holds the password')
 })
 
 t.test('a WebSocket gets a closing line with its duration and bytes both ways', async t => {
