@@ -207,6 +207,18 @@ export function millisJson (ms: number): string {
   return whole + (frac < 10 ? '.00' : frac < 100 ? '.0' : '.') + String(frac)
 }
 
+/**
+ * An absolute-form target's userinfo (`GET http://user:password@host/ HTTP/1.1`): such a request is
+ * refused before routing, and the access line and the span's url.path showed the target as sent,
+ * the password in clear. It is shown as `[redacted]`, as /config shows a URL's.
+ */
+const TARGET_USERINFO = /^([a-z][a-z0-9+.-]*:\/\/)[^/?#]*@/i
+
+export function hideTargetUserinfo (target: string): string {
+  // an origin-form target (`/...`), nearly every request, has no authority to look at
+  return target.charCodeAt(0) === 47 ? target : target.replace(TARGET_USERINFO, '$1[redacted]@')
+}
+
 /** Query parameters whose values never reach a log line unless `log.redactQuery` says otherwise. */
 // Credentials clients put in a query: OAuth 2.0's access_token (RFC 6750 §2.3 lets a client send it
 // so) and client_secret, API keys however spelt, the signatures of presigned URLs (Azure SAS `sig`,

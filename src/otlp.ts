@@ -7,6 +7,7 @@ import { ROOT_CONTEXT, SpanKind, SpanStatusCode, TraceFlags, trace as otelTrace,
 import { BatchSpanProcessor, TracerProvider } from '@opentelemetry/sdk-trace'
 import { resourceFromAttributes } from '@opentelemetry/resources'
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http'
+import { hideTargetUserinfo } from './log.js'
 import { incomingParent, traceparentOf, type RequestTracer, type SpanEnd, type TraceContext } from './tracing.js'
 
 export interface OtlpTracer extends RequestTracer {
@@ -70,7 +71,7 @@ export function createOtlpTracer (url: string, serviceName: string): OtlpTracer 
       const span = tracer.startSpan(req.method ?? 'GET', {
         kind: SpanKind.SERVER,
         startTime: startedAtMs,
-        attributes: { 'http.request.method': req.method ?? 'GET', 'url.path': (req.url ?? '/').split('?')[0] ?? '/' }
+        attributes: { 'http.request.method': req.method ?? 'GET', 'url.path': hideTargetUserinfo(req.url ?? '/').split('?')[0] ?? '/' }
       }, context)
       const sc = span.spanContext()
       // the SDK decides sampling (parent-based): the flags sent on are its decision

@@ -6,7 +6,7 @@ import type { IncomingMessage } from 'node:http'
 import { randomUUID } from 'node:crypto'
 import type { ForwardResult } from './proxy/forward.js'
 import type { Telemetry } from './telemetry.js'
-import type { AccessLog } from './log.js'
+import { hideTargetUserinfo, type AccessLog } from './log.js'
 import { PROPAGATING_TRACER, setTrace, traceOf, type RequestTracer, type TraceContext } from './tracing.js'
 
 /** What the early stages found about an admitted request. */
@@ -47,18 +47,6 @@ export interface Ending {
 }
 
 const REQUEST_ID_RE = /^[A-Za-z0-9._:@/+=-]{1,128}$/
-
-/**
- * An absolute-form target's userinfo (`GET http://user:password@host/ HTTP/1.1`): such a request is
- * refused before routing and logged with its target as sent, where the password was in clear. It
- * is shown as `[redacted]`, as /config shows a URL's.
- */
-const TARGET_USERINFO = /^([a-z][a-z0-9+.-]*:\/\/)[^/?#]*@/i
-
-function loggedTarget (url: string | undefined): string {
-  if (url === undefined) return '/'
-  return url.charCodeAt(0) === 47 ? url : url.replace(TARGET_USERINFO, '$1[redacted]@')
-}
 
 // A client-chosen id would let it forge or collide with other requests' log lines: only our own
 // proxies (trustedProxies) may hand one over.
@@ -157,7 +145,7 @@ export class RequestRecord {
       user: a?.user ?? undefined,
       method: req.method,
       host: req.headers.host,
-      path: rt.redactQuery(a?.path ?? loggedTarget(req.url)),
+      path: rt.redactQuery(a?.path ?? hideTargetUserinfo(req.url ?? '/')),
       route,
       target: result?.target ?? undefined,
       status,

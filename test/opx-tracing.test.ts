@@ -8,6 +8,7 @@ import { WebSocket } from 'ws'
 import { spawnGateway, startGateway } from './helpers/gateway.js'
 import { startHttpServer, startUpstream, type EchoBody } from './helpers/upstream.js'
 import { startRedis } from './helpers/redis.js'
+import { rawRequest } from './helpers/raw-http.js'
 
 type Line = Record<string, unknown>
 const TRACEPARENT = /^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/
@@ -181,6 +182,28 @@ routes:
   t.equal(attr(second, 'gateway.limit'), 'api.ip')
   const logged = gw.lines.filter(l => l.msg === 'request').map(l => l.traceId)
   t.same(logged.sort(), [first.traceId, second.traceId].sort(), 'the access log names the exported traces')
+})
+
+// url.path is the target as sent: an absolute-form target's user and password went to the collector
+t.test('tracing.otlp: the span of an absolute-form target with a user and password does not hold them', async t => {
+  const bodies: string[] = []
+  const receiver = await startHttpServer(t, (req, res) => {
+    const chunks: Buffer[] = []
+    req.on('data', (c: Buffer) => chunks.push(c))
+    req.on('end', () => {
+      bodies.push(Buffer.concat(chunks).toString())
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{}')
+    })
+  })
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url).replace('routes:', `tracing: { otlp: "${receiver.url}" }\nroutes:`))
+  const r = await rawRequest(gw.port, 'GET http://alice:S3cretPw@x/abs?a=1 HTTP/1.1\r\nHost: x\r\n')
+  t.equal(r.status, 400)
+  await gw.close() // flushes the batch
+  const spans = bodies.flatMap(b => (JSON.parse(b) as OtlpExport).resourceSpans.flatMap(rs => rs.scopeSpans.flatMap(s => s.spans)))
+  t.equal(spans.length, 1)
+  t.equal(attr(spans[0] as OtlpSpan, 'url.path'), 'http://[redacted]@x/abs')
+  t.notOk(bodies.some(b => b.includes('S3cretPw')), 'no export holds the password')
 })
 
 t.test('tracing.otlp: a request in flight across reloads (one that changes the tracer, then a rejected one) still exports its span', async t => {
