@@ -14,7 +14,7 @@ import { utcOffsetMinutes } from '../limit/algorithms/calendar-quota.js'
 import { validateLimitSpec } from '../limit/algorithms/index.js'
 import ipaddr from 'ipaddr.js'
 import { parseDuration } from './units.js'
-import { misreadScalar } from '../identify/yaml-scalars.js'
+import { DUPLICATE_KEY, misreadScalar, repeatedKeys } from '../identify/yaml-scalars.js'
 import { API_KEY_CHARS, API_KEY_TEXT } from '../identify/api-key-file.js'
 import { HOP_BY_HOP } from '../proxy/hop-by-hop.js'
 import { redactUrlQuery } from '../admin/redact.js'
@@ -179,7 +179,8 @@ export async function loadConfigText (text: string, file: string, env: NodeJS.Pr
 export function parseConfigText (text: string, file: string, env: NodeJS.ProcessEnv = process.env): LoadedConfig {
   const name = file
   const lineCounter = new LineCounter()
-  const doc = parseDocument(text, { lineCounter, prettyErrors: false, uniqueKeys: true })
+  // repeated keys are found by repeatedKeys, in one pass (YAML's check is quadratic)
+  const doc = parseDocument(text, { lineCounter, prettyErrors: false, uniqueKeys: false })
   const at = (offset: number | undefined, path: KeyPath, message: string): ConfigProblem => {
     const pos = lineCounter.linePos(offset ?? 0)
     const secret = apiKeyIn(path)
@@ -189,8 +190,9 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
     return { file: name, line: pos.line, column: pos.col, path: formatKeyPath([...path.slice(0, 3), API_KEY_SHOWN, ...path.slice(4)]), message: message.split(secret).join(API_KEY_SHOWN) }
   }
 
-  if (doc.errors.length > 0) {
-    throw new ConfigError(doc.errors.map(e => at(e.pos[0], [], e.message.split('\n')[0] ?? e.message)))
+  const errors = [...doc.errors.map(e => [e.pos[0], e.message.split('\n')[0] ?? e.message] as const), ...repeatedKeys(doc).map(offset => [offset, DUPLICATE_KEY] as const)]
+  if (errors.length > 0) {
+    throw new ConfigError(errors.sort((a, b) => a[0] - b[0]).map(([offset, message]) => at(offset, [], message)))
   }
 
   const problems: ConfigProblem[] = []

@@ -4,7 +4,7 @@
 import { readFile } from 'node:fs/promises'
 import { LineCounter, parseDocument, isMap, isScalar } from 'yaml'
 import type { ConsumerDirectory } from './identity.js'
-import { misreadScalar } from './yaml-scalars.js'
+import { DUPLICATE_KEY, misreadScalar, repeatedKeys } from './yaml-scalars.js'
 
 /**
  * What an API key may hold: what a header value carries byte for byte (RFC 9110 §5.5: visible
@@ -55,12 +55,14 @@ export async function readApiKeyFile (file: string | undefined, consumers: Consu
     throw new ApiKeyFileError([{ file, line: 0, column: 0, path: '', message: reason }])
   }
   const lineCounter = new LineCounter()
-  const doc = parseDocument(text, { lineCounter, prettyErrors: false, uniqueKeys: true })
+  // repeated keys are found by repeatedKeys, in one pass (YAML's check is quadratic)
+  const doc = parseDocument(text, { lineCounter, prettyErrors: false, uniqueKeys: false })
   const at = (offset: number | undefined, path: string, message: string): KeyFileProblem => {
     const pos = lineCounter.linePos(offset ?? 0)
     return { file, line: pos.line, column: pos.col, path, message }
   }
-  if (doc.errors.length > 0) throw new ApiKeyFileError(doc.errors.map(e => at(e.pos[0], '', e.message.split('\n')[0] ?? e.message)))
+  const errors = [...doc.errors.map(e => [e.pos[0], e.message.split('\n')[0] ?? e.message] as const), ...repeatedKeys(doc).map(offset => [offset, DUPLICATE_KEY] as const)]
+  if (errors.length > 0) throw new ApiKeyFileError(errors.sort((a, b) => a[0] - b[0]).map(([offset, message]) => at(offset, '', message)))
   const out: Array<[string, string]> = []
   const problems: KeyFileProblem[] = []
   if (doc.contents === null) return out
