@@ -91,11 +91,13 @@ function target (rt: Runtime, query: URLSearchParams): Target | string {
   if (route === undefined) return `unknown route "${routeName}"`
   const ip = query.get('ip')
   if (ip !== null && isIP(ip) === 0) return `"${ip}" is not an IP address`
-  const user = query.get('user')
-  if (user !== null && user.length === 0) return 'user is empty'
+  const given = query.get('user')
+  if (given !== null && given.length === 0) return 'user is empty'
   const planParam = query.get('plan')
   if (planParam !== null && !rt.consumers.known.has(planParam)) return `unknown plan "${planParam}"`
-  const plan = planParam ?? planOf(rt, user)
+  // an `auth: none` route identifies nobody: a request there meets no user limit, plan or quota
+  const user = route.auth === 'none' ? null : given
+  const plan = route.auth === 'none' ? null : planParam ?? planOf(rt, user)
   const ipKey = ip === null ? null : rt.resolveClientIp(ip, undefined).key
   const limits: PlannedLimit[] = []
   const checks: LimitCheck[] = []
@@ -219,7 +221,8 @@ export function createLimitsOps (deps: LimitsApiDeps): LimitsOps {
     const routes: Record<string, unknown> = {}
     let quota: PlannedLimit | null = null
     for (const route of rt.routeList) {
-      const limits = limitsFor(route, plan).all.filter(l => l.dimension === 'user' || l.dimension === 'quota')
+      // an `auth: none` route identifies nobody: none of the consumer's limits apply there
+      const limits = route.auth === 'none' ? [] : limitsFor(route, plan).all.filter(l => l.dimension === 'user' || l.dimension === 'quota')
       routes[route.name] = { auth: route.auth ?? (rt.config.identity?.required === true ? 'required' : 'optional'), limits: limits.map(describeLimit) }
       quota ??= limits.find(l => l.dimension === 'quota') ?? null
     }
