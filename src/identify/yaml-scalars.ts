@@ -27,16 +27,18 @@ export const DUPLICATE_KEY = 'Map keys must be unique'
  * Where a scalar key repeats an earlier key of its map: the offsets of the repeats. YAML's own
  * check (`uniqueKeys: true`) compares each key with every earlier one of its map: a key file of
  * 20,000 lines took 18 s to parse, and a SIGHUP that read it held every request as long. A set per
- * map finds the same repeats (scalars of equal value) in one pass.
+ * map finds the repeats in one pass.
  */
 export function repeatedKeys (doc: Document): number[] {
   const out: number[] = []
   visit(doc, {
     Map (_key, map) {
-      const seen = new Set<unknown>()
+      const seen = new Set<string>()
       for (const pair of map.items) {
         if (!isScalar(pair.key)) continue
-        const value = pair.key.value
+        // as text: `1` and "1" are two YAML keys but one config key and one API key, and the
+        // later one silently took the earlier's place
+        const value = String(pair.key.value)
         if (seen.has(value)) out.push(pair.key.range?.[0] ?? 0)
         else seen.add(value)
       }
