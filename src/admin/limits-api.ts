@@ -290,15 +290,20 @@ export function serveLimitsApi (endpoint: LimitsEndpoint, json: Json): (req: Inc
       send(res, methodNotAllowed('/consumers/NAME', 'GET'))
       return true
     }
+    // one path segment, checked before decoding: a consumer named "acme/prod" is /consumers/acme%2Fprod
+    const segment = path.slice('/consumers/'.length)
+    if (segment.length === 0 || segment.includes('/')) {
+      send(res, adminError('GW_ERR_NOT_FOUND', 'expected /consumers/NAME'))
+      return true
+    }
     let name: string
     try {
-      name = decodeURIComponent(path.slice('/consumers/'.length))
+      name = decodeURIComponent(segment)
     } catch {
       send(res, adminError('GW_ERR_BAD_REQUEST', '/consumers/NAME: NAME is not valid percent-encoding'))
       return true
     }
-    if (name.length === 0 || name.includes('/')) send(res, adminError('GW_ERR_NOT_FOUND', 'expected /consumers/NAME'))
-    else run(res, endpoint.ops.consumer(name))
+    run(res, endpoint.ops.consumer(name))
     return true
   }
 }
