@@ -131,3 +131,21 @@ t.test('a key both inline and in the file for another consumer is a config error
   const gw = await startGateway(t, config(up.url, file))
   t.equal((await send(`${gw.url}/x`, { headers: { 'x-api-key': 'k-inline' } })).status, 200)
 })
+
+t.test('a consumer name over 256 characters in the key file is located at its entry', async t => {
+  const up = await startUpstream(t)
+  const file = join(tempDir(t, 'gw-keys'), 'api-keys.yaml')
+  writeFileSync(file, `k-bob-1: bob\nk-long: ${'u'.repeat(257)}\n`)
+  // with a defaultPlan, so that the name's length is the one problem
+  const err = await startRefused(t, config(up.url, file).replace('plans:', 'defaultPlan: free\nplans:'))
+  t.equal(err.message, `${file}:2:9 [1]: a consumer name has at most 256 characters`, 'the key file\'s line and entry, as its other problems')
+})
+
+t.test('an inline key\'s consumer name over 256 characters is located at the key, not printed', async t => {
+  const up = await startUpstream(t)
+  const file = join(tempDir(t, 'gw-keys'), 'api-keys.yaml')
+  writeFileSync(file, 'k-bob-1: bob\n')
+  const yaml = config(up.url, file).replace('plans:', 'defaultPlan: free\nplans:').replace('keys: { k-inline: alice }', `keys: { k-inline: alice, k-long: ${'u'.repeat(257)} }`)
+  const err = await startRefused(t, yaml)
+  t.match(err.message, /gateway\.yaml:6:38 identity\.apiKeys\.keys\.<an API key>: a consumer name has at most 256 characters$/)
+})

@@ -16,6 +16,7 @@ import ipaddr from 'ipaddr.js'
 import { parseDuration } from './units.js'
 import { DUPLICATE_KEY, misreadScalar, repeatedKeys } from '../identify/yaml-scalars.js'
 import { API_KEY_CHARS, API_KEY_TEXT } from '../identify/api-key-file.js'
+import { MAX_USER_LENGTH } from '../identify/identity.js'
 import { HOP_BY_HOP } from '../proxy/hop-by-hop.js'
 import { redactUrlQuery } from '../admin/redact.js'
 import type { z } from 'zod'
@@ -741,6 +742,7 @@ function planChecks (config: GatewayConfig): Array<[KeyPath, string]> {
       const path: KeyPath = ['identity', 'apiKeys', 'keys', key]
       if (!API_KEY_TEXT.test(key)) out.push([path, API_KEY_CHARS])
       else if (consumer.length === 0) out.push([path, 'an API key must map to a consumer name'])
+      else if (consumer.length > MAX_USER_LENGTH) out.push([path, `a consumer name has at most ${MAX_USER_LENGTH} characters`])
       else if (known.length > 0 && config.defaultPlan === undefined && !Object.hasOwn(config.consumers ?? {}, consumer)) {
         out.push([path, `API key maps to consumer "${consumer}", which has no entry in consumers (and there is no defaultPlan)`])
       }

@@ -3,7 +3,7 @@
 // compiled, so SIGHUP re-reads it; a bad file is a located error and the running config keeps serving.
 import { readFile } from 'node:fs/promises'
 import { LineCounter, parseDocument, isMap, isScalar } from 'yaml'
-import type { ConsumerDirectory } from './identity.js'
+import { MAX_USER_LENGTH, type ConsumerDirectory } from './identity.js'
 import { DUPLICATE_KEY, misreadScalar, repeatedKeys } from './yaml-scalars.js'
 
 /**
@@ -38,6 +38,8 @@ export class ApiKeyFileError extends Error {
  */
 export function consumerProblem (consumer: string, consumers: ConsumerDirectory): string | null {
   if (consumer.length === 0) return 'an API key must map to a consumer name'
+  // checked here too, so that the key file's entry is named (compileApiKeys could only blame identity.apiKeys)
+  if (consumer.length > MAX_USER_LENGTH) return `a consumer name has at most ${MAX_USER_LENGTH} characters`
   if (consumers.known.size > 0 && consumers.defaultPlan === null && !consumers.plans.has(consumer)) {
     return `API key maps to consumer "${consumer}", which has no entry in consumers (and there is no defaultPlan)`
   }
