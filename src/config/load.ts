@@ -424,6 +424,11 @@ function misreadNames (doc: Document, text: string): Array<[KeyPath, number | un
     const map = doc.getIn(mapPath, true)
     if (!isMap(map)) continue
     for (const pair of map.items) {
+      // zod's records drop this key: the consumer's entry vanished (its keys got defaultPlan), as did such an API key
+      if (isScalar(pair.key) && pair.key.value === '__proto__') {
+        out.push([[...mapPath, '__proto__'], rangeStart(pair.key), `${what}: "__proto__" is reserved (the config's maps drop it): use another name`])
+        continue
+      }
       const secret = what === 'this API key'
       const reason = misreadScalar(pair.key, text, secret)
       if (reason === null || !isScalar(pair.key)) continue
