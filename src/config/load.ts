@@ -14,7 +14,7 @@ import { utcOffsetMinutes } from '../limit/algorithms/calendar-quota.js'
 import { validateLimitSpec } from '../limit/algorithms/index.js'
 import ipaddr from 'ipaddr.js'
 import { parseDuration } from './units.js'
-import { DUPLICATE_KEY, misreadScalar, repeatedKeys } from '../identify/yaml-scalars.js'
+import { DUPLICATE_KEY, misreadScalar, repeatedKeys, unresolvedTags } from '../identify/yaml-scalars.js'
 import { API_KEY_CHARS, API_KEY_TEXT } from '../identify/api-key-file.js'
 import { MAX_USER_LENGTH } from '../identify/identity.js'
 import { HOP_BY_HOP } from '../proxy/hop-by-hop.js'
@@ -197,6 +197,9 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
   }
 
   const problems: ConfigProblem[] = []
+  for (const { path, offset, tag } of unresolvedTags(doc)) {
+    problems.push(at(offset, path, `unknown tag ${tag.replace(/^tag:yaml\.org,2002:/, '!!')}: it would be dropped and the text after it taken as written (write \${VAR} for a value from the environment)`))
+  }
   for (const [path, offset, message] of misreadNames(doc, text)) problems.push(at(offset, path, message))
   if (problems.length > 0) throw new ConfigError(problems)
   const aliasProblem = aliasProblemIn(doc)

@@ -1,0 +1,33 @@
+// `gateway validate` (bin/gateway as a real process) on files that YAML reads otherwise than they
+// look: each was accepted, and the gateway would have run something the operator did not write.
+import t, { type Test } from 'tap'
+import { spawnSync } from 'node:child_process'
+import { mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { resolve } from 'node:path'
+
+const ROUTES = `upstreams:
+  b: { targets: [http://127.0.0.1:1] }
+routes:
+  - { name: a, pathPrefix: /, upstream: b }
+`
+
+async function validate (t: Test, text: string | Buffer): Promise<{ status: number | null, out: string, file: string }> {
+  const dir = await mkdtemp(resolve(tmpdir(), 'gw-yaml-edges-'))
+  t.teardown(() => rm(dir, { recursive: true, force: true }))
+  const file = resolve(dir, 'gateway.yaml')
+  await writeFile(file, text)
+  const r = spawnSync(process.execPath, ['bin/gateway', 'validate', '-c', file], { encoding: 'utf8' })
+  return { status: r.status, out: r.stdout + r.stderr, file }
+}
+
+t.test('a custom tag (!env NAME) is a located error, not the literal text as an admin token', async t => {
+  const r = await validate(t, `admin: { listen: 127.0.0.1:9901, token: !env GATEWAY_ADMIN_TOKEN }\n${ROUTES}`)
+  t.equal(r.status, 1, r.out)
+  t.equal(r.out, `${r.file}:1:46 admin.token: unknown tag !env: it would be dropped and the text after it taken as written (write \${VAR} for a value from the environment)\n`)
+  const fn = await validate(t, `upstreams:\n  b: { targets: [http://127.0.0.1:1] }\nroutes:\n  - { name: !!js/function a, pathPrefix: /, upstream: b }\n`)
+  t.equal(fn.status, 1, fn.out)
+  t.match(fn.out, `${fn.file}:4:27 routes[0].name: unknown tag !!js/function:`)
+  const core = await validate(t, `workers: !!int 1\n${ROUTES.replace('upstream: b', 'upstream: !!str b')}`)
+  t.equal(core.status, 0, `the core schema's own tags still read: ${core.out}`)
+})
