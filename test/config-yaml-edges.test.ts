@@ -31,3 +31,13 @@ t.test('a custom tag (!env NAME) is a located error, not the literal text as an 
   const core = await validate(t, `workers: !!int 1\n${ROUTES.replace('upstream: b', 'upstream: !!str b')}`)
   t.equal(core.status, 0, `the core schema's own tags still read: ${core.out}`)
 })
+
+t.test('local.window of 0 (a level that never limited) or past 2^50 µs (Retry-After: 3.6e+26) is a located error', async t => {
+  for (const window of ['0s', '99999999999999999999999h']) {
+    const r = await validate(t, `local: { limit: 1, window: ${window} }\n${ROUTES}`)
+    t.equal(r.status, 1, r.out)
+    t.equal(r.out, `${r.file}:1:28 local.window: must be from 1ms to 312749h (2^50 µs, the longest window a limit takes): 0 would refill the bucket at once, so the level would never limit\n`)
+  }
+  const ok = await validate(t, `local: { limit: 1, window: 312749h }\n${ROUTES}`)
+  t.equal(ok.status, 0, ok.out)
+})

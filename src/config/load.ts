@@ -11,7 +11,7 @@ import { Worker } from 'node:worker_threads'
 import { configSchema, gatewayJsonSchema, BUCKET_ALGORITHMS, type GatewayConfig, type LimitConfig } from './schema.js'
 import { adminListen, applyDefaults, deepFreeze, type ResolvedConfig } from './defaults.js'
 import { utcOffsetMinutes } from '../limit/algorithms/calendar-quota.js'
-import { validateLimitSpec } from '../limit/algorithms/index.js'
+import { MAX_EXACT, validateLimitSpec } from '../limit/algorithms/index.js'
 import ipaddr from 'ipaddr.js'
 import { parseDuration } from './units.js'
 import { DUPLICATE_KEY, misreadScalar, repeatedKeys, unresolvedTags } from '../identify/yaml-scalars.js'
@@ -569,6 +569,12 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
   for (const dim of ['global', 'ip', 'user'] as const) {
     const limit = config.limits?.[dim]
     if (limit !== undefined) out.push(...checkLimit(limit, ['limits', dim]))
+  }
+  // The local level refills limit/window tokens per ms: a window of 0 refilled the bucket at once (the
+  // level never limited), one past the limits' bound made Retry-After and RateLimit-Policy 3.6e+26
+  const localMs = config.local === undefined ? 1 : parseDuration(config.local.window)
+  if (localMs < 1 || localMs * 1000 > MAX_EXACT) {
+    out.push([['local', 'window'], `must be from 1ms to ${Math.floor(MAX_EXACT / 3.6e9)}h (2^50 µs, the longest window a limit takes): 0 would refill the bucket at once, so the level would never limit`])
   }
   const hasUserLimit = config.limits?.user !== undefined || config.routes.some(r => r.limits?.user !== undefined) ||
     Object.values(config.plans ?? {}).some(p => p.limits !== undefined || p.routes !== undefined)
