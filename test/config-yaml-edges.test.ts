@@ -41,3 +41,10 @@ t.test('local.window of 0 (a level that never limited) or past 2^50 µs (Retry-A
   const ok = await validate(t, `local: { limit: 1, window: 312749h }\n${ROUTES}`)
   t.equal(ok.status, 0, ok.out)
 })
+
+t.test('a "__proto__" key is an unknown key, not a prototype the schema reads keys through', async t => {
+  // before: accepted, and the gateway ran with workers: 4
+  const r = await validate(t, `__proto__: { workers: 4 }\n${ROUTES}`)
+  t.equal(r.status, 1, r.out)
+  t.equal(r.out, `${r.file}:1:1 __proto__: unknown key "__proto__"\n`)
+})

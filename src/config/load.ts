@@ -342,7 +342,9 @@ function substituteEnv (value: unknown, path: KeyPath, env: NodeJS.ProcessEnv, f
         if (key.includes('${') && k.replace(ENV_RE, '').includes('${')) fail([...path, k], `"\${" in a key is not a complete \${VAR} reference`)
         else if (Object.hasOwn(out, key)) fail([...path, k], `key "${k}" is substituted to a key that is already present`)
       }
-      out[key] = substituteEnv(v, [...path, k], env, fail)
+      // defined, not assigned: `out.__proto__ = {workers: 4}` set the prototype, so the schema read
+      // workers: 4 through it and never saw the unknown key
+      Object.defineProperty(out, key, { value: substituteEnv(v, [...path, k], env, fail), enumerable: true, writable: true, configurable: true })
     }
     return out
   }
