@@ -48,3 +48,12 @@ t.test('a "__proto__" key is an unknown key, not a prototype the schema reads ke
   t.equal(r.status, 1, r.out)
   t.equal(r.out, `${r.file}:1:1 __proto__: unknown key "__proto__"\n`)
 })
+
+t.test('bytes that are not UTF-8 are a located error, not a jwt.secret silently changed to U+FFFD', async t => {
+  const latin1 = Buffer.concat([Buffer.from('identity: { jwt: { secret: "caf'), Buffer.from([0xe9]), Buffer.from(`-0123456789abcdef0123456789abcdef" } }\n${ROUTES}`)])
+  const r = await validate(t, latin1)
+  t.equal(r.status, 1, r.out)
+  t.equal(r.out, `${r.file}:1:32: the file is not UTF-8 here (bytes read as U+FFFD, the replacement character): save it as UTF-8\n`)
+  const utf8 = await validate(t, `identity: { jwt: { secret: "café-0123456789abcdef0123456789abcdef" } }\n${ROUTES}`)
+  t.equal(utf8.status, 0, utf8.out)
+})

@@ -191,6 +191,10 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
     return { file: name, line: pos.line, column: pos.col, path: formatKeyPath([...path.slice(0, 3), API_KEY_SHOWN, ...path.slice(4)]), message: message.split(secret).join(API_KEY_SHOWN) }
   }
 
+  // readFile(file, 'utf8') turns every byte that is not UTF-8 into U+FFFD without a word: a
+  // jwt.secret saved in Latin-1 was silently another secret, and each client's token failed
+  const replaced = text.indexOf('\uFFFD')
+  if (replaced !== -1) throw new ConfigError([at(replaced, [], 'the file is not UTF-8 here (bytes read as U+FFFD, the replacement character): save it as UTF-8')])
   const errors = [...doc.errors.map(e => [e.pos[0], e.message.split('\n')[0] ?? e.message] as const), ...repeatedKeys(doc).map(offset => [offset, DUPLICATE_KEY] as const)]
   if (errors.length > 0) {
     throw new ConfigError(errors.sort((a, b) => a[0] - b[0]).map(([offset, message]) => at(offset, [], message)))
