@@ -83,6 +83,7 @@ function version (): string {
 
 /** Runs one command; every failure is one line on stderr and an exit code, never a stack trace. */
 export async function main (argv: string[]): Promise<number> {
+  process.stdout.on('error', outputFailed)
   try {
     return await run(argv)
   } catch (err) {
@@ -94,6 +95,17 @@ export async function main (argv: string[]): Promise<number> {
     process.stderr.write(`gateway: ${(err as Error).message ?? String(err)}\n`)
     return 1
   }
+}
+
+/**
+ * A write to stdout that fails (a full disk: `gateway schema > /dev/full`) is an 'error' event after
+ * the command has returned: unhandled, it was a stack trace and exit 1. A reader that stopped reading
+ * (`gateway schema | head -1`, EPIPE) is no failure of the command.
+ */
+function outputFailed (err: NodeJS.ErrnoException): void {
+  if (err.code === 'EPIPE') return
+  process.stderr.write(`gateway: cannot write to stdout: ${err.message}\n`)
+  process.exitCode = EXIT_INVALID
 }
 
 async function run (argv: string[]): Promise<number> {
