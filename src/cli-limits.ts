@@ -3,6 +3,7 @@
 import { parseArgs } from 'node:util'
 import { loadConfigFile } from './config/load.js'
 import { adminListen, adminToken } from './config/defaults.js'
+import { isHostPort } from './config/schema.js'
 import { splitHostPort } from './server.js'
 
 export const LIMITS_HELP = `Usage: gateway limits get|reset --route NAME [--ip ADDR] [--user NAME] [--plan NAME]
@@ -51,6 +52,10 @@ export async function limitsCommand (argv: string[]): Promise<number> {
   }
   if ((action !== 'get' && action !== 'reset') || values.route === undefined) {
     process.stderr.write(LIMITS_HELP)
+    return 2
+  }
+  if (values.admin !== undefined && !isHostPort(values.admin)) {
+    process.stderr.write(`gateway limits: --admin expects HOST:PORT, got "${values.admin}"\n`)
     return 2
   }
   let admin = values.admin

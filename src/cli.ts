@@ -2,7 +2,7 @@
 import { parseArgs } from 'node:util'
 import { readFileSync, writeFileSync, rmSync } from 'node:fs'
 import { loadConfigFile, ConfigError } from './config/load.js'
-import { gatewayJsonSchema } from './config/schema.js'
+import { gatewayJsonSchema, isHostPort } from './config/schema.js'
 import { adminListen } from './config/defaults.js'
 import { checkRuntime, compileOffline } from './runtime.js'
 import { Gateway, restartNeededMessage, splitHostPort, type ReloadSource } from './server.js'
@@ -228,6 +228,11 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
   const timeoutMs = timeoutOption === undefined ? 10_000 : Number(timeoutOption) * 1000
   if (!Number.isFinite(timeoutMs) || timeoutMs <= 0) {
     process.stderr.write(`gateway reload: --timeout expects seconds, got "${timeoutOption}"\n`)
+    return EXIT_USAGE
+  }
+  // a typo here signalled the gateway and then waited on "http://jun:NaN" (--admin junk)
+  if (adminOption !== undefined && !isHostPort(adminOption)) {
+    process.stderr.write(`gateway reload: --admin expects HOST:PORT, got "${adminOption}"\n`)
     return EXIT_USAGE
   }
   let pidText: string

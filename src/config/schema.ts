@@ -28,6 +28,9 @@ const portInRange = (hp: string): boolean => Number(hp.slice(hp.lastIndexOf(':')
 const hostPort = z.string().regex(/^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$/, 'expected "host:port", e.g. "0.0.0.0:8080"')
   .refine(portInRange, 'the port must be at most 65535')
 
+/** Whether `value` is a "host:port" as `listen` and `admin` take it (the CLI's --admin). */
+export const isHostPort = (value: string): boolean => hostPort.safeParse(value).success
+
 /** A redis:// URL the client can connect with: it parses, port included, and its password's %-escapes decode. */
 function connectableRedisUrl (value: string): boolean {
   try {

@@ -1,0 +1,34 @@
+// `gateway reload --admin junk`: a typo in the option signalled the gateway, then waited on
+// "http://jun:NaN" and reported exit 4, the outcome unknown; `gateway limits` called it unreachable.
+import t from 'tap'
+import { spawn, spawnSync } from 'node:child_process'
+import { mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { resolve } from 'node:path'
+
+t.test('gateway reload with an --admin that is not HOST:PORT is a usage error, and nothing is signalled', async t => {
+  const dir = await mkdtemp(resolve(tmpdir(), 'gw-reload-admin-'))
+  t.teardown(() => rm(dir, { recursive: true, force: true }))
+  const file = resolve(dir, 'gateway.yaml')
+  await writeFile(file, 'upstreams:\n  b: { targets: [http://127.0.0.1:1] }\nroutes:\n  - { name: a, pathPrefix: /, upstream: b }\n')
+  // a process SIGHUP would end (Node's default action) stands for the gateway in the pid file
+  const target = spawn(process.execPath, ['-e', 'setInterval(() => {}, 1000)'], { stdio: 'ignore' })
+  t.teardown(() => { target.kill('SIGKILL') })
+  const pidFile = resolve(dir, 'gateway.pid')
+  await writeFile(pidFile, `${String(target.pid)}\n`)
+  for (const admin of ['junk', '[::1]:99999']) {
+    const r = spawnSync(process.execPath, ['bin/gateway', 'reload', '-c', file, '--pid-file', pidFile, '--admin', admin], { encoding: 'utf8' })
+    t.equal(r.status, 2, r.stderr)
+    t.equal(r.stderr, `gateway reload: --admin expects HOST:PORT, got "${admin}"\n`)
+  }
+  // a SIGHUP sent would have ended it by now (its exit is seen once the event loop turns)
+  await new Promise(resolve => setTimeout(resolve, 500))
+  t.equal(target.exitCode, null, 'not signalled')
+  t.equal(target.signalCode, null, 'not signalled')
+})
+
+t.test('gateway limits with an --admin that is not HOST:PORT is a usage error, not "http://jun:NaN unreachable"', async t => {
+  const r = spawnSync(process.execPath, ['bin/gateway', 'limits', 'get', '--route', 'a', '--admin', 'junk'], { encoding: 'utf8' })
+  t.equal(r.status, 2, r.stderr)
+  t.equal(r.stderr, 'gateway limits: --admin expects HOST:PORT, got "junk"\n')
+})
