@@ -57,3 +57,9 @@ t.test('bytes that are not UTF-8 are a located error, not a jwt.secret silently 
   const utf8 = await validate(t, `identity: { jwt: { secret: "café-0123456789abcdef0123456789abcdef" } }\n${ROUTES}`)
   t.equal(utf8.status, 0, utf8.out)
 })
+
+t.test('listen without a port is one problem, not also "the port must be at most 65535"', async t => {
+  const r = await validate(t, `listen: localhost\n${ROUTES}`)
+  t.equal(r.status, 1, r.out)
+  t.equal(r.out, `${r.file}:1:9 listen: expected "host:port", e.g. "0.0.0.0:8080"\n`)
+})

@@ -23,8 +23,11 @@ const size = z.union([
   z.int().nonnegative(),
   z.string().regex(SIZE_RE, 'expected a size like 1048576, "512kb", "10mb" or "1gb"')
 ])
-/** A port written after the last ":" that TCP can have (the regexes take up to 5 digits). */
-const portInRange = (hp: string): boolean => Number(hp.slice(hp.lastIndexOf(':') + 1)) <= 65535
+/**
+ * A port written after the last ":" that TCP can have (the regexes take up to 5 digits). No port
+ * (`listen: localhost`) is the pattern's issue alone: it also said "the port must be at most 65535".
+ */
+const portInRange = (hp: string): boolean => !(Number(hp.slice(hp.lastIndexOf(':') + 1)) > 65535)
 const hostPort = z.string().regex(/^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$/, 'expected "host:port", e.g. "0.0.0.0:8080"')
   .refine(portInRange, 'the port must be at most 65535')
 
