@@ -200,6 +200,9 @@ interface ReloadView {
   /** The process answering (the primary in workers mode); absent from a gateway older than the field. */
   readonly pid?: number
   readonly generation: number
+  /** sha256 of the running config file's text, and that file as the gateway was started with it. */
+  readonly hash?: string
+  readonly file?: string
   readonly lastReload: { attempt: number, ok: boolean, generation: number, problems: string[], restartNeeded?: string[] } | null
   /** A reload running or queued (absent from a gateway older than the field). */
   readonly reloadPending?: boolean
@@ -291,6 +294,12 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
     // A reload already running when the signal came is followed by one more that reads the file
     // again: the verdict of the first one is not this file's.
     if (last === null || last.attempt <= attemptBefore || view.reloadPending === true) continue
+    // The gateway re-reads its own file: `-c` naming another one was validated here, then reported
+    // as reloaded while the gateway ran its file (or the file changed after it was validated here).
+    if (last.ok && view.hash !== undefined && view.hash !== loaded.hash) {
+      process.stderr.write(`gateway reload: the running gateway reloaded its own file${view.file === undefined ? '' : ` (${view.file})`}, not the text of ${configFile} validated here (another file, or one edited since): generation ${last.generation} runs that file\n`)
+      return EXIT_INVALID
+    }
     if (last.ok) {
       process.stdout.write(`reloaded: generation ${before.generation} -> ${last.generation} (pid ${pid})\n`)
       const restart = last.restartNeeded ?? []
