@@ -4,7 +4,7 @@ import t, { type Test } from 'tap'
 import { spawnSync } from 'node:child_process'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
-import { resolve } from 'node:path'
+import { dirname, resolve } from 'node:path'
 
 const ROUTES = `upstreams:
   b: { targets: [http://127.0.0.1:1] }
@@ -62,4 +62,14 @@ t.test('listen without a port is one problem, not also "the port must be at most
   const r = await validate(t, `listen: localhost\n${ROUTES}`)
   t.equal(r.status, 1, r.out)
   t.equal(r.out, `${r.file}:1:9 listen: expected "host:port", e.g. "0.0.0.0:8080"\n`)
+})
+
+t.test('a custom tag in the API key file is a located error, not the key "PROD_KEY_VARIABLE_1"', async t => {
+  const r = await validate(t, `identity: { apiKeys: { header: x-api-key, file: keys.yaml } }\n${ROUTES}`)
+  t.equal(r.status, 1, 'keys.yaml is not written yet')
+  const keys = resolve(dirname(r.file), 'keys.yaml')
+  await writeFile(keys, '!env PROD_KEY_VARIABLE_1: alice\n')
+  const again = spawnSync(process.execPath, ['bin/gateway', 'validate', '-c', r.file], { encoding: 'utf8' })
+  t.equal(again.status, 1, again.stdout)
+  t.equal(again.stderr, `${keys}:1:6 [0]: unknown tag !env: it would be dropped and the text after it taken as written (this file substitutes nothing)\n`)
 })

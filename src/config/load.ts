@@ -202,7 +202,7 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
 
   const problems: ConfigProblem[] = []
   for (const { path, offset, tag } of unresolvedTags(doc)) {
-    problems.push(at(offset, path, `unknown tag ${tag.replace(/^tag:yaml\.org,2002:/, '!!')}: it would be dropped and the text after it taken as written (write \${VAR} for a value from the environment)`))
+    problems.push(at(offset, path, `unknown tag ${tag}: it would be dropped and the text after it taken as written (write \${VAR} for a value from the environment)`))
   }
   for (const [path, offset, message] of misreadNames(doc, text)) problems.push(at(offset, path, message))
   if (problems.length > 0) throw new ConfigError(problems)

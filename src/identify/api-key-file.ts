@@ -4,7 +4,7 @@
 import { readFile } from 'node:fs/promises'
 import { LineCounter, parseDocument, isMap, isScalar } from 'yaml'
 import { MAX_USER_LENGTH, type ConsumerDirectory } from './identity.js'
-import { DUPLICATE_KEY, misreadScalar, repeatedKeys } from './yaml-scalars.js'
+import { DUPLICATE_KEY, misreadScalar, repeatedKeys, unknownTag } from './yaml-scalars.js'
 
 /**
  * What an API key may hold: what a header value carries byte for byte (RFC 9110 §5.5: visible
@@ -77,6 +77,12 @@ export async function readApiKeyFile (file: string | undefined, consumers: Consu
     const where = isScalar(keyNode) ? keyNode.range?.[0] : undefined
     if (!isScalar(keyNode) || key.length === 0 || key.trim() !== key) {
       problems.push(at(where, `[${i}]`, 'an API key must be non-empty without surrounding spaces'))
+      continue
+    }
+    // `!env NAME: alice` was the key "NAME" (yaml keeps the text after a tag it does not know)
+    const tag = unknownTag(doc, keyNode) ?? unknownTag(doc, valueNode)
+    if (tag !== null) {
+      problems.push(at(where, `[${i}]`, `unknown tag ${tag}: it would be dropped and the text after it taken as written (this file substitutes nothing)`))
       continue
     }
     // the reason names the value YAML read, never the text: that is the secret

@@ -3,7 +3,7 @@
 // written `007123456789` would then be `7123456789`, and a line `: eve` (an empty variable in a
 // generated file) would make the literal key "null" valid. Such a key is refused, located, and
 // the fix named: quote it.
-import { isPair, isScalar, isSeq, visit, type Document, type Scalar } from 'yaml'
+import { isNode, isPair, isScalar, isSeq, visit, type Document, type Scalar } from 'yaml'
 
 /**
  * Why the scalar `node` of `text` is not read as the text written, or null when it is. `secret`:
@@ -53,19 +53,25 @@ export function repeatedKeys (doc: Document): number[] {
  * mere warning: `token: !env GATEWAY_ADMIN_TOKEN` was the token "GATEWAY_ADMIN_TOKEN".
  */
 export function unresolvedTags (doc: Document): Array<{ path: Array<string | number>, offset: number, tag: string }> {
-  const known = new Set(doc.schema.tags.map(t => t.tag))
   const out: Array<{ path: Array<string | number>, offset: number, tag: string }> = []
   visit(doc, {
     Node: (_key, node, ancestors) => {
-      if (node.tag === undefined || known.has(node.tag)) return
+      if (node.tag === undefined || unknownTag(doc, node) === null) return
       const chain: unknown[] = [...ancestors, node]
       const path: Array<string | number> = []
       chain.forEach((a, i) => {
         if (isPair(a) && chain[i + 1] === a.value && isScalar(a.key)) path.push(String(a.key.value))
         else if (isSeq(a)) path.push(a.items.indexOf(chain[i + 1] as never))
       })
-      out.push({ path, offset: node.range?.[0] ?? 0, tag: node.tag })
+      out.push({ path, offset: node.range?.[0] ?? 0, tag: unknownTag(doc, node) as string })
     }
   })
   return out
+}
+
+/** The tag of `node` as written (`!env`, `!!js/function`) when the core schema does not know it, else null. */
+export function unknownTag (doc: Document, node: unknown): string | null {
+  const tag = isNode(node) ? node.tag : undefined
+  if (tag === undefined || doc.schema.tags.some(t => t.tag === tag)) return null
+  return tag.replace(/^tag:yaml\.org,2002:/, '!!')
 }
