@@ -2,6 +2,7 @@
 // that matches, who the client is, and each limit that applies, with its algorithm, parameters and
 // store key. It asks the runtime compiled by src/runtime.ts (the live gateway's own factory, run
 // offline), so it cannot disagree with the gateway on routing, identity or plans.
+import { METHODS } from 'node:http'
 import { normalizePath, requestTargetAuthority, requestTargetPath, requestTargetQuery } from './router/normalize-path.js'
 import { normalizeHost } from './router/route-table.js'
 import { checkTargetAuthority } from './router/request-head.js'
@@ -35,7 +36,13 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
     const i = h.indexOf(':')
     if (i > 0) headers[h.slice(0, i).trim().toLowerCase()] = h.slice(i + 1).trim()
   }
-  const method = req.method.toUpperCase()
+  // node's parser takes the methods it knows, as written (RFC 9110 §9.1: case-sensitive): the live
+  // gateway answers "get" or "FOO" 400, where explain routed them as GET
+  if (!METHODS.includes(req.method)) {
+    const upper = req.method.toUpperCase()
+    return `400 GW_ERR_BAD_REQUEST: HPE_INVALID_METHOD (${METHODS.includes(upper) ? `methods are case-sensitive: ${upper}` : 'not a method node\'s HTTP parser knows'})\n`
+  }
+  const method = req.method
   const lines: string[] = []
   // the raw target, split and normalized as the live gateway does (src/pipeline.ts): URL's
   // parsing resolves "..", turns "\\" into "/" and drops "#...", and routed what the gateway refuses

@@ -47,6 +47,15 @@ routes:
     t.equal(live.json?.error, 'GW_ERR_UNAUTHORIZED')
   })
 
+  t.test('a method node does not know, or one in lower case, is a 400 in both (explain routed "get" as GET)', async t => {
+    for (const [method, why] of [['get', 'methods are case-sensitive: GET'], ['FOO', 'not a method node\'s HTTP parser knows']]) {
+      t.equal(explain(file, method, '/api/x'), `400 GW_ERR_BAD_REQUEST: HPE_INVALID_METHOD (${why})\n`)
+      const live = await rawRequest(gw.port, `${method} /api/x HTTP/1.1\r\nHost: a\r\n`)
+      t.equal(live.status, 400)
+      t.same([live.json?.error, live.json?.message], ['GW_ERR_BAD_REQUEST', 'HPE_INVALID_METHOD'])
+    }
+  })
+
   t.test('routing.caseInsensitive applies to every route: routed in both', async t => {
     const text = explain(file, 'GET', '/admin/users')
     t.match(text, /^route: +admin -> upstream backend$/m, text)
