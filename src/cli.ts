@@ -71,6 +71,8 @@ Shows the route a request would take and every limit that would apply, without s
 `
 }
 
+const LOG_LEVELS: readonly LogLevel[] = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']
+
 const EXIT_INVALID = 1
 const EXIT_USAGE = 2
 const EXIT_NOT_RUNNING = 3
@@ -182,8 +184,15 @@ async function run (argv: string[]): Promise<number> {
       } catch (err) {
         return reportConfigError(err)
       }
-    case 'start':
-      return start(configFile, values['log-level'] as LogLevel | undefined, values['pid-file'])
+    case 'start': {
+      const level = values['log-level']
+      // pino's own refusal blamed the config file: "gateway.yaml: default level:junk must be included in custom levels"
+      if (level !== undefined && !LOG_LEVELS.includes(level as LogLevel)) {
+        process.stderr.write(`gateway: --log-level expects one of ${LOG_LEVELS.join(', ')}, got "${level}"\n`)
+        return EXIT_USAGE
+      }
+      return start(configFile, level as LogLevel | undefined, values['pid-file'])
+    }
     default:
       process.stderr.write(`gateway: unknown command "${command}"\n\n${HELP}`)
       return EXIT_USAGE

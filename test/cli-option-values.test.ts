@@ -1,5 +1,6 @@
-// `gateway reload --admin junk`: a typo in the option signalled the gateway, then waited on
-// "http://jun:NaN" and reported exit 4, the outcome unknown; `gateway limits` called it unreachable.
+// Option values the CLI did not check. `gateway reload --admin junk`: a typo in the option signalled
+// the gateway, then waited on "http://jun:NaN" and reported exit 4, the outcome unknown; `gateway
+// limits` called it unreachable. `--log-level junk` was blamed on the config file.
 import t from 'tap'
 import { spawn, spawnSync } from 'node:child_process'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
@@ -31,4 +32,10 @@ t.test('gateway limits with an --admin that is not HOST:PORT is a usage error, n
   const r = spawnSync(process.execPath, ['bin/gateway', 'limits', 'get', '--route', 'a', '--admin', 'junk'], { encoding: 'utf8' })
   t.equal(r.status, 2, r.stderr)
   t.equal(r.stderr, 'gateway limits: --admin expects HOST:PORT, got "junk"\n')
+})
+
+t.test('gateway start --log-level junk is a usage error, not the config file blamed for pino\'s refusal', async t => {
+  const r = spawnSync(process.execPath, ['bin/gateway', 'start', '-c', 'gateway.yaml', '--log-level', 'junk'], { encoding: 'utf8', timeout: 10_000 })
+  t.equal(r.status, 2, r.stderr)
+  t.equal(r.stderr, 'gateway: --log-level expects one of fatal, error, warn, info, debug, trace, silent, got "junk"\n')
 })
