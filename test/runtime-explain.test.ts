@@ -48,7 +48,7 @@ routes:
   })
 
   t.test('a method node does not know, or one in lower case, is a 400 in both (explain routed "get" as GET)', async t => {
-    for (const [method, why] of [['get', 'methods are case-sensitive: GET'], ['FOO', 'not a method node\'s HTTP parser knows']]) {
+    for (const [method, why] of [['get', 'methods are case-sensitive: GET'], ['FOO', 'not a method node\'s HTTP parser knows']] as const) {
       t.equal(explain(file, method, '/api/x'), `400 GW_ERR_BAD_REQUEST: HPE_INVALID_METHOD (${why})\n`)
       const live = await rawRequest(gw.port, `${method} /api/x HTTP/1.1\r\nHost: a\r\n`)
       t.equal(live.status, 400)
