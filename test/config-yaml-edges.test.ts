@@ -73,3 +73,9 @@ t.test('a custom tag in the API key file is a located error, not the key "PROD_K
   t.equal(again.status, 1, again.stdout)
   t.equal(again.stderr, `${keys}:1:6 [0]: unknown tag !env: it would be dropped and the text after it taken as written (this file substitutes nothing)\n`)
 })
+
+t.test('a list as a key (? [a, b]) is located, without a Node warning on stderr', async t => {
+  const r = await validate(t, `listen: 127.0.0.1:8080\n? [a, b]\n: 1\n${ROUTES}`)
+  t.equal(r.status, 1, r.out)
+  t.equal(r.out, `${r.file}:2:3: a key must be a name, not a list or a map\n`)
+})

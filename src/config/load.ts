@@ -204,6 +204,13 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
   for (const { path, offset, tag } of unresolvedTags(doc)) {
     problems.push(at(offset, path, `unknown tag ${tag}: it would be dropped and the text after it taken as written (write \${VAR} for a value from the environment)`))
   }
+  // `? [a, b]` as a key: toJS stringified it with a Node warning on stderr, and the unknown key
+  // "[ a, b ]" it became could not be located (1:1)
+  visit(doc, {
+    Pair: (_key, pair) => {
+      if (isCollection(pair.key)) problems.push(at(rangeStart(pair.key), [], 'a key must be a name, not a list or a map'))
+    }
+  })
   for (const [path, offset, message] of misreadNames(doc, text)) problems.push(at(offset, path, message))
   if (problems.length > 0) throw new ConfigError(problems)
   const aliasProblem = aliasProblemIn(doc)
