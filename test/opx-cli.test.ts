@@ -2,35 +2,17 @@
 // gateway's verdict, help exists per command, failures are one line with an exit code per kind.
 import t from 'tap'
 import { writeFileSync, readFileSync, utimesSync } from 'node:fs'
-import { execFile, spawn } from 'node:child_process'
+import { spawn } from 'node:child_process'
 import net from 'node:net'
 import { once } from 'node:events'
 import { spawnGateway, childEnv, writeConfig } from './helpers/gateway.js'
 import { refusingUrl, startUpstream } from './helpers/upstream.js'
-
-interface Run { code: number, stdout: string, stderr: string }
-
-function gateway (args: string[], env: NodeJS.ProcessEnv = {}): Promise<Run> {
-  return new Promise(resolve => {
-    execFile(process.execPath, ['bin/gateway', ...args], { env: childEnv(env) }, (err, stdout, stderr) => {
-      resolve({ code: err === null ? 0 : (err as { code?: number }).code ?? 1, stdout, stderr })
-    })
-  })
-}
-
-const config = (upstream: string, route: string): string => `
-listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  backend: { targets: ["${upstream}"] }
-routes:
-  - { name: ${route}, pathPrefix: /, upstream: backend }
-`
+import { gateway, oneRoute } from './helpers/cli.js'
 
 t.test('reload: a valid edit reports the new generation once the gateway has swapped', async t => {
   const up = await startUpstream(t)
-  const gw = await spawnGateway(t, config(up.url, 'first'))
-  writeFileSync(gw.file, config(up.url, 'second'))
+  const gw = await spawnGateway(t, oneRoute(up.url, 'first'))
+  writeFileSync(gw.file, oneRoute(up.url, 'second'))
   const r = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`])
   t.equal(r.code, 0, r.stderr)
   t.match(r.stdout, /reloaded: generation 1 -> 2/)
@@ -43,8 +25,8 @@ t.test('reload: a valid edit reports the new generation once the gateway has swa
 
 t.test('reload: a change that needs a restart (listen) is accepted and named on stderr', async t => {
   const up = await startUpstream(t)
-  const gw = await spawnGateway(t, config(up.url, 'first'))
-  writeFileSync(gw.file, config(up.url, 'second').replace('listen: 127.0.0.1:0', 'listen: 127.0.0.1:1'))
+  const gw = await spawnGateway(t, oneRoute(up.url, 'first'))
+  writeFileSync(gw.file, oneRoute(up.url, 'second').replace('listen: 127.0.0.1:0', 'listen: 127.0.0.1:1'))
   const r = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`])
   t.equal(r.code, 0, r.stderr)
   t.match(r.stdout, /reloaded: generation 1 -> 2/)
@@ -56,7 +38,7 @@ t.test('reload: a change that needs a restart (listen) is accepted and named on 
   t.same([first.ok, first.generation, first.restartNeeded], [true, 2, ['listen']], '/config names it too')
 
   // listen back as started, the admin address and workers changed: a single process names both
-  writeFileSync(gw.file, config(up.url, 'third').replace('admin: 127.0.0.1:0', 'admin: 127.0.0.1:1') + 'workers: 2\n')
+  writeFileSync(gw.file, oneRoute(up.url, 'third').replace('admin: 127.0.0.1:0', 'admin: 127.0.0.1:1') + 'workers: 2\n')
   const again = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`])
   t.equal(again.code, 0, again.stderr)
   t.match(again.stdout, /reloaded: generation 2 -> 3/)
@@ -68,7 +50,7 @@ t.test('reload: a change that needs a restart (listen) is accepted and named on 
 
 t.test('reload: signalled while another reload runs, it reports the verdict of the reload that read its file', async t => {
   const up = await startUpstream(t)
-  const gw = await spawnGateway(t, config(up.url, 'first'))
+  const gw = await spawnGateway(t, oneRoute(up.url, 'first'))
   const adminConfig = async (): Promise<{ generation: number, reloadPending: boolean }> => await (await fetch(`${gw.adminUrl}/config`)).json() as { generation: number, reloadPending: boolean }
   // Each reload below takes 2 s in the gateway: its Redis takes connections and never answers,
   // and the start of a store waits that long for it (the CLI's own check opens nothing).
@@ -79,13 +61,13 @@ t.test('reload: signalled while another reload runs, it reports the verdict of t
     t.teardown(() => { silent.close() })
     return `redis://127.0.0.1:${(silent.address() as net.AddressInfo).port}`
   }
-  writeFileSync(gw.file, config(up.url, 'first') + `redis: { url: "${await silentRedis()}", timeout: 100ms }\n`)
+  writeFileSync(gw.file, oneRoute(up.url, 'first') + `redis: { url: "${await silentRedis()}", timeout: 100ms }\n`)
   process.kill(gw.child.pid!, 'SIGHUP')
   for (let i = 0; i < 500 && !(await adminConfig()).reloadPending; i++) await new Promise(resolve => setTimeout(resolve, 10))
   t.equal((await adminConfig()).reloadPending, true, 'the first reload is running')
   // meanwhile the operator writes the next file and runs gateway reload: its SIGHUP queues a
   // second reload, whose verdict comes 2 s after the first one's
-  writeFileSync(gw.file, config(up.url, 'second').replace('listen: 127.0.0.1:0', 'listen: 127.0.0.1:1') + `redis: { url: "${await silentRedis()}", timeout: 100ms }\n`)
+  writeFileSync(gw.file, oneRoute(up.url, 'second').replace('listen: 127.0.0.1:0', 'listen: 127.0.0.1:1') + `redis: { url: "${await silentRedis()}", timeout: 100ms }\n`)
   const r = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`])
   t.equal(r.code, 0, r.stderr)
   // "2 -> 3" when the CLI started so slowly that the first reload had ended before it looked
@@ -96,8 +78,8 @@ t.test('reload: signalled while another reload runs, it reports the verdict of t
 
 t.test('reload: an invalid file is never signalled; located errors, exit 1', async t => {
   const up = await startUpstream(t)
-  const gw = await spawnGateway(t, config(up.url, 'first'))
-  writeFileSync(gw.file, config(up.url, 'first').replace('pathPrefix', 'pathprefix'))
+  const gw = await spawnGateway(t, oneRoute(up.url, 'first'))
+  writeFileSync(gw.file, oneRoute(up.url, 'first').replace('pathPrefix', 'pathprefix'))
   const r = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`])
   t.equal(r.code, 1)
   t.match(r.stderr, /not signalled/)
@@ -109,9 +91,9 @@ t.test('reload: an invalid file is never signalled; located errors, exit 1', asy
 
 t.test('reload: a file the running gateway rejects (its environment differs) exits 1 with its errors', async t => {
   const up = await startUpstream(t)
-  const gw = await spawnGateway(t, config(up.url, 'first'))
+  const gw = await spawnGateway(t, oneRoute(up.url, 'first'))
   // valid for the CLI (the variable is set in its environment), rejected by the gateway (not set there)
-  writeFileSync(gw.file, config('${UPSTREAM_FOR_CLI_ONLY}', 'second'))
+  writeFileSync(gw.file, oneRoute('${UPSTREAM_FOR_CLI_ONLY}', 'second'))
   const r = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`], { UPSTREAM_FOR_CLI_ONLY: up.url })
   t.equal(r.code, 1, r.stdout)
   t.match(r.stderr, /rejected .*generation 1 keeps serving/)
@@ -121,7 +103,7 @@ t.test('reload: a file the running gateway rejects (its environment differs) exi
 })
 
 t.test('reload: missing pid file and dead process are exit 3, one line, no stack trace', async t => {
-  const file = writeConfig(t, config('http://127.0.0.1:1', 'a'))
+  const file = writeConfig(t, oneRoute('http://127.0.0.1:1', 'a'))
   const missing = await gateway(['reload', '-c', file, '--pid-file', file + '.nope'])
   t.equal(missing.code, 3)
   t.equal(missing.stderr.trim().split('\n').length, 1, missing.stderr)
@@ -138,7 +120,7 @@ t.test('reload: missing pid file and dead process are exit 3, one line, no stack
 // process: SIGHUP would end it (sleep's default action for SIGHUP is to terminate).
 t.test('reload: a stale pid file naming another live process signals nothing, exit 3', async t => {
   const up = await startUpstream(t)
-  const gw = await spawnGateway(t, config(up.url, 'first'))
+  const gw = await spawnGateway(t, oneRoute(up.url, 'first'))
   const bystander = spawn('sleep', ['60'], { stdio: 'ignore' })
   t.teardown(() => { bystander.kill('SIGKILL') })
   const exited = new Promise<NodeJS.Signals | null>(resolve => bystander.once('exit', (_code, signal) => resolve(signal)))
@@ -149,7 +131,7 @@ t.test('reload: a stale pid file naming another live process signals nothing, ex
   t.equal(byAdmin.code, 3, byAdmin.stderr)
   t.match(byAdmin.stderr, new RegExp(`names process ${bystander.pid}, but the gateway answering on .* is process ${readFileSync(gw.pidFile, 'utf8').trim()}`))
   // the admin listener unreachable: the pid file is older than the process holding its id
-  writeFileSync(gw.file.replace(/gateway\.yaml$/, 'closed.yaml'), config(up.url, 'first').replace('admin: 127.0.0.1:0', `admin: ${await refusingUrl().then(u => u.slice('http://'.length))}`))
+  writeFileSync(gw.file.replace(/gateway\.yaml$/, 'closed.yaml'), oneRoute(up.url, 'first').replace('admin: 127.0.0.1:0', `admin: ${await refusingUrl().then(u => u.slice('http://'.length))}`))
   const old = new Date(Date.now() - 3600_000)
   utimesSync(stale, old, old)
   const byProc = await gateway(['reload', '-c', gw.file.replace(/gateway\.yaml$/, 'closed.yaml'), '--pid-file', stale])
@@ -163,7 +145,7 @@ t.test('reload: a stale pid file naming another live process signals nothing, ex
 })
 
 t.test('unreadable or missing config: one located line, exit 1', async t => {
-  const file = writeConfig(t, config('http://127.0.0.1:1', 'a'))
+  const file = writeConfig(t, oneRoute('http://127.0.0.1:1', 'a'))
   const r = await gateway(['validate', '-c', file + '.missing'])
   t.equal(r.code, 1)
   t.equal(r.stderr.trim().split('\n').length, 1)
@@ -199,7 +181,7 @@ t.test('config: a bare port and listen equal to admin are located errors', async
 
 t.test('reload with workers: the primary gives the verdict, and never shows a file the workers rejected as the config in force', async t => {
   const up = await startUpstream(t)
-  const withWorkers = (route: string, prefix = '/'): string => config(up.url, route).replace('pathPrefix: /,', `pathPrefix: ${prefix},`) + 'workers: 2\n'
+  const withWorkers = (route: string, prefix = '/'): string => oneRoute(up.url, route).replace('pathPrefix: /,', `pathPrefix: ${prefix},`) + 'workers: 2\n'
   const gw = await spawnGateway(t, withWorkers('first'))
   const primary = await gw.waitForLog(l => l.msg === 'gateway primary started')
   const admin = `127.0.0.1:${primary.adminPort as number}`
@@ -231,7 +213,7 @@ t.test('a SIGHUP while the gateway is still starting reloads it once started, in
   const up = await startUpstream(t)
   // Redis refusing connections: the start waits (up to 2 s) for it, logging each refusal at debug
   const redis = (await refusingUrl()).replace('http://', 'redis://')
-  const file = writeConfig(t, config(up.url, 'first') + `redis: { url: "${redis}" }\n`)
+  const file = writeConfig(t, oneRoute(up.url, 'first') + `redis: { url: "${redis}" }\n`)
   const child = spawn(process.execPath, ['bin/gateway', 'start', '-c', file, '--log-level', 'debug'], { stdio: ['ignore', 'pipe', 'pipe'], env: childEnv() })
   const exited = new Promise<number | null>(resolve => child.once('exit', code => resolve(code)))
   t.teardown(() => { child.kill('SIGKILL') })
