@@ -1,7 +1,7 @@
 // gateway [start] [-c FILE] | validate | schema | reload | explain | help | --version | --help
 import { parseArgs } from 'node:util'
 import { readFileSync, writeFileSync, rmSync } from 'node:fs'
-import { loadConfigFile, ConfigError } from './config/load.js'
+import { loadConfigFile, ConfigError, formatProblem } from './config/load.js'
 import { gatewayJsonSchema, isHostPort } from './config/schema.js'
 import { adminListen } from './config/defaults.js'
 import { checkRuntime, compileOffline } from './runtime.js'
@@ -157,8 +157,9 @@ async function run (argv: string[]): Promise<number> {
     case 'validate':
       try {
         const loaded = await loadConfigFile(configFile)
-        await checkRuntime(loaded)
-        process.stdout.write(`${configFile}: ok (${loaded.config.routes.length} routes, ${Object.keys(loaded.config.upstreams).length} upstreams)\n`)
+        const warnings = await checkRuntime(loaded)
+        for (const w of warnings) process.stderr.write(`warning: ${formatProblem(w)}\n`)
+        process.stdout.write(`${configFile}: ok (${loaded.config.routes.length} routes, ${Object.keys(loaded.config.upstreams).length} upstreams${warnings.length > 0 ? `, ${warnings.length} warnings` : ''})\n`)
         return 0
       } catch (err) {
         return reportConfigError(err, configFile)

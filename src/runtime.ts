@@ -14,7 +14,7 @@ import { ConfigError, fileReader, type ConfigProblem, type KeyPath, type LoadedC
 import type { ResolvedConfig, ResolvedLimit, ResolvedRoute } from './config/defaults.js'
 import { limitStateOf } from './config/defaults.js'
 import { parseDuration, parseSize } from './config/units.js'
-import { compileRouteTable, type RoutePattern, type RouteTable } from './router/route-table.js'
+import { compileRouteTable, unreachableRoutes, type RoutePattern, type RouteTable } from './router/route-table.js'
 import { compileClientIpResolver, type ClientIpResolver } from './identify/client-ip.js'
 import { compileTrustedPeer, type TrustedPeerCheck } from './proxy/trusted-peer.js'
 import { compileIdentity, type ConsumerDirectory, type IdentityConfig, type IdentityResolver } from './identify/identity.js'
@@ -82,6 +82,8 @@ export interface Runtime {
   readonly config: ResolvedConfig
   readonly routes: RouteTable<CompiledRoute>
   readonly routeList: readonly CompiledRoute[]
+  /** Located warnings about a file that loads: routes no request can reach. */
+  readonly warnings: readonly ConfigProblem[]
   readonly pools: ReadonlyMap<string, UpstreamPool>
   readonly limiter: Limiter
   readonly resolveClientIp: ClientIpResolver
@@ -419,6 +421,7 @@ export async function compileRuntime (
     config,
     routes: compileRouteTable(routeList),
     routeList: Object.freeze(routeList),
+    warnings: Object.freeze(unreachableRoutes(patterns).map(u => loaded.problemAt(['routes', u.index, u.field], u.reason))),
     pools,
     limiter,
     resolveClientIp,
@@ -453,7 +456,9 @@ export async function compileOffline (loaded: LoadedConfig): Promise<{ runtime: 
 }
 
 /** `gateway validate`: every problem the gateway would refuse `loaded` for, located; nothing is opened. */
-export async function checkRuntime (loaded: LoadedConfig): Promise<void> {
-  const { close } = await compileOffline(loaded)
+/** Compiles `loaded` offline and closes it: throws its located problems, returns its warnings. */
+export async function checkRuntime (loaded: LoadedConfig): Promise<readonly ConfigProblem[]> {
+  const { runtime, close } = await compileOffline(loaded)
   await close()
+  return runtime.warnings
 }

@@ -4,7 +4,7 @@ import { createServer as createHttpServer, type IncomingMessage, type Server, ty
 import { createServer as createHttpsServer, type Server as HttpsServer } from 'node:https'
 import { randomUUID } from 'node:crypto'
 import type { AddressInfo, Socket } from 'node:net'
-import { loadConfigFile, loadConfigText, reloadProblems, type LoadedConfig, type NamedFiles } from './config/load.js'
+import { formatProblem, loadConfigFile, loadConfigText, reloadProblems, REPORTED_PROBLEMS, type LoadedConfig, type NamedFiles } from './config/load.js'
 import type { ResolvedConfig } from './config/defaults.js'
 import { compileRuntime, type Runtime } from './runtime.js'
 import { ResourceCache, type RedisStatus } from './runtime-resources.js'
@@ -148,6 +148,12 @@ function responseClosed (open: OpenResponses, res: ServerResponse): void {
  * `identity.header` names a header an auth layer sets. With `trustedProxies` set it is believed from
  * those peers only; without, from every client, which can then claim whichever user and plan it likes.
  */
+/** What a file that loads still gets wrong (src/runtime.ts warnings), logged at start and on each reload. */
+function warnConfig (logger: Logger, runtime: Runtime): void {
+  if (runtime.warnings.length > 0) logger.warn({ warnings: runtime.warnings.slice(0, REPORTED_PROBLEMS).map(formatProblem) }, 'configuration loaded with routes that can never match')
+  warnUntrustedIdentityHeader(logger, runtime)
+}
+
 function warnUntrustedIdentityHeader (logger: Logger, runtime: Runtime): void {
   const identity = runtime.config.identity
   if (identity === undefined || !('header' in identity) || runtime.config.trustedProxies.length > 0) return
@@ -395,7 +401,7 @@ export class Gateway {
       warnedProxyMisconfig: false,
       proxyCheckedPeer: undefined
     }
-    warnUntrustedIdentityHeader(this.logger, runtime)
+    warnConfig(this.logger, runtime)
     const s = runtime.server
     const serverOptions = {
       headersTimeout: s.headersTimeoutMs,
@@ -655,7 +661,7 @@ export class Gateway {
     const restartNeeded = this.startedConfig === null ? [] : settingsNeedingRestart(this.startedConfig, runtime.config)
     if (restartNeeded.length > 0) this.logger.warn({ settings: restartNeeded, listen: this.listenAddress }, restartNeededMessage(restartNeeded))
     this.logger.info({ generation: runtime.generation, previous: previous.generation, hash: runtime.hash }, 'configuration reloaded')
-    warnUntrustedIdentityHeader(this.logger, runtime)
+    warnConfig(this.logger, runtime)
     // The old runtime's requests may be admitted but not yet dispatched (waiting on Redis, a JWKS,
     // a delay slot): its pools close only once it has no request left.
     this.draining.add(previous)

@@ -304,3 +304,59 @@ function searchIn<R> (exact: Map<string, Entry<R>[]>, prefixes: PrefixNode<R>, m
     node = child
   }
 }
+
+/** A route no request can reach, and why: the warning `gateway validate`, a start and a reload give. */
+export interface UnreachableRoute {
+  readonly index: number
+  /** The field the reason points at. */
+  readonly field: 'path' | 'pathPrefix' | 'name'
+  readonly reason: string
+}
+
+/**
+ * Routes no request can reach (routes are tried in file order and the first match wins): a path
+ * holding `?` (a request's path never does: its query is split off first), or every request a
+ * route takes already taken by an earlier one (`pathPrefix: /` before `pathPrefix: /api/`, the
+ * same prefix twice). Conservative: a route reported is certainly unreachable, not every
+ * unreachable route is found (wildcard hosts are not compared).
+ */
+export function unreachableRoutes (routes: readonly RoutePattern[]): UnreachableRoute[] {
+  const out: UnreachableRoute[] = []
+  routes.forEach((route, index) => {
+    const written = route.path ?? route.pathPrefix
+    const field = route.path !== undefined ? 'path' : 'pathPrefix'
+    if (written?.includes('?') === true) {
+      out.push({ index, field, reason: `"${written}" holds a "?": a request's path never does (its query is split off before routing), so this route never matches` })
+      return
+    }
+    const earlier = routes.findIndex((r, i) => i < index && takesEveryRequestOf(r, route))
+    if (earlier !== -1) {
+      const by = routes[earlier] as RoutePattern
+      out.push({ index, field: written === undefined ? 'name' : field, reason: `never matches: routes[${earlier}] (${by.name}) comes first and takes every request it would (the first route that matches wins: put the narrower route first)` })
+    }
+  })
+  return out
+}
+
+function takesEveryRequestOf (a: RoutePattern, b: RoutePattern): boolean {
+  const hostA = a.host === undefined ? '*' : stripTrailingDot(a.host.toLowerCase())
+  if (hostA !== '*' && (b.host === undefined || hostA !== stripTrailingDot(b.host.toLowerCase()))) return false
+  if (a.methods !== undefined && (b.methods === undefined || !b.methods.every(m => a.methods?.includes(m) === true))) return false
+  const fold = a.caseInsensitive === true
+  if (!fold && b.caseInsensitive === true) return false
+  const f = (s: string): string => fold ? s.toLowerCase() : s
+  const prefixA = a.path === undefined ? f(a.pathPrefix ?? '') : null
+  const exactA = new Set(matchedExactly(a).map(f))
+  const takes = (path: string): boolean => (prefixA !== null && f(path).startsWith(prefixA)) || exactA.has(f(path))
+  // every path b takes as a whole prefix must sit under a's prefix, and each exact one be taken
+  if (b.path === undefined && (prefixA === null || !f(b.pathPrefix ?? '').startsWith(prefixA))) return false
+  return matchedExactly(b).every(takes)
+}
+
+/** The paths a route matches exactly: its `path`, and the trailing-slash variant it also takes. */
+function matchedExactly (r: RoutePattern): string[] {
+  const slash = r.matchTrailingSlash === true
+  if (r.path !== undefined) return slash && r.path !== '/' ? [r.path, r.path.endsWith('/') ? r.path.slice(0, -1) : r.path + '/'] : [r.path]
+  const prefix = r.pathPrefix ?? ''
+  return slash && prefix.length > 1 && prefix.endsWith('/') ? [prefix.slice(0, -1)] : []
+}
