@@ -44,6 +44,12 @@ export interface GatewayOptions {
   readonly initial?: LoadedConfig
   /** The generation `initial` is (the primary's count, for a worker that replaces a crashed one); default 1. */
   readonly initialGeneration?: number
+  /**
+   * The config the gateway started with, when `initial` came later (a workers primary's, for a
+   * worker that replaces a crashed one): the listener is bound to its `listen`, with TLS on or off
+   * as it had it, as the worker's siblings are, and reloads are compared with it.
+   */
+  readonly startedWith?: ResolvedConfig
 }
 
 /**
@@ -389,7 +395,9 @@ export class Gateway {
     prepared.commit()
     const runtime = prepared.runtime
     this.metrics.generation.set(runtime.generation)
-    const tls = runtime.tls
+    // settings a reload cannot change keep their start values, in a replacement worker too
+    const started = this.options.startedWith ?? runtime.config
+    const tls = started.tls === undefined ? null : runtime.tls
     const proto = tls === null ? 'http' : 'https'
     this.state = {
       runtime,
@@ -551,8 +559,8 @@ export class Gateway {
       this.answerUnrouted(socket, 400, 'connect', (requestId) => { writeError(socket, 'GW_ERR_BAD_REQUEST', requestId, NOT_A_FORWARD_PROXY) })
     })
     this.server = server
-    this.listenAddress = runtime.config.listen
-    this.startedConfig = runtime.config
+    this.listenAddress = started.listen
+    this.startedConfig = started
     this.port = (await listen(server, this.listenAddress)).port
 
     const self = this // eslint-disable-line @typescript-eslint/no-this-alias

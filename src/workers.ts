@@ -20,7 +20,7 @@ import { LiveFeed } from './admin/live-feed.js'
 import type { LiveFrame } from './admin/live-stats.js'
 import type { Logger } from './log.js'
 import { isLoopback, restartNeededMessage, settingsNeedingRestart, splitHostPort, type ReloadOutcome, type ReloadSource } from './server.js'
-import { adminListen, adminToken } from './config/defaults.js'
+import { adminListen, adminToken, type ResolvedConfig } from './config/defaults.js'
 
 export const WORKER_ADMIN_ENV = 'GATEWAY_WORKER'
 
@@ -77,6 +77,11 @@ interface ConfigGiven {
   readonly files: NamedFiles
   /** The primary's generation of that text: a replacement counts on from its siblings' number. */
   readonly generation: number
+  /**
+   * To a starting worker: the config the primary started with. A reload that changed `listen` or
+   * turned TLS on or off is not applied until a restart: a replacement binds where its siblings do.
+   */
+  readonly startedWith?: ResolvedConfig
 }
 
 const isConfigAsk = (msg: unknown): msg is ConfigAsk =>
@@ -251,7 +256,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       else if (isConfigAsk(msg)) {
         // after the SIGHUP being checked, if one is: a worker forked after that check's hand-over
         // would not get it, and must start with its verdict
-        void checking.then(() => { if (!w.isDead()) handOver(w, { type: 'gateway:config', text: acceptedText, files: acceptedFiles, generation }) })
+        void checking.then(() => { if (!w.isDead()) handOver(w, { type: 'gateway:config', text: acceptedText, files: acceptedFiles, generation, startedWith: options.loaded.config }) })
       }
     })
     return w
@@ -361,7 +366,7 @@ export const isWorker = (): boolean => cluster.isWorker
  * it. undefined outside a worker, or when the primary has no text to give: then the worker reads
  * the file, as a single process does.
  */
-export async function acceptedConfig (file: string): Promise<{ loaded: LoadedConfig, generation: number } | undefined> {
+export async function acceptedConfig (file: string): Promise<{ loaded: LoadedConfig, generation: number, startedWith: ResolvedConfig | undefined } | undefined> {
   if (!cluster.isWorker || process.send === undefined) return undefined
   const given = await new Promise<ConfigGiven | null>((resolve) => {
     const done = (value: ConfigGiven | null): void => {
@@ -375,7 +380,7 @@ export async function acceptedConfig (file: string): Promise<{ loaded: LoadedCon
     const ask: ConfigAsk = { type: 'gateway:config-ask' }
     process.send?.(ask, undefined, undefined, (err: Error | null) => { if (err !== null) done(null) })
   })
-  return given === null || given.text === null ? undefined : { loaded: { ...await loadConfigText(given.text, file), files: given.files }, generation: given.generation }
+  return given === null || given.text === null ? undefined : { loaded: { ...await loadConfigText(given.text, file), files: given.files }, generation: given.generation, startedWith: given.startedWith }
 }
 
 /**

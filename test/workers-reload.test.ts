@@ -5,6 +5,7 @@ import t from 'tap'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { execFileSync } from 'node:child_process'
 import { request as httpsRequest } from 'node:https'
+import { connect, createServer as createNetServer, type AddressInfo } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { answering, bodies, config, replaceOne, twoWorkers, until } from './helpers/workers.js'
@@ -105,4 +106,27 @@ t.test('a worker that replaces a crashed one starts with the key file and TLS fi
   const rejected = await r.gw.waitForLog(l => l.msg === 'reload rejected; the running configuration keeps serving')
   t.match(rejected.problems, [/keys\.yaml:\d+:\d+/, /gateway\.yaml:\d+:\d+ tls: cert and key cannot be used together/], 'the files\' located problems')
   t.same(await keyed(10), new Array(10).fill('200 from a'))
+})
+
+t.test('after a reload that changes listen (a restart-needed setting), a crashed worker\'s replacement binds where its siblings do', async t => {
+  const a = await answering(t, 'from a')
+  const r = await twoWorkers(t, config(a))
+  const port = Number(new URL(r.gw.url).port)
+  const probe = createNetServer()
+  await new Promise<void>(resolve => probe.listen(0, '127.0.0.1', resolve))
+  const other = (probe.address() as AddressInfo).port
+  await new Promise(resolve => probe.close(resolve))
+
+  writeFileSync(r.gw.file, config(a).replace('listen: 127.0.0.1:0', `listen: 127.0.0.1:${other}`))
+  r.gw.child.kill('SIGHUP')
+  await r.gw.waitForLog(l => l.msg === 'configuration reloaded' && l.generation === 2)
+  const replacement = await replaceOne(r)
+  const started = r.gw.logs.find(l => l.msg === 'gateway started' && l.pid === replacement)
+  t.equal(started?.port, port, 'the replacement listens on the address the gateway started with (it bound the reloaded one)')
+  t.same(await bodies(r.gw.url, 20), new Array(20).fill('200 from a'))
+  const refused = await new Promise<boolean>(resolve => {
+    const socket = connect(other, '127.0.0.1', () => { socket.destroy(); resolve(false) })
+    socket.on('error', () => resolve(true))
+  })
+  t.ok(refused, `nothing listens on 127.0.0.1:${other} until a restart`)
 })
