@@ -455,8 +455,10 @@ export async function compileOffline (loaded: LoadedConfig): Promise<{ runtime: 
   }
 }
 
-/** `gateway validate`: every problem the gateway would refuse `loaded` for, located; nothing is opened. */
-/** Compiles `loaded` offline and closes it: throws its located problems, returns its warnings. */
+/**
+ * `gateway validate`: every problem the gateway would refuse `loaded` for, located (thrown), and
+ * its warnings (returned); nothing is opened.
+ */
 export async function checkRuntime (loaded: LoadedConfig): Promise<readonly ConfigProblem[]> {
   const { runtime, close } = await compileOffline(loaded)
   await close()

@@ -150,16 +150,16 @@ function responseClosed (open: OpenResponses, res: ServerResponse): void {
   }
 }
 
-/**
- * `identity.header` names a header an auth layer sets. With `trustedProxies` set it is believed from
- * those peers only; without, from every client, which can then claim whichever user and plan it likes.
- */
 /** What a file that loads still gets wrong (src/runtime.ts warnings), logged at start and on each reload. */
 function warnConfig (logger: Logger, runtime: Runtime): void {
   if (runtime.warnings.length > 0) logger.warn({ warnings: runtime.warnings.slice(0, REPORTED_PROBLEMS).map(formatProblem) }, 'configuration loaded with routes that can never match')
   warnUntrustedIdentityHeader(logger, runtime)
 }
 
+/**
+ * `identity.header` names a header an auth layer sets. With `trustedProxies` set it is believed from
+ * those peers only; without, from every client, which can then claim whichever user and plan it likes.
+ */
 function warnUntrustedIdentityHeader (logger: Logger, runtime: Runtime): void {
   const identity = runtime.config.identity
   if (identity === undefined || !('header' in identity) || runtime.config.trustedProxies.length > 0) return
