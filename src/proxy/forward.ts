@@ -720,7 +720,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       // Nothing reached the upstream: one more target is safe to try for an idempotent method, and
       // for any method once the body is in memory (a refused connection carried no byte of it).
       if (!this.retried && mayRetry(this.sent, this.opts.method, this.replayable || this.opts.body === null)) {
-        // The failed target was just ejected: any other, now or, if all are busy, when one frees.
+        // The failed target was just ejected: another target, now or, if all are busy, when one frees.
         this.releaseTarget()
         const next = this.plan.pool.acquire(this)
         if (next !== null && next !== 'full') {
