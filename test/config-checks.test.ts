@@ -162,6 +162,18 @@ t.test('ports above 65535 and Redis URLs the client cannot use are located confi
   t.ok(accepted('redis: { cluster: ["redis://:p%40ss@h:6379"] }\n' + BASE), 'a valid escape is fine')
 })
 
+t.test('a listen or admin host written as an address must be one: "999.1.1.1" failed at start, not in validate', async t => {
+  const up = 'upstreams: { b: { targets: ["http://127.0.0.1:1"] } }\nroutes: [{ name: r, pathPrefix: /, upstream: b }]\n'
+  const message = 'the host is not a valid IP address (IPv4 as 4 numbers of 0-255, IPv6 in brackets)'
+  t.same(problems('listen: "999.1.1.1:8080"\n' + up), [`gw.yaml:1:9 listen: ${message}`])
+  t.same(problems('listen: "1.2.3:8080"\n' + up), [`gw.yaml:1:9 listen: ${message}`])
+  t.same(problems('admin: "[::1:2:3:4:5:6:7:8]:9901"\n' + up), [`gw.yaml:1:8 admin: ${message}`])
+  t.same(problems('admin: { listen: "10.0.0.256:9901" }\n' + up), [`gw.yaml:1:18 admin.listen: ${message}`])
+  for (const good of ['127.0.0.1:0', '[::1]:8080', '[::]:8080', 'localhost:8080', 'gw1.internal:8080', ':8080']) {
+    t.ok(accepted(`listen: "${good}"\n` + up), good)
+  }
+})
+
 t.test('unknown keys are located at the key and name the closest valid key', async t => {
   t.same(problems(UP + 'rotues: []\n'), ['gw.yaml:1:1 routes: required key is missing', 'gw.yaml:3:1 rotues: unknown key "rotues" (did you mean routes?)'])
   t.same(problems(BASE + 'plans:\n  free: { limits: { usr: { limit: 1, window: 1s } } }\n'), [
@@ -446,6 +458,11 @@ t.test('upstream targets are origins', async t => {
   ])
   t.same(problems('upstreams:\n  a: { targets: [http://h:1] }\n  b: { targets: [http://h:1/x] }\n' + ROUTE), [
     'gw.yaml:3:18 upstreams.b.targets[0]: a target is an origin (scheme, host, port) without a path'
+  ])
+  // nothing listens on port 0: every request to the target failed at connect
+  t.same(problems('upstreams:\n  b: { targets: [http://h:0, { url: "http://h:00" }, http://h:1] }\n' + ROUTE), [
+    'gw.yaml:2:18 upstreams.b.targets[0]: port 0 is not a port a target can be reached on',
+    'gw.yaml:2:37 upstreams.b.targets[1].url: port 0 is not a port a target can be reached on'
   ])
 })
 

@@ -665,6 +665,7 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
         // URL as written went to access lines, metrics, /readyz and the admin page.
         if (u.username !== '' || u.password !== '') out.push([path, 'a target URL may not hold credentials (user:password@): set an Authorization header with headers.request.set instead'])
         else if (u.pathname !== '/' || u.search !== '') out.push([['upstreams', name, 'targets', i], 'a target is an origin (scheme, host, port) without a path'])
+        else if (u.port === '0') out.push([path, 'port 0 is not a port a target can be reached on'])
       } catch {
         out.push([['upstreams', name, 'targets', i], `invalid URL "${quotableUrl(url)}"`])
       }

@@ -1,6 +1,7 @@
 // The gateway.yaml contract. The schema only validates (no transforms) so that the same object
 // yields the JSON Schema editors use (`gateway schema`); defaults are applied in defaults.ts
 // and conversion to runtime values in src/runtime.ts. Every object is strict: a typo must never silently disable a limit.
+import { isIP } from 'node:net'
 import { z } from 'zod'
 
 export const DURATION_RE = /^(\d+)(ms|s|m|h)$/
@@ -28,8 +29,18 @@ const size = z.union([
  * (`listen: localhost`) is the pattern's issue alone: it also said "the port must be at most 65535".
  */
 const portInRange = (hp: string): boolean => !(Number(hp.slice(hp.lastIndexOf(':') + 1)) > 65535)
-const hostPort = z.string().regex(/^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$/, 'expected "host:port", e.g. "0.0.0.0:8080"')
+/**
+ * A host written as an address is one: "999.1.1.1" or "[::g]" passed the pattern and failed at
+ * start (a DNS lookup of a name made of digits). A name is left to the resolver.
+ */
+const addressIsValid = (hp: string): boolean => {
+  const host = hp.slice(0, hp.lastIndexOf(':'))
+  if (host.startsWith('[')) return isIP(host.slice(1, -1)) === 6
+  return !/^[\d.]+$/.test(host) || isIP(host) === 4
+}
+const hostPort = z.string().regex(/^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$/, { message: 'expected "host:port", e.g. "0.0.0.0:8080"', abort: true })
   .refine(portInRange, 'the port must be at most 65535')
+  .refine(addressIsValid, 'the host is not a valid IP address (IPv4 as 4 numbers of 0-255, IPv6 in brackets)')
 
 /** Whether `value` is a "host:port" as `listen` and `admin` take it (the CLI's --admin). */
 export const isHostPort = (value: string): boolean => hostPort.safeParse(value).success
