@@ -103,6 +103,8 @@ t.test('environment references: defaults, empty values, several in one string, a
   // not a reference: a name starting with a digit, a "$" without braces
   t.match(redis('{ url: "redis://h:1", password: "${1X}$HOME" }', { HOME: '/root' }), { password: '${1X}$HOME' })
   t.match(redis('{ url: "redis://h:1", password: "${P}" }', { P: 'a\nb: c' }), { password: 'a\nb: c' })
+  // "$${" is a literal "${"; "$$" elsewhere stays (a password may hold it)
+  t.match(redis('{ url: "redis://h:1", password: "$${P}-$${-$$x-${P}" }', { P: 'p' }), { password: '${P}-${-$$x-p' })
   t.same(accepted('trustedProxies: [10.0.0.1, "${P}"]\n' + BASE, { P: '10.0.0.2' }).config.trustedProxies, ['10.0.0.1', '10.0.0.2'])
   t.same(problems('trustedProxies: [10.0.0.1, "${P}"]\n' + BASE), [
     'gw.yaml:1:28 trustedProxies[1]: environment variable P is not set and has no default (use ${P:-default})'
@@ -127,6 +129,15 @@ t.test('environment references in map keys (an API key from the environment)', a
   ])
   t.same(problems(keys('{ "${K": alice }')), ['gw.yaml:4:20 identity.apiKeys.keys.${K: "${" in a key is not a complete ${VAR} reference'])
   t.same(problems(keys('{ "${K}-${J": alice }'), { K: 'a' }), ['gw.yaml:4:25 identity.apiKeys.keys.${K}-${J: "${" in a key is not a complete ${VAR} reference'])
+  // an escaped "$${" is a literal "${" in the key, and the key is still hidden in a problem
+  t.same(apiKeys(accepted(keys('{ "k$${x}-${K}": bob }'), { K: 'a' })), { 'k${x}-a': 'bob' })
+  // ... and a key from the environment holding "${" is a credential too: neither is shown
+  for (const [map, env] of [['{ "k-sec$${ret": 42 }', {}], ['{ "${K}": 42 }', { K: 'k-sec${ret' }]] as const) {
+    const shown = problems(keys(map), env)
+    t.equal(shown.length, 1)
+    t.match(shown[0], /^gw\.yaml:4:\d+ identity\.apiKeys\.keys\.<an API key>: /)
+    t.notMatch(shown[0], /sec/)
+  }
   t.same(problems(keys('{ k1: alice, "${K}": bob }'), { K: 'k1' }), [
     'gw.yaml:4:32 identity.apiKeys.keys.${K}: key "${K}" is substituted to a key that is already present'
   ])

@@ -109,12 +109,14 @@ export function reloadProblems (err: unknown): string[] {
 const API_KEY_SHOWN = '<an API key>'
 
 /**
- * The inline API key a problem's path names, or null. A key still holding a `${VAR}` reference
- * (a substitution that failed) is the file's text, not a credential: shown, it says what to fix.
+ * The inline API key a problem's path names, or null. A key written with a `${VAR}` reference, in
+ * a problem of its substitution (`asWritten`), is the file's text, not a credential: shown, it says
+ * what to fix. Every other key is one, whatever it holds (a "${" from the environment or a `$${`).
  */
-function apiKeyIn (path: KeyPath): string | null {
+function apiKeyIn (path: KeyPath, asWritten: boolean): string | null {
   const key = path[3]
-  return path[0] === 'identity' && path[1] === 'apiKeys' && path[2] === 'keys' && typeof key === 'string' && key.length > 0 && !key.includes('${') ? key : null
+  if (path[0] !== 'identity' || path[1] !== 'apiKeys' || path[2] !== 'keys' || typeof key !== 'string' || key.length === 0) return null
+  return asWritten && key.replaceAll('$${', '').includes('${') ? null : key
 }
 
 export function formatKeyPath (path: KeyPath): string {
@@ -182,9 +184,9 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
   const lineCounter = new LineCounter()
   // repeated keys are found by repeatedKeys, in one pass (YAML's check is quadratic)
   const doc = parseDocument(text, { lineCounter, prettyErrors: false, uniqueKeys: false })
-  const at = (offset: number | undefined, path: KeyPath, message: string): ConfigProblem => {
+  const at = (offset: number | undefined, path: KeyPath, message: string, asWritten = false): ConfigProblem => {
     const pos = lineCounter.linePos(offset ?? 0)
-    const secret = apiKeyIn(path)
+    const secret = apiKeyIn(path, asWritten)
     if (secret === null) return { file: name, line: pos.line, column: pos.col, path: formatKeyPath(path), message }
     // An inline API key is a credential: it never goes into an error (logged on a reload, shown on
     // /config's lastReload and the admin page). Line and column point at it.
@@ -230,7 +232,7 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
     throw new ConfigError([at(rangeStart(alias), [], `aliases expand to more than ${maxAliasCount} copies of one anchor (nested aliases multiply, as in a "billion laughs" document): write fewer levels of aliases`)])
   }
   const raw: unknown = substituteEnv(js, [], env, (path, msg) => {
-    problems.push(at(locate(doc, path), path, msg))
+    problems.push(at(locate(doc, path), path, msg, true))
   })
   if (problems.length > 0) throw new ConfigError(problems)
 
@@ -327,13 +329,15 @@ function closestBranch (branches: readonly Issue[][]): Issue[] {
 }
 
 // `${VAR}` and `${VAR:-default}` in string values only: substitution happens after YAML parsing,
-// so a value can never inject YAML structure.
-const ENV_RE = /\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}/g
+// so a value can never inject YAML structure. `$${` is a literal `${` (a value that must hold one,
+// such as a template the upstream expands, had no way to); a lone `$` or `$$` stays as written.
+const ENV_RE = /\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}/g
 
 function substituteEnv (value: unknown, path: KeyPath, env: NodeJS.ProcessEnv, fail: (path: KeyPath, msg: string) => void): unknown {
   if (typeof value === 'string') {
     if (!value.includes('${')) return value
-    return value.replace(ENV_RE, (_m, name: string, fallback: string | undefined) => {
+    return value.replace(ENV_RE, (_m, name: string | undefined, fallback: string | undefined) => {
+      if (name === undefined) return '${'
       const v = env[name]
       if (v !== undefined && v !== '') return v
       if (fallback !== undefined) return fallback
