@@ -369,7 +369,7 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
     // a worker starts with the config its primary last accepted, not the file as edited since
     const initial = await acceptedConfig(configFile)
     followPrimaryReloads(initial?.generation ?? 1, reload)
-    gw = await Gateway.start({ configFile, ...(logLevel !== undefined ? { logLevel } : {}), adminListener: !isWorker(), ...(initial !== undefined ? { initial: initial.loaded, initialGeneration: initial.generation, ...(initial.startedWith !== undefined ? { startedWith: initial.startedWith } : {}) } : {}) })
+    gw = await Gateway.start({ configFile, ...(logLevel !== undefined ? { logLevel } : {}), adminListener: !isWorker(), ...initial?.options })
   } catch (err) {
     // a worker's IPC channel would keep it alive, not ready, for good: it exits, and the primary
     // starts another (the file on disk may have been fixed meanwhile)

@@ -6,7 +6,7 @@ import { randomUUID } from 'node:crypto'
 import type { AddressInfo, Socket } from 'node:net'
 import { formatProblem, loadConfigFile, loadConfigText, reloadProblems, REPORTED_PROBLEMS, type LoadedConfig, type NamedFiles } from './config/load.js'
 import type { ResolvedConfig } from './config/defaults.js'
-import { compileRuntime, type Runtime } from './runtime.js'
+import { compileRuntime, type Runtime, type TlsFiles } from './runtime.js'
 import { ResourceCache, type RedisStatus } from './runtime-resources.js'
 import { createRequestHandler, createUpgradeHandler, type PipelineState } from './pipeline.js'
 import { refuseUnparsableBody } from './proxy/forward.js'
@@ -50,6 +50,11 @@ export interface GatewayOptions {
    * as it had it, as the worker's siblings are, and reloads are compared with it.
    */
   readonly startedWith?: ResolvedConfig
+  /**
+   * The certificate and key to serve when `startedWith` has TLS and `initial` has none (a reload
+   * turned it off, which waits for a restart): those the worker's siblings still serve.
+   */
+  readonly servedTls?: TlsFiles
 }
 
 /**
@@ -397,7 +402,7 @@ export class Gateway {
     this.metrics.generation.set(runtime.generation)
     // settings a reload cannot change keep their start values, in a replacement worker too
     const started = this.options.startedWith ?? runtime.config
-    const tls = started.tls === undefined ? null : runtime.tls
+    const tls = started.tls === undefined ? null : runtime.tls ?? this.options.servedTls ?? null
     const proto = tls === null ? 'http' : 'https'
     this.state = {
       runtime,

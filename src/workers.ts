@@ -19,7 +19,7 @@ import { handleDashboard, type RouteView } from './admin/dashboard.js'
 import { LiveFeed } from './admin/live-feed.js'
 import type { LiveFrame } from './admin/live-stats.js'
 import type { Logger } from './log.js'
-import { isLoopback, restartNeededMessage, settingsNeedingRestart, splitHostPort, type ReloadOutcome, type ReloadSource } from './server.js'
+import { isLoopback, restartNeededMessage, settingsNeedingRestart, splitHostPort, type GatewayOptions, type ReloadOutcome, type ReloadSource } from './server.js'
 import { adminListen, adminToken, type ResolvedConfig } from './config/defaults.js'
 
 export const WORKER_ADMIN_ENV = 'GATEWAY_WORKER'
@@ -82,6 +82,20 @@ interface ConfigGiven {
    * turned TLS on or off is not applied until a restart: a replacement binds where its siblings do.
    */
   readonly startedWith?: ResolvedConfig
+  /**
+   * To a starting worker whose start config had TLS: the certificate and key its siblings serve,
+   * base64, those of the last accepted config with TLS. A reload that turned TLS off leaves them
+   * serving until a restart; a replacement given no certificate served plain HTTP beside them.
+   */
+  readonly servedTls?: { readonly cert: string, readonly key: string }
+}
+
+/** The certificate and key `loaded` names, from the files read with it; undefined without TLS. */
+function tlsFilesOf (loaded: LoadedConfig): ConfigGiven['servedTls'] {
+  const tls = loaded.config.tls
+  const cert = tls === undefined ? undefined : loaded.files?.[tls.cert]
+  const key = tls === undefined ? undefined : loaded.files?.[tls.key]
+  return cert === undefined || key === undefined ? undefined : { cert, key }
 }
 
 const isConfigAsk = (msg: unknown): msg is ConfigAsk =>
@@ -185,6 +199,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   const startText = await readFile(options.configFile, 'utf8').catch(() => null)
   let acceptedText = startText !== null && createHash('sha256').update(startText).digest('hex') === loaded.hash ? startText : null
   let acceptedFiles = loaded.files ?? {}
+  let servedTls = tlsFilesOf(loaded)
   let shuttingDown = false
   // The primary's verdict on each SIGHUP, for /config and `gateway reload`: the file checked as
   // each worker checks it (schema and compile, offline), so a file the workers reject is never
@@ -211,6 +226,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
         loaded = next
         acceptedText = text
         acceptedFiles = next.files ?? {}
+        servedTls = tlsFilesOf(next) ?? servedTls
         generation++
         const given: ConfigGiven = { type: 'gateway:config', text, files: acceptedFiles, generation }
         for (const w of Object.values(cluster.workers ?? {})) if (w !== undefined && !w.isDead()) handOver(w, given)
@@ -256,7 +272,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       else if (isConfigAsk(msg)) {
         // after the SIGHUP being checked, if one is: a worker forked after that check's hand-over
         // would not get it, and must start with its verdict
-        void checking.then(() => { if (!w.isDead()) handOver(w, { type: 'gateway:config', text: acceptedText, files: acceptedFiles, generation, startedWith: options.loaded.config }) })
+        void checking.then(() => { if (!w.isDead()) handOver(w, { type: 'gateway:config', text: acceptedText, files: acceptedFiles, generation, startedWith: options.loaded.config, ...(servedTls !== undefined ? { servedTls } : {}) }) })
       }
     })
     return w
@@ -366,7 +382,7 @@ export const isWorker = (): boolean => cluster.isWorker
  * it. undefined outside a worker, or when the primary has no text to give: then the worker reads
  * the file, as a single process does.
  */
-export async function acceptedConfig (file: string): Promise<{ loaded: LoadedConfig, generation: number, startedWith: ResolvedConfig | undefined } | undefined> {
+export async function acceptedConfig (file: string): Promise<{ generation: number, options: WorkerStart } | undefined> {
   if (!cluster.isWorker || process.send === undefined) return undefined
   const given = await new Promise<ConfigGiven | null>((resolve) => {
     const done = (value: ConfigGiven | null): void => {
@@ -380,8 +396,22 @@ export async function acceptedConfig (file: string): Promise<{ loaded: LoadedCon
     const ask: ConfigAsk = { type: 'gateway:config-ask' }
     process.send?.(ask, undefined, undefined, (err: Error | null) => { if (err !== null) done(null) })
   })
-  return given === null || given.text === null ? undefined : { loaded: { ...await loadConfigText(given.text, file), files: given.files }, generation: given.generation, startedWith: given.startedWith }
+  if (given === null || given.text === null) return undefined
+  const { generation, startedWith, servedTls } = given
+  const initial = { ...await loadConfigText(given.text, file), files: given.files }
+  return {
+    generation,
+    options: {
+      initial,
+      initialGeneration: generation,
+      ...(startedWith !== undefined ? { startedWith } : {}),
+      ...(servedTls !== undefined ? { servedTls: { cert: Buffer.from(servedTls.cert, 'base64'), key: Buffer.from(servedTls.key, 'base64') } } : {})
+    }
+  }
 }
+
+/** What a worker starts its Gateway with, from its primary (acceptedConfig). */
+export type WorkerStart = Pick<GatewayOptions, 'initial' | 'initialGeneration' | 'startedWith' | 'servedTls'>
 
 /**
  * In a worker: the configs its primary accepts on each SIGHUP, handed to `apply` in order. The
