@@ -1,9 +1,11 @@
-// A long gateway.yaml is parsed and checked on a worker thread (src/config/load.ts loadConfigText,
-// src/config/parse-thread.ts): the same config, the same located problems, and a reload of a
-// large file no longer holds the serving thread while the yaml parser runs.
+// A long gateway.yaml or API key file is parsed and checked on a worker thread (src/config/load.ts
+// loadConfigText, src/identify/api-key-file.ts, src/config/off-thread.ts): the same config or keys,
+// the same located problems, and a reload of a large file no longer holds the serving thread while
+// the yaml parser runs (for the key file: test/consumers-keyfile-large.test.ts).
 import t from 'tap'
 import { writeFileSync } from 'node:fs'
 import { ConfigError, PARSE_OFF_THREAD_CHARS, loadConfigText, parseConfigText } from '../src/config/load.js'
+import { ApiKeyFileError, parseKeyFileText, readApiKeyFile } from '../src/identify/api-key-file.js'
 import { spawnGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 
@@ -40,6 +42,34 @@ t.test('a long text: the same frozen config, hash and located problems as parsed
   const expected = await problemsOf(async () => parseConfigText(bad, 'gw.yaml'))
   t.match(expected, [/^gw\.yaml:\d+:\d+ routes\[251\]\.limitz: unknown key "limitz"/])
   t.same(await problemsOf(async () => await loadConfigText(bad, 'gw.yaml')), expected, 'the thread\'s problems, located the same')
+})
+
+t.test('a long API key file: the same keys and located problems as parsed in place', async t => {
+  const consumers = { plans: new Map([['alice', 'free']]), defaultPlan: null, known: new Set(['free']) }
+  const lines = Array.from({ length: 2000 }, (_, i) => `key-${i}-abcdefghijklmnop: alice\n`)
+  const text = lines.join('')
+  t.ok(text.length >= PARSE_OFF_THREAD_CHARS, `${text.length} characters: parsed on the thread`)
+  const read = async (): Promise<Buffer> => Buffer.from(text)
+  const keys = await readApiKeyFile('keys.yaml', consumers, read)
+  t.equal(keys.length, 2000)
+  t.same(keys[1999], ['key-1999-abcdefghijklmnop', 'alice'])
+
+  // problems of every kind the thread finds, and one the serving thread finds (an unknown consumer)
+  lines[3] = '"spaced ": alice\n'
+  lines[500] = 'key-500-x: 12e3\n'
+  lines[900] = 'key-900-x: bob\n'
+  lines[1500] = '"key-${X}": alice\n'
+  const bad = lines.join('')
+  const problemsOf = async (parse: () => Promise<unknown>): Promise<string[]> => {
+    const err = await parse().then(() => null, (e: unknown) => e)
+    return err instanceof ApiKeyFileError ? err.message.split('\n') : [`no ApiKeyFileError: ${String(err)}`]
+  }
+  const onThread = await problemsOf(async () => await readApiKeyFile('keys.yaml', consumers, async () => Buffer.from(bad)))
+  t.match(onThread, [/^keys\.yaml:4:1 \[3\]: an API key must be non-empty/, /^keys\.yaml:501:12 \[500\]: consumer name: /, /^keys\.yaml:901:12 \[900\]: API key maps to consumer "bob"/, /^keys\.yaml:1501:1 \[1500\]: "\$\{" in an API key/])
+  t.equal(onThread.length, 4)
+  const inPlace = parseKeyFileText(bad, 'keys.yaml').filter(item => 'problem' in item).map(item => 'problem' in item ? `${item.problem.line}:${item.problem.column}` : '')
+  t.same(inPlace, ['4:1', '501:12', '1501:1'], 'the problems the thread found are those found in place')
+  t.same(await problemsOf(async () => await readApiKeyFile('keys.yaml', consumers, async () => Buffer.from(bad + 'key-0-abcdefghijklmnop: alice\n'))), ['keys.yaml:2001:1: Map keys must be unique'], 'a whole-file problem from the thread')
 })
 
 t.test('a reload of a large file: requests sent while it is parsed are answered at once', async t => {

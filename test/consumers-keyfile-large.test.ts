@@ -1,7 +1,9 @@
 // Large key files and consumer lists: YAML's own check for repeated map keys compares each key
 // with every earlier one of its map, so a key file of 20,000 lines took 18 s to parse (200,000:
 // hours), and a SIGHUP that read it held every request of the gateway as long. Repeats are found
-// in one pass now, with the same located error.
+// in one pass now, with the same located error. Even so, parsing 20,000 lines takes 1 to 2.6 s:
+// a key file of 32 KiB or more is parsed on a worker thread (src/config/off-thread.ts), and the
+// gateway answers requests meanwhile.
 import t from 'tap'
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
@@ -46,19 +48,24 @@ t.test('a key file of 20,000 keys is re-read on SIGHUP while requests go on bein
   writeFileSync(keyFile, 'k-old: bob\n' + keyLines(KEYS))
   const started = performance.now()
   gw.child.kill('SIGHUP')
-  const reloaded = gw.waitForLog(l => l.msg === 'configuration reloaded', 10_000)
+  const reloaded = gw.waitForLog(l => l.msg === 'configuration reloaded', 30_000)
   let done = false
   void reloaded.then(() => { done = true }, () => { done = true })
   // requests sent while the file is read are answered as they come, not after the reload
   let slowest = 0
+  let answered = 0
   while (!done) {
     const sent = performance.now()
-    t.equal(await status('k-inline'), 200, 'a request during the reload is admitted')
+    const got = await status('k-inline')
+    if (got !== 200) t.equal(got, 200, 'a request during the reload is admitted')
     slowest = Math.max(slowest, performance.now() - sent)
+    answered++
   }
   await reloaded
-  t.ok(performance.now() - started < 10_000, `the reload took ${Math.round(performance.now() - started)} ms`)
+  t.ok(performance.now() - started < 30_000, `the reload took ${Math.round(performance.now() - started)} ms`)
   t.ok(slowest < 5000, `the slowest request during the reload took ${Math.round(slowest)} ms`)
+  // parsed on the serving thread, the file held every request: 4 were answered, before and after
+  t.ok(answered >= 50, `${answered} requests were answered one after another during the reload`)
   t.equal(await status(`key-${KEYS - 1}-abcdefghijklmnop`), 200, 'the last key of the file works')
 
   // a repeated key is still a located error, found as fast

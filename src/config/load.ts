@@ -5,9 +5,8 @@
 import { readFile } from 'node:fs/promises'
 import { createHash } from 'node:crypto'
 import { LineCounter, parseDocument, visit, isAlias, isCollection, isMap, isPair, isSeq, isScalar, type Alias, type Document, type Node as YamlNode } from 'yaml'
-import { dirname, extname, resolve } from 'node:path'
-import { fileURLToPath } from 'node:url'
-import { Worker } from 'node:worker_threads'
+import { dirname, resolve } from 'node:path'
+import { PARSE_OFF_THREAD_CHARS, parseOffThread } from './off-thread.js'
 import { configSchema, gatewayJsonSchema, BUCKET_ALGORITHMS, type GatewayConfig, type LimitConfig } from './schema.js'
 import { adminListen, applyDefaults, deepFreeze, type ResolvedConfig } from './defaults.js'
 import { utcOffsetMinutes } from '../limit/algorithms/calendar-quota.js'
@@ -139,22 +138,13 @@ export async function loadConfigFile (file: string, env: NodeJS.ProcessEnv = pro
   return await loadConfigText(text, file, env)
 }
 
-/**
- * A file at least this long is parsed and checked on a worker thread (loadConfigText): the yaml
- * parser takes 0.2 to 0.4 ms per route, and a reload of a 2 MB file with 20,000 routes held the
- * serving thread 4 to 7 s, every request waiting. A shorter file is parsed in place, quicker than a
- * thread starts.
- */
-export const PARSE_OFF_THREAD_CHARS = 32 * 1024
+export { PARSE_OFF_THREAD_CHARS } from './off-thread.js'
 
 /** What src/config/parse-thread.ts posts back. */
 export type ParseReply =
   | { readonly ok: true, readonly config: ResolvedConfig, readonly hash: string }
   | { readonly ok: false, readonly problems: readonly ConfigProblem[] }
   | { readonly ok: false, readonly error: string }
-
-// the thread's module beside this one: .js when built, .ts when the tests run the sources
-const PARSE_THREAD = new URL(`./parse-thread${extname(fileURLToPath(import.meta.url))}`, import.meta.url)
 
 /**
  * parseConfigText, off the serving thread for a long text. The config comes back as data (frozen
@@ -163,12 +153,7 @@ const PARSE_THREAD = new URL(`./parse-thread${extname(fileURLToPath(import.meta.
  */
 export async function loadConfigText (text: string, file: string, env: NodeJS.ProcessEnv = process.env): Promise<LoadedConfig> {
   if (text.length < PARSE_OFF_THREAD_CHARS) return parseConfigText(text, file, env)
-  const reply = await new Promise<ParseReply>((resolve, reject) => {
-    const thread = new Worker(PARSE_THREAD, { workerData: { text, file, env } })
-    thread.once('message', resolve)
-    thread.once('error', reject)
-    thread.once('exit', code => reject(new Error(`the config parser thread exited with code ${code}`)))
-  })
+  const reply = await parseOffThread<ParseReply>({ kind: 'config', text, file, env })
   if (!reply.ok) throw 'problems' in reply ? new ConfigError(reply.problems) : new Error(reply.error)
   let located: LoadedConfig | null = null
   return {

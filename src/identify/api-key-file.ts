@@ -5,6 +5,7 @@ import { readFile } from 'node:fs/promises'
 import { LineCounter, parseDocument, isMap, isScalar } from 'yaml'
 import { MAX_USER_LENGTH, type ConsumerDirectory } from './identity.js'
 import { DUPLICATE_KEY, misreadScalar, repeatedKeys, unknownTag } from './yaml-scalars.js'
+import { PARSE_OFF_THREAD_CHARS, parseOffThread } from '../config/off-thread.js'
 
 /**
  * What an API key may hold: what a header value carries byte for byte (RFC 9110 §5.5: visible
@@ -46,6 +47,26 @@ export function consumerProblem (consumer: string, consumers: ConsumerDirectory)
   return null
 }
 
+/** An entry of the key file as written, its consumer not yet checked against the config's consumers. */
+export interface KeyFileEntry {
+  readonly key: string
+  readonly consumer: string
+  /** Its position among the entries: what a problem names, never the key. */
+  readonly index: number
+  /** Where a problem with its consumer is shown: the consumer's value, or the key without one. */
+  readonly line: number
+  readonly column: number
+}
+
+/** The key file's entries in order, each read or refused with its problem. */
+export type KeyFileItem = KeyFileEntry | { readonly problem: KeyFileProblem }
+
+/** What src/config/parse-thread.ts posts back for a key file. */
+export type KeyFileReply =
+  | { readonly ok: true, readonly items: readonly KeyFileItem[] }
+  | { readonly ok: false, readonly problems: readonly KeyFileProblem[] }
+  | { readonly ok: false, readonly error: string }
+
 /** The [key, consumer] pairs of the file; [] without a file. Throws ApiKeyFileError located in the file. */
 export async function readApiKeyFile (file: string | undefined, consumers: ConsumerDirectory, read: (path: string) => Promise<Buffer> = readFile): Promise<Array<[string, string]>> {
   if (file === undefined) return []
@@ -56,6 +77,34 @@ export async function readApiKeyFile (file: string | undefined, consumers: Consu
     const reason = (err as NodeJS.ErrnoException).code === 'ENOENT' ? 'API key file not found' : (err as Error).message
     throw new ApiKeyFileError([{ file, line: 0, column: 0, path: '', message: reason }])
   }
+  const out: Array<[string, string]> = []
+  const problems: KeyFileProblem[] = []
+  for (const item of await keyFileItems(text, file)) {
+    if ('problem' in item) {
+      problems.push(item.problem)
+      continue
+    }
+    const problem = consumerProblem(item.consumer, consumers)
+    if (problem !== null) problems.push({ file, line: item.line, column: item.column, path: `[${item.index}]`, message: problem })
+    else out.push([item.key, item.consumer])
+  }
+  if (problems.length > 0) throw new ApiKeyFileError(problems)
+  return out
+}
+
+/** parseKeyFileText, on a worker thread for a long file: a 20,000-line file took 1 to 2.6 s to parse. */
+async function keyFileItems (text: string, file: string): Promise<readonly KeyFileItem[]> {
+  if (text.length < PARSE_OFF_THREAD_CHARS) return parseKeyFileText(text, file)
+  const reply = await parseOffThread<KeyFileReply>({ kind: 'keyFile', text, file })
+  if (!reply.ok) throw 'problems' in reply ? new ApiKeyFileError(reply.problems) : new Error(reply.error)
+  return reply.items
+}
+
+/**
+ * The entries of a key file's text, in order, each with its problem if it has one. A file that is
+ * not "key: consumer" lines (YAML errors, repeated keys, another shape) throws ApiKeyFileError.
+ */
+export function parseKeyFileText (text: string, file: string): KeyFileItem[] {
   const lineCounter = new LineCounter()
   // repeated keys are found by repeatedKeys, in one pass (YAML's check is quadratic)
   const doc = parseDocument(text, { lineCounter, prettyErrors: false, uniqueKeys: false })
@@ -65,54 +114,30 @@ export async function readApiKeyFile (file: string | undefined, consumers: Consu
   }
   const errors = [...doc.errors.map(e => [e.pos[0], e.message.split('\n')[0] ?? e.message] as const), ...repeatedKeys(doc).map(offset => [offset, DUPLICATE_KEY] as const)]
   if (errors.length > 0) throw new ApiKeyFileError(errors.sort((a, b) => a[0] - b[0]).map(([offset, message]) => at(offset, '', message)))
-  const out: Array<[string, string]> = []
-  const problems: KeyFileProblem[] = []
-  if (doc.contents === null) return out
+  if (doc.contents === null) return []
   if (!isMap(doc.contents)) throw new ApiKeyFileError([at(doc.contents.range?.[0], '', 'expected "key: consumer" lines')])
   // an entry is named by its position ([0], [1], ...), never by the key: errors must not print secrets
-  for (const [i, pair] of doc.contents.items.entries()) {
+  return doc.contents.items.map((pair, i): KeyFileItem => {
     const keyNode = pair.key
     const valueNode = pair.value
     const key = isScalar(keyNode) ? String(keyNode.value) : ''
     const where = isScalar(keyNode) ? keyNode.range?.[0] : undefined
-    if (!isScalar(keyNode) || key.length === 0 || key.trim() !== key) {
-      problems.push(at(where, `[${i}]`, 'an API key must be non-empty without surrounding spaces'))
-      continue
-    }
+    const refused = (offset: number | undefined, message: string): KeyFileItem => ({ problem: at(offset, `[${i}]`, message) })
+    if (!isScalar(keyNode) || key.length === 0 || key.trim() !== key) return refused(where, 'an API key must be non-empty without surrounding spaces')
     // `!env NAME: alice` was the key "NAME" (yaml keeps the text after a tag it does not know)
     const tag = unknownTag(doc, keyNode) ?? unknownTag(doc, valueNode)
-    if (tag !== null) {
-      problems.push(at(where, `[${i}]`, `unknown tag ${tag}: it would be dropped and the text after it taken as written (this file substitutes nothing)`))
-      continue
-    }
+    if (tag !== null) return refused(where, `unknown tag ${tag}: it would be dropped and the text after it taken as written (this file substitutes nothing)`)
     // the reason names the value YAML read, never the text: that is the secret
     const misread = misreadScalar(keyNode, text, true)
-    if (misread !== null) {
-      problems.push(at(where, `[${i}]`, `this API key: ${misread}`))
-      continue
-    }
-    if (!API_KEY_TEXT.test(key)) {
-      problems.push(at(where, `[${i}]`, API_KEY_CHARS))
-      continue
-    }
-    if (key.includes('${')) {
-      // gateway.yaml substitutes ${VAR}; this file does not: never accept the literal silently
-      problems.push(at(where, `[${i}]`, '"${" in an API key: environment references are not substituted in the key file'))
-      continue
-    }
+    if (misread !== null) return refused(where, `this API key: ${misread}`)
+    if (!API_KEY_TEXT.test(key)) return refused(where, API_KEY_CHARS)
+    // gateway.yaml substitutes ${VAR}; this file does not: never accept the literal silently
+    if (key.includes('${')) return refused(where, '"${" in an API key: environment references are not substituted in the key file')
     const consumer = isScalar(valueNode) && valueNode.value !== null ? String(valueNode.value) : ''
+    const consumerAt = isScalar(valueNode) ? valueNode.range?.[0] : where
     const misreadConsumer = misreadScalar(valueNode, text)
-    if (consumer !== '' && misreadConsumer !== null) {
-      problems.push(at(isScalar(valueNode) ? valueNode.range?.[0] : where, `[${i}]`, `consumer name: ${misreadConsumer}`))
-      continue
-    }
-    const problem = consumerProblem(consumer, consumers)
-    if (problem !== null) {
-      problems.push(at(isScalar(valueNode) ? valueNode.range?.[0] : where, `[${i}]`, problem))
-      continue
-    }
-    out.push([key, consumer])
-  }
-  if (problems.length > 0) throw new ApiKeyFileError(problems)
-  return out
+    if (consumer !== '' && misreadConsumer !== null) return refused(consumerAt, `consumer name: ${misreadConsumer}`)
+    const pos = lineCounter.linePos(consumerAt ?? 0)
+    return { key, consumer, index: i, line: pos.line, column: pos.col }
+  })
 }
