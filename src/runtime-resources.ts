@@ -200,6 +200,8 @@ export class ResourceCache {
         ...(client instanceof Cluster ? clusterNodes(client) : { ping: () => client.ping() }),
         // a call the fallback decided whose leases Redis took late: given back like every other release
         onLateLeases: (keys, member) => { bundle?.leases.release({ keys: [...keys], member, level: 'redis', units: 1, released: false, heldAt: -1 }) },
+        // requests admitted through Redis still in flight take their place in the fallback's share
+        leasesHeld: (key) => bundle?.leases.heldFor(key) ?? 0,
         onDebtError: (err, keys) => { this.logger.warn({ err: (err as Error).message, keys }, 'could not write the fallback\'s admissions back to Redis: kept, and written with a later answer') },
         onDebtOverflow: (admissions) => { this.logger.warn({ admissions, maxKeys: limitStateOf(config).maxKeys }, 'fallback admissions of keys beyond local.maxKeys were not recorded, and Redis never counts them') },
         onDebtDropped: (keys) => { this.logger.warn({ keys }, 'dropped fallback admissions never written back to Redis (their window passed, or too many keys owed)') },

@@ -159,3 +159,31 @@ routes:
   }
   t.equal(left, 0, 'no lease left in Redis (one stayed for leaseTtl, 30 s, before: every request of alice refused meanwhile)')
 })
+
+t.test('Redis goes away while this instance holds its share in Redis: the fallback counts those requests, and admits no more', async t => {
+  const redis = await startRedis(t)
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+log: { level: warn }
+redis: { url: ${redis.url}, timeout: 500ms, onError: local }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - name: held
+    pathPrefix: /
+    upstream: backend
+    concurrency: { user: 2 }
+`)
+  // alice's whole cap in flight, admitted through Redis
+  const held = [send(`${gw.url}/slow?ms=4000`, ALICE), send(`${gw.url}/slow?ms=4000`, ALICE)]
+  await eventually('both reached the upstream', async () => up.log.filter(u => u.startsWith('/slow?ms=4000')).length === 2, 3000)
+  await redis.kill()
+  const during = await burst(3, `${gw.url}/slow?ms=200`, ALICE)
+  t.same(statusCounts(during), { 429: 3 }, 'one instance, Redis down: its share (2) is already held by the requests Redis admitted (2 of them were admitted on top before)')
+  t.ok(during.every(r => r.json?.error === 'GW_ERR_CONCURRENCY_LIMITED' && r.headers['retry-after'] === '1'), 'refused as the cap refuses')
+  t.equal(up.log.filter(u => u.startsWith('/slow?ms=200')).length, 0, 'none reached the upstream')
+  t.same(statusCounts(await Promise.all(held)), { 200: 2 })
+  t.same(statusCounts(await burst(2, `${gw.url}/slow?ms=200`, ALICE)), { 200: 2 }, 'once they finished, the fallback admits its whole share again (nothing of theirs left counted)')
+})

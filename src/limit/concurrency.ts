@@ -80,6 +80,8 @@ export class LeaseKeeper {
    * graphs out of the young generation (see src/server.ts, openResponses).
    */
   private readonly held: HeldLease[] = []
+  /** How many of `held` hold each key: the `onError: local` fallback counts them (heldFor). */
+  private readonly heldByKey = new Map<string, number>()
   /** Redis releases of this event-loop turn. */
   private pending: HeldLease[] = []
   private flushing: NodeJS.Timeout | null = null
@@ -128,6 +130,11 @@ export class LeaseKeeper {
     return this.held.length
   }
 
+  /** Leases this instance holds in Redis under `key` (a key as passed to the store). */
+  heldFor (key: string): number {
+    return this.heldByKey.get(key) ?? 0
+  }
+
   /** Resolved once no lease is held in Redis (its connection can then close with none to give back). */
   whenNoneHeld (): Promise<void> {
     if (this.held.length === 0) return Promise.resolve()
@@ -146,6 +153,7 @@ export class LeaseKeeper {
     if (lease.level !== 'redis' || lease.heldAt !== -1) return
     lease.heldAt = this.held.length
     this.held.push(lease)
+    for (const key of lease.keys) this.heldByKey.set(key, (this.heldByKey.get(key) ?? 0) + 1)
     this.startRenewing()
   }
 
@@ -154,6 +162,11 @@ export class LeaseKeeper {
     const at = lease.heldAt
     if (at === -1) return
     lease.heldAt = -1
+    for (const key of lease.keys) {
+      const n = this.heldByKey.get(key) ?? 0
+      if (n > 1) this.heldByKey.set(key, n - 1)
+      else this.heldByKey.delete(key)
+    }
     const last = this.held.pop() as HeldLease
     if (last !== lease) {
       this.held[at] = last
@@ -312,6 +325,7 @@ export class LeaseKeeper {
       this.pending.push(lease)
     }
     this.held.length = 0
+    this.heldByKey.clear()
     this.settleNoneHeld()
     const sent = this.flush()
     if (sent.length === 0) return

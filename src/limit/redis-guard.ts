@@ -98,6 +98,11 @@ export interface RedisGuardOptions {
    * that client for a whole leaseTtl.
    */
   readonly onLateLeases?: (keys: readonly string[], member: string) => void
+  /**
+   * Leases this instance holds in Redis under `key` (without the key prefix): requests it admitted
+   * through Redis that still run. The fallback counts them in the instance's share of a cap.
+   */
+  readonly leasesHeld?: (key: string) => number
   readonly telemetry: Telemetry
   readonly onStateChange: (state: BreakerState, reason: string) => void
   /**
@@ -661,12 +666,24 @@ export class RedisGuard implements SharedLevel {
     const kept: LimitCheck[] = []
     const index: number[] = []
     const n = this.instances
+    // Units of a lease check counted for this instance's leases held in Redis, given back once decided
+    let lent: Array<readonly [string, number]> | null = null
     for (let i = 0; i < checks.length; i++) {
       const mode = limits[i]?.onError
       if (mode === 'deny') return { decision: ALLOW_ALL, level: 'fallback', unavailable: true, leaseId: '', share: n }
       if (mode === 'allow') continue
       const check = checks[i] as LimitCheck
-      kept.push({ key: check.key, spec: check.spec, cost: shareCost(check, n) })
+      let cost = shareCost(check, n)
+      // The requests this instance admitted through Redis still run when Redis goes away: each
+      // holds a place in the instance's share as the fallback's own leases do. Uncounted, an
+      // instance that held its whole share in Redis admitted that share again on top of it.
+      const inRedis = check.spec.algorithm === 'lease' ? (this.options.leasesHeld?.(check.key) ?? 0) : 0
+      if (inRedis > 0) {
+        const counted = Math.min(cost * (inRedis + 1), capacity(check.spec) + 1, MAX_EXACT)
+        ;(lent ??= []).push([check.key, counted - cost])
+        cost = counted
+      }
+      kept.push({ key: check.key, spec: check.spec, cost })
       index.push(i)
     }
     if (kept.length === 0) return { decision: ALLOW_ALL, level: 'fallback', unavailable: false, leaseId: '', share: n }
@@ -675,6 +692,8 @@ export class RedisGuard implements SharedLevel {
     const d = this.fallbackStore.decide(kept, requestId)
     if (d.allowed) {
       for (const i of index) this.owe(outage, checks[i] as LimitCheck)
+      // the Redis leases are given back to Redis: the fallback keeps only this request's share
+      if (lent !== null) for (const [key, units] of lent) this.fallbackStore.release(key, units)
     }
     const decision: LimitDecision = {
       ...d,
@@ -719,7 +738,8 @@ export class RedisGuard implements SharedLevel {
   // fallback units (n per unit) is R, i.e. C - R units are already spent.
   private seed (outage: Outage, check: LimitCheck): void {
     // Leases are not a budget spent over a window: one in flight in Redis is released to Redis
-    // (or expires there), so the fallback counts only the leases it grants itself.
+    // (or expires there), so the fallback counts the leases it grants itself and, while deciding,
+    // this instance's held in Redis (fallback), never the fleet's count Redis last reported.
     if (check.spec.algorithm === 'lease') return
     if (outage.seeded.has(check.key)) return
     if (outage.seeded.size < this.maxKeys) outage.seeded.add(check.key)
