@@ -2,7 +2,7 @@
 // keys sit in different slots, decided per slot and refunded when another slot refuses. The caps
 // still hold exactly, and a refusal by either kind still takes nothing from the other.
 import t, { type Test } from 'tap'
-import { Cluster } from 'ioredis'
+import { Cluster, Redis } from 'ioredis'
 import { startGateway } from './helpers/gateway.js'
 import { startRedisCluster } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
@@ -12,7 +12,7 @@ import { compileLimitSpec } from '../src/limit/plan.js'
 import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import { createRedisStore } from '../src/limit/redis-store.js'
 import { RedisGuard } from '../src/limit/redis-guard.js'
-import { LeaseKeeper, type HeldLease } from '../src/limit/concurrency.js'
+import { LeaseKeeper, MAX_WAITING_SENDS, type HeldLease } from '../src/limit/concurrency.js'
 import { NOOP_TELEMETRY } from '../src/telemetry.js'
 import type { LimitSpec } from '../src/limit/types.js'
 
@@ -113,4 +113,49 @@ t.test('200 leases in as many slots released in one turn are all given back', as
   await eventually('the releases reach Redis', async () => await countedLeases(keys) === 0, 2000).catch(() => {})
   t.equal(await countedLeases(keys), 0, 'none still counted in Redis (they would be for the 10 s TTL)')
   t.equal(keeper.dropped, 0)
+})
+
+// The bound on sends waiting for a stalled Redis (MAX_WAITING_SENDS) counted sends, and under
+// Cluster a send holds calls to every master its leases live on: with one master stalled
+// (SIGSTOPped, paused) every flush touching it waited, and past 64 of them the releases and
+// renewals of the healthy masters were dropped too, for as long as the stall lasted.
+t.test('one master stalled: releases to the healthy masters still go out', async t => {
+  const client = createRedisClient({ cluster: cluster.urls })
+  t.teardown(() => client.disconnect())
+  await whenReady(client)
+  const store = createRedisStore({ client })
+  const guard = new RedisGuard({ store, fallbackMaxKeys: 1000, timeoutMs: 2000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
+  t.teardown(() => guard.close())
+  const keeper = new LeaseKeeper({ redis: { client, guard, store }, ttlMs: 10_000 })
+  t.teardown(() => keeper.close(100))
+  const spec: LimitSpec = Object.freeze({ id: 'stall.concurrency.user', algorithm: 'lease', limit: 5, windowMs: 10_000, burst: 5, maxDelayMs: 0 })
+  const stalled = `127.0.0.1:${cluster.ports[0] as number}`
+  const keyOn = (onStalled: boolean, tag: string): string => {
+    for (let i = 0; ; i++) {
+      const key = `gw:lease:stall.user:${tag}${i}`
+      if (((client as Cluster).slots[keySlot(key)]?.[0] === stalled) === onStalled) return key
+    }
+  }
+  // alice's lease lives on a healthy master
+  const aliceKey = keyOn(false, 'alice')
+  const taken = await store.decideDetailed([{ key: aliceKey, spec, cost: 1 }], 'alice')
+  const alice: HeldLease = { keys: [aliceKey], member: taken.callId, level: 'redis', units: 1, released: false, heldAt: -1 }
+  keeper.hold(alice)
+  t.equal(await reader.zcard(aliceKey), 1)
+  const direct = new Redis({ host: '127.0.0.1', port: cluster.ports[0] as number })
+  direct.on('error', () => {})
+  t.teardown(() => direct.disconnect())
+  const pause = direct.call('CLIENT', 'PAUSE', '5000', 'ALL')
+  // releases of leases on the stalled master, each flushed in a send of its own (10 ms batching)
+  for (let i = 0; i < MAX_WAITING_SENDS + 6; i++) {
+    keeper.release({ keys: [keyOn(true, `s${i}-`)], member: `m${i}`, level: 'redis', units: 1, released: false, heldAt: -1 })
+    await new Promise(resolve => setTimeout(resolve, 12))
+  }
+  t.ok(keeper.dropped > 0, `sends beyond the bound for the stalled master were dropped (${keeper.dropped})`)
+  keeper.release(alice)
+  await eventually('alice\'s release reaches her healthy master', async () => await reader.zcard(aliceKey) === 0, 1500).catch(() => {})
+  t.equal(await reader.zcard(aliceKey), 0, 'alice\'s lease is given back while the other master is stalled (it stayed counted for leaseTtl, 10 s)')
+  await pause
+  await eventually('every send answered once the master resumes', async () => keeper.waiting === 0, 8000).catch(() => {})
+  t.equal(keeper.waiting, 0)
 })

@@ -57,7 +57,8 @@ interface LeaseCommands {
 const BATCH = 512
 
 /**
- * Most releases and renewals (sends) waiting for Redis at once (see send). A send is one flush of
+ * Most releases and renewals (sends) waiting for one Redis node at once (see send; under Cluster
+ * each master has its own bound, so a stalled one drops none of another's). A send is one flush of
  * releases or one renewal round with all its calls: under Cluster that is one call per hash slot,
  * hundreds on a busy instance, which must all go out or the leases beyond the bound expire while
  * their requests run.
@@ -96,7 +97,9 @@ export class LeaseKeeper {
   private readonly riding: boolean
   /** Sends (a flush of releases, a renewal round) with a call not answered yet. */
   waiting = 0
-  /** Sends not made because MAX_WAITING_SENDS were waiting. */
+  /** Sends with a call not answered yet, by the node it waits for ('' standalone or Sentinel). */
+  private readonly waitingFor = new Map<string, number>()
+  /** Sends not made, whole or to a node, because MAX_WAITING_SENDS were waiting for it. */
   dropped = 0
 
   constructor (private readonly options: LeaseKeeperOptions) {
@@ -271,8 +274,10 @@ export class LeaseKeeper {
     const sent: Array<Promise<unknown>> = []
     if (redis === undefined || pairs.length === 0) return sent
     const prefix = redis.keyPrefix ?? ''
-    const groups: Array<Array<readonly [string, string]>> = []
-    if (redis.client instanceof Cluster) {
+    // by the node the calls go to ('' for a standalone or Sentinel master), then by hash slot
+    const byNode = new Map<string, Array<ReadonlyArray<readonly [string, string]>>>()
+    const client = redis.client
+    if (client instanceof Cluster) {
       const bySlot = new Map<number, Array<readonly [string, string]>>()
       for (const pair of pairs) {
         const slot = keySlot(prefix + pair[0])
@@ -280,34 +285,58 @@ export class LeaseKeeper {
         if (group === undefined) bySlot.set(slot, group = [])
         group.push(pair)
       }
-      groups.push(...bySlot.values())
-    } else {
-      groups.push(pairs as Array<readonly [string, string]>)
-    }
-    // A Redis that is stalled but still connected (paused, SIGSTOPped) answers nothing and fails
-    // nothing: these calls would wait in the client without end. Beyond a bound of whole sends
-    // (never some calls of one: a healthy Cluster gets one per slot) they are dropped, as a failed
-    // call is: the leases expire within leaseTtl.
-    if (this.waiting >= MAX_WAITING_SENDS) {
-      this.dropped++
-      this.options.onError?.(new Error(`${MAX_WAITING_SENDS} lease ${what === 'release' ? 'releases' : 'renewals'} already wait for Redis: this ${what} dropped, the leases expire within leaseTtl`), what)
-      return sent
-    }
-    const commands = redis.client as unknown as LeaseCommands
-    for (const group of groups) {
-      for (let i = 0; i < group.length; i += BATCH) {
-        const part = group.slice(i, i + BATCH)
-        const args: string[] = []
-        for (const [key] of part) args.push(prefix + key)
-        args.push(...head)
-        for (const [, member] of part) args.push(member)
-        this.calls++
-        const call = what === 'release' ? commands.gatewayLeaseRelease(part.length, ...args) : commands.gatewayLeaseRenew(part.length, ...args)
-        sent.push(call.catch((err: unknown) => this.options.onError?.(err, what)))
+      for (const [slot, group] of bySlot) {
+        const node = client.slots[slot]?.[0] ?? ''
+        let groups = byNode.get(node)
+        if (groups === undefined) byNode.set(node, groups = [])
+        groups.push(group)
       }
+    } else {
+      byNode.set('', [pairs])
     }
-    this.waiting++
-    void Promise.allSettled(sent).then(() => { this.waiting-- })
+    const commands = client as unknown as LeaseCommands
+    let dropped: string | null = null
+    for (const [node, groups] of byNode) {
+      // A Redis that is stalled but still connected (paused, SIGSTOPped) answers nothing and fails
+      // nothing: these calls would wait in the client without end. Beyond a bound of sends waiting
+      // for one node (all of a send's calls to it, never some: a healthy Cluster master gets one
+      // per slot) its calls are dropped, as a failed call is: those leases expire within leaseTtl.
+      // Counted per node: under Cluster a send also holds calls to the healthy masters, which a
+      // bound on whole sends dropped with the stalled one's.
+      const waiting = this.waitingFor.get(node) ?? 0
+      if (waiting >= MAX_WAITING_SENDS) {
+        dropped = node
+        continue
+      }
+      const calls: Array<Promise<unknown>> = []
+      for (const group of groups) {
+        for (let i = 0; i < group.length; i += BATCH) {
+          const part = group.slice(i, i + BATCH)
+          const args: string[] = []
+          for (const [key] of part) args.push(prefix + key)
+          args.push(...head)
+          for (const [, member] of part) args.push(member)
+          this.calls++
+          const call = what === 'release' ? commands.gatewayLeaseRelease(part.length, ...args) : commands.gatewayLeaseRenew(part.length, ...args)
+          calls.push(call.catch((err: unknown) => this.options.onError?.(err, what)))
+        }
+      }
+      this.waitingFor.set(node, waiting + 1)
+      void Promise.allSettled(calls).then(() => {
+        const left = (this.waitingFor.get(node) ?? 1) - 1
+        if (left > 0) this.waitingFor.set(node, left)
+        else this.waitingFor.delete(node)
+      })
+      sent.push(...calls)
+    }
+    if (dropped !== null) {
+      this.dropped++
+      this.options.onError?.(new Error(`${MAX_WAITING_SENDS} lease ${what === 'release' ? 'releases' : 'renewals'} already wait for Redis${dropped === '' ? '' : ` (${dropped})`}: this ${what} dropped there, the leases expire within leaseTtl`), what)
+    }
+    if (sent.length > 0) {
+      this.waiting++
+      void Promise.allSettled(sent).then(() => { this.waiting-- })
+    }
     return sent
   }
 
