@@ -187,3 +187,44 @@ routes:
   t.same(statusCounts(await Promise.all(held)), { 200: 2 })
   t.same(statusCounts(await burst(2, `${gw.url}/slow?ms=200`, ALICE)), { 200: 2 }, 'once they finished, the fallback admits its whole share again (nothing of theirs left counted)')
 })
+
+t.test('a release made while Redis restarts with its data is given back once it is back: the client is not refused for a leaseTtl', async t => {
+  // persisted at every write: the lease outlives the restart, as on a failed-over replica
+  const redis = await startRedis(t, { args: ['--appendonly', 'yes', '--appendfsync', 'always'] })
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+log: { level: warn }
+redis: { url: ${redis.url}, timeout: 2s, onError: deny, leaseTtl: 10s }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - name: persisted
+    pathPrefix: /
+    upstream: backend
+    concurrency: { user: 1 }
+`)
+  const held = send(`${gw.url}/slow?ms=1000`, ALICE)
+  await eventually('the request reached the upstream', async () => up.log.some(u => u.startsWith('/slow?ms=1000')), 3000)
+  await redis.kill()
+  t.equal((await held).status, 200, 'it finished while Redis was down: its release could not reach Redis')
+  await redis.restart()
+  const restarted = Date.now()
+  const answers: number[] = []
+  let admittedAfter = -1
+  while (Date.now() - restarted < 9000) {
+    const r = await send(`${gw.url}/x`, ALICE)
+    answers.push(r.status)
+    if (r.status === 200) {
+      admittedAfter = Date.now() - restarted
+      break
+    }
+    await new Promise(resolve => setTimeout(resolve, 100))
+  }
+  // reconnecting and the breaker's probe take well under a second; the lease stayed 7 to 10 s
+  t.ok(admittedAfter >= 0 && admittedAfter < 3000, `alice, with nothing in flight, admitted ${admittedAfter} ms after Redis came back (answers: ${answers.join(' ')})`)
+  // the release goes out as the connection is ready, ahead of the next request's call (503s come from
+  // the breaker until its probe answers, onError: deny)
+  t.notOk(answers.includes(429), 'never refused by her finished request\'s lease')
+})

@@ -12,6 +12,7 @@
 //     its lease while the leases of an instance that died expire within the TTL.
 import { Cluster, type Redis } from 'ioredis'
 import { keySlot } from './keys.js'
+import { classifyRedisError } from './redis-client.js'
 import { LEASE_RELEASE_SCRIPT, LEASE_RENEW_SCRIPT, type LeaseReleases } from './scripts.js'
 import type { MemoryStore } from './memory-store.js'
 import type { RedisGuard } from './redis-guard.js'
@@ -74,6 +75,9 @@ export const MAX_WAITING_SENDS = 64
  */
 export const RELEASE_WAIT_MS = 10
 
+/** How often releases Redis could not take for want of a connection are tried again. */
+export const RELEASE_RETRY_MS = 250
+
 export class LeaseKeeper {
   /**
    * Leases held in Redis, renewed until released: an array with each lease's index on the lease,
@@ -99,6 +103,13 @@ export class LeaseKeeper {
   waiting = 0
   /** Sends with a call not answered yet, by the node it waits for ('' standalone or Sentinel). */
   private readonly waitingFor = new Map<string, number>()
+  /**
+   * Releases Redis could not take because there was no connection (Redis restarting, a failover):
+   * sent again once it is back, until their leases would have expired anyway (`at` + the TTL).
+   */
+  private unsent: Array<readonly [key: string, member: string, at: number]> = []
+  private retrying: NodeJS.Timeout | null = null
+  private closed = false
   /** Sends not made, whole or to a node, because MAX_WAITING_SENDS were waiting for it. */
   dropped = 0
 
@@ -108,6 +119,8 @@ export class LeaseKeeper {
     if (client !== undefined) {
       client.defineCommand('gatewayLeaseRelease', { lua: LEASE_RELEASE_SCRIPT })
       client.defineCommand('gatewayLeaseRenew', { lua: LEASE_RENEW_SCRIPT })
+      // back: the releases it missed go first, ahead of the next request's call
+      client.on('ready', () => { if (this.unsent.length > 0) this.retryUnsent() })
     }
     this.riding = options.redis?.store?.carryReleases(() => this.takeReleases()) ?? false
   }
@@ -218,6 +231,8 @@ export class LeaseKeeper {
    */
   private takeReleases (): LeaseReleases | null {
     if (this.pending.length === 0) return null
+    // a call with no connection fails at once and takes them with it: left to flush (send keeps them)
+    if (this.options.redis?.client.status !== 'ready') return null
     const prefix = this.options.redis?.keyPrefix ?? ''
     const pairs: Array<readonly [string, string]> = []
     let taken = 0
@@ -269,11 +284,18 @@ export class LeaseKeeper {
   }
 
   /** One call per batch (per hash slot under Cluster): KEYS = the keys, ARGV = `head` then the members. */
-  private send (pairs: ReadonlyArray<readonly [string, string]>, head: readonly string[], what: 'release' | 'renew'): Array<Promise<unknown>> {
+  private send (pairs: ReadonlyArray<readonly [string, string]>, head: readonly string[], what: 'release' | 'renew', releasedAt: ReadonlyMap<string, number> | null = null): Array<Promise<unknown>> {
     const redis = this.options.redis
     const sent: Array<Promise<unknown>> = []
     if (redis === undefined || pairs.length === 0) return sent
     const prefix = redis.keyPrefix ?? ''
+    // No connection (the client sends nothing until it is ready again): a release waits for it.
+    // Dropped, its lease stayed counted after its request ended, up to a whole leaseTtl: a Redis
+    // restarted with its data or a failed-over replica refused that client meanwhile.
+    if (what === 'release' && !(redis.client instanceof Cluster) && redis.client.status !== 'ready') {
+      this.keepUnsent(pairs, releasedAt)
+      return sent
+    }
     // by the node the calls go to ('' for a standalone or Sentinel master), then by hash slot
     const byNode = new Map<string, Array<ReadonlyArray<readonly [string, string]>>>()
     const client = redis.client
@@ -318,7 +340,11 @@ export class LeaseKeeper {
           for (const [, member] of part) args.push(member)
           this.calls++
           const call = what === 'release' ? commands.gatewayLeaseRelease(part.length, ...args) : commands.gatewayLeaseRenew(part.length, ...args)
-          calls.push(call.catch((err: unknown) => this.options.onError?.(err, what)))
+          calls.push(call.catch((err: unknown) => {
+            // the connection went away with the call: removing a lease twice is harmless
+            if (what === 'release' && classifyRedisError(err) === 'connection') this.keepUnsent(part, releasedAt)
+            this.options.onError?.(err, what)
+          }))
         }
       }
       this.waitingFor.set(node, waiting + 1)
@@ -340,6 +366,33 @@ export class LeaseKeeper {
     return sent
   }
 
+  /** `releasedAt`: when each lease (by member) was released, for releases sent again; else now. */
+  private keepUnsent (pairs: ReadonlyArray<readonly [string, string]>, releasedAt: ReadonlyMap<string, number> | null): void {
+    // after close: the connection is gone for good
+    if (this.closed) return
+    const now = Date.now()
+    for (const [key, member] of pairs) this.unsent.push([key, member, releasedAt?.get(member) ?? now])
+    if (this.retrying !== null) return
+    this.retrying = setTimeout(() => this.retryUnsent(), RELEASE_RETRY_MS)
+    this.retrying.unref()
+  }
+
+  /** Sends again, in one send, the releases Redis could not take but those whose leases have expired by now. */
+  private retryUnsent (): Array<Promise<unknown>> {
+    if (this.retrying !== null) clearTimeout(this.retrying)
+    this.retrying = null
+    const now = Date.now()
+    const pairs: Array<readonly [string, string]> = []
+    const releasedAt = new Map<string, number>()
+    for (const [key, member, at] of this.unsent) {
+      if (now - at >= this.#ttlMs) continue
+      pairs.push([key, member])
+      releasedAt.set(member, at)
+    }
+    this.unsent = []
+    return this.send(pairs, [], 'release', releasedAt)
+  }
+
   /**
    * Stops renewing and gives back every lease still held or queued, waiting (at most `timeoutMs`)
    * for Redis to take them: a gateway that stops does not leave its leases to expire.
@@ -356,7 +409,8 @@ export class LeaseKeeper {
     this.held.length = 0
     this.heldByKey.clear()
     this.settleNoneHeld()
-    const sent = this.flush()
+    const sent = [...this.flush(), ...this.retryUnsent()]
+    this.closed = true
     if (sent.length === 0) return
     await Promise.race([Promise.allSettled(sent), new Promise(resolve => setTimeout(resolve, timeoutMs).unref())])
   }
