@@ -2,6 +2,7 @@
 // them to expire within `redis.leaseTtl` (nobody releases them); Redis going away sends leases to
 // the `onError: local` fallback, which holds 1/n of each cap per live instance.
 import t from 'tap'
+import { request } from 'node:http'
 import { startGateway, spawnGateway } from './helpers/gateway.js'
 import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
@@ -227,4 +228,46 @@ routes:
   // the release goes out as the connection is ready, ahead of the next request's call (503s come from
   // the breaker until its probe answers, onError: deny)
   t.notOk(answers.includes(429), 'never refused by her finished request\'s lease')
+})
+
+t.test('Redis restarted empty under a request in flight: its lease is back as the connection is ready, before the instance decides another request', async t => {
+  const redis = await startRedis(t)
+  const up = await startUpstream(t)
+  // a 30 s TTL: the regular renewal (every 10 s) comes long after this test
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+log: { level: warn }
+redis: { url: ${redis.url}, timeout: 2s, onError: deny, leaseTtl: 30s }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - name: emptied
+    pathPrefix: /
+    upstream: backend
+    concurrency: { user: 1 }
+`)
+  // a request that runs until alice leaves
+  const held = request(`${gw.url}/hang`, { headers: ALICE.headers, agent: false })
+  held.on('error', () => {})
+  held.end()
+  await eventually('the request reached the upstream', async () => up.log.includes('/hang'), 3000)
+  await redis.restart()
+  const restarted = Date.now()
+  const answers: string[] = []
+  let decided: Awaited<ReturnType<typeof send>> | null = null
+  // 503 while the breaker waits for its probe (onError: deny); then the cap decides
+  while (Date.now() - restarted < 8000) {
+    const r = await send(`${gw.url}/x`, ALICE)
+    answers.push(String(r.status))
+    if (r.status !== 503) {
+      decided = r
+      break
+    }
+    await new Promise(resolve => setTimeout(resolve, 50))
+  }
+  t.equal(decided?.json?.error, 'GW_ERR_CONCURRENCY_LIMITED', `the cap of 1 still counts alice's request in flight (answers: ${answers.join(' ')}; admitted before, 2 in flight until the renewal 10 s later)`)
+  t.equal(up.log.filter(u => u === '/x').length, 0, 'the upstream saw no second request of hers')
+  held.destroy()
+  await eventually('alice admitted again once she left', async () => (await send(`${gw.url}/x`, ALICE)).status === 200, 3000)
 })

@@ -119,8 +119,13 @@ export class LeaseKeeper {
     if (client !== undefined) {
       client.defineCommand('gatewayLeaseRelease', { lua: LEASE_RELEASE_SCRIPT })
       client.defineCommand('gatewayLeaseRenew', { lua: LEASE_RENEW_SCRIPT })
-      // back: the releases it missed go first, ahead of the next request's call
-      client.on('ready', () => { if (this.unsent.length > 0) this.retryUnsent() })
+      // Back: the releases it missed go first, ahead of the next request's call. Then the held leases
+      // are renewed at once: a Redis restarted empty, or a replica promoted before it had them,
+      // lost them, and until the next renewal (a third of the TTL) the cap admitted that many more.
+      client.on('ready', () => {
+        if (this.unsent.length > 0) this.retryUnsent()
+        if (this.held.length > 0) this.renew()
+      })
     }
     this.riding = options.redis?.store?.carryReleases(() => this.takeReleases()) ?? false
   }
