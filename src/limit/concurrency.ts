@@ -9,7 +9,9 @@
 //     most, and then go in one call (lua/lease-release.lua), one per hash slot under Cluster;
 //   - renewal: every third of the lease TTL, one call pushes the expiry of every lease this
 //     instance still holds (lua/lease-renew.lua), so a long download or an open WebSocket keeps
-//     its lease while the leases of an instance that died expire within the TTL.
+//     its lease while the leases of an instance that died expire within the TTL;
+//   - reconnection: releases that found no connection are sent again, and the held leases renewed
+//     (a Redis restarted empty lost them), as soon as the client is ready again.
 import { Cluster, type Redis } from 'ioredis'
 import { keySlot } from './keys.js'
 import { classifyRedisError } from './redis-client.js'
