@@ -224,7 +224,7 @@ routes:
     await new Promise(resolve => setTimeout(resolve, 100))
   }
   // reconnecting and the breaker's probe take well under a second; the lease stayed 7 to 10 s
-  t.ok(admittedAfter >= 0 && admittedAfter < 3000, `alice, with nothing in flight, admitted ${admittedAfter} ms after Redis came back (answers: ${answers.join(' ')})`)
+  t.ok(admittedAfter >= 0 && admittedAfter < 5000, `alice, with nothing in flight, admitted ${admittedAfter} ms after Redis came back (answers: ${answers.join(' ')})`)
   // the release goes out as the connection is ready, ahead of the next request's call (503s come from
   // the breaker until its probe answers, onError: deny)
   t.notOk(answers.includes(429), 'never refused by her finished request\'s lease')
