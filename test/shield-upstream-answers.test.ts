@@ -100,7 +100,7 @@ routes:
 ${routes}
 `
 
-t.test('an upstream 304 (or 204) with Content-Length and no body is relayed as is', async t => {
+t.test('an upstream 304 (or 204) with Content-Length and no body is relayed, the 204 without its Content-Length', async t => {
   const gw = await startGateway(t, config(await rawUpstream(t)))
   const reply = await rawRequest(gw.port, 'GET /304 HTTP/1.1\r\nHost: a\r\nIf-None-Match: "v1"\r\n')
   t.equal(reply.status, 304)
@@ -109,6 +109,8 @@ t.test('an upstream 304 (or 204) with Content-Length and no body is relayed as i
   const noContent = await rawRequest(gw.port, 'GET /204 HTTP/1.1\r\nHost: a\r\n')
   t.equal(noContent.status, 204, 'a 204 with Content-Length too')
   t.equal(noContent.headers['x-done'], 'yes')
+  t.equal(noContent.headers['content-length'], undefined, 'without its Content-Length (RFC 9110 §8.6: never in a 204)')
+  t.equal(reply.headers['content-length'], '10', 'a 304 keeps its Content-Length (the length a 200 would have)')
   t.equal((await rawRequest(gw.port, 'GET /ok HTTP/1.1\r\nHost: a\r\n')).status, 200, 'the next request is fine')
 })
 

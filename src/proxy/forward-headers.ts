@@ -188,6 +188,11 @@ export function clientResponseHeaders (
   return out
 }
 
+const CONTENT_LENGTH: readonly string[] = ['content-length']
+
+/** `headers` (name, value, ...) without Content-Length. */
+export const withoutContentLength = (headers: string[]): string[] => withoutNamed(headers, CONTENT_LENGTH)
+
 function withoutNamed (headers: string[], named: readonly string[]): string[] {
   const out: string[] = []
   for (let i = 0; i < headers.length; i += 2) {

@@ -2,7 +2,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 import { PassThrough } from 'node:stream'
 import { errors as undiciErrors, type Dispatcher } from 'undici'
 import { ERRORS, GatewayError, sendError, type ErrorCode } from '../errors.js'
-import { clientResponseHeaders, compileHeaders, upstreamRequestHeaders, type CompiledHeaders, type HeaderRules } from './forward-headers.js'
+import { clientResponseHeaders, compileHeaders, upstreamRequestHeaders, withoutContentLength, type CompiledHeaders, type HeaderRules } from './forward-headers.js'
 import { stripPathPrefix } from './forward-path.js'
 import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
 import { UpstreamTarget, type PendingRequest, type PoolWaiter, type UpstreamPool } from './upstream-pool.js'
@@ -553,8 +553,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     this.resumeUpstream = resume
     // A status node:http would relay as is (600), or headers clientResponseHeaders cannot relay
     // (a transfer coding other than chunked): 502.
-    const out = statusCode > 599 ? null : clientResponseHeaders(rawHeaders, this.plan.headers, this.ctx.requestId, this.ctx.extraResponseHeaders)
+    let out = statusCode > 599 ? null : clientResponseHeaders(rawHeaders, this.plan.headers, this.ctx.requestId, this.ctx.extraResponseHeaders)
     if (out === null) return this.refuseHead()
+    // RFC 9110 §8.6: a 204 never carries Content-Length (nginx drops it too); a 304's may stay
+    if (statusCode === 204) out = withoutContentLength(out)
     if (this.target !== null) this.plan.pool.succeeded(this.target)
     this.status = statusCode
     // A refusal that comes while the client's body is still arriving (an upload refused early)
