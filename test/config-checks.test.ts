@@ -291,11 +291,14 @@ t.test('limits: burst, onLimit: delay and maxDelay go together; the limit stage\
     'gw.yaml:2:11 limits.global.maxDelay: "onLimit: delay" needs "maxDelay" (the longest a request may wait)'
   ])
   t.match(accepted(globalLimit('{ algorithm: leaky-bucket, limit: 5, window: 1s, onLimit: delay, maxDelay: 1s }')).config.limits?.global, { maxDelay: '1s' })
-  t.same(problems(globalLimit('{ algorithm: leaky-bucket, limit: 1000003, window: 1ms, onLimit: delay, maxDelay: 596h }')), ['gw.yaml:2:11 limits.global: maxDelayMs is too large for this rate'])
-  t.same(problems(globalLimit('{ limit: 5, window: 0s }')), ['gw.yaml:2:11 limits.global: windowMs must be an integer >= 1'])
-  t.same(problems(globalLimit('{ limit: 2000, window: 1ms }')), ['gw.yaml:2:11 limits.global: gcra allows at most one request per µs (limit <= windowMs * 1000)'])
+  t.same(problems(globalLimit('{ algorithm: leaky-bucket, limit: 1000003, window: 1ms, onLimit: delay, maxDelay: 596h }')), ['gw.yaml:2:11 limits.global: maxDelay (in ms) is too large for this rate'])
+  t.same(problems(globalLimit('{ limit: 5, window: 0s }')), ['gw.yaml:2:31 limits.global.window: must be from 1ms to 312749h (2^50 µs, what the limiter counts exactly)'])
+  // a window past 2^50 µs: the message named "windowMs", a key nobody wrote, and no bound
+  t.same(problems(globalLimit('{ limit: 5, window: 312750h }')), ['gw.yaml:2:31 limits.global.window: must be from 1ms to 312749h (2^50 µs, what the limiter counts exactly)'])
+  t.ok(accepted(globalLimit('{ limit: 5, window: 312749h }')), 'the longest window')
+  t.same(problems(globalLimit('{ limit: 2000, window: 1ms }')), ['gw.yaml:2:11 limits.global: gcra allows at most one request per µs (limit <= window (in ms) * 1000)'])
   t.same(problems(globalLimit('{ algorithm: token-bucket, limit: 1, window: 1000h, burst: 1000 }')), [
-    'gw.yaml:2:11 limits.global: burst is too large for this rate (burst * windowMs * 1000 / gcd(windowMs * 1000, limit) > 2^50)'
+    'gw.yaml:2:11 limits.global: burst is too large for this rate (burst * window (in ms) * 1000 / gcd(window (in ms) * 1000, limit) > 2^50)'
   ])
   t.ok(accepted(globalLimit('{ algorithm: token-bucket, limit: 1, window: 1000h, burst: 300 }')), 'a burst within the bound')
   t.same(problems(globalLimit('{ algorithm: sliding-window-log, limit: 100000000, window: 1s }')), [
@@ -562,7 +565,7 @@ t.test('identity.failureLimit is checked like every other limit, and cannot be i
   t.same(problems(failureLimit('{ algorithm: sliding-window-log, limit: 20000, window: 1m }')), [
     'gw.yaml:1:43 identity.failureLimit: sliding-window-log stores one entry per admitted unit: limit must be <= 10000 (use sliding-window for larger limits)'
   ])
-  t.same(problems(failureLimit('{ limit: 10, window: 0s }')), ['gw.yaml:1:43 identity.failureLimit: windowMs must be an integer >= 1'])
+  t.same(problems(failureLimit('{ limit: 10, window: 0s }')), ['gw.yaml:1:64 identity.failureLimit.window: must be from 1ms to 312749h (2^50 µs, what the limiter counts exactly)'])
   t.same(problems(failureLimit('{ limit: 10, window: 1m, cost: 11 }')), ['gw.yaml:1:74 identity.failureLimit.cost: cost 11 is above the capacity 10: every request would be rejected'])
   t.same(problems(failureLimit('{ algorithm: fixed-window, limit: 10, window: 1m, burst: 20 }')), [
     'gw.yaml:1:100 identity.failureLimit.burst: "burst" applies to gcra, token-bucket and leaky-bucket, not fixed-window'
@@ -572,7 +575,7 @@ t.test('identity.failureLimit is checked like every other limit, and cannot be i
   ])
   // in each form of identity
   t.same(problems('identity: { apiKeys: { header: x, keys: { k-1: a } }, failureLimit: { limit: 10, window: 0s } }\n' + BASE), [
-    'gw.yaml:1:69 identity.failureLimit: windowMs must be an integer >= 1'
+    'gw.yaml:1:90 identity.failureLimit.window: must be from 1ms to 312749h (2^50 µs, what the limiter counts exactly)'
   ])
   t.same(problems(`identity: { jwt: { secret: "${'s'.repeat(32)}" }, failureLimit: { limit: 10, window: 1m, mode: shadow } }\n` + BASE), [
     'gw.yaml:1:111 identity.failureLimit.mode: a failure budget cannot be in shadow mode: it is what stops a client guessing credentials, so it is always enforced (remove "mode")'

@@ -707,16 +707,22 @@ function checkLimit (limit: LimitConfig, path: KeyPath): Array<[KeyPath, string]
   if (limit.onLimit === 'delay' && limit.maxDelay === undefined) {
     out.push([[...path, 'maxDelay'], '"onLimit: delay" needs "maxDelay" (the longest a request may wait)'])
   }
+  // said with the key the operator wrote: the spec's own validator only knew "windowMs is too large"
+  const windowMs = parseDuration(limit.window)
+  if (windowMs < 1 || windowMs * 1000 > MAX_EXACT) {
+    out.push([[...path, 'window'], `must be from 1ms to ${Math.floor(MAX_EXACT / 3.6e9)}h (2^50 µs, what the limiter counts exactly)`])
+    return out
+  }
   // the limit stage's own validator, on the spec it would compile (see limitRule in src/runtime.ts)
   const invalid = validateLimitSpec({
     id: 'check',
     algorithm,
     limit: limit.limit,
-    windowMs: parseDuration(limit.window),
+    windowMs,
     burst: BUCKET_ALGORITHMS.has(algorithm) ? (limit.burst ?? limit.limit) : limit.limit,
     maxDelayMs: limit.onLimit === 'delay' && limit.maxDelay !== undefined ? parseDuration(limit.maxDelay) : 0
   })
-  if (invalid !== undefined) out.push([path, invalid])
+  if (invalid !== undefined) out.push([path, invalid.replaceAll('windowMs', 'window (in ms)').replaceAll('maxDelayMs', 'maxDelay (in ms)')])
   const capacity = BUCKET_ALGORITHMS.has(algorithm) ? (limit.burst ?? limit.limit) : limit.limit
   if (limit.cost !== undefined && limit.cost > capacity) {
     out.push([[...path, 'cost'], `cost ${limit.cost} is above the capacity ${capacity}: every request would be rejected`])
