@@ -122,6 +122,7 @@ t.test('errors name the cause', async (t) => {
   t.match(reason('/%2f'), /encoded/)
   t.match(reason('/a\\b'), /backslash/)
   t.match(reason('/a\u0001'), /control/)
+  t.equal(reason('/api/ x'), 'space in path (write it as %20)', 'a space is not called a control character')
   t.match(reason('/login#x'), /fragment/)
   t.match(reason('/..;/'), /parameters/)
 })

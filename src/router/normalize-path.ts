@@ -37,6 +37,14 @@ function isForbiddenRaw (c: number): boolean {
   return c <= 0x20 || c === 0x7f || c === BACKSLASH || c === HASH
 }
 
+function forbiddenReason (c: number): string {
+  if (c === BACKSLASH) return 'backslash in path'
+  if (c === HASH) return 'fragment ("#") in request target'
+  // a route's path in gateway.yaml is checked here too: "/api/ x" was "a control character"
+  if (c === 0x20) return 'space in path (write it as %20)'
+  return 'control character in path'
+}
+
 /**
  * Normalizes the path of a request target (no query). Returns the input string itself (no copy)
  * when it is already normal: no `%`, no segment starting with `.`, no `//`, no `\`.
@@ -101,7 +109,7 @@ function normalizeSlow (raw: string): NormalizedPath {
       i += 2
       runStart = i + 1
     } else if (isForbiddenRaw(c)) {
-      return fail(c === BACKSLASH ? 'backslash in path' : c === HASH ? 'fragment ("#") in request target' : 'control character in path')
+      return fail(forbiddenReason(c))
     }
   }
   // A final '' entry (pushed only on the last segment) is the trailing slash; [''] is the root.
