@@ -180,6 +180,44 @@ class WorkerAdminClient {
   }
 }
 
+/** One worker's registry as getMetricsAsJSON gives it, as AggregatorRegistry.aggregate reads it. */
+type MetricsJson = ReadonlyArray<{ readonly name: string, readonly help: string, readonly type: string, readonly aggregator: string, readonly values: readonly object[] }>
+
+/** Counters and histograms: the families whose sum over the workers must never go down. */
+const cumulative = (m: MetricsJson): MetricsJson => m.filter(f => f.type === 'counter' || f.type === 'histogram')
+
+/**
+ * What the primary's /metrics sums. A Prometheus counter must not go down (rate() reads a drop as
+ * a reset to 0 and counts the whole remaining value as new), so a worker's counters do not leave
+ * the sum with the worker: one that exited is kept at the last values scraped from it (folded into
+ * `retired`, its gauges dropped), and one that does not answer a scrape counts at its last
+ * answer's. Without this, a crashed worker took its counts out of every counter sum.
+ */
+class ScrapedCounters {
+  private retired: MetricsJson = []
+  private readonly last = new Map<number, MetricsJson>()
+
+  /** False for an answer read after its worker exited: retire() already kept the one before. */
+  answered (worker: Worker, metrics: MetricsJson): boolean {
+    if (worker.isDead()) return false
+    this.last.set(worker.id, metrics)
+    return true
+  }
+
+  retire (id: number): void {
+    const gone = this.last.get(id)
+    if (gone === undefined) return
+    this.last.delete(id)
+    this.retired = AggregatorRegistry.aggregate([this.retired, cumulative(gone)]).getMetricsAsArray()
+      .map(m => ({ name: m.name, help: m.help, type: String(m.type), aggregator: m.aggregator, values: (m as unknown as { values: object[] }).values }))
+  }
+
+  /** The snapshots to sum for a scrape: the workers that answered it whole, the others' counters. */
+  parts (answered: ReadonlySet<number>): MetricsJson[] {
+    return [this.retired, ...[...this.last].map(([id, metrics]) => answered.has(id) ? metrics : cumulative(metrics))]
+  }
+}
+
 interface PrimaryOptions {
   readonly configFile: string
   readonly loaded: LoadedConfig
@@ -251,6 +289,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   feed.start()
   cluster.setupPrimary({ args: [...options.workerArgs], silent: false })
   const adminIpc = new WorkerAdminClient(ADMIN_IPC_TIMEOUT_MS)
+  const scraped = new ScrapedCounters()
   const readyWorkers = (): Worker[] => [...ready].map(id => cluster.workers?.[id]).filter((w): w is Worker => w !== undefined && !w.isDead())
   // Same paths, methods and token rules as a single process; the answers come from every worker.
   const limitsApi = serveLimitsApi({
@@ -281,6 +320,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   cluster.on('exit', (w, code, signal) => {
     ready.delete(w.id)
     adminIpc.gone(w)
+    scraped.retire(w.id)
     if (shuttingDown) return
     // a crashed worker is replaced, with a growing pause so a crash loop does not spin the CPU
     restarts++
@@ -303,13 +343,18 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     if (path === '/metrics') {
       const asked = readyWorkers()
       adminIpc.ask(asked, 'metrics', '', '-').then(async (answers) => {
-        // the workers that answered, summed; one starting, hung or exiting is left out and
-        // counted, rather than failing the whole scrape (prom-client's clusterMetrics waited 5 s
-        // for every worker, answered 500, and kept the answers it had for good)
-        const got = answers.flatMap(a => a.answer?.status === 200 ? [a.answer.body.metrics as Parameters<typeof AggregatorRegistry.aggregate>[0][number]] : [])
-        const text = await AggregatorRegistry.aggregate(got).metrics()
+        // the workers that answered, summed; one starting, hung or exiting is left out of the
+        // gauges and counted, rather than failing the whole scrape (prom-client's clusterMetrics
+        // waited 5 s for every worker, answered 500, and kept the answers it had for good). Its
+        // counters stay in at their last values (ScrapedCounters), so no sum goes backwards
+        const answered = new Set<number>()
+        answers.forEach((a, i) => {
+          const w = asked[i]
+          if (a.answer?.status === 200 && w !== undefined && scraped.answered(w, a.answer.body.metrics as MetricsJson)) answered.add(w.id)
+        })
+        const text = await AggregatorRegistry.aggregate(scraped.parts(answered)).metrics()
         res.writeHead(200, { 'content-type': AggregatorRegistry.PROMETHEUS_CONTENT_TYPE })
-        res.end(text + workersGauge(workers, got.length))
+        res.end(text + workersGauge(workers, answered.size))
       }).catch((err: unknown) => json(res, ERRORS.GW_ERR_METRICS_FAILED.status, errorBody('GW_ERR_METRICS_FAILED', String(err))))
       return
     }
