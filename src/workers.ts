@@ -218,6 +218,28 @@ class ScrapedCounters {
   }
 }
 
+const RELOADS = 'gateway_config_reloads_total'
+
+/**
+ * gateway_config_reloads_total in workers mode is the primary's: a file the primary rejects
+ * reaches no worker, so the workers' sum never counted a rejected reload (the example alert
+ * GatewayReloadFailed could not fire), and each accepted one was counted once per worker. The
+ * workers' failures stay in (a worker that could not apply an accepted file), their successes go.
+ */
+function withoutReloadSuccesses (part: MetricsJson): MetricsJson {
+  return part.map(f => f.name !== RELOADS ? f : { ...f, values: f.values.filter(v => (v as { labels?: { result?: unknown } }).labels?.result !== 'success') })
+}
+
+function reloadsFamily (counted: { readonly success: number, readonly failure: number }): MetricsJson {
+  return [{
+    name: RELOADS,
+    help: 'Configuration reloads by result',
+    type: 'counter',
+    aggregator: 'sum',
+    values: [{ value: counted.success, labels: { result: 'success' } }, { value: counted.failure, labels: { result: 'failure' } }]
+  }]
+}
+
 interface PrimaryOptions {
   readonly configFile: string
   readonly loaded: LoadedConfig
@@ -247,6 +269,8 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   let checking: Promise<void> = Promise.resolve()
   // checks signalled and not yet decided: /config's reloadPending
   let checksPending = 0
+  // gateway_config_reloads_total on /metrics: the primary's verdicts, one per SIGHUP (reloadsFamily)
+  const reloadsCounted = { success: 0, failure: 0 }
   const handOver = (w: Worker, given: ConfigGiven): void => {
     w.send(given, (err: Error | null) => { if (err !== null) logger.warn({ worker: w.process.pid, generation: given.generation, err: err.message }, 'could not hand the accepted config to a worker') })
   }
@@ -273,8 +297,10 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
         // the primary's own lines (worker exits, this warning) follow the file's level too
         if (options.logLevelFromFile) logger.level = next.config.log.level
         outcome = { ok: true, problems: [], restartNeeded }
+        reloadsCounted.success++
       } catch (err) {
         outcome = { ok: false, problems: reloadProblems(err) }
+        reloadsCounted.failure++
         logger.error({ problems: outcome.problems, generation }, 'reload rejected; the running configuration keeps serving')
       }
       lastReload = { attempt: (lastReload?.attempt ?? 0) + 1, generation, at: new Date().toISOString(), ...outcome }
@@ -352,7 +378,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
           const w = asked[i]
           if (a.answer?.status === 200 && w !== undefined && scraped.answered(w, a.answer.body.metrics as MetricsJson)) answered.add(w.id)
         })
-        const text = await AggregatorRegistry.aggregate(scraped.parts(answered)).metrics()
+        const text = await AggregatorRegistry.aggregate([...scraped.parts(answered).map(withoutReloadSuccesses), reloadsFamily(reloadsCounted)]).metrics()
         res.writeHead(200, { 'content-type': AggregatorRegistry.PROMETHEUS_CONTENT_TYPE })
         res.end(text + workersGauge(workers, answered.size))
       }).catch((err: unknown) => json(res, ERRORS.GW_ERR_METRICS_FAILED.status, errorBody('GW_ERR_METRICS_FAILED', String(err))))
