@@ -121,7 +121,7 @@ function listen (server: Server | HttpsServer, address: string): Promise<Address
   })
 }
 
-const RELOAD_HISTORY = 20
+export const RELOAD_HISTORY = 20
 
 /** One connection's responses that have not closed, oldest first (pipelined requests queue here). */
 interface OpenResponses {

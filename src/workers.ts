@@ -19,7 +19,7 @@ import { handleDashboard, type RouteView } from './admin/dashboard.js'
 import { LiveFeed } from './admin/live-feed.js'
 import type { LiveFrame } from './admin/live-stats.js'
 import type { Logger } from './log.js'
-import { isLoopback, restartNeededMessage, settingsNeedingRestart, splitHostPort, type GatewayOptions, type ReloadOutcome, type ReloadSource } from './server.js'
+import { RELOAD_HISTORY, isLoopback, restartNeededMessage, settingsNeedingRestart, splitHostPort, type GatewayOptions, type ReloadOutcome, type ReloadSource } from './server.js'
 import { adminListen, adminToken, type ResolvedConfig } from './config/defaults.js'
 
 export const WORKER_ADMIN_ENV = 'GATEWAY_WORKER'
@@ -266,6 +266,8 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   // shown as the config in force. Installed first: Node's default for SIGHUP ends the process.
   let generation = 1
   let lastReload: ReloadOutcome | null = null
+  // the admin page's reload history: the primary's verdicts (a rejected file reaches no worker)
+  const reloadHistory: ReloadOutcome[] = []
   let checking: Promise<void> = Promise.resolve()
   // checks signalled and not yet decided: /config's reloadPending
   let checksPending = 0
@@ -304,14 +306,24 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
         logger.error({ problems: outcome.problems, generation }, 'reload rejected; the running configuration keeps serving')
       }
       lastReload = { attempt: (lastReload?.attempt ?? 0) + 1, generation, at: new Date().toISOString(), ...outcome }
+      reloadHistory.push(lastReload)
+      if (reloadHistory.length > RELOAD_HISTORY) reloadHistory.shift()
       checksPending--
     })
   })
   const ready = new Set<number>()
-  // The admin page in workers mode: every worker's frame summed, health as the newest worker saw it.
+  // The admin page in workers mode: every worker's frame summed, health as the newest worker saw
+  // it, but readiness and the reloads as the primary knows them: a worker's history lacked every
+  // rejected reload, and its last frame said "ready" after every worker had exited
   let workerHealth: Record<string, unknown> = {}
   let routesView: LiveMessage['routes'] | null = null
-  const feed = new LiveFeed(() => null, () => ({ ...workerHealth, workers, workersReady: ready.size }))
+  const feed = new LiveFeed(() => null, () => ({
+    ...workerHealth,
+    status: shuttingDown ? 'shutting_down' : ready.size < workers ? 'not_ready' : workerHealth.status ?? 'not_ready',
+    workers,
+    workersReady: ready.size,
+    reloads: reloadHistory
+  }))
   feed.start()
   cluster.setupPrimary({ args: [...options.workerArgs], silent: false })
   const adminIpc = new WorkerAdminClient(ADMIN_IPC_TIMEOUT_MS)
