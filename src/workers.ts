@@ -240,6 +240,37 @@ function reloadsFamily (counted: { readonly success: number, readonly failure: n
   }]
 }
 
+interface TargetHealth { url: string, healthy: boolean, ejectedForMs: number, consecutiveFailures: number }
+
+/**
+ * The workers' health (src/admin/admin-server.ts healthOf, one per worker) as one. Passive health
+ * is per process: each worker ejects a target on the failures it sees itself, so a target is shown
+ * ejected while any worker leaves it out, as gateway_upstream_target_healthy is their lowest (the
+ * page showed the view of whichever worker reported last, so an ejection by another never showed).
+ * A worker on the Redis fallback makes the whole degraded. The rest is the newest report's.
+ */
+function mergeHealth (all: ReadonlyArray<Record<string, unknown>>): Record<string, unknown> {
+  const upstreams = new Map<string, TargetHealth[]>()
+  for (const h of all) {
+    for (const [name, targets] of Object.entries((h.upstreams ?? {}) as Record<string, readonly TargetHealth[]>)) {
+      let merged = upstreams.get(name)
+      if (merged === undefined) upstreams.set(name, merged = [])
+      for (const t of targets) {
+        const m = merged.find(x => x.url === t.url)
+        if (m === undefined) {
+          merged.push({ url: t.url, healthy: t.healthy, ejectedForMs: t.ejectedForMs, consecutiveFailures: t.consecutiveFailures })
+          continue
+        }
+        m.healthy &&= t.healthy
+        m.ejectedForMs = Math.max(m.ejectedForMs, t.ejectedForMs)
+        m.consecutiveFailures = Math.max(m.consecutiveFailures, t.consecutiveFailures)
+      }
+    }
+  }
+  const degraded = all.find(h => h.status === 'degraded')
+  return { ...all[all.length - 1], upstreams: Object.fromEntries(upstreams), ...(degraded !== undefined ? { status: 'degraded', redis: degraded.redis } : {}) }
+}
+
 interface PrimaryOptions {
   readonly configFile: string
   readonly loaded: LoadedConfig
@@ -312,14 +343,15 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     })
   })
   const ready = new Set<number>()
-  // The admin page in workers mode: every worker's frame summed, health as the newest worker saw
-  // it, but readiness and the reloads as the primary knows them: a worker's history lacked every
-  // rejected reload, and its last frame said "ready" after every worker had exited
-  let workerHealth: Record<string, unknown> = {}
+  // The admin page in workers mode: every worker's frame summed, health merged over the workers
+  // (mergeHealth), but readiness and the reloads as the primary knows them: a worker's history
+  // lacked every rejected reload, and its last frame said "ready" after every worker had exited
+  const healthOfWorkers = new Map<number, Record<string, unknown>>()
+  const workerHealth = (): Record<string, unknown> => mergeHealth([...healthOfWorkers.values()])
   let routesView: LiveMessage['routes'] | null = null
   const feed = new LiveFeed(() => null, () => ({
-    ...workerHealth,
-    status: shuttingDown ? 'shutting_down' : ready.size < workers ? 'not_ready' : workerHealth.status ?? 'not_ready',
+    ...workerHealth(),
+    status: shuttingDown ? 'shutting_down' : ready.size < workers ? 'not_ready' : workerHealth().status ?? 'not_ready',
     workers,
     workersReady: ready.size,
     reloads: reloadHistory
@@ -343,7 +375,9 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       if (msg === 'gateway:ready') ready.add(w.id)
       else if (isLiveMessage(msg)) {
         feed.ingest(msg.frame)
-        workerHealth = msg.health
+        // newest last: the merged health's generation and config hash are the newest frame's
+        healthOfWorkers.delete(w.id)
+        healthOfWorkers.set(w.id, msg.health)
         if (msg.routes !== undefined) routesView = msg.routes
       } else if (isAdminReply(msg)) adminIpc.reply(w, msg)
       else if (isConfigAsk(msg)) {
@@ -359,6 +393,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     ready.delete(w.id)
     adminIpc.gone(w)
     scraped.retire(w.id)
+    healthOfWorkers.delete(w.id)
     if (shuttingDown) return
     // a crashed worker is replaced, with a growing pause so a crash loop does not spin the CPU
     restarts++
@@ -376,7 +411,11 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     // the same rule as a single process's admin listener (src/admin/admin-server.ts)
     if (refusedAdminMethod(req, res, path ?? '/')) return
     if (path === '/healthz') return json(res, 200, { status: 'ok' })
-    if (path === '/readyz') return json(res, ready.size === workers && !shuttingDown ? 200 : 503, { status: ready.size === workers ? 'ready' : 'not_ready', workers, ready: ready.size })
+    if (path === '/readyz') {
+      // the Redis state and the targets' passive health as the workers see them (mergeHealth)
+      const { status, redis, upstreams } = workerHealth()
+      return json(res, ready.size === workers && !shuttingDown ? 200 : 503, { status: ready.size === workers ? (status === 'degraded' ? 'degraded' : 'ready') : 'not_ready', workers, ready: ready.size, redis: redis ?? null, upstreams: upstreams ?? {} })
+    }
     if (path === '/config') return json(res, 200, { pid: process.pid, generation, hash: loaded.hash, file: loaded.file, workers, lastReload, reloadPending: checksPending > 0, config: redactConfig(loaded.config) })
     if (path === '/metrics') {
       const asked = readyWorkers()
