@@ -307,6 +307,10 @@ function connect () {
   source.addEventListener('error', () => {
     $('status').textContent = 'disconnected, retrying…'
     $('status').className = 'badge down'
+    // A refused stream (503 GW_ERR_ADMIN_BUSY while 16 pages are open, any answer that is not an
+    // event stream) closes an EventSource for good, where a lost connection is retried by the
+    // browser: open a new one, or the page would say "retrying" and never update again.
+    if (source.readyState === EventSource.CLOSED) setTimeout(connect, 2000)
   })
 }
 

@@ -1,0 +1,46 @@
+// The admin page in a real headless Chromium: a page whose event stream was refused (the 16
+// places of /events taken) connects once a place is free, instead of saying "retrying" for good.
+import t from 'tap'
+import { startGateway } from './helpers/gateway.js'
+import { startUpstream } from './helpers/upstream.js'
+import { launchBrowser } from './helpers/browser.js'
+
+// Polls from the test, not in the page: the page's CSP forbids the eval that waitForFunction needs.
+async function until (what: string, probe: () => Promise<boolean>, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs
+  while (!(await probe())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
+    await new Promise(resolve => setTimeout(resolve, 100))
+  }
+}
+
+t.test('a page refused by a full /events connects once a place is free', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: rest, pathPrefix: /, upstream: backend }
+`)
+  // the 16 places taken by other streams
+  const held: AbortController[] = []
+  t.teardown(() => { for (const c of held) c.abort() })
+  const statuses: number[] = []
+  for (let i = 0; i < 16; i++) {
+    const c = new AbortController()
+    held.push(c)
+    statuses.push((await fetch(`${gw.adminUrl}/events`, { signal: c.signal })).status)
+  }
+  t.same(statuses, Array(16).fill(200), 'every place taken')
+  const browser = await launchBrowser(t)
+  const page = await browser.newPage()
+  const refused = page.waitForResponse(res => res.url().endsWith('/events') && res.status() === 503)
+  await page.goto(gw.adminUrl + '/')
+  await refused
+  await until('the page says it is disconnected', async () => (await page.locator('#status').innerText()).startsWith('disconnected'), 10_000)
+  held.pop()?.abort()
+  // the page tries again 2 s after a refusal: generous for a loaded machine
+  await until('the page connected and shows the health', async () => (await page.locator('#status').innerText()) === 'ready', 20_000)
+  t.pass('the status badge says ready')
+})
