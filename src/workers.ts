@@ -349,13 +349,16 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   const healthOfWorkers = new Map<number, Record<string, unknown>>()
   const workerHealth = (): Record<string, unknown> => mergeHealth([...healthOfWorkers.values()])
   let routesView: LiveMessage['routes'] | null = null
-  const feed = new LiveFeed(() => null, () => ({
-    ...workerHealth(),
-    status: shuttingDown ? 'shutting_down' : ready.size < workers ? 'not_ready' : workerHealth().status ?? 'not_ready',
-    workers,
-    workersReady: ready.size,
-    reloads: reloadHistory
-  }))
+  const feed = new LiveFeed(() => null, () => {
+    const health = workerHealth()
+    return {
+      ...health,
+      status: shuttingDown ? 'shutting_down' : ready.size < workers ? 'not_ready' : health.status ?? 'not_ready',
+      workers,
+      workersReady: ready.size,
+      reloads: reloadHistory
+    }
+  })
   feed.start()
   cluster.setupPrimary({ args: [...options.workerArgs], silent: false })
   const adminIpc = new WorkerAdminClient(ADMIN_IPC_TIMEOUT_MS)
