@@ -268,7 +268,14 @@ async function reset () {
     token = $('admin-token').value
     if (!token) { msg.textContent = 'The admin token is needed to reset limits.'; $('admin-token').focus(); return }
   }
-  const res = await fetch('/limits?' + lookupQuery(), { method: 'DELETE', headers: { authorization: `Bearer ${token}` } })
+  let res
+  try {
+    res = await fetch('/limits?' + lookupQuery(), { method: 'DELETE', headers: { authorization: `Bearer ${token}` } })
+  } catch (err) {
+    // no answer from the admin listener (a restart, a lost tunnel): the reset may not have run
+    msg.textContent = `reset failed, no answer from the gateway (look the client up again): ${err.message}`
+    return
+  }
   const body = await res.json().catch(() => ({}))
   if (res.status === 401 || res.status === 403) {
     sessionStorage.removeItem('gateway-admin-token')
