@@ -66,7 +66,8 @@ export class LiveFeed {
   private pending = new Pending()
   private readonly history: SecondSummary[] = []
   private readonly minute: Array<Array<[string, number]>> = []
-  private readonly subscribers = new Set<ServerResponse>()
+  /** Each stream with the size of the history written to it at subscribe (see broadcast). */
+  private readonly subscribers = new Map<ServerResponse, number>()
   private timer: NodeJS.Timeout | null = null
 
   /**
@@ -89,7 +90,7 @@ export class LiveFeed {
   stop (): void {
     if (this.timer !== null) clearInterval(this.timer)
     this.timer = null
-    for (const res of this.subscribers) res.end()
+    for (const res of this.subscribers.keys()) res.end()
     this.subscribers.clear()
   }
 
@@ -158,17 +159,21 @@ export class LiveFeed {
     if (this.subscribers.size >= this.maxSubscribers) return 'full'
     res.writeHead(200, EVENT_STREAM_HEAD)
     res.socket?.setNoDelay(true)
-    this.subscribers.add(res)
     res.on('close', () => this.subscribers.delete(res))
-    res.write(`event: history\ndata: ${JSON.stringify({ history: this.history, top: this.topRejected(), health: this.health() })}\n\n`)
+    const history = `event: history\ndata: ${JSON.stringify({ history: this.history, top: this.topRejected(), health: this.health() })}\n\n`
+    this.subscribers.set(res, Buffer.byteLength(history))
+    res.write(history)
     return 'subscribed'
   }
 
   private broadcast (event: string, data: unknown): void {
     const text = `event: ${event}\ndata: ${JSON.stringify(data)}\n\n`
-    for (const res of this.subscribers) {
-      // the response's own queue too (outputData), not only the socket's
-      if (res.writableLength > MAX_UNSENT_BYTES) {
+    for (const [res, historyBytes] of this.subscribers) {
+      // the response's own queue too (outputData), not only the socket's. The history is 5
+      // minutes of every route with traffic (a megabyte with a few dozen routes): a reader that
+      // has not taken it all by the first update is slow, not gone, and was cut at each update
+      // (then reconnected and cut again, the page never updating over a slow link)
+      if (res.writableLength > MAX_UNSENT_BYTES + historyBytes) {
         this.subscribers.delete(res)
         res.destroy()
         continue
