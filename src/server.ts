@@ -16,7 +16,7 @@ import { holdContinue } from './proxy/expect-continue.js'
 import { isDroppingBody, lingerAfterAnswer } from './proxy/lingering-close.js'
 import { hasRequestBody } from './proxy/request-body.js'
 import { GatewayMetrics } from './admin/metrics.js'
-import { createAdminServer, healthOf, isLoopback, json, type AdminSource } from './admin/admin-server.js'
+import { createAdminServer, healthOf, isLoopback, json, warnOpenAdmin, type AdminSource } from './admin/admin-server.js'
 import { createLimitsApi, createLimitsOps, type LimitsApiDeps } from './admin/limits-api.js'
 import { LiveTelemetry } from './admin/live-stats.js'
 import { LiveFeed } from './admin/live-feed.js'
@@ -599,10 +599,7 @@ export class Gateway {
     const admin = createAdminServer(source, this.feed, isLoopback(splitHostPort(adminAddress).host))
     this.admin = admin
     this.adminPort = (await listen(admin, adminAddress)).port
-    if (!isLoopback(splitHostPort(adminAddress).host) && adminToken(runtime.config) === null) {
-      // The admin listener has no access token: /config and /metrics are open to whoever reaches it.
-      this.logger.warn({ admin: adminAddress }, 'the admin listener binds a non-loopback address and has no access token: anyone who can reach it reads /config and /metrics')
-    }
+    if (!isLoopback(splitHostPort(adminAddress).host)) warnOpenAdmin(this.logger, adminAddress, adminToken(runtime.config) !== null)
     this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, adminPort: this.adminPort, generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
   }
 

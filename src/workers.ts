@@ -11,7 +11,7 @@ import { AggregatorRegistry } from 'prom-client'
 import { loadConfigFile, loadConfigText, namedFiles, readNamedFiles, reloadProblems, type LoadedConfig, type NamedFiles } from './config/load.js'
 import { checkRuntime } from './runtime.js'
 import { redactConfig } from './admin/redact.js'
-import { ADMIN_PATHS, answeringSafely, json, misdirectedAdminRequest, refusedAdminMethod } from './admin/admin-server.js'
+import { ADMIN_PATHS, answeringSafely, json, misdirectedAdminRequest, refusedAdminMethod, warnOpenAdmin } from './admin/admin-server.js'
 import { ERRORS, errorBody } from './errors.js'
 import { adminError, serveLimitsApi, type AdminAnswer, type LimitsOps } from './admin/limits-api.js'
 import { createWorkersLimitsOps, type AdminOp, type WorkerAnswer } from './admin/limits-over-workers.js'
@@ -453,10 +453,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   // Forked once the admin listener is bound: a taken admin port fails the start (exit 1) before
   // a worker serves, instead of leaving workers that no signal handler would drain.
   for (let i = 0; i < workers; i++) fork()
-  if (!isLoopback(host) && adminToken(loaded.config) === null) {
-    // as in a single process (src/server.ts): /config and /metrics are open to whoever reaches it
-    logger.warn({ admin: adminAddress }, 'the admin listener binds a non-loopback address and has no access token: anyone who can reach it reads /config and /metrics')
-  }
+  if (!isLoopback(host)) warnOpenAdmin(logger, adminAddress, adminToken(loaded.config) !== null)
   logger.info({ workers, adminPort, primary: process.pid }, 'gateway primary started')
 
   return new Promise<number>(resolve => {

@@ -43,7 +43,14 @@ routes:
 `
   const open = await startGateway(t, yaml('0.0.0.0:0'))
   const warning = open.lines.find(l => l.level === 40 && typeof l.msg === 'string' && l.msg.includes('admin listener'))
-  t.match(warning, { admin: '0.0.0.0:0', msg: /non-loopback address and has no access token/ })
+  t.match(warning, { admin: '0.0.0.0:0', tokenSet: false, msg: /non-loopback address: anyone who can reach it reads \/config, \/metrics, \/events/ })
+  // a token guards DELETE /limits alone: the reads stay open, and the warning says so (it named
+  // the token alone, and was not logged with one)
+  const tokened = await startGateway(t, yaml('{ listen: "0.0.0.0:0", token: "0123456789abcdef0123" }'))
+  const stillOpen = tokened.lines.find(l => l.level === 40 && typeof l.msg === 'string' && l.msg.includes('admin listener'))
+  t.match(stillOpen, { tokenSet: true, msg: /reads \/config.*\(admin\.token guards DELETE \/limits alone\)/ })
+  const scrape = await fetch(`http://127.0.0.1:${tokened.adminPort}/config`)
+  t.equal(scrape.status, 200, 'as it says: /config answers without the token')
   const local = await startGateway(t, yaml('127.0.0.1:0'))
   t.equal(local.lines.filter(l => typeof l.msg === 'string' && l.msg.includes('admin listener')).length, 0, 'no warning on loopback')
 })

@@ -11,7 +11,7 @@ import { eventually, send, type Reply } from './helpers/ratelimit.js'
 import { rawRequest } from './helpers/raw-http.js'
 
 const TOKEN = 'admin-token-0123456789abcdef'
-const WARNING = /non-loopback address and has no access token/
+const WARNING = /admin listener binds a non-loopback address: anyone who can reach it reads/
 
 interface PerWorker { pid: number, remaining: number, deniedMs: number, retryAfterMs: number }
 interface LimitEntry { name: string, key: string, remaining: number, retryAfterMs: number, deniedMs: number, perWorker: PerWorker[] }

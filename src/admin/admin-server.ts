@@ -105,6 +105,14 @@ export function isLoopback (host: string): boolean {
 }
 
 /**
+ * The warning for an admin listener others can reach: its reads are open whatever admin.token
+ * says (the token guards DELETE /limits alone), and /events carries client addresses and users.
+ * It named the token alone, so an operator who set one read it as protecting the rest.
+ */
+export function warnOpenAdmin (logger: { warn: (fields: object, msg: string) => void }, adminAddress: string, hasToken: boolean): void {
+  logger.warn({ admin: adminAddress, tokenSet: hasToken }, `the admin listener binds a non-loopback address: anyone who can reach it reads /config, /metrics, /events (client addresses and users), /limits and /consumers (admin.token guards DELETE /limits alone): bind it to loopback or a network only operators reach`)
+}
+/**
  * An admin listener bound to loopback answers loopback Host names only. A web page the operator
  * opens could otherwise point its own name at 127.0.0.1 (DNS rebinding) and read /config, /metrics
  * and the live feed's client IPs and users from the operator's browser: the Host it sends is its
