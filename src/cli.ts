@@ -371,10 +371,13 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
     followPrimaryReloads(initial?.generation ?? 1, reload)
     gw = await Gateway.start({ configFile, ...(logLevel !== undefined ? { logLevel } : {}), adminListener: !isWorker(), ...initial?.options })
   } catch (err) {
+    const code = reportConfigError(err, configFile)
     // a worker's IPC channel would keep it alive, not ready, for good: it exits, and the primary
-    // starts another (the file on disk may have been fixed meanwhile)
-    if (isWorker()) process.disconnect?.()
-    return reportConfigError(err, configFile)
+    // starts another after a growing pause (a listen address taken until another process lets it
+    // go). With its code: a disconnect ended it with 0, and the primary logged a failed start as
+    // "code 0". stderr is a pipe or a file here, written synchronously.
+    if (isWorker()) process.exit(code)
+    return code
   }
   // set by the handlers above while the start was awaited (TypeScript cannot see that)
   const waiting = reloadWhenStarted as { source: ReloadSource | undefined } | null

@@ -372,10 +372,17 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     logger
   }, json)
 
+  // failed starts and crashes in a row, for the pause before the next replacement
+  let restarts = 0
   const fork = (): Worker => {
     const w = cluster.fork({ [WORKER_ADMIN_ENV]: '1' })
     w.on('message', (msg: unknown) => {
-      if (msg === 'gateway:ready') ready.add(w.id)
+      if (msg === 'gateway:ready') {
+        ready.add(w.id)
+        // a worker that started ends the row of failed starts: the next crash, weeks later, is
+        // replaced after the shortest pause (the count never fell, so after 6 each waited 5 s)
+        restarts = 0
+      }
       else if (isLiveMessage(msg)) {
         feed.ingest(msg.frame)
         // newest last: the merged health's generation and config hash are the newest frame's
@@ -391,7 +398,6 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     })
     return w
   }
-  let restarts = 0
   cluster.on('exit', (w, code, signal) => {
     ready.delete(w.id)
     adminIpc.gone(w)
@@ -400,8 +406,9 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     if (shuttingDown) return
     // a crashed worker is replaced, with a growing pause so a crash loop does not spin the CPU
     restarts++
-    logger.error({ worker: w.process.pid, code, signal }, 'worker exited; starting a new one')
-    setTimeout(() => { if (!shuttingDown) fork() }, Math.min(5000, 100 * 2 ** Math.min(restarts, 6))).unref()
+    const restartInMs = Math.min(5000, 100 * 2 ** Math.min(restarts, 6))
+    logger.error({ worker: w.process.pid, code, signal, restartInMs }, 'worker exited; starting a new one')
+    setTimeout(() => { if (!shuttingDown) fork() }, restartInMs).unref()
   })
 
   const adminAddress = adminListen(loaded.config)

@@ -8,7 +8,8 @@ import { request as httpsRequest } from 'node:https'
 import { connect, createServer as createNetServer, type AddressInfo } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { answering, bodies, config, replaceOne, twoWorkers } from './helpers/workers.js'
+import { answering, bodies, config, replaceOne, twoWorkers, until } from './helpers/workers.js'
+import { spawnGateway } from './helpers/gateway.js'
 
 t.test('a worker that replaces a crashed one starts with the key file and TLS files its primary checked, not with ones broken since', async t => {
   const a = await answering(t, 'from a')
@@ -92,6 +93,32 @@ t.test('after a reload that changes listen (a restart-needed setting), a crashed
     socket.on('error', () => resolve(true))
   })
   t.ok(refused, `nothing listens on 127.0.0.1:${other} until a restart`)
+})
+
+t.test('workers that cannot bind the listen address exit 1 and are started again after a growing pause, and serve once it is free', async t => {
+  const a = await answering(t, 'from a')
+  // another process holds the address (an old gateway still draining, say)
+  const holder = createNetServer()
+  await new Promise<void>(resolve => holder.listen(0, '127.0.0.1', resolve))
+  const port = (holder.address() as AddressInfo).port
+  t.teardown(() => { holder.close() })
+  const gw = await spawnGateway(t, config(a).replace('listen: 127.0.0.1:0', `listen: 127.0.0.1:${port}`), [], { waitFor: 'gateway primary started' })
+  const adminUrl = `http://127.0.0.1:${gw.logs.find(l => l.msg === 'gateway primary started')?.adminPort as number}`
+  const exits = (): Array<Record<string, unknown>> => gw.logs.filter(l => l.msg === 'worker exited; starting a new one')
+  await until('four failed starts', () => exits().length >= 4, 60_000)
+  t.match(exits().slice(0, 4), new Array(4).fill({ code: 1, signal: null }), 'each exits 1 (a disconnect made it 0)')
+  t.same(exits().slice(0, 4).map(l => l.restartInMs), [200, 400, 800, 1600], 'started again after a growing pause')
+  t.match(gw.stderr(), `bind EADDRINUSE 127.0.0.1:${port}`)
+  t.equal((await fetch(`${adminUrl}/readyz`)).status, 503, 'not ready meanwhile')
+
+  await new Promise(resolve => holder.close(resolve))
+  await until('both workers ready once the address is free', async () => (await fetch(`${adminUrl}/readyz`)).status === 200, 60_000)
+  t.same(await bodies(`http://127.0.0.1:${port}`, 10), new Array(10).fill('200 from a'))
+  // a worker that started ends the row: a crash now is replaced after the shortest pause
+  const victim = gw.logs.find(l => l.msg === 'gateway started')?.pid as number
+  process.kill(victim, 'SIGKILL')
+  const crash = await gw.waitForLog(l => l.msg === 'worker exited; starting a new one' && l.worker === victim)
+  t.equal(crash.restartInMs, 200, 'the pause starts again from its shortest (it went on growing to 5 s)')
 })
 
 function selfSigned (cert: string, key: string): void {

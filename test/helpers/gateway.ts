@@ -76,7 +76,7 @@ export interface GatewayProcess {
  * `bin/gateway start` as a child process. `group`: in a process group of its own (as systemd or a
  * shell runs it), so a test can signal the whole group like `kill -TERM -PGID` or Ctrl-C.
  */
-export async function spawnGateway (t: Teardown, yaml: string, extraArgs: string[] = [], options: { group?: boolean, env?: NodeJS.ProcessEnv } = {}): Promise<GatewayProcess> {
+export async function spawnGateway (t: Teardown, yaml: string, extraArgs: string[] = [], options: { group?: boolean, env?: NodeJS.ProcessEnv, waitFor?: string } = {}): Promise<GatewayProcess> {
   const file = writeConfig(t, yaml)
   const pidFile = file.replace(/gateway\.yaml$/, 'gateway.pid')
   const child = spawn(process.execPath, ['bin/gateway', 'start', '-c', file, '--pid-file', pidFile, ...extraArgs], { stdio: ['ignore', 'pipe', 'pipe'], env: childEnv(options.env), detached: options.group === true })
@@ -120,7 +120,7 @@ export async function spawnGateway (t: Teardown, yaml: string, extraArgs: string
       check()
     })
   const started = await Promise.race([
-    waitForLog(l => l.msg === 'gateway started'),
+    waitForLog(l => l.msg === (options.waitFor ?? 'gateway started')),
     exited.then(code => { throw new Error(`gateway exited with ${code}: ${err}`) })
   ])
   const port = started.port as number
