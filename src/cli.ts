@@ -71,6 +71,9 @@ Shows the route a request would take and every limit that would apply, without s
 `
 }
 
+/** How many words each command takes after its name (explain: METHOD URL). */
+const POSITIONALS: ReadonlyMap<string, number> = new Map([['start', 0], ['validate', 0], ['schema', 0], ['reload', 0], ['explain', 2]])
+
 const LOG_LEVELS: readonly LogLevel[] = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']
 
 const EXIT_INVALID = 1
@@ -147,6 +150,15 @@ async function run (argv: string[]): Promise<number> {
   if (values.version === true) {
     process.stdout.write(version() + '\n')
     return 0
+  }
+  // `gateway validate prod.yaml` validated ./gateway.yaml and said "ok" (the file is -c FILE);
+  // `gateway start prod.yaml` served ./gateway.yaml: a word no command takes is a usage error
+  const takes = POSITIONALS.get(command)
+  const stray = takes === undefined ? undefined : positionals[1 + takes]
+  if (stray !== undefined) {
+    const hint = takes === 0 && command !== 'schema' ? `; a config file is given with -c ${stray}` : ''
+    process.stderr.write(`gateway ${command}: unexpected argument "${stray}"${hint} (gateway ${command} --help)\n`)
+    return EXIT_USAGE
   }
   const configFile = values.config ?? process.env.GATEWAY_CONFIG ?? 'gateway.yaml'
 
