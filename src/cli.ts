@@ -335,6 +335,17 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
   return EXIT_NO_VERDICT
 }
 
+/** Writes the process id; false, with one line on stderr, when the file cannot be written. */
+function writePidFile (pidFile: string): boolean {
+  try {
+    writeFileSync(pidFile, `${process.pid}\n`)
+    return true
+  } catch (err) {
+    process.stderr.write(`gateway: cannot write the pid file: ${(err as Error).message}\n`)
+    return false
+  }
+}
+
 async function start (configFile: string, logLevel: LogLevel | undefined, pidFile: string | undefined): Promise<number> {
   if (!isWorker()) {
     let loaded
@@ -353,7 +364,7 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
       } catch (err) {
         return reportConfigError(err, configFile)
       }
-      if (pidFile !== undefined) writeFileSync(pidFile, `${process.pid}\n`)
+      if (pidFile !== undefined && !writePidFile(pidFile)) return EXIT_INVALID
       // the primary shares stdout with its workers (src/log-sink.ts, sharedFd)
       const logger = createLogger(logLevel ?? loaded.config.log.level, createLogDestination(1, { sharedFd: true }))
       try {
@@ -400,7 +411,13 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
     notifyReady()
     pidFile = undefined // the primary owns the pid file
   }
-  if (pidFile !== undefined) writeFileSync(pidFile, `${process.pid}\n`)
+  // a pid file that cannot be written (its directory missing, not writable) threw here after the
+  // start: exit code 1 and a line on stderr, yet the gateway served on, its SIGTERM drain never
+  // installed (SIGTERM killed it mid-request) and `gateway reload` unable to find it
+  if (pidFile !== undefined && !writePidFile(pidFile)) {
+    await gw.close()
+    return EXIT_INVALID
+  }
   return new Promise<number>(resolve => {
     let stopping = false
     // `on`, not `once`: a second signal (the primary relays SIGTERM to a worker that systemd or a
