@@ -54,6 +54,12 @@ export async function limitsCommand (argv: string[]): Promise<number> {
     process.stderr.write(LIMITS_HELP)
     return 2
   }
+  // `limits reset --route login 203.0.113.5` (the address without --ip) reset another client's limits
+  const stray = positionals[1]
+  if (stray !== undefined) {
+    process.stderr.write(`gateway limits: unexpected argument "${stray}" (a client is named with --ip ADDR or --user NAME; gateway limits --help)\n`)
+    return 2
+  }
   if (values.admin !== undefined && !isHostPort(values.admin)) {
     process.stderr.write(`gateway limits: --admin expects HOST:PORT, got "${values.admin}"\n`)
     return 2

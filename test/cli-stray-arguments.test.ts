@@ -28,3 +28,11 @@ t.test('a word a command does not take is a usage error naming it, and nothing i
   t.equal(explain.stderr, 'gateway explain: unexpected argument "extra" (gateway explain --help)\n')
 })
 
+t.test('gateway limits with a client address given without --ip is a usage error, and nothing is asked', async t => {
+  // an admin address nothing listens on: without the check this was exit 4 (unreachable), after
+  // a reset request meant for 203.0.113.5 had been sent for no client named
+  const r = await gateway(['limits', 'reset', '--route', 'login', '203.0.113.5', '--admin', '127.0.0.1:9', '--token', 't'])
+  t.equal(r.code, 2)
+  t.equal(r.stderr, 'gateway limits: unexpected argument "203.0.113.5" (a client is named with --ip ADDR or --user NAME; gateway limits --help)\n')
+})
+
