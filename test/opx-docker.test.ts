@@ -8,6 +8,7 @@ import { execFile } from 'node:child_process'
 import { promisify } from 'node:util'
 import { parse } from 'yaml'
 import { loadConfigFile } from '../src/config/load.js'
+import { parseDuration } from '../src/config/units.js'
 import { childEnv } from './helpers/gateway.js'
 
 const run = promisify(execFile)
@@ -20,6 +21,7 @@ interface Service {
   volumes?: string[]
   ports?: string[]
   depends_on?: string[]
+  stop_grace_period?: string
 }
 
 const compose = parse(readFileSync('docker-compose.yml', 'utf8'), { merge: true }) as { services: Record<string, Service> }
@@ -80,6 +82,11 @@ t.test('each gateway config validates with its compose environment and points at
     }
     const redisHost = new URL(config.redis?.url ?? 'redis://missing').hostname
     t.ok(services[redisHost] !== undefined, `${name}: redis host ${redisHost} is a service`)
+    // `docker compose stop` sends SIGKILL after stop_grace_period (10 s unless set): it must outlast
+    // the drain, or the requests the drain cuts are never answered nor logged
+    const grace = parseDuration(s.stop_grace_period ?? '10s')
+    const drain = parseDuration(config.server.shutdownTimeout)
+    t.ok(grace >= drain + 2000, `${name}: stop_grace_period ${s.stop_grace_period ?? '10s (unset)'} outlasts server.shutdownTimeout ${config.server.shutdownTimeout} by 2 s`)
   }
 })
 
