@@ -68,7 +68,7 @@ export async function limitsCommand (argv: string[]): Promise<number> {
   let token = values.token ?? process.env.GATEWAY_ADMIN_TOKEN
   if (admin === undefined || (action === 'reset' && token === undefined)) {
     // the file supplies what the options do not (its ${VAR} references substituted as at start)
-    const loaded = await loadConfigFile(values.config ?? process.env.GATEWAY_CONFIG ?? 'gateway.yaml')
+    const loaded = await loadConfigFile(values.config ?? (process.env.GATEWAY_CONFIG || 'gateway.yaml'))
     admin ??= adminListen(loaded.config)
     token ??= adminToken(loaded.config) ?? undefined
   }

@@ -25,7 +25,7 @@ Commands:
   help [COMMAND]        print this help, or one command's
 
 Options:
-  -c, --config FILE     config file (default: $GATEWAY_CONFIG or ./gateway.yaml)
+  -c, --config FILE     config file (default: $GATEWAY_CONFIG, else ./gateway.yaml)
       --log-level LEVEL fatal|error|warn|info|debug|trace|silent (overrides log.level)
       --pid-file FILE   write (start) or read (reload) the process id
   -v, --version         print the version
@@ -160,7 +160,9 @@ async function run (argv: string[]): Promise<number> {
     process.stderr.write(`gateway ${command}: unexpected argument "${stray}"${hint} (gateway ${command} --help)\n`)
     return EXIT_USAGE
   }
-  const configFile = values.config ?? process.env.GATEWAY_CONFIG ?? 'gateway.yaml'
+  // set but empty (`Environment=GATEWAY_CONFIG=`, compose's `${GATEWAY_CONFIG}` unset on the host)
+  // is unset, as `${VAR:-default}` reads it: it was the file "", reported as `:0:0: file not found`
+  const configFile = values.config ?? (process.env.GATEWAY_CONFIG || 'gateway.yaml')
 
   switch (command) {
     case 'schema':
