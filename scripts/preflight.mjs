@@ -11,13 +11,21 @@
 // install was tried and failed, 4 Node.js is too old, 64 usage.
 // Only node built-ins: it must run before `npm ci` has finished, and on any machine.
 import { spawnSync } from 'node:child_process'
-import { accessSync, constants, writeFileSync } from 'node:fs'
+import { accessSync, constants, readFileSync, writeFileSync } from 'node:fs'
 import { delimiter, join } from 'node:path'
 import { tmpdir } from 'node:os'
 import { pathToFileURL } from 'node:url'
 
 export const EXIT = Object.freeze({ ok: 0, missing: 2, installFailed: 3, oldNode: 4, usage: 64 })
-const MIN_NODE = [20, 18]
+// package.json's engines.node (">=20.18.1"), read so that the two cannot differ: a copy here said
+// 20.18, and Node 20.18.0 passed the preflight of a package that needs 20.18.1 (undici 7's floor)
+const MIN_NODE = minNode(JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')).engines?.node)
+
+function minNode (range) {
+  const m = /^>=\s*(\d+)\.(\d+)\.(\d+)$/.exec(String(range).trim())
+  if (m === null) throw new Error(`package.json engines.node should be ">=X.Y.Z", not "${range}"`)
+  return m.slice(1).map(Number)
+}
 
 /**
  * Each tool: the command looked for on PATH and the package that provides it per OS family.
@@ -57,8 +65,9 @@ export function findOnPath (cmd, pathVar = process.env.PATH ?? '') {
 }
 
 function nodeTooOld (version = process.versions.node) {
-  const [major, minor] = version.split('.').map(Number)
-  return major < MIN_NODE[0] || (major === MIN_NODE[0] && minor < MIN_NODE[1])
+  const v = version.split('.').map(Number)
+  for (let i = 0; i < MIN_NODE.length; i++) if (v[i] !== MIN_NODE[i]) return v[i] < MIN_NODE[i]
+  return false
 }
 
 function unique (list) {
