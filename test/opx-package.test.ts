@@ -2,7 +2,7 @@
 // through npx and the library imported by name, with its type declarations checked by tsc.
 import t from 'tap'
 import { execFile } from 'node:child_process'
-import { mkdtempSync, rmSync, writeFileSync, readFileSync } from 'node:fs'
+import { mkdtempSync, readdirSync, rmSync, writeFileSync, readFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
 import { childEnv } from './helpers/gateway.js'
@@ -39,6 +39,8 @@ t.test('npm pack, install into an empty directory, npx gateway validate, import 
   t.equal(installed.code, 0, installed.code === 0 ? 'npm install' : installed.stderr)
   const pkg = JSON.parse(readFileSync(join(app, 'node_modules/edge-gateway/package.json'), 'utf8')) as { files: string[] }
   t.ok(pkg.files.includes('dist'))
+  // the Lua the Redis store loads by path at run time: every script of the repository's lua/
+  t.same(readdirSync(join(app, 'node_modules/edge-gateway/lua')).sort(), readdirSync(join(REPO, 'lua')).sort(), 'lua/ is installed whole')
 
   const up = await startUpstream(t)
   const yaml = (route: string): string => `listen: 127.0.0.1:0
@@ -66,8 +68,13 @@ const out = {}
 const loaded = await loadConfig('gateway.yaml')
 out.loadedRoutes = loaded.config.routes.map(r => r.name)
 try { await loadConfig('bad.yaml') } catch (err) { out.badIsConfigError = err instanceof ConfigError; out.badProblems = err.problems.length }
+// the configs the package ships (README quick start, the image's default, the compose stack's)
+out.shipped = []
+for (const f of ['gateway.yaml', 'examples/gateway.docker.yaml', 'examples/gateway.compose.yaml']) out.shipped.push((await loadConfig('node_modules/edge-gateway/' + f)).config.routes.length)
 const gw = await startGateway({ configFile: 'gateway.yaml' })
 out.addresses = gw.addresses
+// read from the package's admin-ui/ at run time
+out.page = [(await fetch(gw.adminUrl + '/')).status, (await fetch(gw.adminUrl + '/ui/app.js')).status, (await fetch(gw.adminUrl + '/ui/app.css')).status]
 const res = await fetch(gw.url + '/hello')
 out.status = res.status
 out.upstreamSaw = (await res.json()).url
@@ -87,6 +94,8 @@ process.stdout.write(JSON.stringify(out))
   const out = JSON.parse(embedded.stdout) as Record<string, unknown>
   t.match(out, {
     loadedRoutes: ['first'],
+    shipped: [4, 1, 3],
+    page: [200, 200, 200],
     badIsConfigError: true,
     badProblems: 1,
     addresses: { listen: { host: '127.0.0.1', port: Number }, admin: { host: '127.0.0.1', port: Number } },
