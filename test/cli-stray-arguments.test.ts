@@ -20,9 +20,6 @@ t.test('a word a command does not take is a usage error naming it, and nothing i
     t.equal(r.stdout, '', `gateway ${command} FILE: nothing on stdout`)
     t.equal(r.stderr, `gateway ${command}: unexpected argument "${bad}"; a config file is given with -c ${bad} (gateway ${command} --help)\n`)
   }
-  const schema = await gateway(['schema', 'extra'])
-  t.equal(schema.code, 2)
-  t.equal(schema.stderr, 'gateway schema: unexpected argument "extra" (gateway schema --help)\n')
   const explain = await gateway(['explain', 'GET', 'http://x/api/echo', 'extra'])
   t.equal(explain.code, 2)
   t.equal(explain.stderr, 'gateway explain: unexpected argument "extra" (gateway explain --help)\n')
