@@ -25,7 +25,7 @@ Commands:
   help [COMMAND]        print this help, or one command's
 
 Options:
-  -c, --config FILE     config file (default: $GATEWAY_CONFIG, else ./gateway.yaml)
+  -c, --config FILE     config file (default: $GATEWAY_CONFIG; ./gateway.yaml when unset or empty)
       --log-level LEVEL fatal|error|warn|info|debug|trace|silent (overrides log.level)
       --pid-file FILE   write (start) or read (reload) the process id
   -v, --version         print the version
