@@ -390,6 +390,21 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
     if (!isWorker()) reload()
     else gw?.logger.info({ primary: process.ppid }, 'SIGHUP ignored: a worker reloads with the config its primary checked; signal the primary')
   })
+  // SIGTERM and SIGINT during the start are held likewise and stop the gateway once started. With
+  // no handler yet, PID 1 (the Dockerfile's exec form) does not die of them: the kernel dropped the
+  // signal, `docker stop` during a start (a Redis that does not answer holds it 2 s) waited for its
+  // SIGKILL, and the gateway served on once started. A worker keeps the default: its primary stops it.
+  let stopWhenStarted: string | null = null
+  const heldTerm = (): void => { stopWhenStarted ??= 'SIGTERM' }
+  const heldInt = (): void => { stopWhenStarted ??= 'SIGINT' }
+  const releaseHeld = (): void => {
+    process.off('SIGTERM', heldTerm)
+    process.off('SIGINT', heldInt)
+  }
+  if (!isWorker()) {
+    process.on('SIGTERM', heldTerm)
+    process.on('SIGINT', heldInt)
+  }
   try {
     // a worker starts with the config its primary last accepted, not the file as edited since
     const initial = await acceptedConfig(configFile)
@@ -402,6 +417,7 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
     // go). With its code: a disconnect ended it with 0, and the primary logged a failed start as
     // "code 0". stderr is a pipe or a file here, written synchronously.
     if (isWorker()) process.exit(code)
+    releaseHeld()
     return code
   }
   // set by the handlers above while the start was awaited (TypeScript cannot see that)
@@ -417,6 +433,7 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
   // start: exit code 1 and a line on stderr, yet the gateway served on, its SIGTERM drain never
   // installed (SIGTERM killed it mid-request) and `gateway reload` unable to find it
   if (pidFile !== undefined && !writePidFile(pidFile)) {
+    releaseHeld()
     await gw.close()
     return EXIT_INVALID
   }
@@ -441,5 +458,7 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
     }
     process.on('SIGTERM', () => stop('SIGTERM'))
     process.on('SIGINT', () => stop('SIGINT'))
+    releaseHeld()
+    if (stopWhenStarted !== null) stop(stopWhenStarted)
   })
 }
