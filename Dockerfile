@@ -28,6 +28,7 @@ EXPOSE 8080 9901
 # The health check reaches the admin listener on 127.0.0.1:9901: a mounted config keeps admin on port 9901 (0.0.0.0 to be scraped).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
   CMD ["node", "-e", "fetch('http://127.0.0.1:9901/healthz').then(r=>process.exit(r.ok?0:1),()=>process.exit(1))"]
-# Exec form: the gateway is PID 1's direct child-less process, so SIGHUP (reload) and SIGTERM (drain) reach it.
+# Exec form: node is PID 1 itself (no shell in between), so SIGHUP (reload) and SIGTERM (drain) reach the
+# gateway; one sent before Node has loaded the CLI finds no handler and PID 1 drops it (docker run --init).
 ENTRYPOINT ["node", "bin/gateway"]
 CMD ["start", "-c", "/app/gateway.yaml"]
