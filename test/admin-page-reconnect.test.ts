@@ -5,16 +5,9 @@ import t from 'tap'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { launchBrowser } from './helpers/browser.js'
+import { eventually } from './helpers/ratelimit.js'
 
 // Polls from the test, not in the page: the page's CSP forbids the eval that waitForFunction needs.
-async function until (what: string, probe: () => Promise<boolean>, timeoutMs: number): Promise<void> {
-  const deadline = Date.now() + timeoutMs
-  while (!(await probe())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await new Promise(resolve => setTimeout(resolve, 100))
-  }
-}
-
 t.test('a page refused by a full /events connects once a place is free', async t => {
   const upstream = await startUpstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
@@ -39,10 +32,10 @@ routes:
   const refused = page.waitForResponse(res => res.url().endsWith('/events') && res.status() === 503)
   await page.goto(gw.adminUrl + '/')
   await refused
-  await until('the page says it is disconnected', async () => (await page.locator('#status').innerText()).startsWith('disconnected'), 10_000)
+  await eventually('the page says it is disconnected', async () => (await page.locator('#status').innerText()).startsWith('disconnected'), 10_000)
   held.pop()?.abort()
   // the page tries again 2 s after a refusal: generous for a loaded machine
-  await until('the page connected and shows the health', async () => (await page.locator('#status').innerText()) === 'ready', 20_000)
+  await eventually('the page connected and shows the health', async () => (await page.locator('#status').innerText()) === 'ready', 20_000)
   t.pass('the status badge says ready')
 })
 
@@ -71,7 +64,7 @@ routes:
   // the gateway stops (a restart, a lost tunnel) before the operator clicks Reset
   await gw.close()
   await page.getByRole('button', { name: 'Reset these limits' }).click()
-  await until('the page reports the failed reset', async () => /reset failed/.test(await page.locator('#lookup-message').innerText()), 10_000)
+  await eventually('the page reports the failed reset', async () => /reset failed/.test(await page.locator('#lookup-message').innerText()), 10_000)
   t.pass('the operator is told nothing was reset')
   t.same(errors, [], 'no uncaught error in the page')
 })

@@ -1,5 +1,5 @@
 // A long gateway.yaml or API key file is parsed and checked on a worker thread (src/config/load.ts
-// loadConfigText, src/identify/api-key-file.ts, src/config/off-thread.ts): the same config or keys,
+// loadConfigText, src/identify/api-key-file.ts, src/off-thread.ts): the same config or keys,
 // the same located problems, and a reload of a large file no longer holds the serving thread while
 // the yaml parser runs (for the key file: test/consumers-keyfile-large.test.ts).
 import t from 'tap'

@@ -2,7 +2,7 @@
 // with every earlier one of its map, so a key file of 20,000 lines took 18 s to parse (200,000:
 // hours), and a SIGHUP that read it held every request of the gateway as long. Repeats are found
 // in one pass now, with the same located error. Even so, parsing 20,000 lines takes 1 to 2.6 s:
-// a key file of 32 KiB or more is parsed on a worker thread (src/config/off-thread.ts), and the
+// a key file of 32 KiB or more is parsed on a worker thread (src/off-thread.ts), and the
 // gateway answers requests meanwhile.
 import t from 'tap'
 import { writeFileSync } from 'node:fs'

@@ -6,7 +6,7 @@ import { readFile } from 'node:fs/promises'
 import { createHash } from 'node:crypto'
 import { LineCounter, parseDocument, visit, isAlias, isCollection, isMap, isPair, isSeq, isScalar, type Alias, type Document, type Node as YamlNode } from 'yaml'
 import { dirname, resolve } from 'node:path'
-import { PARSE_OFF_THREAD_CHARS, parseOffThread } from './off-thread.js'
+import { PARSE_OFF_THREAD_CHARS, parseOffThread } from '../off-thread.js'
 import { configSchema, gatewayJsonSchema, BUCKET_ALGORITHMS, type GatewayConfig, type LimitConfig } from './schema.js'
 import { adminListen, applyDefaults, deepFreeze, type ResolvedConfig } from './defaults.js'
 import { utcOffsetMinutes } from '../limit/algorithms/calendar-quota.js'
@@ -138,7 +138,7 @@ export async function loadConfigFile (file: string, env: NodeJS.ProcessEnv = pro
   return await loadConfigText(text, file, env)
 }
 
-export { PARSE_OFF_THREAD_CHARS } from './off-thread.js'
+export { PARSE_OFF_THREAD_CHARS } from '../off-thread.js'
 
 /** What src/config/parse-thread.ts posts back. */
 export type ParseReply =

@@ -1,9 +1,9 @@
 // A worker thread's entry: parses and checks one gateway.yaml or API key file text off the serving
-// thread (src/config/off-thread.ts) and posts the result back as data.
+// thread (src/off-thread.ts) and posts the result back as data.
 import { parentPort, workerData } from 'node:worker_threads'
 import { ConfigError, parseConfigText, type ParseReply } from './load.js'
 import { ApiKeyFileError, parseKeyFileText, type KeyFileReply } from '../identify/api-key-file.js'
-import type { ParseJob } from './off-thread.js'
+import type { ParseJob } from '../off-thread.js'
 
 function parseConfig (text: string, file: string, env: NodeJS.ProcessEnv): ParseReply {
   try {

@@ -5,7 +5,7 @@ import { readFile } from 'node:fs/promises'
 import { LineCounter, parseDocument, isMap, isScalar } from 'yaml'
 import { MAX_USER_LENGTH, type ConsumerDirectory } from './identity.js'
 import { DUPLICATE_KEY, misreadScalar, repeatedKeys, unknownTag } from './yaml-scalars.js'
-import { PARSE_OFF_THREAD_CHARS, parseOffThread } from '../config/off-thread.js'
+import { PARSE_OFF_THREAD_CHARS, parseOffThread } from '../off-thread.js'
 
 /**
  * What an API key may hold: what a header value carries byte for byte (RFC 9110 §5.5: visible

@@ -1,5 +1,6 @@
 // Parsing long enough to hold every request runs on a worker thread: a gateway.yaml or an API key
-// file of PARSE_OFF_THREAD_CHARS or more (src/config/parse-thread.ts does the work). The yaml
+// file of PARSE_OFF_THREAD_CHARS or more (src/config/parse-thread.ts does the work). Outside
+// src/config, which no stage imports, so that src/identify can send its key file here. The yaml
 // parser takes 0.2 to 0.4 ms per route: a reload of a 2 MB file with 20,000 routes held the
 // serving thread 4 to 7 s, and one of a 20,000-line key file 1 to 2.6 s. A shorter text is parsed
 // in place, quicker than a thread starts.
@@ -14,8 +15,8 @@ export type ParseJob =
   | { readonly kind: 'config', readonly text: string, readonly file: string, readonly env: NodeJS.ProcessEnv }
   | { readonly kind: 'keyFile', readonly text: string, readonly file: string }
 
-// the thread's module beside this one: .js when built, .ts when the tests run the sources
-const PARSE_THREAD = new URL(`./parse-thread${extname(fileURLToPath(import.meta.url))}`, import.meta.url)
+// the thread's module, in src/config: .js when built, .ts when the tests run the sources
+const PARSE_THREAD = new URL(`./config/parse-thread${extname(fileURLToPath(import.meta.url))}`, import.meta.url)
 
 /** Runs `job` on a thread of its own; resolves with the one message it posts (ParseReply, KeyFileReply). */
 export async function parseOffThread<Reply> (job: ParseJob): Promise<Reply> {
