@@ -181,7 +181,7 @@ class WorkerAdminClient {
 }
 
 /** One worker's registry as getMetricsAsJSON gives it, as AggregatorRegistry.aggregate reads it. */
-type MetricsJson = ReadonlyArray<{ readonly name: string, readonly help: string, readonly type: string, readonly aggregator: string, readonly values: readonly object[] }>
+export type MetricsJson = ReadonlyArray<{ readonly name: string, readonly help: string, readonly type: string, readonly aggregator: string, readonly values: readonly object[] }>
 
 /** Counters and histograms: the families whose sum over the workers must never go down. */
 const cumulative = (m: MetricsJson): MetricsJson => m.filter(f => f.type === 'counter' || f.type === 'histogram')
@@ -228,6 +228,28 @@ const RELOADS = 'gateway_config_reloads_total'
  */
 function withoutReloadSuccesses (part: MetricsJson): MetricsJson {
   return part.map(f => f.name !== RELOADS ? f : { ...f, values: f.values.filter(v => (v as { labels?: { result?: unknown } }).labels?.result !== 'success') })
+}
+
+const BREAKER = 'gateway_redis_breaker_state'
+// 0 closed, 1 open, 2 half-open: the worst is open, then half-open
+const BREAKER_RANK = [0, 2, 1]
+
+/**
+ * The workers' breaker states as one, the worst of them: open over half-open over closed. Summed
+ * by prom-client's "max", one worker open and another half-open (probing) read as half-open.
+ */
+export function worstBreaker (parts: readonly MetricsJson[]): MetricsJson[] {
+  let worst: number | null = null
+  const out = parts.map(part => part.filter(f => {
+    if (f.name !== BREAKER) return true
+    for (const v of f.values) {
+      const state = (v as { value?: unknown }).value
+      if (typeof state === 'number' && (worst === null || (BREAKER_RANK[state] ?? 0) > (BREAKER_RANK[worst] ?? 0))) worst = state
+    }
+    return false
+  }))
+  if (worst !== null) out.push([{ name: BREAKER, help: 'Redis circuit breaker: 0 closed, 1 open, 2 half-open', type: 'gauge', aggregator: 'max', values: [{ value: worst, labels: {} }] }])
+  return out
 }
 
 function reloadsFamily (counted: { readonly success: number, readonly failure: number }): MetricsJson {
@@ -439,7 +461,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
           const w = asked[i]
           if (a.answer?.status === 200 && w !== undefined && scraped.answered(w, a.answer.body.metrics as MetricsJson)) answered.add(w.id)
         })
-        const text = await AggregatorRegistry.aggregate([...scraped.parts(answered).map(withoutReloadSuccesses), reloadsFamily(reloadsCounted)]).metrics()
+        const text = await AggregatorRegistry.aggregate([...worstBreaker(scraped.parts(answered).map(withoutReloadSuccesses)), reloadsFamily(reloadsCounted)]).metrics()
         res.writeHead(200, { 'content-type': AggregatorRegistry.PROMETHEUS_CONTENT_TYPE })
         res.end(text + workersGauge(workers, answered.size))
       }).catch((err: unknown) => json(res, ERRORS.GW_ERR_METRICS_FAILED.status, errorBody('GW_ERR_METRICS_FAILED', String(err))))
