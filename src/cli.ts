@@ -393,18 +393,21 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
   // SIGTERM and SIGINT during the start are held likewise and stop the gateway once started. With
   // no handler yet, PID 1 (the Dockerfile's exec form) does not die of them: the kernel dropped the
   // signal, `docker stop` during a start (a Redis that does not answer holds it 2 s) waited for its
-  // SIGKILL, and the gateway served on once started. A worker keeps the default: its primary stops it.
+  // SIGKILL, and the gateway served on once started. A worker keeps the default until it has
+  // started: its primary stops it. `on`, not `once`: a second signal (the primary relays SIGTERM
+  // to a worker that systemd or a Ctrl-C already signalled with its whole process group) must not
+  // end the drain with Node's default action.
+  let stopNow: ((signal: string) => void) | null = null
   let stopWhenStarted: string | null = null
-  const heldTerm = (): void => { stopWhenStarted ??= 'SIGTERM' }
-  const heldInt = (): void => { stopWhenStarted ??= 'SIGINT' }
-  const releaseHeld = (): void => {
-    process.off('SIGTERM', heldTerm)
-    process.off('SIGINT', heldInt)
+  const onStop = (signal: string): void => {
+    if (stopNow !== null) stopNow(signal)
+    else stopWhenStarted ??= signal
   }
-  if (!isWorker()) {
-    process.on('SIGTERM', heldTerm)
-    process.on('SIGINT', heldInt)
+  const listenForStop = (): void => {
+    process.on('SIGTERM', () => onStop('SIGTERM'))
+    process.on('SIGINT', () => onStop('SIGINT'))
   }
+  if (!isWorker()) listenForStop()
   try {
     // a worker starts with the config its primary last accepted, not the file as edited since
     const initial = await acceptedConfig(configFile)
@@ -417,7 +420,6 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
     // go). With its code: a disconnect ended it with 0, and the primary logged a failed start as
     // "code 0". stderr is a pipe or a file here, written synchronously.
     if (isWorker()) process.exit(code)
-    releaseHeld()
     return code
   }
   // set by the handlers above while the start was awaited (TypeScript cannot see that)
@@ -433,15 +435,11 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
   // start: exit code 1 and a line on stderr, yet the gateway served on, its SIGTERM drain never
   // installed (SIGTERM killed it mid-request) and `gateway reload` unable to find it
   if (pidFile !== undefined && !writePidFile(pidFile)) {
-    releaseHeld()
     await gw.close()
     return EXIT_INVALID
   }
   return new Promise<number>(resolve => {
     let stopping = false
-    // `on`, not `once`: a second signal (the primary relays SIGTERM to a worker that systemd or a
-    // Ctrl-C already signalled with its whole process group) must not end the drain with Node's
-    // default action.
     const stop = (signal: string): void => {
       if (stopping) {
         started.logger.info({ signal }, 'already shutting down')
@@ -456,9 +454,8 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
         resolve(0)
       }, () => resolve(1))
     }
-    process.on('SIGTERM', () => stop('SIGTERM'))
-    process.on('SIGINT', () => stop('SIGINT'))
-    releaseHeld()
+    stopNow = stop
+    if (isWorker()) listenForStop()
     if (stopWhenStarted !== null) stop(stopWhenStarted)
   })
 }
