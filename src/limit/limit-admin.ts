@@ -102,7 +102,11 @@ export class ResetBus {
 
   start (): void {
     const c = this.client
-    const sub: Redis | Cluster = c instanceof Cluster ? c.duplicate() : c.duplicate()
+    // ioredis's own resubscription after a reconnect is off: it sends SUBSCRIBE with nobody to
+    // catch its failure, and when the bus is stopped during a reconnect's handshake (a reload
+    // after a Redis blip) Redis still answers INFO, the connection turns ready with its stream
+    // closed, and the rejected call ended the process. The 'ready' listener below does its work.
+    const sub: Redis | Cluster = c instanceof Cluster ? c.duplicate() : c.duplicate({ autoResubscribe: false })
     sub.on('error', this.onError)
     sub.on('message', (channel: string, text: string) => {
       if (channel !== this.channel) return
@@ -110,7 +114,7 @@ export class ResetBus {
       if (message !== null) this.apply(message)
     })
     // The gateway's clients queue nothing while disconnected (enableOfflineQueue: false), so the
-    // subscription is made once connected, and again after every reconnect (SUBSCRIBE is idempotent).
+    // subscription is made once connected, and again after every reconnect.
     sub.on('ready', () => { sub.subscribe(this.channel).catch(this.onError) })
     this.subscriber = sub
   }
