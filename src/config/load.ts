@@ -574,10 +574,8 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
   }
   // The local level refills limit/window tokens per ms: a window of 0 refilled the bucket at once (the
   // level never limited), one past the limits' bound made Retry-After and RateLimit-Policy 3.6e+26
-  const localMs = config.local === undefined ? 1 : parseDuration(config.local.window)
-  if (localMs < 1 || localMs * 1000 > MAX_EXACT) {
-    out.push([['local', 'window'], `must be from 1ms to ${Math.floor(MAX_EXACT / 3.6e9)}h (2^50 µs, the longest window a limit takes): 0 would refill the bucket at once, so the level would never limit`])
-  }
+  const localWindow = config.local === undefined ? null : windowProblem(parseDuration(config.local.window), 'the longest window a limit takes): 0 would refill the bucket at once, so the level would never limit')
+  if (localWindow !== null) out.push([['local', 'window'], localWindow])
   const hasUserLimit = config.limits?.user !== undefined || config.routes.some(r => r.limits?.user !== undefined) ||
     Object.values(config.plans ?? {}).some(p => p.limits !== undefined || p.routes !== undefined)
   if (hasUserLimit && config.identity === undefined) {
@@ -692,6 +690,11 @@ function sameSocket (a: string, b: string): boolean {
   return ha === hb || wildcard(ha) || wildcard(hb)
 }
 
+/** A window the limiter cannot count exactly (1 ms to 2^50 µs): its bounds, then `why`; null when within. */
+function windowProblem (ms: number, why: string): string | null {
+  return ms < 1 || ms * 1000 > MAX_EXACT ? `must be from 1ms to ${Math.floor(MAX_EXACT / 3.6e9)}h (2^50 µs, ${why}` : null
+}
+
 function checkLimit (limit: LimitConfig, path: KeyPath): Array<[KeyPath, string]> {
   const out: Array<[KeyPath, string]> = []
   const algorithm = limit.algorithm ?? 'gcra'
@@ -709,8 +712,9 @@ function checkLimit (limit: LimitConfig, path: KeyPath): Array<[KeyPath, string]
   }
   // said with the key the operator wrote: the spec's own validator only knew "windowMs is too large"
   const windowMs = parseDuration(limit.window)
-  if (windowMs < 1 || windowMs * 1000 > MAX_EXACT) {
-    out.push([[...path, 'window'], `must be from 1ms to ${Math.floor(MAX_EXACT / 3.6e9)}h (2^50 µs, what the limiter counts exactly)`])
+  const badWindow = windowProblem(windowMs, 'what the limiter counts exactly)')
+  if (badWindow !== null) {
+    out.push([[...path, 'window'], badWindow])
     return out
   }
   // the limit stage's own validator, on the spec it would compile (see limitRule in src/runtime.ts)
