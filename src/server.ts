@@ -596,10 +596,11 @@ export class Gateway {
     this.feed = new LiveFeed(() => this.live.takeFrame(), () => healthOf(source))
     this.feed.start()
     const adminAddress = adminListen(runtime.config)
-    const admin = createAdminServer(source, this.feed, isLoopback(splitHostPort(adminAddress).host))
+    const adminOnLoopback = isLoopback(splitHostPort(adminAddress).host)
+    const admin = createAdminServer(source, this.feed, adminOnLoopback)
     this.admin = admin
     this.adminPort = (await listen(admin, adminAddress)).port
-    if (!isLoopback(splitHostPort(adminAddress).host)) warnOpenAdmin(this.logger, adminAddress, adminToken(runtime.config) !== null)
+    if (!adminOnLoopback) warnOpenAdmin(this.logger, adminAddress, adminToken(runtime.config) !== null)
     this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, adminPort: this.adminPort, generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
   }
 
