@@ -1,4 +1,4 @@
-// The admin page: one EventSource (/events) for traffic, rejections and health; /routes for the
+// The admin page: one event stream (/events) for traffic, rejections and health; /routes for the
 // compiled limits; the admin API's /limits for lookup and reset. No framework, no external asset;
 // every value from the gateway goes into the DOM as text, never as HTML.
 const HISTORY = 300
@@ -169,6 +169,30 @@ function renderHealth () {
   if (state.routes === null || h.generation !== state.routes.generation) void loadRoutes()
 }
 
+// ---- the admin token (reads need it with admin.reads: token; DELETE always) -------------------
+const TOKEN_KEY = 'gateway-admin-token'
+/** Headers for a read: the token when this tab has one (kept in sessionStorage, gone with the tab). */
+function readHeaders () {
+  const token = sessionStorage.getItem(TOKEN_KEY)
+  return token === null ? {} : { authorization: `Bearer ${token}` }
+}
+/** A read answered 401: ask for the token; once given, the page connects again. */
+function askReadToken () {
+  sessionStorage.removeItem(TOKEN_KEY)
+  $('status').textContent = 'admin token needed'
+  $('status').className = 'badge down'
+  $('read-token-form').hidden = false
+}
+function giveReadToken () {
+  const token = $('read-token').value
+  if (!token) return
+  sessionStorage.setItem(TOKEN_KEY, token)
+  $('read-token').value = ''
+  $('read-token-form').hidden = true
+  void loadRoutes()
+  void connect()
+}
+
 // ---- limits (the compiled runtime) ------------------------------------------------------------
 let routesLoading = false
 async function loadRoutes () {
@@ -176,7 +200,8 @@ async function loadRoutes () {
   routesLoading = true
   let res
   try {
-    res = await fetch('/routes', { cache: 'no-store' })
+    res = await fetch('/routes', { cache: 'no-store', headers: readHeaders() })
+    if (res.status === 401) askReadToken()
     if (!res.ok) return
     state.routes = await res.json()
   } catch {
@@ -228,12 +253,13 @@ async function lookup () {
   msg.textContent = 'looking up…'
   let res
   try {
-    res = await fetch('/limits?' + lookupQuery(), { cache: 'no-store' })
+    res = await fetch('/limits?' + lookupQuery(), { cache: 'no-store', headers: readHeaders() })
   } catch (err) {
     msg.textContent = `lookup failed: ${err.message}`
     return
   }
   const body = await res.json().catch(() => ({}))
+  if (res.status === 401) askReadToken()
   if (!res.ok) {
     msg.textContent = `${res.status} ${body.error ?? ''}: ${body.message ?? ''}`
     $('lookup-table').hidden = true
@@ -257,13 +283,13 @@ async function lookup () {
     el('td', {}, el('code', {}, l.key ?? '')))))
   $('lookup-table').hidden = limits.length === 0
   $('reset-form').hidden = limits.length === 0
-  const token = sessionStorage.getItem('gateway-admin-token')
+  const token = sessionStorage.getItem(TOKEN_KEY)
   $('token-label').hidden = token !== null
 }
 
 async function reset () {
   const msg = $('lookup-message')
-  let token = sessionStorage.getItem('gateway-admin-token')
+  let token = sessionStorage.getItem(TOKEN_KEY)
   if (token === null) {
     token = $('admin-token').value
     if (!token) { msg.textContent = 'The admin token is needed to reset limits.'; $('admin-token').focus(); return }
@@ -278,14 +304,14 @@ async function reset () {
   }
   const body = await res.json().catch(() => ({}))
   if (res.status === 401 || res.status === 403) {
-    sessionStorage.removeItem('gateway-admin-token')
+    sessionStorage.removeItem(TOKEN_KEY)
     $('token-label').hidden = false
     msg.textContent = `${res.status} ${body.error ?? ''}: ${body.message ?? 'the token was refused'}`
     return
   }
   if (!res.ok) { msg.textContent = `${res.status} ${body.error ?? ''}: ${body.message ?? ''}`; return }
   // kept for this tab only: sessionStorage is gone when the tab closes
-  sessionStorage.setItem('gateway-admin-token', token)
+  sessionStorage.setItem(TOKEN_KEY, token)
   $('admin-token').value = ''
   await lookup()
   const where = typeof body.workers === 'number' ? ` in ${body.workers} workers` : ''
@@ -294,37 +320,75 @@ async function reset () {
 }
 
 // ---- wiring ------------------------------------------------------------------------------------
-function connect () {
-  const source = new EventSource('/events')
-  source.addEventListener('history', (e) => {
-    const data = JSON.parse(e.data)
-    state.history = data.history
-    state.top = data.top
-    state.health = data.health
-    renderTraffic(); renderTop(); renderHealth()
-  })
-  source.addEventListener('update', (e) => {
-    const u = JSON.parse(e.data)
-    state.history.push({ t: u.t, routes: u.routes, decisions: u.decisions })
-    if (state.history.length > HISTORY) state.history.shift()
-    state.top = u.top
-    state.health = u.health
-    renderTraffic(); renderTop(); renderHealth()
-  })
-  source.addEventListener('error', () => {
-    $('status').textContent = 'disconnected, retrying…'
-    $('status').className = 'badge down'
-    // A refused stream (503 GW_ERR_ADMIN_BUSY while 16 pages are open, any answer that is not an
-    // event stream) closes an EventSource for good, where a lost connection is retried by the
-    // browser: open a new one, or the page would say "retrying" and never update again.
-    if (source.readyState === EventSource.CLOSED) setTimeout(connect, 2000)
-  })
+function onHistory (data) {
+  state.history = data.history
+  state.top = data.top
+  state.health = data.health
+  renderTraffic(); renderTop(); renderHealth()
+}
+function onUpdate (u) {
+  state.history.push({ t: u.t, routes: u.routes, decisions: u.decisions })
+  if (state.history.length > HISTORY) state.history.shift()
+  state.top = u.top
+  state.health = u.health
+  renderTraffic(); renderTop(); renderHealth()
+}
+
+function disconnected () {
+  $('status').textContent = 'disconnected, retrying…'
+  $('status').className = 'badge down'
+  setTimeout(connect, 2000)
+}
+
+/**
+ * The event stream, read with fetch rather than an EventSource, which cannot send the
+ * Authorization header admin.reads: token asks for. Whatever ends it (a lost connection, a refusal
+ * such as 503 GW_ERR_ADMIN_BUSY while 16 pages are open) is retried after 2 s, except a 401, which
+ * waits for the token.
+ */
+let streaming = false
+async function connect () {
+  // a token given while a stream still runs (one answered 401 elsewhere) opens no second one
+  if (streaming) return
+  let res
+  try {
+    res = await fetch('/events', { cache: 'no-store', headers: readHeaders() })
+  } catch {
+    return disconnected()
+  }
+  if (res.status === 401) return askReadToken()
+  if (!res.ok || res.body === null) {
+    await res.body?.cancel().catch(() => {})
+    return disconnected()
+  }
+  const reader = res.body.pipeThrough(new TextDecoderStream()).getReader()
+  let buffer = ''
+  streaming = true
+  try {
+    for (;;) {
+      const { value, done } = await reader.read()
+      if (done) break
+      buffer += value
+      // text/event-stream: events end with a blank line, fields are "name: value"
+      for (let end = buffer.indexOf('\n\n'); end !== -1; end = buffer.indexOf('\n\n')) {
+        const lines = buffer.slice(0, end).split('\n')
+        buffer = buffer.slice(end + 2)
+        const event = lines.find(l => l.startsWith('event:'))?.slice(6).trim() ?? 'message'
+        const data = lines.filter(l => l.startsWith('data:')).map(l => l.slice(5).replace(/^ /, '')).join('\n')
+        if (event === 'history') onHistory(JSON.parse(data))
+        else if (event === 'update') onUpdate(JSON.parse(data))
+      }
+    }
+  } catch { /* the connection was lost: retried below */ }
+  streaming = false
+  disconnected()
 }
 
 document.addEventListener('DOMContentLoaded', () => {
   $('lookup-form').addEventListener('submit', (e) => { e.preventDefault(); void lookup() })
   $('reset-form').addEventListener('submit', (e) => { e.preventDefault(); void reset() })
+  $('read-token-form').addEventListener('submit', (e) => { e.preventDefault(); giveReadToken() })
   window.addEventListener('resize', drawChart)
   void loadRoutes()
-  connect()
+  void connect()
 })

@@ -13,8 +13,9 @@ get    lists every limit a request on that route from that client would meet, wi
        read without consuming anything (GET /limits on the admin listener)
 reset  resets them: the Redis keys, and the local level and deny cache on every instance
        (DELETE /limits; needs the admin token: --token, $GATEWAY_ADMIN_TOKEN or the file's admin.token)
-The admin address is --admin, else the config file's admin. Exit 0 ok, 1 refused, 2 usage,
-4 admin listener unreachable.
+The admin address is --admin, else the config file's admin. With admin.reads: token a get needs
+the token too (from --token, $GATEWAY_ADMIN_TOKEN, or the file when --admin is not given or -c is).
+Exit 0 ok, 1 refused, 2 usage, 4 admin listener unreachable.
 `
 
 interface LimitView {
@@ -65,8 +66,9 @@ export async function limitsCommand (argv: string[]): Promise<number> {
     return 2
   }
   let admin = values.admin
-  let token = values.token ?? process.env.GATEWAY_ADMIN_TOKEN
-  if (admin === undefined || (action === 'reset' && token === undefined)) {
+  let token = values.token ?? (process.env.GATEWAY_ADMIN_TOKEN || undefined)
+  // a get needs the token too when the gateway's admin.reads is token: taken from a file named with -c
+  if (admin === undefined || (token === undefined && (action === 'reset' || values.config !== undefined))) {
     // the file supplies what the options do not (its ${VAR} references substituted as at start)
     const loaded = await loadConfigFile(values.config ?? (process.env.GATEWAY_CONFIG || 'gateway.yaml'))
     admin ??= adminListen(loaded.config)

@@ -3,7 +3,7 @@ import { parseArgs } from 'node:util'
 import { readFileSync, writeFileSync, rmSync } from 'node:fs'
 import { loadConfigFile, ConfigError, formatProblem } from './config/load.js'
 import { gatewayJsonSchema, isHostPort } from './config/schema.js'
-import { adminListen } from './config/defaults.js'
+import { adminListen, adminToken } from './config/defaults.js'
 import { checkRuntime, compileOffline } from './runtime.js'
 import { Gateway, restartNeededMessage, splitHostPort, type ReloadSource } from './server.js'
 import type { LogLevel } from './log.js'
@@ -232,8 +232,10 @@ interface ReloadView {
   readonly reloadPending?: boolean
 }
 
-async function readReloadView (adminUrl: string): Promise<ReloadView> {
-  const res = await fetch(`${adminUrl}/config`, { signal: AbortSignal.timeout(2000) })
+async function readReloadView (adminUrl: string, token: string | undefined): Promise<ReloadView> {
+  // admin.reads: token asks for it on /config; sent also when reads are open, where it is ignored
+  const res = await fetch(`${adminUrl}/config`, { signal: AbortSignal.timeout(2000), headers: token === undefined ? {} : { authorization: `Bearer ${token}` } })
+  if (res.status === 401) throw new Error(`${adminUrl}/config answered 401: its reads need the admin token (set $GATEWAY_ADMIN_TOKEN to the running gateway's)`)
   if (!res.ok) throw new Error(`${adminUrl}/config answered ${res.status}`)
   return await res.json() as ReloadView
 }
@@ -284,10 +286,15 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
     return reportConfigError(err, configFile)
   }
   const adminUrl = adminClientUrl(adminOption ?? adminListen(loaded.config))
+  const token = process.env.GATEWAY_ADMIN_TOKEN || (adminToken(loaded.config) ?? undefined)
   let before: ReloadView | null = null
+  let unread = `the admin listener ${adminUrl} is unreachable: the outcome is unknown (use --admin HOST:PORT)`
   try {
-    before = await readReloadView(adminUrl)
-  } catch { /* reported below, after the signal: the reload itself does not need the admin listener */ }
+    before = await readReloadView(adminUrl, token)
+  } catch (err) {
+    // reported below, after the signal: the reload itself does not need the admin listener
+    if ((err as Error).message.includes(' 401')) unread = `${(err as Error).message}: the outcome is unknown`
+  }
   const stale = notTheGateway(pid, pidFile, typeof before?.pid === 'number' ? before.pid : null, adminUrl)
   if (stale !== null) {
     process.stderr.write(`gateway reload: ${stale}\n`)
@@ -301,7 +308,7 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
     return EXIT_NOT_RUNNING
   }
   if (before === null) {
-    process.stderr.write(`gateway reload: sent SIGHUP to ${pid}, but the admin listener ${adminUrl} is unreachable: the outcome is unknown (use --admin HOST:PORT)\n`)
+    process.stderr.write(`gateway reload: sent SIGHUP to ${pid}, but ${unread}\n`)
     return EXIT_NO_VERDICT
   }
   const attemptBefore = before.lastReload?.attempt ?? 0
@@ -310,7 +317,7 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
     await new Promise(resolve => setTimeout(resolve, 100))
     let view: ReloadView
     try {
-      view = await readReloadView(adminUrl)
+      view = await readReloadView(adminUrl, token)
     } catch {
       continue
     }

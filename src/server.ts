@@ -26,7 +26,7 @@ import { redactConfig } from './admin/redact.js'
 import { cutByGateway } from './proxy/shutdown-cut.js'
 import { createAccessLog, createLogger, droppedLogLines, type Logger, type LogLevel } from './log.js'
 import { errorBody, writeError, writeRawError, type ErrorCode } from './errors.js'
-import { adminListen, adminToken } from './config/defaults.js'
+import { adminListen } from './config/defaults.js'
 
 export interface GatewayOptions {
   readonly configFile: string
@@ -600,7 +600,7 @@ export class Gateway {
     const admin = createAdminServer(source, this.feed, adminOnLoopback)
     this.admin = admin
     this.adminPort = (await listen(admin, adminAddress)).port
-    if (!adminOnLoopback) warnOpenAdmin(this.logger, adminAddress, adminToken(runtime.config) !== null)
+    if (!adminOnLoopback) warnOpenAdmin(this.logger, adminAddress, runtime.config)
     this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, adminPort: this.adminPort, generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
   }
 

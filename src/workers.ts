@@ -11,7 +11,7 @@ import { AggregatorRegistry } from 'prom-client'
 import { loadConfigFile, loadConfigText, namedFiles, readNamedFiles, reloadProblems, type LoadedConfig, type NamedFiles } from './config/load.js'
 import { checkRuntime } from './runtime.js'
 import { redactConfig } from './admin/redact.js'
-import { ADMIN_PATHS, answeringSafely, json, misdirectedAdminRequest, refusedAdminMethod, warnOpenAdmin } from './admin/admin-server.js'
+import { ADMIN_PATHS, answeringSafely, json, misdirectedAdminRequest, refusedAdminMethod, refusedRead, warnOpenAdmin } from './admin/admin-server.js'
 import { ERRORS, errorBody } from './errors.js'
 import { adminError, serveLimitsApi, type AdminAnswer, type LimitsOps } from './admin/limits-api.js'
 import { createWorkersLimitsOps, type AdminOp, type WorkerAnswer } from './admin/limits-over-workers.js'
@@ -20,7 +20,7 @@ import { LiveFeed } from './admin/live-feed.js'
 import type { LiveFrame } from './admin/live-stats.js'
 import type { Logger } from './log.js'
 import { RELOAD_HISTORY, isLoopback, restartNeededMessage, settingsNeedingRestart, splitHostPort, type GatewayOptions, type ReloadOutcome, type ReloadSource } from './server.js'
-import { adminListen, adminToken, type ResolvedConfig } from './config/defaults.js'
+import { adminListen, adminReadToken, adminToken, type ResolvedConfig } from './config/defaults.js'
 
 export const WORKER_ADMIN_ENV = 'GATEWAY_WORKER'
 
@@ -439,6 +439,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   const admin = createServer(answeringSafely((req, res) => {
     if (misdirectedAdminRequest(req, res, boundToLoopback)) return
     const path = (req.url ?? '/').split('?')[0]
+    if (refusedRead(req, res, path ?? '/', adminReadToken(loaded.config))) return
     if (limitsApi(req, res)) return
     // the same rule as a single process's admin listener (src/admin/admin-server.ts)
     if (refusedAdminMethod(req, res, path ?? '/')) return
@@ -482,7 +483,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   // Forked once the admin listener is bound: a taken admin port fails the start (exit 1) before
   // a worker serves, instead of leaving workers that no signal handler would drain.
   for (let i = 0; i < workers; i++) fork()
-  if (!isLoopback(host)) warnOpenAdmin(logger, adminAddress, adminToken(loaded.config) !== null)
+  if (!isLoopback(host)) warnOpenAdmin(logger, adminAddress, loaded.config)
   logger.info({ workers, adminPort, primary: process.pid }, 'gateway primary started')
 
   return new Promise<number>(resolve => {

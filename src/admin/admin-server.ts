@@ -3,13 +3,14 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import type { GatewayMetrics } from './metrics.js'
 import { redactConfig } from './redact.js'
-import { DASHBOARD_PATHS, handleDashboard } from './dashboard.js'
-import { adminError, methodNotAllowed } from './limits-api.js'
+import { DASHBOARD_PATHS, PAGE_FILE_PATHS, handleDashboard } from './dashboard.js'
+import { adminError, bearerToken, methodNotAllowed, tokenMatches } from './limits-api.js'
 import type { LiveFeed } from './live-feed.js'
 import type { Runtime } from '../runtime.js'
 import type { RedisStatus } from '../runtime-resources.js'
 import { ERRORS, errorBody } from '../errors.js'
 import { normalizeHost } from '../router/route-table.js'
+import { adminReadToken, adminToken, type ResolvedConfig } from '../config/defaults.js'
 
 export interface AdminSource {
   readonly runtime: Runtime | null
@@ -77,6 +78,24 @@ export function refusedAdminMethod (req: IncomingMessage, res: ServerResponse, p
   return true
 }
 
+/**
+ * Answered without the read token: health checks (a load balancer's, Docker's or Kubernetes's
+ * probe carries no token) and the page's own files, which hold no data and ask for the token.
+ */
+const OPEN_READ_PATHS: ReadonlySet<string> = new Set(['/healthz', '/readyz', ...PAGE_FILE_PATHS])
+
+/**
+ * `admin.reads: token` (`readToken` set): a request for another path without that Bearer token
+ * gets 401 with `WWW-Authenticate: Bearer` (RFC 6750 §3), whatever its method. True when answered.
+ */
+export function refusedRead (req: IncomingMessage, res: ServerResponse, path: string, readToken: string | null): boolean {
+  if (readToken === null || OPEN_READ_PATHS.has(path)) return false
+  const given = bearerToken(req)
+  if (given !== null && tokenMatches(given, readToken)) return false
+  json(res, ERRORS.GW_ERR_ADMIN_UNAUTHORIZED.status, errorBody('GW_ERR_ADMIN_UNAUTHORIZED', 'admin.reads is token: this endpoint needs Authorization: Bearer <admin.token> (/healthz, /readyz and the page are open)'), { 'www-authenticate': 'Bearer realm="gateway admin"' })
+  return true
+}
+
 export const ADMIN_PATHS = 'admin endpoints: / (page) /events /routes /healthz /readyz /metrics /config /limits /consumers/NAME'
 
 /**
@@ -105,12 +124,13 @@ export function isLoopback (host: string): boolean {
 }
 
 /**
- * The warning for an admin listener others can reach: its reads are open whatever admin.token
- * says (the token guards DELETE /limits alone), and /events carries client addresses and users.
- * It named the token alone, so an operator who set one read it as protecting the rest.
+ * The warning for an admin listener others can reach with its reads open: /events carries client
+ * addresses and users. It named the token alone, so an operator who set one read it as protecting
+ * the rest. None with `admin.reads: token`.
  */
-export function warnOpenAdmin (logger: { warn: (fields: object, msg: string) => void }, adminAddress: string, hasToken: boolean): void {
-  logger.warn({ admin: adminAddress, tokenSet: hasToken }, `the admin listener binds a non-loopback address: anyone who can reach it reads /config, /metrics, /events (client addresses and users), /limits and /consumers (admin.token guards DELETE /limits alone): bind it to loopback or a network only operators reach`)
+export function warnOpenAdmin (logger: { warn: (fields: object, msg: string) => void }, adminAddress: string, config: ResolvedConfig): void {
+  if (adminReadToken(config) !== null) return
+  logger.warn({ admin: adminAddress, tokenSet: adminToken(config) !== null }, 'the admin listener binds a non-loopback address: anyone who can reach it reads /config, /metrics, /events (client addresses and users), /limits and /consumers (admin.token guards DELETE /limits alone): set admin.reads: token, or bind it to loopback or a network only operators reach')
 }
 /**
  * An admin listener bound to loopback answers loopback Host names only. A web page the operator
@@ -135,6 +155,8 @@ export function createAdminServer (source: AdminSource, live: LiveFeed | null = 
   return createServer(answeringSafely((req, res) => {
     if (misdirectedAdminRequest(req, res, boundToLoopback)) return
     const path = (req.url ?? '/').split('?')[0] ?? '/'
+    const rt = source.runtime
+    if (refusedRead(req, res, path, rt === null ? null : adminReadToken(rt.config))) return
     if (source.limits?.(req, res) === true) return
     if (refusedAdminMethod(req, res, path)) return
     switch (path) {

@@ -32,8 +32,11 @@ const ASSET_FILES: ReadonlyArray<readonly [string, string, string]> = [
   ['/ui/app.css', 'app.css', 'text/css; charset=utf-8']
 ]
 
+/** The page's own files: they carry no data, and are served without the read token (the page asks for it). */
+export const PAGE_FILE_PATHS: readonly string[] = ASSET_FILES.map(([path]) => path)
+
 /** Every path the page answers (GET and HEAD only). */
-export const DASHBOARD_PATHS: readonly string[] = [...ASSET_FILES.map(([path]) => path), '/events', '/routes']
+export const DASHBOARD_PATHS: readonly string[] = [...PAGE_FILE_PATHS, '/events', '/routes']
 
 function loadAssets (): ReadonlyMap<string, Asset> {
   return new Map(ASSET_FILES.map(([path, file, type]) => [path, { type, body: readFileSync(new URL(file, UI_DIR)) }]))

@@ -3,7 +3,7 @@
 //   DELETE /limits?route=R&ip=A&user=U   resets them here and, over Redis pub/sub, on every instance
 //   GET    /consumers/NAME               plan, effective limits per route, quota used
 // Mutating endpoints need `Authorization: Bearer <admin.token>`; without a configured token they
-// answer 403. Reads need no token: they are on the admin listener, which is not public.
+// answer 403. Reads need it with `admin.reads: token` (src/admin/admin-server.ts, refusedRead).
 // The HTTP side (methods, token) is one function for every listener; what answers is a LimitsOps:
 // this process's stores, or on the workers primary every worker over IPC (src/workers.ts).
 import type { IncomingMessage, ServerResponse } from 'node:http'
@@ -34,8 +34,14 @@ export function tokenId (token: string): string {
   return createHash('sha256').update(token).digest('hex').slice(0, 12)
 }
 
+/** The token of an `Authorization: Bearer <token>` header (RFC 6750 §2.1), or null. */
+export function bearerToken (req: IncomingMessage): string | null {
+  const auth = req.headers.authorization
+  return typeof auth === 'string' && /^bearer /i.test(auth) ? auth.slice(7).trim() : null
+}
+
 /** Compares digests, so neither the content nor the length of the token leaks through timing. */
-function tokenMatches (given: string, expected: string): boolean {
+export function tokenMatches (given: string, expected: string): boolean {
   const a = createHash('sha256').update(given).digest()
   const b = createHash('sha256').update(expected).digest()
   return timingSafeEqual(a, b)
@@ -312,8 +318,7 @@ export function serveLimitsApi (endpoint: LimitsEndpoint, json: Json): (req: Inc
 function authorize (req: IncomingMessage, endpoint: LimitsEndpoint): string | AdminAnswer {
   const token = endpoint.adminToken()
   if (token === null) return adminError('GW_ERR_ADMIN_FORBIDDEN', 'no admin.token is configured: DELETE /limits is disabled (set admin: { listen, token })')
-  const auth = req.headers.authorization
-  const given = typeof auth === 'string' && /^bearer /i.test(auth) ? auth.slice(7).trim() : null
+  const given = bearerToken(req)
   if (given === null || !tokenMatches(given, token)) {
     endpoint.logger.warn({ remote: req.socket.remoteAddress, path: req.url }, 'admin request refused: missing or wrong token')
     return adminError('GW_ERR_ADMIN_UNAUTHORIZED')

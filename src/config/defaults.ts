@@ -58,7 +58,7 @@ export type ResolvedConfig = Omit<GatewayConfig,
 'listen' | 'admin' | 'workers' | 'trustedProxies' | 'ipv6Prefix' | 'legacyHeaders' | 'routing' | 'log' | 'server' | 'redis' |
 'tracing' | 'identity' | 'local' | 'limits' | 'plans' | 'upstreams' | 'routes'> & {
   listen: string
-  admin: string | { listen: string, token?: string }
+  admin: string | { listen: string, token?: string, reads?: 'open' | 'token' }
   workers: number
   trustedProxies: string[]
   ipv6Prefix: number
@@ -233,6 +233,14 @@ export function adminListen (config: ResolvedConfig): string {
 /** `admin.token`, or null when none is configured (mutating admin endpoints then answer 403). */
 export function adminToken (config: ResolvedConfig): string | null {
   return typeof config.admin === 'object' ? (config.admin.token ?? null) : null
+}
+
+/**
+ * The token every admin read needs (`admin.reads: token`), or null when reads are open. Health
+ * checks (/healthz, /readyz) and the page's own files stay open: see src/admin/admin-server.ts.
+ */
+export function adminReadToken (config: ResolvedConfig): string | null {
+  return typeof config.admin === 'object' && config.admin.reads === 'token' ? (config.admin.token ?? null) : null
 }
 
 export function deepFreeze<T> (value: T): T {

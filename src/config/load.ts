@@ -628,6 +628,9 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
     const adminPath = typeof config.admin === 'object' ? ['admin', 'listen'] : ['admin']
     out.push([config.admin !== undefined ? adminPath : ['listen'], `"${admin}" is also the ${config.admin !== undefined ? 'listen' : 'admin'} address: the admin listener needs its own port`])
   }
+  if (typeof config.admin === 'object' && config.admin.reads === 'token' && config.admin.token === undefined) {
+    out.push([['admin', 'reads'], '"reads: token" needs "admin.token" (the Bearer token reads are then asked for)'])
+  }
   out.push(...planChecks(config))
   // proxy-addr's keywords, or an address, or a CIDR (parsed by ipaddr.js, as at run time)
   const PROXY_KEYWORDS = new Set(['loopback', 'linklocal', 'uniquelocal'])

@@ -218,9 +218,11 @@ export const configSchema = z.strictObject({
       listen: hostPort.optional().describe('default 127.0.0.1:9901'),
       // visible ASCII: a header carries it as Latin-1, so a token with "€" could never match
       token: z.string().min(16, 'expected a token of at least 16 characters').regex(/^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$/, 'expected visible ASCII characters only, spaces inside (a header cannot carry others as written)').optional()
-        .describe('Bearer token every mutating admin endpoint requires (DELETE /limits)')
+        .describe('Bearer token every mutating admin endpoint requires (DELETE /limits)'),
+      reads: z.enum(['open', 'token']).optional()
+        .describe('open (default): reads need no token; token: every endpoint but /healthz, /readyz and the page\'s files needs Authorization: Bearer <token> too')
     })
-  ]).optional().describe('address (default 127.0.0.1:9901), or { listen, token }; /healthz /readyz /metrics /config /limits /consumers'),
+  ]).optional().describe('address (default 127.0.0.1:9901), or { listen, token, reads }; /healthz /readyz /metrics /config /limits /consumers'),
   workers: z.int().min(1).max(256).optional(),
   trustedProxies: z.array(z.string()).optional().describe('CIDRs whose X-Forwarded-For is believed'),
   ipv6Prefix: z.int().min(1).max(128).optional().describe('IPv6 clients are limited per prefix; default 64'),
