@@ -1,106 +1,12 @@
 // The CLI as an operator runs it (bin/gateway, real processes): reload waits for the running
 // gateway's verdict, help exists per command, failures are one line with an exit code per kind.
+// The first reload cases are in test/opx-cli-reload.test.ts.
 import t from 'tap'
 import { writeFileSync, readFileSync, utimesSync } from 'node:fs'
 import { spawn } from 'node:child_process'
-import net from 'node:net'
-import { once } from 'node:events'
 import { spawnGateway, childEnv, writeConfig } from './helpers/gateway.js'
 import { refusingUrl, startUpstream } from './helpers/upstream.js'
 import { gateway, oneRoute } from './helpers/cli.js'
-
-t.test('reload: a valid edit reports the new generation once the gateway has swapped', async t => {
-  const up = await startUpstream(t)
-  const gw = await spawnGateway(t, oneRoute(up.url, 'first'))
-  writeFileSync(gw.file, oneRoute(up.url, 'second'))
-  const r = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`])
-  t.equal(r.code, 0, r.stderr)
-  t.match(r.stdout, /reloaded: generation 1 -> 2/)
-  t.equal(r.stderr, '', 'nothing needs a restart')
-  // the verdict is the gateway's: by the time the CLI exits, /config serves the new file
-  const live = await (await fetch(`${gw.adminUrl}/config`)).json() as { generation: number, config: { routes: Array<{ name: string }> } }
-  t.equal(live.generation, 2)
-  t.equal(live.config.routes[0]?.name, 'second')
-})
-
-t.test('reload: a change that needs a restart (listen) is accepted and named on stderr', async t => {
-  const up = await startUpstream(t)
-  const gw = await spawnGateway(t, oneRoute(up.url, 'first'))
-  writeFileSync(gw.file, oneRoute(up.url, 'second').replace('listen: 127.0.0.1:0', 'listen: 127.0.0.1:1'))
-  const r = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`])
-  t.equal(r.code, 0, r.stderr)
-  t.match(r.stdout, /reloaded: generation 1 -> 2/)
-  t.equal(r.stderr, 'gateway reload: listen: these changes need a restart; the running gateway keeps its start\'s values\n')
-  t.equal((await fetch(`${gw.url}/x`)).status, 200, 'still served on the address it started with')
-  const lastReload = async (): Promise<{ ok: boolean, generation: number, restartNeeded: string[] }> =>
-    ((await (await fetch(`${gw.adminUrl}/config`)).json()) as { lastReload: { ok: boolean, generation: number, restartNeeded: string[] } }).lastReload
-  const first = await lastReload()
-  t.same([first.ok, first.generation, first.restartNeeded], [true, 2, ['listen']], '/config names it too')
-
-  // listen back as started, the admin address and workers changed: a single process names both
-  writeFileSync(gw.file, oneRoute(up.url, 'third').replace('admin: 127.0.0.1:0', 'admin: 127.0.0.1:1') + 'workers: 2\n')
-  const again = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`])
-  t.equal(again.code, 0, again.stderr)
-  t.match(again.stdout, /reloaded: generation 2 -> 3/)
-  t.equal(again.stderr, 'gateway reload: admin, workers: these changes need a restart; the running gateway keeps its start\'s values\n')
-  const second = await lastReload()
-  t.same([second.ok, second.generation, second.restartNeeded], [true, 3, ['admin', 'workers']], '/config lastReload.restartNeeded: admin and workers, listen no longer')
-  t.equal((await fetch(`${gw.url}/x`)).status, 200, 'still one process serving on its start\'s addresses')
-})
-
-t.test('reload: signalled while another reload runs, it reports the verdict of the reload that read its file', async t => {
-  const up = await startUpstream(t)
-  const gw = await spawnGateway(t, oneRoute(up.url, 'first'))
-  const adminConfig = async (): Promise<{ generation: number, reloadPending: boolean }> => await (await fetch(`${gw.adminUrl}/config`)).json() as { generation: number, reloadPending: boolean }
-  // Each reload below takes 2 s in the gateway: its Redis takes connections and never answers,
-  // and the start of a store waits that long for it (the CLI's own check opens nothing).
-  const silentRedis = async (): Promise<string> => {
-    const silent = net.createServer(socket => { socket.on('error', () => {}) })
-    silent.listen(0, '127.0.0.1')
-    await once(silent, 'listening')
-    t.teardown(() => { silent.close() })
-    return `redis://127.0.0.1:${(silent.address() as net.AddressInfo).port}`
-  }
-  writeFileSync(gw.file, oneRoute(up.url, 'first') + `redis: { url: "${await silentRedis()}", timeout: 100ms }\n`)
-  process.kill(gw.child.pid!, 'SIGHUP')
-  for (let i = 0; i < 500 && !(await adminConfig()).reloadPending; i++) await new Promise(resolve => setTimeout(resolve, 10))
-  t.equal((await adminConfig()).reloadPending, true, 'the first reload is running')
-  // meanwhile the operator writes the next file and runs gateway reload: its SIGHUP queues a
-  // second reload, whose verdict comes 2 s after the first one's
-  writeFileSync(gw.file, oneRoute(up.url, 'second').replace('listen: 127.0.0.1:0', 'listen: 127.0.0.1:1') + `redis: { url: "${await silentRedis()}", timeout: 100ms }\n`)
-  const r = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`])
-  t.equal(r.code, 0, r.stderr)
-  // "2 -> 3" when the CLI started so slowly that the first reload had ended before it looked
-  t.match(r.stdout, /reloaded: generation [12] -> 3 /, 'the verdict of the reload that read the file it signalled, not of the one already running (1 -> 2)')
-  t.match(r.stderr, /listen: these changes need a restart/, 'with that file\'s restart warning')
-  t.same(await adminConfig().then(c => [c.generation, c.reloadPending]), [3, false])
-})
-
-t.test('reload: an invalid file is never signalled; located errors, exit 1', async t => {
-  const up = await startUpstream(t)
-  const gw = await spawnGateway(t, oneRoute(up.url, 'first'))
-  writeFileSync(gw.file, oneRoute(up.url, 'first').replace('pathPrefix', 'pathprefix'))
-  const r = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`])
-  t.equal(r.code, 1)
-  t.match(r.stderr, /not signalled/)
-  t.match(r.stderr, /gateway\.yaml:7:\d+ routes\[0\]\.pathprefix: unknown key "pathprefix" \(did you mean pathPrefix\?\)/)
-  const live = await (await fetch(`${gw.adminUrl}/config`)).json() as { generation: number, lastReload: unknown }
-  t.equal(live.generation, 1)
-  t.equal(live.lastReload, null, 'the gateway never saw a reload')
-})
-
-t.test('reload: a file the running gateway rejects (its environment differs) exits 1 with its errors', async t => {
-  const up = await startUpstream(t)
-  const gw = await spawnGateway(t, oneRoute(up.url, 'first'))
-  // valid for the CLI (the variable is set in its environment), rejected by the gateway (not set there)
-  writeFileSync(gw.file, oneRoute('${UPSTREAM_FOR_CLI_ONLY}', 'second'))
-  const r = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', `127.0.0.1:${gw.adminPort}`], { UPSTREAM_FOR_CLI_ONLY: up.url })
-  t.equal(r.code, 1, r.stdout)
-  t.match(r.stderr, /rejected .*generation 1 keeps serving/)
-  t.match(r.stderr, /upstreams\.backend\.targets\[0\]: environment variable UPSTREAM_FOR_CLI_ONLY is not set/)
-  const res = await fetch(`${gw.url}/x`)
-  t.equal(res.status, 200, 'the old config keeps serving')
-})
 
 t.test('reload: missing pid file and dead process are exit 3, one line, no stack trace', async t => {
   const file = writeConfig(t, oneRoute('http://127.0.0.1:1', 'a'))
