@@ -57,13 +57,18 @@ export class InstanceHeartbeat {
     }
   }
 
-  async stop (): Promise<void> {
+  /**
+   * Takes this instance off the count, waiting at most `timeoutMs`: a stalled Redis (paused,
+   * SIGSTOPped, still connected) never answers, and a shutdown that waited for it never ended
+   * (SIGTERM left the gateway running until the supervisor's SIGKILL).
+   */
+  async stop (timeoutMs = 1000): Promise<void> {
     if (this.timer !== null) clearInterval(this.timer)
     this.timer = null
-    try {
-      await this.client.zrem(this.key, this.id)
-    } catch {
-      // best effort: the entry expires by itself
-    }
+    // best effort: the entry expires by itself
+    const removed = this.client.zrem(this.key, this.id).catch(() => {})
+    let timer: NodeJS.Timeout | undefined
+    await Promise.race([removed, new Promise<void>(resolve => { timer = setTimeout(resolve, timeoutMs) })])
+    clearTimeout(timer)
   }
 }
