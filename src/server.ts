@@ -264,6 +264,8 @@ function closeAfterEarlierAnswers (socket: Socket, earlier: readonly ServerRespo
 
 /** Longest the exit waits for the log buffer to reach stdout once the gateway has stopped. */
 const LOG_DRAIN_MS = 2000
+/** Longest the shutdown waits for the client sockets it destroyed to report their close. */
+const SOCKETS_CLOSE_MS = 1000
 
 export class Gateway {
   readonly logger: Logger
@@ -775,7 +777,13 @@ export class Gateway {
       // already destroyed below could not carry.
       this.state?.ws.close()
       server.closeAllConnections()
+      // A destroyed socket emits 'close' a loop turn later, and that close writes a WebSocket's
+      // "websocket closed" line and takes it off gateway_websockets_open. A worker exits as soon
+      // as it leaves its primary (node's cluster ends it at the disconnect): every tunnel open at
+      // the shutdown lost its line. Waited for, briefly: the listeners run before ours.
+      const closing = [...this.sockets].map(s => new Promise<void>(resolve => s.once('close', () => resolve())))
       for (const s of this.sockets) s.destroy()
+      await Promise.race([Promise.all(closing), new Promise<void>(resolve => setTimeout(resolve, SOCKETS_CLOSE_MS).unref())])
     } else {
       this.state?.ws.close()
     }
