@@ -383,6 +383,9 @@ class UpgradeExchange extends Exchange {
   /** The tunnel is open (counted in gateway_websockets_open until the socket closes). */
   private open = false
   private socketClosed = false
+  /** A leaky-bucket delay holding the upgrade: its timer, and how the proxy forgets it. */
+  private delayTimer: NodeJS.Timeout | null = null
+  private unhold: (() => void) | null = null
 
   constructor (state: PipelineState, rt: Runtime, req: IncomingMessage, readonly socket: Duplex, readonly head: Buffer) {
     super(state, rt, req, true)
@@ -404,17 +407,33 @@ class UpgradeExchange extends Exchange {
     this.socketClosed = true
     if (this.open && this.admission !== null) this.state.telemetry.websocketsOpen(this.admission.route.name, -1)
     this.clientLeft()
+    // a client gone during the delay is logged now, as an HTTP request's is, not when it ends
+    if (this.endDelay()) this.finish({ status: 499, outcome: 'client_abort' })
   }
 
   protected admitted (a: Admission, v: AllowVerdict): void {
-    // leaky-bucket delay mode holds an upgrade until its slot, like every request
-    if (v.delayMs > 0) setTimeout(upgradeAfterDelay, v.delayMs, this, a, v)
-    else this.upgrade(a, v)
+    // leaky-bucket delay mode holds an upgrade until its slot, like every request; a drain ends
+    // the wait, and the proxy then answers it 503 shutting_down
+    if (v.delayMs > 0) {
+      this.delayTimer = setTimeout(upgradeAfterDelay, v.delayMs, this, a, v)
+      this.unhold = this.state.ws.hold(() => { this.delayOver(a, v) })
+    } else this.upgrade(a, v)
   }
 
   delayOver (a: Admission, v: AllowVerdict): void {
+    this.endDelay()
     if (this.socket.destroyed) this.finish({ status: 499, outcome: 'client_abort' })
     else this.upgrade(a, v)
+  }
+
+  /** Stops the delay's timer and hold; false if none was running. */
+  private endDelay (): boolean {
+    if (this.delayTimer === null) return false
+    clearTimeout(this.delayTimer)
+    this.delayTimer = null
+    this.unhold?.()
+    this.unhold = null
+    return true
   }
 
   private upgrade (a: Admission, v: AllowVerdict): void {

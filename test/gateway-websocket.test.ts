@@ -10,7 +10,7 @@ import { backendConfig, spawnGateway, startGateway } from './helpers/gateway.js'
 import net from 'node:net'
 import { readdirSync } from 'node:fs'
 import { refusingUrl, startHttpServer, startUpstream, type Upstream } from './helpers/upstream.js'
-import { parseResponses, rawExchange } from './helpers/raw-http.js'
+import { parseResponses, rawConnection, rawExchange } from './helpers/raw-http.js'
 import { eventually, metric, send } from './helpers/ratelimit.js'
 import type { Teardown } from './helpers/teardown.js'
 
@@ -462,6 +462,46 @@ routes:
   t.match(gw.lines.find((l) => l.msg === 'request' && l.requestId === 'ws-cut-at-shutdown'), { status: 503, error: 'shutting_down' },
     'logged as the gateway\'s cut (it was 502 error=reset, an upstream failure)')
   t.notOk(gw.lines.some((l) => l.msg === 'upstream target ejected'), 'the target is not charged a failure (consecutiveFailures: 1 ejected it)')
+})
+
+t.test('an upgrade held by a leaky-bucket delay: a client that leaves is logged 499 at once, a shutdown answers it 503 shutting_down at once', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+trustedProxies: [127.0.0.1]
+server: { shutdownTimeout: 20s }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - name: events
+    pathPrefix: /ws/
+    websocket: true
+    upstream: backend
+    limits: { ip: { algorithm: leaky-bucket, limit: 1, window: 20s, burst: 3, onLimit: delay, maxDelay: 60s } }
+`)
+  const head = (id: string): string => `GET /ws/${id} HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nx-request-id: ${id}\r\n` +
+    `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: ${randomBytes(16).toString('base64')}\r\n\r\n`
+  const line = (id: string): Record<string, unknown> | undefined => gw.lines.find((l) => l.msg === 'request' && l.requestId === id)
+  const first = rawConnection(gw.port)
+  first.send(head('ws-first'))
+  await first.untilText(/^HTTP\/1\.1 101/)
+  // the next two wait about 20 s and 40 s for their slots
+  const leaving = net.connect(gw.port, '127.0.0.1')
+  leaving.on('error', () => {})
+  leaving.write(head('ws-leaves'))
+  const held = rawExchange(gw.port, head('ws-held'), 30_000)
+  await eventually('both are held', async () => await metric(gw.adminUrl, 'gateway_requests_in_flight') === 2)
+  leaving.resetAndDestroy()
+  await eventually('the leaving client\'s line, long before its slot', async () => line('ws-leaves') !== undefined, 10_000)
+  t.match(line('ws-leaves'), { status: 499, outcome: 'client_abort' }, 'logged 499 client_abort')
+  const started = Date.now()
+  await gw.close()
+  const ms = Date.now() - started
+  t.ok(ms < 10_000, `the drain did not wait for the held upgrade's slot (${ms} ms, shutdownTimeout 20 s)`)
+  const [reply] = parseResponses(await held)
+  t.equal(reply?.status, 503, 'the held client is told the gateway shuts down')
+  t.match(reply?.json, { error: 'GW_ERR_SHUTTING_DOWN', requestId: 'ws-held' }, 'its JSON body names the code and the request id')
+  t.match(line('ws-held'), { status: 503, error: 'shutting_down' }, 'logged 503 shutting_down')
 })
 
 t.test('an upstream 101 without an Upgrade header is a 502 GW_ERR_UPSTREAM_BAD_RESPONSE of kind bad_response, no WebSocket opened', async (t) => {

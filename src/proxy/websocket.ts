@@ -18,6 +18,12 @@ export interface WebSocketProxy {
    * handshake is decided: 101 (tunnel open), the upstream's own refusal status, or the error answered.
    */
   upgrade (req: IncomingMessage, socket: Duplex, head: Buffer, plan: ForwardPlan, ctx: ForwardContext, done?: (result: ForwardResult) => void): void
+  /**
+   * An upgrade held before its handshake (a leaky-bucket delay): `wake` runs at drain() or close()
+   * if the delay has not ended first, and its upgrade() is then answered 503 GW_ERR_SHUTTING_DOWN.
+   * Returns the function that forgets it (the delay ended, the client left).
+   */
+  hold (wake: () => void): () => void
   /** Answers later upgrades 503 GW_ERR_SHUTTING_DOWN; open tunnels stay until close(). */
   drain (): void
   /** Destroys every tunnel, open or opening; later upgrades are answered 503. */
@@ -29,7 +35,16 @@ export function createWebSocketProxy (): WebSocketProxy {
   // which escapes some characters and would not leave the query untouched.
   const proxy = httpProxy.createProxyServer({ ws: true, xfwd: false, changeOrigin: false, toProxy: true })
   const tunnels = new Map<Duplex, Tunnel>()
+  const held = new Set<() => void>()
   let closed = false
+  // A held upgrade waited out its whole delay (up to maxDelay) past the drain: its client was cut
+  // without an answer at shutdownTimeout, logged 499 client_abort, and its timer kept the process
+  // from exiting until the delay ended.
+  const wakeHeld = (): void => {
+    const waking = [...held]
+    held.clear()
+    for (const wake of waking) wake()
+  }
 
   // Emitted synchronously inside proxy.ws(), before http-proxy adds its own listeners: ours run first.
   proxy.on('proxyReqWs', (proxyReq, _req, socket) => {
@@ -70,11 +85,21 @@ export function createWebSocketProxy (): WebSocketProxy {
         tunnel.failed(err instanceof Error ? err : new Error(String(err)))
       }
     },
+    hold (wake) {
+      if (closed) {
+        wake()
+        return noop
+      }
+      held.add(wake)
+      return () => { held.delete(wake) }
+    },
     drain () {
       closed = true
+      wakeHeld()
     },
     close () {
       closed = true
+      wakeHeld()
       for (const tunnel of tunnels.values()) tunnel.destroy()
       tunnels.clear()
     }
