@@ -172,21 +172,25 @@ export function closeSoon (socket: RawSocket): void {
   setTimeout(() => { socket.destroy() }, CLOSE_GRACE_MS).unref()
 }
 
-/** sendJsonText's answer written raw on a socket (a refused Upgrade). */
+/**
+ * sendJsonText's answer written raw on a socket (a refused Upgrade). `withBody` false: the answer
+ * to a HEAD, which has no content (RFC 9110 §9.3.2), as node:http leaves it out of sendJsonText's.
+ */
 export function writeRawJsonText (
   socket: RawSocket,
   status: number,
   body: string,
   bytes: number,
   requestId: string,
-  head: readonly string[]
+  head: readonly string[],
+  withBody = true
 ): number {
   if (socket.destroyed) return 0
   let raw = `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\ncontent-type: ${JSON_TYPE}\r\ncontent-length: ${bytes}\r\nx-request-id: ${requestId}\r\nconnection: close\r\n`
   for (let i = 0; i + 1 < head.length; i += 2) raw += `${head[i] as string}: ${head[i + 1] as string}\r\n`
-  socket.write(raw + '\r\n' + body)
+  socket.write(withBody ? raw + '\r\n' + body : raw + '\r\n')
   closeSoon(socket)
-  return bytes
+  return withBody ? bytes : 0
 }
 
 /** The same JSON answer written raw on a socket, for requests that asked for an Upgrade. */
@@ -195,13 +199,14 @@ export function writeRawError (
   status: number,
   payload: unknown,
   requestId: string,
-  headers?: ReadonlyArray<readonly [string, string]>
+  headers?: ReadonlyArray<readonly [string, string]>,
+  withBody = true
 ): number {
   if (socket.destroyed) return 0
   const body = JSON.stringify(payload)
   const head: string[] = []
   if (headers !== undefined) for (const [name, value] of headers) head.push(name, value)
-  return writeRawJsonText(socket, status, body, Buffer.byteLength(body), requestId, head)
+  return writeRawJsonText(socket, status, body, Buffer.byteLength(body), requestId, head, withBody)
 }
 
 /** sendError's body on a raw socket: a refused Upgrade, or a request node:http could not parse. */
@@ -210,7 +215,8 @@ export function writeError (
   code: ErrorCode,
   requestId: string,
   extra?: Readonly<Record<string, unknown>>,
-  headers?: ReadonlyArray<readonly [string, string]>
+  headers?: ReadonlyArray<readonly [string, string]>,
+  withBody = true
 ): number {
-  return writeRawError(socket, ERRORS[code].status, { error: errorBodyCode(code), message: ERRORS[code].message, requestId, ...extra }, requestId, headers)
+  return writeRawError(socket, ERRORS[code].status, { error: errorBodyCode(code), message: ERRORS[code].message, requestId, ...extra }, requestId, headers, withBody)
 }

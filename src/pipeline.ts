@@ -391,10 +391,12 @@ class UpgradeExchange extends Exchange {
     super(state, rt, req, true)
   }
 
-  protected writeRefusal (r: Refusal): number { return writeError(this.socket, r.code, this.requestId, r.extra, r.headers) }
+  // A HEAD's answer has no content: its JSON read as the start of a next answer (node's client
+  // failed the request with "Data after `Connection: close`").
+  protected writeRefusal (r: Refusal): number { return writeError(this.socket, r.code, this.requestId, r.extra, r.headers, this.req.method !== 'HEAD') }
   protected writeRejection (v: RejectVerdict): number {
     const body = v.template.body(v.retryAfterMs, this.requestId)
-    return writeRawJsonText(this.socket, v.template.status, body, v.template.bytesOf(body), this.requestId, v.head)
+    return writeRawJsonText(this.socket, v.template.status, body, v.template.bytesOf(body), this.requestId, v.head, this.req.method !== 'HEAD')
   }
 
   protected routed (a: Admission): Refusal | null {

@@ -180,6 +180,26 @@ t.test('upgrades the gateway refuses', async (t) => {
   t.equal(upstream.requests, 0)
 })
 
+t.test('a HEAD upgrade is refused 400 with no content, which a client reads as a whole answer', async (t) => {
+  const { ws: base } = await setup(t)
+  const { port } = new URL(base)
+  const head = `HEAD /ws/echo HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nx-request-id: ws-head\r\n` +
+    `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: ${randomBytes(16).toString('base64')}\r\n\r\n`
+  const text = await rawExchange(Number(port), head)
+  t.match(text, /^HTTP\/1\.1 400 [^]*\r\nx-request-id: ws-head\r\n/, 'refused 400 with its request id')
+  t.ok(text.endsWith('\r\n\r\n'), `nothing after the head (a HEAD answer has no content): ${JSON.stringify(text.slice(text.indexOf('\r\n\r\n') + 4))}`)
+  // node's client took the JSON after the head for a next answer and failed the request
+  const req = http.request({ host: '127.0.0.1', port, path: '/ws/echo', method: 'HEAD', agent: false, headers: { connection: 'Upgrade', upgrade: 'websocket', 'sec-websocket-version': '13', 'sec-websocket-key': randomBytes(16).toString('base64') } })
+  const errors: string[] = []
+  req.on('error', (err) => { errors.push(err.message) })
+  req.end()
+  const [res] = await once(req, 'response', { signal: AbortSignal.timeout(5000) }) as [IncomingMessage]
+  res.resume()
+  await once(req, 'close')
+  t.equal(res.statusCode, 400, 'node\'s client reads the 400')
+  t.same(errors, [], 'and no parse error after it')
+})
+
 t.test('a refused upgrade\'s socket is closed by the gateway, even when the client never closes its side', async (t) => {
   const upstream = await startUpstream(t)
   const gw = await spawnGateway(t, backendConfig(upstream.url, '  - { name: plain, pathPrefix: /, upstream: backend }\n'))
