@@ -15,7 +15,9 @@ import { forwardRequest, type ForwardContext, type ForwardErrorKind } from './pr
 import type { createWebSocketProxy } from './proxy/websocket.js'
 import { offersWebSocket } from './proxy/upgrade-offer.js'
 import { hasRequestBody } from './proxy/request-body.js'
-import { ERRORS, sendError, sendJsonText, writeError, writeRawJsonText, type ErrorCode } from './errors.js'
+import { ERRORS, GatewayError, sendError, sendJsonText, writeError, writeRawJsonText, type ErrorCode } from './errors.js'
+import { cutByGateway } from './proxy/shutdown-cut.js'
+import { KIND_CODES } from './proxy/upstream-errors.js'
 import type { CompiledRoute, Runtime } from './runtime.js'
 import type { LimitVerdict, RejectVerdict } from './limit/limiter.js'
 import { RequestRecord, type Admission as RecordedAdmission } from './request-record.js'
@@ -322,7 +324,12 @@ class HttpExchange extends Exchange {
       // once dispatched, the forward reports a client that leaves (with what it had sent)
       clearTimeout(this.delayTimer)
       this.delayTimer = null
-      this.finish({ status: 499, outcome: 'client_abort' })
+      // The gateway cut the connection (its shutdown, server.requestTimeout), not the client: logged
+      // as the forward logs such a cut (503 shutting_down, 408), where it was a 499 client_abort.
+      const cut = cutByGateway.get(this.res)
+      const code = cut === undefined ? null : KIND_CODES[cut]
+      if (cut === undefined || code === null) this.finish({ status: 499, outcome: 'client_abort' })
+      else this.finish({ status: ERRORS[code].status, result: { status: ERRORS[code].status, target: null, bytesIn: 0, bytesOut: 0, errorCode: code, errorKind: cut, error: new GatewayError(code) } })
     }
   }
 

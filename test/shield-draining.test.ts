@@ -74,6 +74,30 @@ t.test('a request cut at shutdownTimeout is logged as shutting_down (503), not a
   t.equal(gw.lines.filter(l => l.status === 499).length, 0, 'nothing logged as a client abort')
 })
 
+t.test('a request held by a leaky-bucket delay when shutdownTimeout ends is logged as shutting_down (503), not as a client abort (499)', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { shutdownTimeout: 300ms }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - name: all
+    pathPrefix: /
+    upstream: backend
+    limits: { ip: { algorithm: leaky-bucket, limit: 1, window: 30s, burst: 3, onLimit: delay, maxDelay: 60s } }
+`)
+  t.equal((await get(`${gw.url}/first`, new http.Agent())).status, 200, 'the first request passes at once')
+  // the next waits about 30 s for its slot
+  const held = get(`${gw.url}/held`, new http.Agent())
+  await sleep(200)
+  await gw.close()
+  t.ok((await held).error !== null, 'the held request was cut')
+  t.match(gw.lines.find(l => l.msg === 'request' && l.path === '/held'), { status: 503, error: 'shutting_down' })
+  t.equal(gw.lines.filter(l => l.status === 499).length, 0, 'nothing logged as a client abort')
+})
+
 async function resettingUpstream (t: Teardown): Promise<string> {
   // Headers and half the announced body, then a reset.
   const server = net.createServer(socket => {
