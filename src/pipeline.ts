@@ -483,7 +483,10 @@ export function createUpgradeHandler (state: PipelineState): (req: IncomingMessa
 function trackWebSocket (state: PipelineState, rt: Runtime, req: IncomingMessage, socket: Duplex, requestId: string, a: Admission, target: string | null): void {
   const opened = process.hrtime.bigint()
   const conn = socket as Duplex & { bytesRead?: number, bytesWritten?: number }
-  const readAtOpen = conn.bytesRead ?? 0
+  // Frames the client sent with its handshake, or while it waited for the 101, are read but not
+  // yet passed on (http-proxy put them back in the socket's buffer): they count as the tunnel's,
+  // and were left out of bytesIn, though the upstream got them.
+  const readAtOpen = (conn.bytesRead ?? 0) - socket.readableLength
   // http-proxy writes the 101 head right after the listener that reported it: counted from after it
   let writtenAtOpen = conn.bytesWritten ?? 0
   process.nextTick(() => { writtenAtOpen = conn.bytesWritten ?? writtenAtOpen })

@@ -293,6 +293,51 @@ t.test('the access log and metrics tell a refused upgrade from a tunnel', async 
   t.match(metrics, /gateway_upstream_errors_total\{upstream="down",kind="refused"\} 1/)
 })
 
+t.test('the "websocket closed" line counts in bytesIn the frames the client sent with its handshake', async (t) => {
+  // a raw upstream: counts what reaches it after the handshake's head
+  let forwarded = 0
+  const server = net.createServer((socket) => {
+    socket.on('error', () => {})
+    let head = true
+    socket.on('data', (chunk: Buffer) => {
+      if (!head) {
+        forwarded += chunk.length
+        return
+      }
+      head = false
+      forwarded += chunk.length - chunk.indexOf('\r\n\r\n') - 4
+      socket.write('HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n')
+    })
+  })
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  t.teardown(() => server.close())
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+trustedProxies: [127.0.0.1]
+upstreams:
+  backend: { targets: [http://127.0.0.1:${(server.address() as net.AddressInfo).port}] }
+routes:
+  - { name: events, pathPrefix: /ws/, websocket: true, upstream: backend }
+`)
+  // a masked 5-byte text frame ("hello", mask 0)
+  const frame = Buffer.from([0x81, 0x85, 0, 0, 0, 0, 0x68, 0x65, 0x6c, 0x6c, 0x6f])
+  const client = net.connect(gw.port, '127.0.0.1')
+  t.teardown(() => client.destroy())
+  client.on('error', () => {})
+  const head = 'GET /ws/bytes HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nx-request-id: ws-bytes\r\n' +
+    `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: ${randomBytes(16).toString('base64')}\r\n\r\n`
+  client.write(Buffer.concat([Buffer.from(head, 'latin1'), frame]))
+  const [answer] = await once(client, 'data', { signal: AbortSignal.timeout(5000) }) as [Buffer]
+  t.match(answer.toString('latin1'), /^HTTP\/1\.1 101 /, 'the tunnel opens')
+  client.write(frame)
+  await eventually('both frames reach the upstream', async () => forwarded === 2 * frame.length)
+  await gw.close()
+  await eventually('the closing line', async () => gw.lines.some((l) => l.msg === 'websocket closed' && l.requestId === 'ws-bytes'))
+  t.match(gw.lines.find((l) => l.msg === 'websocket closed' && l.requestId === 'ws-bytes'), { bytesIn: 2 * frame.length },
+    'both frames counted (the one sent with the handshake was left out)')
+})
+
 t.test('shutdown closes open WebSockets without waiting for the whole drain budget', async (t) => {
   const upstream = await startUpstream(t)
   const gw = await startGateway(t, config(upstream, await refusingUrl()).replace('admin: 127.0.0.1:0\n', 'admin: 127.0.0.1:0\nserver: { shutdownTimeout: 8s }\n'))
