@@ -12,7 +12,8 @@ import { BodyBudget } from './proxy/body-budget.js'
 import { LocalLevel, DenyCache } from './limit/local-level.js'
 import { createMemoryStore, type MemoryStore } from './limit/memory-store.js'
 import { createRedisStore } from './limit/redis-store.js'
-import { clusterNodes, createRedisClient, whenReady } from './limit/redis-client.js'
+import { createHash } from 'node:crypto'
+import { clusterNodes, createRedisClient, isTlsFailure, whenReady, type RedisTlsOptions } from './limit/redis-client.js'
 import { InstanceHeartbeat } from './limit/heartbeat.js'
 import { RedisGuard, type BreakerState } from './limit/redis-guard.js'
 import { LeaseKeeper } from './limit/concurrency.js'
@@ -38,6 +39,8 @@ interface RedisBundle {
   readonly guard: RedisGuard
   readonly bus: ResetBus
   readonly leases: LeaseKeeper
+  /** The client's last connection error, for the start-up warning: null once it is ready. */
+  readonly lastError: () => string | null
 }
 
 export interface RedisStatus {
@@ -56,6 +59,11 @@ export class ResourceCache {
   private memory: { readonly store: MemoryStore, readonly maxKeys: number, readonly leases: LeaseKeeper } | null = null
   private readonly denies = new Map<string, DenyCache>()
   private readonly redis = new Map<string, RedisBundle>()
+  /**
+   * `redis.tls` of a config as its files were read when it was compiled (useRedisTls), and their
+   * digest: a reload that finds a CA or client certificate changed on disk opens a new connection.
+   */
+  private readonly redisTlsOf = new WeakMap<ResolvedRedis, { readonly tls: boolean | RedisTlsOptions, readonly digest: string }>()
   /** Span exporters by collector: kept across reloads that do not change `tracing`. */
   private readonly tracers = new Map<string, OtlpTracer>()
 
@@ -81,11 +89,22 @@ export class ResourceCache {
     this.bodies.limit = config.server.bufferBodiesTotal
     const r = config.redis
     if (r === undefined) return
-    const bundle = this.redis.get(redisConnectionKey(r))
+    const bundle = this.redis.get(this.redisKey(r))
     if (bundle === undefined) return
     bundle.leases.ttlMs = parseDuration(r.leaseTtl)
     bundle.guard.expectedInstances = r.expectedInstances
     bundle.guard.timeoutMs = parseDuration(r.timeout)
+  }
+
+  /** The TLS settings `config`'s Redis connection uses, its files read: before any Redis resource is asked for. */
+  useRedisTls (config: ResolvedConfig, tls: boolean | RedisTlsOptions): void {
+    if (config.redis === undefined) return
+    this.redisTlsOf.set(config.redis, { tls, digest: tlsDigest(tls) })
+  }
+
+  /** What identifies a Redis connection (see redisConnectionKey), with the TLS files' contents. */
+  private redisKey (r: ResolvedRedis): string {
+    return redisConnectionKey(r, this.redisTlsOf.get(r)?.digest ?? '')
   }
 
   /** Whether the shared limits are decided in process: no `redis:`, or compiled offline. */
@@ -133,7 +152,7 @@ export class ResourceCache {
    * another store say nothing about this one.
    */
   denyCache (config: ResolvedConfig): DenyCache {
-    const key = denyCacheKey(config)
+    const key = denyCacheKey(config, config.redis === undefined ? null : this.redisKey(config.redis))
     let deny = this.denies.get(key)
     if (deny === undefined) this.denies.set(key, deny = new DenyCache(limitStateOf(config).maxKeys))
     return deny
@@ -161,7 +180,7 @@ export class ResourceCache {
       this.memoryStore(config)
       return (this.memory as { readonly leases: LeaseKeeper }).leases
     }
-    const bundle = this.redis.get(redisConnectionKey(config.redis))
+    const bundle = this.redis.get(this.redisKey(config.redis))
     if (bundle === undefined) throw new Error('leaseKeeper before redisGuard')
     return bundle.leases
   }
@@ -169,19 +188,34 @@ export class ResourceCache {
   redisGuard (config: ResolvedConfig, telemetry: Telemetry): RedisGuard {
     const r = config.redis
     if (r === undefined) throw new Error('redisGuard without redis config')
-    const key = redisConnectionKey(r)
+    const key = this.redisKey(r)
     let bundle = this.redis.get(key)
     if (bundle === undefined) {
       const keyPrefix = r.keyPrefix
+      const tls = this.redisTlsOf.get(r)?.tls ?? (typeof r.tls === 'boolean' ? r.tls : null)
+      if (tls === null) throw new Error('redisGuard before useRedisTls: the redis.tls files were not read')
+      let lastError: string | null = null
+      // A refused certificate or handshake is a setting to fix, not a blip: warned of once per
+      // distinct reason until the connection is ready, where other errors (retried every ~0.2 s
+      // while Redis is down) stay at debug.
+      let tlsWarned: string | null = null
       const client = createRedisClient({
         ...(r.url !== undefined ? { url: r.url } : {}),
         ...(r.cluster !== undefined ? { cluster: r.cluster } : {}),
         ...(r.sentinels !== undefined ? { sentinels: r.sentinels.map(hp => ({ host: hp.slice(0, hp.lastIndexOf(':')), port: Number(hp.slice(hp.lastIndexOf(':') + 1)) })) } : {}),
         ...(r.name !== undefined ? { name: r.name } : {}),
         ...(r.password !== undefined ? { password: r.password } : {}),
-        tls: r.tls,
+        tls,
         enableAutoPipelining: r.autoPipelining,
-        onError: (err: Error) => { this.logger.debug({ err: err.message }, 'redis client error') }
+        onError: (err: Error) => {
+          lastError = err.message
+          if (!isTlsFailure(err)) {
+            this.logger.debug({ err: err.message }, 'redis client error')
+          } else if (tlsWarned !== err.message) {
+            tlsWarned = err.message
+            this.logger.warn({ err: err.message, code: (err as NodeJS.ErrnoException).code }, 'Redis TLS handshake failed (check redis.tls: ca, servername, cert and key): limits follow onError until it succeeds')
+          }
+        }
       })
       const heartbeat = new InstanceHeartbeat(client, `${keyPrefix}:instances`)
       heartbeat.start()
@@ -218,6 +252,8 @@ export class ResourceCache {
       // Reachable again (reconnected, or Sentinel handed over a new master): probe at once and
       // announce this instance, so recovery takes well under a second rather than a back-off.
       client.on('ready', () => {
+        lastError = null
+        tlsWarned = null
         guard.probeNow()
         void heartbeat.beat()
       })
@@ -241,7 +277,7 @@ export class ResourceCache {
         ttlMs: parseDuration(r.leaseTtl),
         onError: (err, what) => { this.logger.debug({ err: (err as Error).message, what }, 'concurrency lease call failed: the lease expires within leaseTtl') }
       })
-      this.redis.set(key, bundle = { client, store, heartbeat, guard, bus, leases })
+      this.redis.set(key, bundle = { client, store, heartbeat, guard, bus, leases, lastError: () => lastError })
     }
     // An existing connection keeps its settings until `commit`: the running runtime uses it.
     return bundle.guard
@@ -253,26 +289,27 @@ export class ResourceCache {
    */
   async redisReady (config: ResolvedConfig, timeoutMs = 2000): Promise<void> {
     if (this.inProcess(config) || config.redis === undefined) return
-    const bundle = this.redis.get(redisConnectionKey(config.redis))
+    const bundle = this.redis.get(this.redisKey(config.redis))
     if (bundle === undefined) return
     try {
       await whenReady(bundle.client, timeoutMs)
       await bundle.heartbeat.beat()
     } catch (err) {
-      this.logger.warn({ err: (err as Error).message }, 'Redis is not reachable yet: limits follow onError until it is')
+      // why it is not: "not ready after 2000 ms" alone sends an operator looking in the wrong place
+      this.logger.warn({ err: (err as Error).message, cause: bundle.lastError() }, 'Redis is not reachable yet: limits follow onError until it is')
     }
   }
 
   redisStatus (config: ResolvedConfig): RedisStatus {
     if (config.redis === undefined) return { configured: false, connected: false, breaker: null, instances: 1 }
-    const bundle = this.redis.get(redisConnectionKey(config.redis))
+    const bundle = this.redis.get(this.redisKey(config.redis))
     return { configured: true, connected: bundle?.client.status === 'ready', breaker: bundle?.guard.breaker ?? null, nodes: bundle?.guard.breakerStates() ?? [], instances: bundle?.guard.instances ?? 1 }
   }
 
   /** Every limit of `checks` read without consuming (admin GET /limits). */
   async peekLimits (config: ResolvedConfig, checks: readonly LimitCheck[]): Promise<PeekResult[]> {
     if (config.redis === undefined) return this.memoryStore(config).peek(checks)
-    const bundle = this.redis.get(redisConnectionKey(config.redis))
+    const bundle = this.redis.get(this.redisKey(config.redis))
     if (bundle === undefined) throw new Error('Redis is not connected')
     return await peekRedis(bundle.client, checks)
   }
@@ -287,7 +324,7 @@ export class ResourceCache {
     // reset must free it then too (the answer says that Redis itself was not reset).
     this.applyReset(message)
     if (config.redis === undefined) return { deleted: message.keys.length, instances: 1 }
-    const bundle = this.redis.get(redisConnectionKey(config.redis))
+    const bundle = this.redis.get(this.redisKey(config.redis))
     if (bundle === undefined) return { deleted: null, instances: null, redisError: 'Redis is not connected' }
     try {
       const deleted = await deleteRedisKeys(bundle.client, message.keys)
@@ -332,7 +369,7 @@ export class ResourceCache {
     }
     const liveLocal = this.localLevel(config)
     for (const [key, level] of this.locals) if (level !== liveLocal) this.locals.delete(key)
-    const liveDeny = denyCacheKey(config)
+    const liveDeny = denyCacheKey(config, config.redis === undefined ? null : this.redisKey(config.redis))
     for (const key of this.denies.keys()) if (key !== liveDeny) this.denies.delete(key)
     if (this.memory !== null && !this.inProcess(config)) {
       closing.push(this.memory.store.close())
@@ -348,7 +385,7 @@ export class ResourceCache {
       }
     }
     const usedRedis = new Set<string>()
-    for (const c of [config, ...draining]) if (!this.inProcess(c) && c.redis !== undefined) usedRedis.add(redisConnectionKey(c.redis))
+    for (const c of [config, ...draining]) if (!this.inProcess(c) && c.redis !== undefined) usedRedis.add(this.redisKey(c.redis))
     for (const [key, bundle] of this.redis) {
       if (!usedRedis.has(key)) {
         this.redis.delete(key)
@@ -402,8 +439,8 @@ export class ResourceCache {
  * What identifies a Redis connection: a reload that changes only `timeout` or `onError` keeps the
  * client, its breaker state and its heartbeat (onError is read per limit from the plan).
  */
-function redisConnectionKey (r: ResolvedRedis): string {
-  return JSON.stringify([r.url, r.cluster, r.sentinels, r.name, r.password, r.tls, r.keyPrefix, r.autoPipelining])
+function redisConnectionKey (r: ResolvedRedis, tlsDigest: string): string {
+  return JSON.stringify([r.url, r.cluster, r.sentinels, r.name, r.password, r.tls, tlsDigest, r.keyPrefix, r.autoPipelining])
 }
 
 /** The masters serving slots in ioredis's slot map, as one comparable string. */
@@ -433,8 +470,17 @@ function refreshSlotsWhileOpen (cluster: Cluster, breaker: () => string): void {
   timer.unref()
 }
 
-function denyCacheKey (config: ResolvedConfig): string {
-  return JSON.stringify([limitStateOf(config).maxKeys, config.redis === undefined ? null : redisConnectionKey(config.redis)])
+function denyCacheKey (config: ResolvedConfig, redisKey: string | null): string {
+  return JSON.stringify([limitStateOf(config).maxKeys, redisKey])
+}
+
+/** sha256 of the TLS files and name a connection uses ('' without files): never the files themselves in a key. */
+function tlsDigest (tls: boolean | RedisTlsOptions): string {
+  if (typeof tls === 'boolean') return ''
+  const hash = createHash('sha256')
+  for (const part of [tls.ca, tls.cert, tls.key]) hash.update(part === undefined ? '-' : `${part.length}:`).update(part ?? '')
+  hash.update(tls.servername ?? '')
+  return hash.digest('hex')
 }
 
 async function closeRedis (bundle: RedisBundle): Promise<void> {

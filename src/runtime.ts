@@ -10,6 +10,7 @@
 // A stage that rejects its options becomes a located problem (`file:line:col key.path: message`),
 // all of them reported together, like the schema's.
 import { createSecureContext } from 'node:tls'
+import { X509Certificate } from 'node:crypto'
 import { ConfigError, fileReader, type ConfigProblem, type KeyPath, type LoadedConfig } from './config/load.js'
 import type { ResolvedConfig, ResolvedLimit, ResolvedRoute } from './config/defaults.js'
 import { limitStateOf } from './config/defaults.js'
@@ -26,6 +27,7 @@ import {
   type LimitPlanOptions, type LimitRule, type PlanRules, type RouteLimitOptions, type RouteLimitPlan
 } from './limit/plan.js'
 import { Limiter } from './limit/limiter.js'
+import type { RedisTlsOptions } from './limit/redis-client.js'
 import { createInProcessLevel } from './limit/memory-store.js'
 import { ResourceCache } from './runtime-resources.js'
 import { NOOP_TELEMETRY, type Telemetry } from './telemetry.js'
@@ -299,19 +301,23 @@ function compileRoutes (problems: Problems, patterns: ReadonlyArray<RoutePattern
   if (problems.list.length === 0) problems.try(['routes'], () => compileRouteTable(patterns))
 }
 
+/** The file `file` the config names at `path`, or null with the problem recorded there. */
+async function readConfigFile (problems: Problems, path: KeyPath, file: string, readFile: (path: string) => Promise<Buffer>): Promise<Buffer | null> {
+  return await problems.tryAsync(path, async () => {
+    try {
+      return await readFile(file)
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code
+      throw new Error(code === 'ENOENT' ? `file not found: ${file}` : `cannot read ${file}: ${(err as Error).message}`, { cause: err })
+    }
+  })
+}
+
 async function readTls (problems: Problems, config: ResolvedConfig, readFile: (path: string) => Promise<Buffer>): Promise<TlsFiles | null> {
   const tls = config.tls
   if (tls === undefined) return null
-  const read = async (which: 'cert' | 'key'): Promise<Buffer | null> => await problems.tryAsync(['tls', which], async () => {
-    try {
-      return await readFile(tls[which])
-    } catch (err) {
-      const code = (err as NodeJS.ErrnoException).code
-      throw new Error(code === 'ENOENT' ? `file not found: ${tls[which]}` : `cannot read ${tls[which]}: ${(err as Error).message}`, { cause: err })
-    }
-  })
-  const cert = await read('cert')
-  const key = await read('key')
+  const cert = await readConfigFile(problems, ['tls', 'cert'], tls.cert, readFile)
+  const key = await readConfigFile(problems, ['tls', 'key'], tls.key, readFile)
   if (cert === null || key === null) return null
   // What the listener would refuse at start or on SIGHUP (not PEM, key not matching the cert)
   return problems.try(['tls'], () => {
@@ -322,6 +328,51 @@ async function readTls (problems: Problems, config: ResolvedConfig, readFile: (p
     }
     return Object.freeze({ cert, key })
   })
+}
+
+/**
+ * `redis.tls` with the files it names read and checked now: a CA file that is missing or not a
+ * certificate would otherwise surface only as every Redis handshake failing, limits on the fallback.
+ * null when a file was refused (the problem is recorded).
+ */
+async function readRedisTls (problems: Problems, config: ResolvedConfig, readFile: (path: string) => Promise<Buffer>): Promise<boolean | RedisTlsOptions | null> {
+  const tls = config.redis?.tls
+  if (tls === undefined || typeof tls === 'boolean') return tls ?? false
+  const at = ['redis', 'tls']
+  const ca = tls.ca === undefined ? undefined : await readConfigFile(problems, [...at, 'ca'], tls.ca, readFile)
+  const cert = tls.cert === undefined ? undefined : await readConfigFile(problems, [...at, 'cert'], tls.cert, readFile)
+  const key = tls.key === undefined ? undefined : await readConfigFile(problems, [...at, 'key'], tls.key, readFile)
+  if (ca === null || cert === null || key === null) return null
+  // createSecureContext accepts a ca that holds no certificate at all (and then trusts nothing):
+  // parsing it says so at load time
+  if (ca !== undefined && problems.try([...at, 'ca'], () => checkCa(ca, tls.ca as string)) === null) return null
+  if (cert !== undefined && key !== undefined) {
+    const paired = problems.try(at, () => {
+      try {
+        createSecureContext({ cert, key })
+      } catch (err) {
+        throw new Error(`cert and key cannot be used together: ${(err as Error).message}`, { cause: err })
+      }
+      return true
+    })
+    if (paired === null) return null
+  }
+  return Object.freeze({
+    ...(ca !== undefined ? { ca } : {}),
+    ...(cert !== undefined ? { cert } : {}),
+    ...(key !== undefined ? { key } : {}),
+    ...(tls.servername !== undefined ? { servername: tls.servername } : {})
+  })
+}
+
+/** The first certificate of `ca` (Node reads the others when it connects), or a thrown reason. */
+function checkCa (ca: Buffer, file: string): X509Certificate {
+  if (!ca.includes('-----BEGIN CERTIFICATE-----')) throw new Error(`${file} holds no PEM certificate (-----BEGIN CERTIFICATE-----)`)
+  try {
+    return new X509Certificate(ca)
+  } catch (err) {
+    throw new Error(`${file} is not a PEM certificate: ${(err as Error).message}`, { cause: err })
+  }
 }
 
 /**
@@ -346,6 +397,7 @@ export async function compileRuntime (
   const readNamed = fileReader(loaded)
   const identity = await problems.tryAsync(['identity', ...identityMode], async () => await compileIdentity(identityOptions(config), consumers, { headerFromTrustedPeersOnly: config.trustedProxies.length > 0, warmJwks: !resources.offline, readFile: readNamed }), 'identity: ')
   const tls = await readTls(problems, config, readNamed)
+  const redisTls = await readRedisTls(problems, config, readNamed)
 
   const server = serverSettings(config)
   const body: BodyHandling & TunnelHandling = {
@@ -398,11 +450,12 @@ export async function compileRuntime (
     }))
   })
   const failurePlan = problems.try(['identity', 'failureLimit'], () => compileFailurePlan(limitOptions))
-  if (problems.list.length > 0 || resolveClientIp === null || identity === null || failurePlan === null) {
+  if (problems.list.length > 0 || resolveClientIp === null || identity === null || failurePlan === null || redisTls === null) {
     throw new ConfigError(problems.list)
   }
 
   // Nothing below can refuse the config: only now are shared resources asked for.
+  resources.useRedisTls(config, redisTls)
   const inProcess = resources.inProcess(config)
   const limiter = new Limiter({
     local: resources.localLevel(config),

@@ -60,12 +60,14 @@ export interface LoadedConfig {
 /** File contents by path, base64: what goes over a worker's IPC channel unchanged. */
 export type NamedFiles = Readonly<Record<string, string>>
 
-/** The files a config names, read at compile time: the API key file, TLS certificate and key. */
+/** The files a config names, read at compile time: the API key file, TLS certificate and key, redis.tls's files. */
 export function namedFiles (config: ResolvedConfig): string[] {
   const files: string[] = []
   const identity = config.identity
   if (identity !== undefined && 'apiKeys' in identity && identity.apiKeys.file !== undefined) files.push(identity.apiKeys.file)
   if (config.tls !== undefined) files.push(config.tls.cert, config.tls.key)
+  const redisTls = config.redis?.tls
+  if (typeof redisTls === 'object') for (const file of [redisTls.ca, redisTls.cert, redisTls.key]) if (file !== undefined) files.push(file)
   return files
 }
 

@@ -199,7 +199,17 @@ export const redisSchema = z.strictObject({
   sentinels: z.array(z.string().regex(/^[^:\s]+:\d+$/, 'expected "host:port"').refine(portInRange, 'the port must be at most 65535')).min(1).optional(),
   name: z.string().optional().describe('sentinel master name'),
   password: z.string().optional(),
-  tls: z.boolean().optional(),
+  tls: z.union([
+    z.boolean(),
+    // No option turns verification off: a private CA is given with `ca`, a name other than the
+    // host connected to with `servername`.
+    z.strictObject({
+      ca: z.string().min(1).optional().describe('PEM file of the CA certificate(s) the Redis server certificates are checked against, instead of Node\'s default CAs; read when the config is loaded'),
+      cert: z.string().min(1).optional().describe('PEM file of a client certificate, for a server with tls-auth-clients yes (with key)'),
+      key: z.string().min(1).optional().describe('PEM file of the client certificate\'s private key (with cert)'),
+      servername: z.string().min(1).optional().describe('name the server certificate must hold (and SNI); default the host connected to')
+    }).refine(t => (t.cert === undefined) === (t.key === undefined), { message: 'cert and key go together: give both or neither', path: ['cert'] })
+  ]).optional().describe('true: TLS checked against Node\'s default CAs (rediss:// URLs imply it); an object: TLS with those settings'),
   keyPrefix: z.string().regex(/^[A-Za-z0-9_.:-]+$/).optional().describe('default "gw"'),
   timeout: wait.optional().describe('bound on every Redis call; default 50ms'),
   onError: z.enum(ON_ERROR).optional().describe('default local'),

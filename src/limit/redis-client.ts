@@ -1,4 +1,5 @@
 import { Cluster, Redis, ReplyError, type ClusterOptions, type RedisOptions } from 'ioredis'
+import type { ConnectionOptions } from 'node:tls'
 import { keySlot } from './keys.js'
 import { restoreFastPrototypes } from '../fast-prototypes.js'
 
@@ -19,13 +20,40 @@ export interface RedisClientOptions {
   /** Sentinel master name. */
   readonly name?: string
   readonly password?: string
-  readonly tls?: boolean
+  /** true: TLS checked against Node's default CAs; an object: TLS with a private CA, a client certificate, a name. */
+  readonly tls?: boolean | RedisTlsOptions
   /** Default 2000. */
   readonly connectTimeoutMs?: number
   /** Batch commands issued in the same tick into one write. Default false. */
   readonly enableAutoPipelining?: boolean
   /** Receives connection errors (ioredis would otherwise print unhandled 'error' events). */
   readonly onError?: (err: Error) => void
+}
+
+/** TLS settings for every Redis connection, as read from the files the config names. */
+export interface RedisTlsOptions {
+  /** PEM: the CA certificate(s) server certificates are checked against, instead of Node's defaults. */
+  readonly ca?: Buffer
+  /** PEM: client certificate and its key, for a server with tls-auth-clients yes. */
+  readonly cert?: Buffer
+  readonly key?: Buffer
+  /** The name the server certificate must hold, and SNI; default the host connected to. */
+  readonly servername?: string
+}
+
+/**
+ * What node:tls gets, or null for plain TCP. `on` is the connection's own say (a rediss:// URL).
+ * Never rejectUnauthorized: false: a server whose certificate does not verify is not Redis to us.
+ */
+function tlsOptions (tls: RedisClientOptions['tls'], on: boolean): ConnectionOptions | null {
+  if (tls === undefined || tls === false) return on ? {} : null
+  if (tls === true) return {}
+  return {
+    ...(tls.ca !== undefined ? { ca: tls.ca } : {}),
+    ...(tls.cert !== undefined ? { cert: tls.cert } : {}),
+    ...(tls.key !== undefined ? { key: tls.key } : {}),
+    ...(tls.servername !== undefined ? { servername: tls.servername } : {})
+  }
 }
 
 /**
@@ -49,8 +77,7 @@ function common (opts: RedisClientOptions): RedisOptions {
     autoResendUnfulfilledCommands: false,
     retryStrategy: reconnectDelayMs,
     enableAutoPipelining: opts.enableAutoPipelining ?? false,
-    ...(opts.password !== undefined ? { password: opts.password } : {}),
-    ...(opts.tls === true ? { tls: {} } : {})
+    ...(opts.password !== undefined ? { password: opts.password } : {})
   }
 }
 
@@ -62,6 +89,10 @@ function parseNode (node: string): { host: string, port: number, password?: stri
     ...(url.password !== '' ? { password: decodeURIComponent(url.password) } : {}),
     tls: url.protocol === 'rediss:'
   }
+}
+
+function withTls (tls: ConnectionOptions | null): { tls?: ConnectionOptions } {
+  return tls === null ? {} : { tls }
 }
 
 export function createRedisClient (opts: RedisClientOptions): Redis | Cluster {
@@ -84,7 +115,7 @@ export function createRedisClient (opts: RedisClientOptions): Redis | Cluster {
       redisOptions: {
         ...nodeOptions,
         ...(password !== undefined ? { password } : {}),
-        ...(opts.tls === true || nodes.some((n) => n.tls) ? { tls: {} } : {})
+        ...withTls(tlsOptions(opts.tls, nodes.some((n) => n.tls)))
       }
     }
     const cluster = new Cluster(nodes.map(({ host, port }) => ({ host, port })), clusterOptions)
@@ -92,20 +123,45 @@ export function createRedisClient (opts: RedisClientOptions): Redis | Cluster {
     client = cluster
   } else if (opts.sentinels !== undefined) {
     if (opts.name === undefined) throw new TypeError('createRedisClient: sentinels need the master name')
+    // The master (and replica) connections take the TLS settings; the sentinels themselves are
+    // asked over plain TCP, as before (ioredis's sentinelTLS is not set).
+    const tls = tlsOptions(opts.tls, false)
     client = new Redis({
       ...common(opts),
       sentinels: opts.sentinels.map(({ host, port }) => ({ host, port })),
       name: opts.name,
       role: 'master',
       sentinelRetryStrategy: reconnectDelayMs,
-      ...(opts.tls === true ? { enableTLSForSentinelMode: true } : {})
+      ...(tls !== null ? { tls, enableTLSForSentinelMode: true } : {})
     })
   } else {
     const url = opts.url as string
-    client = new Redis(url, { ...common(opts), ...(url.startsWith('rediss:') ? { tls: {} } : {}) })
+    client = new Redis(url, { ...common(opts), ...withTls(tlsOptions(opts.tls, url.startsWith('rediss:'))) })
   }
   client.on('error', (err: Error) => opts.onError?.(err))
   return client
+}
+
+/**
+ * Node's codes for a server certificate it does not accept (openssl's verify results, and the
+ * name check): what a wrong `ca`, a wrong `servername` or an expired certificate gives.
+ */
+const CERTIFICATE_REFUSED = new Set([
+  'UNABLE_TO_GET_ISSUER_CERT', 'UNABLE_TO_GET_ISSUER_CERT_LOCALLY', 'UNABLE_TO_VERIFY_LEAF_SIGNATURE',
+  'DEPTH_ZERO_SELF_SIGNED_CERT', 'SELF_SIGNED_CERT_IN_CHAIN', 'CERT_SIGNATURE_FAILURE', 'CERT_NOT_YET_VALID',
+  'CERT_HAS_EXPIRED', 'CERT_CHAIN_TOO_LONG', 'CERT_REVOKED', 'INVALID_CA', 'PATH_LENGTH_EXCEEDED',
+  'INVALID_PURPOSE', 'CERT_UNTRUSTED', 'CERT_REJECTED', 'HOSTNAME_MISMATCH', 'ERR_TLS_CERT_ALTNAME_INVALID'
+])
+
+/**
+ * A connection error that is TLS refusing the peer (its certificate, or the handshake: a server
+ * asking for a client certificate, TLS spoken to a plain port): a setting to fix, which retrying
+ * never cures, unlike a refused or reset connection.
+ */
+export function isTlsFailure (err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code
+  if (typeof code !== 'string') return false
+  return CERTIFICATE_REFUSED.has(code) || code.startsWith('ERR_SSL_') || code.startsWith('ERR_TLS_')
 }
 
 /** Resolves once `client` is ready for commands; rejects after `timeoutMs`. */

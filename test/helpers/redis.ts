@@ -5,7 +5,8 @@
 // No leaked processes, however the test ends: each redis-server runs under a tiny sh watchdog
 // that holds a pipe from this process and SIGKILLs the server when the pipe closes, which the
 // kernel does when this process exits for any reason, SIGKILL included.
-import { spawn, execFile, type ChildProcess } from 'node:child_process'
+import { spawn, execFile, execFileSync, type ChildProcess } from 'node:child_process'
+import { readFileSync, writeFileSync } from 'node:fs'
 import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
 import { connect, createServer } from 'node:net'
 import { join } from 'node:path'
@@ -452,4 +453,74 @@ export async function functionLibraries (client: Redis): Promise<string[]> {
   const list = await client.call('FUNCTION', 'LIST') as unknown[][]
   // each library is a flat [key, value, ...] array: library_name is its second element
   return list.map((lib) => String(lib[lib.indexOf('library_name') + 1]))
+}
+
+/** PEM files for a Redis over TLS: a CA, a server certificate it signed, a client pair it signed. */
+export interface RedisTlsCerts {
+  readonly ca: string
+  readonly serverCert: string
+  readonly serverKey: string
+  readonly clientCert: string
+  readonly clientKey: string
+}
+
+/**
+ * A private CA named `name` (a test makes two to have a CA that signed nothing the server shows)
+ * and certificates it signed: the server's for 127.0.0.1 and localhost, and a client's. EC P-256,
+ * one day, made by openssl like the other tests' certificates.
+ */
+export function makeRedisTlsCerts (dir: string, name = 'ca'): RedisTlsCerts {
+  const file = (what: string): string => join(dir, `${name}-${what}.pem`)
+  const ec = ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes']
+  const openssl = (args: string[]): void => { execFileSync('openssl', args, { stdio: 'ignore' }) }
+  openssl(['req', '-x509', ...ec, '-keyout', file('key'), '-out', file('cert'), '-days', '1', '-subj', `/CN=gateway test ${name}`,
+    '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=critical,keyCertSign,cRLSign'])
+  const signed = (who: string, ext: string): void => {
+    openssl(['req', ...ec, '-keyout', file(`${who}-key`), '-out', file(`${who}-csr`), '-subj', `/CN=${who}`])
+    const extFile = file(`${who}-ext`)
+    writeFileSync(extFile, ext)
+    openssl(['x509', '-req', '-in', file(`${who}-csr`), '-CA', file('cert'), '-CAkey', file('key'), '-set_serial', String(Date.now()),
+      '-days', '1', '-out', file(`${who}-cert`), '-extfile', extFile])
+  }
+  signed('server', 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n')
+  signed('client', 'extendedKeyUsage=clientAuth\n')
+  return { ca: file('cert'), serverCert: file('server-cert'), serverKey: file('server-key'), clientCert: file('client-cert'), clientKey: file('client-key') }
+}
+
+export interface TlsRedisServer extends RedisServer {
+  /** The TLS port; `port` is a plain one, for the helper's own readiness checks. */
+  readonly tlsPort: number
+  readonly tlsUrl: string
+  /** A client over TLS that trusts `certs.ca` (and shows the client certificate). */
+  tlsClient(): Redis
+}
+
+/**
+ * A redis-server serving TLS on `tlsPort` with `certs`' server certificate, and plain TCP on
+ * `port`. `authClients`: the server asks for a client certificate signed by `certs.ca`.
+ */
+export async function startTlsRedis (t: Teardown, certs: RedisTlsCerts, authClients = false): Promise<TlsRedisServer> {
+  const tlsPort = await freePort(false)
+  const server = await startRedis(t, {
+    args: ['--tls-port', String(tlsPort), '--tls-cert-file', certs.serverCert, '--tls-key-file', certs.serverKey,
+      '--tls-ca-cert-file', certs.ca, '--tls-auth-clients', authClients ? 'yes' : 'no']
+  })
+  const clients: Redis[] = []
+  t.teardown(() => { for (const c of clients.splice(0)) c.disconnect() })
+  return {
+    ...server,
+    tlsPort,
+    tlsUrl: `rediss://127.0.0.1:${tlsPort}`,
+    tlsClient () {
+      const client = new Redis({
+        host: '127.0.0.1',
+        port: tlsPort,
+        maxRetriesPerRequest: 1,
+        tls: { ca: readFileSync(certs.ca), cert: readFileSync(certs.clientCert), key: readFileSync(certs.clientKey) }
+      })
+      client.on('error', () => {})
+      clients.push(client)
+      return client
+    }
+  }
 }

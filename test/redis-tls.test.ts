@@ -1,0 +1,138 @@
+// Redis over TLS with a private CA, against a real redis-server serving TLS: the limits are decided
+// there (redis.tls: { ca }), a client certificate gets through a server with tls-auth-clients yes,
+// a CA that did not sign the server's certificate leaves the gateway serving on its fallback and
+// saying why, and a CA file that is missing or not a certificate is a located config error.
+import t from 'tap'
+import { copyFileSync, writeFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { startGateway } from './helpers/gateway.js'
+import { makeRedisTlsCerts, startTlsRedis } from './helpers/redis.js'
+import { startUpstream } from './helpers/upstream.js'
+import { tempDir } from './helpers/teardown.js'
+import { gateway } from './helpers/cli.js'
+
+const dir = tempDir(t, 'redis-tls')
+const certs = makeRedisTlsCerts(dir, 'ca')
+// a second CA, which signed nothing the servers show
+const other = makeRedisTlsCerts(dir, 'other')
+
+function config (upstream: string, route: string, redis: string): string {
+  return `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+log: { level: info }
+redis: ${redis}
+upstreams:
+  backend: { targets: [${upstream}] }
+routes:
+  - name: ${route}
+    pathPrefix: /
+    upstream: backend
+    limits:
+      api: { algorithm: fixed-window, limit: 3, window: 1h }
+`
+}
+
+async function statuses (url: string, n: number): Promise<number[]> {
+  const out: number[] = []
+  for (let i = 0; i < n; i++) out.push((await fetch(url)).status)
+  return out
+}
+
+async function readyz (adminUrl: string): Promise<{ status: string, redis: { state: string, connected: boolean } }> {
+  return await (await fetch(`${adminUrl}/readyz`)).json() as { status: string, redis: { state: string, connected: boolean } }
+}
+
+t.test('rediss:// with a private CA: a limit of 3 is decided by the TLS Redis', async t => {
+  const redis = await startTlsRedis(t, certs)
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, 'tls-ca', `{ url: ${redis.tlsUrl}, tls: { ca: ${certs.ca} }, timeout: 2s, onError: deny }`))
+  t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429], '3 x 200, then 429')
+  t.equal(up.requests, 3)
+  const ready = await readyz(gw.adminUrl)
+  t.equal(ready.redis.state, 'up', '/readyz: Redis is up')
+  const keys = await redis.tlsClient().keys('gw:*tls-ca*')
+  t.ok(keys.length > 0, `the limit's key is in the TLS Redis (${keys.join(', ')})`)
+  t.same(gw.lines.filter(l => /TLS|not reachable/.test(String(l.msg))), [], 'nothing logged about TLS or reachability')
+})
+
+t.test('tls: { ca } on a redis:// URL turns TLS on; servername names the certificate', async t => {
+  const redis = await startTlsRedis(t, certs)
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, 'tls-name', `{ url: "redis://127.0.0.1:${redis.tlsPort}", tls: { ca: ${certs.ca}, servername: localhost }, timeout: 2s, onError: deny }`))
+  t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429])
+  t.ok((await redis.tlsClient().keys('gw:*tls-name*')).length > 0, 'the key is in the TLS Redis')
+})
+
+t.test('a client certificate for a server with tls-auth-clients yes', async t => {
+  const redis = await startTlsRedis(t, certs, true)
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, 'tls-client', `{ url: ${redis.tlsUrl}, tls: { ca: ${certs.ca}, cert: ${certs.clientCert}, key: ${certs.clientKey} }, timeout: 2s, onError: deny }`))
+  t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429])
+  t.ok((await redis.tlsClient().keys('gw:*tls-client*')).length > 0, 'the key is in the TLS Redis')
+})
+
+t.test('a CA that did not sign the server certificate: served by the fallback, the reason logged, /readyz not up', async t => {
+  const redis = await startTlsRedis(t, certs)
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, 'tls-wrong', `{ url: ${redis.tlsUrl}, tls: { ca: ${other.ca} }, timeout: 200ms, onError: allow }`))
+  t.same(await statuses(`${gw.url}/x`, 5), [200, 200, 200, 200, 200], 'onError: allow admits every request, no 5xx')
+  const ready = await readyz(gw.adminUrl)
+  t.equal(ready.status, 'degraded')
+  t.equal(ready.redis.state, 'fallback', '/readyz: Redis is not up')
+  t.equal(ready.redis.connected, false)
+  const tls = gw.lines.filter(l => String(l.msg).startsWith('Redis TLS handshake failed'))
+  t.equal(tls.length, 1, 'the refused certificate is warned of once, not at every reconnect')
+  t.match(tls[0], { level: 40, code: /CERT|VERIFY/ }, 'with the reason Node gave')
+  const notReady = gw.lines.find(l => String(l.msg).startsWith('Redis is not reachable yet'))
+  t.match(notReady, { cause: /certificate/i }, 'the start-up warning says why Redis is not reachable')
+  t.same(await redis.tlsClient().keys('gw:*tls-wrong*'), [], 'nothing was counted in that Redis')
+})
+
+t.test('a server asking for a client certificate the gateway does not show: logged, served by the fallback', async t => {
+  const redis = await startTlsRedis(t, certs, true)
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, 'tls-nocert', `{ url: ${redis.tlsUrl}, tls: { ca: ${certs.ca} }, timeout: 200ms, onError: allow }`))
+  t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 200])
+  t.equal((await readyz(gw.adminUrl)).redis.state, 'fallback')
+  t.ok(gw.lines.some(l => String(l.msg).startsWith('Redis TLS handshake failed') && l.level === 40 && l.code === 'ERR_SSL_TLSV13_ALERT_CERTIFICATE_REQUIRED'), 'warned of, with the alert the server sent')
+})
+
+t.test('a reload re-reads the CA file: a CA fixed on disk moves the limits onto the TLS Redis', async t => {
+  const redis = await startTlsRedis(t, certs)
+  const up = await startUpstream(t)
+  const caFile = join(tempDir(t, 'redis-tls-rotate'), 'redis-ca.pem')
+  copyFileSync(other.ca, caFile)
+  const gw = await startGateway(t, config(up.url, 'tls-rotate', `{ url: ${redis.tlsUrl}, tls: { ca: ${caFile} }, timeout: 2s, onError: deny }`))
+  t.equal((await readyz(gw.adminUrl)).redis.state, 'fallback', 'the wrong CA: Redis is not up')
+  copyFileSync(certs.ca, caFile)
+  const result = await gw.reload()
+  t.equal(result.ok, true, 'the same file, reloaded')
+  t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429], 'decided by the TLS Redis now')
+  t.equal((await readyz(gw.adminUrl)).redis.state, 'up')
+  t.ok((await redis.tlsClient().keys('gw:*tls-rotate*')).length > 0, 'the key is in the TLS Redis')
+})
+
+t.test('gateway validate: redis.tls files that are missing or not PEM are located errors', async t => {
+  const up = 'http://127.0.0.1:9'
+  const cases: Array<{ what: string, redis: (d: string) => string, want: RegExp }> = [
+    { what: 'a missing ca', redis: d => `{ url: "rediss://127.0.0.1:6380", tls: { ca: ${join(d, 'nope.pem')} } }`, want: /gateway\.yaml:4:\d+ redis\.tls\.ca: file not found: .*nope\.pem/ },
+    { what: 'a ca that is not a certificate', redis: d => `{ url: "rediss://127.0.0.1:6380", tls: { ca: ${join(d, 'garbage.pem')} } }`, want: /gateway\.yaml:4:\d+ redis\.tls\.ca: .*garbage\.pem holds no PEM certificate/ },
+    { what: 'a missing client key', redis: d => `{ url: "rediss://127.0.0.1:6380", tls: { ca: ${certs.ca}, cert: ${certs.clientCert}, key: ${join(d, 'nokey.pem')} } }`, want: /gateway\.yaml:4:\d+ redis\.tls\.key: file not found/ },
+    { what: 'a cert without its key', redis: () => `{ url: "rediss://127.0.0.1:6380", tls: { ca: ${certs.ca}, cert: ${certs.clientCert} } }`, want: /gateway\.yaml:4:\d+ redis\.tls\.cert: cert and key go together/ },
+    { what: 'a client key of another certificate', redis: () => `{ url: "rediss://127.0.0.1:6380", tls: { cert: ${certs.clientCert}, key: ${other.clientKey} } }`, want: /gateway\.yaml:4:\d+ redis\.tls: cert and key cannot be used together/ }
+  ]
+  for (const c of cases) {
+    const d = tempDir(t, 'redis-tls-validate')
+    writeFileSync(join(d, 'garbage.pem'), 'not a certificate\n')
+    const file = join(d, 'gateway.yaml')
+    writeFileSync(file, config(up, 'v', c.redis(d)))
+    const run = await gateway(['validate', '-c', file])
+    t.equal(run.code, 1, `${c.what}: exit 1`)
+    t.match(run.stderr + run.stdout, c.want, c.what)
+  }
+  const d = tempDir(t, 'redis-tls-validate')
+  const file = join(d, 'gateway.yaml')
+  writeFileSync(file, config(up, 'v', `{ url: "rediss://127.0.0.1:6380", tls: { ca: ${certs.ca}, cert: ${certs.clientCert}, key: ${certs.clientKey} } }`))
+  const run = await gateway(['validate', '-c', file])
+  t.equal(run.code, 0, `the same files, all present: valid (${run.stderr})`)
+})
