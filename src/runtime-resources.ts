@@ -13,7 +13,7 @@ import { LocalLevel, DenyCache } from './limit/local-level.js'
 import { createMemoryStore, type MemoryStore } from './limit/memory-store.js'
 import { createRedisStore } from './limit/redis-store.js'
 import { createHash } from 'node:crypto'
-import { clusterNodes, createRedisClient, isTlsFailure, whenReady, type RedisTlsOptions } from './limit/redis-client.js'
+import { clusterNodes, clusterTlsFailure, createRedisClient, isTlsFailure, whenReady, type RedisClientOptions, type RedisTlsOptions } from './limit/redis-client.js'
 import { InstanceHeartbeat } from './limit/heartbeat.js'
 import { RedisGuard, type BreakerState } from './limit/redis-guard.js'
 import { LeaseKeeper } from './limit/concurrency.js'
@@ -41,6 +41,8 @@ interface RedisBundle {
   readonly leases: LeaseKeeper
   /** The client's last connection error, for the start-up warning: null once it is ready. */
   readonly lastError: () => string | null
+  /** Under Cluster with TLS: why a handshake with a seed fails (see clusterTlsFailure). */
+  readonly tlsFailure: () => Promise<Error | null>
 }
 
 export interface RedisStatus {
@@ -96,7 +98,7 @@ export class ResourceCache {
     bundle.guard.timeoutMs = parseDuration(r.timeout)
   }
 
-  /** The TLS settings `config`'s Redis connection uses, its files read: before any Redis resource is asked for. */
+  /** The TLS settings `config`'s Redis connection uses, its files read: before a Redis resource is asked for. */
   useRedisTls (config: ResolvedConfig, tls: boolean | RedisTlsOptions): void {
     if (config.redis === undefined) return
     this.redisTlsOf.set(config.redis, { tls, digest: tlsDigest(tls) })
@@ -199,7 +201,7 @@ export class ResourceCache {
       // distinct reason until the connection is ready, where other errors (retried every ~0.2 s
       // while Redis is down) stay at debug.
       let tlsWarned: string | null = null
-      const client = createRedisClient({
+      const clientOptions: RedisClientOptions = {
         ...(r.url !== undefined ? { url: r.url } : {}),
         ...(r.cluster !== undefined ? { cluster: r.cluster } : {}),
         ...(r.sentinels !== undefined ? { sentinels: r.sentinels.map(hp => ({ host: hp.slice(0, hp.lastIndexOf(':')), port: Number(hp.slice(hp.lastIndexOf(':') + 1)) })) } : {}),
@@ -216,7 +218,8 @@ export class ResourceCache {
             this.logger.warn({ err: err.message, code: (err as NodeJS.ErrnoException).code }, 'Redis TLS handshake failed (check redis.tls: ca, servername, cert and key): limits follow onError until it succeeds')
           }
         }
-      })
+      }
+      const client = createRedisClient(clientOptions)
       const heartbeat = new InstanceHeartbeat(client, `${keyPrefix}:instances`)
       heartbeat.start()
       const store = createRedisStore({
@@ -277,7 +280,7 @@ export class ResourceCache {
         ttlMs: parseDuration(r.leaseTtl),
         onError: (err, what) => { this.logger.debug({ err: (err as Error).message, what }, 'concurrency lease call failed: the lease expires within leaseTtl') }
       })
-      this.redis.set(key, bundle = { client, store, heartbeat, guard, bus, leases, lastError: () => lastError })
+      this.redis.set(key, bundle = { client, store, heartbeat, guard, bus, leases, lastError: () => lastError, tlsFailure: async () => await clusterTlsFailure(clientOptions) })
     }
     // An existing connection keeps its settings until `commit`: the running runtime uses it.
     return bundle.guard
@@ -296,7 +299,11 @@ export class ResourceCache {
       await bundle.heartbeat.beat()
     } catch (err) {
       // why it is not: "not ready after 2000 ms" alone sends an operator looking in the wrong place
-      this.logger.warn({ err: (err as Error).message, cause: bundle.lastError() }, 'Redis is not reachable yet: limits follow onError until it is')
+      const tls = bundle.client instanceof Cluster ? await bundle.tlsFailure() : null
+      if (tls !== null && isTlsFailure(tls)) {
+        this.logger.warn({ err: tls.message, code: (tls as NodeJS.ErrnoException).code }, 'Redis TLS handshake failed (check redis.tls: ca, servername, cert and key): limits follow onError until it succeeds')
+      }
+      this.logger.warn({ err: (err as Error).message, cause: tls?.message ?? bundle.lastError() }, 'Redis is not reachable yet: limits follow onError until it is')
     }
   }
 

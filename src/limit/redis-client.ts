@@ -1,5 +1,5 @@
 import { Cluster, Redis, ReplyError, type ClusterOptions, type RedisOptions } from 'ioredis'
-import type { ConnectionOptions } from 'node:tls'
+import { connect as tlsConnect, type ConnectionOptions } from 'node:tls'
 import { keySlot } from './keys.js'
 import { restoreFastPrototypes } from '../fast-prototypes.js'
 
@@ -162,6 +162,30 @@ export function isTlsFailure (err: unknown): boolean {
   const code = (err as { code?: unknown } | null)?.code
   if (typeof code !== 'string') return false
   return CERTIFICATE_REFUSED.has(code) || code.startsWith('ERR_SSL_') || code.startsWith('ERR_TLS_')
+}
+
+/**
+ * Under Cluster, why TLS to the first seed node fails, or null when it does not (or without TLS).
+ * ioredis asks for the slot map on a connection of its own whose errors it drops, and reports
+ * "Failed to refresh slots cache" with "Connection is closed." as the reason: a refused
+ * certificate would never be named. One handshake with the same settings names it.
+ */
+export async function clusterTlsFailure (opts: RedisClientOptions, timeoutMs = 2000): Promise<Error | null> {
+  const seed = opts.cluster?.[0]
+  if (seed === undefined) return null
+  const node = parseNode(seed)
+  const tls = tlsOptions(opts.tls, (opts.cluster ?? []).some((n) => parseNode(n).tls))
+  if (tls === null) return null
+  return await new Promise((resolve) => {
+    const socket = tlsConnect({ ...tls, host: node.host, port: node.port, timeout: timeoutMs })
+    const done = (err: Error | null): void => {
+      socket.destroy()
+      resolve(err)
+    }
+    socket.once('secureConnect', () => done(null))
+    socket.once('timeout', () => done(null))
+    socket.once('error', (err: Error) => done(err))
+  })
 }
 
 /** Resolves once `client` is ready for commands; rejects after `timeoutMs`. */

@@ -482,7 +482,8 @@ export function makeRedisTlsCerts (dir: string, name = 'ca'): RedisTlsCerts {
     openssl(['x509', '-req', '-in', file(`${who}-csr`), '-CA', file('cert'), '-CAkey', file('key'), '-set_serial', String(Date.now()),
       '-days', '1', '-out', file(`${who}-cert`), '-extfile', extFile])
   }
-  signed('server', 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n')
+  // clientAuth too: with tls-cluster yes a node shows this certificate when it connects to its peers
+  signed('server', 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n')
   signed('client', 'extendedKeyUsage=clientAuth\n')
   return { ca: file('cert'), serverCert: file('server-cert'), serverKey: file('server-key'), clientCert: file('client-cert'), clientKey: file('client-key') }
 }
@@ -522,5 +523,58 @@ export async function startTlsRedis (t: Teardown, certs: RedisTlsCerts, authClie
       clients.push(client)
       return client
     }
+  }
+}
+
+export interface TlsRedisCluster {
+  /** The nodes' TLS ports: with tls-cluster yes, CLUSTER SLOTS names these to a TLS client. */
+  readonly tlsPorts: number[]
+  /** A client over TLS to the node on `tlsPort` (trusting `certs.ca`), for reading its keys. */
+  tlsClient(tlsPort: number): Redis
+  stop(): Promise<void>
+}
+
+/**
+ * Three masters, no replicas, all slots assigned, each serving TLS (its cluster bus too:
+ * tls-cluster yes, on the TLS port + 10000) beside a plain port for the helper's checks.
+ */
+export async function startTlsRedisCluster (t: Teardown, certs: RedisTlsCerts): Promise<TlsRedisCluster> {
+  const nodes: Node[] = []
+  const tlsPorts: number[] = []
+  const clients: Redis[] = []
+  const stop = async (): Promise<void> => {
+    for (const c of clients.splice(0)) c.disconnect()
+    await Promise.all(nodes.map(stopNode))
+  }
+  t.teardown(stop)
+  try {
+    for (let i = 0; i < 3; i++) {
+      const tlsPort = await freePort(true)
+      nodes.push(await startNode((dir) => ['--tls-port', String(tlsPort), '--tls-cert-file', certs.serverCert, '--tls-key-file', certs.serverKey,
+        '--tls-ca-cert-file', certs.ca, '--tls-auth-clients', 'no', '--tls-cluster', 'yes', '--tls-replication', 'yes',
+        '--cluster-enabled', 'yes', '--cluster-config-file', join(dir, 'nodes.conf'), '--cluster-node-timeout', '5000'], false))
+      tlsPorts.push(tlsPort)
+    }
+    await execFileAsync('redis-cli', ['--tls', '--cacert', certs.ca, '--cluster', 'create', ...tlsPorts.map((p) => `127.0.0.1:${p}`),
+      '--cluster-replicas', '0', '--cluster-yes'], { timeout: 30_000 })
+    for (const n of nodes) {
+      await waitFor(`cluster node ${n.port}`, async () => {
+        const info = await rawCommand(n.port, 'CLUSTER INFO')
+        return info.includes('cluster_state:ok') && info.includes('cluster_known_nodes:3') && info.includes('cluster_slots_ok:16384')
+      }, 30_000, n.running?.exited)
+    }
+  } catch (err) {
+    await stop()
+    throw err
+  }
+  return {
+    tlsPorts,
+    tlsClient (tlsPort) {
+      const client = new Redis({ host: '127.0.0.1', port: tlsPort, maxRetriesPerRequest: 1, tls: { ca: readFileSync(certs.ca) } })
+      client.on('error', () => {})
+      clients.push(client)
+      return client
+    },
+    stop
   }
 }
