@@ -11,6 +11,7 @@ import { makeRedisTlsCerts, startTlsRedis, startTlsRedisCluster } from './helper
 import { startUpstream } from './helpers/upstream.js'
 import { tempDir } from './helpers/teardown.js'
 import { gateway } from './helpers/cli.js'
+import { answering, config as workersConfig, twoWorkers } from './helpers/workers.js'
 
 const dir = tempDir(t, 'redis-tls')
 const certs = makeRedisTlsCerts(dir, 'ca')
@@ -135,6 +136,19 @@ t.test('Redis Cluster over TLS with a CA that did not sign its certificates: the
   // handshake with a seed names the reason
   const tls = gw.lines.find(l => String(l.msg).startsWith('Redis TLS handshake failed'))
   t.match(tls, { level: 40, code: /CERT|VERIFY/ }, 'the refused certificate is logged, with Node\'s code')
+})
+
+t.test('workers: 2 (bin/gateway): both workers decide on the TLS Redis with the CA the primary read', async t => {
+  const redis = await startTlsRedis(t, certs)
+  const upstream = await answering(t, 'ok')
+  const { gw, adminUrl } = await twoWorkers(t, `${workersConfig(upstream).replace('routes:', `redis: { url: ${redis.tlsUrl}, tls: { ca: ${certs.ca} }, timeout: 2s, onError: deny }\nroutes:`)}`.replace('upstream: b }', 'upstream: b, limits: { api: { algorithm: fixed-window, limit: 3, window: 1h } } }'))
+  const got: number[] = []
+  // a new connection each, so both workers take some
+  for (let i = 0; i < 6; i++) got.push((await fetch(`${gw.url}/x`, { headers: { connection: 'close' } })).status)
+  t.same(got.filter(s => s === 200).length, 3, `3 x 200 across the workers (${got.join(' ')})`)
+  t.same(got.filter(s => s === 429).length, 3)
+  t.match(await (await fetch(`${adminUrl}/readyz`)).json(), { status: 'ready' })
+  t.ok((await redis.tlsClient().keys('gw:*all*')).length > 0, 'the key is in the TLS Redis')
 })
 
 t.test('gateway validate: redis.tls files that are missing or not PEM are located errors', async t => {
