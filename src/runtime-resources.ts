@@ -215,7 +215,7 @@ export class ResourceCache {
             this.logger.debug({ err: err.message }, 'redis client error')
           } else if (tlsWarned !== err.message) {
             tlsWarned = err.message
-            this.logger.warn({ err: err.message, code: (err as NodeJS.ErrnoException).code }, 'Redis TLS handshake failed (check redis.tls: ca, servername, cert and key): limits follow onError until it succeeds')
+            this.warnTlsFailure(err)
           }
         }
       }
@@ -301,10 +301,15 @@ export class ResourceCache {
       // why it is not: "not ready after 2000 ms" alone sends an operator looking in the wrong place
       const tls = bundle.client instanceof Cluster ? await bundle.tlsFailure() : null
       if (tls !== null && isTlsFailure(tls)) {
-        this.logger.warn({ err: tls.message, code: (tls as NodeJS.ErrnoException).code }, 'Redis TLS handshake failed (check redis.tls: ca, servername, cert and key): limits follow onError until it succeeds')
+        this.warnTlsFailure(tls)
       }
       this.logger.warn({ err: (err as Error).message, cause: tls?.message ?? bundle.lastError() }, 'Redis is not reachable yet: limits follow onError until it is')
     }
+  }
+
+  /** One wording for a refused certificate or handshake, from the client's errors or the Cluster seed's own check. */
+  private warnTlsFailure (err: Error): void {
+    this.logger.warn({ err: err.message, code: (err as NodeJS.ErrnoException).code }, 'Redis TLS handshake failed (check redis.tls: ca, servername, cert and key): limits follow onError until it succeeds')
   }
 
   redisStatus (config: ResolvedConfig): RedisStatus {
