@@ -275,6 +275,16 @@ export async function startRedisSentinel (t: Teardown, masterPort: number, name:
 const execFileAsync = promisify(execFile)
 
 /** A real cluster: three masters, no replicas, all 16384 slots assigned; stopped at the end of `t`. */
+/** Waits until each of three nodes sees the cluster whole: every slot served, every node known. */
+async function clusterFormed (nodes: readonly Node[]): Promise<void> {
+  for (const n of nodes) {
+    await waitFor(`cluster node ${n.port}`, async () => {
+      const info = await rawCommand(n.port, 'CLUSTER INFO')
+      return info.includes('cluster_state:ok') && info.includes('cluster_known_nodes:3') && info.includes('cluster_slots_ok:16384')
+    }, 30_000, n.running?.exited)
+  }
+}
+
 export async function startRedisCluster (t: Teardown): Promise<RedisClusterServers>
 /** @deprecated Pass the test, `startRedisCluster(t)`, which registers its own teardown. */
 export async function startRedisCluster (): Promise<RedisClusterServers>
@@ -289,12 +299,7 @@ export async function startRedisCluster (t?: Teardown): Promise<RedisClusterServ
     }
     await execFileAsync('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`),
       '--cluster-replicas', '0', '--cluster-yes'], { timeout: 30_000 })
-    for (const n of nodes) {
-      await waitFor(`cluster node ${n.port}`, async () => {
-        const info = await rawCommand(n.port, 'CLUSTER INFO')
-        return info.includes('cluster_state:ok') && info.includes('cluster_known_nodes:3') && info.includes('cluster_slots_ok:16384')
-      }, 30_000, n.running?.exited)
-    }
+    await clusterFormed(nodes)
   } catch (err) {
     await stop()
     throw err
@@ -557,12 +562,7 @@ export async function startTlsRedisCluster (t: Teardown, certs: RedisTlsCerts): 
     }
     await execFileAsync('redis-cli', ['--tls', '--cacert', certs.ca, '--cluster', 'create', ...tlsPorts.map((p) => `127.0.0.1:${p}`),
       '--cluster-replicas', '0', '--cluster-yes'], { timeout: 30_000 })
-    for (const n of nodes) {
-      await waitFor(`cluster node ${n.port}`, async () => {
-        const info = await rawCommand(n.port, 'CLUSTER INFO')
-        return info.includes('cluster_state:ok') && info.includes('cluster_known_nodes:3') && info.includes('cluster_slots_ok:16384')
-      }, 30_000, n.running?.exited)
-    }
+    await clusterFormed(nodes)
   } catch (err) {
     await stop()
     throw err
