@@ -9,6 +9,7 @@ import { resourceFromAttributes } from '@opentelemetry/resources'
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http'
 import { hideTargetUserinfo } from './log.js'
 import { incomingParent, traceparentOf, type RequestTracer, type SpanEnd, type TraceContext } from './tracing.js'
+import { waitAtMost } from './wait-at-most.js'
 
 export interface OtlpTracer extends RequestTracer {
   /** Exports what is buffered, then stops. */
@@ -96,11 +97,8 @@ export function createOtlpTracer (url: string, serviceName: string): OtlpTracer 
       span.end()
     },
     shutdown: async () => {
-      let timer: NodeJS.Timeout | undefined
-      const bound = new Promise<void>((resolve) => { timer = setTimeout(resolve, OTLP_SHUTDOWN_MS) })
       // a failing export must not fail the gateway's close either: the spans are lost, nothing else
-      await Promise.race([provider.shutdown().catch(() => {}), bound])
-      clearTimeout(timer)
+      await waitAtMost(provider.shutdown(), OTLP_SHUTDOWN_MS)
     }
   }
 }

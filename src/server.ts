@@ -27,6 +27,7 @@ import { cutByGateway } from './proxy/shutdown-cut.js'
 import { createAccessLog, createLogger, droppedLogLines, type Logger, type LogLevel } from './log.js'
 import { errorBody, writeError, writeRawError, type ErrorCode } from './errors.js'
 import { adminListen } from './config/defaults.js'
+import { waitAtMost } from './wait-at-most.js'
 
 export interface GatewayOptions {
   readonly configFile: string
@@ -783,7 +784,7 @@ export class Gateway {
       // the shutdown lost its line. Waited for, briefly: the listeners run before ours.
       const closing = [...this.sockets].map(s => new Promise<void>(resolve => s.once('close', () => resolve())))
       for (const s of this.sockets) s.destroy()
-      await Promise.race([Promise.all(closing), new Promise<void>(resolve => setTimeout(resolve, SOCKETS_CLOSE_MS).unref())])
+      await waitAtMost(Promise.all(closing), SOCKETS_CLOSE_MS)
     } else {
       this.state?.ws.close()
     }

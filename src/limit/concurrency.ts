@@ -18,6 +18,7 @@ import { classifyRedisError } from './redis-client.js'
 import { LEASE_RELEASE_SCRIPT, LEASE_RENEW_SCRIPT, type LeaseReleases } from './scripts.js'
 import type { MemoryStore } from './memory-store.js'
 import type { RedisGuard } from './redis-guard.js'
+import { waitAtMost } from '../wait-at-most.js'
 
 /** Leases one admitted request holds, one per concurrency limit that applied to it. */
 export interface HeldLease {
@@ -419,6 +420,6 @@ export class LeaseKeeper {
     const sent = [...this.flush(), ...this.retryUnsent()]
     this.closed = true
     if (sent.length === 0) return
-    await Promise.race([Promise.allSettled(sent), new Promise(resolve => setTimeout(resolve, timeoutMs).unref())])
+    await waitAtMost(Promise.allSettled(sent), timeoutMs)
   }
 }

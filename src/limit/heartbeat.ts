@@ -3,6 +3,7 @@
 import { readFileSync } from 'node:fs'
 import { randomUUID } from 'node:crypto'
 import type { Cluster, Redis } from 'ioredis'
+import { waitAtMost } from '../wait-at-most.js'
 
 const SCRIPT = readFileSync(new URL('../../lua/heartbeat.lua', import.meta.url), 'utf8')
 
@@ -66,9 +67,6 @@ export class InstanceHeartbeat {
     if (this.timer !== null) clearInterval(this.timer)
     this.timer = null
     // best effort: the entry expires by itself
-    const removed = this.client.zrem(this.key, this.id).catch(() => {})
-    let timer: NodeJS.Timeout | undefined
-    await Promise.race([removed, new Promise<void>(resolve => { timer = setTimeout(resolve, timeoutMs) })])
-    clearTimeout(timer)
+    await waitAtMost(this.client.zrem(this.key, this.id), timeoutMs)
   }
 }
