@@ -12,6 +12,7 @@ import { limitsCommand } from './cli-limits.js'
 import { acceptedConfig, followPrimaryReloads, isWorker, withNamedFiles, notifyReady, registerWorkerMetrics, runPrimary } from './workers.js'
 import { createLogDestination, createLogger } from './log.js'
 import { notTheGateway } from './pid-file.js'
+import { serveOnStrayRejections } from './stray-rejections.js'
 
 const HELP = `Usage: gateway [command] [options]
 
@@ -376,6 +377,7 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
       if (pidFile !== undefined && !writePidFile(pidFile)) return EXIT_INVALID
       // the primary shares stdout with its workers (src/log-sink.ts, sharedFd)
       const logger = createLogger(logLevel ?? loaded.config.log.level, createLogDestination(1, { sharedFd: true }))
+      serveOnStrayRejections(logger)
       try {
         return await runPrimary({ configFile, loaded, workers, workerArgs: process.argv.slice(2), logger, logLevelFromFile: logLevel === undefined })
       } finally {
@@ -433,6 +435,7 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
   const waiting = reloadWhenStarted as { source: ReloadSource | undefined } | null
   if (waiting !== null) void gw.reload(waiting.source)
   const started = gw
+  serveOnStrayRejections(gw.logger)
   if (isWorker()) {
     registerWorkerMetrics(gw.metrics.registry)
     notifyReady()

@@ -25,6 +25,7 @@ import { answerAdminRequests, sendLiveFrames } from './workers.js'
 import { redactConfig } from './admin/redact.js'
 import { cutByGateway } from './proxy/shutdown-cut.js'
 import { createAccessLog, createLogger, droppedLogLines, type Logger, type LogLevel } from './log.js'
+import { strayRejectionCount } from './stray-rejections.js'
 import { errorBody, writeError, writeRawError, type ErrorCode } from './errors.js'
 import { adminListen } from './config/defaults.js'
 import { waitAtMost } from './wait-at-most.js'
@@ -311,7 +312,7 @@ export class Gateway {
     this.generation = (options.initialGeneration ?? 1) - 1
     this.logger = logger
     this.resources = new ResourceCache(logger)
-    this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth(), pending: () => this.upstreamsPending(), inflight: () => this.inflightRequests(), logDropped: () => droppedLogLines(this.logger) })
+    this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth(), pending: () => this.upstreamsPending(), inflight: () => this.inflightRequests(), logDropped: () => droppedLogLines(this.logger), strayRejections: strayRejectionCount })
     this.live = new LiveTelemetry(this.metrics)
   }
 

@@ -23,6 +23,8 @@ export interface MetricsSources {
   pending?: () => Iterable<{ upstream: string, pending: number }>
   /** Log lines dropped because stdout stayed blocked past the log buffer's bound. */
   logDropped?: () => number
+  /** Promise rejections with no handler the process served on (src/stray-rejections.ts). */
+  strayRejections?: () => number
 }
 
 type Labels = Readonly<Record<string, string>>
@@ -123,6 +125,19 @@ function histogramSamples (name: string, bounds: readonly number[], cells: reado
     out.push({ value: c.count, labels: c.labels, metricName: `${name}_count` })
   }
   return out
+}
+
+/** An unlabelled counter whose value is read from elsewhere at each scrape (0 without a source). */
+function readCounter (registry: Registry, name: string, help: string, read: (() => number) | undefined): void {
+  new Counter({
+    name,
+    help,
+    registers: [registry],
+    collect () {
+      this.reset()
+      this.inc(read === undefined ? 0 : read())
+    }
+  })
 }
 
 function levelIndex (level: LimitLevel): number {
@@ -250,16 +265,8 @@ export class GatewayMetrics implements Telemetry {
       registers,
       collect () { this.set(sources.localKeys()) }
     })
-    const logDropped = sources.logDropped
-    new Counter({
-      name: 'gateway_log_dropped_lines_total',
-      help: 'Log lines dropped because stdout stayed blocked until the log buffer was full',
-      registers,
-      collect () {
-        this.reset()
-        this.inc(logDropped === undefined ? 0 : logDropped())
-      }
-    })
+    readCounter(registry, 'gateway_log_dropped_lines_total', 'Log lines dropped because stdout stayed blocked until the log buffer was full', sources.logDropped)
+    readCounter(registry, 'gateway_stray_rejections_total', 'Promise rejections no code handled, logged with GW_ERR_STRAY_REJECTION; the process served on', sources.strayRejections)
     for (const result of ['success', 'failure']) this.reloads.labels(result).inc(0)
     // issue 10: concurrency limits
     new CellMetric('gateway_concurrency_rejected_total', 'Requests refused by a concurrency limit, by route, dimension (ip, user, route) and level', 'counter',

@@ -26,9 +26,9 @@ export const until = async (what: string, check: () => Promise<boolean> | boolea
 
 export interface Running { readonly gw: GatewayProcess, readonly adminUrl: string, readonly workerPids: () => number[] }
 
-/** Starts `yaml` (with `workers: 2`) and waits until both workers are ready. */
-export async function twoWorkers (t: Teardown, yaml: string): Promise<Running> {
-  const gw = await spawnGateway(t, yaml)
+/** Starts `yaml` (with `workers: 2`; `env` added to the gateway's) and waits until both workers are ready. */
+export async function twoWorkers (t: Teardown, yaml: string, env?: NodeJS.ProcessEnv): Promise<Running> {
+  const gw = await spawnGateway(t, yaml, [], env !== undefined ? { env } : {})
   const primary = await gw.waitForLog(l => l.msg === 'gateway primary started')
   const adminUrl = `http://127.0.0.1:${primary.adminPort as number}`
   const workerPids = (): number[] => [...new Set(gw.logs.filter(l => l.msg === 'gateway started').map(l => l.pid as number))]
