@@ -497,9 +497,10 @@ function tlsDigest (tls: boolean | RedisTlsOptions): string {
 
 async function closeRedis (bundle: RedisBundle): Promise<void> {
   bundle.bus.stop()
-  await bundle.leases.close()
+  // together: against a stalled Redis each waits out its own bound (1 s), and one after the other
+  // they held the exit twice as long
+  await Promise.all([bundle.leases.close(), bundle.heartbeat.stop()])
   bundle.guard.close()
-  await bundle.heartbeat.stop()
   await bundle.store.close()
   bundle.client.disconnect()
 }

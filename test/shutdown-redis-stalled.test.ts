@@ -39,4 +39,9 @@ routes:
   t.pass('the client saw its WebSocket closed')
   t.ok(gw.logs.some(l => l.msg === 'websocket closed' && l.path === '/ws/a'), 'the tunnel got its "websocket closed" line')
   t.ok(gw.logs.some(l => l.msg === 'gateway stopped'), 'the gateway logged "gateway stopped"')
+  // The lease release and the heartbeat's last call each give up after 1 s: awaited one after the
+  // other they cannot take less than 2 s by the gateway's own clock, together about 1 s (1.06-1.08 s
+  // here), which leaves 0.85 s for a loaded machine
+  const at = (msg: string): number => Date.parse(gw.logs.find(l => l.msg === msg)?.time as string)
+  t.ok(at('gateway stopped') - at('shutting down') < 1950, `the closing Redis calls are given up together (${at('gateway stopped') - at('shutting down')} ms from "shutting down" to "gateway stopped")`)
 })
