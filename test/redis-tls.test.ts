@@ -11,7 +11,7 @@ import { makeRedisTlsCerts, startTlsRedis, startTlsRedisCluster } from './helper
 import { startUpstream } from './helpers/upstream.js'
 import { tempDir } from './helpers/teardown.js'
 import { gateway } from './helpers/cli.js'
-import { answering, config as workersConfig, twoWorkers } from './helpers/workers.js'
+import { answering, config as workersConfig, replaceOne, twoWorkers, until } from './helpers/workers.js'
 
 const dir = tempDir(t, 'redis-tls')
 const certs = makeRedisTlsCerts(dir, 'ca')
@@ -141,7 +141,11 @@ t.test('Redis Cluster over TLS with a CA that did not sign its certificates: the
 t.test('workers: 2 (bin/gateway): both workers decide on the TLS Redis with the CA the primary read', async t => {
   const redis = await startTlsRedis(t, certs)
   const upstream = await answering(t, 'ok')
-  const { gw, adminUrl } = await twoWorkers(t, `${workersConfig(upstream).replace('routes:', `redis: { url: ${redis.tlsUrl}, tls: { ca: ${certs.ca} }, timeout: 2s, onError: deny }\nroutes:`)}`.replace('upstream: b }', 'upstream: b, limits: { api: { algorithm: fixed-window, limit: 3, window: 1h } } }'))
+  // a copy of its own: it is broken on disk below
+  const ca = join(tempDir(t, 'redis-tls-workers'), 'ca.pem')
+  copyFileSync(certs.ca, ca)
+  const running = await twoWorkers(t, `${workersConfig(upstream).replace('routes:', `redis: { url: ${redis.tlsUrl}, tls: { ca: ${ca} }, timeout: 2s, onError: deny }\nroutes:`)}`.replace('upstream: b }', 'upstream: b, limits: { api: { algorithm: fixed-window, limit: 3, window: 1h } } }'))
+  const { gw, adminUrl } = running
   const got: number[] = []
   // a new connection each, so both workers take some
   for (let i = 0; i < 6; i++) got.push((await fetch(`${gw.url}/x`, { headers: { connection: 'close' } })).status)
@@ -149,6 +153,16 @@ t.test('workers: 2 (bin/gateway): both workers decide on the TLS Redis with the 
   t.same(got.filter(s => s === 429).length, 3)
   t.match(await (await fetch(`${adminUrl}/readyz`)).json(), { status: 'ready' })
   t.ok((await redis.tlsClient().keys('gw:*all*')).length > 0, 'the key is in the TLS Redis')
+  // A worker started after the CA broke on disk connects with the primary's copy: reading the disk
+  // it would fail its handshake, and onError: deny would answer 503 where Redis answers 429.
+  copyFileSync(other.ca, ca)
+  const replacement = await replaceOne(running)
+  const after: number[] = []
+  for (let i = 0; i < 6; i++) after.push((await fetch(`${gw.url}/x`, { headers: { connection: 'close' } })).status)
+  t.same(new Set(after), new Set([429]), `every request refused by the TLS Redis, none 503 (${after.join(' ')})`)
+  await until('the replacement\'s access lines', () => gw.logs.some(l => l.pid === replacement && l.status === 429))
+  t.pass('the replacement answered some of them')
+  t.notOk(gw.logs.some(l => l.pid === replacement && String(l.msg).startsWith('Redis TLS handshake failed')), 'the replacement logged no failed handshake')
 })
 
 t.test('gateway validate: redis.tls files that are missing or not PEM are located errors', async t => {
