@@ -19,6 +19,7 @@ import { ERRORS, GatewayError, sendError, sendJsonText, writeError, writeRawJson
 import { cutByGateway } from './proxy/shutdown-cut.js'
 import { KIND_CODES } from './proxy/upstream-errors.js'
 import type { CompiledRoute, Runtime } from './runtime.js'
+import type { CompiledCors } from './router/cors.js'
 import type { LimitVerdict, RejectVerdict } from './limit/limiter.js'
 import { RequestRecord, type Admission as RecordedAdmission } from './request-record.js'
 import type { HeldLease } from './limit/concurrency.js'
@@ -51,6 +52,8 @@ const UPSTREAM_FAILURES: ReadonlySet<ForwardErrorKind> = new Set<ForwardErrorKin
 /** What the early stages found: the record's admission, with the compiled route. */
 interface Admission extends RecordedAdmission {
   readonly route: CompiledRoute
+  /** A CORS preflight for `route` (routed by the method it asks for), answered by the gateway. */
+  readonly preflight: boolean
 }
 
 type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown>, headers?: ReadonlyArray<readonly [string, string]>, ipKey: string, clientIp: string }
@@ -83,7 +86,18 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   const normalized = normalizePath(rawPath)
   if (!normalized.ok) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: normalized.reason }, ipKey: client.key, clientIp: client.ip }
   const host = normalizeHost(req.headers.host)
-  const route = rt.routes.match(host, req.method ?? 'GET', normalized.path)
+  let route = rt.routes.match(host, req.method ?? 'GET', normalized.path)
+  let preflight = false
+  if (req.method === 'OPTIONS') {
+    // A CORS preflight belongs to the route of the request it announces: routed by the method it
+    // asks for. Answered by the gateway when that route has cors; otherwise an OPTIONS as before.
+    const asked = req.headers['access-control-request-method']
+    const forRoute = typeof asked === 'string' && req.headers.origin !== undefined ? rt.routes.match(host, asked, normalized.path) : null
+    if (forRoute !== null && forRoute.cors !== null) {
+      route = forRoute
+      preflight = true
+    }
+  }
   if (route === null) {
     // A route has this path but not this method: 405 with Allow (RFC 9110 §15.5.6), not 404.
     const allow = rt.routes.allowedMethods(host, normalized.path)
@@ -93,7 +107,7 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   // Servlet containers and others strip ";params" from path segments: "/admin;x=1" would miss an
   // "/admin" route here, fall through to a catch-all and be served as /admin upstream.
   if (!route.allowPathParams && normalized.path.includes(';')) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: 'path parameters (";") are not allowed on this route (allowPathParams)' }, ipKey: client.key, clientIp: client.ip }
-  return { ok: true, admission: { route, path: normalized.path + requestTargetQuery(url), clientIp: client.ip, ipKey: client.key, user: null, storeMs: 0 } }
+  return { ok: true, admission: { route, path: normalized.path + requestTargetQuery(url), clientIp: client.ip, ipKey: client.key, user: null, storeMs: 0, preflight } }
 }
 
 type HeaderPairs = ReadonlyArray<readonly [string, string]>
@@ -116,6 +130,7 @@ const UPGRADE_NOT_GET: Refusal = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', ext
 // never came, and its 504s, charged to the target, ejected it.
 const UPGRADE_WITH_BODY: Refusal = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', extra: Object.freeze({ reason: 'a WebSocket handshake carries no body (Content-Length or Transfer-Encoding)' }) })
 const LIMITER_UNAVAILABLE: Refusal = Object.freeze({ code: 'GW_ERR_LIMITER_UNAVAILABLE' })
+const VARY_ORIGIN = Object.freeze(['vary', 'Origin'] as const)
 
 /**
  * One request while it is admitted: its record (log line, metrics, in-flight count), how a refusal
@@ -129,6 +144,10 @@ abstract class Exchange extends RequestRecord {
   /** Concurrency leases, given back when the client's side closes: finished, failed or abandoned. */
   private lease: HeldLease | null = null
   private clientClosed = false
+  /** A CORS route's Access-Control-* fields for this request's origin (null: none to send). */
+  protected corsFields: HeaderPairs | null = null
+  /** A CORS route whose answers depend on Origin: the gateway's own answers say Vary: Origin. */
+  protected corsVaries = false
 
   constructor (readonly state: PipelineState, readonly runtime: Runtime, req: IncomingMessage, leaveOnFinish: boolean) {
     super(state, runtime, req, leaveOnFinish)
@@ -142,6 +161,23 @@ abstract class Exchange extends RequestRecord {
   protected abstract routed (a: Admission): Refusal | null
   /** Every stage said yes: forward the request, or open the tunnel. */
   protected abstract admitted (a: Admission, v: AllowVerdict): void
+  /** Answers a CORS preflight (the route has cors). */
+  protected abstract answerPreflight (cors: CompiledCors): void
+
+  private corsFor (cors: CompiledCors): void {
+    this.corsVaries = cors.variesByOrigin
+    const origin = this.req.headers.origin
+    if (origin !== undefined) this.corsFields = cors.fieldsFor(origin)
+  }
+
+  /** `headers` of one of the gateway's own answers, with the route's CORS fields. */
+  protected withCors (headers: HeaderPairs | undefined): HeaderPairs | undefined {
+    if (this.corsFields === null && !this.corsVaries) return headers
+    const out: Array<readonly [string, string]> = headers === undefined ? [] : [...headers]
+    if (this.corsFields !== null) out.push(...this.corsFields)
+    if (this.corsVaries) out.push(VARY_ORIGIN)
+    return out
+  }
 
   refuse (refusal: Refusal, outcome: string | null = null): void {
     const sent = this.writeRefusal(refusal)
@@ -173,8 +209,12 @@ abstract class Exchange extends RequestRecord {
     const early = routeRequest(this.state, rt, this.req)
     // A request refused before it has a route is still logged and shown under its client's address
     // (behind a trusted proxy, not the proxy's): the address the local level charged.
-    if (early.ok) this.admission = early.admission
-    else this.clientIp = early.clientIp
+    if (early.ok) {
+      this.admission = early.admission
+      // before the local level: its 429 is read by the browser script too
+      const cors = early.admission.route.cors
+      if (cors !== null && !early.admission.preflight) this.corsFor(cors)
+    } else this.clientIp = early.clientIp
     const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
     if (shed !== null && shed.kind === 'reject') return this.reject(shed)
     if (!early.ok) return this.refuse(early)
@@ -182,6 +222,8 @@ abstract class Exchange extends RequestRecord {
     const a = early.admission
     const wrongRoute = this.routed(a)
     if (wrongRoute !== null) return this.refuse(wrongRoute)
+    // a preflight carries no credentials (Fetch): neither verified nor charged to the limits
+    if (a.preflight && a.route.cors !== null) return this.answerPreflight(a.route.cors)
     this.identify(a)
   }
 
@@ -298,10 +340,23 @@ class HttpExchange extends Exchange {
     super(state, rt, req, false)
   }
 
-  protected writeRefusal (r: Refusal): number { return sendError(this.res, r.code, this.requestId, r.extra, r.headers) }
+  protected writeRefusal (r: Refusal): number { return sendError(this.res, r.code, this.requestId, r.extra, this.withCors(r.headers)) }
   protected writeRejection (v: RejectVerdict): number {
     const body = v.template.body(v.retryAfterMs, this.requestId)
-    return sendJsonText(this.res, v.template.status, body, v.template.bytesOf(body), this.requestId, v.head)
+    return sendJsonText(this.res, v.template.status, body, v.template.bytesOf(body), this.requestId, this.corsFields === null && !this.corsVaries ? v.head : [...v.head, ...(this.withCors(undefined) ?? []).flat()])
+  }
+
+  protected answerPreflight (cors: CompiledCors): void {
+    const h = this.req.headers
+    const asked = h['access-control-request-headers']
+    const answer = cors.preflight(h.origin as string, h['access-control-request-method'] as string, typeof asked === 'string' ? asked : undefined)
+    if (!answer.ok) return this.refuse({ code: 'GW_ERR_CORS_REJECTED', extra: { reason: answer.reason } }, 'cors_rejected')
+    const res = this.res
+    if (!res.headersSent && !res.destroyed) {
+      res.writeHead(204, [...answer.headers, 'x-request-id', this.requestId])
+      res.end()
+    }
+    this.finish({ status: 204, outcome: 'preflight' })
   }
 
   protected routed (a: Admission): null {
@@ -352,7 +407,8 @@ class HttpExchange extends Exchange {
       proto: state.proto,
       path: a.path,
       trustedPeer: this.trustedPeer,
-      extraResponseHeaders: v.headers ?? undefined
+      // the route drops the upstream's Access-Control-* and appends Vary: Origin to its Vary
+      extraResponseHeaders: this.corsFields === null ? v.headers ?? undefined : [...(v.headers ?? []), ...this.corsFields]
     }
     const dispatched = performance.now()
     forwardRequest(this.req, this.res, a.route.forward, ctx, (result) => {
@@ -405,6 +461,9 @@ class UpgradeExchange extends Exchange {
     const body = v.template.body(v.retryAfterMs, this.requestId)
     return writeRawJsonText(this.socket, v.template.status, body, v.template.bytesOf(body), this.requestId, v.head, this.req.method !== 'HEAD')
   }
+
+  /** Not reached: an upgrade that is no GET is refused when routed. */
+  protected answerPreflight (): void { this.refuse(UPGRADE_NOT_GET) }
 
   protected routed (a: Admission): Refusal | null {
     if (!a.route.websocket || !offersWebSocket(this.req)) return NOT_A_WEBSOCKET_ROUTE

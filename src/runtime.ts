@@ -21,6 +21,7 @@ import { compileTrustedPeer, type TrustedPeerCheck } from './proxy/trusted-peer.
 import { compileIdentity, type ConsumerDirectory, type IdentityConfig, type IdentityResolver } from './identify/identity.js'
 import { ApiKeyFileError } from './identify/api-key-file.js'
 import { UpstreamPool, type UpstreamConfig } from './proxy/upstream-pool.js'
+import { compileCors, CORS_RESPONSE_FIELDS, type CompiledCors } from './router/cors.js'
 import { createForwardPlan, type BodyHandling, type ForwardPlan, type TunnelHandling, type HeaderRules } from './proxy/forward.js'
 import {
   compileFailurePlan, compilePlanLimits, compileRouteLimitPlan,
@@ -52,6 +53,8 @@ export interface CompiledRoute {
   readonly planLimits: ReadonlyMap<string, RouteLimitPlan>
   /** `auth` of the route; null = `identity.required` decides. */
   readonly auth: 'required' | 'optional' | 'none' | null
+  /** `cors` of the route: its preflights answered by the gateway; null without. */
+  readonly cors: CompiledCors | null
 }
 
 export interface ServerSettings {
@@ -159,6 +162,20 @@ function headerRules (rules: { set?: Record<string, string>, remove?: string[] }
   return Object.freeze({
     set: Object.freeze(Object.entries(rules?.set ?? {}).map(([k, v]) => Object.freeze([k.toLowerCase(), v] as const))),
     remove: Object.freeze((rules?.remove ?? []).map(h => h.toLowerCase()))
+  })
+}
+
+/**
+ * A CORS route's response rules: the upstream's Access-Control-* fields dropped (the gateway writes
+ * them for an allowed origin), and `Vary: Origin` added beside the upstream's own Vary when the
+ * answer depends on the origin.
+ */
+function withCorsFields (rules: HeaderRules, cors: CompiledCors | null): HeaderRules {
+  if (cors === null) return rules
+  return Object.freeze({
+    set: rules.set,
+    remove: Object.freeze([...rules.remove, ...CORS_RESPONSE_FIELDS]),
+    ...(cors.variesByOrigin ? { append: Object.freeze([Object.freeze(['vary', 'Origin'] as const)]) } : {})
   })
 }
 
@@ -424,6 +441,23 @@ export async function compileRuntime (
     const pool = pools.get(route.upstream)
     const up = upstreams.get(route.upstream)
     if (pool === undefined || up === undefined) return
+    const cors = route.cors === undefined ? null : compileCors({
+      origins: route.cors.origins,
+      methods: route.cors.methods ?? null,
+      headers: route.cors.headers ?? null,
+      exposeHeaders: route.cors.exposeHeaders ?? [],
+      credentials: route.cors.credentials ?? false,
+      maxAgeS: Math.floor(parseDuration(route.cors.maxAge ?? '10m') / 1000)
+    })
+    if (cors !== null) {
+      const ruled: Array<[KeyPath, string]> = [
+        ...Object.keys(route.headers?.response?.set ?? {}).map((name): [KeyPath, string] => [['routes', i, 'headers', 'response', 'set', name], name]),
+        ...(route.headers?.response?.remove ?? []).map((name, j): [KeyPath, string] => [['routes', i, 'headers', 'response', 'remove', j], name])
+      ]
+      for (const [path, name] of ruled) {
+        if (CORS_RESPONSE_FIELDS.includes(name.toLowerCase())) problems.at(path, `${name} is written by the route's cors for the origins it allows: a header rule cannot set or remove it`)
+      }
+    }
     const forward = problems.try(['routes', i, 'headers'], () => createForwardPlan({
       ...body,
       pool,
@@ -433,7 +467,7 @@ export async function compileRuntime (
       responseTimeoutMs: parseDuration(route.timeouts.response),
       maxBodySize: route.maxBodySize !== undefined ? parseSize(route.maxBodySize) : Infinity,
       requestHeaders: headerRules(route.headers?.request),
-      responseHeaders: headerRules(route.headers?.response)
+      responseHeaders: withCorsFields(headerRules(route.headers?.response), cors)
     }))
     const own = routeLimitOptions(route)
     const limits = problems.try(['routes', i, 'limits'], () => ({ limits: compileRouteLimitPlan(limitOptions, own), planLimits: compilePlanLimits(limitOptions, own) }))
@@ -446,7 +480,8 @@ export async function compileRuntime (
       forward,
       limits: limits.limits,
       planLimits: limits.planLimits,
-      auth: route.auth ?? null
+      auth: route.auth ?? null,
+      cors
     }))
   })
   const failurePlan = problems.try(['identity', 'failureLimit'], () => compileFailurePlan(limitOptions))

@@ -3,6 +3,7 @@
 // and conversion to runtime values in src/runtime.ts. Every object is strict: a typo must never silently disable a limit.
 import { isIP } from 'node:net'
 import { z } from 'zod'
+import { isCorsOrigin } from '../router/cors.js'
 
 export const DURATION_RE = /^(\d+)(ms|s|m|h)$/
 export const SIZE_RE = /^(\d+)(b|kb|mb|gb)$/i
@@ -141,6 +142,21 @@ export const upstreamSchema = z.strictObject({
   maxPending: z.int().nonnegative().optional().describe('requests that may wait for a connection while every target is at maxConnections; beyond it 503 at once; default 1024')
 })
 
+// A route's CORS (src/router/cors.ts): the gateway answers its preflights and puts the
+// Access-Control-* fields on every answer to an allowed origin, its own 401/429/5xx included.
+const corsSchema = z.strictObject({
+  origins: z.array(z.string().refine(isCorsOrigin, 'expected "*" or an origin such as "https://app.example.com" ("https://*.example.com" for its subdomains; ":8443" for a port other than the scheme\'s), without a path')).min(1)
+    .describe('origins whose browser scripts may call the route: "*", "https://app.example.com", "https://*.example.com"'),
+  methods: z.array(z.string().regex(/^[A-Za-z]+$/)).min(1).optional().describe('methods a preflight may ask for; default every method the route takes'),
+  headers: z.array(headerName).optional().describe('request headers a preflight may ask for; default the ones it asks for'),
+  exposeHeaders: z.array(headerName).optional().describe('response headers a script may read, besides RateLimit, RateLimit-Policy, Retry-After and X-Request-Id (always)'),
+  credentials: z.boolean().optional().describe('let scripts send cookies and Authorization (Access-Control-Allow-Credentials); default false'),
+  maxAge: timer.optional().describe('how long a browser may reuse a preflight\'s answer; default 10m')
+}).refine(c => c.credentials !== true || !c.origins.includes('*'), {
+  message: 'credentials: true with origins "*" would let every site read its visitors\' answers: list the origins',
+  path: ['credentials']
+})
+
 export const routeSchema = z.strictObject({
   name: z.string().regex(/^[A-Za-z0-9_.-]+$/, 'expected a name of letters, digits, "_", "." or "-"'),
   host: z.string().regex(/^(\*\.)?[A-Za-z0-9.-]+$/, 'expected a host name, optionally "*.example.com"').optional(),
@@ -159,7 +175,8 @@ export const routeSchema = z.strictObject({
   limits: z.strictObject({ api: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional(),
   auth: z.enum(['required', 'optional', 'none']).optional()
     .describe('required: 401 without credentials; optional: verified when present; none: not verified, the credential header is removed; default from identity.required'),
-  concurrency: routeConcurrencySchema.optional()
+  concurrency: routeConcurrencySchema.optional(),
+  cors: corsSchema.optional()
 })
 
 // Requests that fail identity are charged to their IP here and against the gateway-wide ip limit.

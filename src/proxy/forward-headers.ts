@@ -5,6 +5,8 @@ import { HOP_BY_HOP, connectionTokens, isChunkedOnly } from './hop-by-hop.js'
 export interface HeaderRules {
   readonly set: readonly (readonly [string, string])[]
   readonly remove: readonly string[]
+  /** Response fields added beside the upstream's of the same name (a list field: `Vary`). */
+  readonly append?: readonly (readonly [string, string])[]
 }
 
 /** What a route does to headers, compiled once: the per-request loops only test set membership. */
@@ -29,6 +31,8 @@ export interface CompiledHeaders {
    */
   readonly responseDropLengths: Uint8Array
   readonly responseSet: readonly string[]
+  /** Flat [name, value, ...] added to every response, the upstream's fields of that name kept. */
+  readonly responseAppend: readonly string[]
   readonly echoRequestId: boolean
 }
 
@@ -71,6 +75,7 @@ export function compileHeaders (request: HeaderRules, response: HeaderRules, und
     responseDrop,
     responseDropLengths,
     responseSet: Object.freeze(response.set.flat()),
+    responseAppend: Object.freeze((response.append ?? []).flat()),
     echoRequestId: !response.remove.includes(REQUEST_ID) && !response.set.some(([name]) => name === REQUEST_ID)
   })
 }
@@ -183,6 +188,7 @@ export function clientResponseHeaders (
   // Fields named by `Connection` may come before it: filtered once it is known, which is rare.
   if (named !== null) out = withoutNamed(out, named)
   for (let i = 0; i < plan.responseSet.length; i++) out.push(plan.responseSet[i] as string)
+  for (let i = 0; i < plan.responseAppend.length; i++) out.push(plan.responseAppend[i] as string)
   if (extra !== undefined) for (const [name, value] of extra) out.push(name, value)
   if (plan.echoRequestId) out.push(REQUEST_ID, requestId)
   return out

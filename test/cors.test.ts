@@ -1,0 +1,174 @@
+// A route's cors: the gateway answers its preflights (never forwarded, never charged to a limit,
+// a 403 naming what is not allowed) and puts Access-Control-* on every answer to an allowed
+// origin, its own 429 included (without them a browser script saw a network error instead of the
+// 429 and its Retry-After). The upstream's own Access-Control-* fields are dropped on such a route;
+// its Vary is kept beside Vary: Origin.
+import t from 'tap'
+import { request } from 'undici'
+import { startGateway } from './helpers/gateway.js'
+import { refusingUrl, startHttpServer } from './helpers/upstream.js'
+import { tempDir, type Teardown } from './helpers/teardown.js'
+import { gateway } from './helpers/cli.js'
+import { writeFileSync } from 'node:fs'
+import { join } from 'node:path'
+
+interface Seen { method: string, path: string }
+
+async function setup (t: Teardown): Promise<{ url: string, seen: Seen[], lines: Array<Record<string, unknown>> }> {
+  const seen: Seen[] = []
+  const up = await startHttpServer(t, (req, res) => {
+    seen.push({ method: req.method ?? '', path: req.url ?? '' })
+    // an upstream with CORS of its own, which the gateway's policy replaces
+    res.writeHead(200, { 'content-type': 'text/plain', vary: 'Accept-Encoding', 'access-control-allow-origin': '*', 'x-total': '42', 'set-cookie': ['a=1', 'b=2'] })
+    res.end('up')
+  })
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${up.url}] }
+  dead: { targets: [${await refusingUrl()}] }
+routes:
+  - name: down
+    pathPrefix: /down/
+    upstream: dead
+    cors: { origins: ["https://app.example.com"] }
+  - name: api
+    pathPrefix: /api/
+    methods: [GET, POST, DELETE]
+    upstream: backend
+    limits: { ip: { algorithm: fixed-window, limit: 3, window: 1h } }
+    cors:
+      origins: ["https://app.example.com", "https://*.example.org"]
+      headers: [content-type, authorization]
+      exposeHeaders: [x-total]
+      credentials: true
+      maxAge: 1h
+  - name: open
+    pathPrefix: /open/
+    upstream: backend
+    cors: { origins: ["*"] }
+  - name: plain
+    pathPrefix: /
+    upstream: backend
+`)
+  return { url: gw.url, seen, lines: gw.lines }
+}
+
+const preflight = (origin: string, method: string, headers?: string): Record<string, string> => ({
+  origin, 'access-control-request-method': method, ...(headers !== undefined ? { 'access-control-request-headers': headers } : {})
+})
+
+t.test('a preflight from an allowed origin is answered by the gateway: 204, never forwarded, never charged', async t => {
+  const { url, seen, lines } = await setup(t)
+  for (let i = 0; i < 5; i++) {
+    const res = await request(`${url}/api/items`, { method: 'OPTIONS', headers: preflight('https://app.example.com', 'POST', 'Content-Type, Authorization') })
+    await res.body.text()
+    t.equal(res.statusCode, 204, `preflight ${i + 1}: 204 (the ip limit of 3 does not count it)`)
+    if (i > 0) continue
+    t.same([res.headers['access-control-allow-origin'], res.headers['access-control-allow-methods'], res.headers['access-control-allow-headers'], res.headers['access-control-allow-credentials'], res.headers['access-control-max-age']],
+      ['https://app.example.com', 'POST', 'content-type, authorization', 'true', '3600'])
+    t.match(res.headers.vary, /Origin/)
+    t.type(res.headers['x-request-id'], 'string')
+  }
+  t.same(seen, [], 'no preflight reached the upstream')
+  t.match(lines.filter(l => l.msg === 'request'), [{ status: 204, route: 'api', outcome: 'preflight', method: 'OPTIONS' }])
+  const sub = await request(`${url}/api/items`, { method: 'OPTIONS', headers: preflight('https://eu.shop.example.org', 'DELETE') })
+  await sub.body.text()
+  t.same([sub.statusCode, sub.headers['access-control-allow-origin']], [204, 'https://eu.shop.example.org'], 'a subdomain of a "*." pattern')
+})
+
+t.test('a preflight asking for what the route does not allow: 403 GW_ERR_CORS_REJECTED naming it', async t => {
+  const { url, seen } = await setup(t)
+  const cases: Array<[Record<string, string>, RegExp]> = [
+    [preflight('https://evil.example.com', 'GET'), /origin "https:\/\/evil\.example\.com" is not allowed/],
+    [preflight('http://app.example.com', 'GET'), /origin "http:\/\/app\.example\.com" is not allowed/],
+    [preflight('https://example.org', 'GET'), /origin "https:\/\/example\.org" is not allowed/],
+    [preflight('https://app.example.com.evil.net', 'GET'), /is not allowed/],
+    [preflight('https://app.example.com', 'GET', 'x-secret'), /header "x-secret" is not in the route's cors\.headers/]
+  ]
+  for (const [headers, reason] of cases) {
+    const res = await request(`${url}/api/items`, { method: 'OPTIONS', headers })
+    const body = await res.body.json() as { error: string, reason: string }
+    t.equal(res.statusCode, 403, JSON.stringify(headers))
+    t.equal(body.error, 'GW_ERR_CORS_REJECTED')
+    t.match(body.reason, reason)
+    t.equal(res.headers['access-control-allow-origin'], undefined, 'no Access-Control-Allow-Origin')
+  }
+  t.same(seen, [], 'none reached the upstream')
+  // a method the route does not take: not this route's preflight, so an OPTIONS routed as before
+  // (here the catch-all route without cors forwards it)
+  const put = await request(`${url}/api/items`, { method: 'OPTIONS', headers: preflight('https://app.example.com', 'PUT') })
+  t.equal(await put.body.text(), 'up', 'PUT is not a method of the route')
+  t.same(seen, [{ method: 'OPTIONS', path: '/api/items' }])
+})
+
+t.test('answers to an allowed origin carry the policy: the upstream\'s and the gateway\'s own 429', async t => {
+  const { url } = await setup(t)
+  const origin = 'https://app.example.com'
+  const ok = await request(`${url}/api/items`, { headers: { origin } })
+  t.equal(await ok.body.text(), 'up')
+  t.same([ok.headers['access-control-allow-origin'], ok.headers['access-control-allow-credentials']], [origin, 'true'], 'the upstream\'s "*" replaced by the allowed origin')
+  t.match(ok.headers['access-control-expose-headers'], /ratelimit, ratelimit-policy, retry-after.*x-request-id.*x-total/)
+  t.equal([ok.headers.vary].flat().join(', '), 'Accept-Encoding, Origin', 'the upstream\'s Vary kept, Origin beside it')
+  t.same(ok.headers['set-cookie'], ['a=1', 'b=2'], 'both of the upstream\'s Set-Cookie fields')
+  for (let i = 0; i < 2; i++) await (await request(`${url}/api/items`, { headers: { origin } })).body.text()
+  const limited = await request(`${url}/api/items`, { headers: { origin } })
+  const body = await limited.body.json() as { error: string }
+  t.equal(limited.statusCode, 429)
+  t.equal(body.error, 'rate_limited')
+  t.equal(limited.headers['access-control-allow-origin'], origin, 'the 429 is readable by the script')
+  t.match(limited.headers['access-control-expose-headers'], /retry-after/)
+  t.type(limited.headers['retry-after'], 'string')
+  t.match(limited.headers.vary, /Origin/)
+})
+
+t.test('the gateway\'s own failure answers carry the policy too (502 of a refusing upstream)', async t => {
+  const { url } = await setup(t)
+  const res = await request(`${url}/down/x`, { headers: { origin: 'https://app.example.com' } })
+  const body = await res.body.json() as { error: string }
+  t.same([res.statusCode, body.error, res.headers['access-control-allow-origin']], [502, 'GW_ERR_UPSTREAM_UNAVAILABLE', 'https://app.example.com'])
+})
+
+t.test('other origins and no origin: served, without the policy and without the upstream\'s', async t => {
+  const { url } = await setup(t)
+  const other = await request(`${url}/api/items`, { headers: { origin: 'https://evil.example.com' } })
+  t.equal(await other.body.text(), 'up')
+  t.equal(other.headers['access-control-allow-origin'], undefined, 'the upstream\'s "*" dropped: the file\'s policy holds')
+  t.match(other.headers.vary, /Origin/, 'the answer still varies by origin')
+  const none = await request(`${url}/api/items`)
+  t.equal(await none.body.text(), 'up')
+  t.equal(none.headers['access-control-allow-origin'], undefined)
+  // a route without cors relays the upstream's fields and forwards OPTIONS
+  const plain = await request(`${url}/x`, { method: 'OPTIONS', headers: preflight('https://app.example.com', 'GET') })
+  t.equal(await plain.body.text(), 'up')
+  t.equal(plain.headers['access-control-allow-origin'], '*', 'a route without cors is left alone')
+})
+
+t.test('origins "*": "*" for every origin, no Vary: Origin', async t => {
+  const { url } = await setup(t)
+  const res = await request(`${url}/open/a`, { headers: { origin: 'https://anyone.test' } })
+  t.equal(await res.body.text(), 'up')
+  t.equal(res.headers['access-control-allow-origin'], '*')
+  t.equal(res.headers.vary, 'Accept-Encoding', 'the upstream\'s Vary alone')
+  const pre = await request(`${url}/open/a`, { method: 'PATCH', headers: {} })
+  await pre.body.text()
+  const p = await request(`${url}/open/a`, { method: 'OPTIONS', headers: preflight('https://anyone.test', 'PATCH', 'x-anything') })
+  await p.body.text()
+  t.same([p.statusCode, p.headers['access-control-allow-origin'], p.headers['access-control-allow-methods'], p.headers['access-control-allow-headers'], p.headers['access-control-max-age']], [204, '*', 'PATCH', 'x-anything', '600'], 'defaults: the method and headers asked for, 10 minutes')
+})
+
+t.test('located config errors', async t => {
+  const dir = tempDir(t, 'cors-config')
+  const cases: Array<[string, RegExp]> = [
+    ['cors: { origins: ["https://app.example.com/path"] }', /gateway\.yaml:\d+:\d+ routes\[0\]\.cors\.origins\[0\]: expected "\*" or an origin/],
+    ['cors: { origins: ["*"], credentials: true }', /routes\[0\]\.cors\.credentials: credentials: true with origins "\*"/],
+    ['cors: { origins: ["https://a.example.com"] }\n    headers: { response: { set: { access-control-allow-origin: "*" } } }', /routes\[0\]\.headers\.response\.set\.access-control-allow-origin: access-control-allow-origin is written by the route's cors/]
+  ]
+  for (const [route, want] of cases) {
+    const file = join(dir, 'gateway.yaml')
+    writeFileSync(file, `upstreams:\n  b: { targets: ["http://127.0.0.1:9"] }\nroutes:\n  - name: r\n    pathPrefix: /\n    upstream: b\n    ${route}\n`)
+    const run = await gateway(['validate', '-c', file])
+    t.equal(run.code, 1, route)
+    t.match(run.stderr, want)
+  }
+})
