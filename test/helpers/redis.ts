@@ -9,6 +9,7 @@ import { spawn, execFile, execFileSync, type ChildProcess } from 'node:child_pro
 import { readFileSync, writeFileSync } from 'node:fs'
 import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
 import { connect, createServer } from 'node:net'
+import { connect as tlsConnect, type ConnectionOptions } from 'node:tls'
 import { join } from 'node:path'
 import { promisify } from 'node:util'
 import { Redis } from 'ioredis'
@@ -100,15 +101,18 @@ async function freePort (withBus: boolean): Promise<number> {
   }
 }
 
-/** Sends one inline command over a raw socket and returns the raw reply ('' on failure). */
-async function rawCommand (port: number, command: string): Promise<string> {
+/**
+ * Sends one inline command over a raw socket and returns the raw reply ('' on failure); over TLS
+ * with `tls` (for a server that has no plain port).
+ */
+async function rawCommand (port: number, command: string, tls?: ConnectionOptions): Promise<string> {
   return await new Promise((resolve) => {
-    const sock = connect(port, '127.0.0.1')
+    const sock = tls === undefined ? connect(port, '127.0.0.1') : tlsConnect({ ...tls, port, host: '127.0.0.1' })
     let data = ''
     const done = (reply: string): void => { sock.destroy(); resolve(reply) }
     sock.setTimeout(1000, () => done(''))
     sock.on('error', () => done(''))
-    sock.on('connect', () => sock.write(`${command}\r\n`))
+    sock.on(tls === undefined ? 'connect' : 'secureConnect', () => sock.write(`${command}\r\n`))
     sock.on('data', (d: Buffer) => {
       data += d.toString()
       const bulk = /^\$(\d+)\r\n/.exec(data)
@@ -144,7 +148,11 @@ interface Node {
   stop(): Promise<void>
 }
 
-async function startNode (extraArgs: (dir: string) => string[], withBus: boolean, config?: string): Promise<Node> {
+/**
+ * `tls`: the node serves TLS alone (port 0), on the port it is known by, and is asked over TLS
+ * with these settings whether it is up.
+ */
+async function startNode (extraArgs: (dir: string) => string[], withBus: boolean, config?: string, tls?: ConnectionOptions): Promise<Node> {
   await mkdir(FIXTURES, { recursive: true })
   const dir = await mkdtemp(join(FIXTURES, 'gw-redis-'))
   // A config file comes first on the command line (sentinel mode needs one it can rewrite).
@@ -155,7 +163,8 @@ async function startNode (extraArgs: (dir: string) => string[], withBus: boolean
   }
   for (let attempt = 1; ; attempt++) {
     const port = await freePort(withBus)
-    const args = [...leading, '--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
+    const ports = tls === undefined ? ['--port', String(port)] : ['--port', '0', '--tls-port', String(port)]
+    const args = [...leading, ...ports, '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
       '--dir', dir, '--logfile', join(dir, 'redis.log'), ...extraArgs(dir)]
     const node: Node = {
       port,
@@ -166,7 +175,7 @@ async function startNode (extraArgs: (dir: string) => string[], withBus: boolean
         node.running = running
         try {
           // A password-protected server answers -NOAUTH: it is up all the same.
-          await waitFor(`redis-server on ${port}`, async () => /^(\+PONG|-NOAUTH)/.test(await rawCommand(port, 'PING')), 10_000, running.exited)
+          await waitFor(`redis-server on ${port}`, async () => /^(\+PONG|-NOAUTH)/.test(await rawCommand(port, 'PING', tls)), 10_000, running.exited)
         } catch (err) {
           const log = await readFile(join(dir, 'redis.log'), 'utf8').catch(() => '')
           throw new Error(`${(err as Error).message}\n${log.slice(-2000)}`, { cause: err })
@@ -505,11 +514,11 @@ export interface TlsRedisServer extends RedisServer {
  * A redis-server serving TLS on `tlsPort` with `certs`' server certificate, and plain TCP on
  * `port`. `authClients`: the server asks for a client certificate signed by `certs.ca`.
  */
-export async function startTlsRedis (t: Teardown, certs: RedisTlsCerts, authClients = false): Promise<TlsRedisServer> {
+export async function startTlsRedis (t: Teardown, certs: RedisTlsCerts, authClients = false, args: readonly string[] = []): Promise<TlsRedisServer> {
   const tlsPort = await freePort(false)
   const server = await startRedis(t, {
     args: ['--tls-port', String(tlsPort), '--tls-cert-file', certs.serverCert, '--tls-key-file', certs.serverKey,
-      '--tls-ca-cert-file', certs.ca, '--tls-auth-clients', authClients ? 'yes' : 'no']
+      '--tls-ca-cert-file', certs.ca, '--tls-auth-clients', authClients ? 'yes' : 'no', ...args]
   })
   const clients: Redis[] = []
   t.teardown(() => { for (const c of clients.splice(0)) c.disconnect() })
@@ -529,6 +538,50 @@ export async function startTlsRedis (t: Teardown, certs: RedisTlsCerts, authClie
       return client
     }
   }
+}
+
+/**
+ * A TLS redis-server replicating the TLS master on `masterTlsPort` over TLS (tls-replication yes):
+ * it tells its master its TLS port, which Sentinel then names when it promotes it.
+ */
+export async function startTlsRedisReplica (t: Teardown, certs: RedisTlsCerts, masterTlsPort: number): Promise<TlsRedisServer> {
+  return await startTlsRedis(t, certs, false, ['--tls-replication', 'yes', '--replicaof', '127.0.0.1', String(masterTlsPort)])
+}
+
+export interface TlsSentinelOptions {
+  /** The sentinel serves TLS alone (port 0, tls-port): `port` is then its TLS port. Default false: plain TCP. */
+  readonly tlsOnly?: boolean
+  /** down-after-milliseconds; default Sentinel's own (30 s), i.e. no failover within a test. */
+  readonly downAfterMs?: number
+  /** The sentinel asks its clients for a certificate `certs.ca` signed (tls-auth-clients yes). */
+  readonly authClients?: boolean
+}
+
+export interface TlsSentinel extends RedisSentinel {
+  /** The master address the sentinel names now, `host:port` ('' when it could not be asked). */
+  masterAddr(): Promise<string>
+}
+
+/**
+ * A Sentinel (quorum 1) watching the TLS master on `masterTlsPort` under `name`: it talks TLS to
+ * the master and its replicas (tls-replication yes, trusting `certs.ca`) and so names their TLS
+ * ports to clients. With `tlsOnly` it answers its own clients over TLS alone, with the server
+ * certificate of `certs`; otherwise over plain TCP, the shape the gateway supported first.
+ */
+export async function startTlsSentinel (t: Teardown, certs: RedisTlsCerts, masterTlsPort: number, name: string, options: TlsSentinelOptions = {}): Promise<TlsSentinel> {
+  const config = `sentinel monitor ${name} 127.0.0.1 ${masterTlsPort} 1\n` +
+    (options.downAfterMs !== undefined ? `sentinel down-after-milliseconds ${name} ${options.downAfterMs}\nsentinel failover-timeout ${name} 10000\n` : '')
+  const tls = options.tlsOnly === true ? { ca: readFileSync(certs.ca), cert: readFileSync(certs.clientCert), key: readFileSync(certs.clientKey) } : undefined
+  const node = await startNode(() => ['--sentinel', '--tls-replication', 'yes', '--tls-cert-file', certs.serverCert, '--tls-key-file', certs.serverKey,
+    '--tls-ca-cert-file', certs.ca, '--tls-auth-clients', options.authClients === true ? 'yes' : 'no'], false, config, tls)
+  t.teardown(() => stopNode(node))
+  const masterAddr = async (): Promise<string> => {
+    const reply = await rawCommand(node.port, `SENTINEL get-master-addr-by-name ${name}`, tls)
+    const parts = reply.split('\r\n').filter((l) => l !== '' && !/^[*$]/.test(l))
+    return parts.length === 2 ? `${parts[0]}:${parts[1]}` : ''
+  }
+  await waitFor('sentinel sees its master', async () => (await masterAddr()).endsWith(`:${masterTlsPort}`), 10_000, node.running?.exited)
+  return { port: node.port, masterAddr, stop: () => stopNode(node) }
 }
 
 export interface TlsRedisCluster {
