@@ -206,6 +206,7 @@ export class ResourceCache {
         ...(r.cluster !== undefined ? { cluster: r.cluster } : {}),
         ...(r.sentinels !== undefined ? { sentinels: r.sentinels.map(hp => ({ host: hp.slice(0, hp.lastIndexOf(':')), port: Number(hp.slice(hp.lastIndexOf(':') + 1)) })) } : {}),
         ...(r.name !== undefined ? { name: r.name } : {}),
+        sentinelTls: r.sentinelTls,
         ...(r.password !== undefined ? { password: r.password } : {}),
         tls,
         enableAutoPipelining: r.autoPipelining,
@@ -452,7 +453,7 @@ export class ResourceCache {
  * client, its breaker state and its heartbeat (onError is read per limit from the plan).
  */
 function redisConnectionKey (r: ResolvedRedis, tlsDigest: string): string {
-  return JSON.stringify([r.url, r.cluster, r.sentinels, r.name, r.password, r.tls, tlsDigest, r.keyPrefix, r.autoPipelining])
+  return JSON.stringify([r.url, r.cluster, r.sentinels, r.name, r.sentinelTls, r.password, r.tls, tlsDigest, r.keyPrefix, r.autoPipelining])
 }
 
 /** The masters serving slots in ioredis's slot map, as one comparable string. */

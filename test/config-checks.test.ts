@@ -366,7 +366,7 @@ t.test('jwt: exactly one key source', async t => {
   t.ok(accepted('identity: { jwt: { publicKey: p } }\n' + BASE))
 })
 
-t.test('redis: one mode, a sentinel master name, a lease TTL of at least 1 s', async t => {
+t.test('redis: one mode, a sentinel master name, sentinelTls with sentinels and tls, a lease TTL of at least 1 s', async t => {
   const message = 'gw.yaml:1:8 redis: give exactly one of "url", "cluster" or "sentinels"'
   t.same(problems('redis: { password: x }\n' + BASE), [message])
   t.same(problems('redis: { url: "redis://a:1", cluster: ["redis://b:1"] }\n' + BASE), [message])
@@ -374,6 +374,12 @@ t.test('redis: one mode, a sentinel master name, a lease TTL of at least 1 s', a
   t.same(problems('redis: { sentinels: ["a:1"] }\n' + BASE), ['gw.yaml:1:8 redis.name: sentinels need the master "name"'])
   t.ok(accepted('redis: { sentinels: ["a:1"], name: m }\n' + BASE))
   t.ok(accepted('redis: { cluster: ["redis://a:1"] }\n' + BASE))
+  t.same(problems('redis: { url: "redis://a:1", sentinelTls: true }\n' + BASE), ['gw.yaml:1:43 redis.sentinelTls: sentinelTls is for "sentinels": remove it, or give the sentinels'])
+  t.same(problems('redis: { url: "rediss://a:1", sentinelTls: false }\n' + BASE), ['gw.yaml:1:44 redis.sentinelTls: sentinelTls is for "sentinels": remove it, or give the sentinels'])
+  t.same(problems('redis: { sentinels: ["a:1"], name: m, sentinelTls: true }\n' + BASE), ['gw.yaml:1:52 redis.sentinelTls: sentinelTls uses the "tls" settings: set tls (true, or { ca, servername, cert, key })'])
+  t.same(problems('redis: { sentinels: ["a:1"], name: m, tls: false, sentinelTls: true }\n' + BASE), ['gw.yaml:1:64 redis.sentinelTls: sentinelTls uses the "tls" settings: set tls (true, or { ca, servername, cert, key })'])
+  t.ok(accepted('redis: { sentinels: ["a:1"], name: m, tls: true, sentinelTls: true }\n' + BASE))
+  t.ok(accepted('redis: { sentinels: ["a:1"], name: m, sentinelTls: false }\n' + BASE))
   t.same(problems('redis: { url: "redis://h:1", leaseTtl: 999ms }\n' + BASE), ['gw.yaml:1:40 redis.leaseTtl: leaseTtl must be at least 1s (leases are renewed every third of it)'])
   t.ok(accepted('redis: { url: "redis://h:1", leaseTtl: 1s }\n' + BASE))
 })

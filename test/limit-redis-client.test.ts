@@ -60,6 +60,7 @@ t.test('options', async (t) => {
   t.throws(() => createRedisClient({}), TypeError, 'no server given')
   t.throws(() => createRedisClient({ url: 'redis://a', cluster: ['redis://b:1'] }), TypeError, 'two modes at once')
   t.throws(() => createRedisClient({ sentinels: [{ host: 'a', port: 1 }] }), TypeError, 'sentinels without a master name')
+  t.throws(() => createRedisClient({ sentinels: [{ host: 'a', port: 1 }], name: 'm', sentinelTls: true }), TypeError, 'sentinelTls without tls settings to use')
   const client = createRedisClient({ url: secured.url, password: 's3cret', enableAutoPipelining: true })
   t.teardown(() => client.disconnect())
   t.equal(client.options.enableAutoPipelining, true)

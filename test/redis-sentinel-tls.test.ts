@@ -1,8 +1,11 @@
 // Redis Sentinel with TLS, against real processes: a redis-server master serving TLS with a
-// private CA and a redis-sentinel watching it over TLS (tls-replication yes), asked by the gateway
-// over plain TCP: the limits are decided on the master, read back over TLS, and a CA that did not
-// sign the master's certificate leaves the gateway serving on its fallback and saying why.
+// private CA and a redis-sentinel watching it over TLS (tls-replication yes). The sentinels are
+// asked over plain TCP (the shape supported first) or, with redis.sentinelTls, over TLS to a
+// sentinel that serves TLS alone (port 0, tls-port); the limits are decided on the master, read
+// back over TLS. A CA that did not sign the master's certificate leaves the gateway serving on its
+// fallback and saying why; a reload that turns sentinelTls on reconnects.
 import t from 'tap'
+import { writeFileSync } from 'node:fs'
 import { startGateway } from './helpers/gateway.js'
 import { makeRedisTlsCerts, startTlsRedis, startTlsSentinel } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
@@ -55,6 +58,28 @@ t.test('sentinels over plain TCP, the master over TLS with a private CA: a limit
   t.same(gw.lines.filter(l => /TLS|not reachable/.test(String(l.msg))), [], 'nothing logged about TLS or reachability')
 })
 
+t.test('sentinelTls: true against a sentinel serving TLS alone: the sentinel is asked over TLS, the limit decided on the master', async t => {
+  const master = await startTlsRedis(t, certs)
+  const sentinel = await startTlsSentinel(t, certs, master.tlsPort, 'tlssent', { tlsOnly: true })
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, 'sent-tls', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: tlssent, tls: { ca: ${certs.ca}, servername: localhost }, sentinelTls: true, timeout: 2s, onError: deny }`))
+  t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429], '3 x 200, then 429')
+  t.equal(up.requests, 3)
+  t.equal((await readyz(gw.adminUrl)).redis.state, 'up', '/readyz: Redis is up')
+  const keys = await master.tlsClient().keys('gw:*sent-tls*')
+  t.ok(keys.length > 0, `the limit's key is on the master, read over TLS (${keys.join(', ')})`)
+  t.same(gw.lines.filter(l => /TLS|not reachable/.test(String(l.msg))), [], 'nothing logged about TLS or reachability')
+})
+
+t.test('sentinelTls: the client certificate of redis.tls is shown to a sentinel with tls-auth-clients yes', async t => {
+  const master = await startTlsRedis(t, certs, true)
+  const sentinel = await startTlsSentinel(t, certs, master.tlsPort, 'authsent', { tlsOnly: true, authClients: true })
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, 'sent-auth', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: authsent, tls: { ca: ${certs.ca}, cert: ${certs.clientCert}, key: ${certs.clientKey} }, sentinelTls: true, timeout: 2s, onError: deny }`))
+  t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429], '3 x 200, then 429')
+  t.ok((await master.tlsClient().keys('gw:*sent-auth*')).length > 0, 'the key is on the master')
+})
+
 t.test('sentinels over plain TCP with a CA that did not sign the master\'s certificate: served by the fallback, the reason warned of once', async t => {
   const master = await startTlsRedis(t, certs)
   const sentinel = await startTlsSentinel(t, certs, master.tlsPort, 'wrongmaster')
@@ -66,4 +91,19 @@ t.test('sentinels over plain TCP with a CA that did not sign the master\'s certi
   t.equal(tls.length, 1, 'warned of once')
   t.match(tls[0], { level: 40, code: /CERT|VERIFY/ }, 'with the reason Node gave')
   t.same(await master.tlsClient().keys('gw:*sent-wrong-master*'), [], 'nothing was counted on the master')
+})
+
+t.test('a reload that turns sentinelTls on reconnects: the limits move from the fallback onto the master', async t => {
+  const master = await startTlsRedis(t, certs)
+  const sentinel = await startTlsSentinel(t, certs, master.tlsPort, 'reloadsent', { tlsOnly: true })
+  const up = await startUpstream(t)
+  const redis = (sentinelTls: boolean): string => `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: reloadsent, tls: { ca: ${certs.ca} }, sentinelTls: ${sentinelTls}, timeout: 2s, onError: allow }`
+  const gw = await startGateway(t, config(up.url, 'sent-reload', redis(false)))
+  t.equal((await readyz(gw.adminUrl)).redis.state, 'fallback', 'plain TCP to a sentinel serving TLS alone: Redis is not up')
+  writeFileSync(gw.configFile, config(up.url, 'sent-reload', redis(true)))
+  const result = await gw.reload()
+  t.equal(result.ok, true, `reloaded (${result.ok ? '' : result.error})`)
+  t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429], 'decided on the master now: 3 x 200, then 429')
+  t.equal((await readyz(gw.adminUrl)).redis.state, 'up')
+  t.ok((await master.tlsClient().keys('gw:*sent-reload*')).length > 0, 'the key is on the master')
 })

@@ -2,7 +2,7 @@
 // there (redis.tls: { ca }), a client certificate gets through a server with tls-auth-clients yes,
 // a CA that did not sign the server's certificate leaves the gateway serving on its fallback and
 // saying why, and a CA file that is missing or not a certificate is a located config error. Redis
-// Cluster over TLS (tls-cluster yes) too; Sentinel over TLS is not tested here.
+// Cluster over TLS (tls-cluster yes) too; Sentinel over TLS is in test/redis-sentinel-tls.test.ts.
 import t from 'tap'
 import { copyFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'

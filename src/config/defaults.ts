@@ -25,7 +25,7 @@ type Filled<T, K extends keyof T> = Omit<T, K> & { [P in K]-?: Exclude<T[P], und
 
 export type ResolvedLimit = Filled<LimitConfig, 'algorithm' | 'cost' | 'mode' | 'status' | 'onError'>
 export type ResolvedQuota = Filled<QuotaConfig, 'cost' | 'status' | 'onError'>
-export type ResolvedRedis = Filled<RedisConfig, 'tls' | 'keyPrefix' | 'timeout' | 'onError' | 'autoPipelining' | 'leaseTtl' | 'expectedInstances'>
+export type ResolvedRedis = Filled<RedisConfig, 'tls' | 'sentinelTls' | 'keyPrefix' | 'timeout' | 'onError' | 'autoPipelining' | 'leaseTtl' | 'expectedInstances'>
 export interface ResolvedTarget { url: string, weight: number }
 export interface ResolvedUpstream {
   targets: ResolvedTarget[]
@@ -184,6 +184,7 @@ export function applyDefaults (c: GatewayConfig): ResolvedConfig {
     resolved.redis = {
       ...c.redis,
       tls: c.redis.tls ?? false,
+      sentinelTls: c.redis.sentinelTls ?? false,
       keyPrefix: c.redis.keyPrefix ?? DEFAULT_KEY_PREFIX,
       timeout: c.redis.timeout ?? '50ms',
       onError,

@@ -227,6 +227,8 @@ export const redisSchema = z.strictObject({
       servername: z.string().min(1).optional().describe('name the server certificate must hold (and SNI); default the host connected to')
     }).refine(t => (t.cert === undefined) === (t.key === undefined), { message: 'cert and key go together: give both or neither', path: ['cert'] })
   ]).optional().describe('true: TLS checked against Node\'s default CAs (rediss:// URLs imply it); an object: TLS with those settings'),
+  sentinelTls: z.boolean().optional()
+    .describe('with sentinels and tls: true asks the sentinels over TLS too, with the same tls settings (a sentinel serving tls-port); default false: the sentinels over plain TCP, the master and replicas over TLS'),
   keyPrefix: z.string().regex(/^[A-Za-z0-9_.:-]+$/).optional().describe('default "gw"'),
   timeout: wait.optional().describe('bound on every Redis call; default 50ms'),
   onError: z.enum(ON_ERROR).optional().describe('default local'),

@@ -19,6 +19,8 @@ export interface RedisClientOptions {
   readonly sentinels?: ReadonlyArray<{ readonly host: string, readonly port: number }>
   /** Sentinel master name. */
   readonly name?: string
+  /** Ask the sentinels over TLS too, with `tls` (which it needs); default false: plain TCP. */
+  readonly sentinelTls?: boolean
   readonly password?: string
   /** true: TLS checked against Node's default CAs; an object: TLS with a private CA, a client certificate, a name. */
   readonly tls?: boolean | RedisTlsOptions
@@ -124,15 +126,18 @@ export function createRedisClient (opts: RedisClientOptions): Redis | Cluster {
   } else if (opts.sentinels !== undefined) {
     if (opts.name === undefined) throw new TypeError('createRedisClient: sentinels need the master name')
     // The master (and replica) connections take the TLS settings; the sentinels themselves are
-    // asked over plain TCP, as before (ioredis's sentinelTLS is not set).
+    // asked over plain TCP unless sentinelTls says they serve TLS (ioredis's sentinelTLS, which
+    // its own sentinel connections and the failover detector's subscriptions use).
     const tls = tlsOptions(opts.tls, false)
+    if (opts.sentinelTls === true && tls === null) throw new TypeError('createRedisClient: sentinelTls needs tls')
     client = new Redis({
       ...common(opts),
       sentinels: opts.sentinels.map(({ host, port }) => ({ host, port })),
       name: opts.name,
       role: 'master',
       sentinelRetryStrategy: reconnectDelayMs,
-      ...(tls !== null ? { tls, enableTLSForSentinelMode: true } : {})
+      ...(tls !== null ? { tls, enableTLSForSentinelMode: true } : {}),
+      ...(opts.sentinelTls === true && tls !== null ? { sentinelTLS: tls } : {})
     })
   } else {
     const url = opts.url as string
