@@ -13,7 +13,7 @@ import { LocalLevel, DenyCache } from './limit/local-level.js'
 import { createMemoryStore, type MemoryStore } from './limit/memory-store.js'
 import { createRedisStore } from './limit/redis-store.js'
 import { createHash } from 'node:crypto'
-import { clusterNodes, clusterTlsFailure, createRedisClient, isTlsFailure, whenReady, type RedisClientOptions, type RedisTlsOptions } from './limit/redis-client.js'
+import { clusterNodes, createRedisClient, discoveryTlsFailure, isTlsFailure, whenReady, type RedisClientOptions, type RedisTlsOptions } from './limit/redis-client.js'
 import { InstanceHeartbeat } from './limit/heartbeat.js'
 import { RedisGuard, type BreakerState } from './limit/redis-guard.js'
 import { LeaseKeeper } from './limit/concurrency.js'
@@ -41,7 +41,7 @@ interface RedisBundle {
   readonly leases: LeaseKeeper
   /** The client's last connection error, for the start-up warning: null once it is ready. */
   readonly lastError: () => string | null
-  /** Under Cluster with TLS: why a handshake with a seed fails (see clusterTlsFailure). */
+  /** Under Cluster, or Sentinel with sentinelTls: why a handshake with a seed or sentinel fails (see discoveryTlsFailure). */
   readonly tlsFailure: () => Promise<Error | null>
 }
 
@@ -281,7 +281,7 @@ export class ResourceCache {
         ttlMs: parseDuration(r.leaseTtl),
         onError: (err, what) => { this.logger.debug({ err: (err as Error).message, what }, 'concurrency lease call failed: the lease expires within leaseTtl') }
       })
-      this.redis.set(key, bundle = { client, store, heartbeat, guard, bus, leases, lastError: () => lastError, tlsFailure: async () => await clusterTlsFailure(clientOptions) })
+      this.redis.set(key, bundle = { client, store, heartbeat, guard, bus, leases, lastError: () => lastError, tlsFailure: async () => await discoveryTlsFailure(clientOptions) })
     }
     // An existing connection keeps its settings until `commit`: the running runtime uses it.
     return bundle.guard
@@ -300,7 +300,8 @@ export class ResourceCache {
       await bundle.heartbeat.beat()
     } catch (err) {
       // why it is not: "not ready after 2000 ms" alone sends an operator looking in the wrong place
-      const tls = bundle.client instanceof Cluster ? await bundle.tlsFailure() : null
+      // null where the client's own errors carry the reason (a URL, a Sentinel's master)
+      const tls = await bundle.tlsFailure()
       if (tls !== null && isTlsFailure(tls)) {
         this.warnTlsFailure(tls)
       }

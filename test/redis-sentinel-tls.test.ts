@@ -2,8 +2,8 @@
 // private CA and a redis-sentinel watching it over TLS (tls-replication yes). The sentinels are
 // asked over plain TCP (the shape supported first) or, with redis.sentinelTls, over TLS to a
 // sentinel that serves TLS alone (port 0, tls-port); the limits are decided on the master, read
-// back over TLS. A CA that did not sign the master's certificate leaves the gateway serving on its
-// fallback and saying why; a reload that turns sentinelTls on reconnects.
+// back over TLS. A CA that did not sign the sentinel's certificate leaves the gateway serving on
+// its fallback and saying why; a reload that turns sentinelTls on reconnects.
 import t from 'tap'
 import { writeFileSync } from 'node:fs'
 import { startGateway } from './helpers/gateway.js'
@@ -78,6 +78,26 @@ t.test('sentinelTls: the client certificate of redis.tls is shown to a sentinel 
   const gw = await startGateway(t, config(up.url, 'sent-auth', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: authsent, tls: { ca: ${certs.ca}, cert: ${certs.clientCert}, key: ${certs.clientKey} }, sentinelTls: true, timeout: 2s, onError: deny }`))
   t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429], '3 x 200, then 429')
   t.ok((await master.tlsClient().keys('gw:*sent-auth*')).length > 0, 'the key is on the master')
+})
+
+t.test('sentinelTls with a CA that did not sign the sentinel\'s certificate: served by the fallback, the reason warned of once', async t => {
+  const master = await startTlsRedis(t, certs)
+  const sentinel = await startTlsSentinel(t, certs, master.tlsPort, 'wrongsent', { tlsOnly: true })
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, 'sent-wrong', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: wrongsent, tls: { ca: ${other.ca} }, sentinelTls: true, timeout: 200ms, onError: allow }`))
+  t.same(await statuses(`${gw.url}/x`, 5), [200, 200, 200, 200, 200], 'onError: allow admits every request, no 5xx')
+  const ready = await readyz(gw.adminUrl)
+  t.equal(ready.status, 'degraded')
+  t.equal(ready.redis.state, 'fallback', '/readyz: Redis is not up')
+  t.equal(ready.redis.connected, false)
+  // ioredis drops the errors of its sentinel connections ("All sentinels are unreachable" carries
+  // no code): the gateway's own handshake with the first sentinel names the reason
+  const tls = tlsWarnings(gw.lines)
+  t.equal(tls.length, 1, 'the refused certificate is warned of once, not at every retry')
+  t.match(tls[0], { level: 40, code: /CERT|VERIFY/ }, 'with the reason Node gave')
+  const notReady = gw.lines.find(l => String(l.msg).startsWith('Redis is not reachable yet'))
+  t.match(notReady, { cause: /certificate/i }, 'the start-up warning says why Redis is not reachable')
+  t.same(await master.tlsClient().keys('gw:*sent-wrong*'), [], 'nothing was counted on the master')
 })
 
 t.test('sentinels over plain TCP with a CA that did not sign the master\'s certificate: served by the fallback, the reason warned of once', async t => {

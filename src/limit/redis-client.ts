@@ -169,20 +169,35 @@ export function isTlsFailure (err: unknown): boolean {
   return CERTIFICATE_REFUSED.has(code) || code.startsWith('ERR_SSL_') || code.startsWith('ERR_TLS_')
 }
 
-/**
- * Under Cluster, why TLS to the first seed node fails, or null when it does not (or without TLS).
- * ioredis asks for the slot map on a connection of its own whose errors it drops, and reports
- * "Failed to refresh slots cache" with "Connection is closed." as the reason: a refused
- * certificate would never be named. One handshake with the same settings names it.
- */
-export async function clusterTlsFailure (opts: RedisClientOptions, timeoutMs = 2000): Promise<Error | null> {
+/** The server discoveryTlsFailure checks, with the TLS settings the client uses for it; null when it is not asked over TLS. */
+function discoveryTls (opts: RedisClientOptions): { host: string, port: number, tls: ConnectionOptions } | null {
   const seed = opts.cluster?.[0]
-  if (seed === undefined) return null
-  const node = parseNode(seed)
-  const tls = tlsOptions(opts.tls, (opts.cluster ?? []).some((n) => parseNode(n).tls))
-  if (tls === null) return null
+  if (seed !== undefined) {
+    const node = parseNode(seed)
+    const tls = tlsOptions(opts.tls, (opts.cluster ?? []).some((n) => parseNode(n).tls))
+    return tls === null ? null : { host: node.host, port: node.port, tls }
+  }
+  const sentinel = opts.sentinels?.[0]
+  if (sentinel !== undefined && opts.sentinelTls === true) {
+    const tls = tlsOptions(opts.tls, false)
+    return tls === null ? null : { ...sentinel, tls }
+  }
+  return null
+}
+
+/**
+ * Why TLS to the server ioredis discovers the others from fails, or null when it does not (or
+ * without TLS there): the first seed node under Cluster, the first sentinel under Sentinel with
+ * sentinelTls. ioredis drops the errors of those connections: under Cluster it reports "Failed
+ * to refresh slots cache" with "Connection is closed." as the reason, under Sentinel "All
+ * sentinels are unreachable" with the same, so a refused certificate would never be named. One
+ * handshake with the same settings names it.
+ */
+export async function discoveryTlsFailure (opts: RedisClientOptions, timeoutMs = 2000): Promise<Error | null> {
+  const node = discoveryTls(opts)
+  if (node === null) return null
   return await new Promise((resolve) => {
-    const socket = tlsConnect({ ...tls, host: node.host, port: node.port, timeout: timeoutMs })
+    const socket = tlsConnect({ ...node.tls, host: node.host, port: node.port, timeout: timeoutMs })
     const done = (err: Error | null): void => {
       socket.destroy()
       resolve(err)
