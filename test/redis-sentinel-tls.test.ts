@@ -3,11 +3,12 @@
 // asked over plain TCP (the shape supported first) or, with redis.sentinelTls, over TLS to a
 // sentinel that serves TLS alone (port 0, tls-port); the limits are decided on the master, read
 // back over TLS. A CA that did not sign the sentinel's certificate leaves the gateway serving on
-// its fallback and saying why; a reload that turns sentinelTls on reconnects.
+// its fallback and saying why; a reload that turns sentinelTls on reconnects; a failover to a TLS
+// replica keeps the limit decided on Redis.
 import t from 'tap'
 import { writeFileSync } from 'node:fs'
 import { startGateway } from './helpers/gateway.js'
-import { makeRedisTlsCerts, startTlsRedis, startTlsSentinel } from './helpers/redis.js'
+import { makeRedisTlsCerts, startTlsRedis, startTlsRedisReplica, startTlsSentinel } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { tempDir } from './helpers/teardown.js'
 
@@ -40,6 +41,17 @@ async function statuses (url: string, n: number): Promise<number[]> {
 
 async function readyz (adminUrl: string): Promise<{ status: string, redis: { state: string, connected: boolean } }> {
   return await (await fetch(`${adminUrl}/readyz`)).json() as { status: string, redis: { state: string, connected: boolean } }
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
+
+async function until (what: string, probe: () => Promise<boolean>, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs
+  while (Date.now() < deadline) {
+    if (await probe().catch(() => false)) return
+    await sleep(50)
+  }
+  throw new Error(`${what}: timed out after ${timeoutMs} ms`)
 }
 
 const tlsWarnings = (lines: ReadonlyArray<Record<string, unknown>>): Array<Record<string, unknown>> =>
@@ -126,4 +138,27 @@ t.test('a reload that turns sentinelTls on reconnects: the limits move from the 
   t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429], 'decided on the master now: 3 x 200, then 429')
   t.equal((await readyz(gw.adminUrl)).redis.state, 'up')
   t.ok((await master.tlsClient().keys('gw:*sent-reload*')).length > 0, 'the key is on the master')
+})
+
+t.test('a failover over TLS: the TLS replica the TLS-only sentinel promotes decides the limit, the count carried over', async t => {
+  const master = await startTlsRedis(t, certs)
+  const replica = await startTlsRedisReplica(t, certs, master.tlsPort)
+  await until('replica in sync over TLS', async () => /master_link_status:up/.test(await replica.tlsClient().info('replication')), 15_000)
+  const sentinel = await startTlsSentinel(t, certs, master.tlsPort, 'failsent', { tlsOnly: true, downAfterMs: 1000 })
+  // Sentinel learns of replicas from the master's INFO: it must know this one before the master dies
+  await until('sentinel knows the replica', async () => (await sentinel.command('SENTINEL replicas failsent')).includes(String(replica.tlsPort)), 15_000)
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, 'sent-failover', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: failsent, tls: { ca: ${certs.ca} }, sentinelTls: true, timeout: 2s, onError: deny }`))
+  t.same(await statuses(`${gw.url}/x`, 1), [200], 'one of 3 spent on the first master')
+  t.equal(await master.tlsClient().wait(1, 5000), 1, 'the count reached the replica')
+  await master.kill()
+  await until('the sentinel promotes the replica', async () => (await sentinel.masterAddr()).endsWith(`:${replica.tlsPort}`), 20_000)
+  await until('the gateway is back on Redis', async () => {
+    const ready = await readyz(gw.adminUrl)
+    return ready.redis.state === 'up' && ready.redis.connected
+  }, 15_000)
+  t.same(await statuses(`${gw.url}/x`, 3), [200, 200, 429], 'the 2 left, then 429: decided on the new master')
+  const keys = await replica.tlsClient().keys('gw:*sent-failover*')
+  t.ok(keys.length > 0, `the limit's key is on the promoted replica, read over TLS (${keys.join(', ')})`)
+  t.same(tlsWarnings(gw.lines), [], 'no TLS handshake refused on the way')
 })

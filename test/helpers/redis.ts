@@ -560,6 +560,8 @@ export interface TlsSentinelOptions {
 export interface TlsSentinel extends RedisSentinel {
   /** The master address the sentinel names now, `host:port` ('' when it could not be asked). */
   masterAddr(): Promise<string>
+  /** The raw reply to one inline command (e.g. `SENTINEL replicas name`), '' when it could not be asked. */
+  command(command: string): Promise<string>
 }
 
 /**
@@ -581,7 +583,7 @@ export async function startTlsSentinel (t: Teardown, certs: RedisTlsCerts, maste
     return parts.length === 2 ? `${parts[0]}:${parts[1]}` : ''
   }
   await waitFor('sentinel sees its master', async () => (await masterAddr()).endsWith(`:${masterTlsPort}`), 10_000, node.running?.exited)
-  return { port: node.port, masterAddr, stop: () => stopNode(node) }
+  return { port: node.port, masterAddr, command: async (command) => await rawCommand(node.port, command, tls), stop: () => stopNode(node) }
 }
 
 export interface TlsRedisCluster {
