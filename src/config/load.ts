@@ -646,8 +646,8 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
     const modes = [redis.url, redis.cluster, redis.sentinels].filter(v => v !== undefined).length
     if (modes !== 1) out.push([['redis'], 'give exactly one of "url", "cluster" or "sentinels"'])
     if (redis.sentinels !== undefined && redis.name === undefined) out.push([['redis', 'name'], 'sentinels need the master "name"'])
-    // Said rather than ignored: a sentinelTls set for sentinels that are not there, or with no TLS
-    // settings to use, would leave the operator believing the sentinels are asked over TLS.
+    // Said rather than ignored: a sentinelTls with no sentinels to apply to, or no tls settings to
+    // apply, was written expecting an effect it would not have.
     if (redis.sentinelTls !== undefined && redis.sentinels === undefined) out.push([['redis', 'sentinelTls'], 'sentinelTls is for "sentinels": remove it, or give the sentinels'])
     else if (redis.sentinelTls === true && (redis.tls === undefined || redis.tls === false)) out.push([['redis', 'sentinelTls'], 'sentinelTls uses the "tls" settings: set tls (true, or { ca, servername, cert, key })'])
   }

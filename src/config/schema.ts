@@ -228,7 +228,7 @@ export const redisSchema = z.strictObject({
     }).refine(t => (t.cert === undefined) === (t.key === undefined), { message: 'cert and key go together: give both or neither', path: ['cert'] })
   ]).optional().describe('true: TLS checked against Node\'s default CAs (rediss:// URLs imply it); an object: TLS with those settings'),
   sentinelTls: z.boolean().optional()
-    .describe('with sentinels and tls: true asks the sentinels over TLS too, with the same tls settings (a sentinel serving tls-port); default false: the sentinels over plain TCP, the master and replicas over TLS'),
+    .describe('with sentinels: true asks the sentinels over TLS too (sentinels serving tls-port), with the same tls settings (CA, servername, client certificate), so tls must be set; default false: the sentinels over plain TCP, the master and replicas over TLS when tls is set'),
   keyPrefix: z.string().regex(/^[A-Za-z0-9_.:-]+$/).optional().describe('default "gw"'),
   timeout: wait.optional().describe('bound on every Redis call; default 50ms'),
   onError: z.enum(ON_ERROR).optional().describe('default local'),
