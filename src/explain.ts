@@ -53,6 +53,17 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   const hostHeader = authority ?? headers.host
   const host = normalizeHost(hostHeader)
   lines.push(`request: ${method} ${normalized.path}${requestTargetQuery(req.url)} (${hostHeader === undefined ? 'no Host header' : `host "${hostHeader}"`})`)
+  // a CORS preflight is routed by the method it asks for and answered by the gateway when that
+  // route has cors, as src/pipeline.ts does
+  const asked = method === 'OPTIONS' && headers.origin !== undefined ? headers['access-control-request-method'] : undefined
+  const preflightRoute = asked === undefined ? null : rt.routes.match(host, asked, normalized.path)
+  if (preflightRoute !== null && preflightRoute.cors !== null) {
+    const answer = preflightRoute.cors.preflight(headers.origin as string, asked as string, headers['access-control-request-headers'])
+    const result = answer.ok
+      ? `204, answered by the gateway (${answer.headers.flatMap((v, i) => i % 2 === 0 && v !== 'vary' ? [`${v}: ${answer.headers[i + 1] as string}`] : []).join(', ')})`
+      : `403 GW_ERR_CORS_REJECTED (${answer.reason})`
+    return lines.concat(`route:   ${preflightRoute.name} -> CORS preflight for ${asked as string}: ${result}; not forwarded, no credentials checked, no limit charged`, '').join('\n')
+  }
   const route = rt.routes.match(host, method, normalized.path)
   if (route === null) {
     const allow = rt.routes.allowedMethods(host, normalized.path)
