@@ -6,6 +6,7 @@ import { METHODS } from 'node:http'
 import { normalizePath, requestTargetAuthority, requestTargetPath, requestTargetQuery } from './router/normalize-path.js'
 import { normalizeHost } from './router/route-table.js'
 import { checkTargetAuthority } from './router/request-head.js'
+import { preflightMethod } from './router/cors.js'
 import { dimensionValue, keyFor, limitsFor } from './limit/plan.js'
 import type { IdentityResult } from './identify/identity.js'
 import type { Runtime } from './runtime.js'
@@ -55,14 +56,14 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   lines.push(`request: ${method} ${normalized.path}${requestTargetQuery(req.url)} (${hostHeader === undefined ? 'no Host header' : `host "${hostHeader}"`})`)
   // a CORS preflight is routed by the method it asks for and answered by the gateway when that
   // route has cors, as src/pipeline.ts does
-  const asked = method === 'OPTIONS' && headers.origin !== undefined ? headers['access-control-request-method'] : undefined
-  const preflightRoute = asked === undefined ? null : rt.routes.match(host, asked, normalized.path)
-  if (preflightRoute !== null && preflightRoute.cors !== null) {
-    const answer = preflightRoute.cors.preflight(headers.origin as string, asked as string, headers['access-control-request-headers'])
+  const asked = preflightMethod(method, headers.origin, headers['access-control-request-method'])
+  const preflightRoute = asked === null ? null : rt.routes.match(host, asked, normalized.path)
+  if (asked !== null && preflightRoute !== null && preflightRoute.cors !== null) {
+    const answer = preflightRoute.cors.preflight(headers.origin as string, asked, headers['access-control-request-headers'])
     const result = answer.ok
       ? `204, answered by the gateway (${answer.headers.flatMap((v, i) => i % 2 === 0 && v !== 'vary' ? [`${v}: ${answer.headers[i + 1] as string}`] : []).join(', ')})`
       : `403 GW_ERR_CORS_REJECTED (${answer.reason})`
-    return lines.concat(`route:   ${preflightRoute.name} -> CORS preflight for ${asked as string}: ${result}; not forwarded, no credentials checked, no limit charged`, '').join('\n')
+    return lines.concat(`route:   ${preflightRoute.name} -> CORS preflight for ${asked}: ${result}; not forwarded, no credentials checked, no limit charged`, '').join('\n')
   }
   const route = rt.routes.match(host, method, normalized.path)
   if (route === null) {

@@ -19,7 +19,7 @@ import { ERRORS, GatewayError, sendError, sendJsonText, writeError, writeRawJson
 import { cutByGateway } from './proxy/shutdown-cut.js'
 import { KIND_CODES } from './proxy/upstream-errors.js'
 import type { CompiledRoute, Runtime } from './runtime.js'
-import type { CompiledCors } from './router/cors.js'
+import { preflightMethod, type CompiledCors } from './router/cors.js'
 import type { LimitVerdict, RejectVerdict } from './limit/limiter.js'
 import { RequestRecord, type Admission as RecordedAdmission } from './request-record.js'
 import type { HeldLease } from './limit/concurrency.js'
@@ -91,8 +91,8 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   if (req.method === 'OPTIONS') {
     // A CORS preflight belongs to the route of the request it announces: routed by the method it
     // asks for. Answered by the gateway when that route has cors; otherwise an OPTIONS as before.
-    const asked = req.headers['access-control-request-method']
-    const forRoute = typeof asked === 'string' && req.headers.origin !== undefined ? rt.routes.match(host, asked, normalized.path) : null
+    const asked = preflightMethod(req.method, req.headers.origin, req.headers['access-control-request-method'])
+    const forRoute = asked === null ? null : rt.routes.match(host, asked, normalized.path)
     if (forRoute !== null && forRoute.cors !== null) {
       route = forRoute
       preflight = true

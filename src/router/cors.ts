@@ -42,6 +42,14 @@ export const CORS_RESPONSE_FIELDS: readonly string[] = [
 
 const ORIGIN_RE = /^(https?):\/\/(\*\.)?([a-z0-9-]+(?:\.[a-z0-9-]+)*)(:\d{1,5})?$/
 
+/**
+ * The method a CORS preflight asks for (an OPTIONS with Origin and one
+ * Access-Control-Request-Method), or null when the request is none.
+ */
+export function preflightMethod (method: string | undefined, origin: string | undefined, asked: string | string[] | undefined): string | null {
+  return method === 'OPTIONS' && origin !== undefined && typeof asked === 'string' ? asked : null
+}
+
 /** True for "*" and for what `origins` accepts; the config schema's check. */
 export function isCorsOrigin (value: string): boolean {
   return value === '*' || ORIGIN_RE.test(value.toLowerCase())
