@@ -15,8 +15,28 @@ reset  resets them: the Redis keys, and the local level and deny cache on every 
        (DELETE /limits; needs the admin token: --token, $GATEWAY_ADMIN_TOKEN or the file's admin.token)
 The admin address is --admin, else the config file's admin. With admin.reads: token a get needs
 the token too (from --token, $GATEWAY_ADMIN_TOKEN, or the file when --admin is not given or -c is).
-Exit 0 ok, 1 refused, 2 usage, 4 admin listener unreachable.
+Exit 0 ok, 1 refused (or an answer that is not the admin API's), 2 usage, 4 admin listener
+unreachable or no answer within 5 s.
 `
+
+/** How long the admin listener has to answer, body included. */
+const ANSWER_WITHIN_MS = 5000
+
+/** Why fetch gave up, in words: undici's own message is "fetch failed", its reason in `cause`. */
+function unreachable (err: unknown): string {
+  if ((err as Error).name === 'TimeoutError') return `did not answer within ${ANSWER_WITHIN_MS / 1000} s`
+  const cause = (err as { cause?: unknown }).cause
+  return `unreachable: ${cause instanceof Error ? cause.message : (err as Error).message}`
+}
+
+function parseObject (text: string): Record<string, unknown> | null {
+  try {
+    const parsed: unknown = JSON.parse(text)
+    return parsed !== null && typeof parsed === 'object' && !Array.isArray(parsed) ? parsed as Record<string, unknown> : null
+  } catch {
+    return null
+  }
+}
 
 interface LimitView {
   readonly name: string
@@ -80,19 +100,31 @@ export async function limitsCommand (argv: string[]): Promise<number> {
   if (values.ip !== undefined) query.set('ip', values.ip)
   if (values.user !== undefined) query.set('user', values.user)
   if (values.plan !== undefined) query.set('plan', values.plan)
-  const url = `http://${h.includes(':') ? `[${h}]` : h}:${port}/limits?${query.toString()}`
+  const base = `http://${h.includes(':') ? `[${h}]` : h}:${port}`
+  const url = `${base}/limits?${query.toString()}`
+  // The body is read inside the same bound as the headers: a listener that sent its headers and
+  // then stalled was an AbortError out of res.json(), exit 1 with "The operation was aborted".
   let res: Response
+  let text: string
   try {
     res = await fetch(url, {
       method: action === 'get' ? 'GET' : 'DELETE',
       headers: token !== undefined ? { authorization: `Bearer ${token}` } : {},
-      signal: AbortSignal.timeout(5000)
+      signal: AbortSignal.timeout(ANSWER_WITHIN_MS)
     })
+    text = await res.text()
   } catch (err) {
-    process.stderr.write(`gateway limits: admin listener ${url.split('/limits')[0]} unreachable: ${(err as Error).message}\n`)
+    process.stderr.write(`gateway limits: admin listener ${base} ${unreachable(err)}\n`)
     return 4
   }
-  const body = await res.json() as Record<string, unknown>
+  // Something other than the gateway's JSON (a proxy's HTML error page, node's bare 431 for a
+  // request line too long): res.json() threw "Unexpected token '<'", which named no status.
+  const body = parseObject(text)
+  const listed = action === 'get' ? body?.limits : body?.reset
+  if (body === null || (res.ok && !Array.isArray(listed))) {
+    process.stderr.write(`gateway limits ${action}: ${base} answered ${res.status} ${res.statusText}, not the admin API's JSON${text.length === 0 ? ' (empty body)' : `: ${JSON.stringify(text.slice(0, 80))}`}\n`)
+    return 1
+  }
   if (values.json === true) process.stdout.write(JSON.stringify(body, null, 2) + '\n')
   if (!res.ok) {
     process.stderr.write(`gateway limits ${action}: ${res.status} ${String(body.error)}: ${String(body.message)}\n`)

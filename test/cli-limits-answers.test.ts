@@ -1,0 +1,43 @@
+// `gateway limits` facing an admin address that does not give the admin API's JSON answer: a
+// proxy's HTML error page, node's bare 431 for a request line too long, a listener that stalls
+// after its headers, nothing listening. Each is one line on stderr naming what answered, and an
+// exit code from the documented table; stdout stays empty for the script reading it.
+import t from 'tap'
+import { startHttpServer, startUpstream, refusingUrl } from './helpers/upstream.js'
+import { spawnGateway } from './helpers/gateway.js'
+import { gateway, oneRoute } from './helpers/cli.js'
+
+const addr = (url: string): string => url.slice('http://'.length)
+
+t.test('an answer that is not the admin API\'s JSON names its status; a stall is exit 4', async t => {
+  const html = await startHttpServer(t, (_req, res) => {
+    res.writeHead(502, { 'content-type': 'text/html' })
+    res.end('<html><body>Bad Gateway</body></html>')
+  })
+  // headers at once, then nothing: the 5 s bound covered the headers alone, and the stalled body
+  // was an exit 1 "The operation was aborted due to timeout"
+  const stalled = await startHttpServer(t, (_req, res) => {
+    res.writeHead(200, { 'content-type': 'application/json' })
+    res.write('{"route":')
+  })
+  const proxied = await gateway(['limits', 'get', '--route', 'api', '--admin', addr(html.url)])
+  t.equal(proxied.code, 1, proxied.stderr)
+  t.equal(proxied.stderr, `gateway limits get: ${html.url} answered 502 Bad Gateway, not the admin API's JSON: "<html><body>Bad Gateway</body></html>"\n`)
+  t.equal(proxied.stdout, '')
+  const stall = await gateway(['limits', 'reset', '--route', 'api', '--admin', addr(stalled.url), '--token', 't'])
+  t.equal(stall.code, 4, stall.stderr)
+  t.equal(stall.stderr, `gateway limits: admin listener ${stalled.url} did not answer within 5 s\n`)
+  const refusing = await refusingUrl()
+  const refused = await gateway(['limits', 'get', '--route', 'api', '--admin', addr(refusing)])
+  t.equal(refused.code, 4, refused.stderr)
+  t.equal(refused.stderr, `gateway limits: admin listener ${refusing} unreachable: connect ECONNREFUSED ${addr(refusing)}\n`, 'the reason, where it said "fetch failed"')
+})
+
+t.test('a --user too long for the admin listener\'s request line: its 431 named, not "Unexpected end of JSON input"', async t => {
+  const up = await startUpstream(t)
+  const gw = await spawnGateway(t, oneRoute(up.url, 'api'))
+  const r = await gateway(['limits', 'get', '--route', 'api', '--user', 'u'.repeat(20_000), '--admin', `127.0.0.1:${gw.adminPort}`])
+  t.equal(r.code, 1, r.stderr)
+  t.equal(r.stderr, `gateway limits get: http://127.0.0.1:${gw.adminPort} answered 431 Request Header Fields Too Large, not the admin API's JSON (empty body)\n`)
+  t.equal(r.stdout, '')
+})
