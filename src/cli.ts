@@ -8,7 +8,7 @@ import { checkRuntime, compileOffline } from './runtime.js'
 import { Gateway, restartNeededMessage, splitHostPort, type ReloadSource } from './server.js'
 import type { LogLevel } from './log.js'
 import { explain } from './explain.js'
-import { limitsCommand } from './cli-limits.js'
+import { LIMITS_HELP, limitsCommand } from './cli-limits.js'
 import { acceptedConfig, followPrimaryReloads, isWorker, withNamedFiles, notifyReady, registerWorkerMetrics, runPrimary } from './workers.js'
 import { createLogDestination, createLogger } from './log.js'
 import { notTheGateway } from './pid-file.js'
@@ -68,6 +68,8 @@ Shows the route a request would take and every limit that would apply, without s
   --user NAME    user identity
   --header K:V   request header (repeatable)
 `,
+  // `gateway limits --help` printed it, `gateway help limits` answered: no command "limits"
+  limits: LIMITS_HELP,
   help: `Usage: gateway help [COMMAND]
 `
 }

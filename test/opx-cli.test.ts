@@ -64,11 +64,16 @@ t.test('unreadable or missing config: one located line, exit 1', async t => {
 t.test('help: global, per command, and `gateway help COMMAND`; unknown option is exit 2', async t => {
   const global = await gateway(['help'])
   t.equal(global.code, 0)
-  for (const cmd of ['start', 'validate', 'schema', 'reload', 'explain']) t.match(global.stdout, new RegExp(`\\n  ${cmd}\\b`))
+  for (const cmd of ['start', 'validate', 'schema', 'reload', 'explain', 'limits']) t.match(global.stdout, new RegExp(`\\n  ${cmd}\\b`))
   const perCommand = await gateway(['reload', '--help'])
   t.equal(perCommand.code, 0)
   t.match(perCommand.stdout, /^Usage: gateway reload --pid-file FILE/)
   t.equal((await gateway(['help', 'reload'])).stdout, perCommand.stdout)
+  // limits parses its own options: `gateway help limits` answered exit 2, no command "limits"
+  const limits = await gateway(['help', 'limits'])
+  t.equal(limits.code, 0, limits.stderr)
+  t.equal(limits.stdout, (await gateway(['limits', '--help'])).stdout)
+  t.match(limits.stdout, /^Usage: gateway limits get\|reset/)
   const unknown = await gateway(['validate', '--bogus'])
   t.equal(unknown.code, 2)
   t.notMatch(unknown.stderr, /\n\s+at /)
