@@ -48,6 +48,8 @@ interface LimitView {
   readonly retryAfterMs: number
   readonly deniedMs: number
   readonly key: string
+  /** workers primary: each worker's reading of the limit */
+  readonly perWorker?: readonly unknown[]
 }
 
 export async function limitsCommand (argv: string[]): Promise<number> {
@@ -135,9 +137,15 @@ export async function limitsCommand (argv: string[]): Promise<number> {
   if (action === 'get') {
     const limits = body.limits as LimitView[]
     process.stdout.write(`${who}: ${limits.length} limit(s)\n`)
+    // workers: N without Redis sums `remaining` over the workers, each with its own budget of
+    // `limit`: printed against the one limit, a fresh client read "remaining 6/3"
+    const summed = body.combined === 'summed'
+    const where = typeof body.workers === 'number' ? 'in a worker' : 'here'
     for (const l of limits) {
       const state = l.retryAfterMs !== 0 ? `limited, retry in ${l.retryAfterMs < 0 ? 'never' : `${l.retryAfterMs} ms`}` : 'ok'
-      process.stdout.write(`  ${l.name} (${l.dimension}, ${l.algorithm}) remaining ${l.remaining}/${l.limit}, reset in ${l.resetMs} ms, ${state}${l.deniedMs > 0 ? `, deny-cached ${l.deniedMs} ms here` : ''}  ${l.key}\n`)
+      const n = l.perWorker?.length ?? 1
+      const budget = summed ? `${l.remaining}/${l.limit * n} over ${n} worker(s), ${l.limit} each` : `${l.remaining}/${l.limit}`
+      process.stdout.write(`  ${l.name} (${l.dimension}, ${l.algorithm}) remaining ${budget}, reset in ${l.resetMs} ms, ${state}${l.deniedMs > 0 ? `, deny-cached ${l.deniedMs} ms ${where}` : ''}  ${l.key}\n`)
     }
     return 0
   }
