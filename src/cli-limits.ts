@@ -127,12 +127,16 @@ export async function limitsCommand (argv: string[]): Promise<number> {
     process.stderr.write(`gateway limits ${action}: ${base} answered ${res.status} ${res.statusText}, not the admin API's JSON${text.length === 0 ? ' (empty body)' : `: ${JSON.stringify(text.slice(0, 80))}`}\n`)
     return 1
   }
-  if (values.json === true) process.stdout.write(JSON.stringify(body, null, 2) + '\n')
+  // a refusal is an error, on stderr alone: with --json its body went to stdout too, where
+  // `gateway limits get --json > state.json` kept it as if it were the client's state
   if (!res.ok) {
     process.stderr.write(`gateway limits ${action}: ${res.status} ${String(body.error)}: ${String(body.message)}\n`)
     return 1
   }
-  if (values.json === true) return 0
+  if (values.json === true) {
+    process.stdout.write(JSON.stringify(body, null, 2) + '\n')
+    return 0
+  }
   const who = `route ${values.route}${values.ip !== undefined ? `, ip ${values.ip}` : ''}${values.user !== undefined ? `, user ${values.user}` : ''}${body.plan !== null && body.plan !== undefined ? `, plan ${String(body.plan)}` : ''}`
   if (action === 'get') {
     const limits = body.limits as LimitView[]
