@@ -15,8 +15,8 @@ reset  resets them: the Redis keys, and the local level and deny cache on every 
        (DELETE /limits; needs the admin token: --token, $GATEWAY_ADMIN_TOKEN or the file's admin.token)
 The admin address is --admin, else the config file's admin. With admin.reads: token a get needs
 the token too (from --token, $GATEWAY_ADMIN_TOKEN, or the file when --admin is not given or -c is).
-Exit 0 ok, 1 refused (or an answer that is not the admin API's), 2 usage, 4 admin listener
-unreachable or no answer within 5 s.
+Exit 0 ok, 1 refused (or an answer that is not the admin API's) or the config file invalid,
+2 usage, 4 admin listener unreachable or no answer within 5 s.
 `
 
 /** How long the admin listener has to answer, body included. */
@@ -92,7 +92,17 @@ export async function limitsCommand (argv: string[]): Promise<number> {
   // a get needs the token too when the gateway's admin.reads is token: taken from a file named with -c
   if (admin === undefined || (token === undefined && (action === 'reset' || values.config !== undefined))) {
     // the file supplies what the options do not (its ${VAR} references substituted as at start)
-    const loaded = await loadConfigFile(values.config ?? (process.env.GATEWAY_CONFIG || 'gateway.yaml'))
+    const file = values.config ?? (process.env.GATEWAY_CONFIG || 'gateway.yaml')
+    let loaded
+    try {
+      loaded = await loadConfigFile(file)
+    } catch (err) {
+      // `limits reset --admin H:P` with no token read ./gateway.yaml unasked: on a host without one
+      // it answered "gateway: gateway.yaml:0:0: file not found", naming neither the token nor why
+      const wanted = admin === undefined ? 'the admin address (--admin HOST:PORT)' : 'the admin token (--token TOKEN, $GATEWAY_ADMIN_TOKEN)'
+      process.stderr.write(`gateway limits: ${wanted} was to be read from ${file}, which cannot be loaded:\n${(err as Error).message}\n`)
+      return 1
+    }
     admin ??= adminListen(loaded.config)
     token ??= adminToken(loaded.config) ?? undefined
   }

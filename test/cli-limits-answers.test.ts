@@ -49,3 +49,16 @@ t.test('a --user too long for the admin listener\'s request line: its 431 named,
   t.equal(listed.code, 0, listed.stderr)
   t.match(JSON.parse(listed.stdout), { route: 'api', ip: '127.0.0.1', limits: [] }, 'an answer that is data: stdout')
 })
+
+t.test('a config file read for what the options leave out: the error says what was wanted from it, located', async t => {
+  const dir = t.testdir({ 'bad.yaml': 'admin: { listen: 127.0.0.1:9, tokn: x }\nupstreams: { b: { targets: ["http://127.0.0.1:1"] } }\nroutes:\n  - { name: api, pathPrefix: /, upstream: b }\n' })
+  // --admin given, no token for a reset: the default file was read unasked, and its absence was
+  // all it said ("gateway: gateway.yaml:0:0: file not found")
+  const noToken = await gateway(['limits', 'reset', '--route', 'api', '--admin', '127.0.0.1:9'], { GATEWAY_CONFIG: `${dir}/missing.yaml`, GATEWAY_ADMIN_TOKEN: '' })
+  t.equal(noToken.code, 1, noToken.stderr)
+  t.equal(noToken.stderr, `gateway limits: the admin token (--token TOKEN, $GATEWAY_ADMIN_TOKEN) was to be read from ${dir}/missing.yaml, which cannot be loaded:\n${dir}/missing.yaml:0:0: file not found\n`)
+  const invalid = await gateway(['limits', 'get', '--route', 'api', '-c', `${dir}/bad.yaml`], { GATEWAY_ADMIN_TOKEN: '' })
+  t.equal(invalid.code, 1, invalid.stderr)
+  t.equal(invalid.stderr, `gateway limits: the admin address (--admin HOST:PORT) was to be read from ${dir}/bad.yaml, which cannot be loaded:\n${dir}/bad.yaml:1:31 admin.tokn: unknown key "tokn" (did you mean token?)\n`)
+  t.equal(noToken.stdout + invalid.stdout, '')
+})
