@@ -44,6 +44,14 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
     return `400 GW_ERR_BAD_REQUEST: HPE_INVALID_METHOD (${METHODS.includes(upper) ? `methods are case-sensitive: ${upper}` : 'not a method node\'s HTTP parser knows'})\n`
   }
   const method = req.method
+  // Refused by node's parser before any route is looked at, where explain routed them: a target
+  // byte outside ASCII ("/café" as typed; a client sends /caf%C3%A9), and a request line longer
+  // than server.maxHeaderSize (src/server.ts answers 414; just under it the parser's count
+  // includes the header fields, so the exact edge is not known here)
+  if (/[\u007f-\uffff]/.test(req.url)) return '400 GW_ERR_BAD_REQUEST: HPE_INVALID_URL (a request target is ASCII: percent-encode the rest, é as %C3%A9)\n'
+  if (Buffer.byteLength(`${method} ${req.url} HTTP/1.1\r\n`) > rt.config.server.maxHeaderSize) {
+    return `414 GW_ERR_URI_TOO_LONG: the request line is longer than server.maxHeaderSize (${rt.config.server.maxHeaderSize} bytes)\n`
+  }
   const lines: string[] = []
   // the raw target, split and normalized as the live gateway does (src/pipeline.ts): URL's
   // parsing resolves "..", turns "\\" into "/" and drops "#...", and routed what the gateway refuses

@@ -99,4 +99,16 @@ routes:
     t.match(explain(file, 'GET', 'http://[::1'), /^400 /, 'an absolute-form target that is not a URL: 400, not a crash')
     t.match(explain(file, 'GET', '/api/x?q=..%2F'), /^request: GET \/api\/x\?q=\.\.%2F /m, 'the query is shown as sent')
   })
+
+  t.test('targets node\'s parser refuses are refused by explain too (it routed them to api)', async t => {
+    t.equal(explain(file, 'GET', '/api/café'), '400 GW_ERR_BAD_REQUEST: HPE_INVALID_URL (a request target is ASCII: percent-encode the rest, é as %C3%A9)\n')
+    const raw = await rawRequest(gw.port, 'GET /api/café HTTP/1.1\r\nHost: a\r\n')
+    t.same([raw.status, raw.json?.error, raw.json?.message], [400, 'GW_ERR_BAD_REQUEST', 'HPE_INVALID_URL'], 'live: 400')
+    t.match(explain(file, 'GET', '/api/caf%C3%A9'), /^route: +api /m, 'percent-encoded: routed')
+    // server.maxHeaderSize is 16384 by default
+    const long = `/api/${'a'.repeat(17_000)}`
+    t.equal(explain(file, 'GET', long), '414 GW_ERR_URI_TOO_LONG: the request line is longer than server.maxHeaderSize (16384 bytes)\n')
+    const tooLong = await rawRequest(gw.port, `GET ${long} HTTP/1.1\r\nHost: a\r\n`)
+    t.same([tooLong.status, tooLong.json?.error], [414, 'GW_ERR_URI_TOO_LONG'], 'live: 414')
+  })
 })
