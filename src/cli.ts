@@ -238,10 +238,18 @@ interface ReloadView {
 async function readReloadView (adminUrl: string, token: string | undefined): Promise<ReloadView> {
   // admin.reads: token asks for it on /config; sent also when reads are open, where it is ignored
   const res = await fetch(`${adminUrl}/config`, { signal: AbortSignal.timeout(2000), headers: token === undefined ? {} : { authorization: `Bearer ${token}` } })
-  if (res.status === 401) throw new Error(`${adminUrl}/config answered 401: its reads need the admin token (set $GATEWAY_ADMIN_TOKEN to the running gateway's)`)
-  if (!res.ok) throw new Error(`${adminUrl}/config answered ${res.status}`)
-  return await res.json() as ReloadView
+  if (res.status === 401) throw new AnswerError(`${adminUrl}/config answered 401: its reads need the admin token (set $GATEWAY_ADMIN_TOKEN to the running gateway's)`)
+  if (!res.ok) throw new AnswerError(`${adminUrl}/config answered ${res.status} ${res.statusText}`)
+  const text = await res.text()
+  try {
+    return JSON.parse(text) as ReloadView
+  } catch {
+    throw new AnswerError(`${adminUrl}/config answered ${res.status} ${res.statusText}, not the gateway's JSON`)
+  }
 }
+
+/** Something answered on the admin address, but not with the gateway's view: not "unreachable". */
+class AnswerError extends Error {}
 
 /** The admin address a local client connects to: a wildcard bind is reached on loopback. */
 function adminClientUrl (admin: string): string {
@@ -295,8 +303,11 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
   try {
     before = await readReloadView(adminUrl, token)
   } catch (err) {
-    // reported below, after the signal: the reload itself does not need the admin listener
-    if ((err as Error).message.includes(' 401')) unread = `${(err as Error).message}: the outcome is unknown`
+    // reported below, after the signal: the reload itself does not need the admin listener. An
+    // address that answered 500 or an HTML page was reported "unreachable", sending the operator
+    // to check a listener that was there.
+    if (err instanceof AnswerError) unread = `${err.message}: the outcome is unknown`
+    else if ((err as Error).name === 'TimeoutError') unread = `the admin listener ${adminUrl} did not answer /config within 2 s: the outcome is unknown`
   }
   const stale = notTheGateway(pid, pidFile, typeof before?.pid === 'number' ? before.pid : null, adminUrl)
   if (stale !== null) {

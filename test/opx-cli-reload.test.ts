@@ -6,7 +6,7 @@ import { writeFileSync } from 'node:fs'
 import net from 'node:net'
 import { once } from 'node:events'
 import { spawnGateway } from './helpers/gateway.js'
-import { startUpstream } from './helpers/upstream.js'
+import { startHttpServer, startUpstream } from './helpers/upstream.js'
 import { gateway, oneRoute } from './helpers/cli.js'
 
 t.test('reload: a valid edit reports the new generation once the gateway has swapped', async t => {
@@ -100,4 +100,23 @@ t.test('reload: a file the running gateway rejects (its environment differs) exi
   t.match(r.stderr, /upstreams\.backend\.targets\[0\]: environment variable UPSTREAM_FOR_CLI_ONLY is not set/)
   const res = await fetch(`${gw.url}/x`)
   t.equal(res.status, 200, 'the old config keeps serving')
+})
+
+t.test('reload: an --admin that answers, but not the gateway\'s /config, is named as such, not "unreachable"', async t => {
+  const up = await startUpstream(t)
+  const gw = await spawnGateway(t, oneRoute(up.url, 'first'))
+  const html = await startHttpServer(t, (_req, res) => {
+    res.writeHead(502, { 'content-type': 'text/html' })
+    res.end('<html>Bad Gateway</html>')
+  })
+  const stalled = await startHttpServer(t, (_req, res) => {
+    res.writeHead(200, { 'content-type': 'application/json' })
+    res.write('{"generation":')
+  })
+  const proxied = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', html.url.slice('http://'.length)])
+  t.equal(proxied.code, 4, proxied.stderr)
+  t.match(proxied.stderr, new RegExp(`^gateway reload: sent SIGHUP to \\d+, but ${html.url}/config answered 502 Bad Gateway: the outcome is unknown\n$`))
+  const stall = await gateway(['reload', '-c', gw.file, '--pid-file', gw.pidFile, '--admin', stalled.url.slice('http://'.length)])
+  t.equal(stall.code, 4, stall.stderr)
+  t.match(stall.stderr, new RegExp(`^gateway reload: sent SIGHUP to \\d+, but the admin listener ${stalled.url} did not answer /config within 2 s: the outcome is unknown\n$`))
 })
