@@ -99,7 +99,9 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   lines.push(`client:  ip ${client.ip} (limit key ${client.key}), user ${user ?? '(anonymous)'}${plan === null ? '' : `, plan ${plan}`}`)
   const local = rt.config.local
   if (local !== undefined) {
-    lines.push(`local:   token bucket ${local.limit}/${local.window} burst ${local.burst} per client "${client.key}" (in process)`)
+    // each worker holds its own bucket: read as one, a client let through N times the rate looked refused
+    const where = rt.config.workers > 1 ? `in process: each of the ${rt.config.workers} workers holds its own bucket` : 'in process'
+    lines.push(`local:   token bucket ${local.limit}/${local.window} burst ${local.burst} per client "${client.key}" (${where})`)
   }
   const limits = limitsFor(route, plan)
   const store = rt.config.redis === undefined ? 'in process' : 'redis'

@@ -1,6 +1,7 @@
-// `gateway limits get` against `workers: 2` (real bin/gateway processes): what the operator reads
-// must describe the fleet. Without Redis each worker holds its own budget of `limit` and the primary
-// sums `remaining` over them (src/admin/limits-over-workers.ts).
+// `gateway limits get` and `gateway explain` for `workers: 2` (real bin/gateway processes): what
+// the operator reads must describe the fleet. Without Redis each worker holds its own budget of
+// `limit` and the primary sums `remaining` over them (src/admin/limits-over-workers.ts); the local
+// level is a bucket per worker whatever the store.
 import t from 'tap'
 import { twoWorkers, until } from './helpers/workers.js'
 import { startUpstream } from './helpers/upstream.js'
@@ -33,4 +34,26 @@ routes:
   // a refused request fills that worker's deny cache
   t.equal((await fetch(`${r.gw.url}/x`, { headers: { 'x-api-key': 'wrong', connection: 'close' } })).status, 429)
   t.match(await get(), /remaining 0\/4 over 2 worker\(s\), 2 each, reset in \d+ ms, limited, retry in \d+ ms, deny-cached \d+ ms in a worker {2}gw:/)
+})
+
+t.test('workers: 2: explain says the local level is a bucket per worker, as the fleet admits', async t => {
+  const up = await startUpstream(t)
+  const r = await twoWorkers(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+workers: 2
+local: { limit: 3, window: 1h }
+upstreams: { b: { targets: [${up.url}] } }
+routes:
+  - { name: api, pathPrefix: /, upstream: b }
+`)
+  const explained = await gateway(['explain', '-c', r.gw.file, 'GET', '/x'])
+  t.equal(explained.code, 0, explained.stderr)
+  // it read "(in process)", as if the client had 3 requests: the fleet lets it through more
+  t.match(explained.stdout, /^local: +token bucket 3\/1h burst 3 per client "127\.0\.0\.1" \(in process: each of the 2 workers holds its own bucket\)$/m)
+  let admitted = 0
+  for (let i = 0; i < 8; i++) {
+    // a new connection each: the primary hands them to the workers in turn
+    if ((await fetch(`${r.gw.url}/x`, { headers: { connection: 'close' } })).status === 200) admitted++
+  }
+  t.ok(admitted > 3, `the fleet admitted ${admitted} of 8, more than one bucket's 3`)
 })
