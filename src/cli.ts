@@ -1,5 +1,6 @@
 // gateway [start] [-c FILE] | validate | schema | reload | explain | help | --version | --help
 import { parseArgs } from 'node:util'
+import { isIP } from 'node:net'
 import { readFileSync, writeFileSync, rmSync } from 'node:fs'
 import { loadConfigFile, ConfigError, formatProblem } from './config/load.js'
 import { gatewayJsonSchema, isHostPort } from './config/schema.js'
@@ -188,6 +189,17 @@ async function run (argv: string[]): Promise<number> {
         const [method, url] = positionals.slice(1)
         if (method === undefined || url === undefined) {
           process.stderr.write(COMMAND_HELP.explain ?? '')
+          return EXIT_USAGE
+        }
+        // both were taken silently: `--ip junk` explained a client "unknown", and `--header
+        // x-api-key=k` (no colon) was dropped, the request explained as anonymous
+        if (values.ip !== undefined && isIP(values.ip) === 0) {
+          process.stderr.write(`gateway explain: --ip expects an IP address, got "${values.ip}"\n`)
+          return EXIT_USAGE
+        }
+        const badHeader = (values.header ?? []).find(h => !(h.indexOf(':') > 0))
+        if (badHeader !== undefined) {
+          process.stderr.write(`gateway explain: --header expects NAME:VALUE, got "${badHeader}"\n`)
           return EXIT_USAGE
         }
         const loaded = await loadConfigFile(configFile)

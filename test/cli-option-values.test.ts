@@ -1,6 +1,6 @@
 // Option values the CLI did not check. `gateway reload --admin junk`: a typo in the option signalled
 // the gateway, then waited on "http://jun:NaN" and reported exit 4, the outcome unknown; `gateway
-// limits` called it unreachable. `--log-level junk` was blamed on the config file.
+// limits` called it unreachable. `--log-level junk` was blamed on the config file; `explain --ip junk` explained a client "unknown".
 import t from 'tap'
 import { spawn, spawnSync } from 'node:child_process'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
@@ -38,4 +38,17 @@ t.test('gateway start --log-level junk is a usage error, not the config file bla
   const r = spawnSync(process.execPath, ['bin/gateway', 'start', '-c', 'gateway.yaml', '--log-level', 'junk'], { encoding: 'utf8', timeout: 10_000 })
   t.equal(r.status, 2, r.stderr)
   t.equal(r.stderr, 'gateway: --log-level expects one of fatal, error, warn, info, debug, trace, silent, got "junk"\n')
+})
+
+t.test('gateway explain: an --ip that is no address or a --header without a colon is a usage error, not explained', async t => {
+  // the repository's gateway.yaml: the file loads, so what used to pass is the option's value
+  for (const [args, message] of [
+    [['--ip', 'junk'], 'gateway explain: --ip expects an IP address, got "junk"\n'],
+    [['--header', 'x-api-key=k-123'], 'gateway explain: --header expects NAME:VALUE, got "x-api-key=k-123"\n']
+  ] as const) {
+    const r = spawnSync(process.execPath, ['bin/gateway', 'explain', '-c', 'gateway.yaml', 'GET', '/', ...args], { encoding: 'utf8', timeout: 10_000 })
+    t.equal(r.status, 2, r.stdout)
+    t.equal(r.stderr, message)
+    t.equal(r.stdout, '', 'no explanation of another request (client "unknown", or anonymous)')
+  }
 })
