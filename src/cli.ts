@@ -33,8 +33,9 @@ Options:
   -v, --version         print the version
   -h, --help            print this help (gateway COMMAND --help: that command's)
 
-Exit codes: 0 ok, 1 invalid config or reload rejected, 2 usage error, 3 no running gateway
-(pid file missing or process gone), 4 admin listener unreachable or no verdict in time.
+Exit codes: 0 ok, 1 invalid config, reload rejected or admin request refused, 2 usage error,
+3 no running gateway (pid file missing or process gone), 4 admin listener unreachable or no
+verdict or answer in time. Data goes to stdout; errors and warnings to stderr.
 Signals: SIGHUP reloads the config; SIGTERM/SIGINT drain in-flight requests and exit 0.
 `
 
