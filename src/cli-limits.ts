@@ -88,6 +88,8 @@ export async function limitsCommand (argv: string[]): Promise<number> {
     return 2
   }
   let admin = values.admin
+  /** The config file the address came from, when no --admin gave it. */
+  let adminFrom: string | undefined
   let token = values.token ?? (process.env.GATEWAY_ADMIN_TOKEN || undefined)
   // a get needs the token too when the gateway's admin.reads is token: taken from a file named with -c
   if (admin === undefined || (token === undefined && (action === 'reset' || values.config !== undefined))) {
@@ -103,7 +105,10 @@ export async function limitsCommand (argv: string[]): Promise<number> {
       process.stderr.write(`gateway limits: ${wanted} was to be read from ${file}, which cannot be loaded:\n${(err as Error).message}\n`)
       return 1
     }
-    admin ??= adminListen(loaded.config)
+    if (admin === undefined) {
+      admin = adminListen(loaded.config)
+      adminFrom = file
+    }
     token ??= adminToken(loaded.config) ?? undefined
   }
   const { host, port } = splitHostPort(admin)
@@ -126,7 +131,10 @@ export async function limitsCommand (argv: string[]): Promise<number> {
     })
     text = await res.text()
   } catch (err) {
-    process.stderr.write(`gateway limits: admin listener ${base} ${unreachable(err)}\n`)
+    // an address read from a file (port 0 in it: chosen at start, unknown here) was reported
+    // with no word of where it came from or how to give another
+    const from = adminFrom === undefined ? '' : ` (the admin address of ${adminFrom}: give --admin HOST:PORT)`
+    process.stderr.write(`gateway limits: admin listener ${base} ${unreachable(err)}${from}\n`)
     return 4
   }
   // Something other than the gateway's JSON (a proxy's HTML error page, node's bare 431 for a

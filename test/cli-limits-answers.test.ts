@@ -50,8 +50,9 @@ t.test('a --user too long for the admin listener\'s request line: its 431 named,
   t.match(JSON.parse(listed.stdout), { route: 'api', ip: '127.0.0.1', limits: [] }, 'an answer that is data: stdout')
 })
 
-t.test('a config file read for what the options leave out: the error says what was wanted from it, located', async t => {
-  const dir = t.testdir({ 'bad.yaml': 'admin: { listen: 127.0.0.1:9, tokn: x }\nupstreams: { b: { targets: ["http://127.0.0.1:1"] } }\nroutes:\n  - { name: api, pathPrefix: /, upstream: b }\n' })
+t.test('a config file read for what the options leave out: the error says what was wanted from it, located; an address from it is named as such', async t => {
+  const refusing = (await refusingUrl()).slice('http://'.length)
+  const dir = t.testdir({ 'bad.yaml': 'admin: { listen: 127.0.0.1:9, tokn: x }\nupstreams: { b: { targets: ["http://127.0.0.1:1"] } }\nroutes:\n  - { name: api, pathPrefix: /, upstream: b }\n', 'port0.yaml': 'admin: 127.0.0.1:0\nupstreams: { b: { targets: ["http://127.0.0.1:1"] } }\nroutes:\n  - { name: api, pathPrefix: /, upstream: b }\n', 'gone.yaml': `admin: ${refusing}\nupstreams: { b: { targets: ["http://127.0.0.1:1"] } }\nroutes:\n  - { name: api, pathPrefix: /, upstream: b }\n` })
   // --admin given, no token for a reset: the default file was read unasked, and its absence was
   // all it said ("gateway: gateway.yaml:0:0: file not found")
   const noToken = await gateway(['limits', 'reset', '--route', 'api', '--admin', '127.0.0.1:9'], { GATEWAY_CONFIG: `${dir}/missing.yaml`, GATEWAY_ADMIN_TOKEN: '' })
@@ -61,4 +62,12 @@ t.test('a config file read for what the options leave out: the error says what w
   t.equal(invalid.code, 1, invalid.stderr)
   t.equal(invalid.stderr, `gateway limits: the admin address (--admin HOST:PORT) was to be read from ${dir}/bad.yaml, which cannot be loaded:\n${dir}/bad.yaml:1:31 admin.tokn: unknown key "tokn" (did you mean token?)\n`)
   t.equal(noToken.stdout + invalid.stdout, '')
+  // an address from the file that nothing answers on (port 0: chosen at start, unknown here) said
+  // "unreachable" with no word of where the address came from
+  const port0 = await gateway(['limits', 'get', '--route', 'api', '-c', `${dir}/port0.yaml`], { GATEWAY_ADMIN_TOKEN: '' })
+  t.equal(port0.code, 4, port0.stderr)
+  t.match(port0.stderr, new RegExp(`^gateway limits: admin listener http://127\\.0\\.0\\.1:0 unreachable: .* \\(the admin address of ${dir}/port0\\.yaml: give --admin HOST:PORT\\)\n$`))
+  const gone = await gateway(['limits', 'get', '--route', 'api', '-c', `${dir}/gone.yaml`], { GATEWAY_ADMIN_TOKEN: '' })
+  t.equal(gone.code, 4, gone.stderr)
+  t.equal(gone.stderr, `gateway limits: admin listener http://${refusing} unreachable: connect ECONNREFUSED ${refusing} (the admin address of ${dir}/gone.yaml: give --admin HOST:PORT)\n`)
 })
