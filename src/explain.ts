@@ -35,7 +35,9 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   const headers: Record<string, string> = {}
   for (const h of req.headers) {
     const i = h.indexOf(':')
-    if (i > 0) headers[h.slice(0, i).trim().toLowerCase()] = h.slice(i + 1).trim()
+    // node reads a header's bytes as Latin-1: "x-user-id: josé" typed here (UTF-8) reaches the
+    // live gateway as "josÃ©", and its limit keys are that user's, not "josé"'s
+    if (i > 0) headers[h.slice(0, i).trim().toLowerCase()] = Buffer.from(h.slice(i + 1).trim(), 'utf8').toString('latin1')
   }
   // node's parser takes the methods it knows, as written (RFC 9110 §9.1: case-sensitive): the live
   // gateway answers "get" or "FOO" 400, where explain routed them as GET
