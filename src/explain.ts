@@ -88,8 +88,10 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   const client = rt.resolveClientIp(req.ip, headers['x-forwarded-for'])
   // The same identity resolver and route `auth` as the pipeline (src/pipeline.ts)
   let identity: IdentityResult
-  if (req.user !== null) identity = asUser(rt, req.user)
-  else if (route.auth === 'none') identity = { ok: true, user: null }
+  // an `auth: none` route identifies nobody, --user included: explain charged that user's limits
+  // there, where the live gateway (and GET /limits) charge none
+  if (route.auth === 'none') identity = { ok: true, user: null }
+  else if (req.user !== null) identity = asUser(rt, req.user)
   else identity = await rt.identity.resolve(headers, route.auth === null ? undefined : route.auth === 'required', rt.isTrustedPeer(req.ip))
   if (!identity.ok) {
     lines.push(`client:  ip ${client.ip} (limit key ${client.key}), identity refused: ${identity.reason}`)
@@ -98,7 +100,8 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   }
   const user = identity.user
   const plan = identity.plan ?? null
-  lines.push(`client:  ip ${client.ip} (limit key ${client.key}), user ${user ?? '(anonymous)'}${plan === null ? '' : `, plan ${plan}`}`)
+  const ignored = route.auth === 'none' && req.user !== null ? ` (--user ${req.user} ignored: auth: none identifies nobody)` : ''
+  lines.push(`client:  ip ${client.ip} (limit key ${client.key}), user ${user ?? '(anonymous)'}${plan === null ? '' : `, plan ${plan}`}${ignored}`)
   const local = rt.config.local
   if (local !== undefined) {
     // each worker holds its own bucket: read as one, a client let through N times the rate looked refused
