@@ -186,8 +186,11 @@ export function createLimitsOps (deps: LimitsApiDeps): LimitsOps {
     const { rt, t } = found
     // A concurrency lease count is the requests in flight, not a budget: reset, it would let more
     // than the cap in (a route's total cap for every client at once), and the old requests'
-    // releases would then take from the new holders'. Only budgets are reset.
-    const budgets = t.checks.filter(check => check.spec.algorithm !== 'lease')
+    // releases would then take from the new holders'. Only budgets are reset, and only the
+    // client's: a `global` or `api` budget is one key shared by every client, and unblocking one
+    // address (`gateway limits reset --ip A`) reset the gateway's or the route's whole rate cap.
+    const own = t.limits.map((l, i) => (t.checks[i] as LimitCheck).spec.algorithm !== 'lease' && l.dimension !== 'global' && l.dimension !== 'api')
+    const budgets = t.checks.filter((_c, i) => own[i] === true)
     const message: ResetMessage = { ipKey: t.ipKey, denyKeys: budgets.map(denyKey), keys: budgets.map(c => c.key) }
     let outcome: ResetOutcome
     try {
@@ -197,7 +200,7 @@ export function createLimitsOps (deps: LimitsApiDeps): LimitsOps {
     }
     const done = t.limits.flatMap((l, i) => {
       const check = t.checks[i] as LimitCheck
-      return check.spec.algorithm === 'lease' ? [] : [{ name: l.name, dimension: l.dimension, key: check.key }]
+      return own[i] === true ? [{ name: l.name, dimension: l.dimension, key: check.key }] : []
     })
     const complete = outcome.redisError === undefined
     const log = { by, route: t.route.name, ip: t.ip, user: t.user, limits: done.map(r => r.name), keysDeleted: outcome.deleted, instances: outcome.instances }
