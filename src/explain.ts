@@ -46,7 +46,7 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
     return `400 GW_ERR_BAD_REQUEST: HPE_INVALID_METHOD (${METHODS.includes(upper) ? `methods are case-sensitive: ${upper}` : 'not a method node\'s HTTP parser knows'})\n`
   }
   const method = req.method
-  // Refused by node's parser before any route is looked at, where explain routed them: a target
+  // Refused by node's parser before a route is looked at, where explain routed them: a target
   // byte outside ASCII ("/café" as typed; a client sends /caf%C3%A9), and a request line longer
   // than server.maxHeaderSize (src/server.ts answers 414; just under it the parser's count
   // includes the header fields, so the exact edge is not known here)
