@@ -166,8 +166,7 @@ abstract class Exchange extends RequestRecord {
 
   private corsFor (cors: CompiledCors): void {
     this.corsVaries = cors.variesByOrigin
-    const origin = this.req.headers.origin
-    if (origin !== undefined) this.corsFields = cors.fieldsFor(origin)
+    this.corsFields = cors.fieldsFor(this.req.headers.origin)
   }
 
   /** `headers` of one of the gateway's own answers, with the route's CORS fields. */

@@ -144,12 +144,17 @@ t.test('other origins and no origin: served, without the policy and without the 
   t.equal(plain.headers['access-control-allow-origin'], '*', 'a route without cors is left alone')
 })
 
-t.test('origins "*": "*" for every origin, no Vary: Origin', async t => {
+t.test('origins "*": "*" for every origin and for requests without Origin, no Vary: Origin', async t => {
   const { url } = await setup(t)
   const res = await request(`${url}/open/a`, { headers: { origin: 'https://anyone.test' } })
   t.equal(await res.body.text(), 'up')
   t.equal(res.headers['access-control-allow-origin'], '*')
   t.equal(res.headers.vary, 'Accept-Encoding', 'the upstream\'s Vary alone')
+  // Fetch, CORS protocol and HTTP caches: a static "*" goes on answers to requests without Origin
+  // too (a navigation's answer, cached without it, would be reused for a script's fetch)
+  const bare = await request(`${url}/open/a`)
+  t.equal(await bare.body.text(), 'up')
+  t.same([bare.headers['access-control-allow-origin'], bare.headers.vary], ['*', 'Accept-Encoding'], 'without Origin: "*" as well, still no Vary: Origin')
   const pre = await request(`${url}/open/a`, { method: 'PATCH', headers: {} })
   await pre.body.text()
   const p = await request(`${url}/open/a`, { method: 'OPTIONS', headers: preflight('https://anyone.test', 'PATCH', 'x-anything') })

@@ -21,8 +21,11 @@ export interface CorsOptions {
 export type PreflightAnswer = { readonly ok: true, readonly headers: readonly string[] } | { readonly ok: false, readonly reason: string }
 
 export interface CompiledCors {
-  /** The Access-Control-* fields of an answer to `origin`; null when the route does not allow it. */
-  fieldsFor: (origin: string) => ReadonlyArray<readonly [string, string]> | null
+  /**
+   * The Access-Control-* fields of an answer to `origin` (undefined: a request without Origin); null
+   * when the route does not allow it.
+   */
+  fieldsFor: (origin: string | undefined) => ReadonlyArray<readonly [string, string]> | null
   /** The answer depends on Origin (not "*"): caches must keep one answer per origin (Vary: Origin). */
   readonly variesByOrigin: boolean
   preflight: (origin: string, method: string, requestHeaders: string | undefined) => PreflightAnswer
@@ -59,7 +62,7 @@ export function isCorsOrigin (value: string): boolean {
 const TOKEN_RE = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
 
 export function compileCors (o: CorsOptions): CompiledCors {
-  const any = o.origins.includes('*')
+  const everyOrigin = o.origins.includes('*')
   const exact = new Set<string>()
   const wildcards: Array<{ readonly scheme: string, readonly suffix: string }> = []
   for (const origin of o.origins) {
@@ -74,7 +77,7 @@ export function compileCors (o: CorsOptions): CompiledCors {
   }
   const allowOrigin = (origin: string): string | null => {
     // without credentials a "*" answer is the same for every origin, and cacheable as such
-    if (any) return o.credentials ? origin : '*'
+    if (everyOrigin) return o.credentials ? origin : '*'
     const lower = origin.toLowerCase()
     if (exact.has(lower)) return origin
     for (const w of wildcards) {
@@ -89,13 +92,17 @@ export function compileCors (o: CorsOptions): CompiledCors {
   common.push(['access-control-expose-headers', [...new Set([...GATEWAY_EXPOSED, ...o.exposeHeaders.map(h => h.toLowerCase())])].join(', ')])
   // "*" without credentials: the same fields for every origin, built once
   const anyFields = Object.freeze([['access-control-allow-origin', '*'] as const, ...common])
-  const fieldsFor = (origin: string): ReadonlyArray<readonly [string, string]> | null => {
+  const fieldsFor = (origin: string | undefined): ReadonlyArray<readonly [string, string]> | null => {
+    // Fetch (CORS protocol and HTTP caches): a "*" policy is sent to requests without Origin too, and
+    // without Vary. Else an answer cached from a navigation or an <img> (no Origin, so no field) is
+    // reused for a script's fetch of the same URL, which then fails as a network error.
+    if (origin === undefined) return everyOrigin && !o.credentials ? anyFields : null
     const allowed = allowOrigin(origin)
     if (allowed === null) return null
     if (allowed === '*') return anyFields
     return [['access-control-allow-origin', allowed], ...common]
   }
-  const variesByOrigin = !any || o.credentials
+  const variesByOrigin = !everyOrigin || o.credentials
   const methods = o.methods === null ? null : new Set(o.methods.map(m => m.toUpperCase()))
   const allowedHeaders = o.headers === null ? null : new Set(o.headers.map(h => h.toLowerCase()))
   const preflight = (origin: string, method: string, requestHeaders: string | undefined): PreflightAnswer => {
