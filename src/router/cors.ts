@@ -53,9 +53,17 @@ export function preflightMethod (method: string | undefined, origin: string | un
   return method === 'OPTIONS' && origin !== undefined && typeof asked === 'string' ? asked : null
 }
 
+const DEFAULT_PORTS: Readonly<Record<string, string>> = { http: '80', https: '443' }
+
 /** True for "*" and for what `origins` accepts; the config schema's check. */
 export function isCorsOrigin (value: string): boolean {
-  return value === '*' || ORIGIN_RE.test(value.toLowerCase())
+  if (value === '*') return true
+  const m = ORIGIN_RE.exec(value.toLowerCase())
+  if (m === null) return false
+  // A browser serializes an origin without its scheme's default port and without leading zeros:
+  // "https://app.example.com:443" or ":08443" would never equal an Origin it sends.
+  const port = m[4]?.slice(1)
+  return port === undefined || (/^[1-9]\d*$/.test(port) && Number(port) <= 65535 && port !== DEFAULT_PORTS[m[1] as string])
 }
 
 // Fetch's header name token (RFC 9110 §5.6.2), for the names a preflight lists.
