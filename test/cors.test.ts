@@ -19,7 +19,7 @@ async function setup (t: Teardown): Promise<{ url: string, seen: Seen[], lines: 
   const up = await startHttpServer(t, (req, res) => {
     seen.push({ method: req.method ?? '', path: req.url ?? '' })
     // an upstream with CORS of its own, which the gateway's policy replaces
-    res.writeHead(200, { 'content-type': 'text/plain', vary: 'Accept-Encoding', 'access-control-allow-origin': '*', 'x-total': '42', 'set-cookie': ['a=1', 'b=2'] })
+    res.writeHead(200, { 'content-type': 'text/plain', vary: req.url?.endsWith('/vary-origin') === true ? 'Accept-Encoding, origin' : 'Accept-Encoding', 'access-control-allow-origin': '*', 'x-total': '42', 'set-cookie': ['a=1', 'b=2'] })
     res.end('up')
   })
   const gw = await startGateway(t, `listen: 127.0.0.1:0
@@ -111,7 +111,10 @@ t.test('answers to an allowed origin carry the policy: the upstream\'s and the g
   t.match(ok.headers['access-control-expose-headers'], /ratelimit, ratelimit-policy, retry-after.*x-request-id.*x-total/)
   t.equal([ok.headers.vary].flat().join(', '), 'Accept-Encoding, Origin', 'the upstream\'s Vary kept, Origin beside it')
   t.same(ok.headers['set-cookie'], ['a=1', 'b=2'], 'both of the upstream\'s Set-Cookie fields')
-  for (let i = 0; i < 2; i++) await (await request(`${url}/api/items`, { headers: { origin } })).body.text()
+  const listed = await request(`${url}/api/vary-origin`, { headers: { origin } })
+  await listed.body.text()
+  t.equal(listed.headers.vary, 'Accept-Encoding, origin', 'an upstream Vary listing Origin already: not listed twice')
+  await (await request(`${url}/api/items`, { headers: { origin } })).body.text()
   const limited = await request(`${url}/api/items`, { headers: { origin } })
   const body = await limited.body.json() as { error: string }
   t.equal(limited.statusCode, 429)

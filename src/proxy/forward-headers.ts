@@ -31,7 +31,10 @@ export interface CompiledHeaders {
    */
   readonly responseDropLengths: Uint8Array
   readonly responseSet: readonly string[]
-  /** Flat [name, value, ...] added to every response, the upstream's fields of that name kept. */
+  /**
+   * Flat [name, value, ...] added to every response, the upstream's fields of that name kept; left
+   * out when one of them lists the value already.
+   */
   readonly responseAppend: readonly string[]
   readonly echoRequestId: boolean
 }
@@ -188,7 +191,12 @@ export function clientResponseHeaders (
   // Fields named by `Connection` may come before it: filtered once it is known, which is rare.
   if (named !== null) out = withoutNamed(out, named)
   for (let i = 0; i < plan.responseSet.length; i++) out.push(plan.responseSet[i] as string)
-  for (let i = 0; i < plan.responseAppend.length; i++) out.push(plan.responseAppend[i] as string)
+  for (let i = 0; i < plan.responseAppend.length; i += 2) {
+    const name = plan.responseAppend[i] as string
+    const member = plan.responseAppend[i + 1] as string
+    // an upstream whose CORS middleware says Vary: Origin already would get it twice
+    if (!listsMember(out, name, member)) out.push(name, member)
+  }
   if (extra !== undefined) for (const [name, value] of extra) out.push(name, value)
   if (plan.echoRequestId) out.push(REQUEST_ID, requestId)
   return out
@@ -209,6 +217,20 @@ function withoutNamed (headers: string[], named: readonly string[]): string[] {
 
 // The gateway's own headers (e.g. RateLimit-*) replace an upstream's header of the same name.
 // Their names are written in lower case where they are made (src/limit/limiter.ts).
+/** A field `name` of the flat list names `member` (or "*", which covers it), case-insensitively. */
+function listsMember (fields: readonly string[], name: string, member: string): boolean {
+  const wanted = member.toLowerCase()
+  for (let i = 0; i < fields.length; i += 2) {
+    const field = fields[i] as string
+    if (field.length !== name.length || field.toLowerCase() !== name) continue
+    for (const part of (fields[i + 1] as string).split(',')) {
+      const item = part.trim().toLowerCase()
+      if (item === wanted || item === '*') return true
+    }
+  }
+  return false
+}
+
 function hasNameOfLength (extra: readonly (readonly [string, string])[], length: number): boolean {
   for (let i = 0; i < extra.length; i++) if ((extra[i] as readonly [string, string])[0].length === length) return true
   return false
