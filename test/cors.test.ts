@@ -47,6 +47,10 @@ routes:
     pathPrefix: /open/
     upstream: backend
     cors: { origins: ["*"] }
+  - name: star
+    pathPrefix: /star/
+    upstream: backend
+    cors: { origins: ["https://app.example.com"], headers: ["*"], credentials: true }
   - name: plain
     pathPrefix: /
     upstream: backend
@@ -163,6 +167,15 @@ t.test('origins "*": "*" for every origin and for requests without Origin, no Va
   const p = await request(`${url}/open/a`, { method: 'OPTIONS', headers: preflight('https://anyone.test', 'PATCH', 'x-anything') })
   await p.body.text()
   t.same([p.statusCode, p.headers['access-control-allow-origin'], p.headers['access-control-allow-methods'], p.headers['access-control-allow-headers'], p.headers['access-control-max-age']], [204, '*', 'PATCH', 'x-anything', '600'], 'defaults: the method and headers asked for, 10 minutes')
+})
+
+t.test('headers: ["*"] lets a preflight ask for every header, credentials or not', async t => {
+  const { url, seen } = await setup(t)
+  const res = await request(`${url}/star/a`, { method: 'OPTIONS', headers: preflight('https://app.example.com', 'PUT', 'X-Custom, content-type') })
+  await res.body.text()
+  t.same([res.statusCode, res.headers['access-control-allow-headers'], res.headers['access-control-allow-credentials']], [204, 'x-custom, content-type', 'true'],
+    'the names asked for, echoed (a literal "*" is no wildcard to a browser when credentials are sent)')
+  t.same(seen, [])
 })
 
 t.test('located config errors', async t => {

@@ -148,7 +148,7 @@ const corsSchema = z.strictObject({
   origins: z.array(z.string().refine(isCorsOrigin, 'expected "*" or an origin such as "https://app.example.com" ("https://*.example.com" for its subdomains; ":8443" for a port other than the scheme\'s default, which an origin leaves out), without a path')).min(1)
     .describe('origins whose browser scripts may call the route: "*", "https://app.example.com", "https://*.example.com"'),
   methods: z.array(z.string().regex(/^[A-Za-z]+$/)).min(1).optional().describe('methods a preflight may ask for; default every method the route takes'),
-  headers: z.array(headerName).optional().describe('request headers a preflight may ask for; default the ones it asks for'),
+  headers: z.array(headerName).optional().describe('request headers a preflight may ask for; absent or "*": the ones it asks for'),
   exposeHeaders: z.array(headerName).optional().describe('response headers a script may read, besides RateLimit, RateLimit-Policy, Retry-After and X-Request-Id (always)'),
   credentials: z.boolean().optional().describe('let scripts send cookies and Authorization (Access-Control-Allow-Credentials); default false'),
   maxAge: timer.optional().describe('how long a browser may reuse a preflight\'s answer; default 10m')

@@ -9,7 +9,7 @@ export interface CorsOptions {
   readonly origins: readonly string[]
   /** Methods a preflight may ask for; null: every method the route takes. */
   readonly methods: readonly string[] | null
-  /** Request fields a preflight may ask for; null: the ones it asks for. */
+  /** Request fields a preflight may ask for; null or a "*" among them: the ones it asks for. */
   readonly headers: readonly string[] | null
   /** Response fields a script may read besides the gateway's own (see GATEWAY_EXPOSED). */
   readonly exposeHeaders: readonly string[]
@@ -112,7 +112,9 @@ export function compileCors (o: CorsOptions): CompiledCors {
   }
   const variesByOrigin = !everyOrigin || o.credentials
   const methods = o.methods === null ? null : new Set(o.methods.map(m => m.toUpperCase()))
-  const allowedHeaders = o.headers === null ? null : new Set(o.headers.map(h => h.toLowerCase()))
+  // "*" as nginx and Kong configs write it: no header is named "*", so taken literally it refused
+  // every preflight that asks for one. It means the default, the ones asked for.
+  const allowedHeaders = o.headers === null || o.headers.includes('*') ? null : new Set(o.headers.map(h => h.toLowerCase()))
   const preflight = (origin: string, method: string, requestHeaders: string | undefined): PreflightAnswer => {
     const allowed = allowOrigin(origin)
     if (allowed === null) return { ok: false, reason: `the origin ${JSON.stringify(origin)} is not allowed by the route's cors.origins` }
