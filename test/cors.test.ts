@@ -167,6 +167,11 @@ t.test('origins "*": "*" for every origin and for requests without Origin, no Va
   const p = await request(`${url}/open/a`, { method: 'OPTIONS', headers: preflight('https://anyone.test', 'PATCH', 'x-anything') })
   await p.body.text()
   t.same([p.statusCode, p.headers['access-control-allow-origin'], p.headers['access-control-allow-methods'], p.headers['access-control-allow-headers'], p.headers['access-control-max-age']], [204, '*', 'PATCH', 'x-anything', '600'], 'defaults: the method and headers asked for, 10 minutes')
+  // duplicate Access-Control-Request-Method fields reach node joined: never granted as a list
+  const listed = await request(`${url}/open/a`, { method: 'OPTIONS', headers: preflight('https://anyone.test', 'GET, DELETE') })
+  const refused = await listed.body.json() as { error: string, reason: string }
+  t.same([listed.statusCode, refused.error, listed.headers['access-control-allow-methods']], [403, 'GW_ERR_CORS_REJECTED', undefined])
+  t.match(refused.reason, /Access-Control-Request-Method is not a method name/)
 })
 
 t.test('headers: ["*"] lets a preflight ask for every header, credentials or not', async t => {

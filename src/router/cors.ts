@@ -118,6 +118,8 @@ export function compileCors (o: CorsOptions): CompiledCors {
   const preflight = (origin: string, method: string, requestHeaders: string | undefined): PreflightAnswer => {
     const allowed = allowOrigin(origin)
     if (allowed === null) return { ok: false, reason: `the origin ${JSON.stringify(origin)} is not allowed by the route's cors.origins` }
+    // a route without methods takes every string as one: a list ("GET, DELETE") was echoed as granted
+    if (!TOKEN_RE.test(method)) return { ok: false, reason: 'Access-Control-Request-Method is not a method name' }
     if (methods !== null && !methods.has(method)) return { ok: false, reason: `the method ${JSON.stringify(method)} is not in the route's cors.methods` }
     const asked: string[] = []
     if (requestHeaders !== undefined) {
