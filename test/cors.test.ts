@@ -133,7 +133,11 @@ t.test('the gateway\'s own failure answers carry the policy too (502 of a refusi
   const { url } = await setup(t)
   const res = await request(`${url}/down/x`, { headers: { origin: 'https://app.example.com' } })
   const body = await res.body.json() as { error: string }
-  t.same([res.statusCode, body.error, res.headers['access-control-allow-origin']], [502, 'GW_ERR_UPSTREAM_UNAVAILABLE', 'https://app.example.com'])
+  t.same([res.statusCode, body.error, res.headers['access-control-allow-origin'], res.headers.vary], [502, 'GW_ERR_UPSTREAM_UNAVAILABLE', 'https://app.example.com', 'Origin'])
+  const other = await request(`${url}/down/x`, { headers: { origin: 'https://evil.example.com' } })
+  await other.body.text()
+  // 503 now: the refusing target was ejected by the first request
+  t.same([other.statusCode, other.headers['access-control-allow-origin'], other.headers.vary], [503, undefined, 'Origin'], 'another origin: no policy, Vary: Origin still')
 })
 
 t.test('other origins and no origin: served, without the policy and without the upstream\'s', async t => {

@@ -751,7 +751,14 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   }
 
   errorHeaders (): ReadonlyArray<readonly [string, string]> | undefined {
-    const extra = this.ctx.extraResponseHeaders
+    let extra = this.ctx.extraResponseHeaders
+    // a CORS route's Vary: Origin goes on its 413 and 5xx as on the upstream's answers
+    const append = this.plan.headers.responseAppend
+    if (append.length > 0) {
+      const fields: Array<readonly [string, string]> = extra === undefined ? [] : [...extra]
+      for (let i = 0; i < append.length; i += 2) fields.push([append[i] as string, append[i + 1] as string])
+      extra = fields
+    }
     // An unread request body would be parsed as the next request: close instead of draining it.
     if (this.opts.body !== null && !this.req.complete) return extra === undefined ? CONNECTION_CLOSE : [...extra, ...CONNECTION_CLOSE]
     return extra
