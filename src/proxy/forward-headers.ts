@@ -215,8 +215,6 @@ function withoutNamed (headers: string[], named: readonly string[]): string[] {
   return out
 }
 
-// The gateway's own headers (e.g. RateLimit-*) replace an upstream's header of the same name.
-// Their names are written in lower case where they are made (src/limit/limiter.ts).
 /** A field `name` of the flat list names `member` (or "*", which covers it), case-insensitively. */
 function listsMember (fields: readonly string[], name: string, member: string): boolean {
   const wanted = member.toLowerCase()
@@ -231,6 +229,8 @@ function listsMember (fields: readonly string[], name: string, member: string): 
   return false
 }
 
+// The gateway's own headers (e.g. RateLimit-*) replace an upstream's header of the same name.
+// Their names are written in lower case where they are made (src/limit/limiter.ts).
 function hasNameOfLength (extra: readonly (readonly [string, string])[], length: number): boolean {
   for (let i = 0; i < extra.length; i++) if ((extra[i] as readonly [string, string])[0].length === length) return true
   return false
