@@ -11,37 +11,12 @@ import { startGateway } from './helpers/gateway.js'
 import { makeRedisTlsCerts, startTlsRedis, startTlsRedisReplica, startTlsSentinel } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { tempDir } from './helpers/teardown.js'
+import { limitedConfig, readyz, statuses } from './helpers/redis-tls-gateway.js'
 
 const dir = tempDir(t, 'redis-sentinel-tls')
 const certs = makeRedisTlsCerts(dir, 'ca')
 // a second CA, which signed nothing the servers show
 const other = makeRedisTlsCerts(dir, 'other')
-
-function config (upstream: string, route: string, redis: string): string {
-  return `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-log: { level: info }
-redis: ${redis}
-upstreams:
-  backend: { targets: [${upstream}] }
-routes:
-  - name: ${route}
-    pathPrefix: /
-    upstream: backend
-    limits:
-      api: { algorithm: fixed-window, limit: 3, window: 1h }
-`
-}
-
-async function statuses (url: string, n: number): Promise<number[]> {
-  const out: number[] = []
-  for (let i = 0; i < n; i++) out.push((await fetch(url)).status)
-  return out
-}
-
-async function readyz (adminUrl: string): Promise<{ status: string, redis: { state: string, connected: boolean } }> {
-  return await (await fetch(`${adminUrl}/readyz`)).json() as { status: string, redis: { state: string, connected: boolean } }
-}
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
 
@@ -61,7 +36,7 @@ t.test('sentinels over plain TCP, the master over TLS with a private CA: a limit
   const master = await startTlsRedis(t, certs)
   const sentinel = await startTlsSentinel(t, certs, master.tlsPort, 'plainsent')
   const up = await startUpstream(t)
-  const gw = await startGateway(t, config(up.url, 'sent-plain', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: plainsent, tls: { ca: ${certs.ca} }, timeout: 2s, onError: deny }`))
+  const gw = await startGateway(t, limitedConfig(up.url, 'sent-plain', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: plainsent, tls: { ca: ${certs.ca} }, timeout: 2s, onError: deny }`))
   t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429], '3 x 200, then 429')
   t.equal(up.requests, 3)
   t.equal((await readyz(gw.adminUrl)).redis.state, 'up', '/readyz: Redis is up')
@@ -74,7 +49,7 @@ t.test('sentinelTls: true against a sentinel serving TLS alone: the sentinel is 
   const master = await startTlsRedis(t, certs)
   const sentinel = await startTlsSentinel(t, certs, master.tlsPort, 'tlssent', { tlsOnly: true })
   const up = await startUpstream(t)
-  const gw = await startGateway(t, config(up.url, 'sent-tls', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: tlssent, tls: { ca: ${certs.ca}, servername: localhost }, sentinelTls: true, timeout: 2s, onError: deny }`))
+  const gw = await startGateway(t, limitedConfig(up.url, 'sent-tls', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: tlssent, tls: { ca: ${certs.ca}, servername: localhost }, sentinelTls: true, timeout: 2s, onError: deny }`))
   t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429], '3 x 200, then 429')
   t.equal(up.requests, 3)
   t.equal((await readyz(gw.adminUrl)).redis.state, 'up', '/readyz: Redis is up')
@@ -87,7 +62,7 @@ t.test('sentinelTls: the client certificate of redis.tls is shown to a sentinel 
   const master = await startTlsRedis(t, certs, true)
   const sentinel = await startTlsSentinel(t, certs, master.tlsPort, 'authsent', { tlsOnly: true, authClients: true })
   const up = await startUpstream(t)
-  const gw = await startGateway(t, config(up.url, 'sent-auth', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: authsent, tls: { ca: ${certs.ca}, cert: ${certs.clientCert}, key: ${certs.clientKey} }, sentinelTls: true, timeout: 2s, onError: deny }`))
+  const gw = await startGateway(t, limitedConfig(up.url, 'sent-auth', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: authsent, tls: { ca: ${certs.ca}, cert: ${certs.clientCert}, key: ${certs.clientKey} }, sentinelTls: true, timeout: 2s, onError: deny }`))
   t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429], '3 x 200, then 429')
   t.ok((await master.tlsClient().keys('gw:*sent-auth*')).length > 0, 'the key is on the master')
 })
@@ -96,7 +71,7 @@ t.test('sentinelTls with a CA that did not sign the sentinel\'s certificate: ser
   const master = await startTlsRedis(t, certs)
   const sentinel = await startTlsSentinel(t, certs, master.tlsPort, 'wrongsent', { tlsOnly: true })
   const up = await startUpstream(t)
-  const gw = await startGateway(t, config(up.url, 'sent-wrong', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: wrongsent, tls: { ca: ${other.ca} }, sentinelTls: true, timeout: 200ms, onError: allow }`))
+  const gw = await startGateway(t, limitedConfig(up.url, 'sent-wrong', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: wrongsent, tls: { ca: ${other.ca} }, sentinelTls: true, timeout: 200ms, onError: allow }`))
   t.same(await statuses(`${gw.url}/x`, 5), [200, 200, 200, 200, 200], 'onError: allow admits every request, no 5xx')
   const ready = await readyz(gw.adminUrl)
   t.equal(ready.status, 'degraded')
@@ -116,7 +91,7 @@ t.test('sentinels over plain TCP with a CA that did not sign the master\'s certi
   const master = await startTlsRedis(t, certs)
   const sentinel = await startTlsSentinel(t, certs, master.tlsPort, 'wrongmaster')
   const up = await startUpstream(t)
-  const gw = await startGateway(t, config(up.url, 'sent-wrong-master', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: wrongmaster, tls: { ca: ${other.ca} }, timeout: 200ms, onError: allow }`))
+  const gw = await startGateway(t, limitedConfig(up.url, 'sent-wrong-master', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: wrongmaster, tls: { ca: ${other.ca} }, timeout: 200ms, onError: allow }`))
   t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 200], 'onError: allow admits every request, no 5xx')
   t.equal((await readyz(gw.adminUrl)).redis.state, 'fallback')
   const tls = tlsWarnings(gw.lines)
@@ -130,9 +105,9 @@ t.test('a reload that turns sentinelTls on reconnects: the limits move from the 
   const sentinel = await startTlsSentinel(t, certs, master.tlsPort, 'reloadsent', { tlsOnly: true })
   const up = await startUpstream(t)
   const redis = (sentinelTls: boolean): string => `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: reloadsent, tls: { ca: ${certs.ca} }, sentinelTls: ${sentinelTls}, timeout: 2s, onError: allow }`
-  const gw = await startGateway(t, config(up.url, 'sent-reload', redis(false)))
+  const gw = await startGateway(t, limitedConfig(up.url, 'sent-reload', redis(false)))
   t.equal((await readyz(gw.adminUrl)).redis.state, 'fallback', 'plain TCP to a sentinel serving TLS alone: Redis is not up')
-  writeFileSync(gw.configFile, config(up.url, 'sent-reload', redis(true)))
+  writeFileSync(gw.configFile, limitedConfig(up.url, 'sent-reload', redis(true)))
   const result = await gw.reload()
   t.equal(result.ok, true, `reloaded (${result.ok ? '' : result.error})`)
   t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429], 'decided on the master now: 3 x 200, then 429')
@@ -148,7 +123,7 @@ t.test('a failover over TLS: the TLS replica the TLS-only sentinel promotes deci
   // Sentinel learns of replicas from the master's INFO: it must know this one before the master dies
   await until('sentinel knows the replica', async () => (await sentinel.command('SENTINEL replicas failsent')).includes(String(replica.tlsPort)), 15_000)
   const up = await startUpstream(t)
-  const gw = await startGateway(t, config(up.url, 'sent-failover', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: failsent, tls: { ca: ${certs.ca} }, sentinelTls: true, timeout: 2s, onError: deny }`))
+  const gw = await startGateway(t, limitedConfig(up.url, 'sent-failover', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: failsent, tls: { ca: ${certs.ca} }, sentinelTls: true, timeout: 2s, onError: deny }`))
   t.same(await statuses(`${gw.url}/x`, 1), [200], 'one of 3 spent on the first master')
   t.equal(await master.tlsClient().wait(1, 5000), 1, 'the count reached the replica')
   await master.kill()

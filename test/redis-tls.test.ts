@@ -10,6 +10,7 @@ import { startGateway } from './helpers/gateway.js'
 import { makeRedisTlsCerts, startTlsRedis, startTlsRedisCluster } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { tempDir } from './helpers/teardown.js'
+import { limitedConfig, readyz, statuses } from './helpers/redis-tls-gateway.js'
 import { gateway } from './helpers/cli.js'
 import { answering, config as workersConfig, replaceOne, twoWorkers, until } from './helpers/workers.js'
 
@@ -18,36 +19,10 @@ const certs = makeRedisTlsCerts(dir, 'ca')
 // a second CA, which signed nothing the servers show
 const other = makeRedisTlsCerts(dir, 'other')
 
-function config (upstream: string, route: string, redis: string): string {
-  return `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-log: { level: info }
-redis: ${redis}
-upstreams:
-  backend: { targets: [${upstream}] }
-routes:
-  - name: ${route}
-    pathPrefix: /
-    upstream: backend
-    limits:
-      api: { algorithm: fixed-window, limit: 3, window: 1h }
-`
-}
-
-async function statuses (url: string, n: number): Promise<number[]> {
-  const out: number[] = []
-  for (let i = 0; i < n; i++) out.push((await fetch(url)).status)
-  return out
-}
-
-async function readyz (adminUrl: string): Promise<{ status: string, redis: { state: string, connected: boolean } }> {
-  return await (await fetch(`${adminUrl}/readyz`)).json() as { status: string, redis: { state: string, connected: boolean } }
-}
-
 t.test('rediss:// with a private CA: a limit of 3 is decided by the TLS Redis', async t => {
   const redis = await startTlsRedis(t, certs)
   const up = await startUpstream(t)
-  const gw = await startGateway(t, config(up.url, 'tls-ca', `{ url: ${redis.tlsUrl}, tls: { ca: ${certs.ca} }, timeout: 2s, onError: deny }`))
+  const gw = await startGateway(t, limitedConfig(up.url, 'tls-ca', `{ url: ${redis.tlsUrl}, tls: { ca: ${certs.ca} }, timeout: 2s, onError: deny }`))
   t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429], '3 x 200, then 429')
   t.equal(up.requests, 3)
   const ready = await readyz(gw.adminUrl)
@@ -60,7 +35,7 @@ t.test('rediss:// with a private CA: a limit of 3 is decided by the TLS Redis', 
 t.test('tls: { ca } on a redis:// URL turns TLS on; servername names the certificate', async t => {
   const redis = await startTlsRedis(t, certs)
   const up = await startUpstream(t)
-  const gw = await startGateway(t, config(up.url, 'tls-name', `{ url: "redis://127.0.0.1:${redis.tlsPort}", tls: { ca: ${certs.ca}, servername: localhost }, timeout: 2s, onError: deny }`))
+  const gw = await startGateway(t, limitedConfig(up.url, 'tls-name', `{ url: "redis://127.0.0.1:${redis.tlsPort}", tls: { ca: ${certs.ca}, servername: localhost }, timeout: 2s, onError: deny }`))
   t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429])
   t.ok((await redis.tlsClient().keys('gw:*tls-name*')).length > 0, 'the key is in the TLS Redis')
 })
@@ -68,7 +43,7 @@ t.test('tls: { ca } on a redis:// URL turns TLS on; servername names the certifi
 t.test('a client certificate for a server with tls-auth-clients yes', async t => {
   const redis = await startTlsRedis(t, certs, true)
   const up = await startUpstream(t)
-  const gw = await startGateway(t, config(up.url, 'tls-client', `{ url: ${redis.tlsUrl}, tls: { ca: ${certs.ca}, cert: ${certs.clientCert}, key: ${certs.clientKey} }, timeout: 2s, onError: deny }`))
+  const gw = await startGateway(t, limitedConfig(up.url, 'tls-client', `{ url: ${redis.tlsUrl}, tls: { ca: ${certs.ca}, cert: ${certs.clientCert}, key: ${certs.clientKey} }, timeout: 2s, onError: deny }`))
   t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429])
   t.ok((await redis.tlsClient().keys('gw:*tls-client*')).length > 0, 'the key is in the TLS Redis')
 })
@@ -76,7 +51,7 @@ t.test('a client certificate for a server with tls-auth-clients yes', async t =>
 t.test('a CA that did not sign the server certificate: served by the fallback, the reason logged, /readyz not up', async t => {
   const redis = await startTlsRedis(t, certs)
   const up = await startUpstream(t)
-  const gw = await startGateway(t, config(up.url, 'tls-wrong', `{ url: ${redis.tlsUrl}, tls: { ca: ${other.ca} }, timeout: 200ms, onError: allow }`))
+  const gw = await startGateway(t, limitedConfig(up.url, 'tls-wrong', `{ url: ${redis.tlsUrl}, tls: { ca: ${other.ca} }, timeout: 200ms, onError: allow }`))
   t.same(await statuses(`${gw.url}/x`, 5), [200, 200, 200, 200, 200], 'onError: allow admits every request, no 5xx')
   const ready = await readyz(gw.adminUrl)
   t.equal(ready.status, 'degraded')
@@ -93,7 +68,7 @@ t.test('a CA that did not sign the server certificate: served by the fallback, t
 t.test('a server asking for a client certificate the gateway does not show: logged, served by the fallback', async t => {
   const redis = await startTlsRedis(t, certs, true)
   const up = await startUpstream(t)
-  const gw = await startGateway(t, config(up.url, 'tls-nocert', `{ url: ${redis.tlsUrl}, tls: { ca: ${certs.ca} }, timeout: 200ms, onError: allow }`))
+  const gw = await startGateway(t, limitedConfig(up.url, 'tls-nocert', `{ url: ${redis.tlsUrl}, tls: { ca: ${certs.ca} }, timeout: 200ms, onError: allow }`))
   t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 200])
   t.equal((await readyz(gw.adminUrl)).redis.state, 'fallback')
   t.ok(gw.lines.some(l => String(l.msg).startsWith('Redis TLS handshake failed') && l.level === 40 && l.code === 'ERR_SSL_TLSV13_ALERT_CERTIFICATE_REQUIRED'), 'warned of, with the alert the server sent')
@@ -104,7 +79,7 @@ t.test('a reload re-reads the CA file: a CA fixed on disk moves the limits onto 
   const up = await startUpstream(t)
   const caFile = join(tempDir(t, 'redis-tls-rotate'), 'redis-ca.pem')
   copyFileSync(other.ca, caFile)
-  const gw = await startGateway(t, config(up.url, 'tls-rotate', `{ url: ${redis.tlsUrl}, tls: { ca: ${caFile} }, timeout: 2s, onError: deny }`))
+  const gw = await startGateway(t, limitedConfig(up.url, 'tls-rotate', `{ url: ${redis.tlsUrl}, tls: { ca: ${caFile} }, timeout: 2s, onError: deny }`))
   t.equal((await readyz(gw.adminUrl)).redis.state, 'fallback', 'the wrong CA: Redis is not up')
   copyFileSync(certs.ca, caFile)
   const result = await gw.reload()
@@ -118,7 +93,7 @@ t.test('Redis Cluster over TLS (tls-cluster yes) with a private CA: the limit is
   const cluster = await startTlsRedisCluster(t, certs)
   const up = await startUpstream(t)
   const seeds = cluster.tlsPorts.map(p => `"redis://127.0.0.1:${p}"`).join(', ')
-  const gw = await startGateway(t, config(up.url, 'tls-cluster', `{ cluster: [${seeds}], tls: { ca: ${certs.ca} }, timeout: 2s, onError: deny }`))
+  const gw = await startGateway(t, limitedConfig(up.url, 'tls-cluster', `{ cluster: [${seeds}], tls: { ca: ${certs.ca} }, timeout: 2s, onError: deny }`))
   t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429], '3 x 200, then 429')
   t.equal((await readyz(gw.adminUrl)).redis.state, 'up')
   const keys = (await Promise.all(cluster.tlsPorts.map(async p => await cluster.tlsClient(p).keys('gw:*tls-cluster*')))).flat()
@@ -129,7 +104,7 @@ t.test('Redis Cluster over TLS with a CA that did not sign its certificates: the
   const cluster = await startTlsRedisCluster(t, certs)
   const up = await startUpstream(t)
   const seeds = cluster.tlsPorts.map(p => `"redis://127.0.0.1:${p}"`).join(', ')
-  const gw = await startGateway(t, config(up.url, 'tls-cluster-wrong', `{ cluster: [${seeds}], tls: { ca: ${other.ca} }, timeout: 200ms, onError: allow }`))
+  const gw = await startGateway(t, limitedConfig(up.url, 'tls-cluster-wrong', `{ cluster: [${seeds}], tls: { ca: ${other.ca} }, timeout: 200ms, onError: allow }`))
   t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 200], 'onError: allow admits, no 5xx')
   t.not((await readyz(gw.adminUrl)).redis.state, 'up', '/readyz: Redis is not up')
   // ioredis drops the error of the connection it asks for the slot map on: the gateway's own
@@ -178,14 +153,14 @@ t.test('gateway validate: redis.tls files that are missing or not PEM are locate
     const d = tempDir(t, 'redis-tls-validate')
     writeFileSync(join(d, 'garbage.pem'), 'not a certificate\n')
     const file = join(d, 'gateway.yaml')
-    writeFileSync(file, config(up, 'v', c.redis(d)))
+    writeFileSync(file, limitedConfig(up, 'v', c.redis(d)))
     const run = await gateway(['validate', '-c', file])
     t.equal(run.code, 1, `${c.what}: exit 1`)
     t.match(run.stderr + run.stdout, c.want, c.what)
   }
   const d = tempDir(t, 'redis-tls-validate')
   const file = join(d, 'gateway.yaml')
-  writeFileSync(file, config(up, 'v', `{ url: "rediss://127.0.0.1:6380", tls: { ca: ${certs.ca}, cert: ${certs.clientCert}, key: ${certs.clientKey} } }`))
+  writeFileSync(file, limitedConfig(up, 'v', `{ url: "rediss://127.0.0.1:6380", tls: { ca: ${certs.ca}, cert: ${certs.clientCert}, key: ${certs.clientKey} } }`))
   const run = await gateway(['validate', '-c', file])
   t.equal(run.code, 0, `the same files, all present: valid (${run.stderr})`)
 })
