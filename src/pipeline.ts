@@ -342,7 +342,8 @@ class HttpExchange extends Exchange {
   protected writeRefusal (r: Refusal): number { return sendError(this.res, r.code, this.requestId, r.extra, this.withCors(r.headers)) }
   protected writeRejection (v: RejectVerdict): number {
     const body = v.template.body(v.retryAfterMs, this.requestId)
-    return sendJsonText(this.res, v.template.status, body, v.template.bytesOf(body), this.requestId, this.corsFields === null && !this.corsVaries ? v.head : [...v.head, ...(this.withCors(undefined) ?? []).flat()])
+    const cors = this.withCors(undefined)
+    return sendJsonText(this.res, v.template.status, body, v.template.bytesOf(body), this.requestId, cors === undefined ? v.head : [...v.head, ...cors.flat()])
   }
 
   protected answerPreflight (cors: CompiledCors): void {
