@@ -5,7 +5,7 @@
 // SIGUSR2.
 import t from 'tap'
 import { fileURLToPath } from 'node:url'
-import { spawnGateway } from './helpers/gateway.js'
+import { spawnGateway, startGateway } from './helpers/gateway.js'
 import { answering, config, twoWorkers, until } from './helpers/workers.js'
 
 const fixture = fileURLToPath(new URL('./fixtures/process/stray-rejection.mjs', import.meta.url))
@@ -54,4 +54,20 @@ t.test('workers: 2: a worker and the primary serve on', async t => {
   t.same(r.gw.logs.filter(l => l.msg === 'worker exited; starting a new one'), [], 'no worker was replaced')
   t.same(r.workerPids(), [worker, r.workerPids()[1]], 'the same two workers')
   t.equal((await fetch(`${r.adminUrl}/readyz`)).status, 200, 'the primary answers')
+})
+
+t.test('a thrown exception still ends the process (Node\'s default), with its stack on stderr', async t => {
+  const upstream = await answering(t, 'up')
+  const gw = await spawnGateway(t, config(upstream).replace('workers: 2\n', ''), [], { env })
+  gw.child.kill('SIGWINCH')
+  t.not(await gw.exited, 0, 'exited with a failure code')
+  t.match(gw.stderr(), /exception thrown by the test fixture/)
+})
+
+t.test('a gateway embedded with Gateway.start installs no process-wide handler: the embedder keeps its own policy', async t => {
+  const before = process.listenerCount('unhandledRejection')
+  const upstream = await answering(t, 'up')
+  const gw = await startGateway(t, config(upstream).replace('workers: 2\n', ''))
+  t.equal((await fetch(`${gw.url}/x`)).status, 200)
+  t.equal(process.listenerCount('unhandledRejection'), before)
 })
