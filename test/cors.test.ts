@@ -82,7 +82,7 @@ t.test('a preflight from an allowed origin is answered by the gateway: 204, neve
 })
 
 t.test('a preflight asking for what the route does not allow: 403 GW_ERR_CORS_REJECTED naming it', async t => {
-  const { url, seen } = await setup(t)
+  const { url, seen, lines } = await setup(t)
   const cases: Array<[Record<string, string>, RegExp]> = [
     [preflight('https://evil.example.com', 'GET'), /origin "https:\/\/evil\.example\.com" is not allowed/],
     [preflight('http://app.example.com', 'GET'), /origin "http:\/\/app\.example\.com" is not allowed/],
@@ -99,6 +99,7 @@ t.test('a preflight asking for what the route does not allow: 403 GW_ERR_CORS_RE
     t.equal(res.headers['access-control-allow-origin'], undefined, 'no Access-Control-Allow-Origin')
   }
   t.same(seen, [], 'none reached the upstream')
+  t.same(lines.filter(l => l.msg === 'request').map(l => [l.status, l.outcome]), cases.map(() => [403, 'cors_rejected']), 'each logged as refused by cors')
   // a method the route does not take: not this route's preflight, so an OPTIONS routed as before
   // (here the catch-all route without cors forwards it)
   const put = await request(`${url}/api/items`, { method: 'OPTIONS', headers: preflight('https://app.example.com', 'PUT') })
@@ -204,4 +205,23 @@ t.test('located config errors', async t => {
     t.equal(run.code, 1, route)
     t.match(run.stderr, want)
   }
+})
+
+t.test('preflights still pass the local level: a flooding address is shed (429)', async t => {
+  const up = await startHttpServer(t, (_req, res) => res.end('up'))
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+local: { limit: 2, window: 1h }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: api, pathPrefix: /, upstream: backend, cors: { origins: ["https://app.example.com"] } }
+`)
+  const got: number[] = []
+  for (let i = 0; i < 3; i++) {
+    const res = await request(`${gw.url}/a`, { method: 'OPTIONS', headers: preflight('https://app.example.com', 'GET') })
+    await res.body.text()
+    got.push(res.statusCode)
+  }
+  t.same(got, [204, 204, 429], 'the third preflight of the address is shed by the local level')
 })
