@@ -3,17 +3,13 @@
 // none` route identifies nobody. Split from test/runtime-explain.test.ts (tap's 180 s per file on
 // a loaded machine).
 import t from 'tap'
-import { spawnSync } from 'node:child_process'
-import { childEnv, startGateway } from './helpers/gateway.js'
+import { startGateway } from './helpers/gateway.js'
+import { explainOutput } from './helpers/cli.js'
 import { startUpstream } from './helpers/upstream.js'
 import { send } from './helpers/ratelimit.js'
 import { rawRequest } from './helpers/raw-http.js'
 
-function explain (file: string, ...args: string[]): string {
-  const out = spawnSync(process.execPath, ['bin/gateway', 'explain', '-c', file, ...args], { encoding: 'utf8', env: childEnv() })
-  if (out.status !== 0) throw new Error(`explain exited ${String(out.status)}: ${out.stderr}`)
-  return out.stdout
-}
+const explain = explainOutput
 
 t.test('a header value outside ASCII is read as the live gateway reads it (Latin-1 bytes): the same user and limit key', async t => {
   const up = await startUpstream(t)

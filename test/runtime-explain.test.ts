@@ -4,17 +4,13 @@
 // Regressions: explain called a bad API key "anonymous" (live: 401), ignored `routing:` defaults
 // such as caseInsensitive (explain: 404, live: routed), and did not know consumers' plans.
 import t from 'tap'
-import { spawnSync } from 'node:child_process'
-import { childEnv, startGateway } from './helpers/gateway.js'
+import { startGateway } from './helpers/gateway.js'
+import { explainOutput } from './helpers/cli.js'
 import { startUpstream } from './helpers/upstream.js'
 import { send } from './helpers/ratelimit.js'
 import { rawRequest } from './helpers/raw-http.js'
 
-function explain (file: string, ...args: string[]): string {
-  const out = spawnSync(process.execPath, ['bin/gateway', 'explain', '-c', file, ...args], { encoding: 'utf8', env: childEnv() })
-  if (out.status !== 0) throw new Error(`explain exited ${String(out.status)}: ${out.stderr}`)
-  return out.stdout
-}
+const explain = explainOutput
 
 t.test('explain and the live gateway agree: bad API key, routing defaults, plans', async t => {
   const up = await startUpstream(t)

@@ -1,5 +1,5 @@
 // bin/gateway run as an operator runs it (a real process), for the CLI tests.
-import { execFile } from 'node:child_process'
+import { execFile, spawnSync } from 'node:child_process'
 import { childEnv } from './gateway.js'
 
 export interface Run { code: number, stdout: string, stderr: string }
@@ -11,6 +11,13 @@ export function gateway (args: string[], env: NodeJS.ProcessEnv = {}): Promise<R
       resolve({ code: err === null ? 0 : (err as { code?: number }).code ?? 1, stdout, stderr })
     })
   })
+}
+
+/** What `bin/gateway explain -c FILE ARGS` prints; a failing exit throws with its stderr. */
+export function explainOutput (file: string, ...args: string[]): string {
+  const out = spawnSync(process.execPath, ['bin/gateway', 'explain', '-c', file, ...args], { encoding: 'utf8', env: childEnv() })
+  if (out.status !== 0) throw new Error(`explain exited ${String(out.status)}: ${out.stderr}`)
+  return out.stdout
 }
 
 /** One route named `route` to `upstream`, listener and admin on free ports. */
