@@ -5,7 +5,7 @@
 // back over TLS. A CA that did not sign the sentinel's certificate leaves the gateway serving on
 // its fallback and saying why; a reload that turns sentinelTls on reconnects; a failover to a TLS
 // replica keeps the limit decided on Redis.
-import t from 'tap'
+import t, { type Test } from 'tap'
 import { writeFileSync } from 'node:fs'
 import { startGateway } from './helpers/gateway.js'
 import { makeRedisTlsCerts, startTlsRedis, startTlsRedisReplica, startTlsSentinel } from './helpers/redis.js'
@@ -32,17 +32,22 @@ async function until (what: string, probe: () => Promise<boolean>, timeoutMs: nu
 const tlsWarnings = (lines: ReadonlyArray<Record<string, unknown>>): Array<Record<string, unknown>> =>
   lines.filter(l => String(l.msg).startsWith('Redis TLS handshake failed'))
 
+/** The limit of 3 decided on the master: 3 x 200 then 429, Redis up, the key on the master, no TLS line. */
+async function decidedOnMaster (t: Test, gw: { url: string, adminUrl: string, lines: ReadonlyArray<Record<string, unknown>> }, up: { requests: number }, master: { tlsClient: () => { keys: (pattern: string) => Promise<string[]> } }, route: string): Promise<void> {
+  t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429], '3 x 200, then 429')
+  t.equal(up.requests, 3)
+  t.equal((await readyz(gw.adminUrl)).redis.state, 'up', '/readyz: Redis is up')
+  const keys = await master.tlsClient().keys(`gw:*${route}*`)
+  t.ok(keys.length > 0, `the limit's key is on the master, read over TLS (${keys.join(', ')})`)
+  t.same(gw.lines.filter(l => /TLS|not reachable/.test(String(l.msg))), [], 'nothing logged about TLS or reachability')
+}
+
 t.test('sentinels over plain TCP, the master over TLS with a private CA: a limit of 3 is decided on the master', async t => {
   const master = await startTlsRedis(t, certs)
   const sentinel = await startTlsSentinel(t, certs, master.tlsPort, 'plainsent')
   const up = await startUpstream(t)
   const gw = await startGateway(t, limitedConfig(up.url, 'sent-plain', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: plainsent, tls: { ca: ${certs.ca} }, timeout: 2s, onError: deny }`))
-  t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429], '3 x 200, then 429')
-  t.equal(up.requests, 3)
-  t.equal((await readyz(gw.adminUrl)).redis.state, 'up', '/readyz: Redis is up')
-  const keys = await master.tlsClient().keys('gw:*sent-plain*')
-  t.ok(keys.length > 0, `the limit's key is on the master, read over TLS (${keys.join(', ')})`)
-  t.same(gw.lines.filter(l => /TLS|not reachable/.test(String(l.msg))), [], 'nothing logged about TLS or reachability')
+  await decidedOnMaster(t, gw, up, master, 'sent-plain')
 })
 
 t.test('sentinelTls: true against a sentinel serving TLS alone: the sentinel is asked over TLS, the limit decided on the master', async t => {
@@ -50,12 +55,7 @@ t.test('sentinelTls: true against a sentinel serving TLS alone: the sentinel is 
   const sentinel = await startTlsSentinel(t, certs, master.tlsPort, 'tlssent', { tlsOnly: true })
   const up = await startUpstream(t)
   const gw = await startGateway(t, limitedConfig(up.url, 'sent-tls', `{ sentinels: ["127.0.0.1:${sentinel.port}"], name: tlssent, tls: { ca: ${certs.ca}, servername: localhost }, sentinelTls: true, timeout: 2s, onError: deny }`))
-  t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 429], '3 x 200, then 429')
-  t.equal(up.requests, 3)
-  t.equal((await readyz(gw.adminUrl)).redis.state, 'up', '/readyz: Redis is up')
-  const keys = await master.tlsClient().keys('gw:*sent-tls*')
-  t.ok(keys.length > 0, `the limit's key is on the master, read over TLS (${keys.join(', ')})`)
-  t.same(gw.lines.filter(l => /TLS|not reachable/.test(String(l.msg))), [], 'nothing logged about TLS or reachability')
+  await decidedOnMaster(t, gw, up, master, 'sent-tls')
 })
 
 t.test('sentinelTls: the client certificate of redis.tls is shown to a sentinel with tls-auth-clients yes', async t => {
