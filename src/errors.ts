@@ -26,6 +26,7 @@ const TABLE = {
   GW_ERR_HEADERS_TOO_LARGE: { status: 431, message: 'the request headers are too large' },
   GW_ERR_URI_TOO_LONG: { status: 414, message: 'the request target is too long (server.maxHeaderSize)' },
   GW_ERR_UNAUTHORIZED: { status: 401, message: 'missing or invalid credentials' },
+  GW_ERR_IP_FORBIDDEN: { status: 403, message: 'the client address may not use this route (ipRestriction)' },
   GW_ERR_CORS_REJECTED: { status: 403, message: 'the CORS preflight asks for what the route\'s cors does not allow' },
   GW_ERR_RATE_LIMITED: { status: 429, message: 'rate limit exceeded', bodyCode: 'rate_limited' },
   GW_ERR_CONCURRENCY_LIMITED: { status: 429, message: 'too many requests in flight' },

@@ -9,7 +9,7 @@ import { checkTargetAuthority } from './router/request-head.js'
 import { preflightMethod } from './router/cors.js'
 import { dimensionValue, keyFor, limitsFor } from './limit/plan.js'
 import type { IdentityResult } from './identify/identity.js'
-import type { Runtime } from './runtime.js'
+import type { CompiledRoute, Runtime } from './runtime.js'
 
 export interface ExplainRequest {
   readonly method: string
@@ -66,9 +66,17 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   lines.push(`request: ${method} ${normalized.path}${requestTargetQuery(req.url)} (${hostHeader === undefined ? 'no Host header' : `host "${hostHeader}"`})`)
   // a CORS preflight is routed by the method it asks for and answered by the gateway when that
   // route has cors, as src/pipeline.ts does
+  const client = rt.resolveClientIp(req.ip, headers['x-forwarded-for'])
+  // as src/pipeline.ts: a client address the route's ipRestriction refuses gets 403 before anything
+  // else about the route (a preflight's grant, identity, limits) is told
+  const forbidden = (route: CompiledRoute): string | null => route.ipAllowed === null || route.ipAllowed(client.ip)
+    ? null
+    : lines.concat(`route:   ${route.name} -> 403 GW_ERR_IP_FORBIDDEN (client ip ${client.ip} is not let through by ipRestriction)`, '').join('\n')
   const asked = preflightMethod(method, headers.origin, headers['access-control-request-method'])
   const preflightRoute = asked === null ? null : rt.routes.match(host, asked, normalized.path)
   if (asked !== null && preflightRoute !== null && preflightRoute.cors !== null) {
+    const refused = forbidden(preflightRoute)
+    if (refused !== null) return refused
     const answer = preflightRoute.cors.preflight(headers.origin as string, asked, headers['access-control-request-headers'])
     const result = answer.ok
       ? `204, answered by the gateway (${answer.headers.flatMap((v, i) => i % 2 === 0 && v !== 'vary' ? [`${v}: ${answer.headers[i + 1] as string}`] : []).join(', ')})`
@@ -84,8 +92,9 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   if (!route.allowPathParams && normalized.path.includes(';')) {
     return lines.concat(`route:   ${route.name} -> 400 GW_ERR_BAD_PATH (path parameters ";" are not allowed on this route)`, '').join('\n')
   }
+  const refused = forbidden(route)
+  if (refused !== null) return refused
   lines.push(`route:   ${route.name} -> upstream ${route.upstream}${route.websocket ? ' (websocket)' : ''}`)
-  const client = rt.resolveClientIp(req.ip, headers['x-forwarded-for'])
   // The same identity resolver and route `auth` as the pipeline (src/pipeline.ts)
   let identity: IdentityResult
   // an `auth: none` route identifies nobody, --user included: explain charged that user's limits

@@ -130,6 +130,7 @@ const UPGRADE_NOT_GET: Refusal = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', ext
 // never came, and its 504s, charged to the target, ejected it.
 const UPGRADE_WITH_BODY: Refusal = Object.freeze({ code: 'GW_ERR_BAD_REQUEST', extra: Object.freeze({ reason: 'a WebSocket handshake carries no body (Content-Length or Transfer-Encoding)' }) })
 const LIMITER_UNAVAILABLE: Refusal = Object.freeze({ code: 'GW_ERR_LIMITER_UNAVAILABLE' })
+const IP_FORBIDDEN: Refusal = Object.freeze({ code: 'GW_ERR_IP_FORBIDDEN' })
 const VARY_ORIGIN = Object.freeze(['vary', 'Origin'] as const)
 
 /**
@@ -219,6 +220,9 @@ abstract class Exchange extends RequestRecord {
     if (!early.ok) return this.refuse(early)
     this.trace()
     const a = early.admission
+    // before anything the route would tell (a WebSocket route, a preflight's grant, a 401)
+    const ipAllowed = a.route.ipAllowed
+    if (ipAllowed !== null && !ipAllowed(a.clientIp)) return this.refuse(IP_FORBIDDEN, 'ip_forbidden')
     const wrongRoute = this.routed(a)
     if (wrongRoute !== null) return this.refuse(wrongRoute)
     // a preflight carries no credentials (Fetch): neither verified nor charged to the limits

@@ -17,6 +17,7 @@ import { limitStateOf } from './config/defaults.js'
 import { parseDuration, parseSize } from './config/units.js'
 import { compileRouteTable, unreachableRoutes, type RoutePattern, type RouteTable } from './router/route-table.js'
 import { compileClientIpResolver, type ClientIpResolver } from './identify/client-ip.js'
+import { compileIpRestriction, type AddressCheck, type IpRestriction } from './identify/ip-restriction.js'
 import { compileTrustedPeer, type TrustedPeerCheck } from './proxy/trusted-peer.js'
 import { compileIdentity, type ConsumerDirectory, type IdentityConfig, type IdentityResolver } from './identify/identity.js'
 import { ApiKeyFileError } from './identify/api-key-file.js'
@@ -55,6 +56,8 @@ export interface CompiledRoute {
   readonly auth: 'required' | 'optional' | 'none' | null
   /** `cors` of the route: its preflights answered by the gateway; null without. */
   readonly cors: CompiledCors | null
+  /** The gateway's and the route's `ipRestriction` in one check; null when neither is set. */
+  readonly ipAllowed: AddressCheck | null
 }
 
 export interface ServerSettings {
@@ -177,6 +180,10 @@ function withCorsFields (rules: HeaderRules, cors: CompiledCors | null): HeaderR
     remove: Object.freeze([...rules.remove, ...CORS_RESPONSE_FIELDS]),
     ...(cors.variesByOrigin ? { append: Object.freeze([Object.freeze(['vary', 'Origin'] as const)]) } : {})
   })
+}
+
+function ipRestrictionOf (r: { allow?: string[], deny?: string[] } | undefined): IpRestriction | null {
+  return r === undefined ? null : { allow: r.allow ?? null, deny: r.deny ?? [] }
 }
 
 /** The matching part of a route, in the form the route table indexes (lowercase host, uppercase methods). */
@@ -481,7 +488,8 @@ export async function compileRuntime (
       limits: limits.limits,
       planLimits: limits.planLimits,
       auth: route.auth ?? null,
-      cors
+      cors,
+      ipAllowed: compileIpRestriction([ipRestrictionOf(config.ipRestriction), ipRestrictionOf(route.ipRestriction)])
     }))
   })
   const failurePlan = problems.try(['identity', 'failureLimit'], () => compileFailurePlan(limitOptions))

@@ -464,8 +464,8 @@ t.test('trusted proxies: a keyword, an address or a CIDR', async t => {
   t.same(accepted('trustedProxies: [loopback, linklocal, uniquelocal, 10.0.0.1, "::1", 10.0.0.0/8, "fd00::/8"]\n' + BASE).config.trustedProxies,
     ['loopback', 'linklocal', 'uniquelocal', '10.0.0.1', '::1', '10.0.0.0/8', 'fd00::/8'])
   t.same(problems('trustedProxies: [loopback, Loopback, 10.0.0.0/33]\n' + BASE), [
-    'gw.yaml:1:28 trustedProxies[1]: "Loopback" is not an IP address, a CIDR (e.g. 10.0.0.0/8) or one of loopback, linklocal, uniquelocal',
-    'gw.yaml:1:38 trustedProxies[2]: "10.0.0.0/33" is not an IP address, a CIDR (e.g. 10.0.0.0/8) or one of loopback, linklocal, uniquelocal'
+    'gw.yaml:1:28 trustedProxies[1]: "Loopback" is not an IP address, a CIDR (e.g. 10.0.0.0/8, 2001:db8::/32) or one of loopback, linklocal, uniquelocal',
+    'gw.yaml:1:38 trustedProxies[2]: "10.0.0.0/33" is not an IP address, a CIDR (e.g. 10.0.0.0/8, 2001:db8::/32) or one of loopback, linklocal, uniquelocal'
   ])
 })
 

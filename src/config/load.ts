@@ -634,13 +634,22 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
     out.push([['admin', 'reads'], '"reads: token" needs "admin.token" (the Bearer token reads are then asked for)'])
   }
   out.push(...planChecks(config))
-  // proxy-addr's keywords, or an address, or a CIDR (parsed by ipaddr.js, as at run time)
-  const PROXY_KEYWORDS = new Set(['loopback', 'linklocal', 'uniquelocal'])
   config.trustedProxies?.forEach((p, i) => {
-    if (!PROXY_KEYWORDS.has(p) && !ipaddr.isValid(p) && !ipaddr.isValidCIDR(p)) {
-      out.push([['trustedProxies', i], `"${p}" is not an IP address, a CIDR (e.g. 10.0.0.0/8) or one of loopback, linklocal, uniquelocal`])
-    }
+    const why = addressRangeProblem(p, false)
+    if (why !== null) out.push([['trustedProxies', i], why])
   })
+  const restrictions: Array<[KeyPath, { allow?: string[], deny?: string[] } | undefined]> = [
+    [['ipRestriction'], config.ipRestriction],
+    ...config.routes.map((r, i): [KeyPath, { allow?: string[], deny?: string[] } | undefined] => [['routes', i, 'ipRestriction'], r.ipRestriction])
+  ]
+  for (const [path, r] of restrictions) {
+    for (const list of ['allow', 'deny'] as const) {
+      r?.[list]?.forEach((range, j) => {
+        const why = addressRangeProblem(range, true)
+        if (why !== null) out.push([[...path, list, j], why])
+      })
+    }
+  }
   const redis = config.redis
   if (redis !== undefined) {
     const modes = [redis.url, redis.cluster, redis.sentinels].filter(v => v !== undefined).length
@@ -671,6 +680,30 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
 }
 
 /** `refusal` at `path` when `url` holds a user name or password; a URL that does not parse is quoted without them. */
+const PROXY_KEYWORDS: ReadonlySet<string> = new Set(['loopback', 'linklocal', 'uniquelocal'])
+
+/**
+ * Why `text` is not an address range proxy-addr takes as meant: one of its keywords, an address or
+ * a CIDR, IPv4 in four decimal parts only (ipaddr.js also reads "192.168.1/24" as 192.168.0.1/24, a
+ * neighbouring network). `exact` also refuses a CIDR with bits set beyond its prefix, whose range
+ * is not the one written ("10.1.2.3/8" is 10.0.0.0/8, a typo for /32 as often as not).
+ */
+function addressRangeProblem (text: string, exact: boolean): string | null {
+  if (PROXY_KEYWORDS.has(text)) return null
+  const refused = `"${text}" is not an IP address, a CIDR (e.g. 10.0.0.0/8, 2001:db8::/32) or one of loopback, linklocal, uniquelocal`
+  const slash = text.indexOf('/')
+  const address = slash === -1 ? text : text.slice(0, slash)
+  const v4 = ipaddr.IPv4.isValidFourPartDecimal(address)
+  if (!v4 && (address.includes('%') || !ipaddr.IPv6.isValid(address))) return refused
+  if (slash === -1) return null
+  const bits = text.slice(slash + 1)
+  if (!/^\d{1,3}$/.test(bits) || Number(bits) > (v4 ? 32 : 128)) return refused
+  if (!exact) return null
+  const network = v4 ? ipaddr.IPv4.networkAddressFromCIDR(text) : ipaddr.IPv6.networkAddressFromCIDR(text)
+  if (network.toNormalizedString() === ipaddr.parse(address).toNormalizedString()) return null
+  return `"${text}" has bits set beyond its /${bits}: write ${network.toString()}/${bits} for that network, or /${v4 ? 32 : 128} for the one address`
+}
+
 function urlCredentialChecks (url: string, path: KeyPath, refusal: string): Array<[KeyPath, string]> {
   try {
     const u = new URL(url)

@@ -157,6 +157,14 @@ const corsSchema = z.strictObject({
   path: ['credentials']
 })
 
+// Which client addresses may use a route (src/identify/ip-restriction.ts). The ranges are checked
+// strictly in load.ts (crossChecks), where a range's host bits can be named.
+const ipRestrictionSchema = z.strictObject({
+  allow: z.array(z.string()).min(1, 'an empty allow list would refuse every client: list who may pass, or remove "allow"').optional()
+    .describe('only clients in these addresses or CIDRs (or loopback, linklocal, uniquelocal) may pass; others get 403'),
+  deny: z.array(z.string()).optional().describe('clients in these addresses or CIDRs get 403, even when allow lists them')
+}).refine(r => r.allow !== undefined || r.deny !== undefined, { message: 'give "allow", "deny" or both' })
+
 export const routeSchema = z.strictObject({
   name: z.string().regex(/^[A-Za-z0-9_.-]+$/, 'expected a name of letters, digits, "_", "." or "-"'),
   host: z.string().regex(/^(\*\.)?[A-Za-z0-9.-]+$/, 'expected a host name, optionally "*.example.com"').optional(),
@@ -176,7 +184,8 @@ export const routeSchema = z.strictObject({
   auth: z.enum(['required', 'optional', 'none']).optional()
     .describe('required: 401 without credentials; optional: verified when present; none: not verified, the credential header is removed; default from identity.required'),
   concurrency: routeConcurrencySchema.optional(),
-  cors: corsSchema.optional()
+  cors: corsSchema.optional(),
+  ipRestriction: ipRestrictionSchema.optional().describe('client addresses that may use the route, besides the gateway-wide ipRestriction (both must let a client pass)')
 })
 
 // Requests that fail identity are charged to their IP here and against the gateway-wide ip limit.
@@ -254,6 +263,7 @@ export const configSchema = z.strictObject({
   ]).optional().describe('address (default 127.0.0.1:9901), or { listen, token, reads }; /healthz /readyz /metrics /config /limits /consumers'),
   workers: z.int().min(1).max(256).optional(),
   trustedProxies: z.array(z.string()).optional().describe('CIDRs whose X-Forwarded-For is believed'),
+  ipRestriction: ipRestrictionSchema.optional().describe('client addresses that may use any route: { allow: [CIDR], deny: [CIDR] }; a route\'s own ipRestriction applies too'),
   ipv6Prefix: z.int().min(1).max(128).optional().describe('IPv6 clients are limited per prefix; default 64'),
   legacyHeaders: z.boolean().optional().describe('also send X-RateLimit-Limit/Remaining/Reset'),
   routing: z.strictObject({

@@ -1,0 +1,183 @@
+// ipRestriction, gateway-wide and per route: which client addresses may use a route. The address
+// is the one the gateway resolved (the peer, or what trusted proxies say), so a client cannot
+// write its way in with X-Forwarded-For; a refused client gets 403 GW_ERR_IP_FORBIDDEN before
+// anything else about the route (credentials, limits, a WebSocket, a CORS grant), is charged to
+// no limit, and its request never reaches the upstream.
+import t from 'tap'
+import { request } from 'undici'
+import { WebSocket } from 'ws'
+import { once } from 'node:events'
+import { writeFileSync } from 'node:fs'
+import { join } from 'node:path'
+import type { IncomingMessage } from 'node:http'
+import { startGateway, writeConfig } from './helpers/gateway.js'
+import { startHttpServer } from './helpers/upstream.js'
+import { gateway, explainOutput } from './helpers/cli.js'
+import { tempDir, type Teardown } from './helpers/teardown.js'
+
+async function upstream (t: Teardown): Promise<{ url: string, seen: string[] }> {
+  const seen: string[] = []
+  const up = await startHttpServer(t, (req, res) => {
+    seen.push(`${req.method ?? ''} ${req.url ?? ''}`)
+    res.end('up')
+  })
+  return { url: up.url, seen }
+}
+
+// The peer (127.0.0.1) is a trusted proxy: X-Forwarded-For names the client.
+const restricted = (up: string): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+trustedProxies: [127.0.0.1]
+ipRestriction: { deny: [203.0.113.0/24] }
+identity: { header: x-user-id, required: true }
+limits: { global: { algorithm: fixed-window, limit: 2, window: 1h } }
+upstreams:
+  backend: { targets: [${up}] }
+routes:
+  - name: internal
+    pathPrefix: /internal/
+    upstream: backend
+    ipRestriction: { allow: [10.0.0.0/8, "2001:db8::/32"], deny: [10.6.6.6] }
+    cors: { origins: ["https://app.example.com"] }
+  - name: events
+    pathPrefix: /ws/
+    websocket: true
+    upstream: backend
+    ipRestriction: { allow: [10.0.0.0/8] }
+  - name: public
+    pathPrefix: /
+    upstream: backend
+`
+
+async function ask (url: string, path: string, client: string, headers: Record<string, string> = {}): Promise<{ status: number, body: Record<string, unknown>, headers: Record<string, unknown> }> {
+  const res = await request(url + path, { headers: { 'x-forwarded-for': client, 'x-user-id': 'alice', ...headers } })
+  const text = await res.body.text()
+  return { status: res.statusCode, body: text.startsWith('{') ? JSON.parse(text) as Record<string, unknown> : { text }, headers: res.headers }
+}
+
+t.test('a route lets in the addresses its allow list holds, less its deny list, and the gateway-wide list applies to every route', async t => {
+  const up = await upstream(t)
+  const gw = await startGateway(t, restricted(up.url))
+  const refused = await ask(gw.url, '/internal/a', '192.0.2.7')
+  t.equal(refused.status, 403)
+  t.equal(refused.body.error, 'GW_ERR_IP_FORBIDDEN')
+  t.match(refused.body.message, /ipRestriction/)
+  t.equal(typeof refused.body.requestId, 'string')
+  t.equal((await ask(gw.url, '/internal/a', '10.6.6.6')).status, 403, 'deny wins over the allow range that holds it')
+  t.equal((await ask(gw.url, '/internal/a', '203.0.113.9')).status, 403, 'the gateway-wide deny applies beside the route list')
+  t.equal((await ask(gw.url, '/', '203.0.113.9')).status, 403, 'and on a route with no list of its own')
+  t.same(up.seen, [], 'no refused request reached the upstream')
+  // the global budget (2) was charged by none of the four refusals
+  t.same([(await ask(gw.url, '/internal/a', '10.1.2.3')).status, (await ask(gw.url, '/internal/b', '2001:db8::42')).status], [200, 200])
+  t.equal((await ask(gw.url, '/', '192.0.2.7')).status, 429, 'the budget the refusals left whole is spent by the two let in')
+  t.same(up.seen, ['GET /internal/a', 'GET /internal/b'])
+  const logged = gw.lines.filter(l => l.outcome === 'ip_forbidden')
+  t.equal(logged.length, 4, 'each refusal is logged with outcome ip_forbidden')
+  t.same(logged.map(l => [l.status, l.route, l.ip]).slice(0, 1), [[403, 'internal', '192.0.2.7']])
+})
+
+t.test('X-Forwarded-For from a peer that is no trusted proxy does not open a restricted route', async t => {
+  const up = await upstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: internal, pathPrefix: /internal/, upstream: backend, ipRestriction: { allow: [10.0.0.0/8] } }
+  - { name: local, pathPrefix: /local/, upstream: backend, ipRestriction: { allow: [loopback] } }
+`)
+  const res = await request(gw.url + '/internal/x', { headers: { 'x-forwarded-for': '10.1.2.3' } })
+  t.equal(res.statusCode, 403)
+  await res.body.dump()
+  const local = await request(gw.url + '/local/x', { headers: { 'x-forwarded-for': '192.0.2.1' } })
+  t.equal(local.statusCode, 200, 'the peer (loopback) is the client: keywords work, and the made-up chain is not read')
+  await local.body.dump()
+  t.same(up.seen, ['GET /local/x'])
+})
+
+t.test('refused before the route tells anything: credentials, a CORS preflight, a WebSocket upgrade', async t => {
+  const up = await upstream(t)
+  const gw = await startGateway(t, restricted(up.url))
+  // no x-user-id on a required-identity gateway: 403 (the address), not 401
+  const anonymous = await request(gw.url + '/internal/a', { headers: { 'x-forwarded-for': '192.0.2.7' } })
+  t.equal(anonymous.statusCode, 403)
+  await anonymous.body.dump()
+  const preflight = await request(gw.url + '/internal/a', {
+    method: 'OPTIONS',
+    headers: { 'x-forwarded-for': '192.0.2.7', origin: 'https://app.example.com', 'access-control-request-method': 'GET' }
+  })
+  t.equal(preflight.statusCode, 403, 'no preflight granted to a refused address')
+  t.equal(preflight.headers['access-control-allow-methods'], undefined)
+  await preflight.body.dump()
+  // the 403 is readable by a script of an allowed origin, as the route's other answers are
+  const fromScript = await ask(gw.url, '/internal/a', '192.0.2.7', { origin: 'https://app.example.com' })
+  t.same([fromScript.status, fromScript.headers['access-control-allow-origin']], [403, 'https://app.example.com'])
+  const ws = new WebSocket(gw.url.replace('http', 'ws') + '/ws/x', { headers: { 'x-forwarded-for': '192.0.2.7', 'x-user-id': 'alice' } })
+  ws.on('error', () => {})
+  const [, res] = await once(ws, 'unexpected-response') as [unknown, IncomingMessage]
+  t.equal(res.statusCode, 403, 'the upgrade is refused with the same 403')
+  res.resume()
+  t.same(up.seen, [])
+})
+
+t.test('a reload changes who may pass', async t => {
+  const up = await upstream(t)
+  const gw = await startGateway(t, restricted(up.url))
+  t.equal((await ask(gw.url, '/internal/a', '192.0.2.7')).status, 403)
+  writeFileSync(gw.configFile, restricted(up.url).replace('allow: [10.0.0.0/8, "2001:db8::/32"]', 'allow: [10.0.0.0/8, 192.0.2.0/24]'))
+  t.equal((await gw.reload()).ok, true)
+  t.equal((await ask(gw.url, '/internal/a', '192.0.2.7')).status, 200)
+  t.equal((await ask(gw.url, '/internal/a', '2001:db8::42')).status, 403, 'the range the new file left out is refused')
+})
+
+t.test('gateway explain tells the 403, as the live gateway answers', async t => {
+  const file = writeConfig(t, restricted('http://127.0.0.1:9'))
+  t.match(explainOutput(file, 'GET', '/internal/a', '--ip', '127.0.0.1', '--header', 'x-forwarded-for: 192.0.2.7'),
+    /route: {3}internal -> 403 GW_ERR_IP_FORBIDDEN \(client ip 192\.0\.2\.7 is not let through by ipRestriction\)/)
+  t.match(explainOutput(file, 'OPTIONS', '/internal/a', '--ip', '192.0.2.7', '--header', 'origin: https://app.example.com', '--header', 'access-control-request-method: GET'),
+    /403 GW_ERR_IP_FORBIDDEN/, 'a preflight too')
+  t.match(explainOutput(file, 'GET', '/internal/a', '--ip', '10.1.2.3', '--header', 'x-user-id: alice'), /route: {3}internal -> upstream backend/)
+})
+
+t.test('address ranges that are not what they look like are located errors', async t => {
+  const dir = tempDir(t, 'gw-ip-restriction')
+  const file = join(dir, 'gateway.yaml')
+  writeFileSync(file, `upstreams:
+  backend: { targets: [http://127.0.0.1:9] }
+ipRestriction: { allow: [] }
+trustedProxies: [192.168.1/24]
+routes:
+  - name: a
+    pathPrefix: /
+    upstream: backend
+    ipRestriction:
+      allow: [10.1.2.3/8, 10.0.0.0/33, "2001:db8::1/32", example.com, 10.0.0.0/8]
+      deny: ["fe80::1%eth0"]
+  - { name: b, path: /b, upstream: backend, ipRestriction: {} }
+`)
+  const run = await gateway(['validate', '-c', file])
+  t.equal(run.code, 1)
+  t.match(run.stderr, /gateway\.yaml:3:\d+ ipRestriction\.allow: an empty allow list would refuse every client/)
+  t.match(run.stderr, /gateway\.yaml:12:\d+ routes\[1\]\.ipRestriction: give "allow", "deny" or both/)
+  // the schema's errors come first; the ranges are checked once it passes
+  writeFileSync(file, `upstreams:
+  backend: { targets: [http://127.0.0.1:9] }
+trustedProxies: [192.168.1/24]
+routes:
+  - name: a
+    pathPrefix: /
+    upstream: backend
+    ipRestriction:
+      allow: [10.1.2.3/8, 10.0.0.0/33, "2001:db8::1/32", example.com, 10.0.0.0/8]
+      deny: ["fe80::1%eth0"]
+`)
+  const ranges = await gateway(['validate', '-c', file])
+  t.equal(ranges.code, 1)
+  t.match(ranges.stderr, /gateway\.yaml:3:\d+ trustedProxies\[0\]: "192\.168\.1\/24" is not an IP address, a CIDR/, 'a three-part IPv4 (read as 192.168.0.1) is refused in trustedProxies too')
+  t.match(ranges.stderr, /routes\[0\]\.ipRestriction\.allow\[0\]: "10\.1\.2\.3\/8" has bits set beyond its \/8: write 10\.0\.0\.0\/8 for that network, or \/32 for the one address/)
+  t.match(ranges.stderr, /routes\[0\]\.ipRestriction\.allow\[1\]: "10\.0\.0\.0\/33" is not an IP address/)
+  t.match(ranges.stderr, /routes\[0\]\.ipRestriction\.allow\[2\]: "2001:db8::1\/32" has bits set beyond its \/32: write 2001:db8::\/32/)
+  t.match(ranges.stderr, /routes\[0\]\.ipRestriction\.allow\[3\]: "example\.com" is not an IP address/)
+  t.match(ranges.stderr, /routes\[0\]\.ipRestriction\.deny\[0\]: "fe80::1%eth0" is not an IP address/)
+  t.notMatch(ranges.stderr, /allow\[4\]/, 'a CIDR written as its network passes')
+})
