@@ -181,3 +181,21 @@ routes:
   t.match(ranges.stderr, /routes\[0\]\.ipRestriction\.deny\[0\]: "fe80::1%eth0" is not an IP address/)
   t.notMatch(ranges.stderr, /allow\[4\]/, 'a CIDR written as its network passes')
 })
+
+t.test('an IPv4 client of a dual-stack listener (::ffff:127.0.0.1) is matched as IPv4', async t => {
+  const up = await upstream(t)
+  const gw = await startGateway(t, `listen: "[::]:0"
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: v4, pathPrefix: /v4/, upstream: backend, ipRestriction: { allow: [127.0.0.0/8] } }
+  - { name: not-v4, pathPrefix: /other/, upstream: backend, ipRestriction: { deny: [127.0.0.1] } }
+`)
+  const port = new URL(gw.url).port
+  const allowed = await request(`http://127.0.0.1:${port}/v4/x`)
+  const denied = await request(`http://127.0.0.1:${port}/other/x`)
+  t.same([allowed.statusCode, denied.statusCode], [200, 403])
+  await allowed.body.dump()
+  await denied.body.dump()
+})
