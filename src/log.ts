@@ -96,6 +96,8 @@ export interface AccessRecord {
   readonly bytesIn: number
   readonly bytesOut: number
   readonly error: string | undefined
+  /** The first attempt's failure, when the request was sent again and this is the second's answer. */
+  readonly retriedAfter: string | undefined
   readonly outcome: string | undefined
   readonly limit: string | undefined
   readonly userAgent: string | undefined
@@ -139,6 +141,7 @@ export function createAccessLog (logger: Logger): AccessLog {
     if (record.sentStatus !== undefined) line += ',"sentStatus":' + numberJson(record.sentStatus)
     line += ',"durationMs":' + millisJson(record.durationMs) + ',"bytesIn":' + numberJson(record.bytesIn) + ',"bytesOut":' + numberJson(record.bytesOut)
     if (record.error !== undefined) line += ',"error":' + jsonString(record.error)
+    if (record.retriedAfter !== undefined) line += ',"retriedAfter":' + jsonString(record.retriedAfter)
     if (record.outcome !== undefined) line += ',"outcome":' + jsonString(record.outcome)
     if (record.limit !== undefined) line += ',"limit":' + jsonString(record.limit)
     if (record.userAgent !== undefined) line += ',"userAgent":' + jsonString(record.userAgent)

@@ -388,7 +388,7 @@ class HttpExchange extends Exchange {
       const cut = cutByGateway.get(this.res)
       const code = cut === undefined ? null : KIND_CODES[cut]
       if (cut === undefined || code === null) this.finish({ status: 499, outcome: 'client_abort' })
-      else this.finish({ status: ERRORS[code].status, result: { status: ERRORS[code].status, target: null, bytesIn: 0, bytesOut: 0, errorCode: code, errorKind: cut, error: new GatewayError(code) } })
+      else this.finish({ status: ERRORS[code].status, result: { status: ERRORS[code].status, target: null, bytesIn: 0, bytesOut: 0, errorCode: code, errorKind: cut, retriedAfter: null, error: new GatewayError(code) } })
     }
   }
 
@@ -418,6 +418,8 @@ class HttpExchange extends Exchange {
     forwardRequest(this.req, this.res, a.route.forward, ctx, (result) => {
       if (result.target !== null) state.telemetry.upstreamResponse(a.route.upstream, (performance.now() - dispatched) / 1e3)
       if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
+      // the first attempt's failure is the upstream's, though the second attempt answered
+      if (result.retriedAfter !== null) state.telemetry.upstreamError(a.route.upstream, result.retriedAfter)
       this.finish({ status: result.status, result })
     })
   }

@@ -89,7 +89,7 @@ t.test('a request that both times out and errors is logged and counted once', as
   const rt = { activity: { inflight: 0 }, tracer: PROPAGATING_TRACER, redactQuery: compileQueryRedactor(undefined), isTrustedPeer: () => false }
   const record = new RequestRecord({ telemetry: metrics, accessLog: createAccessLog(logger) }, rt, req, true)
   t.equal(rt.activity.inflight, 1, 'in flight once recorded')
-  const timedOut = record.finish({ status: 504, result: { status: 504, target: 'http://upstream', bytesIn: 0, bytesOut: 0, errorCode: 'GW_ERR_UPSTREAM_TIMEOUT', errorKind: 'response_timeout', error: null } })
+  const timedOut = record.finish({ status: 504, result: { status: 504, target: 'http://upstream', bytesIn: 0, bytesOut: 0, errorCode: 'GW_ERR_UPSTREAM_TIMEOUT', errorKind: 'response_timeout', retriedAfter: null, error: null } })
   const failed = record.finish({ status: 503, outcome: 'pipeline_error' })
   t.equal(timedOut, true, 'the first ending is the one recorded')
   t.equal(failed, false, 'the second is refused')

@@ -98,6 +98,8 @@ export interface ForwardResult {
   bytesOut: number
   errorCode: ErrorCode | null
   errorKind: ForwardErrorKind | null
+  /** The first attempt's failure when the request was sent a second time (to another target). */
+  retriedAfter: ForwardErrorKind | null
   /**
    * Set when the response failed after its headers went out (cut mid-body): the status those
    * headers carried. `status` is then the failure's (502, 503, 504), so it counts as an error.
@@ -118,6 +120,11 @@ const IDEMPOTENT: ReadonlySet<string> = new Set(['GET', 'HEAD', 'OPTIONS', 'PUT'
  */
 export function mayRetry (sent: boolean, method: string, bodyResendable: boolean): boolean {
   return !sent && (bodyResendable || IDEMPOTENT.has(method))
+}
+
+/** Whether a request the upstream may have begun (its connection reset before an answer) may be sent again. */
+export function mayResend (method: string, bodyResendable: boolean): boolean {
+  return bodyResendable && IDEMPOTENT.has(method)
 }
 
 /**
@@ -234,7 +241,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   abortUpstream: ((err?: Error) => void) | null = null
   /** Resumes reading the upstream response after onData answered false (backpressure). */
   resumeUpstream: (() => void) | null = null
-  retried = false
+  /** The first attempt's failure once the request was sent again: a request is retried once. */
+  retriedAfter: ForwardErrorKind | null = null
   /** undici began writing the request: from here on it is not retried. */
   sent = false
   /** The upstream's final head came (its status is `status`). */
@@ -721,24 +729,33 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       this.plan.pool.eject(target)
       // Nothing reached the upstream: one more target is safe to try for an idempotent method, and
       // for any method once the body is in memory (a refused connection carried no byte of it).
-      if (!this.retried && mayRetry(this.sent, this.opts.method, this.replayable || this.opts.body === null)) {
-        // The failed target was just ejected: another target, now or, if all are busy, when one frees.
-        this.releaseTarget()
-        const next = this.plan.pool.acquire(this)
-        if (next !== null && next !== 'full') {
-          this.retried = true
-          this.abortUpstream = null
-          if (next instanceof UpstreamTarget) this.dispatch(next)
-          else {
-            // waiting again: a client that leaves now ends it at once (onClientClose)
-            this.target = null
-            this.waiting = next
-          }
-          return
-        }
-      }
+      // The failed target was just ejected: another target, now or, if all are busy, when one frees.
+      if (mayRetry(this.sent, this.opts.method, this.replayable || this.opts.body === null) && this.retry(kind, undefined)) return
+    } else if (kind === 'reset' && target !== null && !this.responded && mayResend(this.opts.method, this.replayable || this.opts.body === null)) {
+      // The connection closed with no answer: a target shutting down (a rolling deploy) or closing
+      // an idle keep-alive connection as the request went out on it. The upstream may have begun
+      // the request, so only an idempotent one is sent again (RFC 9110 §9.2.2; nginx's
+      // proxy_next_upstream error does the same), to another target when one is free.
+      if (this.retry(kind, target)) return
     }
     this.fail(kind, err)
+  }
+
+  /** Sends the request once more (once only), to a target other than `avoid` when one is free. */
+  private retry (after: ForwardErrorKind, avoid: UpstreamTarget | undefined): boolean {
+    if (this.retriedAfter !== null) return false
+    this.releaseTarget()
+    const next = this.plan.pool.acquire(this, avoid)
+    if (next === null || next === 'full') return false
+    this.retriedAfter = after
+    this.abortUpstream = null
+    if (next instanceof UpstreamTarget) this.dispatch(next)
+    else {
+      // waiting again: a client that leaves now ends it at once (onClientClose)
+      this.target = null
+      this.waiting = next
+    }
+    return true
   }
 
   /** Answers the error (or cuts the response if it already started) and settles. */
@@ -845,7 +862,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       status = ERRORS[code].status
     }
     try {
-      this.done({ status, target: this.target?.url ?? null, bytesIn: this.bytesIn, bytesOut: this.bytesOut, errorCode: code, errorKind: kind, error, sentStatus })
+      this.done({ status, target: this.target?.url ?? null, bytesIn: this.bytesIn, bytesOut: this.bytesOut, errorCode: code, errorKind: kind, retriedAfter: this.retriedAfter, error, sentStatus })
     } catch (err) {
       // A throwing callback must not reach undici's socket handling; report it without crashing.
       process.emitWarning(err instanceof Error ? err : new Error(String(err)), 'GatewayForwardDoneError')

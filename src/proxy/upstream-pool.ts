@@ -211,10 +211,11 @@ export class UpstreamPool {
    * most queueTimeoutMs (Envoy's max_pending_requests; nginx's upstream `queue`). Oldest first:
    * while requests wait, a connection that comes free is theirs, not a newcomer's.
    */
-  acquire (waiter: PoolWaiter): Acquired {
+  acquire (waiter: PoolWaiter, avoid?: UpstreamTarget): Acquired {
     if (this.#pending > 0) this.#grantWaiting()
     if (this.#pending === 0) {
-      const target = this.pick(undefined, true)
+      // `avoid` (the target a retry leaves) only when another has a connection free
+      const target = (avoid === undefined ? null : this.pick(avoid, true)) ?? this.pick(undefined, true)
       if (target !== null) {
         target.inFlight++
         return target

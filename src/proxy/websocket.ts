@@ -326,7 +326,7 @@ function report (done: (result: ForwardResult) => void, result: ForwardResult): 
 }
 
 function outcome (status: number, target: string | null, kind: ForwardErrorKind | null, error: GatewayError | null): ForwardResult {
-  return { status, target, bytesIn: 0, bytesOut: 0, errorCode: error?.code ?? null, errorKind: kind, error }
+  return { status, target, bytesIn: 0, bytesOut: 0, errorCode: error?.code ?? null, errorKind: kind, retriedAfter: null, error }
 }
 
 /** A plain HTTP/1.1 error answer on the raw socket (the upgrade never happened), then the socket is destroyed. */
