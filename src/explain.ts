@@ -73,7 +73,7 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
     ? null
     : lines.concat(`route:   ${route.name} -> 403 GW_ERR_IP_FORBIDDEN (client ip ${client.ip} is not let through by ipRestriction)`, '').join('\n')
   const asked = preflightMethod(method, headers.origin, headers['access-control-request-method'])
-  const preflightRoute = asked === null ? null : rt.routes.match(host, asked, normalized.path)
+  const preflightRoute = asked === null ? null : rt.routes.match(host, asked, normalized.path, null)
   if (asked !== null && preflightRoute !== null && preflightRoute.cors !== null) {
     const refused = forbidden(preflightRoute)
     if (refused !== null) return refused
@@ -83,9 +83,9 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
       : `403 GW_ERR_CORS_REJECTED (${answer.reason})`
     return lines.concat(`route:   ${preflightRoute.name} -> CORS preflight for ${asked}: ${result}; not forwarded, no credentials checked, no limit charged`, '').join('\n')
   }
-  const route = rt.routes.match(host, method, normalized.path)
+  const route = rt.routes.match(host, method, normalized.path, headers)
   if (route === null) {
-    const allow = rt.routes.allowedMethods(host, normalized.path)
+    const allow = rt.routes.allowedMethods(host, normalized.path, headers)
     if (allow !== null) return lines.concat(`route:   none for ${method} -> 405 GW_ERR_METHOD_NOT_ALLOWED (Allow: ${allow.join(', ')})`, '').join('\n')
     return lines.concat('route:   none -> 404 GW_ERR_NOT_FOUND', '').join('\n')
   }

@@ -86,13 +86,14 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   const normalized = normalizePath(rawPath)
   if (!normalized.ok) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: normalized.reason }, ipKey: client.key, clientIp: client.ip }
   const host = normalizeHost(req.headers.host)
-  let route = rt.routes.match(host, req.method ?? 'GET', normalized.path)
+  let route = rt.routes.match(host, req.method ?? 'GET', normalized.path, req.headers)
   let preflight = false
   if (req.method === 'OPTIONS') {
     // A CORS preflight belongs to the route of the request it announces: routed by the method it
     // asks for. Answered by the gateway when that route has cors; otherwise an OPTIONS as before.
     const asked = preflightMethod(req.method, req.headers.origin, req.headers['access-control-request-method'])
-    const forRoute = asked === null ? null : rt.routes.match(host, asked, normalized.path)
+    // A preflight carries none of the script's own fields: the routes' matchHeaders are not asked
+    const forRoute = asked === null ? null : rt.routes.match(host, asked, normalized.path, null)
     if (forRoute !== null && forRoute.cors !== null) {
       route = forRoute
       preflight = true
@@ -100,7 +101,7 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   }
   if (route === null) {
     // A route has this path but not this method: 405 with Allow (RFC 9110 §15.5.6), not 404.
-    const allow = rt.routes.allowedMethods(host, normalized.path)
+    const allow = rt.routes.allowedMethods(host, normalized.path, req.headers)
     if (allow !== null) return { ok: false, code: 'GW_ERR_METHOD_NOT_ALLOWED', headers: [['allow', allow.join(', ')]], ipKey: client.key, clientIp: client.ip }
     return { ok: false, code: 'GW_ERR_NOT_FOUND', ipKey: client.key, clientIp: client.ip }
   }

@@ -15,7 +15,7 @@ import { ConfigError, fileReader, type ConfigProblem, type KeyPath, type LoadedC
 import type { ResolvedConfig, ResolvedLimit, ResolvedRoute } from './config/defaults.js'
 import { limitStateOf } from './config/defaults.js'
 import { parseDuration, parseSize } from './config/units.js'
-import { compileRouteTable, unreachableRoutes, type RoutePattern, type RouteTable } from './router/route-table.js'
+import { compileRouteTable, unreachableRoutes, type HeaderCondition, type RoutePattern, type RouteTable } from './router/route-table.js'
 import { compileClientIpResolver, type ClientIpResolver } from './identify/client-ip.js'
 import { compileIpRestriction, type AddressCheck, type IpRestriction } from './identify/ip-restriction.js'
 import { compileTrustedPeer, type TrustedPeerCheck } from './proxy/trusted-peer.js'
@@ -42,6 +42,7 @@ export interface CompiledRoute {
   readonly path?: string
   readonly pathPrefix?: string
   readonly methods?: readonly string[]
+  readonly matchHeaders?: readonly HeaderCondition[]
   readonly caseInsensitive: boolean
   readonly matchTrailingSlash: boolean
   readonly websocket: boolean
@@ -195,8 +196,17 @@ function routePattern (route: ResolvedRoute): RoutePattern & { readonly caseInse
     ...(route.host !== undefined ? { host: route.host.toLowerCase() } : {}),
     ...(route.path !== undefined ? { path: route.path } : {}),
     ...(route.pathPrefix !== undefined ? { pathPrefix: route.pathPrefix } : {}),
-    ...(route.methods !== undefined ? { methods: Object.freeze(route.methods.map(m => m.toUpperCase())) } : {})
+    ...(route.methods !== undefined ? { methods: Object.freeze(route.methods.map(m => m.toUpperCase())) } : {}),
+    ...(route.matchHeaders !== undefined ? { matchHeaders: Object.freeze(Object.entries(route.matchHeaders).map(headerCondition)) } : {})
   }
+}
+
+function headerCondition ([name, wanted]: [string, string | string[] | boolean]): HeaderCondition {
+  return Object.freeze({
+    name: name.toLowerCase(),
+    present: wanted !== false,
+    values: typeof wanted === 'boolean' ? null : Object.freeze(typeof wanted === 'string' ? [wanted] : [...wanted])
+  })
 }
 
 /** A limit of the config in the limit stage's terms. */

@@ -47,17 +47,17 @@ t.test('normalizeHost', async (t) => {
 t.test('pathPrefix is a plain string prefix (like Envoy prefix)', async (t) => {
   const api: Route = { name: 'api', pathPrefix: '/api' }
   const table = compileRouteTable([api])
-  t.equal(table.match('', 'GET', '/api'), api)
-  t.equal(table.match('', 'GET', '/api/x'), api)
-  t.equal(table.match('', 'GET', '/apix'), api)
-  t.equal(table.match('', 'GET', '/ap'), null)
-  t.equal(table.match('', 'GET', '/'), null)
+  t.equal(table.match('', 'GET', '/api', {}), api)
+  t.equal(table.match('', 'GET', '/api/x', {}), api)
+  t.equal(table.match('', 'GET', '/apix', {}), api)
+  t.equal(table.match('', 'GET', '/ap', {}), null)
+  t.equal(table.match('', 'GET', '/', {}), null)
   const slash: Route = { name: 'slash', pathPrefix: '/api/' }
   const t2 = compileRouteTable([slash])
-  t.equal(t2.match('', 'GET', '/api/x'), slash)
-  t.equal(t2.match('', 'GET', '/api/'), slash)
-  t.equal(t2.match('', 'GET', '/api'), null)
-  t.equal(t2.match('', 'GET', '/apix'), null)
+  t.equal(t2.match('', 'GET', '/api/x', {}), slash)
+  t.equal(t2.match('', 'GET', '/api/', {}), slash)
+  t.equal(t2.match('', 'GET', '/api', {}), null)
+  t.equal(t2.match('', 'GET', '/apix', {}), null)
 })
 
 t.test('precedence: first route in file order wins', async (t) => {
@@ -71,7 +71,7 @@ t.test('precedence: first route in file order wins', async (t) => {
   ]
   const table = compileRouteTable(routes)
   const name = (host: string, method: string, path: string): string | undefined =>
-    table.match(host, method, path)?.name
+    table.match(host, method, path, {})?.name
   t.equal(name('api.example.com', 'DELETE', '/admin'), 'admin-exact')
   t.equal(name('api.example.com', 'GET', '/users/1'), 'wild-users', 'wildcard route earlier than exact-host route')
   t.equal(name('api.example.com', 'GET', '/orders'), 'api-get-only')
@@ -88,15 +88,15 @@ t.test('precedence: first route in file order wins', async (t) => {
 t.test('exact path beats a later prefix, a prefix beats a later exact path', async (t) => {
   const a: Route = { name: 'exact', path: '/v1/items' }
   const b: Route = { name: 'prefix', pathPrefix: '/v1/' }
-  t.equal(compileRouteTable([a, b]).match('', 'GET', '/v1/items'), a)
-  t.equal(compileRouteTable([b, a]).match('', 'GET', '/v1/items'), b)
-  t.equal(compileRouteTable([a, b]).match('', 'GET', '/v1/items/2'), b)
-  t.equal(compileRouteTable([a]).match('', 'GET', '/v1/items/'), null, 'exact means exact')
+  t.equal(compileRouteTable([a, b]).match('', 'GET', '/v1/items', {}), a)
+  t.equal(compileRouteTable([b, a]).match('', 'GET', '/v1/items', {}), b)
+  t.equal(compileRouteTable([a, b]).match('', 'GET', '/v1/items/2', {}), b)
+  t.equal(compileRouteTable([a]).match('', 'GET', '/v1/items/', {}), null, 'exact means exact')
 })
 
 t.test('patterns are normalized or refused at compile time', async (t) => {
   const upper: Route = { name: 'u', host: 'API.Example.com.' }
-  t.equal(compileRouteTable([upper]).match('api.example.com', 'GET', '/'), upper)
+  t.equal(compileRouteTable([upper]).match('api.example.com', 'GET', '/', {}), upper)
   const refused: Array<[Route, RegExp]> = [
     [{ name: 'a', path: '/x', pathPrefix: '/y' }, /not both/],
     [{ name: 'b', path: '/a/../b' }, /normal form, write "\/b"/],
@@ -126,7 +126,7 @@ t.test('radix tree splits shared prefixes correctly', async (t) => {
     { name: 'root', pathPrefix: '/' }
   ]
   const table = compileRouteTable(routes)
-  const name = (p: string): string | undefined => table.match('', 'GET', p)?.name
+  const name = (p: string): string | undefined => table.match('', 'GET', p, {})?.name
   t.equal(name('/abcdef'), 'abcd')
   t.equal(name('/abce'), 'abce')
   t.equal(name('/abcf'), 'ab')
@@ -179,7 +179,7 @@ t.test('1000 random routes agree with a linear reference matcher', async (t) => 
     let path = rand(3) === 0 ? '/miss' + randomPath() : randomPath()
     if (rand(5) === 0) path += pick(['/', 'x', '.json'])
     const expected = naiveMatch(routes, host, method, path)
-    const actual = table.match(host, method, path)
+    const actual = table.match(host, method, path, {})
     if (actual !== expected) {
       if (mismatches++ < 5) t.fail(`${method} ${host}${path}: expected ${expected?.name}, got ${actual?.name}`)
     }
@@ -191,7 +191,7 @@ t.test('1000 random routes agree with a linear reference matcher', async (t) => 
 
 t.test('an IPv6 literal is a host', async (t) => {
   const v6: Route = { name: 'v6', host: '[::1]' }
-  t.equal(compileRouteTable([v6]).match('[::1]', 'GET', '/'), v6)
+  t.equal(compileRouteTable([v6]).match('[::1]', 'GET', '/', {}), v6)
 })
 
 t.test('allowedMethods: what the routes matching host and path accept, for 405 and Allow', async (t) => {
@@ -205,7 +205,7 @@ t.test('allowedMethods: what the routes matching host and path accept, for 405 a
   ]
   const table = compileRouteTable(routes)
   const allowed = (host: string, path: string): string[] | null => {
-    const list = table.allowedMethods(host, path)
+    const list = table.allowedMethods(host, path, {})
     return list === null ? null : [...list].sort()
   }
   t.same(allowed('', '/items'), ['GET', 'POST', 'PUT'], 'an exact path and a prefix together')
@@ -222,9 +222,9 @@ t.test('allowedMethods: what the routes matching host and path accept, for 405 a
 t.test('TRACE only reaches a route that lists it', async (t) => {
   const any: Route = { name: 'any', pathPrefix: '/' }
   const trace: Route = { name: 'trace', pathPrefix: '/', methods: ['TRACE'] }
-  t.equal(compileRouteTable([any]).match('', 'TRACE', '/x'), null)
-  t.equal(compileRouteTable([any, trace]).match('', 'TRACE', '/x'), trace)
-  t.equal(compileRouteTable([any, trace]).match('', 'GET', '/x'), any)
+  t.equal(compileRouteTable([any]).match('', 'TRACE', '/x', {}), null)
+  t.equal(compileRouteTable([any, trace]).match('', 'TRACE', '/x', {}), trace)
+  t.equal(compileRouteTable([any, trace]).match('', 'GET', '/x', {}), any)
 })
 
 t.test('caseInsensitive routes match whatever the case; the others do not; file order still wins', async (t) => {
@@ -234,7 +234,7 @@ t.test('caseInsensitive routes match whatever the case; the others do not; file 
   const apiHost: Route = { name: 'api-host', host: 'api.example.com', pathPrefix: '/' }
   const upper: Route = { name: 'upper', pathPrefix: '/ADMIN/' }
   const table = compileRouteTable([admin, login, plain, apiHost, upper])
-  const name = (path: string, host = ''): string | undefined => table.match(host, 'GET', path)?.name
+  const name = (path: string, host = ''): string | undefined => table.match(host, 'GET', path, {})?.name
   t.equal(name('/ADMIN/x'), 'admin', 'before the case-sensitive /ADMIN/ route')
   t.equal(name('/Admin/'), 'admin')
   t.equal(name('/login'), 'login')
@@ -255,7 +255,7 @@ t.test('matchTrailingSlash: one resource with and without its trailing slash', a
     { name: 'folded', path: '/Help', matchTrailingSlash: true, caseInsensitive: true }
   ]
   const table = compileRouteTable(routes)
-  const name = (path: string): string | undefined => table.match('', 'GET', path)?.name
+  const name = (path: string): string | undefined => table.match('', 'GET', path, {})?.name
   t.equal(name('/login/'), 'login')
   t.equal(name('/logout'), 'logout')
   t.equal(name('/admin'), 'admin')
@@ -269,9 +269,9 @@ t.test('wildcard hosts of several lengths: at least one label before the suffix'
   const wide: Route = { name: 'wide', host: '*.example.com', pathPrefix: '/' }
   const narrow: Route = { name: 'narrow', host: '*.b.example.com', pathPrefix: '/' }
   const table = compileRouteTable([wide, narrow])
-  const name = (host: string): string | undefined => table.match(host, 'GET', '/x')?.name
+  const name = (host: string): string | undefined => table.match(host, 'GET', '/x', {})?.name
   t.equal(name('x.b.example.com'), 'wide', 'both match: the first in file order')
-  t.equal(compileRouteTable([narrow, wide]).match('x.b.example.com', 'GET', '/x')?.name, 'narrow')
+  t.equal(compileRouteTable([narrow, wide]).match('x.b.example.com', 'GET', '/x', {})?.name, 'narrow')
   t.equal(name('b.example.com'), 'wide')
   t.equal(name('example.com'), undefined)
   t.equal(name('.example.com'), undefined, 'an empty label is not a label')
@@ -291,13 +291,13 @@ t.test('405 Allow: methods of every route on the path, across exact, wildcard an
   ]
   const table = compileRouteTable(routes)
   // in the order a client reads them: exact host, wildcard hosts, any host; each method once
-  t.same(table.allowedMethods('api.example.com', '/p'), ['GET', 'POST', 'PUT', 'DELETE'])
-  t.same(table.allowedMethods('www.example.com', '/p'), ['POST', 'PUT', 'DELETE'])
-  t.same(table.allowedMethods('x.b.example.com', '/p'), ['POST', 'PATCH', 'PUT', 'DELETE'], 'two wildcard suffixes')
-  t.same(table.allowedMethods('b.example.com', '/p'), ['POST', 'PUT', 'DELETE'], 'the apex of the deeper wildcard')
-  t.same(table.allowedMethods('.example.com', '/p'), ['PUT', 'DELETE'], 'a host as long as the suffix has no label before it')
-  t.same(table.allowedMethods('a.b.other.com', '/p'), ['PUT', 'DELETE'], 'a dot where a suffix would start, but another suffix')
-  t.same(table.allowedMethods('other.org', '/q'), ['PUT', 'DELETE'])
+  t.same(table.allowedMethods('api.example.com', '/p', {}), ['GET', 'POST', 'PUT', 'DELETE'])
+  t.same(table.allowedMethods('www.example.com', '/p', {}), ['POST', 'PUT', 'DELETE'])
+  t.same(table.allowedMethods('x.b.example.com', '/p', {}), ['POST', 'PATCH', 'PUT', 'DELETE'], 'two wildcard suffixes')
+  t.same(table.allowedMethods('b.example.com', '/p', {}), ['POST', 'PUT', 'DELETE'], 'the apex of the deeper wildcard')
+  t.same(table.allowedMethods('.example.com', '/p', {}), ['PUT', 'DELETE'], 'a host as long as the suffix has no label before it')
+  t.same(table.allowedMethods('a.b.other.com', '/p', {}), ['PUT', 'DELETE'], 'a dot where a suffix would start, but another suffix')
+  t.same(table.allowedMethods('other.org', '/q', {}), ['PUT', 'DELETE'])
 })
 
 t.test('405 Allow on a table without any-host routes', async (t) => {
@@ -305,11 +305,11 @@ t.test('405 Allow on a table without any-host routes', async (t) => {
     { name: 'api', host: 'api.example.com', pathPrefix: '/v1/', methods: ['GET'] },
     { name: 'wild', host: '*.example.com', path: '/v1/x', methods: ['POST'] }
   ])
-  t.same(table.allowedMethods('api.example.com', '/v1/x'), ['GET', 'POST'])
-  t.same(table.allowedMethods('a.example.com', '/v1/x'), ['POST'])
-  t.equal(table.allowedMethods('other.org', '/v1/x'), null)
-  t.equal(table.allowedMethods('a.b.other.com', '/v1/x'), null, 'a dot at a suffix length, no bucket there')
-  t.equal(table.allowedMethods('', '/v1/x'), null)
+  t.same(table.allowedMethods('api.example.com', '/v1/x', {}), ['GET', 'POST'])
+  t.same(table.allowedMethods('a.example.com', '/v1/x', {}), ['POST'])
+  t.equal(table.allowedMethods('other.org', '/v1/x', {}), null)
+  t.equal(table.allowedMethods('a.b.other.com', '/v1/x', {}), null, 'a dot at a suffix length, no bucket there')
+  t.equal(table.allowedMethods('', '/v1/x', {}), null)
 })
 
 t.test('405 Allow: prefix and exact routes along a deeper tree', async (t) => {
@@ -323,18 +323,18 @@ t.test('405 Allow: prefix and exact routes along a deeper tree', async (t) => {
     { name: 'events-post', path: '/api/v1/events', methods: ['POST'] }
   ]
   const table = compileRouteTable(routes)
-  t.same(table.allowedMethods('', '/api/v1/items'), ['DELETE', 'PUT', 'GET'], 'the exact route, then prefixes from the root down')
-  t.same(table.allowedMethods('', '/api/v1/x'), ['PUT', 'GET'])
-  t.same(table.allowedMethods('', '/api/v2/x'), ['PUT', 'POST'])
-  t.same(table.allowedMethods('', '/api/v3/x'), ['PUT'], 'the path leaves the tree below /api/')
-  t.same(table.allowedMethods('', '/api/v1'), ['PUT'], 'the path ends inside the edge "1/"')
-  t.same(table.allowedMethods('', '/api/v'), ['PUT'], 'the path ends at the node where v1 and v2 part')
-  t.same(table.allowedMethods('', '/api/'), ['PUT'], 'the path ends at the node of a route')
-  t.same(table.allowedMethods('', '/apiary/x'), ['PATCH'])
-  t.same(table.allowedMethods('', '/api/v1/events'), ['GET', 'POST', 'PUT'], 'a websocket route and a plain route on one path')
-  t.equal(table.allowedMethods('', '/apix'), null)
-  t.equal(table.allowedMethods('', '/b'), null, 'the first character leaves the tree')
-  t.equal(table.allowedMethods('', '/'), null)
+  t.same(table.allowedMethods('', '/api/v1/items', {}), ['DELETE', 'PUT', 'GET'], 'the exact route, then prefixes from the root down')
+  t.same(table.allowedMethods('', '/api/v1/x', {}), ['PUT', 'GET'])
+  t.same(table.allowedMethods('', '/api/v2/x', {}), ['PUT', 'POST'])
+  t.same(table.allowedMethods('', '/api/v3/x', {}), ['PUT'], 'the path leaves the tree below /api/')
+  t.same(table.allowedMethods('', '/api/v1', {}), ['PUT'], 'the path ends inside the edge "1/"')
+  t.same(table.allowedMethods('', '/api/v', {}), ['PUT'], 'the path ends at the node where v1 and v2 part')
+  t.same(table.allowedMethods('', '/api/', {}), ['PUT'], 'the path ends at the node of a route')
+  t.same(table.allowedMethods('', '/apiary/x', {}), ['PATCH'])
+  t.same(table.allowedMethods('', '/api/v1/events', {}), ['GET', 'POST', 'PUT'], 'a websocket route and a plain route on one path')
+  t.equal(table.allowedMethods('', '/apix', {}), null)
+  t.equal(table.allowedMethods('', '/b', {}), null, 'the first character leaves the tree')
+  t.equal(table.allowedMethods('', '/', {}), null)
 })
 
 t.test('405 Allow: a route without methods adds the default list after the listed ones', async (t) => {
@@ -342,7 +342,27 @@ t.test('405 Allow: a route without methods adds the default list after the liste
     { name: 'trace', path: '/t', methods: ['TRACE'] },
     { name: 'open', pathPrefix: '/' }
   ])
-  t.same(table.allowedMethods('', '/t'), ['TRACE', ...ANY_METHOD])
-  t.same(table.allowedMethods('', '/x'), [...ANY_METHOD])
-  t.equal(compileRouteTable<Route>([{ name: 'p', path: '/p', methods: ['GET'] }]).allowedMethods('', '/q'), null)
+  t.same(table.allowedMethods('', '/t', {}), ['TRACE', ...ANY_METHOD])
+  t.same(table.allowedMethods('', '/x', {}), [...ANY_METHOD])
+  t.equal(compileRouteTable<Route>([{ name: 'p', path: '/p', methods: ['GET'] }]).allowedMethods('', '/q', {}), null)
+})
+
+t.test('matchHeaders: a route matches only when every condition holds; the first such route in file order wins', async (t) => {
+  const canary: Route = { name: 'canary', pathPrefix: '/api/', matchHeaders: [{ name: 'x-canary', present: true, values: ['1'] }] }
+  const versioned: Route = { name: 'v2', pathPrefix: '/api/', matchHeaders: [{ name: 'x-version', present: true, values: ['v2', 'v3'] }, { name: 'x-legacy', present: false, values: null }] }
+  const debug: Route = { name: 'debug', pathPrefix: '/api/', methods: ['POST'], matchHeaders: [{ name: 'x-debug', present: true, values: null }] }
+  const stable: Route = { name: 'stable', pathPrefix: '/api/', methods: ['GET'] }
+  const table = compileRouteTable<Route>([canary, versioned, debug, stable])
+  t.equal(table.match('', 'GET', '/api/x', { 'x-canary': '1' }), canary)
+  t.equal(table.match('', 'GET', '/api/x', { 'x-canary': '2' }), stable, 'another value: the next route')
+  t.equal(table.match('', 'GET', '/api/x', { 'x-canary': 'a, 1' }), stable, 'repeated fields, as node joins them, are one value')
+  t.equal(table.match('', 'GET', '/api/x', { 'x-version': 'v3' }), versioned, 'one of the listed values')
+  t.equal(table.match('', 'GET', '/api/x', { 'x-version': 'v3', 'x-legacy': '' }), stable, 'a field that must be absent, present (empty)')
+  t.equal(table.match('', 'GET', '/api/x', { 'x-version': 'V3' }), stable, 'values are compared exactly')
+  t.equal(table.match('', 'POST', '/api/x', { 'x-debug': 'anything' }), debug, 'present, any value')
+  t.equal(table.match('', 'POST', '/api/x', {}), null, 'no route takes a POST without x-debug')
+  t.same(table.allowedMethods('', '/api/x', {}), ['GET'], '405 lists the methods of the routes whose headers hold')
+  t.same([...(table.allowedMethods('', '/api/x', { 'x-debug': '1' }) ?? [])].sort(), ['GET', 'POST'])
+  t.equal(table.match('', 'GET', '/api/x', null), canary, 'null headers: the conditions are not asked (a preflight)')
+  t.equal(compileRouteTable<Route>([debug, stable]).match('', 'POST', '/api/x', null), debug)
 })

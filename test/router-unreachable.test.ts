@@ -28,6 +28,14 @@ t.test('a route whose every request an earlier route takes is reported; one that
   t.same(unreachable({ path: '/a', matchTrailingSlash: true }, { path: '/a/' }), [1])
   t.same(unreachable({ path: '/a' }, { path: '/a/' }), [])
   t.same(unreachable({ path: '/search?q=1' }), [0], 'a path holding a query never matches')
+  const canary = { name: 'x-canary', present: true, values: ['1'] }
+  t.same(unreachable({ pathPrefix: '/api/', matchHeaders: [canary] }, { pathPrefix: '/api/' }), [], 'the earlier needs a header')
+  t.same(unreachable({ pathPrefix: '/api/' }, { pathPrefix: '/api/', matchHeaders: [canary] }), [1], 'every request first, then those with the header')
+  t.same(unreachable({ pathPrefix: '/api/', matchHeaders: [canary] }, { pathPrefix: '/api/v1/', matchHeaders: [canary, { name: 'x-b', present: false, values: null }] }), [1], 'the later needs as much and more')
+  t.same(unreachable({ pathPrefix: '/api/', matchHeaders: [{ ...canary, values: ['1', '2'] }] }, { pathPrefix: '/api/', matchHeaders: [canary] }), [1], 'the later\'s values are among the earlier\'s')
+  t.same(unreachable({ pathPrefix: '/api/', matchHeaders: [canary] }, { pathPrefix: '/api/', matchHeaders: [{ ...canary, values: ['1', '2'] }] }), [], 'the later takes x-canary: 2 too')
+  t.same(unreachable({ pathPrefix: '/api/', matchHeaders: [{ ...canary, values: null }] }, { pathPrefix: '/api/', matchHeaders: [canary] }), [1], 'present with any value takes every value')
+  t.same(unreachable({ pathPrefix: '/api/', matchHeaders: [{ ...canary, present: false, values: null }] }, { pathPrefix: '/api/', matchHeaders: [canary] }), [], 'absent, then present')
 })
 
 const yaml = `listen: 127.0.0.1:0

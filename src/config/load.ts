@@ -558,6 +558,10 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
       const limit = route.limits?.[dim]
       if (limit !== undefined) out.push(...checkLimit(limit, ['routes', i, 'limits', dim]))
     }
+    for (const name of Object.keys(route.matchHeaders ?? {})) {
+      // the routing already normalized Host (port, case, trailing dot): matched raw, it would miss
+      if (name.toLowerCase() === 'host') out.push([['routes', i, 'matchHeaders', name], 'the host is matched by the route\'s "host" (exact or *.example.com), not by matchHeaders'])
+    }
     for (const side of ['request', 'response'] as const) {
       const rules = route.headers?.[side]
       for (const name of Object.keys(rules?.set ?? {})) {

@@ -115,6 +115,7 @@ const routeConcurrencySchema = z.strictObject({
 const HEADER_NAME_RE = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
 const HEADER_NAME_MESSAGE = 'expected a header name (letters, digits and !#$%&\'*+.^_`|~-)'
 const headerName = z.string().regex(HEADER_NAME_RE, HEADER_NAME_MESSAGE)
+const MATCH_VALUE = 'expected a value (text: quote one that YAML reads as a number), a list of values, true (present) or false (absent)'
 const headerValue = z.string().regex(/^[\t\x20-\x7e\x80-\xff]*$/, 'a header value cannot contain CR, LF, NUL or other control characters')
 const headerRules = z.strictObject({
   // Names checked here rather than as the record's key schema: zod would only say "Invalid key in record".
@@ -171,6 +172,8 @@ export const routeSchema = z.strictObject({
   path: z.string().startsWith('/').optional(),
   pathPrefix: z.string().startsWith('/').optional(),
   methods: z.array(z.string().regex(/^[A-Za-z]+$/)).min(1).optional(),
+  matchHeaders: z.record(headerName, z.union([z.string({ error: MATCH_VALUE }), z.array(z.string()).min(1), z.boolean()]), { error: `not a header name: ${HEADER_NAME_MESSAGE}` }).optional()
+    .describe('request headers the route needs to match: { x-canary: "1", x-version: [v1, v2], x-debug: true (present), x-legacy: false (absent) }'),
   upstream: z.string(),
   stripPrefix: z.string().startsWith('/').optional(),
   websocket: z.boolean().optional(),

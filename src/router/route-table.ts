@@ -24,17 +24,32 @@ export interface RoutePattern {
   readonly caseInsensitive?: boolean
   /** `path: /admin` also matches `/admin/`, and `pathPrefix: /admin/` also matches `/admin`. */
   readonly matchTrailingSlash?: boolean
+  /** Request headers that must hold for the route to match (`matchHeaders`); absent or empty: none. */
+  readonly matchHeaders?: readonly HeaderCondition[]
 }
+
+/** One `matchHeaders` entry. */
+export interface HeaderCondition {
+  /** Lowercase field name. */
+  readonly name: string
+  /** false: the request must not carry the field. */
+  readonly present: boolean
+  /** The values of which the field's must be one (as node joins repeated fields: "a, b"); null: any. */
+  readonly values: readonly string[] | null
+}
+
+/** The request's header fields as node gives them; null asks a lookup to ignore `matchHeaders`. */
+export type RequestHeaders = Readonly<Record<string, string | string[] | undefined>> | null
 
 export interface RouteTable<R extends RoutePattern> {
   /** `host` as returned by `normalizeHost`, `path` as returned by `normalizePath`. */
-  match(host: string, method: string, path: string): R | null
+  match(host: string, method: string, path: string, headers: RequestHeaders): R | null
   /**
-   * For a request `match` found no route for: the methods the routes matching its host and path
-   * accept (for `405` and its `Allow`), or null when no route matches the path at all (404).
-   * A route without `methods` contributes ANY_METHOD.
+   * For a request `match` found no route for: the methods the routes matching its host, path and
+   * headers accept (for `405` and its `Allow`), or null when no route matches the path at all
+   * (404). A route without `methods` contributes ANY_METHOD.
    */
-  allowedMethods(host: string, path: string): readonly string[] | null
+  allowedMethods(host: string, path: string, headers: RequestHeaders): readonly string[] | null
 }
 
 /** What a route without `methods` accepts, as listed in `Allow` (TRACE only when a route lists it). */
@@ -43,6 +58,8 @@ export const ANY_METHOD: readonly string[] = Object.freeze(['GET', 'HEAD', 'POST
 interface Entry<R> {
   readonly index: number
   readonly methods: readonly string[] | null
+  /** null: the route matches whatever the headers. */
+  readonly headers: readonly HeaderCondition[] | null
   readonly route: R
 }
 
@@ -136,7 +153,11 @@ export function compileRouteTable<R extends RoutePattern> (routes: readonly R[])
       bucket = b
     }
 
-    const entry: Entry<R> = { index, methods, route }
+    for (const c of route.matchHeaders ?? []) {
+      if (c.name !== c.name.toLowerCase()) throw invalid(`matchHeaders "${c.name}" must be lowercase`)
+    }
+    const headers = route.matchHeaders === undefined || route.matchHeaders.length === 0 ? null : Object.freeze([...route.matchHeaders])
+    const entry: Entry<R> = { index, methods, headers, route }
     const folded = route.caseInsensitive === true
     if (folded) anyFolded = true
     const exactMap = folded ? bucket.exactFolded : bucket.exact
@@ -163,29 +184,30 @@ export function compileRouteTable<R extends RoutePattern> (routes: readonly R[])
   const wildcardLengths = [...new Set([...wildcardHosts.keys()].map(k => k.length))].sort((a, b) => a - b)
 
   return {
-    match (host: string, method: string, path: string): R | null {
+    match (host: string, method: string, path: string, headers: RequestHeaders): R | null {
       let best: Entry<R> | null = null
       const folded = anyFolded ? path.toLowerCase() : null
       const exact = exactHosts.get(host)
-      if (exact !== undefined) best = searchBucket(exact, method, path, folded, best)
+      if (exact !== undefined) best = searchBucket(exact, method, path, folded, headers, best)
       for (let i = 0; i < wildcardLengths.length; i++) {
         const len = wildcardLengths[i] as number
         // ">" not ">=": "*.example.com" needs at least one label before ".example.com".
         if (host.length > len && host.charCodeAt(host.length - len) === DOT) {
           const b = wildcardHosts.get(host.slice(host.length - len))
-          if (b !== undefined) best = searchBucket(b, method, path, folded, best)
+          if (b !== undefined) best = searchBucket(b, method, path, folded, headers, best)
         }
       }
-      if (anyHost !== null) best = searchBucket(anyHost, method, path, folded, best)
+      if (anyHost !== null) best = searchBucket(anyHost, method, path, folded, headers, best)
       return best === null ? null : best.route
     },
-    allowedMethods (host: string, path: string): readonly string[] | null {
+    allowedMethods (host: string, path: string, headers: RequestHeaders): readonly string[] | null {
       // Only reached on a miss, so it walks every candidate bucket without the index shortcuts.
       const found = new Set<string>()
       let any = false
       const folded = anyFolded ? path.toLowerCase() : null
       const collect = (bucket: HostBucket<R>): void => {
         for (const e of entriesFor(bucket, path, folded)) {
+          if (!headersHold(e.headers, headers)) continue
           if (e.methods === null) any = true
           else for (const m of e.methods) found.add(m)
         }
@@ -250,16 +272,32 @@ function insertPrefix<R> (root: PrefixNode<R>, key: string, entry: Entry<R>): vo
   ;(node.entries ??= []).push(entry)
 }
 
-// The lowest-index entry of a sorted list that allows `method`, if it beats `best`.
-function firstAllowed<R> (list: Entry<R>[], method: string, best: Entry<R> | null): Entry<R> | null {
+// The lowest-index entry of a sorted list that allows `method` and whose headers hold, if it beats `best`.
+function firstAllowed<R> (list: Entry<R>[], method: string, headers: RequestHeaders, best: Entry<R> | null): Entry<R> | null {
   for (let i = 0; i < list.length; i++) {
     const e = list[i] as Entry<R>
     if (best !== null && e.index >= best.index) return best
     // TRACE echoes the request, credentials included (cross-site tracing): a route without
     // `methods` does not take it, only one that lists it.
-    if (e.methods === null ? method !== 'TRACE' : e.methods.includes(method)) return e
+    if ((e.methods === null ? method !== 'TRACE' : e.methods.includes(method)) && headersHold(e.headers, headers)) return e
   }
   return best
+}
+
+/** Whether every condition holds for `headers` (null conditions, or null headers: yes). */
+export function headersHold (conditions: readonly HeaderCondition[] | null, headers: RequestHeaders): boolean {
+  if (conditions === null || headers === null) return true
+  for (let i = 0; i < conditions.length; i++) {
+    const c = conditions[i] as HeaderCondition
+    const value = headers[c.name]
+    if (value === undefined) {
+      if (c.present) return false
+      continue
+    }
+    if (!c.present) return false
+    if (c.values !== null && !c.values.includes(typeof value === 'string' ? value : value.join(', '))) return false
+  }
+  return true
 }
 
 // Every entry whose path matches, whatever its methods.
@@ -283,20 +321,20 @@ function * entriesIn<R> (exact: Map<string, Entry<R>[]>, prefixes: PrefixNode<R>
   }
 }
 
-function searchBucket<R> (bucket: HostBucket<R>, method: string, path: string, folded: string | null, best: Entry<R> | null): Entry<R> | null {
+function searchBucket<R> (bucket: HostBucket<R>, method: string, path: string, folded: string | null, headers: RequestHeaders, best: Entry<R> | null): Entry<R> | null {
   if (best !== null && bucket.minIndex >= best.index) return best
-  best = searchIn(bucket.exact, bucket.prefixes, method, path, best)
-  if (folded !== null) best = searchIn(bucket.exactFolded, bucket.prefixesFolded, method, folded, best)
+  best = searchIn(bucket.exact, bucket.prefixes, method, path, headers, best)
+  if (folded !== null) best = searchIn(bucket.exactFolded, bucket.prefixesFolded, method, folded, headers, best)
   return best
 }
 
-function searchIn<R> (exact: Map<string, Entry<R>[]>, prefixes: PrefixNode<R>, method: string, path: string, best: Entry<R> | null): Entry<R> | null {
+function searchIn<R> (exact: Map<string, Entry<R>[]>, prefixes: PrefixNode<R>, method: string, path: string, headers: RequestHeaders, best: Entry<R> | null): Entry<R> | null {
   const list = exact.get(path)
-  if (list !== undefined) best = firstAllowed(list, method, best)
+  if (list !== undefined) best = firstAllowed(list, method, headers, best)
   let node = prefixes
   let pos = 0
   for (;;) {
-    if (node.entries !== null) best = firstAllowed(node.entries, method, best)
+    if (node.entries !== null) best = firstAllowed(node.entries, method, headers, best)
     if (node.children === null || pos >= path.length) return best
     const child = node.children.get(path.charCodeAt(pos))
     if (child === undefined || !path.startsWith(child.label, pos)) return best
@@ -342,6 +380,7 @@ function takesEveryRequestOf (a: RoutePattern, b: RoutePattern): boolean {
   const hostA = a.host === undefined ? '*' : stripTrailingDot(a.host.toLowerCase())
   if (hostA !== '*' && (b.host === undefined || hostA !== stripTrailingDot(b.host.toLowerCase()))) return false
   if (a.methods !== undefined && (b.methods === undefined || !b.methods.every(m => a.methods?.includes(m) === true))) return false
+  if (!(a.matchHeaders ?? []).every(c => impliedBy(c, b.matchHeaders ?? []))) return false
   const fold = a.caseInsensitive === true
   if (!fold && b.caseInsensitive === true) return false
   const f = (s: string): string => fold ? s.toLowerCase() : s
@@ -351,6 +390,12 @@ function takesEveryRequestOf (a: RoutePattern, b: RoutePattern): boolean {
   // every path b takes as a whole prefix must sit under a's prefix, and each exact one be taken
   if (b.path === undefined && (prefixA === null || !f(b.pathPrefix ?? '').startsWith(prefixA))) return false
   return matchedExactly(b).every(takes)
+}
+
+/** Whether every request meeting `conditions` meets `c` too. */
+function impliedBy (c: HeaderCondition, conditions: readonly HeaderCondition[]): boolean {
+  return conditions.some(d => d.name === c.name && d.present === c.present &&
+    (c.values === null || (d.values !== null && d.values.every(v => c.values?.includes(v) === true))))
 }
 
 /** The paths a route matches exactly: its `path`, and the trailing-slash variant it also takes. */

@@ -1,0 +1,113 @@
+// A route's matchHeaders: requests are routed by their header fields too (a canary by a header, an
+// API version by Accept-Version), through the live gateway and `gateway explain` alike. Routes are
+// still tried in file order, the first match wins; a preflight is routed without the conditions
+// (it carries none of the script's fields); mistakes are located errors or warnings.
+import t from 'tap'
+import { request } from 'undici'
+import { writeFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { startGateway, writeConfig } from './helpers/gateway.js'
+import { startUpstream } from './helpers/upstream.js'
+import { gateway, explainOutput } from './helpers/cli.js'
+import { tempDir } from './helpers/teardown.js'
+
+const routes = (stable: string, canary: string): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  stable: { targets: [${stable}] }
+  canary: { targets: [${canary}] }
+routes:
+  - name: canary
+    pathPrefix: /api/
+    matchHeaders: { x-canary: "1", x-legacy: false }
+    upstream: canary
+    cors: { origins: ["https://app.example.com"] }
+  - name: v2
+    pathPrefix: /api/
+    matchHeaders: { accept-version: [v2, v3] }
+    upstream: canary
+  - name: debug
+    pathPrefix: /api/
+    methods: [DELETE]
+    matchHeaders: { x-debug: true }
+    upstream: canary
+  - name: stable
+    pathPrefix: /api/
+    methods: [GET, POST]
+    upstream: stable
+    cors: { origins: ["https://other.example.com"] }
+`
+
+t.test('requests are routed by their headers, first match in file order', async t => {
+  const stable = await startUpstream(t, 'stable')
+  const canary = await startUpstream(t, 'canary')
+  const gw = await startGateway(t, routes(stable.url, canary.url))
+  const ask = async (headers: Record<string, string>, method = 'GET'): Promise<[number, string]> => {
+    const res = await request(gw.url + '/api/x', { method: method as 'GET', headers })
+    const text = await res.body.text()
+    return [res.statusCode, text.startsWith('{"error"') ? (JSON.parse(text) as { error: string }).error : (JSON.parse(text) as { name: string }).name]
+  }
+  t.same(await ask({ 'x-canary': '1' }), [200, 'canary'])
+  t.same(await ask({ 'x-canary': '0' }), [200, 'stable'])
+  t.same(await ask({ 'x-canary': '1', 'x-legacy': 'yes' }), [200, 'stable'], 'a field the route needs absent')
+  t.same(await ask({ 'accept-version': 'v3' }), [200, 'canary'])
+  t.same(await ask({ 'accept-version': 'v1' }), [200, 'stable'])
+  t.same(await ask({ 'x-debug': '' }, 'DELETE'), [200, 'canary'], 'present, whatever the value')
+  t.same(await ask({}, 'DELETE'), [405, 'GW_ERR_METHOD_NOT_ALLOWED'], 'no route takes a DELETE without x-debug')
+  const res = await request(gw.url + '/api/x', { method: 'DELETE' })
+  t.equal(res.headers.allow, 'GET, POST', 'its Allow lists the methods of the routes that match the headers')
+  await res.body.dump()
+  t.same(gw.lines.filter(l => l.msg === 'request').map(l => l.route), ['canary', 'stable', 'stable', 'v2', 'stable', 'debug', '-', '-'])
+})
+
+t.test('a preflight is routed without the conditions: the first route on the path answers it', async t => {
+  const stable = await startUpstream(t, 'stable')
+  const canary = await startUpstream(t, 'canary')
+  const gw = await startGateway(t, routes(stable.url, canary.url))
+  const res = await request(gw.url + '/api/x', { method: 'OPTIONS', headers: { origin: 'https://app.example.com', 'access-control-request-method': 'GET', 'access-control-request-headers': 'x-canary' } })
+  t.equal(res.statusCode, 204, 'the canary route\'s policy, though the preflight carries no x-canary')
+  t.equal(res.headers['access-control-allow-origin'], 'https://app.example.com')
+  await res.body.dump()
+  t.same([stable.requests, canary.requests], [0, 0])
+})
+
+t.test('gateway explain routes by the headers given', async t => {
+  const file = writeConfig(t, routes('http://127.0.0.1:9', 'http://127.0.0.1:9'))
+  t.match(explainOutput(file, 'GET', '/api/x', '--header', 'x-canary: 1'), /route: {3}canary -> upstream canary/)
+  t.match(explainOutput(file, 'GET', '/api/x'), /route: {3}stable -> upstream stable/)
+  t.match(explainOutput(file, 'DELETE', '/api/x'), /405 GW_ERR_METHOD_NOT_ALLOWED \(Allow: GET, POST\)/)
+})
+
+t.test('mistakes are located: a value of another type, the Host field, a route the conditions cannot reach', async t => {
+  const file = join(tempDir(t, 'gw-match-headers'), 'gateway.yaml')
+  writeFileSync(file, `upstreams:
+  backend: { targets: [http://127.0.0.1:9] }
+routes:
+  - { name: a, pathPrefix: /a/, upstream: backend, matchHeaders: { x-n: 1 } }
+  - { name: b, pathPrefix: /b/, upstream: backend, matchHeaders: { Host: api.example.com } }
+  - { name: c, pathPrefix: /c/, upstream: backend, matchHeaders: { "x y": "1" } }
+`)
+  const run = await gateway(['validate', '-c', file])
+  t.equal(run.code, 1)
+  t.match(run.stderr, /gateway\.yaml:4:\d+ routes\[0\]\.matchHeaders\.x-n: expected a value \(text: quote one that YAML reads as a number\), a list of values, true \(present\) or false \(absent\)/)
+  t.match(run.stderr, /gateway\.yaml:6:\d+ routes\[2\]\.matchHeaders\.x y: not a header name/)
+  writeFileSync(file, `upstreams:
+  backend: { targets: [http://127.0.0.1:9] }
+routes:
+  - { name: b, pathPrefix: /b/, upstream: backend, matchHeaders: { Host: api.example.com } }
+  - { name: all, pathPrefix: /, upstream: backend }
+  - { name: late, pathPrefix: /api/, upstream: backend, matchHeaders: { x-canary: "1" } }
+`)
+  const host = await gateway(['validate', '-c', file])
+  t.equal(host.code, 1)
+  t.match(host.stderr, /gateway\.yaml:4:\d+ routes\[0\]\.matchHeaders\.Host: the host is matched by the route's "host"/)
+  writeFileSync(file, `upstreams:
+  backend: { targets: [http://127.0.0.1:9] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+  - { name: late, pathPrefix: /api/, upstream: backend, matchHeaders: { x-canary: "1" } }
+`)
+  const late = await gateway(['validate', '-c', file])
+  t.equal(late.code, 0)
+  t.match(late.stderr, /gateway\.yaml:5:\d+ routes\[1\]\.pathPrefix: never matches: routes\[0\] \(all\) comes first/, 'a header route behind a catch-all is a located warning')
+})
