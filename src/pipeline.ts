@@ -56,7 +56,7 @@ interface Admission extends RecordedAdmission {
   readonly preflight: boolean
 }
 
-type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown>, headers?: ReadonlyArray<readonly [string, string]>, ipKey: string, clientIp: string }
+type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown>, headers?: ReadonlyArray<readonly [string, string]>, ipKey: string, clientIp: string, cors?: CompiledCors }
 
 function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage): Early {
   // The client IP comes first: a request that fails to route is still charged to its address.
@@ -102,7 +102,12 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   if (route === null) {
     // A route has this path but not this method: 405 with Allow (RFC 9110 §15.5.6), not 404.
     const allow = rt.routes.allowedMethods(host, normalized.path, req.headers)
-    if (allow !== null) return { ok: false, code: 'GW_ERR_METHOD_NOT_ALLOWED', headers: [['allow', allow.join(', ')]], ipKey: client.key, clientIp: client.ip }
+    if (allow !== null) {
+      // A script's call with a method the path does not take reads its 405 only with the CORS
+      // fields: those of the route on the path a preflight would have been answered by.
+      const cors = rt.routes.match(host, allow[0] as string, normalized.path, null)?.cors ?? null
+      return { ok: false, code: 'GW_ERR_METHOD_NOT_ALLOWED', headers: [['allow', allow.join(', ')]], ipKey: client.key, clientIp: client.ip, ...(cors !== null ? { cors } : {}) }
+    }
     return { ok: false, code: 'GW_ERR_NOT_FOUND', ipKey: client.key, clientIp: client.ip }
   }
   // Servlet containers and others strip ";params" from path segments: "/admin;x=1" would miss an
@@ -215,7 +220,10 @@ abstract class Exchange extends RequestRecord {
       // before the local level: its 429 is read by the browser script too
       const cors = early.admission.route.cors
       if (cors !== null && !early.admission.preflight) this.corsFor(cors)
-    } else this.clientIp = early.clientIp
+    } else {
+      this.clientIp = early.clientIp
+      if (early.cors !== undefined) this.corsFor(early.cors)
+    }
     const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
     if (shed !== null && shed.kind === 'reject') return this.reject(shed)
     if (!early.ok) return this.refuse(early)

@@ -141,6 +141,23 @@ t.test('the gateway\'s own failure answers carry the policy too (502 of a refusi
   t.same([other.statusCode, other.headers['access-control-allow-origin'], other.headers.vary], [503, undefined, 'Origin'], 'another origin: no policy, Vary: Origin still')
 })
 
+t.test('a method the path does not take: the 405 carries the policy of the route a preflight would reach', async t => {
+  const up = await startHttpServer(t, (_req, res) => { res.end('up') })
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: api, pathPrefix: /api/, methods: [GET, POST], upstream: backend, cors: { origins: ["https://app.example.com"] } }
+`)
+  const res = await request(`${gw.url}/api/items`, { method: 'PUT', body: 'x', headers: { origin: 'https://app.example.com' } })
+  const body = await res.body.json() as { error: string }
+  t.same([res.statusCode, body.error, res.headers.allow, res.headers['access-control-allow-origin'], res.headers.vary], [405, 'GW_ERR_METHOD_NOT_ALLOWED', 'GET, POST', 'https://app.example.com', 'Origin'])
+  const other = await request(`${gw.url}/api/items`, { method: 'PUT', body: 'x', headers: { origin: 'https://evil.example.com' } })
+  await other.body.text()
+  t.same([other.statusCode, other.headers['access-control-allow-origin']], [405, undefined], 'another origin: no policy')
+})
+
 t.test('other origins and no origin: served, without the policy and without the upstream\'s', async t => {
   const { url } = await setup(t)
   const other = await request(`${url}/api/items`, { headers: { origin: 'https://evil.example.com' } })
