@@ -7,12 +7,14 @@ import { isHostPort } from './config/schema.js'
 import { splitHostPort } from './server.js'
 
 export const LIMITS_HELP = `Usage: gateway limits get|reset --route NAME [--ip ADDR] [--user NAME] [--plan NAME]
-                     [-c FILE] [--admin HOST:PORT] [--token TOKEN] [--json]
+                     [--shared] [-c FILE] [--admin HOST:PORT] [--token TOKEN] [--json]
 
 get    lists every limit a request on that route from that client would meet, with what is left,
        read without consuming anything (GET /limits on the admin listener)
 reset  resets them: the Redis keys, and the local level and deny cache on every instance
-       (DELETE /limits; needs the admin token: --token, $GATEWAY_ADMIN_TOKEN or the file's admin.token)
+       (DELETE /limits; needs the admin token: --token, $GATEWAY_ADMIN_TOKEN or the file's admin.token);
+       the client's own budgets only, unless --shared: the route's api budget and the global one
+       too, which every client shares
 The admin address is --admin, else the config file's admin. With admin.reads: token a get needs
 the token too (from --token, $GATEWAY_ADMIN_TOKEN, or the file when --admin is not given or -c is).
 Exit 0 ok, 1 refused (or an answer that is not the admin API's) or the config file invalid,
@@ -64,6 +66,7 @@ export async function limitsCommand (argv: string[]): Promise<number> {
       ip: { type: 'string' },
       user: { type: 'string' },
       plan: { type: 'string' },
+      shared: { type: 'boolean' },
       json: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' }
     }
@@ -117,6 +120,13 @@ export async function limitsCommand (argv: string[]): Promise<number> {
   if (values.ip !== undefined) query.set('ip', values.ip)
   if (values.user !== undefined) query.set('user', values.user)
   if (values.plan !== undefined) query.set('plan', values.plan)
+  if (values.shared === true) {
+    if (action !== 'reset') {
+      process.stderr.write('gateway limits: --shared is for reset (a get lists the shared budgets already)\n')
+      return 2
+    }
+    query.set('shared', 'true')
+  }
   const base = `http://${h.includes(':') ? `[${h}]` : h}:${port}`
   const url = `${base}/limits?${query.toString()}`
   // The body is read inside the same bound as the headers: a listener that sent its headers and

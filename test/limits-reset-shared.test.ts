@@ -35,3 +35,29 @@ routes:
   t.same(remaining, { global: 0, 'api.api': 47, ip: 100 }, 'the shared budgets as spent, the client\'s own whole again')
   t.equal((await fetch(`${gw.url}/x`)).status, 429, 'the spent global budget still holds')
 })
+
+t.test('--shared (shared=true) resets the global and the route\'s api budget too, on purpose', async t => {
+  const up = await startUpstream(t)
+  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
+admin: { listen: 127.0.0.1:0, token: ${TOKEN} }
+limits:
+  global: { algorithm: fixed-window, limit: 3, window: 1h }
+upstreams: { b: { targets: [${up.url}] } }
+routes:
+  - { name: api, pathPrefix: /, upstream: b, limits: { api: { algorithm: fixed-window, limit: 50, window: 1h } } }
+`)
+  for (let i = 0; i < 4; i++) await fetch(`${gw.url}/x`)
+  t.equal((await fetch(`${gw.url}/x`)).status, 429)
+  const admin = `127.0.0.1:${gw.adminPort}`
+  const reset = await gateway(['limits', 'reset', '--route', 'api', '--shared', '--admin', admin, '--token', TOKEN])
+  t.equal(reset.code, 0, reset.stderr)
+  t.match(reset.stdout, /reset global, api\.api \(/)
+  const got = await gateway(['limits', 'get', '--route', 'api', '--admin', admin, '--json'])
+  const remaining = Object.fromEntries((JSON.parse(got.stdout) as { limits: Entry[] }).limits.map(l => [l.name, l.remaining]))
+  t.same(remaining, { global: 3, 'api.api': 50 }, 'both whole again')
+  t.equal((await fetch(`${gw.url}/x`)).status, 200, 'and requests pass')
+  const bad = await fetch(`http://${admin}/limits?route=api&shared=yes`, { method: 'DELETE', headers: { authorization: `Bearer ${TOKEN}` } })
+  t.same([bad.status, ((await bad.json()) as { error: string }).error], [400, 'GW_ERR_BAD_REQUEST'])
+  const usage = await gateway(['limits', 'get', '--route', 'api', '--shared', '--admin', admin])
+  t.equal(usage.code, 2, '--shared on a get is a usage error')
+})

@@ -1,6 +1,7 @@
 // The admin API of issue 9, on the admin listener:
 //   GET    /limits?route=R&ip=A&user=U   every limit such a request meets, read without consuming
 //   DELETE /limits?route=R&ip=A&user=U   resets them here and, over Redis pub/sub, on every instance
+//                                        (&shared=true: the route's api and the global budget too)
 //   GET    /consumers/NAME               plan, effective limits per route, quota used
 // Mutating endpoints need `Authorization: Bearer <admin.token>`; without a configured token they
 // answer 403. Reads need it with `admin.reads: token` (src/admin/admin-server.ts, refusedRead).
@@ -184,12 +185,16 @@ export function createLimitsOps (deps: LimitsApiDeps): LimitsOps {
     const found = resolve(query)
     if (!('rt' in found)) return found
     const { rt, t } = found
+    const sharedParam = new URLSearchParams(query).get('shared')
+    if (sharedParam !== null && sharedParam !== 'true' && sharedParam !== 'false') return adminError('GW_ERR_BAD_REQUEST', `shared is "true" or "false", got "${sharedParam}"`)
+    const shared = sharedParam === 'true'
     // A concurrency lease count is the requests in flight, not a budget: reset, it would let more
     // than the cap in (a route's total cap for every client at once), and the old requests'
     // releases would then take from the new holders'. Only budgets are reset, and only the
-    // client's: a `global` or `api` budget is one key shared by every client, and unblocking one
-    // address (`gateway limits reset --ip A`) reset the gateway's or the route's whole rate cap.
-    const own = t.limits.map((l, i) => (t.checks[i] as LimitCheck).spec.algorithm !== 'lease' && l.dimension !== 'global' && l.dimension !== 'api')
+    // client's unless `shared=true` asks for more: a `global` or `api` budget is one key shared by
+    // every client, and unblocking one address (`gateway limits reset --ip A`) reset the gateway's
+    // or the route's whole rate cap.
+    const own = t.limits.map((l, i) => (t.checks[i] as LimitCheck).spec.algorithm !== 'lease' && (shared || (l.dimension !== 'global' && l.dimension !== 'api')))
     const budgets = t.checks.filter((_c, i) => own[i] === true)
     const message: ResetMessage = { ipKey: t.ipKey, denyKeys: budgets.map(denyKey), keys: budgets.map(c => c.key) }
     let outcome: ResetOutcome
