@@ -2,7 +2,8 @@
 // identity budget) are reset, never a budget every client shares (`global`, a route's `api`),
 // which reset gave a flood the whole gateway's or route's rate again. Real bin/gateway process.
 import t from 'tap'
-import { spawnGateway } from './helpers/gateway.js'
+import { spawnGateway, type GatewayProcess } from './helpers/gateway.js'
+import type { Teardown } from './helpers/teardown.js'
 import { startUpstream } from './helpers/upstream.js'
 import { gateway } from './helpers/cli.js'
 
@@ -10,17 +11,21 @@ const TOKEN = 'admin-token-0123456789abcdef'
 
 interface Entry { name: string, remaining: number }
 
-t.test('a client\'s reset keeps the global and api budgets every client shares', async t => {
+/** bin/gateway with a global budget of 3 and the route api's of 50 (`more`: other gateway-wide limits). */
+async function limitedGateway (t: Teardown, more = ''): Promise<GatewayProcess> {
   const up = await startUpstream(t)
-  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
+  return await spawnGateway(t, `listen: 127.0.0.1:0
 admin: { listen: 127.0.0.1:0, token: ${TOKEN} }
 limits:
-  global: { algorithm: fixed-window, limit: 3, window: 1h }
-  ip: { algorithm: fixed-window, limit: 100, window: 1h }
+  global: { algorithm: fixed-window, limit: 3, window: 1h }${more}
 upstreams: { b: { targets: [${up.url}] } }
 routes:
   - { name: api, pathPrefix: /, upstream: b, limits: { api: { algorithm: fixed-window, limit: 50, window: 1h } } }
 `)
+}
+
+t.test('a client\'s reset keeps the global and api budgets every client shares', async t => {
+  const gw = await limitedGateway(t, '\n  ip: { algorithm: fixed-window, limit: 100, window: 1h }')
   const statuses: number[] = []
   for (let i = 0; i < 4; i++) statuses.push((await fetch(`${gw.url}/x`)).status)
   t.same(statuses, [200, 200, 200, 429], 'the global budget of 3 is spent')
@@ -37,15 +42,7 @@ routes:
 })
 
 t.test('--shared (shared=true) resets the global and the route\'s api budget too, on purpose', async t => {
-  const up = await startUpstream(t)
-  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
-admin: { listen: 127.0.0.1:0, token: ${TOKEN} }
-limits:
-  global: { algorithm: fixed-window, limit: 3, window: 1h }
-upstreams: { b: { targets: [${up.url}] } }
-routes:
-  - { name: api, pathPrefix: /, upstream: b, limits: { api: { algorithm: fixed-window, limit: 50, window: 1h } } }
-`)
+  const gw = await limitedGateway(t)
   for (let i = 0; i < 4; i++) await fetch(`${gw.url}/x`)
   t.equal((await fetch(`${gw.url}/x`)).status, 429)
   const admin = `127.0.0.1:${gw.adminPort}`
