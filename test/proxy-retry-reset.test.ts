@@ -138,3 +138,23 @@ routes:
   t.equal(next.status, 503, 'the target is ejected')
   t.match(JSON.parse(next.text), { error: 'GW_ERR_NO_HEALTHY_UPSTREAM' })
 })
+
+t.test('the second attempt is timed on its own: a 103 of the first does not shorten its deadline', async t => {
+  // the first target answers 103 at once and drops the connection 1.5 s later; the second takes
+  // 1 s to answer: 2.5 s after the request, within its own response timeout of 2 s, not within
+  // the first attempt's 103 deadline (2 s after the request)
+  const hinting = await target(t, (req, res) => {
+    res.writeEarlyHints({ link: '</style.css>; rel=preload' })
+    setTimeout(() => { req.socket.destroy() }, 1500)
+  })
+  const slow = await target(t, (_req, res) => { setTimeout(() => { res.end('slow') }, 1000) })
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [{ url: ${hinting.url}, weight: 1000 }, ${slow.url}], consecutiveFailures: 1000, timeouts: { response: 2s } }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  t.same(await send(gw.url, '/h'), { status: 200, text: 'slow' })
+  t.same([hinting.seen, slow.seen], [['GET /h'], ['GET /h']])
+})

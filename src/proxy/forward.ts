@@ -749,6 +749,11 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     if (next === null || next === 'full') return false
     this.retriedAfter = after
     this.abortUpstream = null
+    // the second attempt is timed as a request of its own: an interim answer of the first (a 103
+    // before the reset) does not start its final head's deadline
+    this.clearInterimTimer()
+    this.interim = false
+    this.requestSent = false
     if (next instanceof UpstreamTarget) this.dispatch(next)
     else {
       // waiting again: a client that leaves now ends it at once (onClientClose)
