@@ -87,8 +87,9 @@ export class ResourceCache {
    * Applies what `config` sets on objects shared with the running runtime. Called once the
    * runtime compiled from `config` is swapped in, never before: a rejected reload changes nothing.
    */
-  commit (config: ResolvedConfig): void {
+  commit (config: ResolvedConfig, livePools: Iterable<UpstreamPool> = []): void {
     this.bodies.limit = config.server.bufferBodiesTotal
+    this.checkHealthOf(livePools)
     const r = config.redis
     if (r === undefined) return
     const bundle = this.redis.get(this.redisKey(r))
@@ -96,6 +97,23 @@ export class ResourceCache {
     bundle.leases.ttlMs = parseDuration(r.leaseTtl)
     bundle.guard.expectedInstances = r.expectedInstances
     bundle.guard.timeoutMs = parseDuration(r.timeout)
+  }
+
+  /**
+   * Active health checks run on the live runtime's pools only: a pool a reload replaced hands
+   * what its probes decided to its successor (same upstream) and stops probing, and so does a
+   * pool of an upstream the reload removed. Never offline (`gateway validate` sends no probe).
+   */
+  private checkHealthOf (livePools: Iterable<UpstreamPool>): void {
+    if (this.offline) return
+    const live = new Set(livePools)
+    for (const pool of live) {
+      if (pool.checking) continue
+      let previous: UpstreamPool | null = null
+      for (const other of this.pools.values()) if (other !== pool && other.name === pool.name && other.checking && !live.has(other)) previous = other
+      pool.startHealthChecks(previous)
+    }
+    for (const pool of this.pools.values()) if (!live.has(pool)) pool.stopHealthChecks()
   }
 
   /** The TLS settings `config`'s Redis connection uses, its files read: before a Redis resource is asked for. */
@@ -125,6 +143,14 @@ export class ResourceCache {
       pool.onEject = (upstream, target, reason, forMs) => {
         telemetry?.upstreamEjection(upstream, target, reason)
         this.logger.warn({ upstream, target, reason, ejectForMs: forMs }, 'upstream target ejected')
+      }
+      const upstream = config.name
+      pool.onHealthCheck = {
+        probed: (target, failure) => telemetry?.healthCheck(upstream, target, failure === null ? 'pass' : 'fail'),
+        changed: (target, healthy, reason) => {
+          if (healthy) this.logger.info({ upstream, target }, 'upstream target healthy again')
+          else this.logger.warn({ upstream, target, reason }, 'upstream target unhealthy')
+        }
       }
     }
     return pool

@@ -12,7 +12,7 @@
 import { createSecureContext } from 'node:tls'
 import { X509Certificate } from 'node:crypto'
 import { ConfigError, fileReader, type ConfigProblem, type KeyPath, type LoadedConfig } from './config/load.js'
-import type { ResolvedConfig, ResolvedLimit, ResolvedRoute } from './config/defaults.js'
+import type { ResolvedConfig, ResolvedHealthCheck, ResolvedLimit, ResolvedRoute } from './config/defaults.js'
 import { limitStateOf } from './config/defaults.js'
 import { parseDuration, parseSize } from './config/units.js'
 import { compileRouteTable, unreachableRoutes, type HeaderCondition, type RoutePattern, type RouteTable } from './router/route-table.js'
@@ -22,6 +22,7 @@ import { compileTrustedPeer, type TrustedPeerCheck } from './proxy/trusted-peer.
 import { compileIdentity, type ConsumerDirectory, type IdentityConfig, type IdentityResolver } from './identify/identity.js'
 import { ApiKeyFileError } from './identify/api-key-file.js'
 import { UpstreamPool, type UpstreamConfig } from './proxy/upstream-pool.js'
+import type { HealthCheckConfig } from './proxy/health-check.js'
 import { compileCors, CORS_RESPONSE_FIELDS, type CompiledCors } from './router/cors.js'
 import { createForwardPlan, type BodyHandling, type ForwardPlan, type TunnelHandling, type HeaderRules } from './proxy/forward.js'
 import {
@@ -158,8 +159,28 @@ function upstreamConfig (config: ResolvedConfig, name: string): UpstreamConfig {
     maxConnectionsPerTarget: up.maxConnections,
     maxPending: up.maxPending,
     queueTimeoutMs: parseDuration(up.timeouts.queue),
-    keepAliveTimeoutMs: 4_000
+    keepAliveTimeoutMs: 4_000,
+    ...(up.healthCheck !== undefined ? { healthCheck: healthCheckConfig(up.healthCheck) } : {})
   })
+}
+
+function healthCheckConfig (check: ResolvedHealthCheck): HealthCheckConfig {
+  return Object.freeze({
+    path: check.path,
+    intervalMs: parseDuration(check.interval),
+    timeoutMs: parseDuration(check.timeout),
+    unhealthyAfter: check.unhealthyAfter,
+    healthyAfter: check.healthyAfter,
+    host: check.host ?? null,
+    expectStatus: Object.freeze(check.expectStatus.map(statusRange))
+  })
+}
+
+/** 204 -> [204, 204]; "200-399" -> [200, 399] (the schema checked the shape). */
+function statusRange (spec: number | string): readonly [number, number] {
+  if (typeof spec === 'number') return Object.freeze([spec, spec] as const)
+  const [low, high] = spec.split('-').map(Number) as [number, number]
+  return Object.freeze([low, high] as const)
 }
 
 function headerRules (rules: { set?: Record<string, string>, remove?: string[] } | undefined): HeaderRules {
@@ -542,7 +563,7 @@ export async function compileRuntime (
     redactQuery: compileQueryRedactor(config.log.redactQuery),
     tracer: resources.tracer(config)
   })
-  return Object.freeze({ runtime, commit: () => resources.commit(config) })
+  return Object.freeze({ runtime, commit: () => resources.commit(config, pools.values()) })
 }
 
 /**

@@ -19,6 +19,8 @@ export interface Telemetry {
   upstreamResponse (upstream: string, seconds: number): void
   /** A target left out of balancing (passive health / outlier detection). */
   upstreamEjection (upstream: string, target: string, reason: string): void
+  /** One active health check probe of a target, passed or failed. */
+  healthCheck (upstream: string, target: string, result: 'pass' | 'fail'): void
   /** `limit` is the limit's name as the 429 body gives it (`ip`, `login.ip`, `local`). */
   limitDecision (route: string, dimension: string, limit: string, level: LimitLevel, result: LimitResult): void
   /** What limitDecision(route, dimension, limit, …) counts into, for a caller that decides the same limit often. */
@@ -43,6 +45,7 @@ export const NOOP_TELEMETRY: Telemetry = Object.freeze({
   upstreamError () {},
   upstreamResponse () {},
   upstreamEjection () {},
+  healthCheck () {},
   limitDecision () {},
   decisionCounter: () => NOOP_DECISION_COUNTER,
   clientRejected () {},

@@ -21,6 +21,7 @@ import type { LiveFrame } from './admin/live-stats.js'
 import type { Logger } from './log.js'
 import { RELOAD_HISTORY, isLoopback, restartNeededMessage, settingsNeedingRestart, splitHostPort, type GatewayOptions, type ReloadOutcome, type ReloadSource } from './server.js'
 import { adminListen, adminReadToken, adminToken, type ResolvedConfig } from './config/defaults.js'
+import type { TargetCheckView } from './proxy/upstream-pool.js'
 
 export const WORKER_ADMIN_ENV = 'GATEWAY_WORKER'
 
@@ -262,14 +263,15 @@ function reloadsFamily (counted: { readonly success: number, readonly failure: n
   }]
 }
 
-interface TargetHealth { url: string, healthy: boolean, ejectedForMs: number, consecutiveFailures: number }
+interface TargetHealth { url: string, healthy: boolean, ejectedForMs: number, consecutiveFailures: number, check?: TargetCheckView }
 
 /**
  * The workers' health (src/admin/admin-server.ts healthOf, one per worker) as one. Passive health
  * is per process: each worker ejects a target on the failures it sees itself, so a target is shown
  * ejected while any worker leaves it out, as gateway_upstream_target_healthy is their lowest (the
  * page showed the view of whichever worker reported last, so an ejection by another never showed).
- * A worker on the Redis fallback makes the whole degraded. The rest is the newest report's.
+ * Each worker probes with its own health checks too: a target's `check` is that of a worker whose
+ * probes hold it out, if any. A worker on the Redis fallback makes the whole degraded. The rest is the newest report's.
  */
 function mergeHealth (all: ReadonlyArray<Record<string, unknown>>): Record<string, unknown> {
   const upstreams = new Map<string, TargetHealth[]>()
@@ -280,9 +282,10 @@ function mergeHealth (all: ReadonlyArray<Record<string, unknown>>): Record<strin
       for (const t of targets) {
         const m = merged.find(x => x.url === t.url)
         if (m === undefined) {
-          merged.push({ url: t.url, healthy: t.healthy, ejectedForMs: t.ejectedForMs, consecutiveFailures: t.consecutiveFailures })
+          merged.push({ url: t.url, healthy: t.healthy, ejectedForMs: t.ejectedForMs, consecutiveFailures: t.consecutiveFailures, ...(t.check !== undefined ? { check: t.check } : {}) })
           continue
         }
+        if (t.check !== undefined && (m.check === undefined || (m.check.healthy && !t.check.healthy))) m.check = t.check
         m.healthy &&= t.healthy
         m.ejectedForMs = Math.max(m.ejectedForMs, t.ejectedForMs)
         m.consecutiveFailures = Math.max(m.consecutiveFailures, t.consecutiveFailures)

@@ -139,6 +139,7 @@ export class LiveTelemetry implements Telemetry {
   upstreamError (upstream: string, kind: string): void { this.next.upstreamError(upstream, kind) }
   upstreamResponse (upstream: string, seconds: number): void { this.next.upstreamResponse(upstream, seconds) }
   upstreamEjection (upstream: string, target: string, reason: string): void { this.next.upstreamEjection(upstream, target, reason) }
+  healthCheck (upstream: string, target: string, result: 'pass' | 'fail'): void { this.next.healthCheck(upstream, target, result) }
 
   limitDecision (route: string, dimension: string, limit: string, level: LimitLevel, result: LimitResult): void {
     this.next.limitDecision(route, dimension, limit, level, result)

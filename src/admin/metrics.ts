@@ -182,6 +182,7 @@ interface UpstreamCells {
 export class GatewayMetrics implements Telemetry {
   readonly registry = new Registry()
   private readonly ejections: Counter
+  private readonly healthChecks: Counter
   private readonly reloads: Counter
   private readonly breaker: Gauge
   readonly generation: Gauge
@@ -225,10 +226,11 @@ export class GatewayMetrics implements Telemetry {
     new CellMetric('gateway_upstream_errors_total', 'Upstream failures by upstream and kind', 'counter',
       () => counterSamples(this.upstreamErrorCells)).register(registry)
     this.ejections = new Counter({ name: 'gateway_upstream_ejections_total', help: 'Targets ejected by passive health, by upstream, target and reason', labelNames: ['upstream', 'target', 'reason'], registers })
+    this.healthChecks = new Counter({ name: 'gateway_health_checks_total', help: 'Active health check probes of upstream targets, by upstream, target and result (pass, fail)', labelNames: ['upstream', 'target', 'result'], registers })
     const targets = sources.targets
     new Gauge({
       name: 'gateway_upstream_target_healthy',
-      help: '1 while a target takes traffic, 0 while it is ejected',
+      help: '1 while a target takes traffic, 0 while passive health ejected it or active health checks hold it out',
       labelNames: ['upstream', 'target'],
       registers,
       // workers: N sums each metric over the workers; a state is not a count: 0 once one worker ejects it
@@ -365,6 +367,10 @@ export class GatewayMetrics implements Telemetry {
 
   upstreamEjection (upstream: string, target: string, reason: string): void {
     this.ejections.labels(upstream, target, reason).inc()
+  }
+
+  healthCheck (upstream: string, target: string, result: 'pass' | 'fail'): void {
+    this.healthChecks.labels(upstream, target, result).inc()
   }
 
   /**

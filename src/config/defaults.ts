@@ -1,9 +1,9 @@
 // The one place where defaults are applied. Its output, the resolved config, is what the gateway
 // runs and what /config shows (redacted): every key that has a default is written in, and the
 // whole object is frozen, so no later stage can disagree about what an absent key meant.
-import type { GatewayConfig, LimitConfig, QuotaConfig, RedisConfig, RouteConfig } from './schema.js'
-import { BUCKET_ALGORITHMS } from './schema.js'
-import { parseSize } from './units.js'
+import type { GatewayConfig, HealthCheckInput, LimitConfig, QuotaConfig, RedisConfig, RouteConfig } from './schema.js'
+import { BUCKET_ALGORITHMS, DEFAULT_HEALTH_INTERVAL } from './schema.js'
+import { parseDuration, parseSize } from './units.js'
 import { DEFAULT_REDACT_QUERY } from '../log.js'
 // Values a stage also falls back to when used on its own: defined there once, applied here.
 import { DEFAULT_IPV6_PREFIX } from '../identify/client-ip.js'
@@ -34,7 +34,23 @@ export interface ResolvedUpstream {
   consecutiveFailures: number
   maxConnections: number
   maxPending: number
+  healthCheck?: ResolvedHealthCheck
 }
+export interface ResolvedHealthCheck {
+  path: string
+  interval: string
+  timeout: string
+  unhealthyAfter: number
+  healthyAfter: number
+  host?: string
+  expectStatus: Array<number | string>
+}
+/** healthCheck.timeout when not configured: 2s, or half an interval shorter than 4s (a probe ends before the next). */
+export const DEFAULT_HEALTH_TIMEOUT_MS = 2000
+/** healthCheck.unhealthyAfter and healthyAfter when not configured. */
+export const DEFAULT_HEALTH_RUN = 2
+/** healthCheck.expectStatus when not configured: what a proxy or load balancer calls a success. */
+export const DEFAULT_EXPECT_STATUS = '200-399'
 export interface ResolvedRouteLimits { api?: ResolvedLimit, ip?: ResolvedLimit, user?: ResolvedLimit }
 export type ResolvedRoute = Filled<Omit<RouteConfig, 'limits' | 'timeouts'>, 'websocket' | 'caseInsensitive' | 'matchTrailingSlash' | 'allowPathParams'> & {
   timeouts: { response: string }
@@ -105,6 +121,20 @@ function origin (url: string): string {
   }
 }
 
+function healthCheck (check: HealthCheckInput): ResolvedHealthCheck {
+  const interval = check.interval ?? DEFAULT_HEALTH_INTERVAL
+  const timeout = check.timeout ?? `${Math.min(DEFAULT_HEALTH_TIMEOUT_MS, Math.floor(parseDuration(interval) / 2))}ms`
+  return {
+    path: check.path,
+    interval,
+    timeout,
+    unhealthyAfter: check.unhealthyAfter ?? DEFAULT_HEALTH_RUN,
+    healthyAfter: check.healthyAfter ?? DEFAULT_HEALTH_RUN,
+    ...(check.host !== undefined ? { host: check.host } : {}),
+    expectStatus: check.expectStatus === undefined ? [DEFAULT_EXPECT_STATUS] : Array.isArray(check.expectStatus) ? check.expectStatus : [check.expectStatus]
+  }
+}
+
 function upstream (up: GatewayConfig['upstreams'][string]): ResolvedUpstream {
   return {
     targets: up.targets.map(t => typeof t === 'string' ? { url: origin(t), weight: 1 } : { url: origin(t.url), weight: t.weight ?? 1 }),
@@ -112,7 +142,8 @@ function upstream (up: GatewayConfig['upstreams'][string]): ResolvedUpstream {
     ejectFor: up.ejectFor ?? '10s',
     consecutiveFailures: up.consecutiveFailures ?? DEFAULT_CONSECUTIVE_FAILURES,
     maxConnections: up.maxConnections ?? 256,
-    maxPending: up.maxPending ?? DEFAULT_MAX_PENDING
+    maxPending: up.maxPending ?? DEFAULT_MAX_PENDING,
+    ...(up.healthCheck !== undefined ? { healthCheck: healthCheck(up.healthCheck) } : {})
   }
 }
 

@@ -4,6 +4,7 @@
 import { isIP } from 'node:net'
 import { z } from 'zod'
 import { isCorsOrigin } from '../router/cors.js'
+import { normalizePath } from '../router/normalize-path.js'
 
 export const DURATION_RE = /^(\d+)(ms|s|m|h)$/
 export const SIZE_RE = /^(\d+)(b|kb|mb|gb)$/i
@@ -127,6 +128,55 @@ const headerRules = z.strictObject({
   remove: z.array(headerName).optional()
 })
 
+/**
+ * Why a probe path is not one the gateway sends as written: it must be a normalized path (what
+ * the router would route it as: no "..", "//", "%2F" or raw space), optionally with a query.
+ * Null when it is one.
+ */
+function probePathProblem (text: string): string | null {
+  if (!text.startsWith('/')) return 'expected a path starting with "/", e.g. /healthz'
+  const q = text.indexOf('?')
+  const path = q === -1 ? text : text.slice(0, q)
+  const normal = normalizePath(path)
+  if (!normal.ok) return `not a valid path: ${normal.reason}`
+  if (normal.path !== path) return `not a normalized path: write ${normal.path}`
+  // eslint-disable-next-line no-control-regex
+  if (q !== -1 && /[\x00-\x20\x7f#]/.test(text.slice(q))) return 'the query cannot hold a space, a control character or "#"'
+  return null
+}
+const probePath = z.string().superRefine((text, ctx) => {
+  const problem = probePathProblem(text)
+  if (problem !== null) ctx.addIssue({ code: 'custom', message: problem })
+})
+/** "200-399": an inclusive range of statuses. */
+export const STATUS_RANGE_RE = /^([1-5]\d\d)-([1-5]\d\d)$/
+const statusSpec = z.union([
+  z.int().min(100).max(599),
+  z.string().regex(STATUS_RANGE_RE, 'expected a status (204) or a range of statuses ("200-399")')
+    .refine(text => { const m = STATUS_RANGE_RE.exec(text); return m !== null && Number(m[1]) <= Number(m[2]) }, 'a range goes from the lower status to the higher')
+])
+
+/** healthCheck.interval when not configured. */
+export const DEFAULT_HEALTH_INTERVAL = '5s'
+
+export const healthCheckSchema = z.strictObject({
+  path: probePath.describe('what a probe GETs, e.g. /healthz (a query may follow)'),
+  interval: wait.optional().describe('between two probes of one target; default 5s'),
+  timeout: wait.optional().describe('a probe with no complete answer in this time fails; less than interval; default 2s (half the interval when that is shorter)'),
+  unhealthyAfter: z.int().min(1).max(100).optional().describe('failed probes in a row that take a target out of rotation; default 2'),
+  healthyAfter: z.int().min(1).max(100).optional().describe('passed probes in a row that bring it back; default 2'),
+  host: z.string().regex(/^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+)(:\d{1,5})?$/, 'expected a host name, optionally with ":port"').optional()
+    .describe('the Host header of a probe; default the target\'s host:port'),
+  expectStatus: z.union([statusSpec, z.array(statusSpec).min(1)]).optional()
+    .describe('statuses a passing probe answers with: 200, "200-299", or a list of them; default "200-399"')
+}).superRefine((check, ctx) => {
+  if (check.timeout === undefined) return
+  const timeout = durationMs(check.timeout)
+  const interval = durationMs(check.interval ?? DEFAULT_HEALTH_INTERVAL)
+  if (timeout !== null && interval !== null && timeout >= interval) {
+    ctx.addIssue({ code: 'custom', message: `must be less than the interval (${check.interval ?? DEFAULT_HEALTH_INTERVAL}): a probe ends before the next one of its target starts`, path: ['timeout'] })
+  }
+})
 const target = z.union([httpUrl, z.strictObject({ url: httpUrl, weight: z.int().min(1).max(1000).optional() })])
 
 export const upstreamSchema = z.strictObject({
@@ -140,7 +190,8 @@ export const upstreamSchema = z.strictObject({
   ejectFor: timer.optional().describe('passive health: how long a failing target is left out; default 10s'),
   consecutiveFailures: z.int().positive().optional().describe('outlier detection: response timeouts or resets in a row that eject a target; default 5'),
   maxConnections: z.int().positive().optional().describe('per target; default 256'),
-  maxPending: z.int().nonnegative().optional().describe('requests that may wait for a connection while every target is at maxConnections; beyond it 503 at once; default 1024')
+  maxPending: z.int().nonnegative().optional().describe('requests that may wait for a connection while every target is at maxConnections; beyond it 503 at once; default 1024'),
+  healthCheck: healthCheckSchema.optional().describe('active health checks: each target is probed every interval; absent: none (passive health only)')
 })
 
 // A route's CORS (src/router/cors.ts): the gateway answers its preflights and puts the
@@ -320,6 +371,7 @@ export type GatewayConfig = z.infer<typeof configSchema>
 export type LimitConfig = z.infer<typeof limitSchema>
 export type RouteConfig = z.infer<typeof routeSchema>
 export type UpstreamConfigInput = z.infer<typeof upstreamSchema>
+export type HealthCheckInput = z.infer<typeof healthCheckSchema>
 export type RedisConfig = z.infer<typeof redisSchema>
 export type QuotaConfig = z.infer<typeof quotaSchema>
 export type PlanConfig = z.infer<typeof planSchema>

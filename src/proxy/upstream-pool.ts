@@ -1,6 +1,7 @@
 import { isIP } from 'node:net'
 import { continueTolerantConnector } from './interim-responses.js'
 import { Pool } from 'undici'
+import { HealthChecker, initialActiveHealth, type ActiveHealth, type HealthCheckConfig, type HealthCheckListener } from './health-check.js'
 
 /** Response timeouts or resets in a row that eject a target, when not configured. */
 export const DEFAULT_CONSECUTIVE_FAILURES = 5
@@ -35,6 +36,8 @@ export interface UpstreamConfig {
   readonly maxPending?: number
   /** Longest a request waits for a connection; default 10 s. */
   readonly queueTimeoutMs?: number
+  /** Active health checks; absent: none (no probe is ever sent). */
+  readonly healthCheck?: HealthCheckConfig
 }
 
 /** One target: its keep-alive undici Pool and its balancing and health state. */
@@ -48,6 +51,8 @@ export class UpstreamTarget {
   /** Hostname without IPv6 brackets and port, as node:http wants them (used by the WebSocket proxy). */
   readonly hostname: string
   readonly port: number
+  /** host[:port] of the target URL: the Host a health check sends unless configured. */
+  readonly authority: string
   /**
    * The TLS server name (SNI, and the name the certificate is checked against) of an https
    * target named by a host name: the target's, not the client's Host, which undici and node:http
@@ -58,8 +63,16 @@ export class UpstreamTarget {
   readonly dispatcher: Pool
   /** Smooth weighted round-robin state (nginx's `current_weight`). */
   current = 0
-  /** Date.now() until which the target is ejected; 0 when healthy. */
+  /**
+   * Date.now() until which the target takes no traffic; 0 when it does. The one field pick()
+   * tests: the end of a passive ejection, or Infinity while active health checks hold the target
+   * out (then passiveUntil keeps the ejection's end for when the checks bring it back).
+   */
   ejectedUntil = 0
+  /** Date.now() until which passive health ejected the target (in the past once it ended). */
+  passiveUntil = 0
+  /** What active health checks decided (healthy, with no checks configured). */
+  active: ActiveHealth = initialActiveHealth()
   /** Response timeouts and resets since the last response (outlier detection). */
   consecutiveFailures = 0
   /** Requests given this target and not finished: at maxConnectionsPerTarget the next ones wait. */
@@ -80,6 +93,7 @@ export class UpstreamTarget {
     this.secure = url.protocol === 'https:'
     this.hostname = url.hostname.startsWith('[') ? url.hostname.slice(1, -1) : url.hostname
     this.port = url.port === '' ? (this.secure ? 443 : 80) : Number(url.port)
+    this.authority = url.host
     this.servername = this.secure && isIP(this.hostname) === 0 ? this.hostname : null
     this.dispatcher = new Pool(url.origin, {
       connections: upstream.maxConnectionsPerTarget,
@@ -92,6 +106,31 @@ export class UpstreamTarget {
       keepAliveMaxTimeout: upstream.keepAliveTimeoutMs
     })
   }
+}
+
+/** What active health checks decided about a target, as /readyz shows it. */
+export interface TargetCheckView {
+  readonly healthy: boolean
+  readonly passes: number
+  readonly failures: number
+  /** Why the last failed probe failed ("status 503", "timeout", "connect refused"). */
+  readonly lastFailure: string | null
+}
+
+/** One target as /readyz and the admin page show it. */
+export interface TargetHealth {
+  readonly url: string
+  /** Takes traffic: neither passive health nor active checks hold it out. */
+  readonly healthy: boolean
+  /** Left of a passive ejection (0 when none runs). */
+  readonly ejectedForMs: number
+  readonly consecutiveFailures: number
+  /** With health checks configured: what the probes decided. */
+  readonly check?: TargetCheckView
+}
+
+function checkView (active: ActiveHealth): TargetCheckView {
+  return { healthy: active.healthy, passes: active.passes, failures: active.failures, lastFailure: active.lastFailure }
 }
 
 /** Why a target was ejected: it refused connections, or it accepted them and stopped answering. */
@@ -145,6 +184,10 @@ export class UpstreamPool {
   #closed = false
   /** What retire() waits on: the last waiting request granted, timed out or gone. */
   #noneWaiting: (() => void) | null = null
+  /** The running active health checks: from startHealthChecks() until stopHealthChecks() or close. */
+  #checker: HealthChecker | null = null
+  /** Told of every probe and every change of side by active health checks (metrics, log). */
+  onHealthCheck: HealthCheckListener | null = null
 
   constructor (config: UpstreamConfig) {
     if (config.targets.length === 0) throw new TypeError(`upstream ${config.name}: no targets`)
@@ -329,16 +372,69 @@ export class UpstreamPool {
       const before = previous.targets.find((t) => t.url === target.url)
       if (before === undefined) continue
       target.consecutiveFailures = before.consecutiveFailures
-      if (before.ejectedUntil > Date.now()) {
-        target.ejectedUntil = before.ejectedUntil
+      if (before.passiveUntil > Date.now()) {
+        target.passiveUntil = before.passiveUntil
+        target.ejectedUntil = before.passiveUntil
         this.#anyEjected = true
       }
     }
   }
 
+  /** Whether active health checks run on this pool now. */
+  get checking (): boolean {
+    return this.#checker !== null
+  }
+
+  /**
+   * Starts the active health checks of `config.healthCheck` (none without one). Called once the
+   * runtime using this pool is live (never for `gateway validate`, nor for a reload that fails).
+   * `previous`: the pool of the same upstream the replaced runtime used; a target with the same
+   * URL takes over what its probes decided and their runs, and `previous` stops probing.
+   */
+  startHealthChecks (previous: UpstreamPool | null): void {
+    const config = this.config.healthCheck
+    if (this.#checker !== null || config === undefined || this.#closed) return
+    if (previous !== null && previous.#checker !== null) {
+      for (const target of this.targets) {
+        const before = previous.targets.find((t) => t.url === target.url)
+        if (before !== undefined) this.#setActive(target, { ...before.active })
+      }
+    }
+    previous?.stopHealthChecks()
+    this.#checker = new HealthChecker(config, this.targets, (target, change) => this.#activeChanged(target as UpstreamTarget, change), this.onHealthCheck)
+    this.#checker.start()
+  }
+
+  /** Stops probing (a reload replaced or removed the upstream, or the pool closes); in-flight probes are aborted. */
+  stopHealthChecks (): void {
+    this.#checker?.stop()
+    this.#checker = null
+  }
+
+  #setActive (target: UpstreamTarget, active: ActiveHealth): void {
+    target.active = active
+    this.#activeChanged(target, active.healthy ? 'up' : 'down')
+  }
+
+  /** Folds the active verdict into ejectedUntil, the one field pick() reads. */
+  #activeChanged (target: UpstreamTarget, change: 'down' | 'up'): void {
+    if (change === 'down') {
+      target.ejectedUntil = Infinity
+      target.current = 0
+      this.#anyEjected = true
+      return
+    }
+    // back from the checks, but a passive ejection still running keeps it out until its end
+    target.ejectedUntil = target.passiveUntil > Date.now() ? target.passiveUntil : 0
+    // requests waiting while every other target was busy or out may take it now
+    if (this.#pending > 0 && !this.#closed) this.#grantWaiting()
+  }
+
   /** Passive health: skips the target for `ejectMs`. Called on connect refused or connect timeout. */
   eject (target: UpstreamTarget, reason: EjectReason = 'connect_failure'): void {
-    target.ejectedUntil = Date.now() + this.config.ejectMs
+    target.passiveUntil = Date.now() + this.config.ejectMs
+    // held out by active checks: the ejection's end is kept for when they bring it back
+    if (target.ejectedUntil !== Infinity) target.ejectedUntil = target.passiveUntil
     target.current = 0
     target.consecutiveFailures = 0
     this.#anyEjected = true
@@ -359,13 +455,18 @@ export class UpstreamPool {
     if (target.consecutiveFailures !== 0) target.consecutiveFailures = 0
   }
 
-  /** Per target, as /readyz shows it. */
-  health (now = Date.now()): Array<{ url: string, healthy: boolean, ejectedForMs: number, consecutiveFailures: number }> {
+  /**
+   * Per target, as /readyz shows it: `healthy` (takes traffic) is false while either passive
+   * health (`ejectedForMs`) or, with health checks configured, `check` says no.
+   */
+  health (now = Date.now()): TargetHealth[] {
+    const checked = this.config.healthCheck !== undefined
     return this.targets.map(target => ({
       url: target.url,
       healthy: target.ejectedUntil <= now,
-      ejectedForMs: Math.max(0, target.ejectedUntil - now),
-      consecutiveFailures: target.consecutiveFailures
+      ejectedForMs: Math.max(0, Math.min(target.ejectedUntil, target.passiveUntil) - now),
+      consecutiveFailures: target.consecutiveFailures,
+      ...(checked ? { check: checkView(target.active) } : {})
     }))
   }
 
@@ -392,11 +493,13 @@ export class UpstreamPool {
 
   /** Graceful: in-flight requests finish, then the sockets close; requests still waiting get 503. */
   async close (): Promise<void> {
+    this.stopHealthChecks()
     this.#refuseWaiting()
     await Promise.all(this.targets.map(async (target) => await target.dispatcher.close()))
   }
 
   async destroy (): Promise<void> {
+    this.stopHealthChecks()
     this.#refuseWaiting()
     await Promise.all(this.targets.map(async (target) => await target.dispatcher.destroy()))
   }
@@ -415,6 +518,7 @@ export function upstreamSignature (config: UpstreamConfig): string {
     config.idleTimeoutMs,
     config.consecutiveFailures,
     config.maxPending,
-    config.queueTimeoutMs
+    config.queueTimeoutMs,
+    config.healthCheck ?? null
   ])
 }
