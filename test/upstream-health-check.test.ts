@@ -1,0 +1,394 @@
+// Active health checks (README "Target choice and retries"): each target of an upstream with a
+// `healthCheck` is probed every interval; unhealthyAfter failed probes in a row take it out of
+// rotation, healthyAfter passed ones bring it back. Observed as a user would: which real upstream
+// answers the requests, what the upstreams received, the log lines, /metrics and /readyz. Times
+// are short, but every assertion is on what the servers decided, polled with a deadline.
+import t from 'tap'
+import http from 'node:http'
+import { once } from 'node:events'
+import { writeFileSync } from 'node:fs'
+import type { AddressInfo } from 'node:net'
+import { startGateway, spawnGateway } from './helpers/gateway.js'
+import { refusingUrl } from './helpers/upstream.js'
+import { metric, sleep } from './helpers/ratelimit.js'
+import type { Teardown } from './helpers/teardown.js'
+import { countProbe, initialActiveHealth, probeDelay, statusPasses } from '../src/proxy/health-check.js'
+
+/** What a target answers one probe: 200, 503, or nothing at all. */
+type ProbeAnswer = 'pass' | 'fail' | 'hang'
+
+interface CheckedUpstream {
+  readonly name: string
+  readonly url: string
+  /** Every probe received (told apart by the gateway's User-Agent), in order. */
+  readonly probes: Array<{ at: number, path: string, host: string, answer: ProbeAnswer, closedAt: number | null }>
+  /** Every other request received: the client requests the gateway forwarded here. */
+  readonly requests: Array<{ at: number, url: string }>
+  /** The answers the next probes get, in order; `then` for every probe after them. */
+  script: (answers: ProbeAnswer[], then: ProbeAnswer) => void
+  /** Answer 503 to every client request too (a backend whose database is down). */
+  everything503: boolean
+  /** Reset the connection of every client request (what passive health ejects for). */
+  resetRequests: boolean
+  /** Closes the listener and its connections: connections are refused from then on. */
+  close: () => Promise<void>
+}
+
+const PROBE_AGENT = 'edge-gateway-health-check'
+
+async function startChecked (t: Teardown, name: string): Promise<CheckedUpstream> {
+  let queued: ProbeAnswer[] = []
+  let then: ProbeAnswer = 'pass'
+  const probes: CheckedUpstream['probes'] = []
+  const requests: CheckedUpstream['requests'] = []
+  const up: CheckedUpstream = {
+    name,
+    url: '',
+    probes,
+    requests,
+    script (answers, after) {
+      queued = [...answers]
+      then = after
+    },
+    everything503: false,
+    resetRequests: false,
+    close: async () => {
+      server.closeAllConnections()
+      await new Promise<void>(resolve => server.close(() => resolve()))
+    }
+  }
+  const server = http.createServer((req, res) => {
+    if (req.headers['user-agent'] === PROBE_AGENT) {
+      const answer = queued.shift() ?? then
+      const entry = { at: Date.now(), path: req.url ?? '', host: req.headers.host ?? '', answer, closedAt: null as number | null }
+      probes.push(entry)
+      req.socket.once('close', () => { entry.closedAt = Date.now() })
+      if (answer === 'hang') return
+      res.writeHead(answer === 'pass' ? 200 : 503, { 'content-type': 'text/plain' }).end(answer === 'pass' ? 'ok' : 'database down')
+      return
+    }
+    requests.push({ at: Date.now(), url: req.url ?? '' })
+    if (up.resetRequests) {
+      req.socket.destroy()
+      return
+    }
+    res.writeHead(up.everything503 ? 503 : 200, { 'content-type': 'application/json' }).end(JSON.stringify({ name }))
+  })
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  t.teardown(async () => {
+    server.closeAllConnections()
+    await new Promise<void>(resolve => server.close(() => resolve()))
+  })
+  return Object.assign(up, { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}` })
+}
+
+/** Polls `check` every 20 ms until it holds; fails the test after `ms` (generous: a loaded 2-core machine). */
+async function until (what: string, check: () => boolean | Promise<boolean>, ms = 15_000): Promise<void> {
+  const deadline = Date.now() + ms
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`not within ${ms} ms: ${what}`)
+    await sleep(20)
+  }
+}
+
+/** Which upstream answered a request through the gateway, or its status when it was not a 200. */
+async function whoAnswers (url: string): Promise<string> {
+  const res = await fetch(url)
+  const text = await res.text()
+  return res.status === 200 ? (JSON.parse(text) as { name: string }).name : String(res.status)
+}
+
+function gatewayYaml (upstreams: string): string {
+  return `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+${upstreams}
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`
+}
+
+type Lines = ReadonlyArray<Record<string, unknown>>
+const transitions = (lines: Lines, target: string, msg: string): Lines => lines.filter(l => l.msg === msg && l.target === target)
+
+t.test('the rules of a run, one probe at a time (pure)', async t => {
+  const config = { unhealthyAfter: 2, healthyAfter: 3 }
+  const state = initialActiveHealth()
+  t.same([countProbe(state, 'status 503', config), countProbe(state, null, config)], [null, null], 'one failure, then a pass: still healthy')
+  t.same([countProbe(state, 'timeout', config), countProbe(state, 'timeout', config)], [null, 'down'], 'unhealthyAfter failures in a row: down')
+  t.equal(state.lastFailure, 'timeout')
+  t.same([countProbe(state, null, config), countProbe(state, null, config), countProbe(state, 'status 500', config)], [null, null, null], 'two passes, then a failure: still down')
+  t.same([countProbe(state, null, config), countProbe(state, null, config), countProbe(state, null, config)], [null, null, 'up'], 'healthyAfter passes in a row: up')
+  t.same([countProbe(state, null, config)], [null], 'a pass while healthy changes nothing')
+
+  t.ok(statusPasses(204, [[200, 399]]))
+  t.ok(statusPasses(399, [[200, 399]]))
+  t.notOk(statusPasses(400, [[200, 399]]))
+  t.notOk(statusPasses(199, [[200, 399]]))
+  t.ok(statusPasses(404, [[200, 200], [404, 404]]))
+
+  t.equal(probeDelay(1000, true, () => 0), 0, 'the first probe of a target may go at once')
+  t.equal(probeDelay(1000, true, () => 0.999), 100, 'and waits at most a tenth of the interval')
+  t.same([probeDelay(1000, false, () => 0), probeDelay(1000, false, () => 1)], [900, 1100], 'later ones: the interval give or take 10%')
+})
+
+t.test('a failing check takes a target out after unhealthyAfter probes and back after healthyAfter; probes are not client requests', async t => {
+  const a = await startChecked(t, 'a')
+  const b = await startChecked(t, 'b')
+  // b fails one probe less than unhealthyAfter, then passes: it must never leave
+  b.script(['fail'], 'pass')
+  const gw = await startGateway(t, gatewayYaml(`  backend:
+    targets: [${a.url}, ${b.url}]
+    healthCheck: { path: /healthz?deep=1, interval: 100ms, timeout: 80ms, unhealthyAfter: 2, healthyAfter: 3 }`))
+  await until('b answered 4 probes', () => b.probes.length >= 4)
+  t.same(transitions(gw.lines, b.url, 'upstream target unhealthy'), [], 'one failed probe (unhealthyAfter - 1) leaves it in rotation')
+  t.equal(b.probes[0]?.path, '/healthz?deep=1', 'the probe GETs the configured path, query included')
+  t.equal(b.probes[0]?.host, new URL(b.url).host, 'with the target\'s authority as Host')
+
+  b.script([], 'fail')
+  await until('b logged unhealthy', () => transitions(gw.lines, b.url, 'upstream target unhealthy').length === 1)
+  const down = transitions(gw.lines, b.url, 'upstream target unhealthy')[0] as Record<string, unknown>
+  t.match(down, { level: 40, upstream: 'backend', target: b.url, reason: 'status 503' }, 'logged once at warn, with the reason')
+  const answered: string[] = []
+  for (let i = 0; i < 10; i++) answered.push(await whoAnswers(`${gw.url}/r${i}`))
+  t.same(answered, Array(10).fill('a'), 'every request goes to the target still in rotation')
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_target_healthy', { upstream: 'backend', target: b.url }), 0, 'the gauge says b takes no traffic')
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_target_healthy', { upstream: 'backend', target: a.url }), 1)
+  const ready = await (await fetch(`${gw.adminUrl}/readyz`)).json() as { upstreams: { backend: Array<Record<string, unknown>> } }
+  t.match(ready.upstreams.backend.find(x => x.url === b.url), { healthy: false, ejectedForMs: 0, check: { healthy: false, lastFailure: 'status 503' } }, '/readyz says why b is out: its checks, not passive health')
+  t.ok(await metric(gw.adminUrl, 'gateway_health_checks_total', { upstream: 'backend', target: b.url, result: 'fail' }) >= 2, 'failed probes are counted')
+  t.ok(await metric(gw.adminUrl, 'gateway_health_checks_total', { upstream: 'backend', target: a.url, result: 'pass' }) >= 1, 'passed ones too')
+
+  // back only after healthyAfter passes in a row: two passes and a failure are not enough
+  const passesFrom = b.probes.length
+  b.script(['pass', 'pass', 'fail'], 'pass')
+  await until('b logged healthy again', () => transitions(gw.lines, b.url, 'upstream target healthy again').length === 1)
+  const up = transitions(gw.lines, b.url, 'upstream target healthy again')[0] as Record<string, unknown>
+  t.equal(up.level, 30, 'logged at info')
+  const sequence = b.probes.slice(passesFrom).map(p => p.answer)
+  t.same(sequence.slice(0, 6), ['pass', 'pass', 'fail', 'pass', 'pass', 'pass'], 'the upstream answered the script')
+  const thirdPassAfterFailure = b.probes[passesFrom + 5] as { at: number }
+  t.ok(Date.parse(up.time as string) >= thirdPassAfterFailure.at - 5, 'back no earlier than the third pass in a row')
+  await until('a request reaches b again', async () => (await whoAnswers(`${gw.url}/again`)) === 'b')
+  t.equal(transitions(gw.lines, b.url, 'upstream target unhealthy').length, 1, 'the way down was logged once')
+
+  const accessLogged = gw.lines.filter(l => l.msg === 'request' && String(l.path ?? l.url ?? '').startsWith('/healthz'))
+  t.same(accessLogged, [], 'no probe is access-logged as a client request')
+  t.notOk(a.requests.some(r => r.url.startsWith('/healthz')) || b.requests.some(r => r.url.startsWith('/healthz')), 'every /healthz the upstreams saw came from the health checks')
+})
+
+t.test('a target that answers 503 to everything is taken out (passive health never would: it answers HTTP)', async t => {
+  const a = await startChecked(t, 'a')
+  const b = await startChecked(t, 'b')
+  const gw = await startGateway(t, gatewayYaml(`  backend:
+    targets: [${a.url}, ${b.url}]
+    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 2 }`))
+  await until('b probed once', () => b.probes.length >= 1)
+  b.everything503 = true
+  b.script([], 'fail')
+  await until('b out', () => transitions(gw.lines, b.url, 'upstream target unhealthy').length === 1)
+  const statuses: string[] = []
+  for (let i = 0; i < 10; i++) statuses.push(await whoAnswers(`${gw.url}/r${i}`))
+  t.same(statuses, Array(10).fill('a'), 'no client sees the 503s any more')
+})
+
+t.test('a probe with no answer within timeout fails as "timeout", and its connection is closed', async t => {
+  const a = await startChecked(t, 'a')
+  a.script([], 'hang')
+  const gw = await startGateway(t, gatewayYaml(`  backend:
+    targets: [${a.url}]
+    healthCheck: { path: /healthz, interval: 300ms, timeout: 100ms, unhealthyAfter: 1 }`))
+  await until('a out', () => transitions(gw.lines, a.url, 'upstream target unhealthy').length === 1)
+  t.match(transitions(gw.lines, a.url, 'upstream target unhealthy')[0], { reason: 'timeout' })
+  await until('the hanging probe\'s connection closed', () => a.probes[0]?.closedAt !== null)
+  const first = a.probes[0] as { at: number, closedAt: number }
+  t.ok(first.closedAt - first.at < 2000, `closed about timeout after it was sent (${first.closedAt - first.at} ms)`)
+})
+
+t.test('every target out: the answer of every target ejected (503 GW_ERR_NO_HEALTHY_UPSTREAM), until a check passes again', async t => {
+  const a = await startChecked(t, 'a')
+  const gw = await startGateway(t, gatewayYaml(`  backend:
+    targets: [${a.url}]
+    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 1, healthyAfter: 1 }`))
+  t.equal(await whoAnswers(`${gw.url}/first`), 'a', 'a target starts healthy: the gateway serves before any probe')
+  a.script([], 'fail')
+  await until('a out', () => transitions(gw.lines, a.url, 'upstream target unhealthy').length === 1)
+  const res = await fetch(`${gw.url}/r`)
+  t.equal(res.status, 503)
+  t.match(await res.json(), { error: 'GW_ERR_NO_HEALTHY_UPSTREAM' })
+  const before = a.requests.length
+  a.script([], 'pass')
+  await until('a back', async () => (await whoAnswers(`${gw.url}/back`)) === 'a')
+  t.equal(a.requests.length, before + 1, 'while out no request reached it')
+})
+
+t.test('a target whose listener closed fails its checks as "connect refused"', async t => {
+  const a = await startChecked(t, 'a')
+  const gone = await refusingUrl()
+  const gw = await startGateway(t, gatewayYaml(`  backend:
+    targets: [${a.url}, ${gone}]
+    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 2 }`))
+  await until('the refusing target out', () => transitions(gw.lines, gone, 'upstream target unhealthy').length === 1)
+  t.match(transitions(gw.lines, gone, 'upstream target unhealthy')[0], { reason: 'connect refused' })
+  t.same([await whoAnswers(`${gw.url}/1`), await whoAnswers(`${gw.url}/2`)], ['a', 'a'])
+})
+
+t.test('active and passive health each hold a target out: back from its checks, a target still passively ejected takes no traffic', async t => {
+  const a = await startChecked(t, 'a')
+  const b = await startChecked(t, 'b')
+  const gw = await startGateway(t, gatewayYaml(`  backend:
+    targets: [${a.url}, ${b.url}]
+    ejectFor: 1m
+    consecutiveFailures: 1
+    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 1, healthyAfter: 1 }`))
+  // passive first: b resets client requests (its probes still pass) and is ejected for 1m
+  b.resetRequests = true
+  await until('b passively ejected', async () => {
+    await whoAnswers(`${gw.url}/p`)
+    return gw.lines.some(l => l.msg === 'upstream target ejected' && l.target === b.url)
+  })
+  // then its checks fail, and pass again
+  b.script([], 'fail')
+  await until('b out by its checks', () => transitions(gw.lines, b.url, 'upstream target unhealthy').length === 1)
+  b.resetRequests = false
+  b.script([], 'pass')
+  await until('b healthy again by its checks', () => transitions(gw.lines, b.url, 'upstream target healthy again').length === 1)
+  const before = b.requests.length
+  const answered: string[] = []
+  for (let i = 0; i < 6; i++) answered.push(await whoAnswers(`${gw.url}/r${i}`))
+  t.same(answered, Array(6).fill('a'), 'the passive ejection (1m) still keeps b out')
+  t.equal(b.requests.length, before)
+  const ready = await (await fetch(`${gw.adminUrl}/readyz`)).json() as { upstreams: { backend: Array<Record<string, unknown>> } }
+  const view = ready.upstreams.backend.find(x => x.url === b.url) as { healthy: boolean, ejectedForMs: number, check: { healthy: boolean } }
+  t.match(view, { healthy: false, check: { healthy: true } }, '/readyz: checks pass, the target is still out')
+  t.ok(view.ejectedForMs > 30_000, `because of its passive ejection (${view.ejectedForMs} ms left)`)
+})
+
+t.test('a passive ejection that ends while the checks hold a target out does not bring it back', async t => {
+  const a = await startChecked(t, 'a')
+  const b = await startChecked(t, 'b')
+  const gw = await startGateway(t, gatewayYaml(`  backend:
+    targets: [${a.url}, ${b.url}]
+    ejectFor: 300ms
+    consecutiveFailures: 1
+    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 1, healthyAfter: 1 }`))
+  b.resetRequests = true
+  await until('b passively ejected', async () => {
+    await whoAnswers(`${gw.url}/p`)
+    return gw.lines.some(l => l.msg === 'upstream target ejected' && l.target === b.url)
+  })
+  b.script([], 'fail')
+  await until('b out by its checks', () => transitions(gw.lines, b.url, 'upstream target unhealthy').length === 1)
+  b.resetRequests = false
+  await sleep(600)
+  const before = b.requests.length
+  const answered: string[] = []
+  for (let i = 0; i < 6; i++) answered.push(await whoAnswers(`${gw.url}/r${i}`))
+  t.same(answered, Array(6).fill('a'), 'the ejection ended 300 ms ago; the failing checks still keep b out')
+  t.equal(b.requests.length, before)
+})
+
+t.test('a probe is not a request of the pool: it gets through while maxConnections are all taken', async t => {
+  let release: () => void = () => {}
+  const held = new Promise<void>(resolve => { release = resolve })
+  const probes: number[] = []
+  const server = http.createServer((req, res) => {
+    if (req.headers['user-agent'] === PROBE_AGENT) {
+      probes.push(Date.now())
+      res.end('ok')
+      return
+    }
+    void held.then(() => res.end('{"name":"slow"}'))
+  })
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  t.teardown(async () => { release(); server.closeAllConnections(); await new Promise<void>(resolve => server.close(() => resolve())) })
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+  const gw = await startGateway(t, gatewayYaml(`  backend:
+    targets: [${url}]
+    maxConnections: 1
+    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 1 }`))
+  const slow = fetch(`${gw.url}/slow`)
+  await until('the one connection is taken', () => (gw.runtime?.pools.get('backend')?.targets[0]?.inFlight ?? 0) === 1)
+  const from = probes.length
+  await until('3 probes arrive while the connection is taken', () => probes.length >= from + 3)
+  release()
+  t.equal((await slow).status, 200)
+  t.same(gw.lines.filter(l => l.msg === 'upstream target unhealthy'), [], 'and they pass')
+})
+
+t.test('reload: a persisting target keeps what its checks decided, a changed healthCheck takes effect, a removed upstream is no longer probed', async t => {
+  const a = await startChecked(t, 'a')
+  const b = await startChecked(t, 'b')
+  const other = await startChecked(t, 'other')
+  b.script([], 'fail')
+  const check = (path: string, unhealthyAfter: number): string => `{ path: ${path}, interval: 200ms, unhealthyAfter: ${unhealthyAfter}, healthyAfter: 1 }`
+  const gw = await startGateway(t, gatewayYaml(`  backend:
+    targets: [${a.url}, ${b.url}]
+    healthCheck: ${check('/healthz', 1)}
+  other:
+    targets: [${other.url}]
+    healthCheck: ${check('/healthz', 1)}`))
+  await until('b out', () => transitions(gw.lines, b.url, 'upstream target unhealthy').length === 1)
+  await until('other probed', () => other.probes.length >= 1)
+
+  // a new path and unhealthyAfter 5: a b that started afresh would take traffic for 4 intervals
+  writeFileSync(gw.runtime!.file, gatewayYaml(`  backend:
+    targets: [${a.url}, ${b.url}]
+    healthCheck: ${check('/ready', 5)}`))
+  t.match(await gw.reload(), { ok: true, generation: 2 })
+  const otherProbes = other.probes.length
+  const bRequests = b.requests.length
+  const answered: string[] = []
+  const until600 = Date.now() + 600
+  while (Date.now() < until600) answered.push(await whoAnswers(`${gw.url}/r`))
+  t.ok(answered.length > 0 && answered.every(name => name === 'a'), `b stays out across the reload (${answered.length} requests, all to a)`)
+  t.equal(b.requests.length, bRequests)
+  await until('b probed on the new path', () => b.probes.some(p => p.path === '/ready'))
+  const lastOld = b.probes.filter(p => p.path === '/healthz').length
+  await sleep(600)
+  t.equal(b.probes.filter(p => p.path === '/healthz').length, lastOld, 'the old path is probed no more')
+  t.equal(other.probes.length, otherProbes, 'the removed upstream\'s target receives no probe after the reload')
+  t.equal(transitions(gw.lines, b.url, 'upstream target unhealthy').length, 1, 'no second "unhealthy": the state carried over')
+  b.script([], 'pass')
+  await until('b back after the reload', () => transitions(gw.lines, b.url, 'upstream target healthy again').length === 1)
+})
+
+t.test('without healthCheck no probe ever reaches an upstream', async t => {
+  const a = await startChecked(t, 'a')
+  const gw = await startGateway(t, gatewayYaml(`  backend: { targets: [${a.url}] }`))
+  t.equal(await whoAnswers(`${gw.url}/x`), 'a')
+  await sleep(500)
+  t.same(a.probes, [])
+  t.same(a.requests.map(r => r.url), ['/x'])
+  t.notMatch(await (await fetch(`${gw.adminUrl}/metrics`)).text(), /^gateway_health_checks_total\{/m, 'nothing counted')
+})
+
+t.test('shutdown does not wait for a probe in flight: it is aborted', async t => {
+  const a = await startChecked(t, 'a')
+  a.script([], 'hang')
+  const gw = await startGateway(t, gatewayYaml(`  backend:
+    targets: [${a.url}]
+    healthCheck: { path: /healthz, interval: 20s, timeout: 15s }`))
+  await until('a probe is in flight', () => a.probes.length === 1)
+  const started = Date.now()
+  await gw.close()
+  t.ok(Date.now() - started < 5000, `closed in ${Date.now() - started} ms, not after the probe's 15 s timeout`)
+  await until('the probe\'s connection is closed', () => a.probes[0]?.closedAt !== null)
+  await sleep(300)
+  t.equal(a.probes.length, 1, 'and no probe after it')
+})
+
+t.test('bin/gateway exits on SIGTERM with a probe in flight', async t => {
+  const a = await startChecked(t, 'a')
+  a.script([], 'hang')
+  const gw = await spawnGateway(t, gatewayYaml(`  backend:
+    targets: [${a.url}]
+    healthCheck: { path: /healthz, interval: 20s, timeout: 15s }`))
+  await until('a probe is in flight', () => a.probes.length === 1)
+  const started = Date.now()
+  gw.child.kill('SIGTERM')
+  t.equal(await gw.exited, 0)
+  t.ok(Date.now() - started < 8000, `exited in ${Date.now() - started} ms`)
+})
