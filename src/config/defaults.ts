@@ -121,9 +121,14 @@ function origin (url: string): string {
   }
 }
 
+/** ms as /config shows a duration: "2s" when whole seconds, "750ms" otherwise. */
+function durationText (ms: number): string {
+  return ms % 1000 === 0 ? `${ms / 1000}s` : `${ms}ms`
+}
+
 function healthCheck (check: HealthCheckInput): ResolvedHealthCheck {
   const interval = check.interval ?? DEFAULT_HEALTH_INTERVAL
-  const timeout = check.timeout ?? `${Math.min(DEFAULT_HEALTH_TIMEOUT_MS, Math.floor(parseDuration(interval) / 2))}ms`
+  const timeout = check.timeout ?? durationText(Math.min(DEFAULT_HEALTH_TIMEOUT_MS, Math.floor(parseDuration(interval) / 2)))
   return {
     path: check.path,
     interval,

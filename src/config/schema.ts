@@ -153,7 +153,8 @@ export const STATUS_RANGE_RE = /^([1-5]\d\d)-([1-5]\d\d)$/
 const statusSpec = z.union([
   z.int().min(100).max(599),
   z.string().regex(STATUS_RANGE_RE, 'expected a status (204) or a range of statuses ("200-399")')
-    .refine(text => { const m = STATUS_RANGE_RE.exec(text); return m !== null && Number(m[1]) <= Number(m[2]) }, 'a range goes from the lower status to the higher')
+    // not a range at all is the pattern's issue alone
+    .refine(text => { const m = STATUS_RANGE_RE.exec(text); return m === null || Number(m[1]) <= Number(m[2]) }, 'a range goes from the lower status to the higher')
 ])
 
 /** healthCheck.interval when not configured. */
