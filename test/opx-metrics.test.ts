@@ -132,7 +132,7 @@ routes:
   }
   // the dashboard is worth having only if it shows what operators asked for
   for (const name of ['gateway_ratelimit_decisions_total', 'gateway_upstream_response_duration_seconds_bucket', 'gateway_upstream_target_healthy',
-    'gateway_upstream_ejections_total', 'gateway_requests_in_flight', 'gateway_websockets_open', 'gateway_redis_breaker_state']) {
+    'gateway_upstream_ejections_total', 'gateway_health_checks_total', 'gateway_requests_in_flight', 'gateway_websockets_open', 'gateway_redis_breaker_state']) {
     t.ok(used.has(name), `${name} is queried`)
   }
 })
