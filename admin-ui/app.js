@@ -153,7 +153,7 @@ function renderHealth () {
     for (const t of targets) {
       rows.push(el('tr', {},
         el('th', { scope: 'row' }, upstream), el('td', {}, t.url),
-        el('td', { class: t.healthy ? 'healthy' : 'unhealthy' }, t.healthy ? 'healthy' : 'ejected'),
+        el('td', { class: t.healthy ? 'healthy' : 'unhealthy' }, targetHealthText(t)),
         el('td', { class: 'num' }, t.ejectedForMs > 0 ? formatMs(t.ejectedForMs) : '–'),
         el('td', { class: 'num' }, String(t.consecutiveFailures ?? 0))))
     }
@@ -392,3 +392,12 @@ document.addEventListener('DOMContentLoaded', () => {
   void loadRoutes()
   void connect()
 })
+
+/** Why a target takes no traffic: passive ejection, failing active health checks, or both. */
+function targetHealthText (t) {
+  if (t.healthy) return 'healthy'
+  const why = []
+  if (t.ejectedForMs > 0) why.push('ejected')
+  if (t.check !== undefined && !t.check.healthy) why.push(`checks failing${t.check.lastFailure ? ': ' + t.check.lastFailure : ''}`)
+  return why.length === 0 ? 'ejected' : why.join(', ')
+}

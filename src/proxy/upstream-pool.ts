@@ -394,11 +394,11 @@ export class UpstreamPool {
   startHealthChecks (previous: UpstreamPool | null): void {
     const config = this.config.healthCheck
     if (this.#checker !== null || config === undefined || this.#closed) return
-    if (previous !== null && previous.#checker !== null) {
-      for (const target of this.targets) {
-        const before = previous.targets.find((t) => t.url === target.url)
-        if (before !== undefined) this.#setActive(target, { ...before.active })
-      }
+    const handedOver = previous !== null && previous.#checker !== null
+    for (const target of this.targets) {
+      const before = handedOver ? previous.targets.find((t) => t.url === target.url) : undefined
+      // a pool that probed before (a reload went back to its settings) holds a stale verdict: a target starts healthy
+      this.#setActive(target, before === undefined ? initialActiveHealth() : { ...before.active })
     }
     previous?.stopHealthChecks()
     this.#checker = new HealthChecker(config, this.targets, (target, change) => this.#activeChanged(target as UpstreamTarget, change), this.onHealthCheck)
