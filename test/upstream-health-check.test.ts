@@ -166,6 +166,7 @@ t.test('a failing check takes a target out after unhealthyAfter probes and back 
   await until('b logged healthy again', () => transitions(gw.lines, b.url, 'upstream target healthy again').length === 1)
   const up = transitions(gw.lines, b.url, 'upstream target healthy again')[0] as Record<string, unknown>
   t.equal(up.level, 30, 'logged at info')
+  await until('b answered the six probes of the script', () => b.probes.length >= passesFrom + 6)
   const sequence = b.probes.slice(passesFrom).map(p => p.answer)
   t.same(sequence.slice(0, 6), ['pass', 'pass', 'fail', 'pass', 'pass', 'pass'], 'the upstream answered the script')
   const thirdPassAfterFailure = b.probes[passesFrom + 5] as { at: number }
