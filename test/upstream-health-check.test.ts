@@ -13,6 +13,7 @@ import { refusingUrl } from './helpers/upstream.js'
 import { metric, sleep } from './helpers/ratelimit.js'
 import type { Teardown } from './helpers/teardown.js'
 import { countProbe, initialActiveHealth, probeDelay, statusPasses } from '../src/proxy/health-check.js'
+import { UpstreamPool } from '../src/proxy/upstream-pool.js'
 
 /** What a target answers one probe: 200, 503, or nothing at all. */
 type ProbeAnswer = 'pass' | 'fail' | 'hang'
@@ -288,6 +289,36 @@ t.test('a passive ejection that ends while the checks hold a target out does not
   for (let i = 0; i < 6; i++) answered.push(await whoAnswers(`${gw.url}/r${i}`))
   t.same(answered, Array(6).fill('a'), 'the ejection ended 300 ms ago; the failing checks still keep b out')
   t.equal(b.requests.length, before)
+})
+
+t.test('the pool: a connect failure of a request dispatched before its checks took the target out does not shorten their hold', async t => {
+  const b = await startChecked(t, 'b')
+  b.script([], 'fail')
+  const pool = new UpstreamPool({
+    name: 'backend',
+    targets: [{ url: b.url, weight: 1 }],
+    connectTimeoutMs: 1000,
+    responseTimeoutMs: 1000,
+    ejectMs: 100,
+    maxConnectionsPerTarget: 10,
+    keepAliveTimeoutMs: 1000,
+    healthCheck: { path: '/healthz', intervalMs: 100, timeoutMs: 50, unhealthyAfter: 1, healthyAfter: 1, host: null, expectStatus: [[200, 399]] }
+  })
+  t.teardown(() => pool.close())
+  pool.startHealthChecks(null)
+  await until('b out by its checks', () => pool.pick() === null)
+  // what forward does when that request's connection is refused
+  pool.eject(pool.targets[0] as UpstreamPool['targets'][number])
+  await sleep(300)
+  t.equal(pool.pick(), null, 'still out once the 100 ms ejection is over: its checks still fail')
+  t.match(pool.health()[0], { healthy: false, ejectedForMs: 0, check: { healthy: false, lastFailure: 'status 503' } })
+  b.script([], 'pass')
+  await until('b back', () => pool.pick() !== null)
+  pool.stopHealthChecks()
+  await sleep(50) // a probe written just before the stop may still arrive
+  const probes = b.probes.length
+  await sleep(400)
+  t.equal(b.probes.length, probes, 'stopHealthChecks: no probe after it')
 })
 
 t.test('a probe is not a request of the pool: it gets through while maxConnections are all taken', async t => {
