@@ -33,6 +33,8 @@ interface CheckedUpstream {
   resetRequests: boolean
   /** Closes the listener and its connections: connections are refused from then on. */
   close: () => Promise<void>
+  /** Answers the client requests held so far (to a path ending in /hold). */
+  releaseHeld: () => void
 }
 
 const PROBE_AGENT = 'edge-gateway-health-check'
@@ -42,6 +44,7 @@ async function startChecked (t: Teardown, name: string): Promise<CheckedUpstream
   let then: ProbeAnswer = 'pass'
   const probes: CheckedUpstream['probes'] = []
   const requests: CheckedUpstream['requests'] = []
+  const held: http.ServerResponse[] = []
   const up: CheckedUpstream = {
     name,
     url: '',
@@ -53,6 +56,7 @@ async function startChecked (t: Teardown, name: string): Promise<CheckedUpstream
     },
     everything503: false,
     resetRequests: false,
+    releaseHeld: () => { for (const res of held.splice(0)) res.end(JSON.stringify({ name })) },
     close: async () => {
       server.closeAllConnections()
       await new Promise<void>(resolve => server.close(() => resolve()))
@@ -69,6 +73,11 @@ async function startChecked (t: Teardown, name: string): Promise<CheckedUpstream
       return
     }
     requests.push({ at: Date.now(), url: req.url ?? '' })
+    // held until the test ends: keeps a runtime draining across a reload
+    if (req.url?.endsWith('/hold') === true) {
+      held.push(res)
+      return
+    }
     if (up.resetRequests) {
       req.socket.destroy()
       return
@@ -100,13 +109,13 @@ async function whoAnswers (url: string): Promise<string> {
   return res.status === 200 ? (JSON.parse(text) as { name: string }).name : String(res.status)
 }
 
-function gatewayYaml (upstreams: string): string {
+function gatewayYaml (upstreams: string, routes = ''): string {
   return `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 upstreams:
 ${upstreams}
 routes:
-  - { name: all, pathPrefix: /, upstream: backend }
+${routes}  - { name: all, pathPrefix: /, upstream: backend }
 `
 }
 
@@ -361,9 +370,12 @@ t.test('reload: a persisting target keeps what its checks decided, a changed hea
     healthCheck: ${check('/healthz', 1)}
   other:
     targets: [${other.url}]
-    healthCheck: ${check('/healthz', 1)}`))
+    healthCheck: ${check('/healthz', 1)}`, '  - { name: other, pathPrefix: /other/, upstream: other }\n'))
   await until('b out', () => transitions(gw.lines, b.url, 'upstream target unhealthy').length === 1)
   await until('other probed', () => other.probes.length >= 1)
+  // a request in flight on the old runtime keeps it (and its pools) draining after the reload
+  const heldRequest = fetch(`${gw.url}/other/hold`)
+  await until('the held request reached other', () => other.requests.some(r => r.url === '/other/hold'))
 
   // a new path and unhealthyAfter 5: a b that started afresh would take traffic for 4 intervals
   writeFileSync(gw.runtime!.file, gatewayYaml(`  backend:
@@ -381,10 +393,12 @@ t.test('reload: a persisting target keeps what its checks decided, a changed hea
   const lastOld = b.probes.filter(p => p.path === '/healthz').length
   await sleep(600)
   t.equal(b.probes.filter(p => p.path === '/healthz').length, lastOld, 'the old path is probed no more')
-  t.equal(other.probes.length, otherProbes, 'the removed upstream\'s target receives no probe after the reload')
+  t.equal(other.probes.length, otherProbes, 'the removed upstream\'s target receives no probe after the reload, though its pool still drains a request')
   t.equal(transitions(gw.lines, b.url, 'upstream target unhealthy').length, 1, 'no second "unhealthy": the state carried over')
   b.script([], 'pass')
   await until('b back after the reload', () => transitions(gw.lines, b.url, 'upstream target healthy again').length === 1)
+  other.releaseHeld()
+  t.equal((await heldRequest).status, 200, 'the request held across the reload is answered by the upstream the reload removed')
 })
 
 t.test('without healthCheck no probe ever reaches an upstream', async t => {
