@@ -6,6 +6,7 @@
 import t from 'tap'
 import http from 'node:http'
 import { once } from 'node:events'
+import { spawn } from 'node:child_process'
 import { writeFileSync } from 'node:fs'
 import type { AddressInfo } from 'node:net'
 import { startGateway, spawnGateway } from './helpers/gateway.js'
@@ -424,6 +425,20 @@ t.test('shutdown does not wait for a probe in flight: it is aborted', async t =>
   await until('the probe\'s connection is closed', () => a.probes[0]?.closedAt !== null)
   await sleep(300)
   t.equal(a.probes.length, 1, 'and no probe after it')
+})
+
+t.test('probes never hold the process open: a process that only probes exits by itself', async t => {
+  const a = await startChecked(t, 'a')
+  const script = `
+    import { UpstreamPool } from './dist/proxy/upstream-pool.js'
+    const pool = new UpstreamPool({ name: 'b', targets: [{ url: '${a.url}', weight: 1 }], connectTimeoutMs: 1000, responseTimeoutMs: 1000, ejectMs: 1000, maxConnectionsPerTarget: 1, keepAliveTimeoutMs: 1000,
+      healthCheck: { path: '/healthz', intervalMs: 200, timeoutMs: 100, unhealthyAfter: 1, healthyAfter: 1, host: null, expectStatus: [[200, 399]] } })
+    pool.startHealthChecks(null)`
+  const child = spawn(process.execPath, ['--input-type=module', '-e', script], { stdio: 'inherit' })
+  t.teardown(() => { if (child.exitCode === null) child.kill('SIGKILL') })
+  const exited = once(child, 'exit')
+  const deadline = sleep(5000).then(() => 'still running')
+  t.same(await Promise.race([exited, deadline]), [0, null], 'exited 0 with its checks running')
 })
 
 t.test('bin/gateway exits on SIGTERM with a probe in flight', async t => {
