@@ -16,8 +16,8 @@ import type { Teardown } from './helpers/teardown.js'
 import { countProbe, initialActiveHealth, probeDelay, statusPasses } from '../src/proxy/health-check.js'
 import { UpstreamPool } from '../src/proxy/upstream-pool.js'
 
-/** What a target answers one probe: 200, 503, or nothing at all. */
-type ProbeAnswer = 'pass' | 'fail' | 'hang'
+/** What a target answers one probe: 200, 503, nothing at all, or 200 with a body that never ends. */
+type ProbeAnswer = 'pass' | 'fail' | 'hang' | 'endless'
 
 interface CheckedUpstream {
   readonly name: string
@@ -70,6 +70,14 @@ async function startChecked (t: Teardown, name: string): Promise<CheckedUpstream
       probes.push(entry)
       req.socket.once('close', () => { entry.closedAt = Date.now() })
       if (answer === 'hang') return
+      if (answer === 'endless') {
+        res.writeHead(200, { 'content-type': 'application/octet-stream' })
+        const chunk = Buffer.alloc(16 * 1024, 'x')
+        const more = (): void => { while (!res.destroyed && res.write(chunk)); }
+        res.on('drain', more)
+        more()
+        return
+      }
       res.writeHead(answer === 'pass' ? 200 : 503, { 'content-type': 'text/plain' }).end(answer === 'pass' ? 'ok' : 'database down')
       return
     }
@@ -216,6 +224,19 @@ t.test('a probe with no answer within timeout fails as "timeout", and its connec
   await until('the hanging probe\'s connection closed', () => a.probes[0]?.closedAt !== null)
   const first = a.probes[0] as { at: number, closedAt: number }
   t.ok(first.closedAt - first.at < 2000, `closed about timeout after it was sent (${first.closedAt - first.at} ms)`)
+})
+
+t.test('a probe reads at most 64 KiB of the body: a 200 with an endless body passes, and its connection is closed; host sets the Host', async t => {
+  const a = await startChecked(t, 'a')
+  a.script([], 'endless')
+  const gw = await startGateway(t, gatewayYaml(`  backend:
+    targets: [${a.url}]
+    healthCheck: { path: /healthz, interval: 150ms, timeout: 100ms, unhealthyAfter: 1, host: status.internal }`))
+  await until('3 probes answered', () => a.probes.length >= 3)
+  await until('the first probe\'s connection closed', () => a.probes[0]?.closedAt !== null)
+  t.same(transitions(gw.lines, a.url, 'upstream target unhealthy'), [], 'the status decides: it passes')
+  t.ok(await metric(gw.adminUrl, 'gateway_health_checks_total', { upstream: 'backend', target: a.url, result: 'pass' }) >= 2)
+  t.equal(a.probes[0]?.host, 'status.internal')
 })
 
 t.test('every target out: the answer of every target ejected (503 GW_ERR_NO_HEALTHY_UPSTREAM), until a check passes again', async t => {
