@@ -6,13 +6,16 @@
 import t from 'tap'
 import http from 'node:http'
 import { once } from 'node:events'
-import { spawn } from 'node:child_process'
+import { execFileSync, spawn } from 'node:child_process'
+import { createServer as createHttpsServer } from 'node:https'
+import { join } from 'node:path'
+import { readFileSync } from 'node:fs'
 import { writeFileSync } from 'node:fs'
 import type { AddressInfo } from 'node:net'
 import { startGateway, spawnGateway } from './helpers/gateway.js'
 import { refusingUrl } from './helpers/upstream.js'
 import { metric, sleep } from './helpers/ratelimit.js'
-import type { Teardown } from './helpers/teardown.js'
+import { tempDir, type Teardown } from './helpers/teardown.js'
 import { countProbe, initialActiveHealth, probeDelay, statusPasses } from '../src/proxy/health-check.js'
 import { UpstreamPool } from '../src/proxy/upstream-pool.js'
 
@@ -446,6 +449,36 @@ t.test('shutdown does not wait for a probe in flight: it is aborted', async t =>
   await until('the probe\'s connection is closed', () => a.probes[0]?.closedAt !== null)
   await sleep(300)
   t.equal(a.probes.length, 1, 'and no probe after it')
+})
+
+t.test('an https target is probed as forwarding connects to it: its own name as TLS server name, its certificate checked', async t => {
+  const dir = tempDir(t, 'gw-https-check')
+  const cert = join(dir, 'cert.pem')
+  const key = join(dir, 'key.pem')
+  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', cert,
+    '-days', '1', '-subj', '/CN=localhost', '-addext', 'subjectAltName=DNS:localhost'], { stdio: 'ignore' })
+  const probes: Array<{ servername: string, host: string }> = []
+  const upstream = createHttpsServer({ cert: readFileSync(cert), key: readFileSync(key) }, (req, res) => {
+    probes.push({ servername: String((req.socket as unknown as { servername?: string }).servername), host: req.headers.host ?? '' })
+    res.end('ok')
+  })
+  upstream.listen(0, '127.0.0.1')
+  await once(upstream, 'listening')
+  t.teardown(() => { upstream.closeAllConnections(); upstream.close() })
+  const port = (upstream.address() as AddressInfo).port
+  // by name: trusted through NODE_EXTRA_CA_CERTS; by address: the certificate (localhost only) does not match
+  const gw = await spawnGateway(t, gatewayYaml(`  backend:
+    targets: [https://localhost:${port}]
+    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 1, host: public.example.com }
+  byAddress:
+    targets: [https://127.0.0.1:${port}]
+    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 1 }`), [], { env: { NODE_EXTRA_CA_CERTS: cert } })
+  const refused = await gw.waitForLog(l => l.msg === 'upstream target unhealthy')
+  t.match(refused, { upstream: 'byAddress', target: `https://127.0.0.1:${port}`, reason: /^connect failed: ERR_TLS_CERT_ALTNAME_INVALID/ }, 'a certificate that does not name the target fails the check')
+  await until('3 probes by name', () => probes.length >= 3)
+  t.same([...new Set(probes.map(p => p.servername))], ['localhost'], 'the server name sent is the target\'s, not the probe\'s Host')
+  t.same([...new Set(probes.map(p => p.host))], ['public.example.com'])
+  t.notOk(gw.logs.some(l => l.msg === 'upstream target unhealthy' && l.upstream === 'backend'), 'the target named in its certificate passes')
 })
 
 t.test('probes never hold the process open: a process that only probes exits by itself', async t => {
