@@ -1,0 +1,39 @@
+// README (Workers, Target choice and retries): with `workers: N` each worker probes its own
+// targets and takes them out on its own verdict; the primary sends no probe, and its /readyz and
+// /metrics show a target out (with why) as the workers report it.
+import t from 'tap'
+import { createServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { twoWorkers, until } from './helpers/workers.js'
+import { metric } from './helpers/ratelimit.js'
+
+t.test('two workers: each probes and takes a failing target out; the primary shows why', async t => {
+  let probes = 0
+  const server = createServer((req, res) => {
+    if (req.headers['user-agent'] === 'edge-gateway-health-check') {
+      probes++
+      res.statusCode = 503
+    }
+    res.end('b')
+  })
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => { server.closeAllConnections(); server.close() })
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+  const r = await twoWorkers(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+workers: 2
+upstreams:
+  b:
+    targets: [${url}]
+    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 1 }
+routes:
+  - { name: all, pathPrefix: /, upstream: b }
+`)
+  await until('both workers took it out', () => new Set(r.gw.logs.filter(l => l.msg === 'upstream target unhealthy').map(l => l.pid)).size === 2)
+  t.equal(r.gw.logs.filter(l => l.msg === 'upstream target unhealthy').length, 2, 'logged once by each worker')
+  const ready = await (await fetch(`${r.adminUrl}/readyz`)).json() as { upstreams: { b: Array<Record<string, unknown>> } }
+  t.match(ready.upstreams.b, [{ url, healthy: false, check: { healthy: false, lastFailure: 'status 503' } }], 'the primary\'s /readyz says why the target is out')
+  t.equal(await metric(r.adminUrl, 'gateway_upstream_target_healthy', { upstream: 'b', target: url }), 0)
+  t.ok(await metric(r.adminUrl, 'gateway_health_checks_total', { upstream: 'b', target: url, result: 'fail' }) >= 2, 'the probes of both workers summed')
+  t.ok(probes >= 2)
+})
