@@ -31,8 +31,11 @@ routes:
 `)
   await until('both workers took it out', () => new Set(r.gw.logs.filter(l => l.msg === 'upstream target unhealthy').map(l => l.pid)).size === 2)
   t.equal(r.gw.logs.filter(l => l.msg === 'upstream target unhealthy').length, 2, 'logged once by each worker')
-  const ready = await (await fetch(`${r.adminUrl}/readyz`)).json() as { upstreams: { b: Array<Record<string, unknown>> } }
-  t.match(ready.upstreams.b, [{ url, healthy: false, check: { healthy: false, lastFailure: 'status 503' } }], 'the primary\'s /readyz says why the target is out')
+  // the workers report their health to the primary once a second: polled
+  const readyB = async (): Promise<Array<Record<string, unknown>>> =>
+    ((await (await fetch(`${r.adminUrl}/readyz`)).json()) as { upstreams: { b?: Array<Record<string, unknown>> } }).upstreams.b ?? []
+  await until('the primary\'s /readyz shows the check', async () => (await readyB()).some(x => x.check !== undefined && (x.check as { healthy: boolean }).healthy === false))
+  t.match(await readyB(), [{ url, healthy: false, check: { healthy: false, lastFailure: 'status 503' } }], 'the primary\'s /readyz says why the target is out')
   t.equal(await metric(r.adminUrl, 'gateway_upstream_target_healthy', { upstream: 'b', target: url }), 0)
   t.ok(await metric(r.adminUrl, 'gateway_health_checks_total', { upstream: 'b', target: url, result: 'fail' }) >= 2, 'the probes of both workers summed')
   t.ok(probes >= 2)
