@@ -162,7 +162,7 @@ t.test('a failing check takes a target out after unhealthyAfter probes and back 
   b.script(['fail'], 'pass')
   const gw = await startGateway(t, gatewayYaml(`  backend:
     targets: [${a.url}, ${b.url}]
-    healthCheck: { path: /healthz?deep=1, interval: 100ms, timeout: 80ms, unhealthyAfter: 2, healthyAfter: 3 }`))
+    healthCheck: { path: /healthz?deep=1, interval: 300ms, timeout: 250ms, unhealthyAfter: 2, healthyAfter: 3 }`))
   await until('b answered 4 probes', () => b.probes.length >= 4)
   t.same(transitions(gw.lines, b.url, 'upstream target unhealthy'), [], 'one failed probe (unhealthyAfter - 1) leaves it in rotation')
   t.equal(b.probes[0]?.path, '/healthz?deep=1', 'the probe GETs the configured path, query included')
@@ -206,7 +206,7 @@ t.test('a target that answers 503 to everything is taken out (passive health nev
   const b = await startChecked(t, 'b')
   const gw = await startGateway(t, gatewayYaml(`  backend:
     targets: [${a.url}, ${b.url}]
-    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 2 }`))
+    healthCheck: { path: /healthz, interval: 300ms, timeout: 250ms, unhealthyAfter: 2 }`))
   await until('b probed once', () => b.probes.length >= 1)
   b.everything503 = true
   b.script([], 'fail')
@@ -234,11 +234,13 @@ t.test('a probe reads at most 64 KiB of the body: a 200 with an endless body pas
   a.script([], 'endless')
   const gw = await startGateway(t, gatewayYaml(`  backend:
     targets: [${a.url}]
-    healthCheck: { path: /healthz, interval: 150ms, timeout: 100ms, unhealthyAfter: 1, host: status.internal }`))
-  await until('3 probes answered', () => a.probes.length >= 3)
-  await until('the first probe\'s connection closed', () => a.probes[0]?.closedAt !== null)
+    healthCheck: { path: /healthz, interval: 3s, timeout: 2s, unhealthyAfter: 1, host: status.internal }`))
+  // a probe that waited for the end of the body would time out after 2 s
+  const decided = async (): Promise<boolean> => transitions(gw.lines, a.url, 'upstream target unhealthy').length > 0 ||
+    await metric(gw.adminUrl, 'gateway_health_checks_total', { upstream: 'backend', target: a.url, result: 'pass' }) >= 1
+  await until('the first probe decided', decided)
   t.same(transitions(gw.lines, a.url, 'upstream target unhealthy'), [], 'the status decides: it passes')
-  t.ok(await metric(gw.adminUrl, 'gateway_health_checks_total', { upstream: 'backend', target: a.url, result: 'pass' }) >= 2)
+  await until('the first probe\'s connection closed', () => a.probes[0]?.closedAt !== null)
   t.equal(a.probes[0]?.host, 'status.internal')
 })
 
@@ -246,7 +248,7 @@ t.test('every target out: the answer of every target ejected (503 GW_ERR_NO_HEAL
   const a = await startChecked(t, 'a')
   const gw = await startGateway(t, gatewayYaml(`  backend:
     targets: [${a.url}]
-    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 1, healthyAfter: 1 }`))
+    healthCheck: { path: /healthz, interval: 300ms, timeout: 250ms, unhealthyAfter: 2, healthyAfter: 1 }`))
   t.equal(await whoAnswers(`${gw.url}/first`), 'a', 'a target starts healthy: the gateway serves before any probe')
   a.script([], 'fail')
   await until('a out', () => transitions(gw.lines, a.url, 'upstream target unhealthy').length === 1)
@@ -264,7 +266,7 @@ t.test('a target whose listener closed fails its checks as "connect refused"', a
   const gone = await refusingUrl()
   const gw = await startGateway(t, gatewayYaml(`  backend:
     targets: [${a.url}, ${gone}]
-    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 2 }`))
+    healthCheck: { path: /healthz, interval: 300ms, timeout: 250ms, unhealthyAfter: 2 }`))
   await until('the refusing target out', () => transitions(gw.lines, gone, 'upstream target unhealthy').length === 1)
   t.match(transitions(gw.lines, gone, 'upstream target unhealthy')[0], { reason: 'connect refused' })
   t.same([await whoAnswers(`${gw.url}/1`), await whoAnswers(`${gw.url}/2`)], ['a', 'a'])
@@ -277,7 +279,7 @@ t.test('active and passive health each hold a target out: back from its checks, 
     targets: [${a.url}, ${b.url}]
     ejectFor: 1m
     consecutiveFailures: 1
-    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 1, healthyAfter: 1 }`))
+    healthCheck: { path: /healthz, interval: 300ms, timeout: 250ms, unhealthyAfter: 2, healthyAfter: 1 }`))
   // passive first: b resets client requests (its probes still pass) and is ejected for 1m
   b.resetRequests = true
   await until('b passively ejected', async () => {
@@ -308,7 +310,7 @@ t.test('a passive ejection that ends while the checks hold a target out does not
     targets: [${a.url}, ${b.url}]
     ejectFor: 300ms
     consecutiveFailures: 1
-    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 1, healthyAfter: 1 }`))
+    healthCheck: { path: /healthz, interval: 300ms, timeout: 250ms, unhealthyAfter: 2, healthyAfter: 1 }`))
   b.resetRequests = true
   await until('b passively ejected', async () => {
     await whoAnswers(`${gw.url}/p`)
@@ -321,7 +323,7 @@ t.test('a passive ejection that ends while the checks hold a target out does not
   const before = b.requests.length
   const answered: string[] = []
   for (let i = 0; i < 6; i++) answered.push(await whoAnswers(`${gw.url}/r${i}`))
-  t.same(answered, Array(6).fill('a'), 'the ejection ended 300 ms ago; the failing checks still keep b out')
+  t.same(answered, Array(6).fill('a'), 'the ejection (300ms) is over; the failing checks still keep b out')
   t.equal(b.requests.length, before)
 })
 
@@ -374,7 +376,7 @@ t.test('a probe is not a request of the pool: it gets through while maxConnectio
   const gw = await startGateway(t, gatewayYaml(`  backend:
     targets: [${url}]
     maxConnections: 1
-    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 1 }`))
+    healthCheck: { path: /healthz, interval: 300ms, timeout: 250ms, unhealthyAfter: 2 }`))
   const slow = fetch(`${gw.url}/slow`)
   await until('the one connection is taken', () => (gw.runtime?.pools.get('backend')?.targets[0]?.inFlight ?? 0) === 1)
   const from = probes.length
@@ -389,7 +391,7 @@ t.test('reload: a persisting target keeps what its checks decided, a changed hea
   const b = await startChecked(t, 'b')
   const other = await startChecked(t, 'other')
   b.script([], 'fail')
-  const check = (path: string, unhealthyAfter: number): string => `{ path: ${path}, interval: 200ms, unhealthyAfter: ${unhealthyAfter}, healthyAfter: 1 }`
+  const check = (path: string, unhealthyAfter: number): string => `{ path: ${path}, interval: 300ms, timeout: 250ms, unhealthyAfter: ${unhealthyAfter}, healthyAfter: 1 }`
   const gw = await startGateway(t, gatewayYaml(`  backend:
     targets: [${a.url}, ${b.url}]
     healthCheck: ${check('/healthz', 1)}
@@ -469,10 +471,10 @@ t.test('an https target is probed as forwarding connects to it: its own name as 
   // by name: trusted through NODE_EXTRA_CA_CERTS; by address: the certificate (localhost only) does not match
   const gw = await spawnGateway(t, gatewayYaml(`  backend:
     targets: [https://localhost:${port}]
-    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 1, host: public.example.com }
+    healthCheck: { path: /healthz, interval: 500ms, timeout: 450ms, unhealthyAfter: 2, host: public.example.com }
   byAddress:
     targets: [https://127.0.0.1:${port}]
-    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 1 }`), [], { env: { NODE_EXTRA_CA_CERTS: cert } })
+    healthCheck: { path: /healthz, interval: 500ms, timeout: 450ms, unhealthyAfter: 1 }`), [], { env: { NODE_EXTRA_CA_CERTS: cert } })
   const refused = await gw.waitForLog(l => l.msg === 'upstream target unhealthy')
   t.match(refused, { upstream: 'byAddress', target: `https://127.0.0.1:${port}`, reason: /^connect failed: ERR_TLS_CERT_ALTNAME_INVALID/ }, 'a certificate that does not name the target fails the check')
   await until('3 probes by name', () => probes.length >= 3)
