@@ -162,7 +162,7 @@ routes:
     upstream: backend
     ipRestriction:
       allow: [10.1.2.3/8, 10.0.0.0/33, "2001:db8::1/32", example.com, 10.0.0.0/8]
-      deny: ["fe80::1%eth0"]
+      deny: ["fe80::1%eth0", 0.0.0.0/0, "::/0"]
 `)
   const ranges = await gateway(['validate', '-c', file])
   t.equal(ranges.code, 1)
@@ -172,6 +172,9 @@ routes:
   t.match(ranges.stderr, /routes\[0\]\.ipRestriction\.allow\[2\]: "2001:db8::1\/32" has bits set beyond its \/32: write 2001:db8::\/32/)
   t.match(ranges.stderr, /routes\[0\]\.ipRestriction\.allow\[3\]: "example\.com" is not an IP address/)
   t.match(ranges.stderr, /routes\[0\]\.ipRestriction\.deny\[0\]: "fe80::1%eth0" is not an IP address/)
+  // proxy-addr refuses a /0: the gateway did not start, with a message that named no key
+  t.match(ranges.stderr, /gateway\.yaml:10:\d+ routes\[0\]\.ipRestriction\.deny\[1\]: "0\.0\.0\.0\/0": a \/0 range is not taken; write 0\.0\.0\.0\/1 and 128\.0\.0\.0\/1/)
+  t.match(ranges.stderr, /gateway\.yaml:10:\d+ routes\[0\]\.ipRestriction\.deny\[2\]: "::\/0": a \/0 range is not taken; write ::\/1 and 8000::\/1/)
   t.notMatch(ranges.stderr, /allow\[4\]/, 'a CIDR written as its network passes')
 })
 

@@ -702,6 +702,8 @@ function addressRangeProblem (text: string, exact: boolean): string | null {
   if (slash === -1) return null
   const bits = text.slice(slash + 1)
   if (!/^\d{1,3}$/.test(bits) || Number(bits) > (v4 ? 32 : 128)) return refused
+  // proxy-addr refuses a /0 when the gateway starts, with a message that names no key
+  if (Number(bits) === 0) return `"${text}": a /0 range is not taken; write ${v4 ? '0.0.0.0/1 and 128.0.0.0/1' : '::/1 and 8000::/1'} for every ${v4 ? 'IPv4' : 'IPv6'} address`
   if (!exact) return null
   const network = v4 ? ipaddr.IPv4.networkAddressFromCIDR(text) : ipaddr.IPv6.networkAddressFromCIDR(text)
   if (network.toNormalizedString() === ipaddr.parse(address).toNormalizedString()) return null
