@@ -73,7 +73,7 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
     ? null
     : lines.concat(`route:   ${route.name} -> 403 GW_ERR_IP_FORBIDDEN (client ip ${client.ip} is not let through by ipRestriction)`, '').join('\n')
   const asked = preflightMethod(method, headers.origin, headers['access-control-request-method'])
-  const preflightRoute = asked === null ? null : rt.routes.match(host, asked, normalized.path, null)
+  const preflightRoute = asked === null ? null : rt.preflightRoutes.match(host, asked, normalized.path, null)
   if (asked !== null && preflightRoute !== null && preflightRoute.cors !== null) {
     const refused = forbidden(preflightRoute)
     if (refused !== null) return refused

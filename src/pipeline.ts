@@ -93,7 +93,8 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
     // asks for. Answered by the gateway when that route has cors; otherwise an OPTIONS as before.
     const asked = preflightMethod(req.method, req.headers.origin, req.headers['access-control-request-method'])
     // A preflight carries none of the script's own fields: the routes' matchHeaders are not asked
-    const forRoute = asked === null ? null : rt.routes.match(host, asked, normalized.path, null)
+    // (and a route with them but no cors does not answer it)
+    const forRoute = asked === null ? null : rt.preflightRoutes.match(host, asked, normalized.path, null)
     if (forRoute !== null && forRoute.cors !== null) {
       route = forRoute
       preflight = true
@@ -105,7 +106,7 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
     if (allow !== null) {
       // A script's call with a method the path does not take reads its 405 only with the CORS
       // fields: those of the route on the path a preflight would have been answered by.
-      const cors = rt.routes.match(host, allow[0] as string, normalized.path, null)?.cors ?? null
+      const cors = rt.preflightRoutes.match(host, allow[0] as string, normalized.path, null)?.cors ?? null
       return { ok: false, code: 'GW_ERR_METHOD_NOT_ALLOWED', headers: [['allow', allow.join(', ')]], ipKey: client.key, clientIp: client.ip, ...(cors !== null ? { cors } : {}) }
     }
     return { ok: false, code: 'GW_ERR_NOT_FOUND', ipKey: client.key, clientIp: client.ip }

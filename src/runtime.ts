@@ -91,6 +91,12 @@ export interface Runtime {
   readonly loadedAt: string
   readonly config: ResolvedConfig
   readonly routes: RouteTable<CompiledRoute>
+  /**
+   * The routes a CORS preflight is routed among (without the conditions, which it does not carry):
+   * a route with matchHeaders and no cors is left out, since the script's call may well not meet
+   * them (a canary for testers), and it kept the preflight from the cors route behind it.
+   */
+  readonly preflightRoutes: RouteTable<CompiledRoute>
   readonly routeList: readonly CompiledRoute[]
   /** Located warnings about a file that loads: routes no request can reach. */
   readonly warnings: readonly ConfigProblem[]
@@ -547,6 +553,7 @@ export async function compileRuntime (
     loadedAt: new Date().toISOString(),
     config,
     routes: compileRouteTable(routeList),
+    preflightRoutes: compileRouteTable(routeList.filter(r => r.cors !== null || r.matchHeaders === undefined || r.matchHeaders.length === 0)),
     routeList: Object.freeze(routeList),
     warnings: Object.freeze(unreachableRoutes(patterns).map(u => loaded.problemAt(['routes', u.index, u.field], u.reason))),
     pools,

@@ -71,6 +71,38 @@ t.test('a preflight is routed without the conditions: the first route on the pat
   t.same([stable.requests, canary.requests], [0, 0])
 })
 
+t.test('a route with conditions and no cors does not keep the preflight from the cors route behind it', async t => {
+  // an internal canary without cors before the browser-facing route: the script's requests carry
+  // no x-canary and reach the route with cors, and so must its preflight
+  const stable = await startUpstream(t, 'stable')
+  const canary = await startUpstream(t, 'canary')
+  const config = `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  stable: { targets: [${stable.url}] }
+  canary: { targets: [${canary.url}] }
+routes:
+  - { name: canary, pathPrefix: /api/, matchHeaders: { x-canary: "1" }, upstream: canary }
+  - { name: stable, pathPrefix: /api/, methods: [GET, POST], upstream: stable, cors: { origins: ["https://app.example.com"] } }
+`
+  const gw = await startGateway(t, config)
+  const origin = 'https://app.example.com'
+  const preflight = await request(gw.url + '/api/x', { method: 'OPTIONS', headers: { origin, 'access-control-request-method': 'POST', 'access-control-request-headers': 'content-type' } })
+  await preflight.body.dump()
+  t.equal(preflight.statusCode, 204, 'answered by the gateway with the cors route\'s policy')
+  t.equal(preflight.headers['access-control-allow-origin'], origin)
+  t.same([stable.requests, canary.requests], [0, 0], 'not forwarded')
+  const call = await request(gw.url + '/api/x', { method: 'POST', headers: { origin, 'content-type': 'application/json' }, body: '{}' })
+  await call.body.dump()
+  t.same([call.statusCode, call.headers['access-control-allow-origin']], [200, origin], 'the call it announced reaches the cors route')
+  // a 405 on the path carries the policy a preflight gets
+  const put = await request(gw.url + '/api/x', { method: 'PUT', headers: { origin } })
+  await put.body.dump()
+  t.same([put.statusCode, put.headers['access-control-allow-origin']], [405, origin])
+  const file = writeConfig(t, config)
+  t.match(explainOutput(file, 'OPTIONS', '/api/x', '--header', `origin: ${origin}`, '--header', 'access-control-request-method: POST'), /route: {3}stable -> CORS preflight for POST: 204/)
+})
+
 t.test('gateway explain routes by the headers given', async t => {
   const file = writeConfig(t, routes('http://127.0.0.1:9', 'http://127.0.0.1:9'))
   t.match(explainOutput(file, 'GET', '/api/x', '--header', 'x-canary: 1'), /route: {3}canary -> upstream canary/)
