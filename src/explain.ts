@@ -26,6 +26,12 @@ function asUser (rt: Runtime, user: string): IdentityResult {
   return plan === null ? { ok: true, user } : { ok: true, user, plan }
 }
 
+/**
+ * The fields of which node:http keeps the first line when a request repeats them (IncomingMessage's
+ * matchKnownFields); it joins Cookie's lines with "; " and every other field's with ", ".
+ */
+const FIRST_OF_REPEATED: ReadonlySet<string> = new Set(['age', 'authorization', 'content-length', 'content-type', 'etag', 'expires', 'from', 'host', 'if-modified-since', 'if-unmodified-since', 'last-modified', 'location', 'max-forwards', 'proxy-authorization', 'referer', 'retry-after', 'server', 'user-agent'])
+
 export async function explain (rt: Runtime, req: ExplainRequest): Promise<string> {
   // an absolute-form target's authority is the host, whatever Host says (RFC 9112 §3.2.2), as in
   // src/pipeline.ts
@@ -37,7 +43,14 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
     const i = h.indexOf(':')
     // node reads a header's bytes as Latin-1: "x-user-id: josé" typed here (UTF-8) reaches the
     // live gateway as "josÃ©", and its limit keys are that user's, not "josé"'s
-    if (i > 0) headers[h.slice(0, i).trim().toLowerCase()] = Buffer.from(h.slice(i + 1).trim(), 'utf8').toString('latin1')
+    if (i <= 0) continue
+    const name = h.slice(0, i).trim().toLowerCase()
+    const value = Buffer.from(h.slice(i + 1).trim(), 'utf8').toString('latin1')
+    // a field given twice is what node makes of two lines: the later one replaced the first, and
+    // explain routed "accept-version: v2, v3" (which no matchHeaders list holds) as "v3"
+    const before = headers[name]
+    if (before === undefined) headers[name] = value
+    else if (!FIRST_OF_REPEATED.has(name)) headers[name] = before + (name === 'cookie' ? '; ' : ', ') + value
   }
   // node's parser takes the methods it knows, as written (RFC 9110 §9.1: case-sensitive): the live
   // gateway answers "get" or "FOO" 400, where explain routed them as GET

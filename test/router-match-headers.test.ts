@@ -110,6 +110,21 @@ t.test('gateway explain routes by the headers given', async t => {
   t.match(explainOutput(file, 'DELETE', '/api/x'), /405 GW_ERR_METHOD_NOT_ALLOWED \(Allow: GET, POST\)/)
 })
 
+t.test('a field given twice is one value to explain as to the live gateway', async t => {
+  const stable = await startUpstream(t, 'stable')
+  const canary = await startUpstream(t, 'canary')
+  const config = routes(stable.url, canary.url)
+  const gw = await startGateway(t, config)
+  // two lines: node joins them ("v2, v3"), which no list holds
+  const res = await request(gw.url + '/api/x', { headers: { 'accept-version': ['v2', 'v3'] } })
+  t.equal((JSON.parse(await res.body.text()) as { name: string }).name, 'stable', 'live: "v2, v3" is neither v2 nor v3')
+  const file = writeConfig(t, config)
+  t.match(explainOutput(file, 'GET', '/api/x', '--header', 'accept-version: v2', '--header', 'accept-version: v3'), /route: {3}stable -> upstream stable/, 'explain: the same route')
+  // node keeps the first User-Agent (and Authorization, Content-Type...) a request repeats
+  writeFileSync(file, config.replace('matchHeaders: { accept-version: [v2, v3] }', 'matchHeaders: { user-agent: probe }'))
+  t.match(explainOutput(file, 'GET', '/api/x', '--header', 'user-agent: probe', '--header', 'user-agent: other'), /route: {3}v2 -> upstream canary/)
+})
+
 t.test('mistakes are located: a value of another type, the Host field, a route the conditions cannot reach', async t => {
   const file = join(tempDir(t, 'gw-match-headers'), 'gateway.yaml')
   writeFileSync(file, `upstreams:
