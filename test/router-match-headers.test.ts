@@ -148,6 +148,19 @@ routes:
   const host = await gateway(['validate', '-c', file])
   t.equal(host.code, 1)
   t.match(host.stderr, /gateway\.yaml:4:\d+ routes\[0\]\.matchHeaders\.Host: the host is matched by the route's "host"/)
+  // conditions no request can meet, which no unreachable-route warning tells
+  writeFileSync(file, `upstreams:
+  backend: { targets: [http://127.0.0.1:9] }
+routes:
+  - { name: twice, pathPrefix: /t/, upstream: backend, matchHeaders: { X-Canary: "1", x-canary: "2" } }
+  - { name: blank, pathPrefix: /b/, upstream: backend, matchHeaders: { accept-version: [v1, " v2"] } }
+  - { name: fine, pathPrefix: /f/, upstream: backend, matchHeaders: { x-a: "a b", x-b: "" } }
+`)
+  const never = await gateway(['validate', '-c', file])
+  t.equal(never.code, 1)
+  t.match(never.stderr, /gateway\.yaml:4:\d+ routes\[0\]\.matchHeaders\.x-canary: "X-Canary" names the same field \(names are case-insensitive\)/)
+  t.match(never.stderr, /gateway\.yaml:5:\d+ routes\[1\]\.matchHeaders\.accept-version: a value starting or ending with a space or tab matches no request/)
+  t.notMatch(never.stderr, /routes\[2\]/, 'an inner space and an empty value are values a request can carry')
   writeFileSync(file, `upstreams:
   backend: { targets: [http://127.0.0.1:9] }
 routes:

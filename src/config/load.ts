@@ -558,9 +558,17 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
       const limit = route.limits?.[dim]
       if (limit !== undefined) out.push(...checkLimit(limit, ['routes', i, 'limits', dim]))
     }
-    for (const name of Object.keys(route.matchHeaders ?? {})) {
+    const fieldNames = new Map<string, string>()
+    for (const [name, wanted] of Object.entries(route.matchHeaders ?? {})) {
       // the routing already normalized Host (port, case, trailing dot): matched raw, it would miss
       if (name.toLowerCase() === 'host') out.push([['routes', i, 'matchHeaders', name], 'the host is matched by the route\'s "host" (exact or *.example.com), not by matchHeaders'])
+      // one field, two conditions that must both hold: a route no request reaches, with no warning
+      const first = fieldNames.get(name.toLowerCase())
+      if (first !== undefined) out.push([['routes', i, 'matchHeaders', name], `"${first}" names the same field (names are case-insensitive): give it one condition`])
+      else fieldNames.set(name.toLowerCase(), name)
+      // node strips a value's surrounding blanks (RFC 9110 §5.5): " v2" would match no request
+      const values = typeof wanted === 'string' ? [wanted] : Array.isArray(wanted) ? wanted : []
+      if (values.some(v => v !== v.replace(/^[ \t]+|[ \t]+$/g, ''))) out.push([['routes', i, 'matchHeaders', name], 'a value starting or ending with a space or tab matches no request: a field\'s value arrives without them'])
     }
     for (const side of ['request', 'response'] as const) {
       const rules = route.headers?.[side]
