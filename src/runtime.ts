@@ -481,6 +481,7 @@ export async function compileRuntime (
   }
   const limitOptions = limitPlanOptions(config)
   const routeList: CompiledRoute[] = []
+  const gatewayIpAllowed = compileIpRestriction([ipRestrictionOf(config.ipRestriction)])
   config.routes.forEach((route, i) => {
     const pool = pools.get(route.upstream)
     const up = upstreams.get(route.upstream)
@@ -526,7 +527,9 @@ export async function compileRuntime (
       planLimits: limits.planLimits,
       auth: route.auth ?? null,
       cors,
-      ipAllowed: compileIpRestriction([ipRestrictionOf(config.ipRestriction), ipRestrictionOf(route.ipRestriction)])
+      // one check (and its address cache, some 70 KB from the start) for every route the gateway-wide
+      // restriction alone applies to: one each held 135 MB for 2000 routes, per runtime
+      ipAllowed: route.ipRestriction === undefined ? gatewayIpAllowed : compileIpRestriction([ipRestrictionOf(config.ipRestriction), ipRestrictionOf(route.ipRestriction)])
     }))
   })
   const failurePlan = problems.try(['identity', 'failureLimit'], () => compileFailurePlan(limitOptions))

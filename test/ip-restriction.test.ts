@@ -9,6 +9,8 @@ import { WebSocket } from 'ws'
 import { once } from 'node:events'
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
+import v8 from 'node:v8'
+import { runInNewContext } from 'node:vm'
 import type { IncomingMessage } from 'node:http'
 import { startGateway, writeConfig } from './helpers/gateway.js'
 import { startHttpServer } from './helpers/upstream.js'
@@ -194,4 +196,28 @@ routes:
   t.same([allowed.statusCode, denied.statusCode], [200, 403])
   await allowed.body.dump()
   await denied.body.dump()
+})
+
+t.test('a gateway-wide restriction costs no memory per route', async t => {
+  // each route's check held an address cache of some 70 KB from the start: 135 MB for these 2000
+  // routes, in every runtime a reload keeps while it drains
+  v8.setFlagsFromString('--expose-gc')
+  const gc = runInNewContext('gc') as () => void
+  const config = (restriction: string): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+${restriction}upstreams:
+  backend: { targets: [http://127.0.0.1:9] }
+routes:
+${Array.from({ length: 2000 }, (_v, i) => `  - { name: r${i}, path: /r${i}, upstream: backend }`).join('\n')}
+`
+  const heapAfterStart = async (text: string): Promise<number> => {
+    gc()
+    const before = process.memoryUsage().heapUsed
+    await startGateway(t, text)
+    gc()
+    return process.memoryUsage().heapUsed - before
+  }
+  const plain = await heapAfterStart(config(''))
+  const restricted = await heapAfterStart(config('ipRestriction: { deny: [203.0.113.0/24] }\n'))
+  t.ok(restricted - plain < 50e6, `the restriction added ${((restricted - plain) / 1e6).toFixed(1)} MB to the gateway's ${(plain / 1e6).toFixed(1)} MB`)
 })
