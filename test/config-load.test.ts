@@ -79,7 +79,7 @@ t.test('gateway.schema.json matches the zod schema (run `npm run schema` after c
 t.test('workers without Redis would multiply every shared limit; bad trusted proxy entries are located', async t => {
   t.same(await problems(fixture('workers-without-redis.yaml')), [
     'test/fixtures/config/workers-without-redis.yaml:1:10 workers: workers > 1 needs "redis:" for the shared limits: without it each worker would enforce every limit on its own (N times the budget)',
-    'test/fixtures/config/workers-without-redis.yaml:2:30 trustedProxies[1]: "not-an-address" is not an IP address, a CIDR (e.g. 10.0.0.0/8) or one of loopback, linklocal, uniquelocal'
+    'test/fixtures/config/workers-without-redis.yaml:2:30 trustedProxies[1]: "not-an-address" is not an IP address, a CIDR (e.g. 10.0.0.0/8, 2001:db8::/32) or one of loopback, linklocal, uniquelocal'
   ])
 })
 
