@@ -272,23 +272,32 @@ t.test('a target whose listener closed fails its checks as "connect refused"', a
   t.same([await whoAnswers(`${gw.url}/1`), await whoAnswers(`${gw.url}/2`)], ['a', 'a'])
 })
 
-t.test('active and passive health each hold a target out: back from its checks, a target still passively ejected takes no traffic', async t => {
+/**
+ * Targets a and b, b ejected by passive health (for `ejectFor`: it resets client requests while
+ * its probes pass), then held out by its checks too (its probes fail).
+ */
+async function ejectedThenChecksFail (t: Teardown, ejectFor: string): Promise<{ b: CheckedUpstream, gw: Awaited<ReturnType<typeof startGateway>> }> {
   const a = await startChecked(t, 'a')
   const b = await startChecked(t, 'b')
   const gw = await startGateway(t, gatewayYaml(`  backend:
     targets: [${a.url}, ${b.url}]
-    ejectFor: 1m
+    ejectFor: ${ejectFor}
     consecutiveFailures: 1
     healthCheck: { path: /healthz, interval: 300ms, timeout: 250ms, unhealthyAfter: 2, healthyAfter: 1 }`))
-  // passive first: b resets client requests (its probes still pass) and is ejected for 1m
   b.resetRequests = true
   await until('b passively ejected', async () => {
     await whoAnswers(`${gw.url}/p`)
     return gw.lines.some(l => l.msg === 'upstream target ejected' && l.target === b.url)
   })
-  // then its checks fail, and pass again
   b.script([], 'fail')
   await until('b out by its checks', () => transitions(gw.lines, b.url, 'upstream target unhealthy').length === 1)
+  return { b, gw }
+}
+
+t.test('active and passive health each hold a target out: back from its checks, a target still passively ejected takes no traffic', async t => {
+  // passive first: b resets client requests (its probes still pass) and is ejected for 1m; then
+  // its checks fail (and pass again below)
+  const { b, gw } = await ejectedThenChecksFail(t, '1m')
   b.resetRequests = false
   b.script([], 'pass')
   await until('b healthy again by its checks', () => transitions(gw.lines, b.url, 'upstream target healthy again').length === 1)
@@ -304,20 +313,7 @@ t.test('active and passive health each hold a target out: back from its checks, 
 })
 
 t.test('a passive ejection that ends while the checks hold a target out does not bring it back', async t => {
-  const a = await startChecked(t, 'a')
-  const b = await startChecked(t, 'b')
-  const gw = await startGateway(t, gatewayYaml(`  backend:
-    targets: [${a.url}, ${b.url}]
-    ejectFor: 300ms
-    consecutiveFailures: 1
-    healthCheck: { path: /healthz, interval: 300ms, timeout: 250ms, unhealthyAfter: 2, healthyAfter: 1 }`))
-  b.resetRequests = true
-  await until('b passively ejected', async () => {
-    await whoAnswers(`${gw.url}/p`)
-    return gw.lines.some(l => l.msg === 'upstream target ejected' && l.target === b.url)
-  })
-  b.script([], 'fail')
-  await until('b out by its checks', () => transitions(gw.lines, b.url, 'upstream target unhealthy').length === 1)
+  const { b, gw } = await ejectedThenChecksFail(t, '300ms')
   b.resetRequests = false
   await sleep(600)
   const before = b.requests.length
