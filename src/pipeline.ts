@@ -105,8 +105,8 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
     const allow = rt.routes.allowedMethods(host, normalized.path, req.headers)
     if (allow !== null) {
       // A script's call with a method the path does not take reads its 405 only with the CORS
-      // fields: those of the route on the path a preflight would have been answered by.
-      const cors = rt.preflightRoutes.match(host, allow[0] as string, normalized.path, null)?.cors ?? null
+      // fields: those of the first route with cors a preflight for one of the methods would reach.
+      const cors = corsOfPath(rt, host, normalized.path, allow)
       return { ok: false, code: 'GW_ERR_METHOD_NOT_ALLOWED', headers: [['allow', allow.join(', ')]], ipKey: client.key, clientIp: client.ip, ...(cors !== null ? { cors } : {}) }
     }
     return { ok: false, code: 'GW_ERR_NOT_FOUND', ipKey: client.key, clientIp: client.ip }
@@ -115,6 +115,15 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
   // "/admin" route here, fall through to a catch-all and be served as /admin upstream.
   if (!route.allowPathParams && normalized.path.includes(';')) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: 'path parameters (";") are not allowed on this route (allowPathParams)' }, ipKey: client.key, clientIp: client.ip }
   return { ok: true, admission: { route, path: normalized.path + requestTargetQuery(url), clientIp: client.ip, ipKey: client.key, user: null, storeMs: 0, preflight } }
+}
+
+/** The cors of the route a preflight for one of `methods` reaches first (a 405 is rare: no index). */
+function corsOfPath (rt: Runtime, host: string, path: string, methods: readonly string[]): CompiledCors | null {
+  for (const method of methods) {
+    const cors = rt.preflightRoutes.match(host, method, path, null)?.cors ?? null
+    if (cors !== null) return cors
+  }
+  return null
 }
 
 type HeaderPairs = ReadonlyArray<readonly [string, string]>

@@ -141,7 +141,7 @@ t.test('the gateway\'s own failure answers carry the policy too (502 of a refusi
   t.same([other.statusCode, other.headers['access-control-allow-origin'], other.headers.vary], [503, undefined, 'Origin'], 'another origin: no policy, Vary: Origin still')
 })
 
-t.test('a method the path does not take: the 405 carries the policy of the route a preflight would reach', async t => {
+t.test('a method the path does not take: the 405 carries the policy of the first route with cors a preflight would reach', async t => {
   const up = await startHttpServer(t, (_req, res) => { res.end('up') })
   const gw = await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
@@ -156,6 +156,18 @@ routes:
   const other = await request(`${gw.url}/api/items`, { method: 'PUT', body: 'x', headers: { origin: 'https://evil.example.com' } })
   await other.body.text()
   t.same([other.statusCode, other.headers['access-control-allow-origin']], [405, undefined], 'another origin: no policy')
+  // a path whose first route has no cors: the policy of the one that has
+  const mixed = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: read, path: /x, methods: [GET], upstream: backend }
+  - { name: write, path: /x, methods: [POST], upstream: backend, cors: { origins: ["https://app.example.com"] } }
+`)
+  const deleted = await request(`${mixed.url}/x`, { method: 'DELETE', headers: { origin: 'https://app.example.com' } })
+  await deleted.body.text()
+  t.same([deleted.statusCode, deleted.headers.allow, deleted.headers['access-control-allow-origin']], [405, 'GET, POST', 'https://app.example.com'])
 })
 
 t.test('other origins and no origin: served, without the policy and without the upstream\'s', async t => {
