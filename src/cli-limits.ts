@@ -18,7 +18,7 @@ reset  resets them: the Redis keys, and the local level and deny cache on every 
 The admin address is --admin, else the config file's admin. With admin.reads: token a get needs
 the token too (from --token, $GATEWAY_ADMIN_TOKEN, or the file when --admin is not given or -c is).
 Exit 0 ok, 1 refused (or an answer that is not the admin API's) or the config file invalid,
-2 usage, 4 admin listener unreachable or no answer within 5 s.
+2 usage, 4 admin listener unreachable, no answer within 5 s, or a worker's none (workers: N).
 `
 
 /** How long the admin listener has to answer, body included. */
@@ -159,7 +159,8 @@ export async function limitsCommand (argv: string[]): Promise<number> {
   // `gateway limits get --json > state.json` kept it as if it were the client's state
   if (!res.ok) {
     process.stderr.write(`gateway limits ${action}: ${res.status} ${String(body.error)}: ${String(body.message)}\n`)
-    return 1
+    // a worker that did not answer the primary in time is no answer, not a refusal: try again
+    return body.error === 'GW_ERR_ADMIN_WORKERS_UNAVAILABLE' ? 4 : 1
   }
   if (values.json === true) {
     process.stdout.write(JSON.stringify(body, null, 2) + '\n')

@@ -9,6 +9,7 @@ import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { eventually, send, type Reply } from './helpers/ratelimit.js'
 import { rawRequest } from './helpers/raw-http.js'
+import { gateway } from './helpers/cli.js'
 
 const TOKEN = 'admin-token-0123456789abcdef'
 const WARNING = /admin listener binds a non-loopback address: anyone who can reach it reads/
@@ -123,6 +124,10 @@ routes:
   const partial = await admin(limitsUrl, 'DELETE', TOKEN)
   t.equal(partial.status, 503)
   t.match(partial.json?.message, new RegExp(`the reset was applied by worker \\[${pids[1] as number}\\] alone: repeat it`))
+  // `gateway limits` says so with the exit code of no answer (4), not of a refusal (1)
+  const cli = await gateway(['limits', 'get', '--route', 'api', '--ip', '127.0.0.1', '--admin', adminUrl.slice('http://'.length)])
+  t.equal(cli.code, 4, cli.stderr)
+  t.match(cli.stderr, /503 GW_ERR_ADMIN_WORKERS_UNAVAILABLE: 1 of 2 workers answered/)
   process.kill(stopped, 'SIGCONT')
   await eventually('the stopped worker answers again', async () => (await admin(limitsUrl)).status === 200, 10_000, 200)
 })
