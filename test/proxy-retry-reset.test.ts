@@ -96,7 +96,7 @@ t.test('a body streamed to the upstream is not sent again, whatever the method',
 })
 
 t.test('a lone target is asked again (a fresh connection); once only, then 502', async t => {
-  // closes the connection of its first request only: a keep-alive connection it dropped
+  // closes the connection of its first request, and that one alone: a keep-alive connection it dropped
   const flaky = await target(t, (req, res, nth) => { if (nth === 1) req.socket.destroy(); else res.end('second') })
   const gw = await startGateway(t, config([flaky.url]))
   t.same(await send(gw.url, '/a'), { status: 200, text: 'second' })

@@ -34,7 +34,7 @@ export interface HeaderCondition {
   readonly name: string
   /** false: the request must not carry the field. */
   readonly present: boolean
-  /** The values of which the field's must be one (as node joins repeated fields: "a, b"); null: any. */
+  /** The values of which the field's must be one (as node joins repeated fields: "a, b"); null: whatever the value. */
   readonly values: readonly string[] | null
 }
 
