@@ -1,10 +1,40 @@
-import { Cluster, Redis, ReplyError, type ClusterOptions, type RedisOptions } from 'ioredis'
+import { AbstractConnector, Cluster, Redis, ReplyError, type ClusterOptions, type RedisOptions } from 'ioredis'
+import type { Socket } from 'node:net'
 import { connect as tlsConnect, type ConnectionOptions } from 'node:tls'
 import { keySlot } from './keys.js'
 import { restoreFastPrototypes } from '../fast-prototypes.js'
 
 // ioredis has just extended String (its RESP3 VerbatimString): see src/fast-prototypes.ts.
 restoreFastPrototypes()
+keepRedisSocketErrorsHandled()
+
+/**
+ * ioredis listens for a socket's 'error' once (its connectors and its client each with `once`),
+ * but a TLS socket can emit two: a record that fails to decrypt is emitted as it is read
+ * (ERR_SSL_DECRYPTION_FAILED_OR_BAD_RECORD_MAC), the reset that follows it through the socket's
+ * destruction (ECONNRESET). The second found no listener and Node ended the gateway (seen in CI,
+ * test/redis-tls-socket-errors.test.ts makes it happen). Every socket an ioredis connector opens
+ * (a client's, a Cluster node's, a sentinel's, the failover detector's) is stored in the
+ * connector's `stream`: a listener for its whole life is added there. The first error still
+ * reaches ioredis, which reports it and reconnects; a later one on the same dead socket adds
+ * nothing to know. Installed once, on the prototype every connector shares.
+ */
+function keepRedisSocketErrorsHandled (): void {
+  const proto: object = AbstractConnector.prototype
+  if (Object.getOwnPropertyDescriptor(proto, 'stream') !== undefined) return
+  const slot = Symbol('stream')
+  type Holder = Record<typeof slot, Socket | undefined>
+  Object.defineProperty(proto, 'stream', {
+    configurable: true,
+    get (this: Holder): Socket | undefined { return this[slot] },
+    set (this: Holder, stream: Socket | undefined) {
+      stream?.on('error', ignoreLateSocketError)
+      this[slot] = stream
+    }
+  })
+}
+
+function ignoreLateSocketError (): void {}
 
 // Builds the ioredis client the Redis store runs on: standalone (url), Cluster or Sentinel.
 // Tuned to fail fast: the limiter wraps every call in its own timeout and falls back to a
@@ -204,7 +234,8 @@ export async function discoveryTlsFailure (opts: RedisClientOptions, timeoutMs =
     }
     socket.once('secureConnect', () => done(null))
     socket.once('timeout', () => done(null))
-    socket.once('error', (err: Error) => done(err))
+    // on, not once: a TLS socket can emit a second error (see keepRedisSocketErrorsHandled)
+    socket.on('error', (err: Error) => done(err))
   })
 }
 
