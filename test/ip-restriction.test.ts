@@ -122,6 +122,24 @@ t.test('refused before the route tells anything: credentials, a CORS preflight, 
   t.same(up.seen, [])
 })
 
+t.test('the local level comes first: a refused client that floods is answered 429 by the local bucket, as every client is', async t => {
+  const up = await upstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+trustedProxies: [127.0.0.1]
+local: { limit: 2, window: 1h, burst: 2 }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: internal, pathPrefix: /, upstream: backend, ipRestriction: { allow: [10.0.0.0/8] } }
+`)
+  const statuses: number[] = []
+  for (let i = 0; i < 3; i++) statuses.push((await ask(gw.url, '/a', '192.0.2.7')).status)
+  t.same(statuses, [403, 403, 429], 'two refused by the address, the third by the local bucket they spent')
+  t.same(gw.lines.filter(l => l.msg === 'request').map(l => l.outcome), ['ip_forbidden', 'ip_forbidden', 'rejected'])
+  t.same(up.seen, [])
+})
+
 t.test('a reload changes who may pass', async t => {
   const up = await upstream(t)
   const gw = await startGateway(t, restricted(up.url))

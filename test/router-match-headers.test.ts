@@ -125,6 +125,34 @@ t.test('a field given twice is one value to explain as to the live gateway', asy
   t.match(explainOutput(file, 'GET', '/api/x', '--header', 'user-agent: probe', '--header', 'user-agent: other'), /route: {3}v2 -> upstream canary/)
 })
 
+t.test('names are case-insensitive: a name written capitalized in the file matches the field however the client spells it', async t => {
+  const up = await startUpstream(t, 'canary')
+  const stable = await startUpstream(t, 'stable')
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  canary: { targets: [${up.url}] }
+  stable: { targets: [${stable.url}] }
+routes:
+  - { name: canary, pathPrefix: /api/, matchHeaders: { X-Canary: "1", Accept-Version: [V2], X-Legacy: false }, upstream: canary }
+  - { name: stable, pathPrefix: /api/, upstream: stable }
+`)
+  const routeOf = async (headers: Record<string, string>): Promise<string> => {
+    const res = await request(gw.url + '/api/x', { headers })
+    return (JSON.parse(await res.body.text()) as { name: string }).name
+  }
+  t.equal(await routeOf({ 'x-canary': '1', 'accept-version': 'V2' }), 'canary', 'lowercase fields')
+  t.equal(await routeOf({ 'X-CANARY': '1', 'Accept-Version': 'V2' }), 'canary', 'uppercase fields')
+  t.equal(await routeOf({ 'x-canary': '1', 'accept-version': 'v2' }), 'stable', 'values stay case-sensitive')
+  t.equal(await routeOf({ 'x-canary': '1', 'accept-version': 'V2', 'x-LEGACY': '1' }), 'stable', 'an absent condition is met by no spelling of the field')
+  const file = writeConfig(t, `upstreams:
+  canary: { targets: [${up.url}] }
+routes:
+  - { name: canary, pathPrefix: /api/, matchHeaders: { X-Canary: "1" }, upstream: canary }
+`)
+  t.match(explainOutput(file, 'GET', '/api/x', '--header', 'x-canary: 1'), /route: {3}canary -> upstream canary/, 'explain: the same')
+})
+
 t.test('mistakes are located: a value of another type, the Host field, a route the conditions cannot reach', async t => {
   const file = join(tempDir(t, 'gw-match-headers'), 'gateway.yaml')
   writeFileSync(file, `upstreams:

@@ -201,6 +201,20 @@ t.test('a failing check takes a target out after unhealthyAfter probes and back 
   t.notOk(a.requests.some(r => r.url.startsWith('/healthz')) || b.requests.some(r => r.url.startsWith('/healthz')), 'every /healthz the upstreams saw came from the health checks')
 })
 
+t.test('the first probe of a target goes within a tenth of interval of start-up, not a whole interval later', async t => {
+  const a = await startChecked(t, 'a')
+  const gw = await startGateway(t, gatewayYaml(`  backend:
+    targets: [${a.url}]
+    healthCheck: { path: /healthz, interval: 30s, timeout: 2s }`))
+  const live = Date.now()
+  // within 3 s at most (a tenth of 30 s); a first probe held for an interval would come after 27 s
+  await until('the first probe', () => a.probes.length >= 1, 20_000)
+  const after = (a.probes[0] as { at: number }).at - live
+  t.ok(after < 15_000, `the first probe came ${after} ms after start-up`)
+  await until('the first probe counted as a pass', async () => await metric(gw.adminUrl, 'gateway_health_checks_total', { upstream: 'backend', target: a.url, result: 'pass' }) === 1)
+  t.equal(a.probes.length, 1, 'one probe in all: the next waits an interval')
+})
+
 t.test('a target that answers 503 to everything is taken out (passive health never would: it answers HTTP)', async t => {
   const a = await startChecked(t, 'a')
   const b = await startChecked(t, 'b')
