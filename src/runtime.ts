@@ -19,6 +19,7 @@ import { compileRouteTable, unreachableRoutes, type HeaderCondition, type RouteP
 import { compileClientIpResolver, type ClientIpResolver } from './identify/client-ip.js'
 import { compileIpRestriction, type AddressCheck, type IpRestriction } from './identify/ip-restriction.js'
 import { compileTrustedPeer, type TrustedPeerCheck } from './proxy/trusted-peer.js'
+import type { ProxyProtocolPolicy } from './identify/proxy-protocol.js'
 import { compileIdentity, type ConsumerDirectory, type IdentityConfig, type IdentityResolver } from './identify/identity.js'
 import { ApiKeyFileError } from './identify/api-key-file.js'
 import { UpstreamPool, type UpstreamConfig } from './proxy/upstream-pool.js'
@@ -36,6 +37,9 @@ import { ResourceCache } from './runtime-resources.js'
 import { NOOP_TELEMETRY, type Telemetry } from './telemetry.js'
 import { compileQueryRedactor, createLogger } from './log.js'
 import type { RequestTracer } from './tracing.js'
+
+/** How long a connection that owes a PROXY protocol header may take to send it. */
+const DEFAULT_PROXY_PROTOCOL_TIMEOUT = '5s'
 
 export interface CompiledRoute {
   readonly name: string
@@ -111,6 +115,8 @@ export interface Runtime {
   /** What a request that failed identity is charged against (gateway ip limit + identity.failureLimit). */
   readonly failurePlan: RouteLimitPlan
   readonly server: ServerSettings
+  /** Who must open a connection with a PROXY protocol header; null: nobody (proxyProtocol unset). */
+  readonly proxyProtocol: ProxyProtocolPolicy | null
   readonly trustedProxiesEmpty: boolean
   /** null: plain HTTP. */
   readonly tls: TlsFiles | null
@@ -567,6 +573,7 @@ export async function compileRuntime (
     consumers,
     failurePlan,
     server,
+    proxyProtocol: config.proxyProtocol === undefined ? null : Object.freeze({ expects: compileTrustedPeer(config.proxyProtocol.from), timeoutMs: parseDuration(config.proxyProtocol.timeout ?? DEFAULT_PROXY_PROTOCOL_TIMEOUT) }),
     trustedProxiesEmpty: config.trustedProxies.length === 0,
     tls,
     activity: { inflight: 0 },

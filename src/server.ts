@@ -29,6 +29,10 @@ import { strayRejectionCount } from './stray-rejections.js'
 import { errorBody, writeError, writeRawError, type ErrorCode } from './errors.js'
 import { adminListen } from './config/defaults.js'
 import { waitAtMost } from './wait-at-most.js'
+import { acceptProxyProtocol } from './identify/proxy-protocol.js'
+
+/** The warning about connections closed for want of a PROXY header comes at most this often. */
+const PROXY_PROTOCOL_WARN_EVERY_MS = 10_000
 
 export interface GatewayOptions {
   readonly configFile: string
@@ -566,6 +570,20 @@ export class Gateway {
       // node took its own 'error' listener off: a reset while answering must not end the process
       socket.on('error', () => { socket.destroy() })
       this.answerUnrouted(socket, 400, 'connect', (requestId) => { writeError(socket, 'GW_ERR_BAD_REQUEST', requestId, NOT_A_FORWARD_PROXY) })
+    })
+    // after every 'connection' listener above: a PROXY header is read before any of them runs
+    let warnedAt = 0
+    acceptProxyProtocol(server, {
+      policy: () => this.runtime?.proxyProtocol ?? null,
+      refused: (reason, peer) => {
+        this.metrics.proxyProtocolRefused(reason)
+        // a balancer that sends no header gets every connection closed: said at warn, but once
+        // per 10 s (the counter has them all)
+        const now = Date.now()
+        if (now - warnedAt < PROXY_PROTOCOL_WARN_EVERY_MS) return
+        warnedAt = now
+        this.logger.warn({ peer, reason }, 'connection closed: a proxyProtocol peer sent no valid PROXY protocol header (gateway_proxy_protocol_refused_total counts each; this line comes at most every 10 s)')
+      }
     })
     this.server = server
     this.listenAddress = started.listen

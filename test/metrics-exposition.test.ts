@@ -24,6 +24,7 @@ function drive (m: GatewayMetrics): void {
   m.redisCall(0.0003, true, null); m.redisCall(0.2, false, 'timeout'); m.redisCall(0.00001, false, null)
   m.concurrencyRejected('api', 'ip', 'redis'); m.concurrencyRejected('api', 'route', 'local')
   m.healthCheck('backend', 'http://x', 'pass'); m.healthCheck('backend', 'http://x', 'fail'); m.healthCheck('backend', 'http://x', 'fail')
+  m.proxyProtocolRefused('missing'); m.proxyProtocolRefused('timeout'); m.proxyProtocolRefused('missing')
   m.upstreamEjection('backend', 'http://x', 'refused'); m.breakerState(1); m.reload('success'); m.generation.set(3)
 }
 

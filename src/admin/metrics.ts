@@ -183,6 +183,7 @@ export class GatewayMetrics implements Telemetry {
   readonly registry = new Registry()
   private readonly ejections: Counter
   private readonly healthChecks: Counter
+  private readonly proxyProtocolRefusals: Counter
   private readonly reloads: Counter
   private readonly breaker: Gauge
   readonly generation: Gauge
@@ -227,6 +228,7 @@ export class GatewayMetrics implements Telemetry {
       () => counterSamples(this.upstreamErrorCells)).register(registry)
     this.ejections = new Counter({ name: 'gateway_upstream_ejections_total', help: 'Targets ejected by passive health, by upstream, target and reason', labelNames: ['upstream', 'target', 'reason'], registers })
     this.healthChecks = new Counter({ name: 'gateway_health_checks_total', help: 'Active health check probes of upstream targets, by upstream, target and result (pass, fail)', labelNames: ['upstream', 'target', 'result'], registers })
+    this.proxyProtocolRefusals = new Counter({ name: 'gateway_proxy_protocol_refused_total', help: 'Connections from a proxyProtocol peer closed for want of a valid PROXY header, by reason (missing, malformed, timeout)', labelNames: ['reason'], registers })
     const targets = sources.targets
     new Gauge({
       name: 'gateway_upstream_target_healthy',
@@ -371,6 +373,10 @@ export class GatewayMetrics implements Telemetry {
 
   healthCheck (upstream: string, target: string, result: 'pass' | 'fail'): void {
     this.healthChecks.labels(upstream, target, result).inc()
+  }
+
+  proxyProtocolRefused (reason: string): void {
+    this.proxyProtocolRefusals.labels(reason).inc()
   }
 
   /**

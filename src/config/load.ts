@@ -650,6 +650,10 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
     const why = addressRangeProblem(p, false)
     if (why !== null) out.push([['trustedProxies', i], why])
   })
+  config.proxyProtocol?.from.forEach((p, i) => {
+    const why = addressRangeProblem(p, true)
+    if (why !== null) out.push([['proxyProtocol', 'from', i], why])
+  })
   const restrictions: Array<[KeyPath, { allow?: string[], deny?: string[] } | undefined]> = [
     [['ipRestriction'], config.ipRestriction],
     ...config.routes.map((r, i): [KeyPath, { allow?: string[], deny?: string[] } | undefined] => [['routes', i, 'ipRestriction'], r.ipRestriction])

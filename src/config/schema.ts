@@ -318,6 +318,11 @@ export const configSchema = z.strictObject({
   ]).optional().describe('address (default 127.0.0.1:9901), or { listen, token, reads }; /healthz /readyz /metrics /config /limits /consumers'),
   workers: z.int().min(1).max(256).optional(),
   trustedProxies: z.array(z.string()).optional().describe('CIDRs whose X-Forwarded-For is believed'),
+  proxyProtocol: z.strictObject({
+    from: z.array(z.string()).min(1, 'expected at least one address or CIDR: the load balancers that send the header')
+      .describe('peers (addresses, CIDRs, loopback...) that open every connection with a PROXY protocol header (v1 or v2); others are served as they come'),
+    timeout: wait.optional().describe('longest wait for the header once connected; default 5s')
+  }).optional().describe('read the client address from the PROXY protocol header of a TCP load balancer (AWS NLB, HAProxy)'),
   ipRestriction: ipRestrictionSchema.optional().describe('client addresses that may use any route: { allow: [CIDR], deny: [CIDR] }; a route\'s own ipRestriction applies too'),
   ipv6Prefix: z.int().min(1).max(128).optional().describe('IPv6 clients are limited per prefix; default 64'),
   legacyHeaders: z.boolean().optional().describe('also send X-RateLimit-Limit/Remaining/Reset'),
