@@ -19,13 +19,15 @@ t.test('two workers: each probes and takes a failing target out; the primary sho
   await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
   t.teardown(() => { server.closeAllConnections(); server.close() })
   const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+  // a timeout of 450 ms: the default, half an interval of 100 ms, failed probes as "timeout" on a
+  // loaded machine (CI), where this test asserts the 503 the target answers
   const r = await twoWorkers(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 workers: 2
 upstreams:
   b:
     targets: [${url}]
-    healthCheck: { path: /healthz, interval: 100ms, unhealthyAfter: 1 }
+    healthCheck: { path: /healthz, interval: 500ms, timeout: 450ms, unhealthyAfter: 1 }
 routes:
   - { name: all, pathPrefix: /, upstream: b }
 `)
