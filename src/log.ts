@@ -96,7 +96,7 @@ export interface AccessRecord {
   readonly bytesIn: number
   readonly bytesOut: number
   readonly error: string | undefined
-  /** The first attempt's failure, when the request was sent again and this is the second's answer. */
+  /** The first attempt's failure, when the request was sent again and this is a later attempt's answer. */
   readonly retriedAfter: string | undefined
   readonly outcome: string | undefined
   readonly limit: string | undefined

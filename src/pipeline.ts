@@ -437,8 +437,8 @@ class HttpExchange extends Exchange {
     forwardRequest(this.req, this.res, a.route.forward, ctx, (result) => {
       if (result.target !== null) state.telemetry.upstreamResponse(a.route.upstream, (performance.now() - dispatched) / 1e3)
       if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
-      // the first attempt's failure is the upstream's, though the second attempt answered
-      if (result.retriedAfter !== null) state.telemetry.upstreamError(a.route.upstream, result.retriedAfter)
+      // the failures of the attempts before the last are the upstream's, though a later one answered
+      if (result.retriedAfter !== null) for (const kind of result.retriedAfter) state.telemetry.upstreamError(a.route.upstream, kind)
       this.finish({ status: result.status, result })
     })
   }

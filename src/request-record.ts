@@ -154,7 +154,7 @@ export class RequestRecord {
       bytesIn: result?.bytesIn ?? 0,
       bytesOut: result?.bytesOut ?? ownBytes,
       error: result?.errorKind ?? undefined,
-      retriedAfter: result?.retriedAfter ?? undefined,
+      retriedAfter: result?.retriedAfter?.[0],
       outcome: outcome ?? undefined,
       limit: limit ?? undefined,
       userAgent: req.headers['user-agent']

@@ -25,7 +25,7 @@ import { ApiKeyFileError } from './identify/api-key-file.js'
 import { UpstreamPool, type UpstreamConfig } from './proxy/upstream-pool.js'
 import type { HealthCheckConfig } from './proxy/health-check.js'
 import { compileCors, CORS_RESPONSE_FIELDS, type CompiledCors } from './router/cors.js'
-import { createForwardPlan, type BodyHandling, type ForwardPlan, type TunnelHandling, type HeaderRules } from './proxy/forward.js'
+import { createForwardPlan, DEFAULT_RETRIES, type BodyHandling, type ForwardPlan, type TunnelHandling, type HeaderRules } from './proxy/forward.js'
 import {
   compileFailurePlan, compilePlanLimits, compileRouteLimitPlan,
   type LimitPlanOptions, type LimitRule, type PlanRules, type RouteLimitOptions, type RouteLimitPlan
@@ -513,6 +513,7 @@ export async function compileRuntime (
       ...body,
       pool,
       idleTimeoutMs: up.idleTimeoutMs ?? up.responseTimeoutMs,
+      retries: config.upstreams[route.upstream]?.retries ?? DEFAULT_RETRIES,
       stripPrefix: route.stripPrefix ?? null,
       underscoresInHeaders: server.underscoresInHeaders,
       responseTimeoutMs: parseDuration(route.timeouts.response),

@@ -9,6 +9,7 @@ import { DEFAULT_REDACT_QUERY } from '../log.js'
 import { DEFAULT_IPV6_PREFIX } from '../identify/client-ip.js'
 import { DEFAULT_JWT_CLAIM, DEFAULT_JWT_HEADER } from '../identify/identity.js'
 import { DEFAULT_CONSECUTIVE_FAILURES, DEFAULT_MAX_PENDING } from '../proxy/upstream-pool.js'
+import { DEFAULT_RETRIES } from '../proxy/forward.js'
 
 export const DEFAULT_LISTEN = '0.0.0.0:8080'
 export const DEFAULT_ADMIN = '127.0.0.1:9901'
@@ -34,6 +35,7 @@ export interface ResolvedUpstream {
   consecutiveFailures: number
   maxConnections: number
   maxPending: number
+  retries: number
   healthCheck?: ResolvedHealthCheck
 }
 export interface ResolvedHealthCheck {
@@ -148,6 +150,7 @@ function upstream (up: GatewayConfig['upstreams'][string]): ResolvedUpstream {
     consecutiveFailures: up.consecutiveFailures ?? DEFAULT_CONSECUTIVE_FAILURES,
     maxConnections: up.maxConnections ?? 256,
     maxPending: up.maxPending ?? DEFAULT_MAX_PENDING,
+    retries: up.retries ?? DEFAULT_RETRIES,
     ...(up.healthCheck !== undefined ? { healthCheck: healthCheck(up.healthCheck) } : {})
   }
 }

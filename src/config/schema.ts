@@ -180,6 +180,9 @@ export const healthCheckSchema = z.strictObject({
 })
 const target = z.union([httpUrl, z.strictObject({ url: httpUrl, weight: z.int().min(1).max(1000).optional() })])
 
+/** The most `retries` an upstream may ask: each one waits for a connection (and its timeouts) again. */
+export const MAX_RETRIES = 5
+
 export const upstreamSchema = z.strictObject({
   targets: z.array(target).min(1),
   timeouts: z.strictObject({
@@ -192,6 +195,7 @@ export const upstreamSchema = z.strictObject({
   consecutiveFailures: z.int().positive().optional().describe('outlier detection: response timeouts or resets in a row that eject a target; default 5'),
   maxConnections: z.int().positive().optional().describe('per target; default 256'),
   maxPending: z.int().nonnegative().optional().describe('requests that may wait for a connection while every target is at maxConnections; beyond it 503 at once; default 1024'),
+  retries: z.int().min(0).max(MAX_RETRIES).optional().describe('times a request may be sent again after its connection failed before an answer (refused, reset; when that is safe); default 1; 0: never'),
   healthCheck: healthCheckSchema.optional().describe('active health checks: each target is probed every interval; absent: none (passive health only)')
 })
 

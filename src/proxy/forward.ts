@@ -25,6 +25,8 @@ export interface ForwardPlan extends BodyHandling, TunnelHandling {
   readonly responseTimeoutMs: number
   /** Longest pause between two reads of the response body (upstreams.X.timeouts.idle). */
   readonly idleTimeoutMs: number
+  /** Times a request may be sent again after its connection failed before an answer (upstreams.X.retries). */
+  readonly retries: number
   /** Request body limit in bytes (Infinity = none); beyond it the client gets 413. */
   readonly maxBodySize: number
   readonly requestHeaders: HeaderRules
@@ -55,7 +57,10 @@ export interface TunnelHandling {
   readonly maxWebSockets: number
 }
 
-export type ForwardPlanOptions = Omit<ForwardPlan, 'headers' | 'idleTimeoutMs' | 'underscoresInHeaders' | keyof BodyHandling | keyof TunnelHandling> & Partial<BodyHandling & TunnelHandling> & { readonly idleTimeoutMs?: number, readonly underscoresInHeaders?: boolean }
+export type ForwardPlanOptions = Omit<ForwardPlan, 'headers' | 'idleTimeoutMs' | 'underscoresInHeaders' | 'retries' | keyof BodyHandling | keyof TunnelHandling> & Partial<BodyHandling & TunnelHandling> & { readonly idleTimeoutMs?: number, readonly underscoresInHeaders?: boolean, readonly retries?: number }
+
+/** A request whose connection failed before an answer is sent once more, when that is safe (upstreams.X.retries). */
+export const DEFAULT_RETRIES = 1
 
 /** The one way to make a plan: header rules are compiled here, at config load, not per request. */
 export function createForwardPlan (options: ForwardPlanOptions): ForwardPlan {
@@ -68,6 +73,7 @@ export function createForwardPlan (options: ForwardPlanOptions): ForwardPlan {
     websocketIdleTimeoutMs: 300_000,
     maxWebSockets: 10_000,
     underscoresInHeaders: false,
+    retries: DEFAULT_RETRIES,
     ...options,
     headers: compileHeaders(options.requestHeaders, options.responseHeaders, options.underscoresInHeaders ?? false)
   })
@@ -98,8 +104,8 @@ export interface ForwardResult {
   bytesOut: number
   errorCode: ErrorCode | null
   errorKind: ForwardErrorKind | null
-  /** The first attempt's failure when the request was sent a second time (to another target). */
-  retriedAfter: ForwardErrorKind | null
+  /** The failures of the attempts before the last, in order, when the request was sent again; null when it was not. */
+  retriedAfter: readonly ForwardErrorKind[] | null
   /**
    * Set when the response failed after its headers went out (cut mid-body): the status those
    * headers carried. `status` is then the failure's (502, 503, 504), so it counts as an error.
@@ -241,8 +247,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   abortUpstream: ((err?: Error) => void) | null = null
   /** Resumes reading the upstream response after onData answered false (backpressure). */
   resumeUpstream: (() => void) | null = null
-  /** The first attempt's failure once the request was sent again: a request is retried once. */
-  retriedAfter: ForwardErrorKind | null = null
+  /** The failures of the attempts before this one, once the request was sent again (at most the plan's retries). */
+  retriedAfter: ForwardErrorKind[] | null = null
   /** undici began writing the request: from here on it is not retried. */
   sent = false
   /** The upstream's final head came (its status is `status`). */
@@ -741,13 +747,14 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     this.fail(kind, err)
   }
 
-  /** Sends the request once more (once only), to a target other than `avoid` when one is free. */
+  /** Sends the request once more (up to the plan's retries in all), to a target other than `avoid` when one is free. */
   private retry (after: ForwardErrorKind, avoid: UpstreamTarget | undefined): boolean {
-    if (this.retriedAfter !== null) return false
+    if ((this.retriedAfter?.length ?? 0) >= this.plan.retries) return false
     this.releaseTarget()
     const next = this.plan.pool.acquire(this, avoid)
     if (next === null || next === 'full') return false
-    this.retriedAfter = after
+    if (this.retriedAfter === null) this.retriedAfter = [after]
+    else this.retriedAfter.push(after)
     this.abortUpstream = null
     // the second attempt is timed as a request of its own: an interim answer of the first (a 103
     // before the reset) does not start its final head's deadline
