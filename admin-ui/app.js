@@ -224,7 +224,7 @@ async function loadRoutes () {
           (l.burst !== undefined && l.burst !== l.limit ? `, burst ${l.burst}` : '') + (l.cost !== 1 ? `, cost ${l.cost}` : '') +
           (l.shadow ? ' (shadow)' : '') + `; onError ${l.onError}; scope ${l.scope}`)))
     return el('tr', { 'data-route': r.name }, el('th', { scope: 'row' }, r.name), el('td', {}, match),
-      el('td', {}, `${r.upstream.name} (${r.upstream.targets.join(', ')})`), el('td', {}, limits))
+      el('td', {}, r.upstream === null ? `answered by the gateway: ${r.respond}` : `${r.upstream.name} (${r.upstream.targets.join(', ')})`), el('td', {}, limits))
   }))
   const select = $('lookup-route')
   const current = select.value

@@ -107,7 +107,9 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   }
   const refused = forbidden(route)
   if (refused !== null) return refused
-  lines.push(`route:   ${route.name} -> upstream ${route.upstream}${route.websocket ? ' (websocket)' : ''}`)
+  lines.push(route.respond !== null
+    ? `route:   ${route.name} -> respond ${route.respond.status} (answered by the gateway once admitted, nothing forwarded)`
+    : `route:   ${route.name} -> upstream ${route.upstream ?? ''}${route.websocket ? ' (websocket)' : ''}`)
   // The same identity resolver and route `auth` as the pipeline (src/pipeline.ts)
   let identity: IdentityResult
   // an `auth: none` route identifies nobody, --user included: explain charged that user's limits

@@ -11,7 +11,8 @@ import { normalizePath, requestTargetAuthority, requestTargetPath, requestTarget
 import { normalizeHost } from './router/route-table.js'
 import { checkRequestHead, checkTargetAuthority } from './router/request-head.js'
 import { looksLikeMisconfiguredProxy } from './identify/client-ip.js'
-import { forwardRequest, type ForwardContext, type ForwardErrorKind } from './proxy/forward.js'
+import { forwardRequest, type ForwardContext, type ForwardErrorKind, type ForwardPlan } from './proxy/forward.js'
+import type { StaticResponse } from './proxy/respond.js'
 import type { createWebSocketProxy } from './proxy/websocket.js'
 import { offersWebSocket } from './proxy/upgrade-offer.js'
 import { hasRequestBody } from './proxy/request-body.js'
@@ -421,7 +422,30 @@ class HttpExchange extends Exchange {
     this.forward(a, v)
   }
 
+  /** A route with respond: its answer, with the fields the request adds (RateLimit, CORS, X-Request-Id). */
+  private respondStatically (respond: StaticResponse, v: AllowVerdict): void {
+    const res = this.res
+    let sent = 0
+    if (!res.headersSent && !res.destroyed) {
+      const fields = [...respond.fields]
+      for (const [name, value] of this.withCors(v.headers ?? undefined) ?? []) fields.push(name, value)
+      fields.push('x-request-id', this.requestId)
+      res.writeHead(respond.status, fields)
+      if (this.req.method === 'HEAD' || respond.body.length === 0) res.end()
+      else {
+        res.end(respond.body)
+        sent = respond.body.length
+      }
+    }
+    this.finish({ status: respond.status, outcome: 'responded', ownBytes: sent })
+  }
+
   private forward (a: Admission, v: AllowVerdict): void {
+    const respond = a.route.respond
+    if (respond !== null) return this.respondStatically(respond, v)
+    // a route without respond has its forward and its upstream (runtime.ts builds one or the other)
+    const plan = a.route.forward as ForwardPlan
+    const upstream = a.route.upstream as string
     const state = this.state
     // one literal shape (no spread of an optional field): the forward reads it per request
     const ctx: ForwardContext = {
@@ -434,11 +458,11 @@ class HttpExchange extends Exchange {
       extraResponseHeaders: this.corsFields === null ? v.headers ?? undefined : [...(v.headers ?? []), ...this.corsFields]
     }
     const dispatched = performance.now()
-    forwardRequest(this.req, this.res, a.route.forward, ctx, (result) => {
-      if (result.target !== null) state.telemetry.upstreamResponse(a.route.upstream, (performance.now() - dispatched) / 1e3)
-      if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
+    forwardRequest(this.req, this.res, plan, ctx, (result) => {
+      if (result.target !== null) state.telemetry.upstreamResponse(upstream, (performance.now() - dispatched) / 1e3)
+      if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(upstream, result.errorKind)
       // the failures of the attempts before the last are the upstream's, though a later one answered
-      if (result.retriedAfter !== null) for (const kind of result.retriedAfter) state.telemetry.upstreamError(a.route.upstream, kind)
+      if (result.retriedAfter !== null) for (const kind of result.retriedAfter) state.telemetry.upstreamError(upstream, kind)
       this.finish({ status: result.status, result })
     })
   }
@@ -491,6 +515,7 @@ class UpgradeExchange extends Exchange {
   protected answerPreflight (): void { this.refuse(UPGRADE_NOT_GET) }
 
   protected routed (a: Admission): Refusal | null {
+    // (a route with respond is never a websocket route: load.ts refuses the two together)
     if (!a.route.websocket || !offersWebSocket(this.req)) return NOT_A_WEBSOCKET_ROUTE
     if (this.req.method !== 'GET') return UPGRADE_NOT_GET
     return hasRequestBody(this.req.headers) ? UPGRADE_WITH_BODY : null
@@ -532,8 +557,11 @@ class UpgradeExchange extends Exchange {
   private upgrade (a: Admission, v: AllowVerdict): void {
     const { state, req, socket } = this
     // Logged and counted once the handshake is decided: 101, or the refusal the client got.
-    state.ws.upgrade(req, socket, this.head, a.route.forward, { requestId: this.requestId, clientIp: a.clientIp, proto: state.proto, path: a.path, trustedPeer: this.trustedPeer, extraResponseHeaders: v.headers ?? undefined }, (result) => {
-      if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(a.route.upstream, result.errorKind)
+    // routed() let through a websocket route, which forwards
+    const plan = a.route.forward as ForwardPlan
+    const upstream = a.route.upstream as string
+    state.ws.upgrade(req, socket, this.head, plan, { requestId: this.requestId, clientIp: a.clientIp, proto: state.proto, path: a.path, trustedPeer: this.trustedPeer, extraResponseHeaders: v.headers ?? undefined }, (result) => {
+      if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(upstream, result.errorKind)
       if (result.status === 101 && !this.socketClosed) {
         this.open = true
         state.telemetry.websocketsOpen(a.route.name, 1)

@@ -13,7 +13,7 @@ import { PROPAGATING_TRACER, setTrace, traceOf, type RequestTracer, type TraceCo
 export interface Admission {
   readonly route: {
     readonly name: string
-    readonly upstream: string
+    readonly upstream: string | null
   }
   /** Normalized path + raw query. */
   readonly path: string

@@ -24,6 +24,7 @@ import { compileIdentity, type ConsumerDirectory, type IdentityConfig, type Iden
 import { ApiKeyFileError } from './identify/api-key-file.js'
 import { UpstreamPool, type UpstreamConfig } from './proxy/upstream-pool.js'
 import type { HealthCheckConfig } from './proxy/health-check.js'
+import { compileStaticResponse, type StaticResponse } from './proxy/respond.js'
 import { compileCors, CORS_RESPONSE_FIELDS, type CompiledCors } from './router/cors.js'
 import { createForwardPlan, DEFAULT_RETRIES, type BodyHandling, type ForwardPlan, type TunnelHandling, type HeaderRules } from './proxy/forward.js'
 import {
@@ -53,8 +54,12 @@ export interface CompiledRoute {
   readonly websocket: boolean
   /** ";" (path parameters) may appear in the path; otherwise such a request gets 400. */
   readonly allowPathParams: boolean
-  readonly upstream: string
-  readonly forward: ForwardPlan
+  /** The upstream forwarded to; null for a route that answers itself (`respond`). */
+  readonly upstream: string | null
+  /** How requests are forwarded; null for a route that answers itself. */
+  readonly forward: ForwardPlan | null
+  /** The answer of a route with `respond`; null for a route that forwards. */
+  readonly respond: StaticResponse | null
   readonly limits: RouteLimitPlan
   /** The limits of each plan's consumers on this route (issue 9); `limitsFor` picks one. */
   readonly planLimits: ReadonlyMap<string, RouteLimitPlan>
@@ -489,8 +494,9 @@ export async function compileRuntime (
   const routeList: CompiledRoute[] = []
   const gatewayIpAllowed = compileIpRestriction([ipRestrictionOf(config.ipRestriction)])
   config.routes.forEach((route, i) => {
-    const pool = pools.get(route.upstream)
-    const up = upstreams.get(route.upstream)
+    const upstreamName = route.upstream ?? null
+    const pool = upstreamName === null ? null : pools.get(upstreamName)
+    const up = upstreamName === null ? null : upstreams.get(upstreamName)
     if (pool === undefined || up === undefined) return
     const cors = route.cors === undefined ? null : compileCors({
       origins: route.cors.origins,
@@ -509,11 +515,11 @@ export async function compileRuntime (
         if (CORS_RESPONSE_FIELDS.includes(name.toLowerCase())) problems.at(path, `${name} is written by the route's cors for the origins it allows: a header rule cannot set or remove it`)
       }
     }
-    const forward = problems.try(['routes', i, 'headers'], () => createForwardPlan({
+    const forward = pool === null || up === null || upstreamName === null ? null : problems.try(['routes', i, 'headers'], () => createForwardPlan({
       ...body,
       pool,
       idleTimeoutMs: up.idleTimeoutMs ?? up.responseTimeoutMs,
-      retries: config.upstreams[route.upstream]?.retries ?? DEFAULT_RETRIES,
+      retries: config.upstreams[upstreamName]?.retries ?? DEFAULT_RETRIES,
       stripPrefix: route.stripPrefix ?? null,
       underscoresInHeaders: server.underscoresInHeaders,
       responseTimeoutMs: parseDuration(route.timeouts.response),
@@ -523,13 +529,15 @@ export async function compileRuntime (
     }))
     const own = routeLimitOptions(route)
     const limits = problems.try(['routes', i, 'limits'], () => ({ limits: compileRouteLimitPlan(limitOptions, own), planLimits: compilePlanLimits(limitOptions, own) }))
-    if (forward === null || limits === null) return
+    const respond = route.respond === undefined ? null : compileStaticResponse(route.respond)
+    if ((forward === null && respond === null) || limits === null) return
     routeList.push(Object.freeze({
       ...(patterns[i] as RoutePattern & { caseInsensitive: boolean, matchTrailingSlash: boolean }),
       websocket: route.websocket,
       allowPathParams: route.allowPathParams,
-      upstream: route.upstream,
+      upstream: upstreamName,
       forward,
+      respond,
       limits: limits.limits,
       planLimits: limits.planLimits,
       auth: route.auth ?? null,

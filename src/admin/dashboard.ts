@@ -48,7 +48,9 @@ let assets: ReadonlyMap<string, Asset> | null = null
 export interface RouteView {
   name: string
   match: { host: string | null, path: string | null, pathPrefix: string | null, methods: readonly string[] | null, websocket: boolean }
-  upstream: { name: string, targets: string[] }
+  /** null for a route that answers itself (respond: its status is `respond`). */
+  upstream: { name: string, targets: string[] } | null
+  respond: number | null
   limits: Array<Record<string, unknown>>
 }
 
@@ -59,7 +61,8 @@ export function describeRoutes (rt: Runtime): { generation: number, local: unkno
     routes: rt.routeList.map(r => ({
       name: r.name,
       match: { host: r.host ?? null, path: r.path ?? null, pathPrefix: r.pathPrefix ?? null, methods: r.methods ?? null, websocket: r.websocket },
-      upstream: { name: r.upstream, targets: rt.pools.get(r.upstream)?.health().map(t => t.url) ?? [] },
+      upstream: r.upstream === null ? null : { name: r.upstream, targets: rt.pools.get(r.upstream)?.health().map(t => t.url) ?? [] },
+      respond: r.respond?.status ?? null,
       limits: r.limits.all.map(l => ({
         ...describeLimit(l),
         shadow: l.shadow,

@@ -215,7 +215,7 @@ export function applyDefaults (c: GatewayConfig): ResolvedConfig {
       matchTrailingSlash: r.matchTrailingSlash ?? routing.matchTrailingSlash,
       allowPathParams: r.allowPathParams ?? routing.allowPathParams,
       // hasOwn: an unknown upstream named like an Object property ("constructor") is reported, not read
-      timeouts: { response: r.timeouts?.response ?? (Object.hasOwn(upstreams, r.upstream) ? upstreams[r.upstream]?.timeouts.response : undefined) ?? '30s' },
+      timeouts: { response: r.timeouts?.response ?? (r.upstream !== undefined && Object.hasOwn(upstreams, r.upstream) ? upstreams[r.upstream]?.timeouts.response : undefined) ?? '30s' },
       ...(r.limits !== undefined ? { limits: limitSet(r.limits, onError) } : {})
     })) as ResolvedRoute[]
   } as ResolvedConfig

@@ -542,9 +542,12 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
     const prev = names.get(route.name)
     if (prev !== undefined) out.push([['routes', i, 'name'], `duplicate route name "${route.name}" (also routes[${prev}])`])
     names.set(route.name, i)
-    if (!Object.hasOwn(config.upstreams, route.upstream)) {
+    if ((route.upstream === undefined) === (route.respond === undefined)) {
+      out.push([['routes', i], 'a route needs exactly one of "upstream" (forward) or "respond" (the gateway answers)'])
+    } else if (route.upstream !== undefined && !Object.hasOwn(config.upstreams, route.upstream)) {
       out.push([['routes', i, 'upstream'], `unknown upstream "${route.upstream}"`])
     }
+    if (route.respond !== undefined) out.push(...respondChecks(route, ['routes', i]))
     if ((route.path === undefined) === (route.pathPrefix === undefined)) {
       out.push([['routes', i], 'a route needs exactly one of "path" (exact) or "pathPrefix"'])
     }
@@ -704,6 +707,26 @@ const PROXY_KEYWORDS: ReadonlySet<string> = new Set(['loopback', 'linklocal', 'u
  * neighbouring network). `exact` also refuses a CIDR with bits set beyond its prefix, whose range
  * is not the one written ("10.1.2.3/8" is 10.0.0.0/8, a typo for /32 as often as not).
  */
+/** What a route the gateway answers itself cannot also have: settings of a forward it never makes. */
+function respondChecks (route: GatewayConfig['routes'][number], at: KeyPath): Array<[KeyPath, string]> {
+  const out: Array<[KeyPath, string]> = []
+  for (const key of ['websocket', 'stripPrefix', 'timeouts', 'maxBodySize', 'headers'] as const) {
+    if (route[key] !== undefined) out.push([[...at, key], `a route with "respond" forwards nothing: "${key}" has no effect (set the answer's fields in respond.headers)`])
+  }
+  const respond = route.respond
+  if (respond === undefined) return out
+  for (const name of Object.keys(respond.headers ?? {})) {
+    const lower = name.toLowerCase()
+    if (lower === 'content-length' || lower === 'content-type' || HOP_BY_HOP.includes(lower)) {
+      out.push([[...at, 'respond', 'headers', name], lower === 'content-type' ? 'set it with respond.contentType' : `"${name}" is written by the gateway`])
+    }
+  }
+  if ((respond.status === 204 || respond.status === 304) && respond.body !== undefined) {
+    out.push([[...at, 'respond', 'body'], `a ${respond.status} carries no body`])
+  }
+  return out
+}
+
 function addressRangeProblem (text: string, exact: boolean): string | null {
   if (PROXY_KEYWORDS.has(text)) return null
   const refused = `"${text}" is not an IP address, a CIDR (e.g. 10.0.0.0/8, 2001:db8::/32) or one of loopback, linklocal, uniquelocal`

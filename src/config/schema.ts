@@ -222,6 +222,18 @@ const ipRestrictionSchema = z.strictObject({
   deny: z.array(z.string()).optional().describe('clients in these addresses or CIDRs get 403, even when allow lists them')
 }).refine(r => r.allow !== undefined || r.deny !== undefined, { message: 'give "allow", "deny" or both' })
 
+/** The longest body a route's `respond` may hold: it is kept in memory and written whole. */
+export const MAX_RESPOND_BODY = 64 * 1024
+
+// A route the gateway answers itself (src/proxy/respond.ts): after its admission (address,
+// credentials, limits), as a forward would be.
+const respondSchema = z.strictObject({
+  status: z.int().min(200, 'expected a final status, 200 to 599').max(599, 'expected a final status, 200 to 599').describe('the status of every answer'),
+  body: z.string().max(MAX_RESPOND_BODY, `at most ${MAX_RESPOND_BODY} characters`).optional().describe('default none'),
+  contentType: headerValue.min(1).optional().describe('default text/plain; charset=utf-8 when there is a body'),
+  headers: z.record(headerName, headerValue, { error: `not a header name: ${HEADER_NAME_MESSAGE}` }).optional().describe('more response header fields')
+})
+
 export const routeSchema = z.strictObject({
   name: z.string().regex(/^[A-Za-z0-9_.-]+$/, 'expected a name of letters, digits, "_", "." or "-"'),
   host: z.string().regex(/^(\*\.)?[A-Za-z0-9.-]+$/, 'expected a host name, optionally "*.example.com"').optional(),
@@ -230,7 +242,8 @@ export const routeSchema = z.strictObject({
   methods: z.array(z.string().regex(/^[A-Za-z]+$/)).min(1).optional(),
   matchHeaders: z.record(headerName, z.union([z.string({ error: MATCH_VALUE }), z.array(z.string()).min(1), z.boolean()]), { error: `not a header name: ${HEADER_NAME_MESSAGE}` }).optional()
     .describe('request headers the route needs to match: { x-canary: "1", x-version: [v1, v2], x-debug: true (present), x-legacy: false (absent) }'),
-  upstream: z.string(),
+  upstream: z.string().optional().describe('the upstream the route forwards to; a route has an upstream or a respond'),
+  respond: respondSchema.optional().describe('the gateway answers itself, nothing is forwarded (maintenance, a retired path): { status, body, contentType, headers }'),
   stripPrefix: z.string().startsWith('/').optional(),
   websocket: z.boolean().optional(),
   caseInsensitive: z.boolean().optional().describe('match the path ignoring case (/Admin is /admin); default routing.caseInsensitive'),
