@@ -22,11 +22,11 @@ import { compileTrustedPeer, type TrustedPeerCheck } from './proxy/trusted-peer.
 import type { ProxyProtocolPolicy } from './identify/proxy-protocol.js'
 import { compileIdentity, type ConsumerDirectory, type IdentityConfig, type IdentityResolver } from './identify/identity.js'
 import { ApiKeyFileError } from './identify/api-key-file.js'
-import { UpstreamPool, type UpstreamConfig } from './proxy/upstream-pool.js'
+import { DEFAULT_RETRIES, UpstreamPool, type UpstreamConfig } from './proxy/upstream-pool.js'
 import type { HealthCheckConfig } from './proxy/health-check.js'
 import { compileStaticResponse, type StaticResponse } from './proxy/respond.js'
 import { compileCors, CORS_RESPONSE_FIELDS, type CompiledCors } from './router/cors.js'
-import { createForwardPlan, DEFAULT_RETRIES, type BodyHandling, type ForwardPlan, type TunnelHandling, type HeaderRules } from './proxy/forward.js'
+import { createForwardPlan, type BodyHandling, type ForwardPlan, type TunnelHandling, type HeaderRules } from './proxy/forward.js'
 import {
   compileFailurePlan, compilePlanLimits, compileRouteLimitPlan,
   type LimitPlanOptions, type LimitRule, type PlanRules, type RouteLimitOptions, type RouteLimitPlan

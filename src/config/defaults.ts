@@ -8,8 +8,7 @@ import { DEFAULT_REDACT_QUERY } from '../log.js'
 // Values a stage also falls back to when used on its own: defined there once, applied here.
 import { DEFAULT_IPV6_PREFIX } from '../identify/client-ip.js'
 import { DEFAULT_JWT_CLAIM, DEFAULT_JWT_HEADER } from '../identify/identity.js'
-import { DEFAULT_CONSECUTIVE_FAILURES, DEFAULT_MAX_PENDING } from '../proxy/upstream-pool.js'
-import { DEFAULT_RETRIES } from '../proxy/forward.js'
+import { DEFAULT_CONSECUTIVE_FAILURES, DEFAULT_MAX_PENDING, DEFAULT_RETRIES } from '../proxy/upstream-pool.js'
 
 export const DEFAULT_LISTEN = '0.0.0.0:8080'
 export const DEFAULT_ADMIN = '127.0.0.1:9901'

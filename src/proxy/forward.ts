@@ -5,7 +5,7 @@ import { ERRORS, GatewayError, sendError, type ErrorCode } from '../errors.js'
 import { clientResponseHeaders, compileHeaders, upstreamRequestHeaders, withoutContentLength, type CompiledHeaders, type HeaderRules } from './forward-headers.js'
 import { stripPathPrefix } from './forward-path.js'
 import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
-import { UpstreamTarget, type PendingRequest, type PoolWaiter, type UpstreamPool } from './upstream-pool.js'
+import { DEFAULT_RETRIES, UpstreamTarget, type PendingRequest, type PoolWaiter, type UpstreamPool } from './upstream-pool.js'
 import { BodyBudget } from './body-budget.js'
 import { cutByGateway } from './shutdown-cut.js'
 import { sendContinue } from './expect-continue.js'
@@ -58,9 +58,6 @@ export interface TunnelHandling {
 }
 
 export type ForwardPlanOptions = Omit<ForwardPlan, 'headers' | 'idleTimeoutMs' | 'underscoresInHeaders' | 'retries' | keyof BodyHandling | keyof TunnelHandling> & Partial<BodyHandling & TunnelHandling> & { readonly idleTimeoutMs?: number, readonly underscoresInHeaders?: boolean, readonly retries?: number }
-
-/** A request whose connection failed before an answer is sent once more, when that is safe (upstreams.X.retries). */
-export const DEFAULT_RETRIES = 1
 
 /** The one way to make a plan: header rules are compiled here, at config load, not per request. */
 export function createForwardPlan (options: ForwardPlanOptions): ForwardPlan {

@@ -7,6 +7,8 @@ import { HealthChecker, initialActiveHealth, type ActiveHealth, type HealthCheck
 export const DEFAULT_CONSECUTIVE_FAILURES = 5
 /** Requests that may wait for a connection, when not configured (Envoy's max_pending_requests). */
 export const DEFAULT_MAX_PENDING = 1024
+/** A request whose connection failed before an answer is sent once more, when that is safe (upstreams.X.retries). */
+export const DEFAULT_RETRIES = 1
 /** Longest a request waits for a connection, when not configured. */
 export const DEFAULT_QUEUE_TIMEOUT_MS = 10_000
 
