@@ -29,7 +29,7 @@ import { strayRejectionCount } from './stray-rejections.js'
 import { errorBody, writeError, writeRawError, type ErrorCode } from './errors.js'
 import { adminListen } from './config/defaults.js'
 import { waitAtMost } from './wait-at-most.js'
-import { acceptProxyProtocol } from './identify/proxy-protocol.js'
+import { acceptProxyProtocol, type ProxyProtocolListener } from './identify/proxy-protocol.js'
 
 /** The warning about connections closed for want of a PROXY header comes at most this often. */
 const PROXY_PROTOCOL_WARN_EVERY_MS = 10_000
@@ -297,6 +297,8 @@ export class Gateway {
   private readonly retired = new Set<Runtime>()
   private shuttingDown = false
   private readonly sockets = new Set<Socket>()
+  /** Reads the PROXY protocol headers of the listener's connections (its own sockets until then). */
+  private proxyProtocol: ProxyProtocolListener | null = null
   /**
    * Per connection that has sent a request: its responses not closed yet (told to close their
    * connection when draining starts) and what to write once they all have. Kept per connection,
@@ -573,7 +575,7 @@ export class Gateway {
     })
     // after every 'connection' listener above: a PROXY header is read before any of them runs
     let warnedAt = 0
-    acceptProxyProtocol(server, {
+    this.proxyProtocol = acceptProxyProtocol(server, {
       policy: () => this.runtime?.proxyProtocol ?? null,
       refused: (reason, peer) => {
         this.metrics.proxyProtocolRefused(reason)
@@ -772,6 +774,8 @@ export class Gateway {
       }
       const closed = new Promise<void>(resolve => server.close(() => resolve()))
       server.closeIdleConnections()
+      // a connection still owing its PROXY header has sent no request: closed as an idle one is
+      this.proxyProtocol?.closeWaiting()
       // The drain waits for HTTP requests only. server.close() alone would also wait for every open
       // WebSocket (an upgraded socket still counts as a connection), i.e. always the whole budget.
       let drained: () => void = () => {}

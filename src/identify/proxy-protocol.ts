@@ -124,6 +124,15 @@ function takeAddress (socket: Socket, header: ProxyHeader): void {
   Object.defineProperty(socket, 'remoteFamily', { value: isIPv4(header.address) ? 'IPv4' : 'IPv6', configurable: true })
 }
 
+export interface ProxyProtocolListener {
+  /**
+   * Closes the connections still waiting for their header, uncounted (a shutdown: none would be
+   * served). Neither node's HTTP layer nor the gateway holds them yet, so neither closes them, and
+   * each one's timer would keep the process up to proxyProtocol.timeout past "gateway stopped".
+   */
+  readonly closeWaiting: () => void
+}
+
 /**
  * Reads the PROXY header of every connection `server` accepts from a peer the policy names, then
  * hands the connection to the listeners it had (node's HTTP or TLS layer and the gateway's own),
@@ -131,20 +140,22 @@ function takeAddress (socket: Socket, header: ProxyHeader): void {
  * A connection whose header is missing, malformed or late is closed: there is no protocol to
  * answer it in. One from another peer is handed on at once, a header it sends read as HTTP (400).
  */
-export function acceptProxyProtocol (server: NetServer, hooks: ProxyProtocolHooks): void {
+export function acceptProxyProtocol (server: NetServer, hooks: ProxyProtocolHooks): ProxyProtocolListener {
   const listeners = server.listeners('connection') as Array<(socket: Socket) => void>
   server.removeAllListeners('connection')
   const handOn = (socket: Socket): void => {
     for (const listener of listeners) listener.call(server, socket)
   }
   const proxied = new WeakSet<Socket>()
+  // each connection still reading its header, with what closes it
+  const waiting = new Map<Socket, () => void>()
   server.on('connection', (socket: Socket) => {
     // a declined upgrade hands its connection to the server again: its header was read
     if (proxied.has(socket)) return handOn(socket)
     const policy = hooks.policy()
     if (policy === null || !policy.expects(socket.remoteAddress)) return handOn(socket)
     proxied.add(socket)
-    readHeader(socket, policy.timeoutMs, hooks, (header, rest) => {
+    readHeader(socket, policy.timeoutMs, hooks, waiting, (header, rest) => {
       // the listener closed while the header came (a shutdown): nobody serves it now
       if (!server.listening) return socket.destroy()
       takeAddress(socket, header)
@@ -164,12 +175,16 @@ export function acceptProxyProtocol (server: NetServer, hooks: ProxyProtocolHook
       Object.defineProperty(tls, key, { value: raw[key], configurable: true })
     }
   })
+  return {
+    closeWaiting: () => { for (const leave of [...waiting.values()]) leave() }
+  }
 }
 
-function readHeader (socket: Socket, timeoutMs: number, hooks: ProxyProtocolHooks, done: (header: ProxyHeader, rest: Buffer) => void): void {
+function readHeader (socket: Socket, timeoutMs: number, hooks: ProxyProtocolHooks, waiting: Map<Socket, () => void>, done: (header: ProxyHeader, rest: Buffer) => void): void {
   let buf: Buffer = Buffer.alloc(0)
   const peer = socket.remoteAddress
   const stop = (): void => {
+    waiting.delete(socket)
     clearTimeout(timer)
     socket.off('data', onData)
     socket.off('error', leave)
@@ -196,6 +211,7 @@ function readHeader (socket: Socket, timeoutMs: number, hooks: ProxyProtocolHook
     socket.destroy()
   }
   const timer = setTimeout(() => refuse('timeout'), timeoutMs)
+  waiting.set(socket, leave)
   socket.on('data', onData)
   socket.on('error', leave)
   socket.on('end', leave)
