@@ -48,6 +48,11 @@ t.test('the header, read as the specification writes it (pure)', async t => {
   t.same(parseProxyHeader(Buffer.concat([four, Buffer.from('GET')])), { state: 'done', header: { kind: 'proxied', address: '198.51.100.9', port: 40000 }, length: four.length }, 'v2 over IPv4, a TLV skipped')
   for (let i = 1; i < four.length; i++) t.same(parseProxyHeader(four.subarray(0, i)).state, 'incomplete', `${i} bytes of a v2 block: incomplete`)
   t.same(parseProxyHeader(v2Ipv6([0x20, 0x01, 0x0d, 0xb8], 8443)), { state: 'done', header: { kind: 'proxied', address: '2001:db8::1', port: 8443 }, length: 52 }, 'v2 over IPv6')
+  // a dual-stack balancer's IPv4 client, spelt as node spells such a peer of its own
+  t.same(parseProxyHeader(v2Ipv6([...Array(10).fill(0), 0xff, 0xff, 203, 0, 113], 1)), { state: 'done', header: { kind: 'proxied', address: '::ffff:203.0.113.1', port: 1 }, length: 52 }, 'v2: an IPv4-mapped address')
+  for (const text of ['::ffff:203.0.113.20', '::FFFF:cb00:7114', '0:0:0:0:0:ffff:cb00:7114']) {
+    t.match(parseProxyHeader(Buffer.from(`PROXY TCP6 ${text} ::1 1 2\r\n`)), { header: { address: '::ffff:203.0.113.20' } }, `v1: ${text}`)
+  }
   t.same(parseProxyHeader(v2(0, 0x11, Array(12).fill(1))), { state: 'done', header: { kind: 'local' }, length: 28 }, 'LOCAL: the balancer\'s own connection')
   t.same(parseProxyHeader(v2(1, 0x00, [])), { state: 'done', header: { kind: 'local' }, length: 16 }, 'UNSPEC: no client address')
   t.same(parseProxyHeader(v2(1, 0x11, [1, 2, 3])), { state: 'invalid', reason: 'malformed' }, 'an IPv4 block too short for its addresses')
@@ -125,7 +130,12 @@ t.test('trustedProxies applies to the client the header names, as to a direct pe
   t.equal(forwardedFor(viaProxy.replies[0]), '198.51.100.3, 203.0.113.20', 'the chain of the trusted proxy, with it appended')
   const direct = await exchange(port, ['PROXY TCP4 198.51.100.50 10.0.0.1 1 80\r\n' + 'GET /direct HTTP/1.1\r\nHost: gw\r\nX-Forwarded-For: 10.9.9.9\r\nConnection: close\r\n\r\n'])
   t.equal(forwardedFor(direct.replies[0]), '198.51.100.50', 'a client that is no trusted proxy: its own chain is dropped')
-  t.same(gw.lines.filter(l => l.msg === 'request').map(l => [l.path, l.ip]), [['/via', '198.51.100.3'], ['/direct', '198.51.100.50']])
+  // the same proxy named by a dual-stack balancer (v2, IPv6 family, IPv4-mapped): appended as the
+  // IPv4 address it is, as for a peer node itself reports as ::ffff:a.b.c.d
+  const mapped = v2Ipv6([...Array(10).fill(0), 0xff, 0xff, 203, 0, 113], 1)
+  const viaMapped = await exchange(port, [Buffer.concat([mapped, Buffer.from('GET /mapped HTTP/1.1\r\nHost: gw\r\nX-Forwarded-For: 198.51.100.3\r\nConnection: close\r\n\r\n')])])
+  t.equal(forwardedFor(viaMapped.replies[0]), '198.51.100.3, 203.0.113.1')
+  t.same(gw.lines.filter(l => l.msg === 'request').map(l => [l.path, l.ip]), [['/via', '198.51.100.3'], ['/direct', '198.51.100.50'], ['/mapped', '198.51.100.3']])
 })
 
 t.test('the header may come in pieces, and a LOCAL one leaves the balancer as the client', async t => {

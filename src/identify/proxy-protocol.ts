@@ -69,9 +69,17 @@ function parseV1 (buf: Buffer): ProxyHeaderParse {
   const isFamily = family === 'TCP4' ? isIPv4 : family === 'TCP6' ? isIPv6 : null
   if (isFamily === null || !isFamily(source) || !isFamily(destination)) return invalid('malformed')
   if (!PORT.test(sourcePort) || !PORT.test(destinationPort) || Number(sourcePort) > 65535 || Number(destinationPort) > 65535) return invalid('malformed')
-  // one spelling of each address, as node writes a peer's: the ip limits key on the text
-  const address = family === 'TCP6' ? ipaddr.IPv6.parse(source).toString() : source
+  const address = family === 'TCP6' ? ipv6Text(ipaddr.IPv6.parse(source)) : source
   return { state: 'done', header: { kind: 'proxied', address, port: Number(sourcePort) }, length }
+}
+
+/**
+ * One spelling of each address, as node writes a peer's: the ip limits key on the text. An
+ * IPv4-mapped one (a dual-stack balancer's IPv4 client) as node's ::ffff:a.b.c.d, which every
+ * stage reads as the IPv4 client (ipaddr's ::ffff:cb00:7114 reached X-Forwarded-For as such).
+ */
+function ipv6Text (address: ipaddr.IPv6): string {
+  return address.isIPv4MappedAddress() ? `::ffff:${address.toIPv4Address().toString()}` : address.toString()
 }
 
 function parseV2 (buf: Buffer): ProxyHeaderParse {
@@ -94,7 +102,7 @@ function parseV2 (buf: Buffer): ProxyHeaderParse {
   }
   if (stream && family === 2) {
     if (length < 16 + 36) return invalid('malformed')
-    const address = ipaddr.fromByteArray([...buf.subarray(16, 32)]).toString()
+    const address = ipv6Text(new ipaddr.IPv6([...buf.subarray(16, 32)]))
     return { state: 'done', header: { kind: 'proxied', address, port: buf.readUInt16BE(48) }, length }
   }
   // UNSPEC, a Unix socket or a datagram: no address of the kind a TCP client has; the connection
