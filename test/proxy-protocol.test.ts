@@ -11,7 +11,8 @@ import { readFileSync, writeFileSync } from 'node:fs'
 import { once } from 'node:events'
 import { spawnGateway, startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
-import { makeRedisTlsCerts } from './helpers/redis.js'
+import { makeRedisTlsCerts, startRedis } from './helpers/redis.js'
+import { twoWorkers } from './helpers/workers.js'
 import { parseResponses, type RawReply } from './helpers/raw-http.js'
 import { gateway } from './helpers/cli.js'
 import { tempDir } from './helpers/teardown.js'
@@ -258,6 +259,53 @@ t.test('TLS: the header comes before the handshake, and the requests of the TLS 
   t.equal(reply?.status, 200)
   t.equal(forwardedFor(reply), '203.0.113.10')
   t.match(gw.lines.find(l => l.msg === 'request'), { path: '/tls', ip: '203.0.113.10' })
+})
+
+t.test('workers: 2 (bin/gateway, Redis): each worker reads the header; the client it names is the one the shared ip limit counts, the upstream is told and the log shows', async t => {
+  const redis = await startRedis(t)
+  const up = await startUpstream(t)
+  // exact counts: 2 s, not the default 50 ms (startRedis in test/helpers/redis.ts says why)
+  const r = await twoWorkers(t, yaml(up.url, `workers: 2\nredis: { url: ${redis.url}, timeout: 2s }\n`))
+  // one connection each, as a balancer opens them: node's cluster hands them to the workers in turn
+  const replies: Array<[number | undefined, unknown]> = []
+  for (const [i, client] of ['203.0.113.21', '203.0.113.22', '203.0.113.21', '203.0.113.22', '203.0.113.21'].entries()) {
+    const { replies: [reply] } = await exchange(r.gw.port, [`PROXY TCP4 ${client} 10.0.0.1 ${i + 1} 80\r\n` + get(`/w${i}`)])
+    replies.push([reply?.status, forwardedFor(reply)])
+  }
+  t.same(replies, [[200, '203.0.113.21'], [200, '203.0.113.22'], [200, '203.0.113.21'], [200, '203.0.113.22'], [429, undefined]], 'the third request of .21 is over its limit of 2, whichever worker counted the first two')
+  const missing = await exchange(r.gw.port, [get('/m')])
+  t.equal(missing.text, '', 'a connection without a header is closed by the worker too')
+  for (let i = 0; i < 5; i++) await r.gw.waitForLog(l => l.msg === 'request' && l.path === `/w${i}`)
+  const logged = r.gw.logs.filter(l => l.msg === 'request')
+  t.same(logged.map(l => [l.path, l.ip]).sort(), [['/w0', '203.0.113.21'], ['/w1', '203.0.113.22'], ['/w2', '203.0.113.21'], ['/w3', '203.0.113.22'], ['/w4', '203.0.113.21']])
+  t.equal(new Set(logged.map(l => l.pid)).size, 2, 'both workers served some')
+  t.equal(await metric(r.adminUrl, 'missing'), 1, 'the refusal is in the primary\'s /metrics')
+})
+
+t.test('a WebSocket upgrade on a proxied connection: the upstream\'s handshake carries the client, the ip limit and the log have it', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, yaml(up.url, '', 1).replace('    upstream: backend\n', '    upstream: backend\n    websocket: true\n'))
+  const port = portOf(gw.url)
+  const upgrade = (path: string): string => `GET ${path} HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n`
+  const socket = connect(port, '127.0.0.1')
+  socket.on('error', () => {})
+  await once(socket, 'connect')
+  socket.write('PROXY TCP4 203.0.113.30 10.0.0.1 1 80\r\n' + upgrade('/ws'))
+  const [head] = await once(socket, 'data') as [Buffer]
+  t.match(head.toString('latin1'), /^HTTP\/1\.1 101 /)
+  t.equal(up.upgrades[0]?.headers['x-forwarded-for'], '203.0.113.30')
+  socket.destroy()
+  const second = await exchange(port, ['PROXY TCP4 203.0.113.30 10.0.0.1 2 80\r\n' + upgrade('/ws2')])
+  t.equal(second.replies[0]?.status, 429, 'the same client on another connection: its ip limit of 1 counted the upgrade')
+  const other = connect(port, '127.0.0.1')
+  other.on('error', () => {})
+  await once(other, 'connect')
+  other.write('PROXY TCP4 203.0.113.31 10.0.0.1 3 80\r\n' + upgrade('/ws3'))
+  const [otherHead] = await once(other, 'data') as [Buffer]
+  t.match(otherHead.toString('latin1'), /^HTTP\/1\.1 101 /, 'another client behind the balancer has its own budget')
+  other.destroy()
+  t.same(up.upgrades.map(u => u.headers['x-forwarded-for']), ['203.0.113.30', '203.0.113.31'])
+  t.same(gw.lines.filter(l => l.msg === 'request').map(l => [l.path, l.ip]), [['/ws', '203.0.113.30'], ['/ws2', '203.0.113.30'], ['/ws3', '203.0.113.31']])
 })
 
 t.test('a reload takes proxyProtocol on and off for the connections that follow', async t => {
