@@ -56,6 +56,10 @@ t.test('the header, read as the specification writes it (pure)', async t => {
   }
   t.same(parseProxyHeader(v2(0, 0x11, Array(12).fill(1))), { state: 'done', header: { kind: 'local' }, length: 28 }, 'LOCAL: the balancer\'s own connection')
   t.same(parseProxyHeader(v2(1, 0x00, [])), { state: 'done', header: { kind: 'local' }, length: 16 }, 'UNSPEC: no client address')
+  t.same(parseProxyHeader(v2(1, 0x31, Array(216).fill(0x61))), { state: 'done', header: { kind: 'local' }, length: 232 }, 'a Unix socket (stream): no client address')
+  t.same(parseProxyHeader(v2(1, 0x12, [198, 51, 100, 9, 10, 0, 0, 1, 0, 53, 0, 53])), { state: 'done', header: { kind: 'local' }, length: 28 }, 'UDP over IPv4: not a TCP client')
+  t.same(parseProxyHeader(v2(1, 0x22, Array(36).fill(1))), { state: 'done', header: { kind: 'local' }, length: 52 }, 'UDP over IPv6: not a TCP client')
+  t.same(parseProxyHeader(v2Ipv4([198, 51, 100, 9], 0)), { state: 'done', header: { kind: 'proxied', address: '198.51.100.9', port: 0 }, length: 28 }, 'port 0 is a port')
   t.same(parseProxyHeader(v2(1, 0x11, [1, 2, 3])), { state: 'invalid', reason: 'malformed' }, 'an IPv4 block too short for its addresses')
   t.same(parseProxyHeader(Buffer.from([...SIGNATURE, 0x11, 0x11, 0, 0])), { state: 'invalid', reason: 'malformed' }, 'version 1 in a v2 block')
   t.same(parseProxyHeader(Buffer.from([...SIGNATURE, 0x22, 0x11, 0, 0])), { state: 'invalid', reason: 'malformed' }, 'an unknown command')
@@ -239,6 +243,16 @@ t.test('a peer proxyProtocol does not name is served as it comes; a header it se
   t.equal(forged.replies[0]?.status, 400, 'a client cannot name itself someone else')
   t.equal(forged.replies[0]?.json?.error, 'GW_ERR_BAD_REQUEST')
   t.equal(up.log.includes('/forged'), false)
+})
+
+t.test('a dual-stack listener: a balancer node reports as ::ffff:127.0.0.1 is the 127.0.0.1 that from names', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, yaml(up.url, '', 100).replace('listen: 127.0.0.1:0', 'listen: "[::]:0"'))
+  const port = portOf(gw.url)
+  const proxied = await exchange(port, ['PROXY TCP4 203.0.113.40 10.0.0.1 1 80\r\n' + get('/dual')])
+  t.equal(forwardedFor(proxied.replies[0]), '203.0.113.40')
+  t.equal((await exchange(port, [get('/dual-missing')])).text, '', 'without a header: closed')
+  t.equal(forwardedFor((await exchange(port, [get('/dual-other')], '127.0.0.2')).replies[0]), '127.0.0.2', 'a peer from does not name: served as it comes')
 })
 
 t.test('TLS: the header comes before the handshake, and the requests of the TLS connection carry its client', async t => {
