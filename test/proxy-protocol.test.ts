@@ -39,7 +39,7 @@ t.test('the header, read as the specification writes it (pure)', async t => {
   t.same(parseProxyHeader(Buffer.from('PROXY TCP4 ' + '1'.repeat(V1_MAX_LENGTH))), { state: 'invalid', reason: 'malformed' }, 'no CRLF within 107 bytes')
   for (const bad of ['PROXY TCP4 203.0.113 10.0.0.1 1 2\r\n', 'PROXY TCP4 2001:db8::7 10.0.0.1 1 2\r\n', 'PROXY TCP6 203.0.113.7 2001:db8::1 1 2\r\n',
     'PROXY TCP4 203.0.113.7 10.0.0.1 65536 443\r\n', 'PROXY TCP4 203.0.113.7 10.0.0.1 0443 443\r\n', 'PROXY TCP4 203.0.113.7 10.0.0.1 1\r\n',
-    'PROXY UDP4 203.0.113.7 10.0.0.1 1 2\r\n', 'PROXY TCP4  203.0.113.7 10.0.0.1 1 2\r\n']) {
+    'PROXY UDP4 203.0.113.7 10.0.0.1 1 2\r\n', 'PROXY TCP4  203.0.113.7 10.0.0.1 1 2\r\n', 'PROXY TCP6 fe80::7%eth0 fe80::1 1 2\r\n']) {
     t.same(parseProxyHeader(Buffer.from(bad)), { state: 'invalid', reason: 'malformed' }, JSON.stringify(bad))
   }
   t.same(parseProxyHeader(Buffer.from('GET / HTTP/1.1\r\n')), { state: 'invalid', reason: 'missing' }, 'HTTP where the header belongs')
@@ -63,6 +63,10 @@ t.test('the header, read as the specification writes it (pure)', async t => {
   t.same(parseProxyHeader(v2(1, 0x11, [1, 2, 3])), { state: 'invalid', reason: 'malformed' }, 'an IPv4 block too short for its addresses')
   t.same(parseProxyHeader(Buffer.from([...SIGNATURE, 0x11, 0x11, 0, 0])), { state: 'invalid', reason: 'malformed' }, 'version 1 in a v2 block')
   t.same(parseProxyHeader(Buffer.from([...SIGNATURE, 0x22, 0x11, 0, 0])), { state: 'invalid', reason: 'malformed' }, 'an unknown command')
+  for (const familyProtocol of [0x01, 0x10, 0x13, 0x41]) {
+    t.same(parseProxyHeader(v2(1, familyProtocol, Array(12).fill(1))), { state: 'invalid', reason: 'malformed' }, `family and protocol 0x${familyProtocol.toString(16)}: the specification has it rejected`)
+  }
+  t.same(parseProxyHeader(v2(0, 0x41, [])), { state: 'done', header: { kind: 'local' }, length: 16 }, 'LOCAL: the family is ignored, as the specification says')
   const long = V2_MAX_LENGTH - 16 + 1
   t.same(parseProxyHeader(Buffer.from([...SIGNATURE, 0x21, 0x11, long >> 8, long & 0xff])), { state: 'invalid', reason: 'malformed' }, 'a block longer than the bound is refused before its bytes come')
 })

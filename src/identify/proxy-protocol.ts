@@ -33,6 +33,8 @@ const V2_SIGNATURE = Buffer.from([0x0d, 0x0a, 0x0d, 0x0a, 0x00, 0x0d, 0x0a, 0x51
  */
 export const V2_MAX_LENGTH = 16 + 2048
 
+const V2_FAMILY_PROTOCOLS: ReadonlySet<number> = new Set([0x00, 0x11, 0x12, 0x21, 0x22, 0x31, 0x32])
+
 const INCOMPLETE: ProxyHeaderParse = Object.freeze({ state: 'incomplete' })
 const LOCAL: ProxyHeader = Object.freeze({ kind: 'local' })
 
@@ -67,7 +69,9 @@ function parseV1 (buf: Buffer): ProxyHeaderParse {
   if (fields.length !== 6) return invalid('malformed')
   const [, family, source, destination, sourcePort, destinationPort] = fields as [string, string, string, string, string, string]
   const isFamily = family === 'TCP4' ? isIPv4 : family === 'TCP6' ? isIPv6 : null
-  if (isFamily === null || !isFamily(source) || !isFamily(destination)) return invalid('malformed')
+  // node's isIPv6 takes a zone (fe80::1%eth0), which names an interface of the balancer's and is
+  // no part of the line's address (inet_ntop's text)
+  if (isFamily === null || !isFamily(source) || !isFamily(destination) || source.includes('%') || destination.includes('%')) return invalid('malformed')
   if (!PORT.test(sourcePort) || !PORT.test(destinationPort) || Number(sourcePort) > 65535 || Number(destinationPort) > 65535) return invalid('malformed')
   const address = family === 'TCP6' ? ipv6Text(ipaddr.IPv6.parse(source)) : source
   return { state: 'done', header: { kind: 'proxied', address, port: Number(sourcePort) }, length }
@@ -94,6 +98,9 @@ function parseV2 (buf: Buffer): ProxyHeaderParse {
   // LOCAL: the balancer's own connection (its health check); the addresses are to be ignored
   if (command === 0) return { state: 'done', header: LOCAL, length }
   const familyProtocol = buf[13] as number
+  // the specification's seven pairs (UNSPEC, or TCP or UDP over IPv4, IPv6, a Unix socket); it
+  // has a receiver reject every other byte, not take it for a connection without an address
+  if (!V2_FAMILY_PROTOCOLS.has(familyProtocol)) return invalid('malformed')
   const stream = (familyProtocol & 0x0f) === 1
   const family = familyProtocol >> 4
   if (stream && family === 1) {
