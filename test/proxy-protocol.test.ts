@@ -168,6 +168,22 @@ t.test('the header may come in pieces, and a LOCAL one leaves the balancer as th
   t.equal(forwardedFor(local.replies[0]), '127.0.0.1', 'LOCAL: the peer\'s own address')
 })
 
+t.test('after the header, the connection is HTTP\'s: a large first write is the request, and a silence is server.headersTimeout\'s', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, yaml(up.url, 'server: { headersTimeout: 1s }\n', 100).replace('timeout: 500ms', 'timeout: 20s'))
+  const port = portOf(gw.url)
+  // one write: the header, a request head and 1 MiB of body (the socket reads it 64 KiB at a time)
+  const body = Buffer.alloc(1024 * 1024, 'b')
+  const large = await exchange(port, [Buffer.concat([Buffer.from(`PROXY TCP4 203.0.113.50 10.0.0.1 1 80\r\nPOST /upload HTTP/1.1\r\nHost: gw\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n`), body])])
+  t.equal(large.replies[0]?.status, 200)
+  t.same(large.replies[0]?.json, { bytes: body.length }, 'every byte reached the upstream')
+  const started = Date.now()
+  const silent = await exchange(port, ['PROXY TCP4 203.0.113.51 10.0.0.1 1 80\r\n'])
+  t.equal(silent.replies[0]?.status, 408, 'a header and then nothing: the 408 of headersTimeout')
+  t.ok(Date.now() - started < 5000, `within about headersTimeout (1 s), not proxyProtocol.timeout (20 s): ${Date.now() - started} ms`)
+  t.equal(await metric(gw.adminUrl, 'timeout'), 0, 'not a refused header')
+})
+
 t.test('a connection from a proxyProtocol peer without a valid header is closed unanswered, counted and warned of', async t => {
   const up = await startUpstream(t)
   const gw = await startGateway(t, yaml(up.url))
