@@ -210,6 +210,25 @@ t.test('a connection from a proxyProtocol peer without a valid header is closed 
   t.equal(await metric(gw.adminUrl, 'timeout'), 1, 'a connection that leaves before sending anything is not counted')
 })
 
+t.test('a header dribbled a byte at a time is still bound by timeout, counted from the connection', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, yaml(up.url))
+  const socket = connect(portOf(gw.url), '127.0.0.1')
+  socket.on('error', () => {})
+  await once(socket, 'connect')
+  const started = Date.now()
+  // a byte every 50 ms: each within the 500 ms, the whole line (39 bytes) about 2 s
+  const line = 'PROXY TCP4 203.0.113.60 10.0.0.1 1 80\r\n'
+  let sent = 0
+  const dribble = setInterval(() => { if (sent < line.length && !socket.destroyed) socket.write(line[sent++] as string) }, 50)
+  await Promise.race([once(socket, 'close'), new Promise(resolve => setTimeout(resolve, 3000))])
+  clearInterval(dribble)
+  socket.destroy()
+  const elapsed = Date.now() - started
+  t.ok(elapsed >= 400 && elapsed < 1500, `closed after about the 500 ms timeout: ${elapsed} ms`)
+  t.equal(await metric(gw.adminUrl, 'timeout'), 1)
+})
+
 t.test('a header that would complete once the gateway is shutting down: the connection is closed unserved', async t => {
   const up = await startUpstream(t)
   const gw = await startGateway(t, yaml(up.url))
