@@ -20,7 +20,7 @@ import { parseProxyHeader, V1_MAX_LENGTH, V2_MAX_LENGTH } from '../src/identify/
 
 const SIGNATURE = [0x0d, 0x0a, 0x0d, 0x0a, 0x00, 0x0d, 0x0a, 0x51, 0x55, 0x49, 0x54, 0x0a]
 
-/** A version 2 block: command 1 (PROXY) or 0 (LOCAL), family/protocol byte, the address bytes and any TLVs. */
+/** A version 2 block: command 1 (PROXY) or 0 (LOCAL), family/protocol byte, the address bytes and the TLVs given. */
 function v2 (command: number, familyProtocol: number, body: number[]): Buffer {
   return Buffer.from([...SIGNATURE, 0x20 | command, familyProtocol, body.length >> 8, body.length & 0xff, ...body])
 }
@@ -46,7 +46,7 @@ t.test('the header, read as the specification writes it (pure)', async t => {
   t.same(parseProxyHeader(Buffer.from([0x16, 0x03, 0x01])), { state: 'invalid', reason: 'missing' }, 'a TLS handshake where the header belongs')
 
   const four = v2Ipv4([198, 51, 100, 9], 40000, [0x04, 0x00, 0x03, 1, 2, 3])
-  t.same(parseProxyHeader(Buffer.concat([four, Buffer.from('GET')])), { state: 'done', header: { kind: 'proxied', address: '198.51.100.9', port: 40000 }, length: four.length }, 'v2 over IPv4, a TLV skipped')
+  t.same(parseProxyHeader(Buffer.concat([four, Buffer.from('GET')])), { state: 'done', header: { kind: 'proxied', address: '198.51.100.9', port: 40000 }, length: four.length }, 'v2 over IPv4, a TLV passed over')
   for (let i = 1; i < four.length; i++) t.same(parseProxyHeader(four.subarray(0, i)).state, 'incomplete', `${i} bytes of a v2 block: incomplete`)
   t.same(parseProxyHeader(v2Ipv6([0x20, 0x01, 0x0d, 0xb8], 8443)), { state: 'done', header: { kind: 'proxied', address: '2001:db8::1', port: 8443 }, length: 52 }, 'v2 over IPv6')
   // a dual-stack balancer's IPv4 client, spelt as node spells such a peer of its own
@@ -206,8 +206,13 @@ t.test('a connection from a proxyProtocol peer without a valid header is closed 
   await once(probe, 'connect')
   probe.end()
   await once(probe, 'close')
+  // and one that leaves half-way through its header
+  const half = connect(port, '127.0.0.1')
+  await once(half, 'connect')
+  half.end('PROXY TCP4 203.0.113.7')
+  await once(half, 'close')
   await new Promise(resolve => setTimeout(resolve, 700))
-  t.equal(await metric(gw.adminUrl, 'timeout'), 1, 'a connection that leaves before sending anything is not counted')
+  t.same([await metric(gw.adminUrl, 'missing'), await metric(gw.adminUrl, 'malformed'), await metric(gw.adminUrl, 'timeout')], [1, 1, 1], 'a connection that leaves before a whole header is not counted')
 })
 
 t.test('a header dribbled a byte at a time is still bound by timeout, counted from the connection', async t => {

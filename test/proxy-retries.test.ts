@@ -1,6 +1,6 @@
 // upstreams.X.retries: how many times a request whose connection failed before an answer is sent
 // again (default 1; 0 never; at most 5), under the same rules as the one retry: a refused
-// connection carried nothing, a reset one only for an idempotent method with a body held whole.
+// connection carried nothing, a reset one for an idempotent method with a body held whole, and no other.
 // Targets are chosen by smooth weighted round robin, first target first, so the order of attempts
 // below is the balancer's, not chance. Each failed attempt counts in gateway_upstream_errors_total.
 import t from 'tap'
@@ -60,7 +60,7 @@ t.test('retries: 0 sends a request once: a refused connection is the client\'s 5
   t.equal(good.seen, 1)
 })
 
-t.test('resets: a lone target is asked again up to retries times, an idempotent request only', async t => {
+t.test('resets: a lone target is asked again up to retries times, never a POST', async t => {
   // closes the connection of its first two requests, answers from the third on
   const flaky = (): (req: IncomingMessage, res: ServerResponse, nth: number) => void => (req, res, nth) => {
     if (nth <= 2) req.socket.destroy()

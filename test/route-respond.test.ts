@@ -45,7 +45,7 @@ t.test('the route\'s answer, with what the request adds; nothing forwarded', asy
   t.match(res.headers.ratelimit, /^"maintenance\.ip";r=2;t=\d+$/, 'the RateLimit fields of the limit it was admitted under (3, one spent)')
   t.equal(res.headers['access-control-allow-origin'], 'https://app.example.com', 'the route\'s CORS fields')
   const preflight = await request(gw.url + '/shop/cart', { method: 'OPTIONS', headers: { origin: 'https://app.example.com', 'access-control-request-method': 'GET' } })
-  t.same([preflight.statusCode, preflight.headers['access-control-allow-origin']], [204, 'https://app.example.com'], 'a CORS preflight is answered as on any cors route')
+  t.same([preflight.statusCode, preflight.headers['access-control-allow-origin']], [204, 'https://app.example.com'], 'a CORS preflight is answered as on every cors route')
   await preflight.body.dump()
   const head = await request(gw.url + '/shop/cart', { method: 'HEAD' })
   t.equal(head.statusCode, 503)

@@ -171,8 +171,6 @@ export function acceptProxyProtocol (server: NetServer, hooks: ProxyProtocolHook
     if (policy === null || !policy.expects(socket.remoteAddress)) return handOn(socket)
     proxied.add(socket)
     readHeader(socket, policy.timeoutMs, hooks, waiting, (header, rest) => {
-      // the listener closed while the header came (a shutdown): nobody serves it now
-      if (!server.listening) return socket.destroy()
       takeAddress(socket, header)
       socket.pause()
       if (rest.length > 0) socket.unshift(rest)
