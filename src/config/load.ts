@@ -698,15 +698,6 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
   return out
 }
 
-/** `refusal` at `path` when `url` holds a user name or password; a URL that does not parse is quoted without them. */
-const PROXY_KEYWORDS: ReadonlySet<string> = new Set(['loopback', 'linklocal', 'uniquelocal'])
-
-/**
- * Why `text` is not an address range proxy-addr takes as meant: one of its keywords, an address or
- * a CIDR, IPv4 in four decimal parts only (ipaddr.js also reads "192.168.1/24" as 192.168.0.1/24, a
- * neighbouring network). `exact` also refuses a CIDR with bits set beyond its prefix, whose range
- * is not the one written ("10.1.2.3/8" is 10.0.0.0/8, a typo for /32 as often as not).
- */
 /** What a route the gateway answers itself cannot also have: settings of a forward it never makes. */
 function respondChecks (route: GatewayConfig['routes'][number], at: KeyPath): Array<[KeyPath, string]> {
   const out: Array<[KeyPath, string]> = []
@@ -727,6 +718,14 @@ function respondChecks (route: GatewayConfig['routes'][number], at: KeyPath): Ar
   return out
 }
 
+const PROXY_KEYWORDS: ReadonlySet<string> = new Set(['loopback', 'linklocal', 'uniquelocal'])
+
+/**
+ * Why `text` is not an address range proxy-addr takes as meant: one of its keywords, an address or
+ * a CIDR, IPv4 in four decimal parts only (ipaddr.js also reads "192.168.1/24" as 192.168.0.1/24, a
+ * neighbouring network). `exact` also refuses a CIDR with bits set beyond its prefix, whose range
+ * is not the one written ("10.1.2.3/8" is 10.0.0.0/8, a typo for /32 as often as not).
+ */
 function addressRangeProblem (text: string, exact: boolean): string | null {
   if (PROXY_KEYWORDS.has(text)) return null
   const refused = `"${text}" is not an IP address, a CIDR (e.g. 10.0.0.0/8, 2001:db8::/32) or one of loopback, linklocal, uniquelocal`
@@ -745,6 +744,7 @@ function addressRangeProblem (text: string, exact: boolean): string | null {
   return `"${text}" has bits set beyond its /${bits}: write ${network.toString()}/${bits} for that network, or /${v4 ? 32 : 128} for the one address`
 }
 
+/** `refusal` at `path` when `url` holds a user name or password; a URL that does not parse is quoted without them. */
 function urlCredentialChecks (url: string, path: KeyPath, refusal: string): Array<[KeyPath, string]> {
   try {
     const u = new URL(url)
