@@ -708,7 +708,8 @@ function respondChecks (route: GatewayConfig['routes'][number], at: KeyPath): Ar
   if (respond === undefined) return out
   for (const name of Object.keys(respond.headers ?? {})) {
     const lower = name.toLowerCase()
-    if (lower === 'content-length' || lower === 'content-type' || HOP_BY_HOP.includes(lower)) {
+    // the fields a response header rule may not set either (framing, hop-by-hop), and Content-Type
+    if (lower === 'content-type' || headerRuleProblem('response', 'set', lower) !== null) {
       out.push([[...at, 'respond', 'headers', name], lower === 'content-type' ? 'set it with respond.contentType' : `"${name}" is written by the gateway`])
     }
   }
