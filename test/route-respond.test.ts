@@ -9,6 +9,7 @@ import { startGateway, writeConfig } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { gateway, explainOutput } from './helpers/cli.js'
 import { tempDir } from './helpers/teardown.js'
+import { parseResponses, rawConnection } from './helpers/raw-http.js'
 
 const yaml = (up: string): string => `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
@@ -72,6 +73,23 @@ t.test('the route\'s answer, with what the request adds; nothing forwarded', asy
   t.match(lines.find(l => l.method === 'HEAD'), { status: 503, outcome: 'responded', bytesOut: 0 }, 'a HEAD sent no body')
   t.notOk('target' in (lines[0] as object), 'no target')
   t.match(lines.find(l => l.route === 'members' && l.status === 200), { outcome: 'responded', user: 'alice' })
+})
+
+t.test('a request body is read and dropped: the connection serves the next request', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, yaml(up.url))
+  const c = rawConnection(gw.port)
+  // 1 MiB of body by length, then 1 MiB chunked, then a GET: each after the body on one connection
+  const mib = 'x'.repeat(1 << 20)
+  c.send(`POST /v1/old HTTP/1.1\r\nHost: a\r\nContent-Length: ${mib.length}\r\n\r\n${mib}`)
+  c.send(`POST /v1/old HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n${(mib.length).toString(16)}\r\n${mib}\r\n0\r\n\r\n`)
+  c.send('GET /v1/old HTTP/1.1\r\nHost: a\r\n\r\n')
+  const replies = parseResponses(await c.untilText(/(HTTP\/1\.1 410[^]*){3}/))
+  t.same(replies.map(r => r.status), [410, 410, 410], 'three answers on one connection')
+  t.same(replies.map(r => r.headers.connection), ['keep-alive', 'keep-alive', 'keep-alive'], 'none closes it')
+  const lines = gw.lines.filter(l => l.msg === 'request')
+  t.same(lines.map(l => `${String(l.method)} ${String(l.status)}`), ['POST 410', 'POST 410', 'GET 410'], 'each logged once, the body no request of its own')
+  t.same(up.log, [], 'nothing reached the upstream')
 })
 
 t.test('a 204 carries neither body nor Content-Length; /routes and explain tell a respond route', async t => {
