@@ -97,6 +97,10 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
     return lines.concat(`route:   ${preflightRoute.name} -> CORS preflight for ${asked}: ${result}; not forwarded, no credentials checked, no limit charged`, '').join('\n')
   }
   const route = rt.routes.match(host, method, normalized.path, headers)
+  // as src/pipeline.ts: a client the gateway-wide ipRestriction refuses is told no route's absence
+  if (rt.ipAllowed !== null && !rt.ipAllowed(client.ip) && (route === null || (!route.allowPathParams && normalized.path.includes(';')))) {
+    return lines.concat(`route:   ${route?.name ?? 'none'} -> 403 GW_ERR_IP_FORBIDDEN (client ip ${client.ip} is not let through by the gateway's ipRestriction)`, '').join('\n')
+  }
   if (route === null) {
     const allow = rt.routes.allowedMethods(host, normalized.path, headers)
     if (allow !== null) return lines.concat(`route:   none for ${method} -> 405 GW_ERR_METHOD_NOT_ALLOWED (Allow: ${allow.join(', ')})`, '').join('\n')

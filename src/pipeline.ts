@@ -57,7 +57,8 @@ interface Admission extends RecordedAdmission {
   readonly preflight: boolean
 }
 
-type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown>, headers?: ReadonlyArray<readonly [string, string]>, ipKey: string, clientIp: string, cors?: CompiledCors }
+/** `routed`: a refusal that tells of the routes (404, 405, a route's ";"), not of a malformed request. */
+type Early = { ok: true, admission: Admission } | { ok: false, code: ErrorCode, extra?: Record<string, unknown>, headers?: ReadonlyArray<readonly [string, string]>, ipKey: string, clientIp: string, cors?: CompiledCors, routed?: true }
 
 function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage): Early {
   // The client IP comes first: a request that fails to route is still charged to its address.
@@ -108,13 +109,13 @@ function routeRequest (state: PipelineState, rt: Runtime, req: IncomingMessage):
       // A script's call with a method the path does not take reads its 405 only with the CORS
       // fields: those of the first route with cors a preflight for one of the methods would reach.
       const cors = corsOfPath(rt, host, normalized.path, allow)
-      return { ok: false, code: 'GW_ERR_METHOD_NOT_ALLOWED', headers: [['allow', allow.join(', ')]], ipKey: client.key, clientIp: client.ip, ...(cors !== null ? { cors } : {}) }
+      return { ok: false, code: 'GW_ERR_METHOD_NOT_ALLOWED', headers: [['allow', allow.join(', ')]], ipKey: client.key, clientIp: client.ip, routed: true, ...(cors !== null ? { cors } : {}) }
     }
-    return { ok: false, code: 'GW_ERR_NOT_FOUND', ipKey: client.key, clientIp: client.ip }
+    return { ok: false, code: 'GW_ERR_NOT_FOUND', ipKey: client.key, clientIp: client.ip, routed: true }
   }
   // Servlet containers and others strip ";params" from path segments: "/admin;x=1" would miss an
   // "/admin" route here, fall through to a catch-all and be served as /admin upstream.
-  if (!route.allowPathParams && normalized.path.includes(';')) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: 'path parameters (";") are not allowed on this route (allowPathParams)' }, ipKey: client.key, clientIp: client.ip }
+  if (!route.allowPathParams && normalized.path.includes(';')) return { ok: false, code: 'GW_ERR_BAD_PATH', extra: { reason: 'path parameters (";") are not allowed on this route (allowPathParams)' }, ipKey: client.key, clientIp: client.ip, routed: true }
   return { ok: true, admission: { route, path: normalized.path + requestTargetQuery(url), clientIp: client.ip, ipKey: client.key, user: null, storeMs: 0, preflight } }
 }
 
@@ -237,7 +238,12 @@ abstract class Exchange extends RequestRecord {
     }
     const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
     if (shed !== null && shed.kind === 'reject') return this.reject(shed)
-    if (!early.ok) return this.refuse(early)
+    if (!early.ok) {
+      // a client the gateway-wide ipRestriction refuses learns nothing of the routes: 403, as
+      // nginx's server-level deny answers a path no location serves
+      if (early.routed === true && rt.ipAllowed !== null && !rt.ipAllowed(early.clientIp)) return this.refuse(IP_FORBIDDEN, 'ip_forbidden')
+      return this.refuse(early)
+    }
     this.trace()
     const a = early.admission
     // before anything the route would tell (a WebSocket route, a preflight's grant, a 401)

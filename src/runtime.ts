@@ -107,6 +107,11 @@ export interface Runtime {
    */
   readonly preflightRoutes: RouteTable<CompiledRoute>
   readonly routeList: readonly CompiledRoute[]
+  /**
+   * The gateway-wide `ipRestriction` alone; null when unset. A route holds it joined with its own;
+   * this one refuses what no route answers (404, 405), whose answer would tell which paths exist.
+   */
+  readonly ipAllowed: AddressCheck | null
   /** Located warnings about a file that loads: routes no request can reach. */
   readonly warnings: readonly ConfigProblem[]
   readonly pools: ReadonlyMap<string, UpstreamPool>
@@ -573,6 +578,7 @@ export async function compileRuntime (
     routes: compileRouteTable(routeList),
     preflightRoutes: compileRouteTable(routeList.filter(r => r.cors !== null || r.matchHeaders === undefined || r.matchHeaders.length === 0)),
     routeList: Object.freeze(routeList),
+    ipAllowed: gatewayIpAllowed,
     warnings: Object.freeze(unreachableRoutes(patterns).map(u => loaded.problemAt(['routes', u.index, u.field], u.reason))),
     pools,
     limiter,

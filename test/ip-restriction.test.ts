@@ -122,6 +122,43 @@ t.test('refused before the route tells anything: credentials, a CORS preflight, 
   t.same(up.seen, [])
 })
 
+t.test('the gateway-wide list refuses what no route answers too: a 404 or 405 would tell which paths exist', async t => {
+  const up = await upstream(t)
+  const yaml = `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+trustedProxies: [127.0.0.1]
+ipRestriction: { allow: [10.0.0.0/8] }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: api, pathPrefix: /api/, methods: [GET], upstream: backend }
+  - { name: events, pathPrefix: /ws/, websocket: true, upstream: backend }
+`
+  const gw = await startGateway(t, yaml)
+  const outsider = await Promise.all([ask(gw.url, '/nothing-here', '192.0.2.7'), ask(gw.url, '/api/x;v=1', '192.0.2.7')])
+  t.same(outsider.map(r => [r.status, r.body.error]), [[403, 'GW_ERR_IP_FORBIDDEN'], [403, 'GW_ERR_IP_FORBIDDEN']], 'no path, a route\'s ";": 403, as on the routes')
+  const posted = await request(gw.url + '/api/x', { method: 'POST', headers: { 'x-forwarded-for': '192.0.2.7' } })
+  t.same([posted.statusCode, posted.headers.allow], [403, undefined], 'a method no route takes: 403 without Allow')
+  await posted.body.dump()
+  const ws = new WebSocket(gw.url.replace('http', 'ws') + '/nothing-here', { headers: { 'x-forwarded-for': '192.0.2.7' } })
+  ws.on('error', () => {})
+  const [, res] = await once(ws, 'unexpected-response') as [unknown, IncomingMessage]
+  t.equal(res.statusCode, 403, 'an upgrade to no route as well')
+  res.resume()
+  t.equal((await ask(gw.url, '/%2e%2e/%00', '192.0.2.7')).status, 400, 'a malformed path is the request\'s fault, told to anyone')
+  const insider = await Promise.all([ask(gw.url, '/nothing-here', '10.1.2.3'), ask(gw.url, '/api/x;v=1', '10.1.2.3')])
+  t.same(insider.map(r => r.status), [404, 400], 'a client the list lets in is told')
+  const allowed = await request(gw.url + '/api/x', { method: 'POST', headers: { 'x-forwarded-for': '10.1.2.3' } })
+  t.same([allowed.statusCode, allowed.headers.allow], [405, 'GET'])
+  await allowed.body.dump()
+  const outsiderLines = gw.lines.filter(l => l.msg === 'request' && l.ip === '192.0.2.7').map(l => `${String(l.status)} ${String(l.outcome ?? '-')}`)
+  t.same(outsiderLines.sort(), ['400 -', '403 ip_forbidden', '403 ip_forbidden', '403 ip_forbidden', '403 ip_forbidden'], 'each logged as a refused address, the malformed path as the 400 it got')
+  const file = writeConfig(t, yaml)
+  t.match(explainOutput(file, 'GET', '/nothing-here', '--ip', '127.0.0.1', '--header', 'x-forwarded-for: 192.0.2.7'), /route: {3}none -> 403 GW_ERR_IP_FORBIDDEN \(client ip 192\.0\.2\.7 is not let through by the gateway's ipRestriction\)/)
+  t.match(explainOutput(file, 'GET', '/nothing-here', '--ip', '10.1.2.3'), /route: {3}none -> 404 GW_ERR_NOT_FOUND/)
+  t.same(up.seen, [])
+})
+
 t.test('the local level comes first: a refused client that floods is answered 429 by the local bucket, as every client is', async t => {
   const up = await upstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
