@@ -11,7 +11,7 @@ import { normalizePath, requestTargetAuthority, requestTargetPath, requestTarget
 import { normalizeHost } from './router/route-table.js'
 import { checkRequestHead, checkTargetAuthority } from './router/request-head.js'
 import { looksLikeMisconfiguredProxy } from './identify/client-ip.js'
-import { forwardRequest, type ForwardContext, type ForwardErrorKind, type ForwardPlan } from './proxy/forward.js'
+import { forwardRequest, type ForwardContext, type ForwardErrorKind } from './proxy/forward.js'
 import type { StaticResponse } from './proxy/respond.js'
 import type { createWebSocketProxy } from './proxy/websocket.js'
 import { offersWebSocket } from './proxy/upgrade-offer.js'
@@ -447,11 +447,10 @@ class HttpExchange extends Exchange {
   }
 
   private forward (a: Admission, v: AllowVerdict): void {
-    const respond = a.route.respond
-    if (respond !== null) return this.respondStatically(respond, v)
-    // a route without respond has its forward and its upstream (runtime.ts builds one or the other)
-    const plan = a.route.forward as ForwardPlan
-    const upstream = a.route.upstream as string
+    const route = a.route
+    if (route.respond !== null) return this.respondStatically(route.respond, v)
+    const plan = route.forward
+    const upstream = route.upstream
     const state = this.state
     // one literal shape (no spread of an optional field): the forward reads it per request
     const ctx: ForwardContext = {
@@ -563,9 +562,11 @@ class UpgradeExchange extends Exchange {
   private upgrade (a: Admission, v: AllowVerdict): void {
     const { state, req, socket } = this
     // Logged and counted once the handshake is decided: 101, or the refusal the client got.
-    // routed() let through a websocket route, which forwards
-    const plan = a.route.forward as ForwardPlan
-    const upstream = a.route.upstream as string
+    const route = a.route
+    // routed() let through websocket routes alone; this narrows the route to one that forwards
+    if (!route.websocket) return this.refuse(NOT_A_WEBSOCKET_ROUTE)
+    const plan = route.forward
+    const upstream = route.upstream
     state.ws.upgrade(req, socket, this.head, plan, { requestId: this.requestId, clientIp: a.clientIp, proto: state.proto, path: a.path, trustedPeer: this.trustedPeer, extraResponseHeaders: v.headers ?? undefined }, (result) => {
       if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(upstream, result.errorKind)
       if (result.status === 101 && !this.socketClosed) {

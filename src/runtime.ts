@@ -42,7 +42,8 @@ import type { RequestTracer } from './tracing.js'
 /** How long a connection that owes a PROXY protocol header may take to send it. */
 const DEFAULT_PROXY_PROTOCOL_TIMEOUT = '5s'
 
-export interface CompiledRoute {
+/** What every route holds, whether it forwards or answers itself. */
+interface RouteCommon {
   readonly name: string
   readonly host?: string
   readonly path?: string
@@ -51,15 +52,8 @@ export interface CompiledRoute {
   readonly matchHeaders?: readonly HeaderCondition[]
   readonly caseInsensitive: boolean
   readonly matchTrailingSlash: boolean
-  readonly websocket: boolean
   /** ";" (path parameters) may appear in the path; otherwise such a request gets 400. */
   readonly allowPathParams: boolean
-  /** The upstream forwarded to; null for a route that answers itself (`respond`). */
-  readonly upstream: string | null
-  /** How requests are forwarded; null for a route that answers itself. */
-  readonly forward: ForwardPlan | null
-  /** The answer of a route with `respond`; null for a route that forwards. */
-  readonly respond: StaticResponse | null
   readonly limits: RouteLimitPlan
   /** The limits of each plan's consumers on this route (issue 9); `limitsFor` picks one. */
   readonly planLimits: ReadonlyMap<string, RouteLimitPlan>
@@ -70,6 +64,25 @@ export interface CompiledRoute {
   /** The gateway's and the route's `ipRestriction` in one check; null when neither is set. */
   readonly ipAllowed: AddressCheck | null
 }
+
+/** A route that forwards to its upstream (`upstream`). */
+export interface ForwardingRoute extends RouteCommon {
+  readonly upstream: string
+  readonly forward: ForwardPlan
+  readonly respond: null
+  readonly websocket: boolean
+}
+
+/** A route that answers itself (`respond`): nothing forwarded, never a WebSocket route. */
+export interface RespondingRoute extends RouteCommon {
+  readonly upstream: null
+  readonly forward: null
+  readonly respond: StaticResponse
+  readonly websocket: false
+}
+
+/** `respond !== null` (or `websocket`) tells which: TypeScript narrows on either. */
+export type CompiledRoute = ForwardingRoute | RespondingRoute
 
 export interface ServerSettings {
   readonly headersTimeoutMs: number
@@ -535,14 +548,15 @@ export async function compileRuntime (
     const own = routeLimitOptions(route)
     const limits = problems.try(['routes', i, 'limits'], () => ({ limits: compileRouteLimitPlan(limitOptions, own), planLimits: compilePlanLimits(limitOptions, own) }))
     const respond = route.respond === undefined ? null : compileStaticResponse(route.respond)
-    if ((forward === null && respond === null) || limits === null) return
+    // load.ts lets a route have one of upstream and respond, and websocket only with upstream
+    const target = respond !== null
+      ? { upstream: null, forward: null, respond, websocket: false as const }
+      : forward !== null && upstreamName !== null ? { upstream: upstreamName, forward, respond: null, websocket: route.websocket } : null
+    if (target === null || limits === null) return
     routeList.push(Object.freeze({
       ...(patterns[i] as RoutePattern & { caseInsensitive: boolean, matchTrailingSlash: boolean }),
-      websocket: route.websocket,
+      ...target,
       allowPathParams: route.allowPathParams,
-      upstream: upstreamName,
-      forward,
-      respond,
       limits: limits.limits,
       planLimits: limits.planLimits,
       auth: route.auth ?? null,
