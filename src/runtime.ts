@@ -9,6 +9,7 @@
 // uses: what must change on shared objects is applied by `commit`, once the runtime is swapped in.
 // A stage that rejects its options becomes a located problem (`file:line:col key.path: message`),
 // all of them reported together, like the schema's.
+import { readFileSync } from 'node:fs'
 import { createSecureContext } from 'node:tls'
 import { X509Certificate } from 'node:crypto'
 import { ConfigError, fileReader, type ConfigProblem, type KeyPath, type LoadedConfig } from './config/load.js'
@@ -96,6 +97,8 @@ export interface ServerSettings {
   readonly clientBodyTimeoutMs: number
   readonly sendTimeoutMs: number
   readonly websocketIdleTimeoutMs: number
+  /** Client connections held at once; one more is closed as it arrives (src/proxy/connection-cap.ts). */
+  readonly maxConnections: number
   readonly maxWebSockets: number
   readonly underscoresInHeaders: boolean
 }
@@ -175,9 +178,29 @@ export function serverSettings (config: ResolvedConfig): ServerSettings {
     clientBodyTimeoutMs: parseDuration(s.clientBodyTimeout),
     sendTimeoutMs: parseDuration(s.sendTimeout),
     websocketIdleTimeoutMs: parseDuration(s.websocketIdleTimeout),
+    maxConnections: s.maxConnections ?? defaultMaxConnections(),
     maxWebSockets: s.maxWebSockets,
     underscoresInHeaders: s.underscoresInHeaders
   })
+}
+
+/** Where the open-file limit cannot be read (not Linux) or has none. */
+const FALLBACK_MAX_CONNECTIONS = 10_000
+
+/**
+ * Half the open-file limit (node raises its soft limit to the hard one as it starts): the client
+ * connections that exhaust it took every descriptor an upstream connection, a Redis reconnect or
+ * a log reopen needs, and the gateway answered no one while it held them all.
+ */
+function defaultMaxConnections (): number {
+  let text: string
+  try {
+    text = readFileSync('/proc/self/limits', 'latin1')
+  } catch {
+    return FALLBACK_MAX_CONNECTIONS
+  }
+  const soft = Number(/^Max open files\s+(\d+)/m.exec(text)?.[1] ?? NaN)
+  return Number.isFinite(soft) ? Math.max(1, Math.floor(soft / 2)) : FALLBACK_MAX_CONNECTIONS
 }
 
 function upstreamConfig (config: ResolvedConfig, name: string): UpstreamConfig {

@@ -30,9 +30,11 @@ import { errorBody, writeError, writeRawError, type ErrorCode } from './errors.j
 import { adminListen } from './config/defaults.js'
 import { waitAtMost } from './wait-at-most.js'
 import { acceptProxyProtocol, type ProxyProtocolListener } from './identify/proxy-protocol.js'
+import { capConnections, type ConnectionCap } from './proxy/connection-cap.js'
 
 /** The warning about connections closed for want of a PROXY header comes at most this often. */
 const PROXY_PROTOCOL_WARN_EVERY_MS = 10_000
+const CONNECTION_DROP_WARN_EVERY_MS = 10_000
 
 export interface GatewayOptions {
   readonly configFile: string
@@ -299,6 +301,7 @@ export class Gateway {
   private readonly sockets = new Set<Socket>()
   /** Reads the PROXY protocol headers of the listener's connections (its own sockets until then). */
   private proxyProtocol: ProxyProtocolListener | null = null
+  private connectionCap: ConnectionCap | null = null
   /**
    * Per connection that has sent a request: its responses not closed yet (told to close their
    * connection when draining starts) and what to write once they all have. Kept per connection,
@@ -318,7 +321,7 @@ export class Gateway {
     this.generation = (options.initialGeneration ?? 1) - 1
     this.logger = logger
     this.resources = new ResourceCache(logger)
-    this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth(), pending: () => this.upstreamsPending(), inflight: () => this.inflightRequests(), logDropped: () => droppedLogLines(this.logger), strayRejections: strayRejectionCount })
+    this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth(), pending: () => this.upstreamsPending(), inflight: () => this.inflightRequests(), logDropped: () => droppedLogLines(this.logger), strayRejections: strayRejectionCount, connections: () => this.connectionCap?.open() ?? 0 })
     this.live = new LiveTelemetry(this.metrics)
   }
 
@@ -585,6 +588,18 @@ export class Gateway {
         if (now - warnedAt < PROXY_PROTOCOL_WARN_EVERY_MS) return
         warnedAt = now
         this.logger.warn({ peer, reason }, 'connection closed: a proxyProtocol peer sent no valid PROXY protocol header (gateway_proxy_protocol_refused_total counts each; this line comes at most every 10 s)')
+      }
+    })
+    // in front of every listener above, the PROXY header's reader included
+    let warnedDropAt = -Infinity
+    this.connectionCap = capConnections(server, {
+      max: () => this.runtime?.server.maxConnections ?? Infinity,
+      dropped: (peer) => {
+        this.metrics.connectionDropped()
+        const now = Date.now()
+        if (now - warnedDropAt < CONNECTION_DROP_WARN_EVERY_MS) return
+        warnedDropAt = now
+        this.logger.warn({ peer, maxConnections: this.runtime?.server.maxConnections }, 'connection closed as it arrived: server.maxConnections client connections are open (gateway_connections_dropped_total counts each; this line comes at most every 10 s)')
       }
     })
     this.server = server

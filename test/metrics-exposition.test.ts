@@ -25,6 +25,7 @@ function drive (m: GatewayMetrics): void {
   m.concurrencyRejected('api', 'ip', 'redis'); m.concurrencyRejected('api', 'route', 'local')
   m.healthCheck('backend', 'http://x', 'pass'); m.healthCheck('backend', 'http://x', 'fail'); m.healthCheck('backend', 'http://x', 'fail')
   m.proxyProtocolRefused('missing'); m.proxyProtocolRefused('timeout'); m.proxyProtocolRefused('missing')
+  m.connectionDropped(); m.connectionDropped()
   m.upstreamEjection('backend', 'http://x', 'refused'); m.breakerState(1); m.reload('success'); m.generation.set(3)
 }
 
@@ -32,14 +33,14 @@ function drive (m: GatewayMetrics): void {
 const gatewayLines = (text: string): string => text.split('\n').filter(l => l.includes('gateway_')).join('\n') + '\n'
 
 t.test('/metrics of one process is what prom-client alone printed', async t => {
-  const m = new GatewayMetrics({ localKeys: () => 7, inflight: () => 2, targets: () => [{ upstream: 'backend', target: 'http://x', healthy: false }], pending: () => [{ upstream: 'backend', pending: 3 }], logDropped: () => 0 })
+  const m = new GatewayMetrics({ localKeys: () => 7, inflight: () => 2, targets: () => [{ upstream: 'backend', target: 'http://x', healthy: false }], pending: () => [{ upstream: 'backend', pending: 3 }], logDropped: () => 0, connections: () => 5 })
   drive(m)
   t.equal(gatewayLines(await m.registry.metrics()), fixture('one-process.txt'))
   t.equal(gatewayLines(await m.registry.metrics()), fixture('one-process.txt'), 'a second scrape prints the same')
 })
 
 t.test('two workers summed by the primary (AggregatorRegistry) are what prom-client alone gave', async t => {
-  const a = new GatewayMetrics({ localKeys: () => 7, inflight: () => 2, targets: () => [{ upstream: 'backend', target: 'http://x', healthy: false }], pending: () => [{ upstream: 'backend', pending: 3 }], logDropped: () => 0 })
+  const a = new GatewayMetrics({ localKeys: () => 7, inflight: () => 2, targets: () => [{ upstream: 'backend', target: 'http://x', healthy: false }], pending: () => [{ upstream: 'backend', pending: 3 }], logDropped: () => 0, connections: () => 5 })
   const b = new GatewayMetrics({ localKeys: () => 1 })
   drive(a)
   drive(b)

@@ -25,6 +25,8 @@ export interface MetricsSources {
   logDropped?: () => number
   /** Promise rejections with no handler the process served on (src/stray-rejections.ts). */
   strayRejections?: () => number
+  /** Client connections open on the public listener. */
+  connections?: () => number
 }
 
 type Labels = Readonly<Record<string, string>>
@@ -184,6 +186,7 @@ export class GatewayMetrics implements Telemetry {
   private readonly ejections: Counter
   private readonly healthChecks: Counter
   private readonly proxyProtocolRefusals: Counter
+  private readonly connectionDrops: Counter
   private readonly reloads: Counter
   private readonly breaker: Gauge
   readonly generation: Gauge
@@ -229,6 +232,13 @@ export class GatewayMetrics implements Telemetry {
     this.ejections = new Counter({ name: 'gateway_upstream_ejections_total', help: 'Targets ejected by passive health, by upstream, target and reason', labelNames: ['upstream', 'target', 'reason'], registers })
     this.healthChecks = new Counter({ name: 'gateway_health_checks_total', help: 'Active health check probes of upstream targets, by upstream, target and result (pass, fail)', labelNames: ['upstream', 'target', 'result'], registers })
     this.proxyProtocolRefusals = new Counter({ name: 'gateway_proxy_protocol_refused_total', help: 'Connections from a proxyProtocol peer closed for want of a valid PROXY header, by reason (missing, malformed, timeout)', labelNames: ['reason'], registers })
+    this.connectionDrops = new Counter({ name: 'gateway_connections_dropped_total', help: 'Client connections closed as they arrived, unanswered: server.maxConnections were open', registers })
+    new Gauge({
+      name: 'gateway_connections_open',
+      help: 'Client connections open on the public listener (server.maxConnections caps them)',
+      registers,
+      collect () { this.set(sources.connections?.() ?? 0) }
+    })
     const targets = sources.targets
     new Gauge({
       name: 'gateway_upstream_target_healthy',
@@ -373,6 +383,10 @@ export class GatewayMetrics implements Telemetry {
 
   healthCheck (upstream: string, target: string, result: 'pass' | 'fail'): void {
     this.healthChecks.labels(upstream, target, result).inc()
+  }
+
+  connectionDropped (): void {
+    this.connectionDrops.inc()
   }
 
   proxyProtocolRefused (reason: string): void {

@@ -68,7 +68,8 @@ export interface ResolvedPlan {
   routes?: Record<string, { user: ResolvedLimit }>
 }
 type ServerConfig = NonNullable<GatewayConfig['server']>
-export type ResolvedServer = Required<Omit<ServerConfig, 'bufferBodies' | 'bufferBodiesTotal'>> & { bufferBodies: number, bufferBodiesTotal: number }
+/** maxConnections null: half the open-file limit, read where the runtime is compiled. */
+export type ResolvedServer = Required<Omit<ServerConfig, 'bufferBodies' | 'bufferBodiesTotal' | 'maxConnections'>> & { bufferBodies: number, bufferBodiesTotal: number, maxConnections: number | null }
 
 /** gateway.yaml with every default written in (frozen). */
 export type ResolvedConfig = Omit<GatewayConfig,
@@ -202,6 +203,8 @@ export function applyDefaults (c: GatewayConfig): ResolvedConfig {
       // Envoy's default idle timeout for upgraded connections; the cap keeps tunnels (which outlive
       // every request timeout) from holding every file descriptor
       websocketIdleTimeout: s?.websocketIdleTimeout ?? '5m',
+      // null: half the open-file limit, read where the runtime is compiled (src/runtime.ts)
+      maxConnections: s?.maxConnections ?? null,
       maxWebSockets: s?.maxWebSockets ?? 10_000,
       // nginx's underscores_in_headers off
       underscoresInHeaders: s?.underscoresInHeaders ?? false

@@ -76,10 +76,16 @@ export interface GatewayProcess {
  * `bin/gateway start` as a child process. `group`: in a process group of its own (as systemd or a
  * shell runs it), so a test can signal the whole group like `kill -TERM -PGID` or Ctrl-C.
  */
-export async function spawnGateway (t: Teardown, yaml: string, extraArgs: string[] = [], options: { group?: boolean, env?: NodeJS.ProcessEnv, waitFor?: string } = {}): Promise<GatewayProcess> {
+export async function spawnGateway (t: Teardown, yaml: string, extraArgs: string[] = [], options: { group?: boolean, env?: NodeJS.ProcessEnv, waitFor?: string, openFiles?: number } = {}): Promise<GatewayProcess> {
   const file = writeConfig(t, yaml)
   const pidFile = file.replace(/gateway\.yaml$/, 'gateway.pid')
-  const child = spawn(process.execPath, ['bin/gateway', 'start', '-c', file, '--pid-file', pidFile, ...extraArgs], { stdio: ['ignore', 'pipe', 'pipe'], env: childEnv(options.env), detached: options.group === true })
+  const args = ['bin/gateway', 'start', '-c', file, '--pid-file', pidFile, ...extraArgs]
+  const spawnOptions = { stdio: ['ignore', 'pipe', 'pipe'] as Array<'ignore' | 'pipe'>, env: childEnv(options.env), detached: options.group === true }
+  // openFiles: the process's open-file limit (ulimit -n, soft and hard), set by a shell that then
+  // becomes the gateway (exec: the child's pid is the gateway's)
+  const child = options.openFiles === undefined
+    ? spawn(process.execPath, args, spawnOptions)
+    : spawn('bash', ['-c', 'ulimit -n "$0" && exec "$@"', String(options.openFiles), process.execPath, ...args], spawnOptions)
   const exited = new Promise<number | null>(resolve => child.once('exit', code => resolve(code)))
   t.teardown(async () => {
     if (options.group === true && child.pid !== undefined) {
