@@ -38,6 +38,7 @@ const TABLE = {
   GW_ERR_UPSTREAM_TIMEOUT: { status: 504, message: 'the upstream did not answer in time' },
   GW_ERR_NO_HEALTHY_UPSTREAM: { status: 503, message: 'no healthy upstream target' },
   GW_ERR_UPSTREAM_BUSY: { status: 503, message: 'every connection to the upstream is busy' },
+  GW_ERR_OUT_OF_FILES: { status: 503, message: 'the gateway has no file descriptor left for an upstream connection' },
   GW_ERR_SHUTTING_DOWN: { status: 503, message: 'the gateway is shutting down' },
   GW_ERR_TOO_MANY_TUNNELS: { status: 503, message: 'too many open WebSocket tunnels (server.maxWebSockets)' },
   GW_ERR_CONFIG_INVALID: { status: 500, message: 'the configuration is invalid' },

@@ -149,3 +149,36 @@ t.test('a connection whose h2c offer was declined is counted once', async t => {
   t.match(await second.untilText(/"url":"\/second"/), /^HTTP\/1\.1 200/, 'the second of two is held')
   t.match(await metrics(gw.adminUrl), { open: 2, dropped: 0 })
 })
+
+t.test('out of descriptors all the same (a cap above the limit): 503 GW_ERR_OUT_OF_FILES, and the target is not blamed', async t => {
+  const fresh = await startUpstream(t, 'fresh')
+  const warm = await startUpstream(t, 'warm')
+  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { maxConnections: 1000 }
+upstreams:
+  warm: { targets: [${warm.url}] }
+  fresh: { targets: [${fresh.url}], consecutiveFailures: 2 }
+routes:
+  - { name: warm, pathPrefix: /warm/, upstream: warm }
+  - { name: fresh, pathPrefix: /fresh/, upstream: fresh }
+`, [], { openFiles: 256 })
+  const held = rawConnection(gw.port)
+  held.send('GET /warm/a HTTP/1.1\r\nHost: a\r\n\r\n')
+  await held.untilText(/^HTTP\/1\.1 200/)
+  const f = await flood(t, gw.port, 300)
+  // three attempts at a connection the process has no descriptor for (consecutiveFailures: 2)
+  for (let i = 1; i <= 3; i++) held.send(`GET /fresh/${i} HTTP/1.1\r\nHost: a\r\n\r\n`)
+  const replies = parseResponses(await held.untilText(/(HTTP\/1\.1 \d{3}[^]*){4}/)).slice(1)
+  t.same(replies.map(r => [r.status, r.json?.error]), [[503, 'GW_ERR_OUT_OF_FILES'], [503, 'GW_ERR_OUT_OF_FILES'], [503, 'GW_ERR_OUT_OF_FILES']])
+  t.match(await gw.waitForLog(l => l.path === '/fresh/1', 5000), { status: 503, error: 'out_of_files' }, 'logged as the gateway\'s shortage')
+  for (const s of f.sockets) s.destroy()
+  await new Promise(resolve => setTimeout(resolve, 300))
+  held.send('GET /fresh/after HTTP/1.1\r\nHost: a\r\n\r\n')
+  const after = parseResponses(await held.untilText(/(HTTP\/1\.1 \d{3}[^]*){5}/))[4]
+  t.equal(after?.status, 200, 'the target was neither ejected nor failed: served as soon as descriptors are free')
+  t.same(fresh.log, ['/fresh/after'])
+  const text = await (await fetch(`${gw.adminUrl}/metrics`)).text()
+  t.notMatch(text, /gateway_upstream_errors_total\{upstream="fresh"/, 'no upstream error counted')
+  t.notMatch(text, /gateway_upstream_ejections_total\{upstream="fresh"/)
+})

@@ -18,6 +18,7 @@ export type ForwardErrorKind =
   | 'client_timeout'
   | 'send_timeout'
   | 'too_many_tunnels'
+  | 'out_of_files'
 
 /** The stable code answered for each kind; null when nobody is left to answer. */
 export const KIND_CODES: Readonly<Record<ForwardErrorKind, ErrorCode | null>> = Object.freeze({
@@ -38,7 +39,8 @@ export const KIND_CODES: Readonly<Record<ForwardErrorKind, ErrorCode | null>> = 
   client_timeout: 'GW_ERR_CLIENT_TIMEOUT',
   // the client stopped reading: nobody is left to answer
   send_timeout: null,
-  too_many_tunnels: 'GW_ERR_TOO_MANY_TUNNELS'
+  too_many_tunnels: 'GW_ERR_TOO_MANY_TUNNELS',
+  out_of_files: 'GW_ERR_OUT_OF_FILES'
 })
 
 /**
@@ -59,6 +61,12 @@ export function classifyUpstreamError (err: unknown): ForwardErrorKind {
       return 'dns'
     case 'UND_ERR_CONNECT_TIMEOUT':
       return 'connect_timeout'
+    // The gateway's own descriptors ran out (the process's or the system's limit): the connection
+    // was never attempted. Not the target's failure, so it neither ejects it nor counts toward
+    // consecutiveFailures, and no other target would fare better: not retried.
+    case 'EMFILE':
+    case 'ENFILE':
+      return 'out_of_files'
     case 'UND_ERR_HEADERS_TIMEOUT':
     case 'UND_ERR_BODY_TIMEOUT':
       return 'response_timeout'
