@@ -6,8 +6,8 @@
 import t from 'tap'
 import net from 'node:net'
 import { writeFileSync } from 'node:fs'
-import { startGateway, spawnGateway } from './helpers/gateway.js'
-import { startUpstream } from './helpers/upstream.js'
+import { startGateway, spawnGateway, type GatewayProcess } from './helpers/gateway.js'
+import { startUpstream, type Upstream } from './helpers/upstream.js'
 import { rawConnection, parseResponses } from './helpers/raw-http.js'
 import { twoWorkers } from './helpers/workers.js'
 import type { Teardown } from './helpers/teardown.js'
@@ -48,6 +48,29 @@ async function metrics (adminUrl: string): Promise<{ dropped: number, open: numb
   return { dropped: value('gateway_connections_dropped_total'), open: value('gateway_connections_open') }
 }
 
+/**
+ * bin/gateway limited to 256 open files, with two upstreams: `warm`, which a connection the test
+ * holds has been served by, and `fresh`, which no connection has been opened to yet.
+ */
+async function limitedToFiles (t: Teardown, extra: { server?: string, fresh?: string } = {}): Promise<{ gw: GatewayProcess, fresh: Upstream, held: ReturnType<typeof rawConnection> }> {
+  const warm = await startUpstream(t, 'warm')
+  const fresh = await startUpstream(t, 'fresh')
+  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+${extra.server ?? ''}
+upstreams:
+  warm: { targets: [${warm.url}] }
+  fresh: { targets: [${fresh.url}]${extra.fresh ?? ''} }
+routes:
+  - { name: warm, pathPrefix: /warm/, upstream: warm }
+  - { name: fresh, pathPrefix: /fresh/, upstream: fresh }
+`, [], { openFiles: 256 })
+  const held = rawConnection(gw.port)
+  held.send('GET /warm/a HTTP/1.1\r\nHost: a\r\n\r\n')
+  await held.untilText(/^HTTP\/1\.1 200/)
+  return { gw, fresh, held }
+}
+
 t.test('connections beyond the cap are closed as they arrive and counted; those held are served', async t => {
   const up = await startUpstream(t)
   const gw = await startGateway(t, yaml(up.url, 20))
@@ -81,20 +104,7 @@ t.test('connections beyond the cap are closed as they arrive and counted; those 
 })
 
 t.test('by default the cap is half the open-file limit: a flood leaves the descriptors an upstream connection needs', async t => {
-  const warm = await startUpstream(t, 'warm')
-  const fresh = await startUpstream(t, 'fresh')
-  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  warm: { targets: [${warm.url}] }
-  fresh: { targets: [${fresh.url}] }
-routes:
-  - { name: warm, pathPrefix: /warm/, upstream: warm }
-  - { name: fresh, pathPrefix: /fresh/, upstream: fresh }
-`, [], { openFiles: 256 })
-  const held = rawConnection(gw.port)
-  held.send('GET /warm/a HTTP/1.1\r\nHost: a\r\n\r\n')
-  await held.untilText(/^HTTP\/1\.1 200/)
+  const { gw, fresh, held } = await limitedToFiles(t)
   // 300 connections: more than the process has descriptors for
   const f = await flood(t, gw.port, 300)
   // the first request to this upstream: a connection, a descriptor, opened in the middle of the flood
@@ -151,21 +161,7 @@ t.test('a connection whose h2c offer was declined is counted once', async t => {
 })
 
 t.test('out of descriptors all the same (a cap above the limit): 503 GW_ERR_OUT_OF_FILES, and the target is not blamed', async t => {
-  const fresh = await startUpstream(t, 'fresh')
-  const warm = await startUpstream(t, 'warm')
-  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-server: { maxConnections: 1000 }
-upstreams:
-  warm: { targets: [${warm.url}] }
-  fresh: { targets: [${fresh.url}], consecutiveFailures: 2 }
-routes:
-  - { name: warm, pathPrefix: /warm/, upstream: warm }
-  - { name: fresh, pathPrefix: /fresh/, upstream: fresh }
-`, [], { openFiles: 256 })
-  const held = rawConnection(gw.port)
-  held.send('GET /warm/a HTTP/1.1\r\nHost: a\r\n\r\n')
-  await held.untilText(/^HTTP\/1\.1 200/)
+  const { gw, fresh, held } = await limitedToFiles(t, { server: 'server: { maxConnections: 1000 }', fresh: ', consecutiveFailures: 2' })
   const f = await flood(t, gw.port, 300)
   // three attempts at a connection the process has no descriptor for (consecutiveFailures: 2)
   for (let i = 1; i <= 3; i++) held.send(`GET /fresh/${i} HTTP/1.1\r\nHost: a\r\n\r\n`)
