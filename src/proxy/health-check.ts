@@ -93,9 +93,16 @@ export interface ProbeTarget {
   readonly servername: string | null
 }
 
+/**
+ * A probe the gateway could not send: no file descriptor was left for its connection (EMFILE,
+ * ENFILE). The gateway's shortage, not the target's answer: neither a pass nor a failure.
+ */
+export const PROBE_NOT_SENT = 'not sent: out of file descriptors'
+
 /** The reason a probe's request failed, as the log and /readyz give it. */
 export function probeErrorReason (err: NodeJS.ErrnoException, timedOut: boolean): string {
   if (timedOut) return 'timeout'
+  if (err.code === 'EMFILE' || err.code === 'ENFILE') return PROBE_NOT_SENT
   if (err.code === 'ECONNREFUSED') return 'connect refused'
   return `connect failed: ${err.code ?? err.message}`
 }
@@ -201,11 +208,15 @@ export class HealthChecker {
     const started = Date.now()
     const failure = await probe(target, this.config, this.#abort.signal)
     if (this.#stopped) return
-    this.listener?.probed(target.url, failure)
-    const change = countProbe(target.active, failure, this.config)
-    if (change !== null) {
-      this.onChange(target, change)
-      this.listener?.changed(target.url, change === 'up', failure)
+    // A probe not sent gives no verdict. Counted as a failure, a gateway out of descriptors took
+    // every target out of rotation, and kept them out for healthyAfter probes once it had some again.
+    if (failure !== PROBE_NOT_SENT) {
+      this.listener?.probed(target.url, failure)
+      const change = countProbe(target.active, failure, this.config)
+      if (change !== null) {
+        this.onChange(target, change)
+        this.listener?.changed(target.url, change === 'up', failure)
+      }
     }
     // the interval runs from one probe's start to the next one's
     this.#schedule(target, Math.max(0, probeDelay(this.config.intervalMs, false) - (Date.now() - started)))
