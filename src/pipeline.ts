@@ -225,30 +225,31 @@ abstract class Exchange extends RequestRecord {
   admit (): void {
     const rt = this.runtime
     const early = routeRequest(this.state, rt, this.req)
+    // A client the gateway-wide ipRestriction refuses learns nothing of the routes: the same bare
+    // 403 on a route's path as on none (no 404, no 405 with Allow, no route's CORS fields), as
+    // nginx's server-level deny answers a path no location serves.
+    const gatewayAllowed = rt.ipAllowed
+    const shut = gatewayAllowed !== null && (early.ok || early.routed === true) && !gatewayAllowed(early.ok ? early.admission.clientIp : early.clientIp)
     // A request refused before it has a route is still logged and shown under its client's address
     // (behind a trusted proxy, not the proxy's): the address the local level charged.
     if (early.ok) {
       this.admission = early.admission
       // before the local level: its 429 is read by the browser script too
       const cors = early.admission.route.cors
-      if (cors !== null && !early.admission.preflight) this.corsFor(cors)
+      if (cors !== null && !early.admission.preflight && !shut) this.corsFor(cors)
     } else {
       this.clientIp = early.clientIp
-      if (early.cors !== undefined) this.corsFor(early.cors)
+      if (early.cors !== undefined && !shut) this.corsFor(early.cors)
     }
     const shed = rt.limiter.local(early.ok ? early.admission.ipKey : early.ipKey, early.ok ? early.admission.route.name : '-')
     if (shed !== null && shed.kind === 'reject') return this.reject(shed)
-    if (!early.ok) {
-      // a client the gateway-wide ipRestriction refuses learns nothing of the routes: 403, as
-      // nginx's server-level deny answers a path no location serves
-      if (early.routed === true && rt.ipAllowed !== null && !rt.ipAllowed(early.clientIp)) return this.refuse(IP_FORBIDDEN, 'ip_forbidden')
-      return this.refuse(early)
-    }
+    if (!early.ok) return shut ? this.refuse(IP_FORBIDDEN, 'ip_forbidden') : this.refuse(early)
     this.trace()
     const a = early.admission
-    // before anything the route would tell (a WebSocket route, a preflight's grant, a 401)
+    // before anything the route would tell (a WebSocket route, a preflight's grant, a 401); a
+    // route's check holds the gateway's list, already asked when it is the route's only one
     const ipAllowed = a.route.ipAllowed
-    if (ipAllowed !== null && !ipAllowed(a.clientIp)) return this.refuse(IP_FORBIDDEN, 'ip_forbidden')
+    if (shut || (ipAllowed !== null && ipAllowed !== gatewayAllowed && !ipAllowed(a.clientIp))) return this.refuse(IP_FORBIDDEN, 'ip_forbidden')
     const wrongRoute = this.routed(a)
     if (wrongRoute !== null) return this.refuse(wrongRoute)
     // a preflight carries no credentials (Fetch): neither verified nor charged to the limits

@@ -159,6 +159,30 @@ routes:
   t.same(up.seen, [])
 })
 
+t.test('the gateway-wide 403 carries no route\'s CORS fields: on a route\'s path, for a method it does not take, and on none, the same answer', async t => {
+  const up = await upstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+trustedProxies: [127.0.0.1]
+ipRestriction: { allow: [10.0.0.0/8] }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: api, pathPrefix: /api/, methods: [GET], upstream: backend, cors: { origins: ["https://app.example.com"] } }
+`)
+  const answers = []
+  for (const [method, path] of [['GET', '/api/x'], ['POST', '/api/x'], ['POST', '/nothing-here']]) {
+    const r = await request(gw.url + path, { method, headers: { 'x-forwarded-for': '192.0.2.7', origin: 'https://app.example.com' } })
+    answers.push([r.statusCode, r.headers['access-control-allow-origin'], r.headers.vary, r.headers.allow])
+    await r.body.dump()
+  }
+  t.same(answers, Array(3).fill([403, undefined, undefined, undefined]), 'three bare 403s alike')
+  const insider = await request(gw.url + '/api/x', { method: 'POST', headers: { 'x-forwarded-for': '10.1.2.3', origin: 'https://app.example.com' } })
+  t.same([insider.statusCode, insider.headers['access-control-allow-origin'], insider.headers.allow], [405, 'https://app.example.com', 'GET'], 'a client the list lets in reads its 405')
+  await insider.body.dump()
+  t.same(up.seen, [])
+})
+
 t.test('the local level comes first: a refused client that floods is answered 429 by the local bucket, as every client is', async t => {
   const up = await upstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0

@@ -49,20 +49,19 @@ async function metrics (adminUrl: string): Promise<{ dropped: number, open: numb
 }
 
 /**
- * bin/gateway limited to 256 open files, with two upstreams: `warm`, which a connection the test
- * holds has been served by, and `fresh`, which no connection has been opened to yet.
+ * bin/gateway limited to 256 open files, with a connection the test holds (served by a route the
+ * gateway answers, so no upstream connection is open, nor closed on a timer to free a descriptor)
+ * and an upstream, `fresh`, that no connection has been opened to yet.
  */
 async function limitedToFiles (t: Teardown, extra: { server?: string, fresh?: string } = {}): Promise<{ gw: GatewayProcess, fresh: Upstream, held: ReturnType<typeof rawConnection> }> {
-  const warm = await startUpstream(t, 'warm')
   const fresh = await startUpstream(t, 'fresh')
   const gw = await spawnGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 ${extra.server ?? ''}
 upstreams:
-  warm: { targets: [${warm.url}] }
   fresh: { targets: [${fresh.url}]${extra.fresh ?? ''} }
 routes:
-  - { name: warm, pathPrefix: /warm/, upstream: warm }
+  - { name: warm, pathPrefix: /warm/, respond: { status: 200, body: warm } }
   - { name: fresh, pathPrefix: /fresh/, upstream: fresh }
 `, [], { openFiles: 256 })
   const held = rawConnection(gw.port)
@@ -101,6 +100,11 @@ t.test('connections beyond the cap are closed as they arrive and counted; those 
   const again = await flood(t, gw.port, 40)
   t.equal(again.closed(), 0, 'a reload raises the cap for the connections that come next')
   t.equal((await metrics(gw.adminUrl)).dropped, dropped)
+  writeFileSync(gw.configFile, yaml(up.url, 5))
+  t.equal((await gw.reload()).ok, true)
+  const late = await flood(t, gw.port, 3)
+  t.same([late.closed(), (await metrics(gw.adminUrl)).dropped], [3, dropped + 3], 'and lowers it: with 41 open, each new one is closed (the open ones stay)')
+  t.equal(again.closed(), 0)
 })
 
 t.test('by default the cap is half the open-file limit: a flood leaves the descriptors an upstream connection needs', async t => {
