@@ -10,6 +10,7 @@ import { preflightMethod } from './router/cors.js'
 import { dimensionValue, keyFor, limitsFor } from './limit/plan.js'
 import type { IdentityResult } from './identify/identity.js'
 import type { CompiledRoute, Runtime } from './runtime.js'
+import type { AddressCheck } from './identify/ip-restriction.js'
 
 export interface ExplainRequest {
   readonly method: string
@@ -82,7 +83,8 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   const client = rt.resolveClientIp(req.ip, headers['x-forwarded-for'])
   // as src/pipeline.ts: a client address the route's ipRestriction refuses gets 403 before anything
   // else about the route (a preflight's grant, identity, limits) is told
-  const forbidden = (route: CompiledRoute): string | null => route.ipAllowed === null || route.ipAllowed(client.ip)
+  const allowed = (check: AddressCheck | null): boolean => check === null || check(client.ip)
+  const forbidden = (route: CompiledRoute): string | null => allowed(rt.ipAllowed) && allowed(route.ipAllowed)
     ? null
     : lines.concat(`route:   ${route.name} -> 403 GW_ERR_IP_FORBIDDEN (client ip ${client.ip} is not let through by ipRestriction)`, '').join('\n')
   const asked = preflightMethod(method, headers.origin, headers['access-control-request-method'])
@@ -98,7 +100,7 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   }
   const route = rt.routes.match(host, method, normalized.path, headers)
   // as src/pipeline.ts: a client the gateway-wide ipRestriction refuses is told no route's absence
-  if (rt.ipAllowed !== null && !rt.ipAllowed(client.ip) && (route === null || (!route.allowPathParams && normalized.path.includes(';')))) {
+  if (!allowed(rt.ipAllowed) && (route === null || (!route.allowPathParams && normalized.path.includes(';')))) {
     return lines.concat(`route:   ${route?.name ?? 'none'} -> 403 GW_ERR_IP_FORBIDDEN (client ip ${client.ip} is not let through by the gateway's ipRestriction)`, '').join('\n')
   }
   if (route === null) {

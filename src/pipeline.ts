@@ -246,10 +246,9 @@ abstract class Exchange extends RequestRecord {
     if (!early.ok) return shut ? this.refuse(IP_FORBIDDEN, 'ip_forbidden') : this.refuse(early)
     this.trace()
     const a = early.admission
-    // before anything the route would tell (a WebSocket route, a preflight's grant, a 401); a
-    // route's check holds the gateway's list, already asked when it is the route's only one
+    // before anything the route would tell (a WebSocket route, a preflight's grant, a 401)
     const ipAllowed = a.route.ipAllowed
-    if (shut || (ipAllowed !== null && ipAllowed !== gatewayAllowed && !ipAllowed(a.clientIp))) return this.refuse(IP_FORBIDDEN, 'ip_forbidden')
+    if (shut || (ipAllowed !== null && !ipAllowed(a.clientIp))) return this.refuse(IP_FORBIDDEN, 'ip_forbidden')
     const wrongRoute = this.routed(a)
     if (wrongRoute !== null) return this.refuse(wrongRoute)
     // a preflight carries no credentials (Fetch): neither verified nor charged to the limits

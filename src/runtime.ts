@@ -62,7 +62,7 @@ interface RouteCommon {
   readonly auth: 'required' | 'optional' | 'none' | null
   /** `cors` of the route: its preflights answered by the gateway; null without. */
   readonly cors: CompiledCors | null
-  /** The gateway's and the route's `ipRestriction` in one check; null when neither is set. */
+  /** The route's own `ipRestriction`; null without. The gateway-wide one, Runtime.ipAllowed, is asked first. */
   readonly ipAllowed: AddressCheck | null
 }
 
@@ -124,8 +124,8 @@ export interface Runtime {
   readonly preflightRoutes: RouteTable<CompiledRoute>
   readonly routeList: readonly CompiledRoute[]
   /**
-   * The gateway-wide `ipRestriction` alone; null when unset. A route holds it joined with its own;
-   * this one refuses what no route answers (404, 405), whose answer would tell which paths exist.
+   * The gateway-wide `ipRestriction`; null when unset. Asked before a route's own, and of what no
+   * route answers (404, 405), whose answer would tell which paths exist.
    */
   readonly ipAllowed: AddressCheck | null
   /** Located warnings about a file that loads: routes no request can reach. */
@@ -584,9 +584,9 @@ export async function compileRuntime (
       planLimits: limits.planLimits,
       auth: route.auth ?? null,
       cors,
-      // one check (and its address cache, some 70 KB from the start) for every route the gateway-wide
-      // restriction alone applies to: one each held 135 MB for 2000 routes, per runtime
-      ipAllowed: route.ipRestriction === undefined ? gatewayIpAllowed : compileIpRestriction([ipRestrictionOf(config.ipRestriction), ipRestrictionOf(route.ipRestriction)])
+      // the route's list alone (its address cache is some 70 KB from the start): the gateway-wide
+      // one is asked of every request first, and a copy of it per route held 135 MB for 2000 routes
+      ipAllowed: route.ipRestriction === undefined ? null : compileIpRestriction([ipRestrictionOf(route.ipRestriction)])
     }))
   })
   const failurePlan = problems.try(['identity', 'failureLimit'], () => compileFailurePlan(limitOptions))

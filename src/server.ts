@@ -32,9 +32,19 @@ import { waitAtMost } from './wait-at-most.js'
 import { acceptProxyProtocol, type ProxyProtocolListener } from './identify/proxy-protocol.js'
 import { capConnections, type ConnectionCap } from './proxy/connection-cap.js'
 
-/** The warning about connections closed for want of a PROXY header comes at most this often. */
-const PROXY_PROTOCOL_WARN_EVERY_MS = 10_000
-const CONNECTION_DROP_WARN_EVERY_MS = 10_000
+/** A warning about connections closed as they came (a PROXY header missing, the cap) comes at most this often. */
+const CONNECTION_WARN_EVERY_MS = 10_000
+
+/** `message` at warn, at most once every CONNECTION_WARN_EVERY_MS: the counter beside it has every occurrence. */
+function warnSparingly (logger: Logger, message: string): (fields: Record<string, unknown>) => void {
+  let warnedAt = -Infinity
+  return (fields) => {
+    const now = Date.now()
+    if (now - warnedAt < CONNECTION_WARN_EVERY_MS) return
+    warnedAt = now
+    logger.warn(fields, message)
+  }
+}
 
 export interface GatewayOptions {
   readonly configFile: string
@@ -577,29 +587,22 @@ export class Gateway {
       this.answerUnrouted(socket, 400, 'connect', (requestId) => { writeError(socket, 'GW_ERR_BAD_REQUEST', requestId, NOT_A_FORWARD_PROXY) })
     })
     // after every 'connection' listener above: a PROXY header is read before any of them runs
-    let warnedAt = 0
+    // a balancer that sends no header gets every connection closed: said at warn, sparingly
+    const warnRefused = warnSparingly(this.logger, 'connection closed: a proxyProtocol peer sent no valid PROXY protocol header (gateway_proxy_protocol_refused_total counts each; this line comes at most every 10 s)')
     this.proxyProtocol = acceptProxyProtocol(server, {
       policy: () => this.runtime?.proxyProtocol ?? null,
       refused: (reason, peer) => {
         this.metrics.proxyProtocolRefused(reason)
-        // a balancer that sends no header gets every connection closed: said at warn, but once
-        // per 10 s (the counter has them all)
-        const now = Date.now()
-        if (now - warnedAt < PROXY_PROTOCOL_WARN_EVERY_MS) return
-        warnedAt = now
-        this.logger.warn({ peer, reason }, 'connection closed: a proxyProtocol peer sent no valid PROXY protocol header (gateway_proxy_protocol_refused_total counts each; this line comes at most every 10 s)')
+        warnRefused({ peer, reason })
       }
     })
     // in front of every listener above, the PROXY header's reader included
-    let warnedDropAt = -Infinity
+    const warnDropped = warnSparingly(this.logger, 'connection closed as it arrived: server.maxConnections client connections are open (gateway_connections_dropped_total counts each; this line comes at most every 10 s)')
     this.connectionCap = capConnections(server, {
       max: () => this.runtime?.server.maxConnections ?? Infinity,
       dropped: (peer) => {
         this.metrics.connectionDropped()
-        const now = Date.now()
-        if (now - warnedDropAt < CONNECTION_DROP_WARN_EVERY_MS) return
-        warnedDropAt = now
-        this.logger.warn({ peer, maxConnections: this.runtime?.server.maxConnections }, 'connection closed as it arrived: server.maxConnections client connections are open (gateway_connections_dropped_total counts each; this line comes at most every 10 s)')
+        warnDropped({ peer, maxConnections: this.runtime?.server.maxConnections })
       }
     })
     this.server = server
