@@ -78,6 +78,21 @@ t.test('a route lets in the addresses its allow list holds, less its deny list, 
   t.same(logged.map(l => [l.status, l.route, l.ip]).slice(0, 1), [[403, 'internal', '192.0.2.7']])
 })
 
+t.test('a route\'s allow cannot undo the gateway-wide deny', async t => {
+  const up = await upstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+trustedProxies: [127.0.0.1]
+ipRestriction: { deny: [10.6.0.0/16] }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: internal, pathPrefix: /, upstream: backend, ipRestriction: { allow: [10.0.0.0/8] } }
+`)
+  t.same([(await ask(gw.url, '/a', '10.6.1.1')).status, (await ask(gw.url, '/b', '10.1.1.1')).status], [403, 200], 'the route allows 10.0.0.0/8; the gateway denies 10.6.0.0/16 within it')
+  t.same(up.seen, ['GET /b'])
+})
+
 t.test('X-Forwarded-For from a peer that is no trusted proxy does not open a restricted route', async t => {
   const up = await upstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
@@ -122,18 +137,21 @@ t.test('refused before the route tells anything: credentials, a CORS preflight, 
   t.same(up.seen, [])
 })
 
-t.test('the gateway-wide list refuses what no route answers too: a 404 or 405 would tell which paths exist', async t => {
-  const up = await upstream(t)
-  const yaml = `listen: 127.0.0.1:0
+// The gateway-wide list alone (the peer is a trusted proxy: X-Forwarded-For names the client)
+const gatewayWide = (up: string): string => `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 trustedProxies: [127.0.0.1]
 ipRestriction: { allow: [10.0.0.0/8] }
 upstreams:
-  backend: { targets: [${up.url}] }
+  backend: { targets: [${up}] }
 routes:
-  - { name: api, pathPrefix: /api/, methods: [GET], upstream: backend }
+  - { name: api, pathPrefix: /api/, methods: [GET], upstream: backend, cors: { origins: ["https://app.example.com"] } }
   - { name: events, pathPrefix: /ws/, websocket: true, upstream: backend }
 `
+
+t.test('the gateway-wide list refuses what no route answers too: a 404 or 405 would tell which paths exist', async t => {
+  const up = await upstream(t)
+  const yaml = gatewayWide(up.url)
   const gw = await startGateway(t, yaml)
   const outsider = await Promise.all([ask(gw.url, '/nothing-here', '192.0.2.7'), ask(gw.url, '/api/x;v=1', '192.0.2.7')])
   t.same(outsider.map(r => [r.status, r.body.error]), [[403, 'GW_ERR_IP_FORBIDDEN'], [403, 'GW_ERR_IP_FORBIDDEN']], 'no path, a route\'s ";": 403, as on the routes')
@@ -161,15 +179,7 @@ routes:
 
 t.test('the gateway-wide 403 carries no route\'s CORS fields: on a route\'s path, for a method it does not take, and on none, the same answer', async t => {
   const up = await upstream(t)
-  const gw = await startGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-trustedProxies: [127.0.0.1]
-ipRestriction: { allow: [10.0.0.0/8] }
-upstreams:
-  backend: { targets: [${up.url}] }
-routes:
-  - { name: api, pathPrefix: /api/, methods: [GET], upstream: backend, cors: { origins: ["https://app.example.com"] } }
-`)
+  const gw = await startGateway(t, gatewayWide(up.url))
   const answers = []
   for (const [method, path] of [['GET', '/api/x'], ['POST', '/api/x'], ['POST', '/nothing-here']]) {
     const r = await request(gw.url + path, { method, headers: { 'x-forwarded-for': '192.0.2.7', origin: 'https://app.example.com' } })
