@@ -21,6 +21,7 @@ import { compileClientIpResolver, type ClientIpResolver } from './identify/clien
 import { compileIpRestriction, type AddressCheck, type IpRestriction } from './identify/ip-restriction.js'
 import { compileTrustedPeer, type TrustedPeerCheck } from './proxy/trusted-peer.js'
 import type { ProxyProtocolPolicy } from './identify/proxy-protocol.js'
+import type { ClientCapPolicy } from './proxy/connection-cap.js'
 import { compileIdentity, type ConsumerDirectory, type IdentityConfig, type IdentityResolver } from './identify/identity.js'
 import { ApiKeyFileError } from './identify/api-key-file.js'
 import { DEFAULT_RETRIES, UpstreamPool, type UpstreamConfig } from './proxy/upstream-pool.js'
@@ -99,6 +100,8 @@ export interface ServerSettings {
   readonly websocketIdleTimeoutMs: number
   /** Client connections held at once; one more is closed as it arrives (src/proxy/connection-cap.ts). */
   readonly maxConnections: number
+  /** Client connections one client address holds at once; null: no cap (src/proxy/connection-cap.ts). */
+  readonly maxConnectionsPerClient: number | null
   readonly maxWebSockets: number
   readonly underscoresInHeaders: boolean
 }
@@ -141,6 +144,11 @@ export interface Runtime {
   /** What a request that failed identity is charged against (gateway ip limit + identity.failureLimit). */
   readonly failurePlan: RouteLimitPlan
   readonly server: ServerSettings
+  /**
+   * server.maxConnectionsPerClient and whom it counts: the client address as the ip limits key it
+   * (an IPv6 client by ipv6Prefix); a trusted proxy's connections carry many clients and are not counted.
+   */
+  readonly clientConnections: ClientCapPolicy
   /** Who must open a connection with a PROXY protocol header; null: nobody (proxyProtocol unset). */
   readonly proxyProtocol: ProxyProtocolPolicy | null
   readonly trustedProxiesEmpty: boolean
@@ -179,6 +187,7 @@ export function serverSettings (config: ResolvedConfig): ServerSettings {
     sendTimeoutMs: parseDuration(s.sendTimeout),
     websocketIdleTimeoutMs: parseDuration(s.websocketIdleTimeout),
     maxConnections: s.maxConnections ?? defaultMaxConnections(),
+    maxConnectionsPerClient: s.maxConnectionsPerClient,
     maxWebSockets: s.maxWebSockets,
     underscoresInHeaders: s.underscoresInHeaders
   })
@@ -606,6 +615,7 @@ export async function compileRuntime (
     leases: resources.leaseKeeper(config)
   })
   await resources.redisReady(config)
+  const isTrustedPeer = compileTrustedPeer(config.trustedProxies)
   const runtime: Runtime = Object.freeze({
     generation,
     file: loaded.file,
@@ -620,11 +630,15 @@ export async function compileRuntime (
     pools,
     limiter,
     resolveClientIp,
-    isTrustedPeer: compileTrustedPeer(config.trustedProxies),
+    isTrustedPeer,
     identity,
     consumers,
     failurePlan,
     server,
+    clientConnections: Object.freeze({
+      max: server.maxConnectionsPerClient,
+      clientKey: (peer: string | undefined) => peer === undefined || isTrustedPeer(peer) ? null : resolveClientIp(peer, undefined).key
+    }),
     proxyProtocol: config.proxyProtocol === undefined ? null : Object.freeze({ expects: compileTrustedPeer(config.proxyProtocol.from), timeoutMs: parseDuration(config.proxyProtocol.timeout ?? DEFAULT_PROXY_PROTOCOL_TIMEOUT) }),
     trustedProxiesEmpty: config.trustedProxies.length === 0,
     tls,

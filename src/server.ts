@@ -30,7 +30,7 @@ import { errorBody, writeError, writeRawError, type ErrorCode } from './errors.j
 import { adminListen } from './config/defaults.js'
 import { waitAtMost } from './wait-at-most.js'
 import { acceptProxyProtocol, type ProxyProtocolListener } from './identify/proxy-protocol.js'
-import { capConnections, type ConnectionCap } from './proxy/connection-cap.js'
+import { capConnections, capConnectionsPerClient, type ConnectionCap } from './proxy/connection-cap.js'
 
 /** A warning about connections closed as they came (a PROXY header missing, the cap) comes at most this often. */
 const CONNECTION_WARN_EVERY_MS = 10_000
@@ -585,6 +585,16 @@ export class Gateway {
       // node took its own 'error' listener off: a reset while answering must not end the process
       socket.on('error', () => { socket.destroy() })
       this.answerUnrouted(socket, 400, 'connect', (requestId) => { writeError(socket, 'GW_ERR_BAD_REQUEST', requestId, NOT_A_FORWARD_PROXY) })
+    })
+    // after every 'connection' listener above and before the PROXY header's reader wraps them:
+    // a connection is counted under the client the header names
+    const warnClientDropped = warnSparingly(this.logger, 'connection closed as it arrived: its client holds server.maxConnectionsPerClient connections (gateway_client_connections_dropped_total counts each; this line comes at most every 10 s)')
+    capConnectionsPerClient(server, {
+      policy: () => this.runtime?.clientConnections ?? null,
+      dropped: (peer, client, max) => {
+        this.metrics.clientConnectionDropped()
+        warnClientDropped({ peer, client, maxConnectionsPerClient: max })
+      }
     })
     // after every 'connection' listener above: a PROXY header is read before any of them runs
     // a balancer that sends no header gets every connection closed: said at warn, sparingly

@@ -26,6 +26,7 @@ function drive (m: GatewayMetrics): void {
   m.healthCheck('backend', 'http://x', 'pass'); m.healthCheck('backend', 'http://x', 'fail'); m.healthCheck('backend', 'http://x', 'fail')
   m.proxyProtocolRefused('missing'); m.proxyProtocolRefused('timeout'); m.proxyProtocolRefused('missing')
   m.connectionDropped(); m.connectionDropped()
+  m.clientConnectionDropped()
   m.upstreamEjection('backend', 'http://x', 'refused'); m.breakerState(1); m.reload('success'); m.generation.set(3)
 }
 

@@ -187,6 +187,7 @@ export class GatewayMetrics implements Telemetry {
   private readonly healthChecks: Counter
   private readonly proxyProtocolRefusals: Counter
   private readonly connectionDrops: Counter
+  private readonly clientConnectionDrops: Counter
   private readonly reloads: Counter
   private readonly breaker: Gauge
   readonly generation: Gauge
@@ -239,6 +240,7 @@ export class GatewayMetrics implements Telemetry {
       registers,
       collect () { this.set(sources.connections?.() ?? 0) }
     })
+    this.clientConnectionDrops = new Counter({ name: 'gateway_client_connections_dropped_total', help: 'Client connections closed as they arrived, unanswered: their client held server.maxConnectionsPerClient', registers })
     const targets = sources.targets
     new Gauge({
       name: 'gateway_upstream_target_healthy',
@@ -387,6 +389,10 @@ export class GatewayMetrics implements Telemetry {
 
   connectionDropped (): void {
     this.connectionDrops.inc()
+  }
+
+  clientConnectionDropped (): void {
+    this.clientConnectionDrops.inc()
   }
 
   proxyProtocolRefused (reason: string): void {

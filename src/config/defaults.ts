@@ -69,7 +69,7 @@ export interface ResolvedPlan {
 }
 type ServerConfig = NonNullable<GatewayConfig['server']>
 /** maxConnections null: half the open-file limit, read where the runtime is compiled. */
-export type ResolvedServer = Required<Omit<ServerConfig, 'bufferBodies' | 'bufferBodiesTotal' | 'maxConnections'>> & { bufferBodies: number, bufferBodiesTotal: number, maxConnections: number | null }
+export type ResolvedServer = Required<Omit<ServerConfig, 'bufferBodies' | 'bufferBodiesTotal' | 'maxConnections' | 'maxConnectionsPerClient'>> & { bufferBodies: number, bufferBodiesTotal: number, maxConnections: number | null, maxConnectionsPerClient: number | null }
 
 /** gateway.yaml with every default written in (frozen). */
 export type ResolvedConfig = Omit<GatewayConfig,
@@ -205,6 +205,8 @@ export function applyDefaults (c: GatewayConfig): ResolvedConfig {
       websocketIdleTimeout: s?.websocketIdleTimeout ?? '5m',
       // null: half the open-file limit, read where the runtime is compiled (src/runtime.ts)
       maxConnections: s?.maxConnections ?? null,
+      // null: no cap per client (nginx's limit_conn is off until configured): clients behind one NAT share an address
+      maxConnectionsPerClient: s?.maxConnectionsPerClient ?? null,
       maxWebSockets: s?.maxWebSockets ?? 10_000,
       // nginx's underscores_in_headers off
       underscoresInHeaders: s?.underscoresInHeaders ?? false

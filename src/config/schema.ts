@@ -365,6 +365,7 @@ export const configSchema = z.strictObject({
     sendTimeout: wait.optional().describe('longest a response write may wait for the client to read; default 60s'),
     websocketIdleTimeout: timer.optional().describe('a WebSocket tunnel with no traffic either way for this long is closed; default 5m'),
     maxConnections: z.int().positive().optional().describe('client connections open at once per process (per worker with workers: N); one more is closed as it arrives, unanswered, and counted in gateway_connections_dropped_total; default: half the open-file limit the process runs with, so the other half is left for upstream and Redis connections'),
+    maxConnectionsPerClient: z.int().positive().optional().describe('client connections one client address (an IPv6 client by its ipv6Prefix) holds at once per process (per worker with workers: N); one more is closed as it arrives, unanswered, and counted in gateway_client_connections_dropped_total; peers in trustedProxies are exempt (they carry many clients); behind proxyProtocol the address is the one the header names; default: no cap'),
     maxWebSockets: z.int().positive().optional().describe('open WebSocket tunnels per process (per worker with workers: N); an upgrade beyond it gets 503; default 10000'),
     underscoresInHeaders: z.boolean().optional().describe('pass request headers whose names hold "_" (X_User_Id) to upstreams; default false: dropped, as nginx does, since CGI, WSGI and PHP read them as X-User-Id')
   }).optional(),
