@@ -27,6 +27,7 @@ import { ApiKeyFileError } from './identify/api-key-file.js'
 import { DEFAULT_RETRIES, UpstreamPool, type UpstreamConfig } from './proxy/upstream-pool.js'
 import type { HealthCheckConfig } from './proxy/health-check.js'
 import { compileStaticResponse, type StaticResponse } from './proxy/respond.js'
+import { compileCompression } from './proxy/compression.js'
 import { compileCors, CORS_RESPONSE_FIELDS, type CompiledCors } from './router/cors.js'
 import { createForwardPlan, type BodyHandling, type ForwardPlan, type TunnelHandling, type HeaderRules } from './proxy/forward.js'
 import {
@@ -575,7 +576,8 @@ export async function compileRuntime (
       responseTimeoutMs: parseDuration(route.timeouts.response),
       maxBodySize: route.maxBodySize !== undefined ? parseSize(route.maxBodySize) : Infinity,
       requestHeaders: headerRules(route.headers?.request),
-      responseHeaders: withCorsFields(headerRules(route.headers?.response), cors)
+      responseHeaders: withCorsFields(headerRules(route.headers?.response), cors),
+      compression: route.compression === null ? null : compileCompression(route.compression)
     }))
     const own = routeLimitOptions(route)
     const limits = problems.try(['routes', i, 'limits'], () => ({ limits: compileRouteLimitPlan(limitOptions, own), planLimits: compilePlanLimits(limitOptions, own) }))

@@ -12,6 +12,7 @@ import { sendContinue } from './expect-continue.js'
 import { hasRequestBody } from './request-body.js'
 import { dropRestOfBody } from './lingering-close.js'
 import { CONNECTION_CLOSE } from './hop-by-hop.js'
+import { createEncoder, decideCompression, type CompressionPolicy, type Encoder } from './compression.js'
 
 export type { HeaderRules } from './forward-headers.js'
 export type { ForwardErrorKind } from './upstream-errors.js'
@@ -35,6 +36,8 @@ export interface ForwardPlan extends BodyHandling, TunnelHandling {
   readonly underscoresInHeaders: boolean
   /** requestHeaders/responseHeaders compiled once, when the plan is made (createForwardPlan). */
   readonly headers: CompiledHeaders
+  /** Response bodies compressed for clients that accept it (`compression`); null: relayed as they come. */
+  readonly compression: CompressionPolicy | null
 }
 
 /** How request bodies and slow clients are handled (server.bufferBodies and the client-side timeouts). */
@@ -57,7 +60,7 @@ export interface TunnelHandling {
   readonly maxWebSockets: number
 }
 
-export type ForwardPlanOptions = Omit<ForwardPlan, 'headers' | 'idleTimeoutMs' | 'underscoresInHeaders' | 'retries' | keyof BodyHandling | keyof TunnelHandling> & Partial<BodyHandling & TunnelHandling> & { readonly idleTimeoutMs?: number, readonly underscoresInHeaders?: boolean, readonly retries?: number }
+export type ForwardPlanOptions = Omit<ForwardPlan, 'headers' | 'idleTimeoutMs' | 'underscoresInHeaders' | 'retries' | 'compression' | keyof BodyHandling | keyof TunnelHandling> & Partial<BodyHandling & TunnelHandling> & { readonly idleTimeoutMs?: number, readonly underscoresInHeaders?: boolean, readonly retries?: number, readonly compression?: CompressionPolicy | null }
 
 /** The one way to make a plan: header rules are compiled here, at config load, not per request. */
 export function createForwardPlan (options: ForwardPlanOptions): ForwardPlan {
@@ -71,6 +74,7 @@ export function createForwardPlan (options: ForwardPlanOptions): ForwardPlan {
     maxWebSockets: 10_000,
     underscoresInHeaders: false,
     retries: DEFAULT_RETRIES,
+    compression: null,
     ...options,
     headers: compileHeaders(options.requestHeaders, options.responseHeaders, options.underscoresInHeaders ?? false)
   })
@@ -97,7 +101,7 @@ export interface ForwardResult {
   target: string | null
   /** Request body bytes read from the client for the upstream (a streamed body's as they enter its pipe). */
   bytesIn: number
-  /** Response body bytes written to the client. */
+  /** Response body bytes relayed to the client, as the upstream sent them (before compression). */
   bytesOut: number
   errorCode: ErrorCode | null
   errorKind: ForwardErrorKind | null
@@ -272,6 +276,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   bytesIn = 0
   bytesOut = 0
   onDrain: (() => void) | null = null
+  /** Compresses the response body on its way to the client (plan.compression); null: relayed as it comes. */
+  encoder: Encoder | null = null
   /** Backpressured before node gave the response its socket (pipelined behind another). */
   awaitingSocket = false
   onBodyData: ((chunk: Buffer) => void) | null = null
@@ -568,6 +574,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     if (out === null) return this.refuseHead()
     // RFC 9110 §8.6: a 204 never carries Content-Length (nginx drops it too); a 304's may stay
     if (statusCode === 204) out = withoutContentLength(out)
+    if (this.plan.compression !== null) out = this.compressing(this.plan.compression, statusCode, out)
     if (this.target !== null) this.plan.pool.succeeded(this.target)
     this.status = statusCode
     // A refusal that comes while the client's body is still arriving (an upload refused early)
@@ -580,6 +587,22 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     this.head = out
     holdHead(this)
     return true
+  }
+
+  /** The head the response goes out with; its body goes through an encoder when it is compressed. */
+  private compressing (policy: CompressionPolicy, status: number, head: string[]): string[] {
+    const decided = decideCompression(policy, this.opts.method, this.req.headers['accept-encoding'], status, head)
+    if (decided === null) return head
+    if (decided.encoding !== null) {
+      const encoder = createEncoder(policy, decided.encoding)
+      // zlib does not fail on its input; should it, the response is cut as a broken upstream's is
+      encoder.on('error', () => { this.res.destroy() })
+      encoder.pipe(this.res)
+      // a client gone before the end: the encoder's zlib memory is freed now, not when collected
+      this.res.once('close', () => { if (!encoder.readableEnded) encoder.destroy() })
+      this.encoder = encoder
+    }
+    return decided.head
   }
 
   /**
@@ -636,7 +659,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     // undici aborts on a throw, and onError answers the bad response
     if (this.head !== null && !this.writeHead()) throw new GatewayError('GW_ERR_UPSTREAM_BAD_RESPONSE')
     this.bytesOut += chunk.length
-    if (this.res.write(chunk)) return true
+    const sink = this.encoder ?? this.res
+    if (sink.write(chunk)) return true
     // Backpressure: stop reading the upstream socket until the client drains, for at most
     // sendTimeout. A response pipelined behind an earlier one has no socket yet: its client is not
     // slow, it is not its turn; the timer starts when the socket is its (a client reading
@@ -646,7 +670,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       this.awaitingSocket = true
       this.res.once('socket', () => {
         this.awaitingSocket = false
-        if (this.res.writableNeedDrain && !this.settled) this.armIdle('send_timeout', this.plan.sendTimeoutMs)
+        if (sink.writableNeedDrain && !this.settled) this.armIdle('send_timeout', this.plan.sendTimeoutMs)
       })
     }
     if (this.onDrain === null) {
@@ -654,7 +678,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
         this.clearIdle('send_timeout')
         this.resumeUpstream?.()
       }
-      this.res.on('drain', this.onDrain)
+      sink.on('drain', this.onDrain)
     }
     return false
   }
@@ -682,7 +706,9 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       this.fail('bad_response', null)
       return
     }
-    this.res.end()
+    // the encoder's end ends the response (pipe), once its last bytes are out
+    if (this.encoder !== null) this.encoder.end()
+    else this.res.end()
     this.settle(null, null)
   }
 
@@ -858,6 +884,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     }
     this.releaseTarget()
     this.releaseHeldBytes()
+    // a response cut or given up: what the encoder holds goes nowhere
+    if (kind !== null && this.encoder !== null) this.encoder.destroy()
     // The connection was closed by the gateway (its shutdown, server.requestTimeout), not by the client.
     if (kind === 'client_abort') kind = cutByGateway.get(this.res) ?? kind
     const code = kind === null ? null : KIND_CODES[kind]

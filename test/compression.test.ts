@@ -1,0 +1,229 @@
+// compression: forwarded responses compressed (gzip, Brotli) for the clients that accept it, as
+// they stream, with the head a cache and a client need (Vary, no Content-Length, a weak ETag), and
+// left alone where compressing would be wrong (a HEAD, a 206, a body already encoded, no-transform).
+import t from 'tap'
+import http from 'node:http'
+import { writeFileSync } from 'node:fs'
+import { once } from 'node:events'
+import net from 'node:net'
+import { randomBytes } from 'node:crypto'
+import { brotliDecompressSync, createGunzip, gunzipSync, gzipSync } from 'node:zlib'
+import { startGateway } from './helpers/gateway.js'
+import type { Teardown } from './helpers/teardown.js'
+
+const JSON_BODY = JSON.stringify({ items: Array.from({ length: 400 }, (_, i) => ({ id: i, name: `item ${i}`, tags: ['a', 'b'] })) })
+
+interface Origin { url: string, release: () => void, aborted: Promise<void> }
+
+/** The upstream: a JSON document, a small one, an image, an encoded one, a stream held until released, a large body. */
+async function startOrigin (t: Teardown): Promise<Origin> {
+  let release = (): void => {}
+  let abortedResolve = (): void => {}
+  const aborted = new Promise<void>(resolve => { abortedResolve = resolve })
+  const server = http.createServer((req, res) => {
+    const path = (req.url ?? '').split('?')[0]
+    switch (path) {
+      case '/json':
+      case '/api/json':
+        res.writeHead(200, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(JSON_BODY), etag: '"v1"', 'accept-ranges': 'bytes', vary: 'Origin' })
+        return res.end(JSON_BODY)
+      case '/problem':
+        res.writeHead(404, { 'content-type': 'application/problem+json' })
+        return res.end(JSON_BODY)
+      case '/small':
+        res.writeHead(200, { 'content-type': 'application/json', 'content-length': 2 })
+        return res.end('{}')
+      case '/png':
+        res.writeHead(200, { 'content-type': 'image/png' })
+        return res.end(Buffer.alloc(4096, 1))
+      case '/encoded':
+        res.writeHead(200, { 'content-type': 'text/plain', 'content-encoding': 'gzip' })
+        return res.end(gzipSync('already encoded by the upstream'))
+      case '/no-transform':
+        res.writeHead(200, { 'content-type': 'text/plain', 'cache-control': 'public, no-transform' })
+        return res.end('x'.repeat(4096))
+      case '/partial':
+        res.writeHead(206, { 'content-type': 'text/plain', 'content-range': 'bytes 0-4095/8192' })
+        return res.end('x'.repeat(4096))
+      case '/stream':
+        res.writeHead(200, { 'content-type': 'text/plain' })
+        res.write('first part\n')
+        release = () => { res.end('second part\n') }
+        res.on('close', () => { if (!res.writableFinished) abortedResolve() })
+        return
+      case '/large': {
+        res.writeHead(200, { 'content-type': 'text/plain' })
+        let sent = 0
+        const line = Buffer.from('0123456789abcdefghijklmnopqrstuvwxyz\n'.repeat(1000))
+        const more = (): void => {
+          while (sent < 200) {
+            sent++
+            if (!res.write(line)) return void res.once('drain', more)
+          }
+          res.end()
+        }
+        return more()
+      }
+      case '/random': {
+        // base64 of random bytes, a 64 KiB chunk over and over: gzip's 32 KiB window finds no
+        // repeat, so the compressed stream is three quarters of it and fills the client's buffers
+        res.writeHead(200, { 'content-type': 'text/plain' })
+        const chunk = Buffer.from(randomBytes(48 * 1024).toString('base64'))
+        const more = (): void => { while (res.write(chunk)); res.once('drain', more) }
+        res.on('close', () => { if (!res.writableFinished) abortedResolve() })
+        return more()
+      }
+      default:
+        res.writeHead(200, { 'content-type': 'text/html' })
+        return res.end('<p>' + 'hello '.repeat(500) + '</p>')
+    }
+  })
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  t.teardown(() => { server.closeAllConnections(); server.close() })
+  const { port } = server.address() as { port: number }
+  return { url: `http://127.0.0.1:${port}`, release: () => release(), aborted }
+}
+
+const yaml = (up: string, compression: string, routeCompression = ''): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+${compression}
+upstreams:
+  backend: { targets: [${up}] }
+routes:
+  - { name: plain, pathPrefix: /api/, upstream: backend${routeCompression} }
+  - { name: rest, pathPrefix: /, upstream: backend }
+`
+
+interface Got { status: number, headers: http.IncomingHttpHeaders, body: Buffer }
+
+async function get (port: number, path: string, acceptEncoding?: string, method = 'GET'): Promise<Got> {
+  const res = await new Promise<http.IncomingMessage>((resolve, reject) => {
+    http.request({ port, host: '127.0.0.1', path, method, headers: acceptEncoding === undefined ? {} : { 'accept-encoding': acceptEncoding } }, resolve).on('error', reject).end()
+  })
+  const chunks: Buffer[] = []
+  for await (const chunk of res) chunks.push(chunk as Buffer)
+  return { status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }
+}
+
+t.test('a JSON answer is compressed with the coding the client prefers, Brotli among equals', async t => {
+  const origin = await startOrigin(t)
+  const gw = await startGateway(t, yaml(origin.url, 'compression: {}'))
+  const gz = await get(gw.port, '/json', 'gzip, deflate')
+  t.equal(gz.status, 200)
+  t.equal(gz.headers['content-encoding'], 'gzip')
+  t.equal(gunzipSync(gz.body).toString(), JSON_BODY, 'the body is the upstream\'s, gzipped')
+  t.ok(gz.body.length < JSON_BODY.length / 4, `${gz.body.length} bytes for ${JSON_BODY.length}`)
+  t.equal(gz.headers['content-length'], undefined, 'the upstream\'s length is not the compressed one')
+  t.equal(gz.headers['accept-ranges'], undefined, 'ranges of the compressed bytes are not offered')
+  t.equal(gz.headers.etag, 'W/"v1"', 'a strong ETag becomes weak: the bytes differ')
+  t.equal(gz.headers.vary, 'Origin, Accept-Encoding', 'the upstream\'s Vary is kept, Accept-Encoding added')
+  const br = await get(gw.port, '/json', 'gzip, deflate, br, zstd')
+  t.equal(br.headers['content-encoding'], 'br', 'Brotli, the first of encodings, when both are accepted equally')
+  t.equal(brotliDecompressSync(br.body).toString(), JSON_BODY)
+  const weighted = await get(gw.port, '/json', 'br;q=0.5, gzip;q=0.9')
+  t.equal(weighted.headers['content-encoding'], 'gzip', 'the client\'s weights come first')
+  const refused = await get(gw.port, '/json', 'gzip;q=0, br;q=0')
+  t.equal(refused.headers['content-encoding'], undefined, 'q=0 refuses a coding')
+  const star = await get(gw.port, '/json', '*')
+  t.equal(star.headers['content-encoding'], 'br', '* takes any coding')
+  const none = await get(gw.port, '/json')
+  t.same([none.headers['content-encoding'], none.headers['content-length'], none.headers.etag, none.headers.vary, none.body.toString() === JSON_BODY],
+    [undefined, String(Buffer.byteLength(JSON_BODY)), '"v1"', 'Origin, Accept-Encoding', true], 'no Accept-Encoding: as the upstream sent it, with Vary for the caches')
+  const problem = await get(gw.port, '/problem', 'gzip')
+  t.same([problem.status, problem.headers['content-encoding'], gunzipSync(problem.body).toString() === JSON_BODY], [404, 'gzip', true], 'an error answer of a listed type (application/*+json) too')
+  const html = await get(gw.port, '/page', 'gzip')
+  t.equal(html.headers['content-encoding'], 'gzip', 'text/html, chunked (no Content-Length)')
+})
+
+t.test('what is not compressed: small, an image, already encoded, no-transform, a 206, a HEAD', async t => {
+  const origin = await startOrigin(t)
+  const gw = await startGateway(t, yaml(origin.url, 'compression: {}'))
+  for (const path of ['/small', '/png', '/encoded', '/no-transform', '/partial']) {
+    const got = await get(gw.port, path, 'gzip, br')
+    t.equal(got.headers['content-encoding'], path === '/encoded' ? 'gzip' : undefined, `${path}: as the upstream sent it`)
+    t.equal(got.headers.vary, undefined, `${path}: no Vary (no client would get it compressed)`)
+  }
+  const head = await get(gw.port, '/json', 'gzip', 'HEAD')
+  t.same([head.status, head.headers['content-encoding'], head.headers['content-length']], [200, undefined, String(Buffer.byteLength(JSON_BODY))], 'a HEAD: the head as the upstream sent it')
+})
+
+t.test('a stream is compressed as it comes: what the upstream sent reaches the client before the end', async t => {
+  const origin = await startOrigin(t)
+  const gw = await startGateway(t, yaml(origin.url, 'compression: { minSize: 0, encodings: [gzip] }'))
+  const res = await new Promise<http.IncomingMessage>((resolve, reject) => {
+    http.request({ port: gw.port, host: '127.0.0.1', path: '/stream', headers: { 'accept-encoding': 'gzip' } }, resolve).on('error', reject).end()
+  })
+  t.equal(res.headers['content-encoding'], 'gzip')
+  const text = res.pipe(createGunzip())
+  text.setEncoding('utf8')
+  const iterator = text[Symbol.asyncIterator]()
+  const first = await iterator.next()
+  t.equal(first.value, 'first part\n', 'the first part, decompressible while the upstream still holds the rest')
+  origin.release()
+  const rest = await iterator.next()
+  t.equal(rest.value, 'second part\n')
+  t.equal((await iterator.next()).done, true)
+})
+
+t.test('a large body goes through whole, with backpressure, and a client that leaves mid-body ends the upstream request', async t => {
+  const origin = await startOrigin(t)
+  const gw = await startGateway(t, yaml(origin.url, 'compression: {}'))
+  const large = await get(gw.port, '/large', 'br')
+  const expected = '0123456789abcdefghijklmnopqrstuvwxyz\n'.repeat(1000 * 200)
+  t.equal(brotliDecompressSync(large.body).toString() === expected, true, `${expected.length} bytes whole`)
+  let line: Record<string, unknown> | undefined
+  for (let i = 0; i < 100 && line === undefined; i++) {
+    line = gw.lines.find(l => l.path === '/large')
+    if (line === undefined) await new Promise(resolve => setTimeout(resolve, 20))
+  }
+  t.match(line, { status: 200, bytesOut: expected.length }, 'logged with the upstream\'s bytes')
+  // a client that leaves while the stream is held
+  const req = http.request({ port: gw.port, host: '127.0.0.1', path: '/stream', headers: { 'accept-encoding': 'gzip' } })
+  req.end()
+  const res = await new Promise<http.IncomingMessage>(resolve => req.once('response', resolve))
+  await once(res, 'data')
+  req.destroy()
+  await origin.aborted
+  t.pass('the upstream request is ended')
+  const ok = await get(gw.port, '/json', 'gzip')
+  t.equal(gunzipSync(ok.body).toString(), JSON_BODY, 'and the gateway serves on')
+})
+
+t.test('a client that stops reading a compressed answer is cut after server.sendTimeout', async t => {
+  const origin = await startOrigin(t)
+  const gw = await startGateway(t, yaml(origin.url, 'server: { sendTimeout: 300ms }\ncompression: { encodings: [gzip] }'))
+  const socket = net.connect(gw.port, '127.0.0.1')
+  socket.on('error', () => {})
+  t.teardown(() => socket.destroy())
+  socket.write('GET /random HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n')
+  socket.pause() // reads nothing: the kernel buffers fill, then the encoder's, then the upstream waits
+  await origin.aborted
+  let line: Record<string, unknown> | undefined
+  for (let i = 0; i < 100 && line === undefined; i++) {
+    line = gw.lines.find(l => l.path === '/random')
+    if (line === undefined) await new Promise(resolve => setTimeout(resolve, 20))
+  }
+  t.match(line, { status: 200, error: 'send_timeout' }, 'cut as a slow reader, the upstream request ended')
+})
+
+t.test('per route: off, on with the gateway\'s settings, its own keys; a reload turns it on', async t => {
+  const origin = await startOrigin(t)
+  const gw = await startGateway(t, yaml(origin.url, 'compression: { encodings: [gzip] }', ', compression: false'))
+  t.equal((await get(gw.port, '/api/json', 'gzip')).headers['content-encoding'], undefined, 'compression: false')
+  t.equal((await get(gw.port, '/json', 'gzip, br')).headers['content-encoding'], 'gzip', 'the other route: the gateway-wide encodings')
+  writeFileSync(gw.configFile, yaml(origin.url, 'compression: { encodings: [gzip] }', ', compression: { encodings: [br, gzip], minSize: 100kb }'))
+  t.equal((await gw.reload()).ok, true)
+  t.equal((await get(gw.port, '/api/json', 'gzip, br')).headers['content-encoding'], undefined, 'its own minSize: the 20 kB document is below 100kb')
+  writeFileSync(gw.configFile, yaml(origin.url, '', ', compression: true'))
+  t.equal((await gw.reload()).ok, true)
+  t.equal((await get(gw.port, '/api/json', 'gzip, br')).headers['content-encoding'], 'br', 'true without compression: the defaults')
+  t.equal((await get(gw.port, '/json', 'gzip, br')).headers['content-encoding'], undefined, 'the route without it: off')
+})
+
+t.test('a bad compression setting is a located error', async t => {
+  const origin = await startOrigin(t)
+  await t.rejects(startGateway(t, yaml(origin.url, 'compression: { types: [json] }')), /compression\.types\[0\]: "json" is no media type/)
+  await t.rejects(startGateway(t, yaml(origin.url, 'compression: { encodings: [zstd] }')), /compression\.encodings\[0\]/)
+  await t.rejects(startGateway(t, yaml(origin.url, 'compression: { brotliQuality: 12 }')), /compression\.brotliQuality/)
+})
