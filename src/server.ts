@@ -31,6 +31,7 @@ import { adminListen } from './config/defaults.js'
 import { waitAtMost } from './wait-at-most.js'
 import { acceptProxyProtocol, type ProxyProtocolListener } from './identify/proxy-protocol.js'
 import { capConnections, capConnectionsPerClient, type ConnectionCap } from './proxy/connection-cap.js'
+import { createRedirectHandler } from './proxy/https-redirect.js'
 
 /** A warning about connections closed as they came (a PROXY header missing, the cap) comes at most this often. */
 const CONNECTION_WARN_EVERY_MS = 10_000
@@ -113,6 +114,7 @@ export function settingsNeedingRestart (started: ResolvedConfig, after: Resolved
   if ((after.tls === undefined) !== (started.tls === undefined)) needed.push('tls (on or off)')
   if (adminListen(after) !== adminListen(started)) needed.push('admin')
   if (after.workers !== started.workers) needed.push('workers')
+  if (after.tls?.redirectHttp?.listen !== started.tls?.redirectHttp?.listen) needed.push('tls.redirectHttp.listen')
   return needed
 }
 
@@ -312,6 +314,8 @@ export class Gateway {
   /** Reads the PROXY protocol headers of the listener's connections (its own sockets until then). */
   private proxyProtocol: ProxyProtocolListener | null = null
   private connectionCap: ConnectionCap | null = null
+  /** tls.redirectHttp's listener; null without one. */
+  private redirect: Server | null = null
   /**
    * Per connection that has sent a request: its responses not closed yet (told to close their
    * connection when draining starts) and what to write once they all have. Kept per connection,
@@ -326,6 +330,8 @@ export class Gateway {
   private startedConfig: ResolvedConfig | null = null
   port = 0
   adminPort = 0
+  /** The port of tls.redirectHttp's listener; 0 without one. */
+  redirectPort = 0
 
   private constructor (private readonly options: GatewayOptions, logger: Logger) {
     this.generation = (options.initialGeneration ?? 1) - 1
@@ -619,6 +625,15 @@ export class Gateway {
     this.listenAddress = started.listen
     this.startedConfig = started
     this.port = (await listen(server, this.listenAddress)).port
+    const redirectHttp = started.tls?.redirectHttp
+    if (redirectHttp !== undefined) {
+      const port = this.port
+      const redirect = createHttpServer(serverOptions, createRedirectHandler(() => redirectHttp.port ?? port, () => { this.metrics.httpsRedirected() }))
+      // its connections hold descriptors as the listener's do: capped alike, counted apart
+      capConnections(redirect, { max: () => this.runtime?.server.maxConnections ?? Infinity, dropped: () => { this.metrics.connectionDropped() } })
+      this.redirect = redirect
+      this.redirectPort = (await listen(redirect, redirectHttp.listen)).port
+    }
 
     const self = this // eslint-disable-line @typescript-eslint/no-this-alias
     const limitsDeps: LimitsApiDeps = {
@@ -642,7 +657,7 @@ export class Gateway {
       const stopFrames = sendLiveFrames(() => this.live.takeFrame(), () => healthOf(source), () => this.runtime === null ? null : describeRoutes(this.runtime))
       const stopAdmin = answerAdminRequests(createLimitsOps(limitsDeps))
       this.stopLiveFrames = () => { stopFrames(); stopAdmin() }
-      this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
+      this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, ...this.redirectField(), generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
       return
     }
     this.feed = new LiveFeed(() => this.live.takeFrame(), () => healthOf(source))
@@ -653,7 +668,7 @@ export class Gateway {
     this.admin = admin
     this.adminPort = (await listen(admin, adminAddress)).port
     if (!adminOnLoopback) warnOpenAdmin(this.logger, adminAddress, runtime.config)
-    this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, adminPort: this.adminPort, generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
+    this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, adminPort: this.adminPort, ...this.redirectField(), generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
   }
 
   /**
@@ -846,12 +861,22 @@ export class Gateway {
       const admin = this.admin
       await new Promise<void>(resolve => { admin.close(() => resolve()); admin.closeAllConnections() })
     }
+    if (this.redirect !== null) {
+      const redirect = this.redirect
+      await new Promise<void>(resolve => { redirect.close(() => resolve()); redirect.closeAllConnections() })
+    }
     this.logger.info('gateway stopped')
     // wait for the log to reach stdout, but a blocked stdout must not hold the exit forever
     await new Promise<void>(resolve => {
       const giveUp = setTimeout(resolve, LOG_DRAIN_MS)
       this.logger.flush(() => { clearTimeout(giveUp); resolve() })
     })
+  }
+
+  /** The redirect listener's address for the 'gateway started' line; none without one. */
+  private redirectField (): { redirectHttp?: string } {
+    const listen = this.startedConfig?.tls?.redirectHttp?.listen
+    return listen === undefined ? {} : { redirectHttp: `http://${listen.slice(0, listen.lastIndexOf(':'))}:${this.redirectPort}` }
   }
 
   /** The effective config, secrets redacted (also served on /config). */

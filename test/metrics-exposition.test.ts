@@ -27,6 +27,7 @@ function drive (m: GatewayMetrics): void {
   m.proxyProtocolRefused('missing'); m.proxyProtocolRefused('timeout'); m.proxyProtocolRefused('missing')
   m.connectionDropped(); m.connectionDropped()
   m.clientConnectionDropped()
+  m.httpsRedirected(); m.httpsRedirected(); m.httpsRedirected()
   m.upstreamEjection('backend', 'http://x', 'refused'); m.breakerState(1); m.reload('success'); m.generation.set(3)
 }
 

@@ -188,6 +188,7 @@ export class GatewayMetrics implements Telemetry {
   private readonly proxyProtocolRefusals: Counter
   private readonly connectionDrops: Counter
   private readonly clientConnectionDrops: Counter
+  private readonly httpsRedirects: Counter
   private readonly reloads: Counter
   private readonly breaker: Gauge
   readonly generation: Gauge
@@ -240,6 +241,7 @@ export class GatewayMetrics implements Telemetry {
       registers,
       collect () { this.set(sources.connections?.() ?? 0) }
     })
+    this.httpsRedirects = new Counter({ name: 'gateway_https_redirects_total', help: 'Requests to tls.redirectHttp\'s plain-HTTP listener answered with a redirect to HTTPS', registers })
     this.clientConnectionDrops = new Counter({ name: 'gateway_client_connections_dropped_total', help: 'Client connections closed as they arrived, unanswered: their client held server.maxConnectionsPerClient', registers })
     const targets = sources.targets
     new Gauge({
@@ -389,6 +391,10 @@ export class GatewayMetrics implements Telemetry {
 
   connectionDropped (): void {
     this.connectionDrops.inc()
+  }
+
+  httpsRedirected (): void {
+    this.httpsRedirects.inc()
   }
 
   clientConnectionDropped (): void {

@@ -645,6 +645,10 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
     const adminPath = typeof config.admin === 'object' ? ['admin', 'listen'] : ['admin']
     out.push([config.admin !== undefined ? adminPath : ['listen'], `"${admin}" is also the ${config.admin !== undefined ? 'listen' : 'admin'} address: the admin listener needs its own port`])
   }
+  const redirectHttp = config.tls?.redirectHttp?.listen
+  if (redirectHttp !== undefined && (sameSocket(redirectHttp, listen) || sameSocket(redirectHttp, admin))) {
+    out.push([['tls', 'redirectHttp', 'listen'], `"${redirectHttp}" is also the ${sameSocket(redirectHttp, listen) ? 'listen' : 'admin'} address: the redirect listener needs its own port`])
+  }
   if (typeof config.admin === 'object' && config.admin.reads === 'token' && config.admin.token === undefined) {
     out.push([['admin', 'reads'], '"reads: token" needs "admin.token" (the Bearer token reads are then asked for)'])
   }

@@ -383,7 +383,14 @@ export const configSchema = z.strictObject({
     maxWebSockets: z.int().positive().optional().describe('open WebSocket tunnels per process (per worker with workers: N); an upgrade beyond it gets 503; default 10000'),
     underscoresInHeaders: z.boolean().optional().describe('pass request headers whose names hold "_" (X_User_Id) to upstreams; default false: dropped, as nginx does, since CGI, WSGI and PHP read them as X-User-Id')
   }).optional(),
-  tls: z.strictObject({ cert: z.string(), key: z.string() }).optional(),
+  tls: z.strictObject({
+    cert: z.string(),
+    key: z.string(),
+    redirectHttp: z.strictObject({
+      listen: hostPort.describe('the plain-HTTP address, e.g. 0.0.0.0:80'),
+      port: z.int().min(1).max(65535).optional().describe('the HTTPS port clients are sent to; default the port of listen (443 is left out of the Location)')
+    }).optional().describe('a plain-HTTP listener that answers every request with 308 to the same host and path over HTTPS')
+  }).optional(),
   redis: redisSchema.optional(),
   tracing: z.strictObject({
     otlp: httpUrl.describe('OTLP/HTTP collector: one span per request is exported there (http://collector:4318 gets /v1/traces)'),
