@@ -7,7 +7,7 @@ import { writeFileSync } from 'node:fs'
 import { once } from 'node:events'
 import net from 'node:net'
 import { randomBytes } from 'node:crypto'
-import { brotliDecompressSync, createGunzip, gunzipSync, gzipSync } from 'node:zlib'
+import { brotliCompressSync, brotliDecompressSync, createGunzip, gunzipSync, gzipSync } from 'node:zlib'
 import { startGateway } from './helpers/gateway.js'
 import type { Teardown } from './helpers/teardown.js'
 
@@ -25,11 +25,27 @@ async function startOrigin (t: Teardown): Promise<Origin> {
     switch (path) {
       case '/json':
       case '/api/json':
+        if (req.headers['if-none-match'] !== undefined) {
+          // compared weakly, as RFC 9110 §13.1.2 has If-None-Match compared: W/"v1" matches "v1"
+          res.writeHead(304, { etag: '"v1"', vary: 'Origin' })
+          return res.end()
+        }
         res.writeHead(200, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(JSON_BODY), etag: '"v1"', 'accept-ranges': 'bytes', vary: 'Origin' })
         return res.end(JSON_BODY)
       case '/problem':
         res.writeHead(404, { 'content-type': 'application/problem+json' })
         return res.end(JSON_BODY)
+      case '/digest':
+        res.writeHead(200, { 'content-type': 'application/json', 'content-digest': 'sha-256=:RK/0qy18MlBSVnWgjwz6lZEWjP/lF5HF9bvEF8FabDg=:' })
+        return res.end(JSON_BODY)
+      case '/reset-content':
+        res.writeHead(205, { 'content-type': 'text/plain' })
+        return res.end()
+      case '/ndjson':
+        // a line per write, as a generator or a JSON encoder streams: a chunk each, for undici
+        res.writeHead(200, { 'content-type': 'application/x-ndjson' })
+        for (let i = 0; i < 5000; i++) res.write(`{"id":${i},"name":"item ${i}","tags":["a","b"]}\n`)
+        return res.end()
       case '/small':
         res.writeHead(200, { 'content-type': 'application/json', 'content-length': 2 })
         return res.end('{}')
@@ -98,8 +114,12 @@ routes:
 interface Got { status: number, headers: http.IncomingHttpHeaders, body: Buffer }
 
 async function get (port: number, path: string, acceptEncoding?: string, method = 'GET'): Promise<Got> {
+  return await getWith(port, path, acceptEncoding === undefined ? {} : { 'accept-encoding': acceptEncoding }, method)
+}
+
+async function getWith (port: number, path: string, headers: Record<string, string>, method = 'GET'): Promise<Got> {
   const res = await new Promise<http.IncomingMessage>((resolve, reject) => {
-    http.request({ port, host: '127.0.0.1', path, method, headers: acceptEncoding === undefined ? {} : { 'accept-encoding': acceptEncoding } }, resolve).on('error', reject).end()
+    http.request({ port, host: '127.0.0.1', path, method, headers }, resolve).on('error', reject).end()
   })
   const chunks: Buffer[] = []
   for await (const chunk of res) chunks.push(chunk as Buffer)
@@ -139,13 +159,37 @@ t.test('a JSON answer is compressed with the coding the client prefers, Brotli a
 t.test('what is not compressed: small, an image, already encoded, no-transform, a 206, a HEAD', async t => {
   const origin = await startOrigin(t)
   const gw = await startGateway(t, yaml(origin.url, 'compression: {}'))
-  for (const path of ['/small', '/png', '/encoded', '/no-transform', '/partial']) {
+  for (const path of ['/small', '/png', '/encoded', '/no-transform', '/partial', '/digest', '/reset-content']) {
     const got = await get(gw.port, path, 'gzip, br')
     t.equal(got.headers['content-encoding'], path === '/encoded' ? 'gzip' : undefined, `${path}: as the upstream sent it`)
     t.equal(got.headers.vary, undefined, `${path}: no Vary (no client would get it compressed)`)
   }
   const head = await get(gw.port, '/json', 'gzip', 'HEAD')
   t.same([head.status, head.headers['content-encoding'], head.headers['content-length']], [200, undefined, String(Buffer.byteLength(JSON_BODY))], 'a HEAD: the head as the upstream sent it')
+})
+
+t.test('a 304 that revalidates a compressed answer names the weak ETag and the Vary that answer went out with', async t => {
+  const origin = await startOrigin(t)
+  const gw = await startGateway(t, yaml(origin.url, 'compression: {}'))
+  const first = await get(gw.port, '/json', 'gzip')
+  t.equal(first.headers.etag, 'W/"v1"')
+  const again = await getWith(gw.port, '/json', { 'accept-encoding': 'gzip', 'if-none-match': first.headers.etag as string })
+  t.same([again.status, again.headers.etag, again.headers.vary], [304, 'W/"v1"', 'Origin, Accept-Encoding'], 'what the stored answer has: a cache may freshen it (RFC 9111 §4.3.4)')
+  const identity = await getWith(gw.port, '/json', { 'if-none-match': '"v1"' })
+  t.same([identity.status, identity.headers.etag, identity.headers.vary], [304, '"v1"', 'Origin'], 'a client holding the uncompressed answer: as the upstream sent it')
+})
+
+t.test('an upstream that writes a line at a time is compressed as a whole, not line by line', async t => {
+  const origin = await startOrigin(t)
+  const gw = await startGateway(t, yaml(origin.url, 'compression: {}'))
+  const whole = Array.from({ length: 5000 }, (_, i) => `{"id":${i},"name":"item ${i}","tags":["a","b"]}\n`).join('')
+  for (const coding of ['gzip', 'br']) {
+    const got = await get(gw.port, '/ndjson', coding)
+    const text = (coding === 'gzip' ? gunzipSync(got.body) : brotliDecompressSync(got.body)).toString()
+    t.equal(text === whole, true, `${coding}: the ${whole.length} bytes whole`)
+    const once = coding === 'gzip' ? gzipSync(whole, { level: 5 }).length : brotliCompressSync(whole).length
+    t.ok(got.body.length < 2 * once + 1024, `${coding}: ${got.body.length} bytes, against ${once} compressed in one go (a flush per line made it several times that)`)
+  }
 })
 
 t.test('a stream is compressed as it comes: what the upstream sent reaches the client before the end', async t => {

@@ -5,6 +5,21 @@
 import { constants as zlibConstants, createBrotliCompress, createGzip, type BrotliCompress, type Gzip } from 'node:zlib'
 
 export type Encoding = 'br' | 'gzip'
+
+/** What of the request the decision reads. */
+export interface CompressionRequest {
+  readonly acceptEncoding: string | undefined
+  readonly ifNoneMatch: string | undefined
+}
+
+export interface CompressionDecision {
+  /** The head the answer goes out with. */
+  readonly head: string[]
+  /** The coding of its body; null: as it came. */
+  readonly encoding: Encoding | null
+  /** The upstream's Content-Length, when it gave one. */
+  readonly length: number | null
+}
 export const ENCODINGS: readonly Encoding[] = ['br', 'gzip']
 
 export interface CompressionOptions {
@@ -103,8 +118,8 @@ export function negotiateEncoding (acceptEncoding: string | undefined, encodings
   return best
 }
 
-/** Statuses whose body is never compressed: none (204, 304) or a part of one (206). */
-const NO_BODY_TO_COMPRESS: ReadonlySet<number> = new Set([204, 206, 304])
+/** Statuses whose body is never compressed: none (204, 205, 304) or a part of one (206). */
+const NO_BODY_TO_COMPRESS: ReadonlySet<number> = new Set([204, 205, 206, 304])
 
 /**
  * The head a response goes out with, and the coding its body is compressed with (null: as it
@@ -115,11 +130,13 @@ const NO_BODY_TO_COMPRESS: ReadonlySet<number> = new Set([204, 206, 304])
  * compressed bytes), a strong ETag becomes weak (the bytes differ, the meaning does not: nginx
  * does the same).
  */
-export function decideCompression (policy: CompressionPolicy, method: string, acceptEncoding: string | undefined, status: number, head: string[]): { head: string[], encoding: Encoding | null } | null {
+export function decideCompression (policy: CompressionPolicy, method: string, request: CompressionRequest, status: number, head: string[]): CompressionDecision | null {
+  if (status === 304) return revalidated(policy, request, head)
   if (method === 'HEAD' || status < 200 || NO_BODY_TO_COMPRESS.has(status)) return null
   let type: string | null = null
   let vary = -1
   let etag = -1
+  let length: number | null = null
   for (let i = 0; i < head.length; i += 2) {
     const name = (head[i] as string).toLowerCase()
     const value = head[i + 1] as string
@@ -127,22 +144,23 @@ export function decideCompression (policy: CompressionPolicy, method: string, ac
       case 'content-type': type = value.split(';', 1)[0]?.trim().toLowerCase() ?? ''; break
       case 'content-encoding': if (value.trim().toLowerCase() !== 'identity') return null; break
       // an empty body stays empty (a coding would give it 20 bytes)
-      case 'content-length': if (Number(value) < policy.minSize || Number(value) === 0) return null; break
+      case 'content-length':
+        length = Number(value)
+        if (length < policy.minSize || length === 0) return null
+        break
       case 'cache-control': if (/(?:^|[\s,])no-transform(?:$|[\s,;=])/i.test(value)) return null; break
       case 'vary': vary = i; break
       case 'etag': etag = i; break
+      // a digest of the content (RFC 9530's Content-Digest and Repr-Digest cover the coded bytes;
+      // RFC 3230's Digest, Content-MD5) no longer holds once it is compressed: a signed or checked
+      // answer passes as it came
+      case 'content-digest': case 'repr-digest': case 'digest': case 'content-md5': return null
     }
   }
   if (type === null || !policy.compressible(type)) return null
-  const encoding = negotiateEncoding(acceptEncoding, policy.encodings)
-  let out = head
-  const listed = vary !== -1 && /(?:^|,)\s*(?:\*|accept-encoding)\s*(?:,|$)/i.test(head[vary + 1] as string)
-  if (!listed) {
-    out = out.slice()
-    if (vary === -1) out.push('vary', 'Accept-Encoding')
-    else out[vary + 1] = `${out[vary + 1] as string}, Accept-Encoding`
-  }
-  if (encoding === null) return { head: out, encoding: null }
+  const encoding = negotiateEncoding(request.acceptEncoding, policy.encodings)
+  const out = withVary(head, vary)
+  if (encoding === null) return { head: out, encoding: null, length }
   const compressed: string[] = []
   for (let i = 0; i < out.length; i += 2) {
     const name = (out[i] as string).toLowerCase()
@@ -151,20 +169,72 @@ export function decideCompression (policy: CompressionPolicy, method: string, ac
     compressed.push(out[i] as string, i === etag && value.startsWith('"') ? `W/${value}` : value)
   }
   compressed.push('content-encoding', encoding)
-  return { head: compressed, encoding }
+  return { head: compressed, encoding, length }
+}
+
+/** `head` with Accept-Encoding in its Vary (the field at `vary`, -1 for none), unless listed or `*`. */
+function withVary (head: string[], vary: number): string[] {
+  if (vary !== -1 && /(?:^|,)\s*(?:\*|accept-encoding)\s*(?:,|$)/i.test(head[vary + 1] as string)) return head
+  const out = head.slice()
+  if (vary === -1) out.push('vary', 'Accept-Encoding')
+  else out[vary + 1] = `${out[vary + 1] as string}, Accept-Encoding`
+  return out
+}
+
+/**
+ * A 304 that revalidates a compressed answer: the client (or cache) holds the weak ETag the
+ * compressed answer went out with and asks with it; the upstream, comparing weakly, answers with
+ * its strong one. Relayed as is, the 304 named a validator the stored answer does not have, which
+ * a cache may not use to freshen it (RFC 9111 §4.3.4): it gets the weak ETag and the Vary the
+ * 200 had.
+ */
+function revalidated (policy: CompressionPolicy, request: CompressionRequest, head: string[]): CompressionDecision | null {
+  if (request.ifNoneMatch === undefined || negotiateEncoding(request.acceptEncoding, policy.encodings) === null) return null
+  let etag = -1
+  let vary = -1
+  for (let i = 0; i < head.length; i += 2) {
+    const name = (head[i] as string).toLowerCase()
+    if (name === 'etag') etag = i
+    else if (name === 'vary') vary = i
+  }
+  const strong = etag === -1 ? '' : (head[etag + 1] as string).trim()
+  if (!strong.startsWith('"') || !request.ifNoneMatch.split(',').some(tag => tag.trim() === `W/${strong}`)) return null
+  const out = withVary(head, vary)
+  const weakened = out === head ? head.slice() : out
+  weakened[etag + 1] = `W/${strong}`
+  return { head: weakened, encoding: null, length: null }
 }
 
 export type Encoder = Gzip | BrotliCompress
 
 /**
- * Each write is flushed as it is compressed: what the upstream sent reaches the client as it
- * came (an event stream's events, a long poll's answer), not when 16 KiB of output have gathered.
- * A sync flush costs a few bytes per upstream read.
+ * A 256 KiB Brotli window, not the default 4 MiB: an encoder's memory is held per response for as
+ * long as its client reads (2.7 MB after 4 MB of input with the default, against 0.3 MB for gzip),
+ * and a JSON document came out no larger at quality 4.
  */
-export function createEncoder (policy: CompressionPolicy, encoding: Encoding): Encoder {
-  if (encoding === 'gzip') return createGzip({ level: policy.gzipLevel, flush: zlibConstants.Z_SYNC_FLUSH })
+const BROTLI_WINDOW_BITS = 18
+
+export function createEncoder (policy: CompressionPolicy, encoding: Encoding, length: number | null): Encoder {
+  if (encoding === 'gzip') return createGzip({ level: policy.gzipLevel })
   return createBrotliCompress({
-    flush: zlibConstants.BROTLI_OPERATION_FLUSH,
-    params: { [zlibConstants.BROTLI_PARAM_QUALITY]: policy.brotliQuality, [zlibConstants.BROTLI_PARAM_MODE]: zlibConstants.BROTLI_MODE_TEXT }
+    params: {
+      [zlibConstants.BROTLI_PARAM_QUALITY]: policy.brotliQuality,
+      [zlibConstants.BROTLI_PARAM_MODE]: zlibConstants.BROTLI_MODE_TEXT,
+      [zlibConstants.BROTLI_PARAM_LGWIN]: BROTLI_WINDOW_BITS,
+      ...(length !== null ? { [zlibConstants.BROTLI_PARAM_SIZE_HINT]: length } : {})
+    }
   })
+}
+
+/**
+ * What the encoder holds goes out: called once at the end of each event-loop turn in which the
+ * upstream sent bytes, so a stream's events or a long poll's answer reach the client as they
+ * came. Once per turn, not per write: undici hands over each HTTP chunk apart, and an upstream
+ * that writes a line per chunk made a flush per line, which took most of the compression
+ * (gzip 70 kB instead of 25 kB for 5000 NDJSON lines). A sync flush, not node's default full
+ * one, which forgets the dictionary.
+ */
+export function flushEncoder (encoder: Encoder, encoding: Encoding): void {
+  if (encoder.destroyed || encoder.writableEnded) return
+  encoder.flush(encoding === 'gzip' ? zlibConstants.Z_SYNC_FLUSH : zlibConstants.BROTLI_OPERATION_FLUSH)
 }

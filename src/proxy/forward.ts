@@ -12,7 +12,7 @@ import { sendContinue } from './expect-continue.js'
 import { hasRequestBody } from './request-body.js'
 import { dropRestOfBody } from './lingering-close.js'
 import { CONNECTION_CLOSE } from './hop-by-hop.js'
-import { createEncoder, decideCompression, type CompressionPolicy, type Encoder } from './compression.js'
+import { createEncoder, decideCompression, flushEncoder, type CompressionPolicy, type Encoder, type Encoding } from './compression.js'
 
 export type { HeaderRules } from './forward-headers.js'
 export type { ForwardErrorKind } from './upstream-errors.js'
@@ -204,6 +204,11 @@ function flushPendingHeads (): void {
   list.length = 0
 }
 
+function flushAtTurnEnd (forward: ForwardHandler): void {
+  forward.flushQueued = false
+  if (forward.encoder !== null) flushEncoder(forward.encoder, forward.encoding)
+}
+
 /**
  * Forwards one request to the plan's upstream, streaming both bodies with backpressure. Never
  * throws; `done` is called exactly once, after the response ended or failed.
@@ -278,6 +283,9 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   onDrain: (() => void) | null = null
   /** Compresses the response body on its way to the client (plan.compression); null: relayed as it comes. */
   encoder: Encoder | null = null
+  encoding: Encoding = 'gzip'
+  /** The encoder's flush at the end of this turn is scheduled (flushEncoders). */
+  flushQueued = false
   /** Backpressured before node gave the response its socket (pipelined behind another). */
   awaitingSocket = false
   onBodyData: ((chunk: Buffer) => void) | null = null
@@ -591,10 +599,12 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
 
   /** The head the response goes out with; its body goes through an encoder when it is compressed. */
   private compressing (policy: CompressionPolicy, status: number, head: string[]): string[] {
-    const decided = decideCompression(policy, this.opts.method, this.req.headers['accept-encoding'], status, head)
+    const headers = this.req.headers
+    const decided = decideCompression(policy, this.opts.method, { acceptEncoding: headers['accept-encoding'], ifNoneMatch: headers['if-none-match'] }, status, head)
     if (decided === null) return head
     if (decided.encoding !== null) {
-      const encoder = createEncoder(policy, decided.encoding)
+      const encoder = createEncoder(policy, decided.encoding, decided.length)
+      this.encoding = decided.encoding
       // zlib does not fail on its input; should it, the response is cut as a broken upstream's is
       encoder.on('error', () => { this.res.destroy() })
       encoder.pipe(this.res)
@@ -660,7 +670,12 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     if (this.head !== null && !this.writeHead()) throw new GatewayError('GW_ERR_UPSTREAM_BAD_RESPONSE')
     this.bytesOut += chunk.length
     const sink = this.encoder ?? this.res
-    if (sink.write(chunk)) return true
+    const written = sink.write(chunk)
+    if (this.encoder !== null && !this.flushQueued) {
+      this.flushQueued = true
+      setImmediate(flushAtTurnEnd, this)
+    }
+    if (written) return true
     // Backpressure: stop reading the upstream socket until the client drains, for at most
     // sendTimeout. A response pipelined behind an earlier one has no socket yet: its client is not
     // slow, it is not its turn; the timer starts when the socket is its (a client reading
