@@ -32,6 +32,7 @@ import { waitAtMost } from './wait-at-most.js'
 import { acceptProxyProtocol, type ProxyProtocolListener } from './identify/proxy-protocol.js'
 import { capConnections, capConnectionsPerClient, type ConnectionCap } from './proxy/connection-cap.js'
 import { createRedirectHandler } from './proxy/https-redirect.js'
+import { openEncoderCount } from './proxy/compression.js'
 
 /** A warning about connections closed as they came (a PROXY header missing, the cap) comes at most this often. */
 const CONNECTION_WARN_EVERY_MS = 10_000
@@ -337,7 +338,7 @@ export class Gateway {
     this.generation = (options.initialGeneration ?? 1) - 1
     this.logger = logger
     this.resources = new ResourceCache(logger)
-    this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth(), pending: () => this.upstreamsPending(), inflight: () => this.inflightRequests(), logDropped: () => droppedLogLines(this.logger), strayRejections: strayRejectionCount, connections: () => this.connectionCap?.open() ?? 0 })
+    this.metrics = new GatewayMetrics({ localKeys: () => this.resources.localKeys(), targets: () => this.targetHealth(), pending: () => this.upstreamsPending(), inflight: () => this.inflightRequests(), logDropped: () => droppedLogLines(this.logger), strayRejections: strayRejectionCount, connections: () => this.connectionCap?.open() ?? 0, encoders: openEncoderCount })
     this.live = new LiveTelemetry(this.metrics)
   }
 

@@ -126,6 +126,16 @@ async function getWith (port: number, path: string, headers: Record<string, stri
   return { status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }
 }
 
+/** Every encoder of the tests so far is closed (gateway_compression_encoders_open, which maxConcurrent counts against). */
+async function encodersOpen (adminUrl: string): Promise<string> {
+  let open = ''
+  for (let i = 0; i < 100 && open !== '0'; i++) {
+    open = /^gateway_compression_encoders_open (\d+)$/m.exec(await (await fetch(`${adminUrl}/metrics`)).text())?.[1] ?? 'none'
+    if (open !== '0') await new Promise(resolve => setTimeout(resolve, 20))
+  }
+  return open
+}
+
 t.test('a JSON answer is compressed with the coding the client prefers, Brotli among equals', async t => {
   const origin = await startOrigin(t)
   const gw = await startGateway(t, yaml(origin.url, 'compression: {}'))
@@ -232,6 +242,7 @@ t.test('a large body goes through whole, with backpressure, and a client that le
   t.pass('the upstream request is ended')
   const ok = await get(gw.port, '/json', 'gzip')
   t.equal(gunzipSync(ok.body).toString(), JSON_BODY, 'and the gateway serves on')
+  t.equal(await encodersOpen(gw.adminUrl), '0', 'no encoder is left open')
 })
 
 t.test('a client that stops reading a compressed answer is cut after server.sendTimeout', async t => {
@@ -249,6 +260,27 @@ t.test('a client that stops reading a compressed answer is cut after server.send
     if (line === undefined) await new Promise(resolve => setTimeout(resolve, 20))
   }
   t.match(line, { status: 200, error: 'send_timeout' }, 'cut as a slow reader, the upstream request ended')
+  t.equal(await encodersOpen(gw.adminUrl), '0', 'no encoder is left open')
+})
+
+t.test('maxConcurrent: past it answers go out as they came, until an encoder is free again', async t => {
+  const origin = await startOrigin(t)
+  const gw = await startGateway(t, yaml(origin.url, 'compression: { maxConcurrent: 1, minSize: 0 }'))
+  const held = await new Promise<http.IncomingMessage>((resolve, reject) => {
+    http.request({ port: gw.port, host: '127.0.0.1', path: '/stream', headers: { 'accept-encoding': 'gzip' } }, resolve).on('error', reject).end()
+  })
+  t.equal(held.headers['content-encoding'], 'gzip', 'the held stream has the one encoder')
+  const meanwhile = await get(gw.port, '/json', 'gzip')
+  t.same([meanwhile.headers['content-encoding'], meanwhile.headers.vary, meanwhile.body.toString() === JSON_BODY], [undefined, 'Origin, Accept-Encoding', true], 'the next answer goes out uncompressed, with its Vary')
+  origin.release()
+  held.resume()
+  await once(held, 'end')
+  let after: string | undefined
+  for (let i = 0; i < 50 && after !== 'gzip'; i++) {
+    after = (await get(gw.port, '/json', 'gzip')).headers['content-encoding'] as string | undefined
+    if (after !== 'gzip') await new Promise(resolve => setTimeout(resolve, 20))
+  }
+  t.equal(after, 'gzip', 'compressed again once the stream ended')
 })
 
 t.test('per route: off, on with the gateway\'s settings, its own keys; a reload turns it on', async t => {

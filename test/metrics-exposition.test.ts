@@ -35,14 +35,14 @@ function drive (m: GatewayMetrics): void {
 const gatewayLines = (text: string): string => text.split('\n').filter(l => l.includes('gateway_')).join('\n') + '\n'
 
 t.test('/metrics of one process is what prom-client alone printed', async t => {
-  const m = new GatewayMetrics({ localKeys: () => 7, inflight: () => 2, targets: () => [{ upstream: 'backend', target: 'http://x', healthy: false }], pending: () => [{ upstream: 'backend', pending: 3 }], logDropped: () => 0, connections: () => 5 })
+  const m = new GatewayMetrics({ localKeys: () => 7, inflight: () => 2, targets: () => [{ upstream: 'backend', target: 'http://x', healthy: false }], pending: () => [{ upstream: 'backend', pending: 3 }], logDropped: () => 0, connections: () => 5, encoders: () => 4 })
   drive(m)
   t.equal(gatewayLines(await m.registry.metrics()), fixture('one-process.txt'))
   t.equal(gatewayLines(await m.registry.metrics()), fixture('one-process.txt'), 'a second scrape prints the same')
 })
 
 t.test('two workers summed by the primary (AggregatorRegistry) are what prom-client alone gave', async t => {
-  const a = new GatewayMetrics({ localKeys: () => 7, inflight: () => 2, targets: () => [{ upstream: 'backend', target: 'http://x', healthy: false }], pending: () => [{ upstream: 'backend', pending: 3 }], logDropped: () => 0, connections: () => 5 })
+  const a = new GatewayMetrics({ localKeys: () => 7, inflight: () => 2, targets: () => [{ upstream: 'backend', target: 'http://x', healthy: false }], pending: () => [{ upstream: 'backend', pending: 3 }], logDropped: () => 0, connections: () => 5, encoders: () => 4 })
   const b = new GatewayMetrics({ localKeys: () => 1 })
   drive(a)
   drive(b)

@@ -27,6 +27,8 @@ export interface MetricsSources {
   strayRejections?: () => number
   /** Client connections open on the public listener. */
   connections?: () => number
+  /** Answers being compressed now (an encoder each). */
+  encoders?: () => number
 }
 
 type Labels = Readonly<Record<string, string>>
@@ -240,6 +242,12 @@ export class GatewayMetrics implements Telemetry {
       help: 'Client connections open on the public listener (server.maxConnections caps them)',
       registers,
       collect () { this.set(sources.connections?.() ?? 0) }
+    })
+    new Gauge({
+      name: 'gateway_compression_encoders_open',
+      help: 'Answers being compressed now, an encoder each (compression.maxConcurrent caps them)',
+      registers,
+      collect () { this.set(sources.encoders?.() ?? 0) }
     })
     this.httpsRedirects = new Counter({ name: 'gateway_https_redirects_total', help: 'Requests to tls.redirectHttp\'s plain-HTTP listener answered with a redirect to HTTPS', registers })
     this.clientConnectionDrops = new Counter({ name: 'gateway_client_connections_dropped_total', help: 'Client connections closed as they arrived, unanswered: their client held server.maxConnectionsPerClient', registers })

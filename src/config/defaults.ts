@@ -181,6 +181,8 @@ function compression (c: CompressionConfig | undefined, base: CompressionOptions
     // CPU per response matters at the edge: gzip 5 is within a few percent of 9's size at a
     // fraction of its time, Brotli 4 smaller than gzip 5 at about its speed (Cloudflare's choice)
     gzipLevel: c?.gzipLevel ?? base?.gzipLevel ?? 5,
+    // 256 encoders: at most about 330 MB however many slow readers ask for compressed answers
+    maxConcurrent: c?.maxConcurrent ?? base?.maxConcurrent ?? 256,
     brotliQuality: c?.brotliQuality ?? base?.brotliQuality ?? 4
   }
 }

@@ -244,6 +244,7 @@ const compressionSchema = z.strictObject({
     if (problem !== null) ctx.addIssue({ code: 'custom', message: problem })
   })).min(1).optional().describe('media types compressed: text/html, text/*, application/*+json; default: text, JSON, JavaScript, XML, SVG and WebAssembly types'),
   gzipLevel: z.int().min(1).max(9).optional().describe('default 5'),
+  maxConcurrent: z.int().positive().optional().describe('answers the process compresses at once (each encoder holds 0.6-1.3 MB while its answer goes out); beyond it they go out uncompressed; default 256'),
   brotliQuality: z.int().min(0).max(11).optional().describe('default 4; 11 costs over a hundred times the CPU of 4 for a body about a third smaller')
 })
 
