@@ -11,6 +11,7 @@ import { cutByGateway } from './shutdown-cut.js'
 import { sendContinue } from './expect-continue.js'
 import { hasRequestBody } from './request-body.js'
 import { dropRestOfBody } from './lingering-close.js'
+import { cutUnlessWritten } from './send-deadline.js'
 import { CONNECTION_CLOSE } from './hop-by-hop.js'
 import { createEncoder, decideCompression, flushEncoder, type CompressionPolicy, type Encoder, type Encoding } from './compression.js'
 
@@ -724,6 +725,11 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     // the encoder's end ends the response (pipe), once its last bytes are out
     if (this.encoder !== null) this.encoder.end()
     else this.res.end()
+    // What is left to write (the encoder's output, or a last chunk the client has not taken)
+    // would have no timer once the request settles: a client that stopped reading held the
+    // connection, and the encoder, for good
+    // (after end(), writableNeedDrain is false however much is held: the length tells)
+    if (this.encoder !== null || this.res.writableLength > 0) cutUnlessWritten(this.res, this.plan.sendTimeoutMs)
     this.settle(null, null)
   }
 
