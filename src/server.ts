@@ -626,6 +626,12 @@ export class Gateway {
     this.listenAddress = started.listen
     this.startedConfig = started
     this.port = (await listen(server, this.listenAddress)).port
+    // An accept that fails (libuv absorbs EMFILE by its spare descriptor; ENFILE without it, ENOMEM,
+    // ENOBUFS come through) is emitted as the listener's 'error': with no listener, it ended the
+    // process, and every connection with it. The listener keeps accepting.
+    const warnAccept = warnSparingly(this.logger, 'a listener failed to accept a connection and keeps listening (this line comes at most every 10 s)')
+    const onAcceptError = (err: NodeJS.ErrnoException): void => { warnAccept({ error: err.message, code: err.code }) }
+    server.on('error', onAcceptError)
     const redirectHttp = started.tls?.redirectHttp
     if (redirectHttp !== undefined) {
       const port = this.port
@@ -634,6 +640,7 @@ export class Gateway {
       capConnections(redirect, { max: () => this.runtime?.server.maxConnections ?? Infinity, dropped: () => { this.metrics.connectionDropped() } })
       this.redirect = redirect
       this.redirectPort = (await listen(redirect, redirectHttp.listen)).port
+      redirect.on('error', onAcceptError)
     }
 
     const self = this // eslint-disable-line @typescript-eslint/no-this-alias
@@ -668,6 +675,7 @@ export class Gateway {
     const admin = createAdminServer(source, this.feed, adminOnLoopback)
     this.admin = admin
     this.adminPort = (await listen(admin, adminAddress)).port
+    admin.on('error', onAcceptError)
     if (!adminOnLoopback) warnOpenAdmin(this.logger, adminAddress, runtime.config)
     this.logger.info({ listen: `${proto}://${this.listenAddress}`, port: this.port, adminPort: this.adminPort, ...this.redirectField(), generation: runtime.generation, hash: runtime.hash, routes: runtime.routeList.length }, 'gateway started')
   }

@@ -188,3 +188,14 @@ t.test('out of descriptors all the same (a cap above the limit): 503 GW_ERR_OUT_
   t.notMatch(text, /gateway_upstream_errors_total\{upstream="fresh"/, 'no upstream error counted')
   t.notMatch(text, /gateway_upstream_ejections_total\{upstream="fresh"/)
 })
+
+t.test('an accept that fails is warned of, and the listener serves on (it ended the process without a listener)', async t => {
+  // ENFILE or ENOBUFS on accept cannot be brought about here without starving the whole machine:
+  // the listener's 'error' is emitted as node emits it for a failed accept (net.js onconnection)
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, yaml(up.url, 100))
+  const listener = (gw as unknown as { server: net.Server }).server
+  listener.emit('error', Object.assign(new Error('accept ENFILE'), { code: 'ENFILE', syscall: 'accept' }))
+  t.equal((await fetch(gw.url + '/after')).status, 200, 'served on')
+  t.match(gw.lines.find(l => typeof l.msg === 'string' && l.msg.startsWith('a listener failed to accept')), { level: 40, code: 'ENFILE' })
+})
