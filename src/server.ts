@@ -635,7 +635,9 @@ export class Gateway {
     const redirectHttp = started.tls?.redirectHttp
     if (redirectHttp !== undefined) {
       const port = this.port
-      const redirect = createHttpServer(serverOptions, createRedirectHandler(() => redirectHttp.port ?? port, () => { this.metrics.httpsRedirected() }))
+      // the port clients are sent to follows the config in force (a reload may change it)
+      const httpsPort = (): number => this.runtime?.config.tls?.redirectHttp?.port ?? port
+      const redirect = createHttpServer(serverOptions, createRedirectHandler(httpsPort, () => { this.metrics.httpsRedirected() }))
       // its connections hold descriptors as the listener's do: capped alike, counted apart
       capConnections(redirect, { max: () => this.runtime?.server.maxConnections ?? Infinity, dropped: () => { this.metrics.connectionDropped() } })
       this.redirect = redirect

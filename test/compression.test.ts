@@ -9,6 +9,7 @@ import net from 'node:net'
 import { randomBytes } from 'node:crypto'
 import { brotliCompressSync, brotliDecompressSync, createGunzip, gunzipSync, gzipSync } from 'node:zlib'
 import { startGateway } from './helpers/gateway.js'
+import { rawExchange } from './helpers/raw-http.js'
 import type { Teardown } from './helpers/teardown.js'
 
 const JSON_BODY = JSON.stringify({ items: Array.from({ length: 400 }, (_, i) => ({ id: i, name: `item ${i}`, tags: ['a', 'b'] })) })
@@ -35,6 +36,17 @@ async function startOrigin (t: Teardown): Promise<Origin> {
       case '/problem':
         res.writeHead(404, { 'content-type': 'application/problem+json' })
         return res.end(JSON_BODY)
+      case '/slow':
+        setTimeout(() => {
+          res.writeHead(200, { 'content-type': 'text/plain' })
+          res.end('slow '.repeat(1000))
+        }, 1500)
+        return
+      case '/head-then-reset':
+        // a head and the first bytes, then the connection reset: the body is never whole
+        res.writeHead(200, { 'content-type': 'text/plain', 'content-length': 1000000 })
+        res.write('partial '.repeat(256), () => { res.socket?.destroy() })
+        return
       case '/digest':
         res.writeHead(200, { 'content-type': 'application/json', 'content-digest': 'sha-256=:RK/0qy18MlBSVnWgjwz6lZEWjP/lF5HF9bvEF8FabDg=:' })
         return res.end(JSON_BODY)
@@ -281,6 +293,31 @@ t.test('maxConcurrent: past it answers go out as they came, until an encoder is 
     if (after !== 'gzip') await new Promise(resolve => setTimeout(resolve, 20))
   }
   t.equal(after, 'gzip', 'compressed again once the stream ended')
+})
+
+t.test('an answer pipelined behind a slow one is not cut while it waits for its turn, compressed or not', async t => {
+  const origin = await startOrigin(t)
+  const gw = await startGateway(t, yaml(origin.url, 'server: { sendTimeout: 300ms }\ncompression: {}', ', compression: false'))
+  for (const prefix of ['', '/api']) {
+    const socket = net.connect(gw.port, '127.0.0.1')
+    t.teardown(() => socket.destroy())
+    socket.setEncoding('latin1')
+    let text = ''
+    socket.on('data', (chunk: string) => { text += chunk })
+    socket.write(`GET ${prefix}/slow HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\nGET ${prefix}/json HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n`)
+    await once(socket, 'end')
+    t.equal(text.match(/HTTP\/1\.1 200/g)?.length, 2, `${prefix === '' ? 'compressed' : 'uncompressed'}: both answers, the second 1.2 s past its sendTimeout of waiting for its turn`)
+  }
+})
+
+t.test('an upstream that fails after its head and first bytes leaves the client that head, compressed too', async t => {
+  const origin = await startOrigin(t)
+  const gw = await startGateway(t, yaml(origin.url, 'compression: { encodings: [gzip] }'))
+  for (let i = 0; i < 3; i++) {
+    const text = await rawExchange(gw.port, 'GET /head-then-reset HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n')
+    t.match(text, /^HTTP\/1\.1 200 OK\r\n[^]*content-encoding: gzip/i, `try ${i + 1}: the head went out before the cut`)
+  }
+  t.equal(await encodersOpen(gw.adminUrl), '0', 'no encoder is left open')
 })
 
 t.test('per route: off, on with the gateway\'s settings, its own keys; a reload turns it on', async t => {

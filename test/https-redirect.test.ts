@@ -36,6 +36,9 @@ t.test('the Location: the request\'s host without its port, the HTTPS port unles
   t.equal(httpsLocation('10.0.0.1', '/x', 8443), 'https://10.0.0.1:8443/x')
   t.equal(httpsLocation('ignored.test', 'http://Other.test:81/y?z', 443), 'https://other.test/y?z', 'an absolute-form target names the host')
   t.equal(httpsLocation('ignored.test', 'http://other.test', 443), 'https://other.test/')
+  t.equal(httpsLocation('ignored.test', 'http://other.test?x=1', 443), 'https://other.test/?x=1', 'no path before the query: the root')
+  t.equal(httpsLocation('a.test.', '/', 443), 'https://a.test./', 'a fully qualified name, its trailing dot kept')
+  t.equal(httpsLocation('a_b.test', '/', 443), 'https://a_b.test/', 'an underscore, as nginx takes it')
   for (const [host, target] of [[undefined, '/'], ['', '/'], ['evil.test/x', '/'], ['evil.test@other', '/'], ['a b', '/'], ['-a.test', '/'], ['a.test', '*'], ['a.test', 'https://b.test/'], ['a.test', undefined]] as const) {
     t.equal(httpsLocation(host, target, 443), null, `no Location for Host ${JSON.stringify(host)} and target ${JSON.stringify(target)}`)
   }
@@ -47,8 +50,8 @@ t.test('every request on the plain listener gets a 308 to HTTPS, which serves it
   t.ok(gw.redirectPort > 0 && gw.redirectPort !== gw.port)
   const [get] = parseResponses(await rawExchange(gw.redirectPort, 'GET /a/b?c=1 HTTP/1.1\r\nHost: A.test:80\r\nConnection: close\r\n\r\n'))
   t.same([get?.status, get?.headers.location, get?.headers['content-length'], get?.body], [308, `https://a.test:${gw.port}/a/b?c=1`, '0', ''])
-  const [post] = parseResponses(await rawExchange(gw.redirectPort, 'POST /form HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello'))
-  t.same([post?.status, post?.headers.location], [308, `https://a.test:${gw.port}/form`], 'a POST too: 308 keeps its method and body')
+  const [post] = parseResponses(await rawExchange(gw.redirectPort, 'POST /form HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\n\r\nhello'))
+  t.same([post?.status, post?.headers.location, post?.headers.connection], [308, `https://a.test:${gw.port}/form`, 'close'], 'a POST too: 308 keeps its method and body, which is not read: the connection closes')
   const [noHost] = parseResponses(await rawExchange(gw.redirectPort, 'GET / HTTP/1.0\r\n\r\n'))
   t.same([noHost?.status, noHost?.json?.error, noHost?.json?.reason], [400, 'GW_ERR_BAD_REQUEST', 'the request names no host to redirect to over HTTPS (tls.redirectHttp)'])
   t.equal(up.requests, 0, 'nothing reached the upstream over plain HTTP')
@@ -69,6 +72,17 @@ t.test('every request on the plain listener gets a 308 to HTTPS, which serves it
 t.test('redirectHttp.port: the port clients reach the TLS listener on (443 behind a port mapping)', async t => {
   const up = await startUpstream(t)
   const gw = await startGateway(t, yaml(up.url, certificate(t), '{ listen: "127.0.0.1:0", port: 443 }'))
+  const [reply] = parseResponses(await rawExchange(gw.redirectPort, 'GET /x HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n'))
+  t.equal(reply?.headers.location, 'https://a.test/x')
+})
+
+t.test('a reload changes the port clients are sent to', async t => {
+  const up = await startUpstream(t)
+  const tls = certificate(t)
+  const gw = await startGateway(t, yaml(up.url, tls, '{ listen: "127.0.0.1:0" }'))
+  writeFileSync(gw.configFile, yaml(up.url, tls, '{ listen: "127.0.0.1:0", port: 443 }'))
+  const reload = await gw.reload()
+  t.same(reload.ok ? reload.restartNeeded : reload.error, [])
   const [reply] = parseResponses(await rawExchange(gw.redirectPort, 'GET /x HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n'))
   t.equal(reply?.headers.location, 'https://a.test/x')
 })

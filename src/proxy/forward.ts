@@ -668,7 +668,12 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
 
   onData (chunk: Buffer): boolean {
     // undici aborts on a throw, and onError answers the bad response
-    if (this.head !== null && !this.writeHead()) throw new GatewayError('GW_ERR_UPSTREAM_BAD_RESPONSE')
+    if (this.head !== null) {
+      if (!this.writeHead()) throw new GatewayError('GW_ERR_UPSTREAM_BAD_RESPONSE')
+      // node:http keeps the head until the first body write, and the encoder's first output comes
+      // a zlib round trip later: an upstream that failed meanwhile cut a client that got nothing
+      if (this.encoder !== null) this.res.flushHeaders()
+    }
     this.bytesOut += chunk.length
     const sink = this.encoder ?? this.res
     const written = sink.write(chunk)

@@ -7,7 +7,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 import { sendError } from '../errors.js'
 
 /** A Host field: a name or IPv4 address, or a bracketed IPv6 address, and an optional port. */
-const HOST = /^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)(?::\d{1,5})?$/
+const HOST = /^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?\.?)(?::\d{1,5})?$/
 /** An absolute-form target (RFC 9112 §3.2.2), which a client talking to a proxy sends. */
 const ABSOLUTE = /^http:\/\/([^/?#]*)([^#]*)$/i
 
@@ -23,7 +23,8 @@ export function httpsLocation (host: string | undefined, target: string | undefi
   if (absolute !== null) {
     // RFC 9112 §3.2.2: the target's host takes the place of the Host field
     host = absolute[1]
-    path = absolute[2] === '' ? '/' : absolute[2] as string
+    // no path: the root, before a query if there is one
+    path = (absolute[2] as string).startsWith('/') ? absolute[2] as string : '/' + (absolute[2] as string)
   }
   if (!path.startsWith('/') || host === undefined || !HOST.test(host)) return null
   const name = host.startsWith('[') ? host.slice(0, host.indexOf(']') + 1) : host.split(':', 1)[0] as string
@@ -39,8 +40,11 @@ export function createRedirectHandler (httpsPort: () => number, redirected: () =
       return
     }
     redirected()
-    // 308 keeps the method and body (a POST stays a POST), where a 301 lets clients turn it into a GET
-    res.writeHead(308, { location, 'content-length': 0 })
+    // 308 keeps the method and body (a POST stays a POST), where a 301 lets clients turn it into a
+    // GET. A body is not read: node would read and drop it to keep the connection, up to
+    // server.requestTimeout; the connection closes instead.
+    const body = req.headers['content-length'] !== undefined || req.headers['transfer-encoding'] !== undefined
+    res.writeHead(308, body ? { location, 'content-length': 0, connection: 'close' } : { location, 'content-length': 0 })
     res.end()
   }
 }

@@ -13,6 +13,12 @@ import type { ServerResponse } from 'node:http'
  */
 export function cutUnlessWritten (res: ServerResponse, sendTimeoutMs: number): void {
   if (res.writableFinished) return
+  // pipelined behind an answer still going out: its bytes cannot move before its turn, which is
+  // no fault of its client's (the deadline starts when the connection is its)
+  if (res.socket === null) {
+    res.once('socket', () => { cutUnlessWritten(res, sendTimeoutMs) })
+    return
+  }
   let held = res.writableLength
   const timer = setTimeout(() => {
     const now = res.writableLength
