@@ -205,6 +205,7 @@ function flushPendingHeads (): void {
   list.length = 0
 }
 
+/** What the encoder holds goes to the client at the end of the turn its bytes came in (flushEncoder). */
 function flushAtTurnEnd (forward: ForwardHandler): void {
   forward.flushQueued = false
   if (forward.encoder !== null) flushEncoder(forward.encoder, forward.encoding)
@@ -285,7 +286,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   /** Compresses the response body on its way to the client (plan.compression); null: relayed as it comes. */
   encoder: Encoder | null = null
   encoding: Encoding = 'gzip'
-  /** The encoder's flush at the end of this turn is scheduled (flushEncoders). */
+  /** The encoder's flush at the end of this turn is scheduled (flushAtTurnEnd). */
   flushQueued = false
   /** Backpressured before node gave the response its socket (pipelined behind another). */
   awaitingSocket = false
