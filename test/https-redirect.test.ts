@@ -2,6 +2,8 @@
 // HTTPS, with a 308 (the method and body kept), and a located error or a 400 where it cannot.
 import t from 'tap'
 import https from 'node:https'
+import net from 'node:net'
+import { once } from 'node:events'
 import { join } from 'node:path'
 import { execFileSync } from 'node:child_process'
 import { writeFileSync } from 'node:fs'
@@ -111,4 +113,28 @@ t.test('workers: 2 (bin/gateway): each worker answers on the one redirect port; 
   t.same(new Set(replies.map(reply => reply?.headers.location)), new Set([`https://a.test:${started[0]?.port as number}/w`]))
   await until('the primary sums both workers\' redirects', async () => /^gateway_https_redirects_total 10$/m.test(await (await fetch(`${r.adminUrl}/metrics`)).text()), 10_000)
   t.pass('10 redirects counted')
+})
+
+t.test('its connections are capped by server.maxConnections, counted apart from the TLS listener\'s', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, yaml(up.url, certificate(t), '{ listen: "127.0.0.1:0" }').replace('admin: 127.0.0.1:0\n', 'admin: 127.0.0.1:0\nserver: { maxConnections: 3 }\n'))
+  const sockets = Array.from({ length: 5 }, () => {
+    const s = net.connect(gw.redirectPort, '127.0.0.1')
+    s.on('error', () => {})
+    t.teardown(() => s.destroy())
+    return s
+  })
+  let closed = 0
+  for (const s of sockets) s.on('close', () => { closed++ })
+  await Promise.all(sockets.map(async s => await once(s, 'connect')))
+  let seen = -1
+  while (seen !== closed) {
+    seen = closed
+    await new Promise(resolve => setTimeout(resolve, 300))
+  }
+  t.equal(closed, 2, 'three held, two closed as they arrived')
+  const tlsStatus = await new Promise<number>((resolve, reject) => {
+    https.get({ host: '127.0.0.1', port: gw.port, path: '/tls', rejectUnauthorized: false }, res => { res.resume(); resolve(res.statusCode ?? 0) }).on('error', reject)
+  })
+  t.equal(tlsStatus, 200, 'the TLS listener has its own three')
 })
