@@ -2,6 +2,7 @@
 // Envoy's compressor filter): an upstream that sends JSON or HTML uncompressed has it sent to
 // clients that accept gzip or Brotli compressed, as it streams. Decided once per response from its
 // head (decideCompression) and done by a zlib stream between the upstream's body and the client.
+import { listsMember } from './forward-headers.js'
 import { constants as zlibConstants, createBrotliCompress, createGzip, type BrotliCompress, type Gzip } from 'node:zlib'
 
 export type Encoding = 'br' | 'gzip'
@@ -176,9 +177,9 @@ export function decideCompression (policy: CompressionPolicy, method: string, re
   return { head: compressed, encoding, length }
 }
 
-/** `head` with Accept-Encoding in its Vary (the field at `vary`, -1 for none), unless listed or `*`. */
+/** `head` with Accept-Encoding in its Vary (the field at `vary`, -1 for none), unless a Vary field lists it or `*`. */
 function withVary (head: string[], vary: number): string[] {
-  if (vary !== -1 && /(?:^|,)\s*(?:\*|accept-encoding)\s*(?:,|$)/i.test(head[vary + 1] as string)) return head
+  if (vary !== -1 && listsMember(head, 'vary', 'accept-encoding')) return head
   const out = head.slice()
   if (vary === -1) out.push('vary', 'Accept-Encoding')
   else out[vary + 1] = `${out[vary + 1] as string}, Accept-Encoding`

@@ -216,7 +216,7 @@ function withoutNamed (headers: string[], named: readonly string[]): string[] {
 }
 
 /** A field `name` of the flat list names `member` (or "*", which covers it), case-insensitively. */
-function listsMember (fields: readonly string[], name: string, member: string): boolean {
+export function listsMember (fields: readonly string[], name: string, member: string): boolean {
   const wanted = member.toLowerCase()
   for (let i = 0; i < fields.length; i += 2) {
     const field = fields[i] as string
