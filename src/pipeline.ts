@@ -11,7 +11,7 @@ import { normalizePath, requestTargetAuthority, requestTargetPath, requestTarget
 import { normalizeHost } from './router/route-table.js'
 import { checkRequestHead, checkTargetAuthority } from './router/request-head.js'
 import { looksLikeMisconfiguredProxy } from './identify/client-ip.js'
-import { forwardRequest, type ForwardContext, type ForwardErrorKind } from './proxy/forward.js'
+import { forwardRequest, type ForwardContext, type ForwardErrorKind, type RetryCause } from './proxy/forward.js'
 import type { StaticResponse } from './proxy/respond.js'
 import type { createWebSocketProxy } from './proxy/websocket.js'
 import { offersWebSocket } from './proxy/upgrade-offer.js'
@@ -49,6 +49,14 @@ export interface PipelineState {
 // What gateway_upstream_errors_total counts. A 413, a header undici refuses or a client that left
 // are the client's doing: counting them would page whoever watches the upstreams.
 const UPSTREAM_FAILURES: ReadonlySet<ForwardErrorKind> = new Set<ForwardErrorKind>(['refused', 'dns', 'bad_response', 'reset', 'connect_timeout', 'response_timeout', 'no_healthy', 'queue_full', 'queue_timeout'])
+
+/** Each retry by its cause; a failed attempt's failure is the upstream's error too (an answer's status is not). */
+function countRetries (telemetry: Telemetry, upstream: string, causes: readonly RetryCause[]): void {
+  for (const cause of causes) {
+    telemetry.upstreamRetry(upstream, cause)
+    if (!cause.startsWith('status_')) telemetry.upstreamError(upstream, cause)
+  }
+}
 
 /** What the early stages found: the record's admission, with the compiled route. */
 interface Admission extends RecordedAdmission {
@@ -467,7 +475,8 @@ class HttpExchange extends Exchange {
       if (result.target !== null) state.telemetry.upstreamResponse(upstream, (performance.now() - dispatched) / 1e3)
       if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(upstream, result.errorKind)
       // the failures of the attempts before the last are the upstream's, though a later one answered
-      if (result.retriedAfter !== null) for (const kind of result.retriedAfter) state.telemetry.upstreamError(upstream, kind)
+      if (result.retriedAfter !== null) countRetries(state.telemetry, upstream, result.retriedAfter)
+      if (result.retryOverBudget === true) state.telemetry.upstreamRetryOverBudget(upstream)
       this.finish({ status: result.status, result })
     })
   }

@@ -13,7 +13,7 @@ import { readFileSync } from 'node:fs'
 import { createSecureContext } from 'node:tls'
 import { X509Certificate } from 'node:crypto'
 import { ConfigError, fileReader, type ConfigProblem, type KeyPath, type LoadedConfig } from './config/load.js'
-import type { ResolvedConfig, ResolvedHealthCheck, ResolvedLimit, ResolvedRoute } from './config/defaults.js'
+import type { ResolvedConfig, ResolvedHealthCheck, ResolvedLimit, ResolvedRoute, ResolvedUpstream } from './config/defaults.js'
 import { limitStateOf } from './config/defaults.js'
 import { parseDuration, parseSize } from './config/units.js'
 import { compileRouteTable, unreachableRoutes, type HeaderCondition, type RoutePattern, type RouteTable } from './router/route-table.js'
@@ -25,6 +25,7 @@ import type { ClientCapPolicy } from './proxy/connection-cap.js'
 import { compileIdentity, type ConsumerDirectory, type IdentityConfig, type IdentityResolver } from './identify/identity.js'
 import { ApiKeyFileError } from './identify/api-key-file.js'
 import { DEFAULT_RETRIES, UpstreamPool, type UpstreamConfig } from './proxy/upstream-pool.js'
+import { compileRetryPolicy, type RetryPolicy } from './proxy/retry-policy.js'
 import type { HealthCheckConfig } from './proxy/health-check.js'
 import { compileStaticResponse, type StaticResponse } from './proxy/respond.js'
 import { compileCompression } from './proxy/compression.js'
@@ -230,6 +231,11 @@ function upstreamConfig (config: ResolvedConfig, name: string): UpstreamConfig {
     keepAliveTimeoutMs: 4_000,
     ...(up.healthCheck !== undefined ? { healthCheck: healthCheckConfig(up.healthCheck) } : {})
   })
+}
+
+/** The route's retries follow its upstream's settings; a reload changes them for the requests that follow. */
+function retryPolicy (up: ResolvedUpstream | undefined): RetryPolicy {
+  return up === undefined ? compileRetryPolicy(DEFAULT_RETRIES) : compileRetryPolicy(up.retries, up.retryOn, up.retryBudget)
 }
 
 function healthCheckConfig (check: ResolvedHealthCheck): HealthCheckConfig {
@@ -570,7 +576,7 @@ export async function compileRuntime (
       ...body,
       pool,
       idleTimeoutMs: up.idleTimeoutMs ?? up.responseTimeoutMs,
-      retries: config.upstreams[upstreamName]?.retries ?? DEFAULT_RETRIES,
+      retry: retryPolicy(config.upstreams[upstreamName]),
       stripPrefix: route.stripPrefix ?? null,
       underscoresInHeaders: server.underscoresInHeaders,
       responseTimeoutMs: parseDuration(route.timeouts.response),

@@ -17,6 +17,10 @@ export interface Telemetry {
   upstreamError (upstream: string, kind: string): void
   /** A forwarded exchange finished: dispatch to the upstream until the response ended. */
   upstreamResponse (upstream: string, seconds: number): void
+  /** A request sent again to the upstream: `cause` is what ended the attempt before (`reset`, `status_503`). */
+  upstreamRetry (upstream: string, cause: string): void
+  /** A retry the conditions allowed that the upstream's retryBudget refused: the client got that attempt's failure. */
+  upstreamRetryOverBudget (upstream: string): void
   /** A target left out of balancing (passive health / outlier detection). */
   upstreamEjection (upstream: string, target: string, reason: string): void
   /** One active health check probe of a target, passed or failed. */
@@ -44,6 +48,8 @@ export const NOOP_TELEMETRY: Telemetry = Object.freeze({
   request () {},
   upstreamError () {},
   upstreamResponse () {},
+  upstreamRetry () {},
+  upstreamRetryOverBudget () {},
   upstreamEjection () {},
   healthCheck () {},
   limitDecision () {},

@@ -28,6 +28,7 @@ function drive (m: GatewayMetrics): void {
   m.connectionDropped(); m.connectionDropped()
   m.clientConnectionDropped()
   m.httpsRedirected(); m.httpsRedirected(); m.httpsRedirected()
+  m.upstreamRetry('backend', 'reset'); m.upstreamRetry('backend', 'status_503'); m.upstreamRetry('backend', 'reset'); m.upstreamRetryOverBudget('backend')
   m.upstreamEjection('backend', 'http://x', 'refused'); m.breakerState(1); m.reload('success'); m.generation.set(3)
 }
 

@@ -138,6 +138,8 @@ export class LiveTelemetry implements Telemetry {
 
   upstreamError (upstream: string, kind: string): void { this.next.upstreamError(upstream, kind) }
   upstreamResponse (upstream: string, seconds: number): void { this.next.upstreamResponse(upstream, seconds) }
+  upstreamRetry (upstream: string, cause: string): void { this.next.upstreamRetry(upstream, cause) }
+  upstreamRetryOverBudget (upstream: string): void { this.next.upstreamRetryOverBudget(upstream) }
   upstreamEjection (upstream: string, target: string, reason: string): void { this.next.upstreamEjection(upstream, target, reason) }
   healthCheck (upstream: string, target: string, result: 'pass' | 'fail'): void { this.next.healthCheck(upstream, target, result) }
 

@@ -186,6 +186,8 @@ interface UpstreamCells {
 export class GatewayMetrics implements Telemetry {
   readonly registry = new Registry()
   private readonly ejections: Counter
+  private readonly retries: Counter
+  private readonly retriesOverBudget: Counter
   private readonly healthChecks: Counter
   private readonly proxyProtocolRefusals: Counter
   private readonly connectionDrops: Counter
@@ -233,6 +235,8 @@ export class GatewayMetrics implements Telemetry {
     })
     new CellMetric('gateway_upstream_errors_total', 'Upstream failures by upstream and kind', 'counter',
       () => counterSamples(this.upstreamErrorCells)).register(registry)
+    this.retries = new Counter({ name: 'gateway_upstream_retries_total', help: 'Requests sent to an upstream again, by upstream and what ended the attempt before (a failure kind, or status_503 for an answer of a retryOn status)', labelNames: ['upstream', 'reason'], registers })
+    this.retriesOverBudget = new Counter({ name: 'gateway_upstream_retries_over_budget_total', help: 'Retries not sent because the upstream\'s retryBudget was spent: the client got the failed attempt\'s answer', labelNames: ['upstream'], registers })
     this.ejections = new Counter({ name: 'gateway_upstream_ejections_total', help: 'Targets ejected by passive health, by upstream, target and reason', labelNames: ['upstream', 'target', 'reason'], registers })
     this.healthChecks = new Counter({ name: 'gateway_health_checks_total', help: 'Active health check probes of upstream targets, by upstream, target and result (pass, fail)', labelNames: ['upstream', 'target', 'result'], registers })
     this.proxyProtocolRefusals = new Counter({ name: 'gateway_proxy_protocol_refused_total', help: 'Connections from a proxyProtocol peer closed for want of a valid PROXY header, by reason (missing, malformed, timeout)', labelNames: ['reason'], registers })
@@ -387,6 +391,14 @@ export class GatewayMetrics implements Telemetry {
       this.upstreamDurationCells.push(h)
     }
     h.observe(seconds)
+  }
+
+  upstreamRetry (upstream: string, cause: string): void {
+    this.retries.labels(upstream, cause).inc()
+  }
+
+  upstreamRetryOverBudget (upstream: string): void {
+    this.retriesOverBudget.labels(upstream).inc()
   }
 
   upstreamEjection (upstream: string, target: string, reason: string): void {

@@ -10,6 +10,7 @@ import { DEFAULT_IPV6_PREFIX } from '../identify/client-ip.js'
 import { DEFAULT_JWT_CLAIM, DEFAULT_JWT_HEADER } from '../identify/identity.js'
 import { DEFAULT_COMPRESSED_TYPES, type CompressionOptions } from '../proxy/compression.js'
 import { DEFAULT_CONSECUTIVE_FAILURES, DEFAULT_MAX_PENDING, DEFAULT_RETRIES } from '../proxy/upstream-pool.js'
+import { DEFAULT_RETRY_BUDGET, DEFAULT_RETRY_ON, type RetryBudget, type RetryCondition } from '../proxy/retry-policy.js'
 
 export const DEFAULT_LISTEN = '0.0.0.0:8080'
 export const DEFAULT_ADMIN = '127.0.0.1:9901'
@@ -36,6 +37,8 @@ export interface ResolvedUpstream {
   maxConnections: number
   maxPending: number
   retries: number
+  retryOn: RetryCondition[]
+  retryBudget: RetryBudget
   healthCheck?: ResolvedHealthCheck
 }
 export interface ResolvedHealthCheck {
@@ -155,6 +158,8 @@ function upstream (up: GatewayConfig['upstreams'][string]): ResolvedUpstream {
     maxConnections: up.maxConnections ?? 256,
     maxPending: up.maxPending ?? DEFAULT_MAX_PENDING,
     retries: up.retries ?? DEFAULT_RETRIES,
+    retryOn: [...(up.retryOn ?? DEFAULT_RETRY_ON)],
+    retryBudget: { percent: up.retryBudget?.percent ?? DEFAULT_RETRY_BUDGET.percent, minConcurrent: up.retryBudget?.minConcurrent ?? DEFAULT_RETRY_BUDGET.minConcurrent },
     ...(up.healthCheck !== undefined ? { healthCheck: healthCheck(up.healthCheck) } : {})
   }
 }

@@ -184,6 +184,14 @@ const target = z.union([httpUrl, z.strictObject({ url: httpUrl, weight: z.int().
 /** The most `retries` an upstream may ask: each one waits for a connection (and its timeouts) again. */
 export const MAX_RETRIES = 5
 
+/** What sends a request again (upstreams.X.retryOn): src/proxy/retry-policy.ts reads them. */
+export const RETRY_CONDITIONS = ['connect-failure', 'reset', 'timeout'] as const
+const RETRY_CONDITION = 'expected connect-failure, reset, timeout or an answer status 400-599'
+const retryCondition = z.union([
+  z.enum(RETRY_CONDITIONS, { error: RETRY_CONDITION }),
+  z.int({ error: RETRY_CONDITION }).min(400, RETRY_CONDITION).max(599, RETRY_CONDITION)
+], { error: RETRY_CONDITION })
+
 export const upstreamSchema = z.strictObject({
   targets: z.array(target).min(1),
   timeouts: z.strictObject({
@@ -196,7 +204,12 @@ export const upstreamSchema = z.strictObject({
   consecutiveFailures: z.int().positive().optional().describe('outlier detection: response timeouts or resets in a row that eject a target; default 5'),
   maxConnections: z.int().positive().optional().describe('per target; default 256'),
   maxPending: z.int().nonnegative().optional().describe('requests that may wait for a connection while every target is at maxConnections; beyond it 503 at once; default 1024'),
-  retries: z.int().min(0).max(MAX_RETRIES).optional().describe('times a request may be sent again after its connection failed before an answer (refused, reset; when that is safe); default 1; 0: never'),
+  retries: z.int().min(0).max(MAX_RETRIES).optional().describe('times a request may be sent again (on the conditions of retryOn, when that is safe); default 1; 0: never'),
+  retryOn: z.array(retryCondition).min(1).optional().describe('what sends a request again: connect-failure (no byte reached the upstream), reset (closed before an answer), timeout (no answer within timeouts.response), or an answer status 400-599 (503); default [connect-failure, reset]'),
+  retryBudget: z.strictObject({
+    percent: z.number().min(0).max(100).optional().describe('retries in flight at most this share of the upstream\'s requests in flight and waiting; default 20'),
+    minConcurrent: z.int().min(0).optional().describe('retries in flight allowed whatever the share; default 3')
+  }).optional().describe('bounds the retries an upstream has in flight, so that a failing upstream is not sent its load again (Envoy\'s retry_budget); default { percent: 20, minConcurrent: 3 }'),
   healthCheck: healthCheckSchema.optional().describe('active health checks: each target is probed every interval; absent: none (passive health only)')
 })
 

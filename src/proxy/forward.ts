@@ -6,6 +6,7 @@ import { clientResponseHeaders, compileHeaders, upstreamRequestHeaders, withoutC
 import { stripPathPrefix } from './forward-path.js'
 import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
 import { DEFAULT_RETRIES, UpstreamTarget, type PendingRequest, type PoolWaiter, type UpstreamPool } from './upstream-pool.js'
+import { compileRetryPolicy, statusRetryCause, withinRetryBudget, type RetryPolicy, type StatusRetryCause } from './retry-policy.js'
 import { BodyBudget } from './body-budget.js'
 import { cutByGateway } from './shutdown-cut.js'
 import { sendContinue } from './expect-continue.js'
@@ -27,8 +28,8 @@ export interface ForwardPlan extends BodyHandling, TunnelHandling {
   readonly responseTimeoutMs: number
   /** Longest pause between two reads of the response body (upstreams.X.timeouts.idle). */
   readonly idleTimeoutMs: number
-  /** Times a request may be sent again after its connection failed before an answer (upstreams.X.retries). */
-  readonly retries: number
+  /** When a failed attempt, or an answer of a listed status, sends the request again (upstreams.X.retries, retryOn, retryBudget). */
+  readonly retry: RetryPolicy
   /** Request body limit in bytes (Infinity = none); beyond it the client gets 413. */
   readonly maxBodySize: number
   readonly requestHeaders: HeaderRules
@@ -61,7 +62,9 @@ export interface TunnelHandling {
   readonly maxWebSockets: number
 }
 
-export type ForwardPlanOptions = Omit<ForwardPlan, 'headers' | 'idleTimeoutMs' | 'underscoresInHeaders' | 'retries' | 'compression' | keyof BodyHandling | keyof TunnelHandling> & Partial<BodyHandling & TunnelHandling> & { readonly idleTimeoutMs?: number, readonly underscoresInHeaders?: boolean, readonly retries?: number, readonly compression?: CompressionPolicy | null }
+export type ForwardPlanOptions = Omit<ForwardPlan, 'headers' | 'idleTimeoutMs' | 'underscoresInHeaders' | 'retry' | 'compression' | keyof BodyHandling | keyof TunnelHandling> & Partial<BodyHandling & TunnelHandling> & { readonly idleTimeoutMs?: number, readonly underscoresInHeaders?: boolean, readonly retry?: RetryPolicy, readonly compression?: CompressionPolicy | null }
+
+const DEFAULT_RETRY_POLICY = compileRetryPolicy(DEFAULT_RETRIES)
 
 /** The one way to make a plan: header rules are compiled here, at config load, not per request. */
 export function createForwardPlan (options: ForwardPlanOptions): ForwardPlan {
@@ -74,7 +77,7 @@ export function createForwardPlan (options: ForwardPlanOptions): ForwardPlan {
     websocketIdleTimeoutMs: 300_000,
     maxWebSockets: 10_000,
     underscoresInHeaders: false,
-    retries: DEFAULT_RETRIES,
+    retry: DEFAULT_RETRY_POLICY,
     compression: null,
     ...options,
     headers: compileHeaders(options.requestHeaders, options.responseHeaders, options.underscoresInHeaders ?? false)
@@ -106,8 +109,13 @@ export interface ForwardResult {
   bytesOut: number
   errorCode: ErrorCode | null
   errorKind: ForwardErrorKind | null
-  /** The failures of the attempts before the last, in order, when the request was sent again; null when it was not. */
-  retriedAfter: readonly ForwardErrorKind[] | null
+  /**
+   * Why the attempts before the last were sent again, in order (their failures, or `status_503`
+   * for an answer of a retryOn status); null when the request was sent once.
+   */
+  retriedAfter: readonly RetryCause[] | null
+  /** A retry the conditions allowed was not sent: the upstream's retry budget was spent. */
+  retryOverBudget?: boolean
   /**
    * Set when the response failed after its headers went out (cut mid-body): the status those
    * headers carried. `status` is then the failure's (502, 503, 504), so it counts as an error.
@@ -116,6 +124,9 @@ export interface ForwardResult {
   /** The failure as answered, with the undici error as `cause`; null on success and on client abort. */
   error: GatewayError | null
 }
+
+/** Why an attempt was followed by another: its failure, or the status it was answered with. */
+export type RetryCause = ForwardErrorKind | StatusRetryCause
 
 // RFC 9110 §9.2.2; only these are retried on another target, and only when nothing was sent yet.
 const IDEMPOTENT: ReadonlySet<string> = new Set(['GET', 'HEAD', 'OPTIONS', 'PUT', 'DELETE', 'TRACE'])
@@ -255,8 +266,16 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   abortUpstream: ((err?: Error) => void) | null = null
   /** Resumes reading the upstream response after onData answered false (backpressure). */
   resumeUpstream: (() => void) | null = null
-  /** The failures of the attempts before this one, once the request was sent again (at most the plan's retries). */
-  retriedAfter: ForwardErrorKind[] | null = null
+  /** Why the attempts before this one were followed by another, once the request was sent again (at most the plan's retries). */
+  retriedAfter: RetryCause[] | null = null
+  /** The targets of the attempts before this one: a retry goes to another when one has a connection free (nginx tries each once). */
+  tried: UpstreamTarget[] | null = null
+  /** Counted in the pool's `retrying` (the retry budget) from its first retry until it settles. */
+  retrying = false
+  /** A retry was refused by the budget (ForwardResult.retryOverBudget). */
+  overBudget = false
+  /** An answer of this retryOn status was dropped to send the request again (onError sends it). */
+  retryStatus = 0
   /** undici began writing the request: from here on it is not retried. */
   sent = false
   /** The upstream's final head came (its status is `status`). */
@@ -577,6 +596,14 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       return true
     }
     if (this.interimTimer !== null) this.clearInterimTimer()
+    // A retryOn status (a 503 of a target being deployed) from an attempt that may be repeated:
+    // nothing of it has reached the client, so it is dropped and the request sent to another target
+    // (onError). The last attempt's answer goes to the client whatever its status, as nginx's does.
+    if (this.plan.retry.statuses.has(statusCode) && this.abortUpstream !== null && mayResend(this.opts.method, this.replayable || this.opts.body === null) && this.mayRetryAgain()) {
+      this.retryStatus = statusCode
+      this.abortUpstream(new GatewayError('GW_ERR_UPSTREAM_UNAVAILABLE'))
+      return true
+    }
     this.resumeUpstream = resume
     // A status node:http would relay as is (600), or headers clientResponseHeaders cannot relay
     // (a transfer coding other than chunked): 502.
@@ -773,7 +800,16 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       this.fail('body_too_large', null)
       return
     }
+    if (this.retryStatus !== 0) {
+      // the connection answered: no failure of the target's; the budget was checked in onHeaders
+      const cause = statusRetryCause(this.retryStatus)
+      this.retryStatus = 0
+      const refused = this.resend(cause, this.target)
+      if (refused !== null) this.fail(refused, null)
+      return
+    }
     const kind = classifyUpstreamError(err)
+    const policy = this.plan.retry
     const target = this.target
     // A target answering what is not HTTP (pointed at another service) counts toward its ejection
     // too. A reset while a streamed body is still being sent does not: that is how a healthy
@@ -786,23 +822,53 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       // Nothing reached the upstream: one more target is safe to try for an idempotent method, and
       // for any method once the body is in memory (a refused connection carried no byte of it).
       // The failed target was just ejected: another target, now or, if all are busy, when one frees.
-      if (mayRetry(this.sent, this.opts.method, this.replayable || this.opts.body === null) && this.retry(kind, undefined)) return
-    } else if (kind === 'reset' && target !== null && !this.responded && mayResend(this.opts.method, this.replayable || this.opts.body === null)) {
+      if (policy.onConnectFailure && mayRetry(this.sent, this.opts.method, this.replayable || this.opts.body === null) && this.retry(kind, target, false)) return
+    } else if (((kind === 'reset' && policy.onReset) || (kind === 'response_timeout' && policy.onTimeout)) && target !== null && !this.responded && mayResend(this.opts.method, this.replayable || this.opts.body === null)) {
       // The connection closed with no answer: a target shutting down (a rolling deploy) or closing
-      // an idle keep-alive connection as the request went out on it. The upstream may have begun
-      // the request, so only an idempotent one is sent again (RFC 9110 §9.2.2; nginx's
-      // proxy_next_upstream error does the same), to another target when one is free.
-      if (this.retry(kind, target)) return
+      // an idle keep-alive connection as the request went out on it; or no head came in time
+      // (retryOn: timeout). The upstream may have begun the request, so only an idempotent one is
+      // sent again (RFC 9110 §9.2.2; nginx's proxy_next_upstream error does the same), to another
+      // target when one is free.
+      if (this.retry(kind, target, true)) return
     }
     this.fail(kind, err)
   }
 
-  /** Sends the request once more (up to the plan's retries in all), to a target other than `avoid` when one is free. */
-  private retry (after: ForwardErrorKind, avoid: UpstreamTarget | undefined): boolean {
-    if ((this.retriedAfter?.length ?? 0) >= this.plan.retries) return false
+  /**
+   * Whether one more attempt is allowed: fewer than the plan's retries so far, and, when
+   * `budgeted`, room in the upstream's retry budget. The request takes its place in the budget
+   * here, once (its later retries are within it), until it settles. A connection never made cost
+   * the upstream nothing, so its retry adds no load to a failing upstream: not budgeted.
+   */
+  private mayRetryAgain (budgeted = true): boolean {
+    const policy = this.plan.retry
+    if ((this.retriedAfter?.length ?? 0) >= policy.retries) return false
+    if (this.retrying || !budgeted) return true
+    const pool = this.plan.pool
+    if (!withinRetryBudget(policy.budget, pool.retrying, pool.active)) {
+      this.overBudget = true
+      return false
+    }
+    this.retrying = true
+    pool.retrying++
+    return true
+  }
+
+  /** Sends the request once more when mayRetryAgain, to a target not tried yet when one is free. */
+  private retry (after: ForwardErrorKind, failed: UpstreamTarget, budgeted: boolean): boolean {
+    return this.mayRetryAgain(budgeted) && this.resend(after, failed) === null
+  }
+
+  /** Sends the request again; null once sent (or waiting for a connection), else why it cannot be. */
+  private resend (after: RetryCause, failed: UpstreamTarget | null): 'no_healthy' | 'queue_full' | null {
     this.releaseTarget()
-    const next = this.plan.pool.acquire(this, avoid)
-    if (next === null || next === 'full') return false
+    if (failed !== null) {
+      if (this.tried === null) this.tried = [failed]
+      else if (!this.tried.includes(failed)) this.tried.push(failed)
+    }
+    const next = this.plan.pool.acquire(this, this.tried ?? undefined)
+    if (next === null) return 'no_healthy'
+    if (next === 'full') return 'queue_full'
     if (this.retriedAfter === null) this.retriedAfter = [after]
     else this.retriedAfter.push(after)
     this.abortUpstream = null
@@ -817,7 +883,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       this.target = null
       this.waiting = next
     }
-    return true
+    return null
   }
 
   /** Answers the error (or cuts the response if it already started) and settles. */
@@ -911,6 +977,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     }
     this.releaseTarget()
     this.releaseHeldBytes()
+    if (this.retrying) {
+      this.retrying = false
+      this.plan.pool.retrying--
+    }
     // a response cut or given up: what the encoder holds goes nowhere
     if (kind !== null && this.encoder !== null) this.encoder.destroy()
     // The connection was closed by the gateway (its shutdown, server.requestTimeout), not by the client.
@@ -926,7 +996,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       status = ERRORS[code].status
     }
     try {
-      this.done({ status, target: this.target?.url ?? null, bytesIn: this.bytesIn, bytesOut: this.bytesOut, errorCode: code, errorKind: kind, retriedAfter: this.retriedAfter, error, sentStatus })
+      this.done({ status, target: this.target?.url ?? null, bytesIn: this.bytesIn, bytesOut: this.bytesOut, errorCode: code, errorKind: kind, retriedAfter: this.retriedAfter, retryOverBudget: this.overBudget, error, sentStatus })
     } catch (err) {
       // A throwing callback must not reach undici's socket handling; report it without crashing.
       process.emitWarning(err instanceof Error ? err : new Error(String(err)), 'GatewayForwardDoneError')

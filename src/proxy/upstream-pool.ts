@@ -208,6 +208,19 @@ export class UpstreamPool {
     return this.#pending
   }
 
+  /**
+   * Requests of this upstream sent again and not settled: each counted once from its first retry
+   * (src/proxy/forward.ts), for the retry budget.
+   */
+  retrying = 0
+
+  /** Requests in flight and waiting for a connection: what the retry budget is a share of. Not on the path of a request that is not retried. */
+  get active (): number {
+    let n = this.#pending
+    for (const target of this.targets) n += target.inFlight
+    return n
+  }
+
   /** Places in the queue, cancelled ones not yet dropped included: bounded by about 2 x pending. */
   get queuedPlaces (): number {
     return this.#queue.length
@@ -216,10 +229,10 @@ export class UpstreamPool {
   /**
    * Picks the next healthy target (nginx's smooth weighted round-robin: each pick adds every weight
    * to its target's counter, takes the highest and subtracts the total, which spreads picks evenly).
-   * `exclude` skips the target that just failed when retrying. Null when no target is healthy, or,
+   * `exclude` skips the targets a retried request tried already. Null when no target is healthy, or,
    * with `withFreeConnection`, none has a connection to spare (then #sawBusy is set).
    */
-  pick (exclude?: UpstreamTarget, withFreeConnection = false): UpstreamTarget | null {
+  pick (exclude?: UpstreamTarget | readonly UpstreamTarget[], withFreeConnection = false): UpstreamTarget | null {
     const targets = this.targets
     const now = this.#anyEjected ? Date.now() : 0
     let stillEjected = false
@@ -235,7 +248,7 @@ export class UpstreamPool {
         }
         target.ejectedUntil = 0
       }
-      if (target === exclude) continue
+      if (exclude !== undefined && (target === exclude || (Array.isArray(exclude) && exclude.includes(target)))) continue
       if (withFreeConnection && target.inFlight >= this.#maxConnections) {
         this.#sawBusy = true
         continue
@@ -256,10 +269,10 @@ export class UpstreamPool {
    * most queueTimeoutMs (Envoy's max_pending_requests; nginx's upstream `queue`). Oldest first:
    * while requests wait, a connection that comes free is theirs, not a newcomer's.
    */
-  acquire (waiter: PoolWaiter, avoid?: UpstreamTarget): Acquired {
+  acquire (waiter: PoolWaiter, avoid?: readonly UpstreamTarget[]): Acquired {
     if (this.#pending > 0) this.#grantWaiting()
     if (this.#pending === 0) {
-      // `avoid` (the target a retry leaves) only when another has a connection free
+      // `avoid` (the targets a retry tried already) only when another has a connection free
       const target = (avoid === undefined ? null : this.pick(avoid, true)) ?? this.pick(undefined, true)
       if (target !== null) {
         target.inFlight++

@@ -1,0 +1,58 @@
+// When a forwarded request is sent again (upstreams.X.retries, retryOn, retryBudget): nginx's
+// proxy_next_upstream and proxy_next_upstream_tries, Envoy's retry_on and retry_budget. Compiled
+// once per route at load; src/proxy/forward.ts asks it per failed attempt, never per request.
+
+/** What may send a request again, as `retryOn` lists it: a condition's name, or an answer status 400-599. */
+export type RetryCondition = 'connect-failure' | 'reset' | 'timeout' | number
+
+/**
+ * Envoy's retry budget: the retries an upstream has in flight at once are at most `percent` of
+ * its requests in flight and waiting, and never held below `minConcurrent`. Without it a failing
+ * upstream is sent its load a second time just as it fails: a 503 storm becomes two.
+ */
+export interface RetryBudget {
+  readonly percent: number
+  readonly minConcurrent: number
+}
+
+export interface RetryPolicy {
+  /** Times a request may be sent again, whatever failed (0: never). */
+  readonly retries: number
+  /** Refused, unresolvable, or not connected in time: no byte reached the upstream. */
+  readonly onConnectFailure: boolean
+  /** The connection closed before an answer came: the upstream may have begun the request. */
+  readonly onReset: boolean
+  /** No answer head within timeouts.response. */
+  readonly onTimeout: boolean
+  /** Answer statuses that send the request again rather than to the client (a 503 of one target). */
+  readonly statuses: ReadonlySet<number>
+  readonly budget: RetryBudget
+}
+
+export const DEFAULT_RETRY_ON: readonly RetryCondition[] = Object.freeze(['connect-failure', 'reset'])
+export const DEFAULT_RETRY_BUDGET: RetryBudget = Object.freeze({ percent: 20, minConcurrent: 3 })
+
+export function compileRetryPolicy (retries: number, on: readonly RetryCondition[] = DEFAULT_RETRY_ON, budget: Partial<RetryBudget> = {}): RetryPolicy {
+  const statuses = new Set<number>()
+  for (const c of on) if (typeof c === 'number') statuses.add(c)
+  return Object.freeze({
+    retries,
+    onConnectFailure: on.includes('connect-failure'),
+    onReset: on.includes('reset'),
+    onTimeout: on.includes('timeout'),
+    statuses,
+    budget: Object.freeze({ percent: budget.percent ?? DEFAULT_RETRY_BUDGET.percent, minConcurrent: budget.minConcurrent ?? DEFAULT_RETRY_BUDGET.minConcurrent })
+  })
+}
+
+/** Whether one more retry fits the budget, with `retrying` retries and `active` requests (in flight and waiting) now. */
+export function withinRetryBudget (budget: RetryBudget, retrying: number, active: number): boolean {
+  return retrying < Math.max(budget.minConcurrent, Math.floor(active * budget.percent / 100))
+}
+
+/** What the access log and gateway_upstream_retries_total call a retry after an answer's status. */
+export type StatusRetryCause = `status_${number}`
+
+export function statusRetryCause (status: number): StatusRetryCause {
+  return `status_${status}`
+}

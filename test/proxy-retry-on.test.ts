@@ -1,0 +1,221 @@
+// upstreams.X.retryOn and retryBudget: what sends a request again, and how many may be sent again
+// at once. retryOn lists conditions (connect-failure, reset, timeout) and answer statuses (503):
+// an answer of a listed status to a request that may be repeated (idempotent, its body none or
+// held whole) is dropped before any of it reaches the client, and the request goes to another
+// target; the last attempt's answer reaches the client whatever its status. retryBudget bounds the
+// retries an upstream has in flight (Envoy's retry_budget): a failing upstream is not sent its
+// load twice. Targets are weighted 1000 to 1 where the test needs the first attempt on one target.
+import t from 'tap'
+import { request } from 'undici'
+import { writeFileSync } from 'node:fs'
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import { startGateway } from './helpers/gateway.js'
+import { startHttpServer } from './helpers/upstream.js'
+import { gateway } from './helpers/cli.js'
+import { tempDir, type Teardown } from './helpers/teardown.js'
+import { withinRetryBudget } from '../src/proxy/retry-policy.js'
+
+interface Target { url: string, seen: string[] }
+
+async function target (t: Teardown, answer: (req: IncomingMessage, res: ServerResponse, nth: number) => void): Promise<Target> {
+  const seen: string[] = []
+  const up = await startHttpServer(t, (req, res) => {
+    const chunks: Buffer[] = []
+    req.on('data', (c: Buffer) => chunks.push(c))
+    req.on('end', () => {
+      seen.push(`${req.method ?? ''} ${req.url ?? ''}${chunks.length > 0 ? ' ' + Buffer.concat(chunks).toString() : ''}`)
+      answer(req, res, seen.length)
+    })
+  })
+  return { url: up.url, seen }
+}
+
+const busy = (name: string) => (_req: IncomingMessage, res: ServerResponse): void => {
+  res.writeHead(503, { 'retry-after': '7', 'content-type': 'text/plain' })
+  res.end(`${name} busy`)
+}
+const answering = (name: string) => (_req: IncomingMessage, res: ServerResponse): void => { res.end(name) }
+
+/** One upstream: `first` takes (almost) every first attempt, `second` the retries. */
+const config = (first: string, second: string, upstream: string, server = ''): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+${server}upstreams:
+  backend: { targets: [{ url: ${first}, weight: 1000 }, ${second}], consecutiveFailures: 1000${upstream} }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`
+
+async function send (url: string, path: string, opts: { method?: string, body?: string } = {}): Promise<{ status: number, text: string, retryAfter: unknown }> {
+  const res = await request(url + path, { method: (opts.method ?? 'GET') as 'GET', ...(opts.body !== undefined ? { body: opts.body } : {}) })
+  return { status: res.statusCode, text: await res.body.text(), retryAfter: res.headers['retry-after'] }
+}
+
+async function counted (adminUrl: string, name: string, labels: string): Promise<number> {
+  const text = await (await request(adminUrl + '/metrics')).body.text()
+  const line = text.split('\n').find(l => l.startsWith(name + '{') && l.includes(labels))
+  return line === undefined ? 0 : Number(line.slice(line.lastIndexOf(' ') + 1))
+}
+
+t.test('retryOn: [503]: a GET answered 503 by one target is answered by the other; a POST gets the 503', async t => {
+  const a = await target(t, busy('a'))
+  const b = await target(t, answering('b'))
+  const gw = await startGateway(t, config(a.url, b.url, ', retryOn: [connect-failure, reset, 503]'))
+  t.same(await send(gw.url, '/doc'), { status: 200, text: 'b', retryAfter: undefined }, 'the client never sees the 503')
+  t.same(await send(gw.url, '/doc', { method: 'PUT', body: 'v2' }), { status: 200, text: 'b', retryAfter: undefined }, 'a PUT, its body held whole, is sent again with it')
+  t.same(await send(gw.url, '/orders', { method: 'POST', body: 'one' }), { status: 503, text: 'a busy', retryAfter: '7' }, 'a POST is not repeated: the upstream\'s own answer')
+  t.same(a.seen, ['GET /doc', 'PUT /doc v2', 'POST /orders one'])
+  t.same(b.seen, ['GET /doc', 'PUT /doc v2'])
+  const lines = gw.lines.filter(l => l.msg === 'request')
+  t.same(lines.map(l => [l.status, l.retriedAfter, l.target]), [[200, 'status_503', b.url], [200, 'status_503', b.url], [503, undefined, a.url]])
+  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_total', 'reason="status_503"'), 2, 'each retry counted with its cause')
+  t.equal(await counted(gw.adminUrl, 'gateway_upstream_errors_total', 'upstream="backend"'), 0, 'an answer is no failure of the upstream\'s connection')
+})
+
+t.test('without a status in retryOn (the default) a 503 is the client\'s', async t => {
+  const a = await target(t, busy('a'))
+  const b = await target(t, answering('b'))
+  const gw = await startGateway(t, config(a.url, b.url, ''))
+  t.same(await send(gw.url, '/doc'), { status: 503, text: 'a busy', retryAfter: '7' })
+  t.same(b.seen, [])
+})
+
+t.test('the last attempt\'s answer reaches the client whatever its status, with its headers and body', async t => {
+  const a = await target(t, busy('a'))
+  const b = await target(t, busy('b'))
+  const gw = await startGateway(t, config(a.url, b.url, ', retryOn: [503], retries: 1'))
+  t.same(await send(gw.url, '/x'), { status: 503, text: 'b busy', retryAfter: '7' }, 'two attempts, the second answer relayed')
+  t.same([a.seen, b.seen], [['GET /x'], ['GET /x']])
+  t.match(gw.lines.find(l => l.msg === 'request'), { status: 503, retriedAfter: 'status_503', target: b.url })
+})
+
+t.test('a streamed body is not sent again: the 503 is the client\'s', async t => {
+  const a = await target(t, busy('a'))
+  const b = await target(t, answering('b'))
+  const gw = await startGateway(t, config(a.url, b.url, ', retryOn: [503]', 'server: { bufferBodies: 0 }\n'))
+  t.same(await send(gw.url, '/doc', { method: 'PUT', body: 'streamed' }), { status: 503, text: 'a busy', retryAfter: '7' })
+  t.same(b.seen, [])
+})
+
+t.test('retryOn: [timeout]: a GET whose head does not come within timeouts.response goes to the other target', async t => {
+  const silent = await target(t, () => {})
+  const b = await target(t, answering('b'))
+  const timeouts = ', timeouts: { response: 300ms }'
+  const gw = await startGateway(t, config(silent.url, b.url, `${timeouts}, retryOn: [connect-failure, reset, timeout]`))
+  t.same(await send(gw.url, '/slow'), { status: 200, text: 'b', retryAfter: undefined })
+  t.match(gw.lines.find(l => l.msg === 'request'), { status: 200, retriedAfter: 'response_timeout', target: b.url })
+  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_total', 'reason="response_timeout"'), 1)
+  t.equal(await counted(gw.adminUrl, 'gateway_upstream_errors_total', 'kind="response_timeout"'), 1, 'the timed-out attempt is still the upstream\'s failure')
+  const posted = await send(gw.url, '/slow', { method: 'POST', body: 'x' })
+  t.equal(posted.status, 504, 'a POST is not repeated after a timeout')
+
+  const silent2 = await target(t, () => {})
+  const b2 = await target(t, answering('b'))
+  const byDefault = await startGateway(t, config(silent2.url, b2.url, timeouts))
+  t.equal((await send(byDefault.url, '/slow')).status, 504, 'the default retryOn has no timeout')
+  t.same(b2.seen, [])
+})
+
+t.test('retryOn without connect-failure (or reset): a refused (or reset) connection is the client\'s 502', async t => {
+  const b = await target(t, answering('b'))
+  const gw = await startGateway(t, config('http://127.0.0.1:9', b.url, ', retryOn: [reset]'))
+  const first = await send(gw.url, '/r')
+  t.equal(first.status, 502)
+  t.same(b.seen, [])
+  const withIt = await startGateway(t, config('http://127.0.0.1:9', b.url, ', retryOn: [connect-failure]'))
+  t.equal((await send(withIt.url, '/r')).status, 200)
+  // and without reset, a connection closed before an answer is the client's too
+  const dying = await target(t, (req) => { req.socket.destroy() })
+  const c = await target(t, answering('c'))
+  const noReset = await startGateway(t, config(dying.url, c.url, ', retryOn: [connect-failure]'))
+  t.equal((await send(noReset.url, '/r')).status, 502)
+  t.same(c.seen, [])
+})
+
+t.test('retryBudget: retries in flight beyond minConcurrent are refused; the client gets the failed attempt\'s answer', async t => {
+  const a = await target(t, busy('a'))
+  // holds every request until released: the retries it has stay in flight
+  const held: ServerResponse[] = []
+  const b = await target(t, (_req, res) => { held.push(res) })
+  const gw = await startGateway(t, config(a.url, b.url, ', retryOn: [503], retryBudget: { percent: 0, minConcurrent: 2 }'))
+  const answers = Array.from({ length: 6 }, async (_, i) => await send(gw.url, `/r${i}`))
+  // four are answered with a's 503 while two retries wait at b
+  const settled: Array<{ status: number, text: string }> = []
+  for (const p of answers) void p.then(r => settled.push(r))
+  while (settled.length < 4) await new Promise(resolve => setTimeout(resolve, 10))
+  t.same(settled.map(r => [r.status, r.text]), Array(4).fill([503, 'a busy']), 'over the budget: the upstream\'s 503 as it came')
+  t.equal(b.seen.length, 2, 'two retries in flight, as minConcurrent allows')
+  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 4)
+  for (const res of held) res.end('b')
+  const all = await Promise.all(answers)
+  t.same(all.filter(r => r.status === 200).map(r => r.text), ['b', 'b'])
+  // the budget's places come back as the retried requests end
+  held.length = 0
+  const next = send(gw.url, '/again')
+  while (held.length === 0) await new Promise(resolve => setTimeout(resolve, 10))
+  for (const res of held) res.end('b')
+  t.same((await next).status, 200, 'a retry is sent again once the earlier ones ended')
+  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_total', 'reason="status_503"'), 3)
+})
+
+t.test('a request takes one place in the budget for all its retries', async t => {
+  const a = await target(t, busy('a'))
+  const b = await target(t, busy('b'))
+  const c = await target(t, answering('c'))
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [{ url: ${a.url}, weight: 1000 }, { url: ${b.url}, weight: 100 }, ${c.url}], retries: 2, retryOn: [503], retryBudget: { percent: 0, minConcurrent: 1 } }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  t.same(await send(gw.url, '/x'), { status: 200, text: 'c', retryAfter: undefined }, 'a, then b, then c: two retries within one place')
+  t.same([a.seen, b.seen, c.seen], [['GET /x'], ['GET /x'], ['GET /x']])
+  t.same(gw.lines.filter(l => l.msg === 'request').map(l => l.retriedAfter), ['status_503'], 'the access line names the first retry\'s cause')
+  t.equal((await send(gw.url, '/y')).status, 200, 'and gave it back: the next request is retried too')
+  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 0)
+})
+
+t.test('a connection never made is retried outside the budget; a reset is not', async t => {
+  const b = await target(t, answering('b'))
+  const noBudget = ', retryBudget: { percent: 0, minConcurrent: 0 }'
+  const gw = await startGateway(t, config('http://127.0.0.1:9', b.url, noBudget))
+  t.same(await send(gw.url, '/r'), { status: 200, text: 'b', retryAfter: undefined }, 'the refused attempt cost the upstream nothing')
+  const dying = await target(t, (req) => { req.socket.destroy() })
+  const c = await target(t, answering('c'))
+  const resets = await startGateway(t, config(dying.url, c.url, noBudget))
+  t.equal((await send(resets.url, '/r')).status, 502, 'the upstream may have begun the reset one: over the budget')
+  t.same(c.seen, [])
+  t.equal(await counted(resets.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 1)
+  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 0)
+})
+
+t.test('withinRetryBudget: a share of the requests in flight, never below minConcurrent', async t => {
+  t.equal(withinRetryBudget({ percent: 20, minConcurrent: 3 }, 2, 0), true, 'below minConcurrent')
+  t.equal(withinRetryBudget({ percent: 20, minConcurrent: 3 }, 3, 10), false, '20% of 10 is 2: minConcurrent 3 holds')
+  t.equal(withinRetryBudget({ percent: 20, minConcurrent: 3 }, 3, 20), true, '20% of 20 is 4')
+  t.equal(withinRetryBudget({ percent: 20, minConcurrent: 3 }, 4, 20), false)
+  t.equal(withinRetryBudget({ percent: 0, minConcurrent: 0 }, 0, 1000), false, 'no budget: no retry')
+})
+
+t.test('a reload changes retryOn for the requests that follow', async t => {
+  const a = await target(t, busy('a'))
+  const b = await target(t, answering('b'))
+  const gw = await startGateway(t, config(a.url, b.url, ''))
+  t.equal((await send(gw.url, '/x')).status, 503)
+  writeFileSync(gw.runtime!.file, config(a.url, b.url, ', retryOn: [502, 503]'))
+  t.equal((await gw.reload()).ok, true)
+  t.equal((await send(gw.url, '/x')).status, 200)
+})
+
+t.test('a retryOn entry that is not a condition or a status 400-599 is a located error; /config shows the defaults', async t => {
+  const dir = tempDir(t, 'gw-retry-on')
+  const file = `${dir}/gateway.yaml`
+  writeFileSync(file, config('http://127.0.0.1:9', 'http://127.0.0.1:10', ', retryOn: [reset, 302]'))
+  const run = await gateway(['validate', '-c', file])
+  t.equal(run.code, 1)
+  t.match(run.stderr, /gateway\.yaml:4:\d+ upstreams\.backend\.retryOn\[1\]: expected connect-failure, reset, timeout or an answer status 400-599/)
+  const b = await target(t, answering('b'))
+  const gw = await startGateway(t, config(b.url, b.url, ''))
+  const shown = (JSON.parse(await (await request(gw.adminUrl + '/config')).body.text()) as { config: { upstreams: Record<string, unknown> } }).config
+  t.match(shown.upstreams.backend, { retries: 1, retryOn: ['connect-failure', 'reset'], retryBudget: { percent: 20, minConcurrent: 3 } })
+})
