@@ -224,6 +224,7 @@ function upstreamConfig (config: ResolvedConfig, name: string): UpstreamConfig {
     responseTimeoutMs: parseDuration(up.timeouts.response),
     idleTimeoutMs: parseDuration(up.timeouts.idle),
     consecutiveFailures: up.consecutiveFailures,
+    failureStatuses: Object.freeze([...up.failureStatuses]),
     ejectMs: parseDuration(up.ejectFor),
     maxConnectionsPerTarget: up.maxConnections,
     maxPending: up.maxPending,

@@ -3,8 +3,9 @@
 // an answer of a listed status to a request that may be repeated (idempotent, its body none or
 // held whole) is dropped before any of it reaches the client, and the request goes to another
 // target; the last attempt's answer reaches the client whatever its status. retryBudget bounds the
-// retries an upstream has in flight (Envoy's retry_budget): a failing upstream is not sent its
-// load twice. Targets are weighted 1000 to 1 where the test needs the first attempt on one target.
+// retries after a timeout or a status an upstream has in flight (Envoy's retry_budget): an
+// overloaded upstream is not sent its load twice. Refused and reset connections are retried
+// outside it, as before it existed. Targets are weighted 1000 to 1 where the test needs the first attempt on one target.
 import t from 'tap'
 import { request } from 'undici'
 import { writeFileSync } from 'node:fs'
@@ -175,7 +176,7 @@ routes:
   t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 0)
 })
 
-t.test('a connection never made is retried outside the budget; a reset is not', async t => {
+t.test('connections never made or closed before an answer are retried outside the budget; a timeout is not', async t => {
   const b = await target(t, answering('b'))
   const noBudget = ', retryBudget: { percent: 0, minConcurrent: 0 }'
   const gw = await startGateway(t, config('http://127.0.0.1:9', b.url, noBudget))
@@ -183,9 +184,82 @@ t.test('a connection never made is retried outside the budget; a reset is not', 
   const dying = await target(t, (req) => { req.socket.destroy() })
   const c = await target(t, answering('c'))
   const resets = await startGateway(t, config(dying.url, c.url, noBudget))
-  t.equal((await send(resets.url, '/r')).status, 502, 'the upstream may have begun the reset one: over the budget')
-  t.same(c.seen, [])
-  t.equal(await counted(resets.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 1)
+  t.same(await send(resets.url, '/r'), { status: 200, text: 'c', retryAfter: undefined }, 'a closed connection: a target going away, not an overloaded one')
+  const silent = await target(t, () => {})
+  const d = await target(t, answering('d'))
+  const timeouts = await startGateway(t, config(silent.url, d.url, `${noBudget}, timeouts: { response: 300ms }, retryOn: [timeout]`))
+  t.equal((await send(timeouts.url, '/r')).status, 504, 'a timeout is an overloaded target\'s sign: over the budget')
+  t.same(d.seen, [])
+  t.equal(await counted(timeouts.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 1)
+  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 0)
+  t.equal(await counted(resets.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 0)
+})
+
+t.test('with the defaults, many requests reset at once are all retried (a rolling deploy)', async t => {
+  const dying = await target(t, (req) => { req.socket.destroy() })
+  // answers once all eight retries are in, so that they are in flight together
+  const held: ServerResponse[] = []
+  const b = await target(t, (_req, res) => {
+    held.push(res)
+    if (held.length === 8) for (const r of held) r.end('b')
+  })
+  const gw = await startGateway(t, config(dying.url, b.url, ''))
+  const answers = await Promise.all(Array.from({ length: 8 }, async (_, i) => await send(gw.url, `/r${i}`)))
+  t.same(answers.map(a => a.status), Array(8).fill(200))
+  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_total', 'reason="reset"'), 8)
+})
+
+t.test('a retry\'s own connection failure is retried too: 503, refused, then answered', async t => {
+  const a = await target(t, busy('a'))
+  const c = await target(t, answering('c'))
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [{ url: ${a.url}, weight: 1000 }, { url: 'http://127.0.0.1:9', weight: 100 }, ${c.url}], retries: 2, retryOn: [connect-failure, reset, 503] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  t.same(await send(gw.url, '/x'), { status: 200, text: 'c', retryAfter: undefined })
+  t.same([a.seen, c.seen], [['GET /x'], ['GET /x']])
+  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_total', 'reason="refused"'), 1)
+})
+
+t.test('an answer is not dropped for a retry that has no target to go to: the client gets it as it came', async t => {
+  // failureStatuses with consecutiveFailures 1: the 503 ejects the lone target as it comes
+  const a = await target(t, busy('a'))
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${a.url}], consecutiveFailures: 1, failureStatuses: [503], retryOn: [503] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  t.same(await send(gw.url, '/x'), { status: 503, text: 'a busy', retryAfter: '7' }, 'the upstream\'s 503, not the gateway\'s GW_ERR_NO_HEALTHY_UPSTREAM')
+  t.same(a.seen, ['GET /x'])
+})
+
+t.test('a retried request gives its place in the budget back once its answer comes, not when its body ends', async t => {
+  const a = await target(t, busy('a'))
+  // b starts its answers and ends them when told
+  const open: ServerResponse[] = []
+  const b = await target(t, (_req, res) => { res.writeHead(200); res.write('head'); open.push(res) })
+  const gw = await startGateway(t, config(a.url, b.url, ', retryOn: [503], retryBudget: { percent: 0, minConcurrent: 1 }'))
+  const first = await request(gw.url + '/stream1')
+  t.equal(first.statusCode, 200, 'the first request, retried, streams from b')
+  const second = await request(gw.url + '/stream2')
+  t.equal(second.statusCode, 200, 'the second is retried while the first still streams')
+  for (const res of open) res.end()
+  t.same([await first.body.text(), await second.body.text()], ['head', 'head'])
+  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 0)
+})
+
+t.test('a retry that fails gives its place in the budget back as its request ends', async t => {
+  const a = await target(t, busy('a'))
+  const dying = await target(t, (req) => { req.socket.destroy() })
+  const gw = await startGateway(t, config(a.url, dying.url, ', retryOn: [503], retryBudget: { percent: 0, minConcurrent: 1 }'))
+  t.equal((await send(gw.url, '/one')).status, 502, 'a\'s 503, then b\'s reset: the last attempt\'s failure')
+  t.equal((await send(gw.url, '/two')).status, 502, 'retried again: the first request\'s place came back')
+  t.equal(dying.seen.length, 2)
   t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 0)
 })
 

@@ -178,7 +178,8 @@ t.test('a response head split by the network, or an answer that is not HTTP, nev
 })
 
 t.test('an invalid upstream status (600, 000), an unknown transfer coding, a length beside a coding or a 101 unasked gets 502, counted as a bad response', async t => {
-  const gw = await startGateway(t, config(await rawUpstream(t)))
+  // each counts toward the target's ejection (the next test): more than six in a row are allowed here
+  const gw = await startGateway(t, config(await rawUpstream(t)).replace('targets: [', 'consecutiveFailures: 100, targets: ['))
   // Two Transfer-Encoding fields are two codings (RFC 9112 §6.1), even when both say chunked.
   const paths = ['/600', '/000', '/gzip-chunked', '/chunked-twice', '/length-and-chunked', '/unasked-101']
   for (const path of paths) {
@@ -198,6 +199,16 @@ t.test('an invalid upstream status (600, 000), an unknown transfer coding, a len
   t.equal(chunked.status, 200, 'one chunked coding, in any case and with spaces, is relayed')
   t.equal(chunked.headers['transfer-encoding'], 'chunked')
   t.equal(chunked.body, '2\r\nok\r\n0\r\n\r\n', 'the body, chunked again by node:http')
+})
+
+t.test('such heads count toward the target\'s ejection, as an answer that is not HTTP does', async t => {
+  const gw = await startGateway(t, config(await rawUpstream(t)).replace('targets: [', 'consecutiveFailures: 2, ejectFor: 1m, targets: ['))
+  const first = await rawRequest(gw.port, 'GET /600 HTTP/1.1\r\nHost: a\r\n')
+  const second = await rawRequest(gw.port, 'GET /gzip-chunked HTTP/1.1\r\nHost: a\r\n')
+  t.same([first.status, second.status], [502, 502])
+  const third = await rawRequest(gw.port, 'GET /ok HTTP/1.1\r\nHost: a\r\n')
+  t.equal(third.json?.error, 'GW_ERR_NO_HEALTHY_UPSTREAM', 'two in a row ejected the lone target')
+  t.ok(gw.lines.some(l => l.msg === 'upstream target ejected' && l.reason === 'consecutive_failures'))
 })
 
 t.test('a request with a transfer coding other than chunked gets 501 and never reaches the upstream', async t => {

@@ -34,6 +34,7 @@ export interface ResolvedUpstream {
   timeouts: { connect: string, response: string, idle: string, queue: string }
   ejectFor: string
   consecutiveFailures: number
+  failureStatuses: number[]
   maxConnections: number
   maxPending: number
   retries: number
@@ -155,6 +156,7 @@ function upstream (up: GatewayConfig['upstreams'][string]): ResolvedUpstream {
     timeouts: { connect: up.timeouts?.connect ?? '2s', response: up.timeouts?.response ?? '30s', idle: up.timeouts?.idle ?? '1m', queue: up.timeouts?.queue ?? '10s' },
     ejectFor: up.ejectFor ?? '10s',
     consecutiveFailures: up.consecutiveFailures ?? DEFAULT_CONSECUTIVE_FAILURES,
+    failureStatuses: [...(up.failureStatuses ?? [])],
     maxConnections: up.maxConnections ?? 256,
     maxPending: up.maxPending ?? DEFAULT_MAX_PENDING,
     retries: up.retries ?? DEFAULT_RETRIES,

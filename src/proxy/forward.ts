@@ -596,23 +596,27 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       return true
     }
     if (this.interimTimer !== null) this.clearInterimTimer()
-    // A retryOn status (a 503 of a target being deployed) from an attempt that may be repeated:
-    // nothing of it has reached the client, so it is dropped and the request sent to another target
-    // (onError). The last attempt's answer goes to the client whatever its status, as nginx's does.
-    if (this.plan.retry.statuses.has(statusCode) && this.abortUpstream !== null && mayResend(this.opts.method, this.replayable || this.opts.body === null) && this.mayRetryAgain()) {
-      this.retryStatus = statusCode
-      this.abortUpstream(new GatewayError('GW_ERR_UPSTREAM_UNAVAILABLE'))
-      return true
-    }
     this.resumeUpstream = resume
     // A status node:http would relay as is (600), or headers clientResponseHeaders cannot relay
     // (a transfer coding other than chunked): 502.
     let out = statusCode > 599 ? null : clientResponseHeaders(rawHeaders, this.plan.headers, this.ctx.requestId, this.ctx.extraResponseHeaders)
     if (out === null) return this.refuseHead()
+    if (this.target !== null) this.plan.pool.answered(this.target, statusCode)
+    // A retryOn status (a 503 of a target being deployed) from an attempt that may be repeated:
+    // nothing of it has reached the client, so it is dropped and the request sent to another target
+    // (onError). The last attempt's answer goes to the client whatever its status, as nginx's does.
+    // Only when the pool can take the retry now: dropped for a retry that finds no target, the
+    // answer would become the gateway's own 503.
+    if (this.plan.retry.statuses.has(statusCode) && this.abortUpstream !== null && mayResend(this.opts.method, this.replayable || this.opts.body === null) && this.plan.pool.canTakeRetry(this.holding) && this.mayRetryAgain()) {
+      this.retryStatus = statusCode
+      this.abortUpstream(new GatewayError('GW_ERR_UPSTREAM_UNAVAILABLE'))
+      return true
+    }
+    // answered: this request sends the upstream nothing more, its place in the budget is free
+    if (this.retrying) this.leaveRetryBudget()
     // RFC 9110 §8.6: a 204 never carries Content-Length (nginx drops it too); a 304's may stay
     if (statusCode === 204) out = withoutContentLength(out)
     if (this.plan.compression !== null) out = this.compressing(this.plan.compression, statusCode, out)
-    if (this.target !== null) this.plan.pool.succeeded(this.target)
     this.status = statusCode
     // A refusal that comes while the client's body is still arriving (an upload refused early)
     // no longer reads it: the connection closes after it, the rest of the body read and dropped
@@ -785,6 +789,9 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     // guess: an answer the gateway cannot relay, as nginx judges it too)
     if (lengthMismatch && !this.responded) this.badResponse = true
     if (this.badResponse) {
+      // a head the gateway would not relay (a status 600, a transfer coding it cannot keep) counts
+      // toward the target's ejection as an answer that is not HTTP does: it was neither
+      if (this.target !== null) this.plan.pool.failed(this.target)
       this.fail('bad_response', err)
       return
     }
@@ -828,8 +835,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       // an idle keep-alive connection as the request went out on it; or no head came in time
       // (retryOn: timeout). The upstream may have begun the request, so only an idempotent one is
       // sent again (RFC 9110 §9.2.2; nginx's proxy_next_upstream error does the same), to another
-      // target when one is free.
-      if (this.retry(kind, target, true)) return
+      // target when one is free. A closed connection is a target going away (a rolling deploy
+      // closes many at once), not one overloaded: outside the retry budget, as a refused one is.
+      // A timeout is an overloaded target's sign: budgeted.
+      if (this.retry(kind, target, kind === 'response_timeout')) return
     }
     this.fail(kind, err)
   }
@@ -837,8 +846,9 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   /**
    * Whether one more attempt is allowed: fewer than the plan's retries so far, and, when
    * `budgeted`, room in the upstream's retry budget. The request takes its place in the budget
-   * here, once (its later retries are within it), until it settles. A connection never made cost
-   * the upstream nothing, so its retry adds no load to a failing upstream: not budgeted.
+   * here, once (its later retries are within it), until an answer is relayed or it settles. The
+   * budget is for the retries that send an overloaded upstream its load again (a timeout, a 503);
+   * a connection never made, or closed before an answer, is not budgeted.
    */
   private mayRetryAgain (budgeted = true): boolean {
     const policy = this.plan.retry
@@ -852,6 +862,11 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     this.retrying = true
     pool.retrying++
     return true
+  }
+
+  leaveRetryBudget (): void {
+    this.retrying = false
+    this.plan.pool.retrying--
   }
 
   /** Sends the request once more when mayRetryAgain, to a target not tried yet when one is free. */
@@ -869,6 +884,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     const next = this.plan.pool.acquire(this, this.tried ?? undefined)
     if (next === null) return 'no_healthy'
     if (next === 'full') return 'queue_full'
+    // the attempt to come has written nothing yet: a refused connection of its own may be retried
+    this.sent = false
     if (this.retriedAfter === null) this.retriedAfter = [after]
     else this.retriedAfter.push(after)
     this.abortUpstream = null
@@ -977,10 +994,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     }
     this.releaseTarget()
     this.releaseHeldBytes()
-    if (this.retrying) {
-      this.retrying = false
-      this.plan.pool.retrying--
-    }
+    if (this.retrying) this.leaveRetryBudget()
     // a response cut or given up: what the encoder holds goes nowhere
     if (kind !== null && this.encoder !== null) this.encoder.destroy()
     // The connection was closed by the gateway (its shutdown, server.requestTimeout), not by the client.

@@ -34,6 +34,8 @@ export interface UpstreamConfig {
   readonly idleTimeoutMs?: number
   /** Response timeouts or resets in a row after which a target is ejected (outlier detection); default 5. */
   readonly consecutiveFailures?: number
+  /** Answer statuses that count as failures toward consecutiveFailures (a 503 of a target whose database is down); default none. */
+  readonly failureStatuses?: readonly number[]
   /** Requests that may wait while every healthy target is at maxConnectionsPerTarget; default 1024. */
   readonly maxPending?: number
   /** Longest a request waits for a connection; default 10 s. */
@@ -169,6 +171,7 @@ export class UpstreamPool {
   // Set on ejection, cleared lazily by pick(): keeps Date.now() off the path while all are healthy.
   #anyEjected = false
   readonly #failureThreshold: number
+  readonly #failureStatuses: ReadonlySet<number>
   /** Told of every ejection (metrics, log); set by whoever owns the pool. */
   onEject: EjectListener | null = null
   readonly #maxConnections: number
@@ -198,6 +201,7 @@ export class UpstreamPool {
     this.signature = upstreamSignature(config)
     this.targets = config.targets.map((target) => new UpstreamTarget(target, config))
     this.#failureThreshold = config.consecutiveFailures ?? DEFAULT_CONSECUTIVE_FAILURES
+    this.#failureStatuses = new Set(config.failureStatuses)
     this.#maxConnections = config.maxConnectionsPerTarget
     this.#maxPending = config.maxPending ?? DEFAULT_MAX_PENDING
     this.#queueTimeoutMs = config.queueTimeoutMs ?? DEFAULT_QUEUE_TIMEOUT_MS
@@ -213,6 +217,23 @@ export class UpstreamPool {
    * (src/proxy/forward.ts), for the retry budget.
    */
   retrying = 0
+
+  /**
+   * Whether `acquire` would give a retry a target or a place in the queue now: a healthy target,
+   * and a connection free or room to wait. Asked before an answer is dropped to be retried, by
+   * the request that holds a connection of `holding`.
+   */
+  canTakeRetry (holding: UpstreamTarget | null): boolean {
+    const now = Date.now()
+    let healthy = false
+    for (const target of this.targets) {
+      if (target.ejectedUntil > now) continue
+      // the retried request frees the connection it holds, for itself when nobody waits for one
+      if (target.inFlight < this.#maxConnections || (target === holding && this.#pending === 0)) return true
+      healthy = true
+    }
+    return healthy && this.#pending < this.#maxPending
+  }
 
   /** Requests in flight and waiting for a connection: what the retry budget is a share of. Not on the path of a request that is not retried. */
   get active (): number {
@@ -471,6 +492,16 @@ export class UpstreamPool {
   }
 
   /**
+   * An answer's head came: the run of failures is over, unless failureStatuses lists its status
+   * (Envoy's consecutive_5xx, nginx's max_fails with proxy_next_upstream http_503): a target
+   * answering 503 to everything is ejected as one that resets, without active checks.
+   */
+  answered (target: UpstreamTarget, status: number): void {
+    if (this.#failureStatuses.has(status)) this.failed(target)
+    else if (target.consecutiveFailures !== 0) target.consecutiveFailures = 0
+  }
+
+  /**
    * Per target, as /readyz shows it: `healthy` (takes traffic) is false while either passive
    * health (`ejectedForMs`) or, with health checks configured, `check` says no.
    */
@@ -532,6 +563,7 @@ export function upstreamSignature (config: UpstreamConfig): string {
     config.keepAliveTimeoutMs,
     config.idleTimeoutMs,
     config.consecutiveFailures,
+    config.failureStatuses ?? [],
     config.maxPending,
     config.queueTimeoutMs,
     config.healthCheck ?? null
