@@ -11,25 +11,12 @@ import { request } from 'undici'
 import { writeFileSync } from 'node:fs'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { startGateway } from './helpers/gateway.js'
-import { startHttpServer } from './helpers/upstream.js'
+import { recordingTarget } from './helpers/upstream.js'
 import { gateway } from './helpers/cli.js'
-import { tempDir, type Teardown } from './helpers/teardown.js'
+import { tempDir } from './helpers/teardown.js'
 import { withinRetryBudget } from '../src/proxy/retry-policy.js'
 
-interface Target { url: string, seen: string[] }
-
-async function target (t: Teardown, answer: (req: IncomingMessage, res: ServerResponse, nth: number) => void): Promise<Target> {
-  const seen: string[] = []
-  const up = await startHttpServer(t, (req, res) => {
-    const chunks: Buffer[] = []
-    req.on('data', (c: Buffer) => chunks.push(c))
-    req.on('end', () => {
-      seen.push(`${req.method ?? ''} ${req.url ?? ''}${chunks.length > 0 ? ' ' + Buffer.concat(chunks).toString() : ''}`)
-      answer(req, res, seen.length)
-    })
-  })
-  return { url: up.url, seen }
-}
+const target = recordingTarget
 
 const busy = (name: string) => (_req: IncomingMessage, res: ServerResponse): void => {
   res.writeHead(503, { 'retry-after': '7', 'content-type': 'text/plain' })

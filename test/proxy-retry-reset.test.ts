@@ -9,24 +9,9 @@ import t from 'tap'
 import { request } from 'undici'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { startGateway } from './helpers/gateway.js'
-import { startHttpServer } from './helpers/upstream.js'
-import type { Teardown } from './helpers/teardown.js'
+import { recordingTarget } from './helpers/upstream.js'
 
-interface Target { url: string, seen: string[] }
-
-/** An upstream that records each request and hands it to `answer`. */
-async function target (t: Teardown, answer: (req: IncomingMessage, res: ServerResponse, nth: number) => void): Promise<Target> {
-  const seen: string[] = []
-  const up = await startHttpServer(t, (req, res) => {
-    const chunks: Buffer[] = []
-    req.on('data', (c: Buffer) => chunks.push(c))
-    req.on('end', () => {
-      seen.push(`${req.method ?? ''} ${req.url ?? ''}${chunks.length > 0 ? ' ' + Buffer.concat(chunks).toString() : ''}`)
-      answer(req, res, seen.length)
-    })
-  })
-  return { url: up.url, seen }
-}
+const target = recordingTarget
 
 const dying = (req: IncomingMessage): void => { req.socket.destroy() }
 const answering = (name: string) => (_req: IncomingMessage, res: ServerResponse): void => { res.end(name) }

@@ -222,6 +222,23 @@ export async function startHttpServer (t: Teardown, handler: http.RequestListene
   return { server, url: `http://127.0.0.1:${port}` }
 }
 
+/** What recordingTarget saw: each request as "METHOD /path body", in order. */
+export interface RecordingTarget { url: string, seen: string[] }
+
+/** An upstream that records each request, its body read whole, and hands it to `answer`. */
+export async function recordingTarget (t: Teardown, answer: (req: http.IncomingMessage, res: http.ServerResponse, nth: number) => void): Promise<RecordingTarget> {
+  const seen: string[] = []
+  const up = await startHttpServer(t, (req, res) => {
+    const chunks: Buffer[] = []
+    req.on('data', (c: Buffer) => chunks.push(c))
+    req.on('end', () => {
+      seen.push(`${req.method ?? ''} ${req.url ?? ''}${chunks.length > 0 ? ' ' + Buffer.concat(chunks).toString() : ''}`)
+      answer(req, res, seen.length)
+    })
+  })
+  return { url: up.url, seen }
+}
+
 /**
  * A URL where nothing listens: connections are refused (ECONNREFUSED). On a loopback address
  * other than 127.0.0.1 (Linux routes all of 127/8 to lo): a port freed on 127.0.0.1 was taken by
