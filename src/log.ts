@@ -95,6 +95,8 @@ export interface AccessRecord {
   readonly durationMs: number
   readonly bytesIn: number
   readonly bytesOut: number
+  /** The coding a compressed answer went out with. */
+  readonly encoding: string | undefined
   readonly error: string | undefined
   /** The first attempt's failure, when the request was sent again and this is a later attempt's answer. */
   readonly retriedAfter: string | undefined
@@ -140,6 +142,7 @@ export function createAccessLog (logger: Logger): AccessLog {
     line += ',"status":' + numberJson(record.status)
     if (record.sentStatus !== undefined) line += ',"sentStatus":' + numberJson(record.sentStatus)
     line += ',"durationMs":' + millisJson(record.durationMs) + ',"bytesIn":' + numberJson(record.bytesIn) + ',"bytesOut":' + numberJson(record.bytesOut)
+    if (record.encoding !== undefined) line += ',"encoding":' + jsonString(record.encoding)
     if (record.error !== undefined) line += ',"error":' + jsonString(record.error)
     if (record.retriedAfter !== undefined) line += ',"retriedAfter":' + jsonString(record.retriedAfter)
     if (record.outcome !== undefined) line += ',"outcome":' + jsonString(record.outcome)

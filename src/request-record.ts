@@ -153,6 +153,7 @@ export class RequestRecord {
       durationMs: Math.round(seconds * 1e6) / 1e3,
       bytesIn: result?.bytesIn ?? 0,
       bytesOut: result?.bytesOut ?? ownBytes,
+      encoding: result?.encoding,
       error: result?.errorKind ?? undefined,
       retriedAfter: result?.retriedAfter?.[0],
       outcome: outcome ?? undefined,

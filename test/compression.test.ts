@@ -176,6 +176,15 @@ t.test('a JSON answer is compressed with the coding the client prefers, Brotli a
   t.same([problem.status, problem.headers['content-encoding'], gunzipSync(problem.body).toString() === JSON_BODY], [404, 'gzip', true], 'an error answer of a listed type (application/*+json) too')
   const html = await get(gw.port, '/page', 'gzip')
   t.equal(html.headers['content-encoding'], 'gzip', 'text/html, chunked (no Content-Length)')
+  // the access line names the coding of a compressed answer (bytesOut stays the upstream's)
+  let logged: Array<Record<string, unknown>> = []
+  for (let i = 0; i < 100 && logged.length < 6; i++) {
+    logged = gw.lines.filter(l => l.msg === 'request' && l.path === '/json')
+    if (logged.length < 6) await new Promise(resolve => setTimeout(resolve, 20))
+  }
+  const length = Buffer.byteLength(JSON_BODY)
+  t.same(logged.map(l => [l.encoding, l.bytesOut]), [['gzip', length], ['br', length], ['gzip', length], [undefined, length], ['br', length], [undefined, length]],
+    'encoding on the compressed answers only')
 })
 
 t.test('what is not compressed: small, an image, already encoded, no-transform, a 206, a HEAD', async t => {

@@ -24,11 +24,11 @@ const parseLines = (file: string): Array<Record<string, unknown>> =>
   readFileSync(file, 'utf8').split('\n').slice(0, -1).filter(l => l !== '').map(l => JSON.parse(l) as Record<string, unknown>)
 
 const RECORDS: AccessRecord[] = [
-  { requestId: 'r-1', traceId: undefined, ip: '127.0.0.1', user: undefined, method: 'GET', host: 'a.test', path: '/x?token=[redacted]', route: 'api', target: 'http://127.0.0.1:1', status: 200, sentStatus: undefined, durationMs: 1.234, bytesIn: 0, bytesOut: 101, error: undefined, retriedAfter: undefined, outcome: undefined, limit: undefined, userAgent: 'curl/8' },
+  { requestId: 'r-1', traceId: undefined, ip: '127.0.0.1', user: undefined, method: 'GET', host: 'a.test', path: '/x?token=[redacted]', route: 'api', target: 'http://127.0.0.1:1', status: 200, sentStatus: undefined, durationMs: 1.234, bytesIn: 0, bytesOut: 101, encoding: undefined, error: undefined, retriedAfter: undefined, outcome: undefined, limit: undefined, userAgent: 'curl/8' },
   // every field set, and the strings a hostile client controls: quotes, backslashes, control
   // characters, non-ASCII, a lone surrogate, a would-be field injection
-  { requestId: 'r-2', traceId: '0af7651916cd43dd8448eb211c80319c', ip: '::1', user: 'ali"ce\\', method: 'POST', host: 'h\u0000\u001f\u007f', path: '/é/😀/\ud800', route: 'r', target: undefined, status: 429, sentStatus: 200, durationMs: 0, bytesIn: 12, bytesOut: 0, error: 'reset', retriedAfter: 'reset', outcome: 'rejected', limit: 'login.ip', userAgent: '","status":999,"x":"' },
-  { requestId: 'r-3', traceId: undefined, ip: undefined, user: undefined, method: undefined, host: undefined, path: '/', route: '-', target: undefined, status: 400, sentStatus: undefined, durationMs: Number.NaN, bytesIn: 0, bytesOut: 57, error: undefined, retriedAfter: undefined, outcome: 'bad_request', limit: undefined, userAgent: undefined }
+  { requestId: 'r-2', traceId: '0af7651916cd43dd8448eb211c80319c', ip: '::1', user: 'ali"ce\\', method: 'POST', host: 'h\u0000\u001f\u007f', path: '/é/😀/\ud800', route: 'r', target: undefined, status: 429, sentStatus: 200, durationMs: 0, bytesIn: 12, bytesOut: 0, encoding: 'br', error: 'reset', retriedAfter: 'reset', outcome: 'rejected', limit: 'login.ip', userAgent: '","status":999,"x":"' },
+  { requestId: 'r-3', traceId: undefined, ip: undefined, user: undefined, method: undefined, host: undefined, path: '/', route: '-', target: undefined, status: 400, sentStatus: undefined, durationMs: Number.NaN, bytesIn: 0, bytesOut: 57, encoding: undefined, error: undefined, retriedAfter: undefined, outcome: 'bad_request', limit: undefined, userAgent: undefined }
 ]
 
 t.test('an access line is the JSON pino writes for the same record: same keys, same order, same values', async t => {

@@ -212,17 +212,29 @@ routes:
 })
 
 t.test('an answer is not dropped for a retry that has no target to go to: the client gets it as it came', async t => {
-  // failureStatuses with consecutiveFailures 1: the 503 ejects the lone target as it comes
-  const a = await target(t, busy('a'))
+  // a holds its first request, then answers 503; b holds every request: with one connection each
+  // and no queue, a's 503 (which ejects it) finds b busy and nowhere to wait
+  let releaseFirst: (() => void) | null = null
+  const a = await target(t, (_req, res, nth) => {
+    if (nth === 1) releaseFirst = () => res.end('first')
+    else busy('a')(_req, res)
+  })
+  const b = await target(t, () => {})
   const gw = await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 upstreams:
-  backend: { targets: [${a.url}], consecutiveFailures: 1, failureStatuses: [503], retryOn: [503] }
+  backend: { targets: [{ url: ${a.url}, weight: 1000 }, ${b.url}], maxConnections: 1, maxPending: 0, consecutiveFailures: 1, failureStatuses: [503], retryOn: [503] }
 routes:
   - { name: all, pathPrefix: /, upstream: backend }
 `)
-  t.same(await send(gw.url, '/x'), { status: 503, text: 'a busy', retryAfter: '7' }, 'the upstream\'s 503, not the gateway\'s GW_ERR_NO_HEALTHY_UPSTREAM')
-  t.same(a.seen, ['GET /x'])
+  const first = send(gw.url, '/first')
+  while (releaseFirst === null) await new Promise(resolve => setTimeout(resolve, 10))
+  void request(gw.url + '/held').catch(() => {})
+  while (b.seen.length === 0) await new Promise(resolve => setTimeout(resolve, 10))
+  ;(releaseFirst as () => void)()
+  t.equal((await first).text, 'first')
+  t.same(await send(gw.url, '/x'), { status: 503, text: 'a busy', retryAfter: '7' }, 'the upstream\'s 503, not the gateway\'s GW_ERR_UPSTREAM_BUSY')
+  t.same(a.seen, ['GET /first', 'GET /x'])
 })
 
 t.test('a retried request gives its place in the budget back once its answer comes, not when its body ends', async t => {

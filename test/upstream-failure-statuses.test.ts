@@ -11,6 +11,8 @@ import { startGateway } from './helpers/gateway.js'
 import { startHttpServer } from './helpers/upstream.js'
 import type { Teardown } from './helpers/teardown.js'
 import { parseConfigText } from '../src/config/load.js'
+import { testPool } from './helpers/proxy-plan.js'
+import { request as httpRequest } from 'node:http'
 
 async function target (t: Teardown, answer: (res: ServerResponse, nth: number) => void): Promise<{ url: string, seen: number }> {
   const up = { url: '', seen: 0 }
@@ -88,4 +90,61 @@ t.test('a head the gateway cannot relay (status 600) still counts as a failure, 
   const good = await target(t, (res) => { res.end('ok') })
   const gw = await startGateway(t, config(odd, good.url, ', failureStatuses: [503]'))
   t.same(await statuses(gw.url, 6), [502, 200, 502, 200, 200, 200], 'two bad heads in a row eject it')
+})
+
+t.test('an answer never takes the last target in rotation out: one client cannot empty an upstream', async t => {
+  // both answer 503 on this path (one endpoint's failure, asked for by one client)
+  const a = await target(t, (res) => { res.statusCode = 503; res.end() })
+  const b = await target(t, (res) => { res.statusCode = 503; res.end() })
+  const gw = await startGateway(t, config(a.url, b.url, ', failureStatuses: [503]'))
+  t.same(await statuses(gw.url, 10), Array(10).fill(503), 'the upstream\'s 503s, never the gateway\'s GW_ERR_NO_HEALTHY_UPSTREAM')
+  t.equal(gw.lines.filter(l => l.msg === 'upstream target ejected').length, 1, 'one of the two ejected, the other kept')
+  const lone = await target(t, (res) => { res.statusCode = 503; res.end() })
+  const one = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${lone.url}], consecutiveFailures: 1, failureStatuses: [503] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  t.same(await statuses(one.url, 3), [503, 503, 503])
+  t.equal(lone.seen, 3, 'a lone target is never ejected by its answers')
+})
+
+t.test('failures met while a target is out count toward nothing: back, it has its whole run again', async t => {
+  const pool = testPool(t, ['http://127.0.0.1:9', 'http://127.0.0.1:10'], { consecutiveFailures: 3, failureStatuses: [503] })
+  const [first] = pool.targets
+  if (first === undefined) throw new Error('no target')
+  pool.eject(first)
+  for (let i = 0; i < 10; i++) pool.answered(first, 503)
+  t.equal(pool.health().find(h => h.url === first.url)?.consecutiveFailures, 0, 'the 503s of its requests still in flight are not counted')
+  first.ejectedUntil = 0
+  pool.answered(first, 503)
+  pool.answered(first, 503)
+  t.equal(pool.health().find(h => h.url === first.url)?.healthy, true, 'two after its return: not yet consecutiveFailures')
+  pool.answered(first, 503)
+  t.equal(pool.health().find(h => h.url === first.url)?.healthy, false, 'the third ejects it')
+})
+
+t.test('the answer to a WebSocket upgrade counts as an HTTP request\'s does', async t => {
+  const sick = await target(t, (res) => { res.statusCode = 503; res.end('db down') })
+  const good = await target(t, (res) => { res.end('ok') })
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [{ url: ${sick.url}, weight: 1000 }, ${good.url}], consecutiveFailures: 2, ejectFor: 1m, failureStatuses: [503] }
+routes:
+  - { name: ws, pathPrefix: /ws/, upstream: backend, websocket: true }
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  const upgrade = async (): Promise<number> => await new Promise((resolve, reject) => {
+    const req = httpRequest(`${gw.url}/ws/x`, { headers: { connection: 'upgrade', upgrade: 'websocket', 'sec-websocket-version': '13', 'sec-websocket-key': 'dGhlIHNhbXBsZSBub25jZQ==' } })
+    req.on('response', (res) => { res.resume(); resolve(res.statusCode ?? 0) })
+    req.on('upgrade', (res, socket) => { socket.destroy(); resolve(res.statusCode ?? 0) })
+    req.on('error', reject)
+    req.end()
+  })
+  t.equal(await statuses(gw.url, 1).then(s => s[0]), 503, 'an HTTP request: one failure')
+  t.equal(await upgrade(), 503, 'an upgrade answered 503: the second, not a success that ends the run')
+  t.same(await statuses(gw.url, 2), [200, 200], 'the sick target is out')
 })

@@ -202,7 +202,7 @@ export const upstreamSchema = z.strictObject({
   }).optional(),
   ejectFor: timer.optional().describe('passive health: how long a failing target is left out; default 10s'),
   consecutiveFailures: z.int().positive().optional().describe('outlier detection: response timeouts or resets in a row that eject a target; default 5'),
-  failureStatuses: z.array(z.int().min(500, 'a failure status is a 5xx').max(599, 'a failure status is a 5xx')).min(1).optional().describe('answer statuses that count toward consecutiveFailures like a reset ([502, 503, 504]: Envoy\'s consecutive_gateway_failure); default none'),
+  failureStatuses: z.array(z.int().min(500, 'a failure status is a 5xx').max(599, 'a failure status is a 5xx')).optional().describe('answer statuses that count toward consecutiveFailures like a reset ([502, 503, 504]: Envoy\'s consecutive_gateway_failure); default none'),
   maxConnections: z.int().positive().optional().describe('per target; default 256'),
   maxPending: z.int().nonnegative().optional().describe('requests that may wait for a connection while every target is at maxConnections; beyond it 503 at once; default 1024'),
   retries: z.int().min(0).max(MAX_RETRIES).optional().describe('times a request may be sent again (on the conditions of retryOn, when that is safe); default 1; 0: never'),

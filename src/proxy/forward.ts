@@ -107,6 +107,8 @@ export interface ForwardResult {
   bytesIn: number
   /** Response body bytes relayed to the client, as the upstream sent them (before compression). */
   bytesOut: number
+  /** The coding the body was compressed with (plan.compression); absent when it went as it came. */
+  encoding?: Encoding | undefined
   errorCode: ErrorCode | null
   errorKind: ForwardErrorKind | null
   /**
@@ -1010,7 +1012,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
       status = ERRORS[code].status
     }
     try {
-      this.done({ status, target: this.target?.url ?? null, bytesIn: this.bytesIn, bytesOut: this.bytesOut, errorCode: code, errorKind: kind, retriedAfter: this.retriedAfter, retryOverBudget: this.overBudget, error, sentStatus })
+      this.done({ status, target: this.target?.url ?? null, bytesIn: this.bytesIn, bytesOut: this.bytesOut, errorCode: code, errorKind: kind, retriedAfter: this.retriedAfter, retryOverBudget: this.overBudget, error, sentStatus, encoding: this.encoder === null ? undefined : this.encoding })
     } catch (err) {
       // A throwing callback must not reach undici's socket handling; report it without crashing.
       process.emitWarning(err instanceof Error ? err : new Error(String(err)), 'GatewayForwardDoneError')

@@ -482,8 +482,22 @@ export class UpstreamPool {
    * that accepts connections but times out or resets `consecutiveFailures` times in a row is
    * ejected like one that refuses them. A SIGSTOPped process is the case: its kernel still accepts.
    */
-  failed (target: UpstreamTarget): void {
-    if (++target.consecutiveFailures >= this.#failureThreshold && target.ejectedUntil === 0) this.eject(target, 'consecutive_failures')
+  failed (target: UpstreamTarget, byAnswer = false): void {
+    // out of rotation already: what its requests still in flight meet counts toward nothing (it
+    // left a count that ejected the target again at its first failure back)
+    if (target.ejectedUntil !== 0) return
+    if (++target.consecutiveFailures < this.#failureThreshold) return
+    // An answer's status (failureStatuses) may be one endpoint's, asked for by one client: it
+    // never takes the last target in rotation out, so no client can empty an upstream with it
+    // (Envoy's max_ejection_percent; nginx ignores max_fails for a lone server).
+    if (byAnswer && !this.#othersInRotation(target)) return
+    this.eject(target, 'consecutive_failures')
+  }
+
+  #othersInRotation (target: UpstreamTarget): boolean {
+    const now = Date.now()
+    for (const other of this.targets) if (other !== target && other.ejectedUntil <= now) return true
+    return false
   }
 
   /** A response started: the run of failures is over. */
@@ -497,7 +511,7 @@ export class UpstreamPool {
    * answering 503 to everything is ejected as one that resets, without active checks.
    */
   answered (target: UpstreamTarget, status: number): void {
-    if (this.#failureStatuses.has(status)) this.failed(target)
+    if (this.#failureStatuses.has(status)) this.failed(target, true)
     else if (target.consecutiveFailures !== 0) target.consecutiveFailures = 0
   }
 

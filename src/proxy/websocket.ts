@@ -206,7 +206,8 @@ class Tunnel {
         proxyReq.destroy()
         return
       }
-      this.plan.pool.succeeded(this.target)
+      // a status failureStatuses lists counts as the answer to an HTTP request does
+      this.plan.pool.answered(this.target, res.statusCode ?? 502)
       this.responded = true
       notUpgraded(res)
       this.answerHeaders(res)
