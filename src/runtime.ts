@@ -234,9 +234,13 @@ function upstreamConfig (config: ResolvedConfig, name: string): UpstreamConfig {
   })
 }
 
-/** The route's retries follow its upstream's settings; a reload changes them for the requests that follow. */
-function retryPolicy (up: ResolvedUpstream | undefined): RetryPolicy {
-  return up === undefined ? compileRetryPolicy(DEFAULT_RETRIES) : compileRetryPolicy(up.retries, up.retryOn, up.retryBudget)
+/**
+ * The route's retries: its own `retries` and `retryOn` over its upstream's (Envoy's retry policy is
+ * a route's too), the upstream's budget; a reload changes them for the requests that follow.
+ */
+function retryPolicy (up: ResolvedUpstream | undefined, route: ResolvedRoute): RetryPolicy {
+  if (up === undefined) return compileRetryPolicy(route.retries ?? DEFAULT_RETRIES, route.retryOn)
+  return compileRetryPolicy(route.retries ?? up.retries, route.retryOn ?? up.retryOn, up.retryBudget)
 }
 
 function healthCheckConfig (check: ResolvedHealthCheck): HealthCheckConfig {
@@ -577,7 +581,7 @@ export async function compileRuntime (
       ...body,
       pool,
       idleTimeoutMs: up.idleTimeoutMs ?? up.responseTimeoutMs,
-      retry: retryPolicy(config.upstreams[upstreamName]),
+      retry: retryPolicy(config.upstreams[upstreamName], route),
       stripPrefix: route.stripPrefix ?? null,
       underscoresInHeaders: server.underscoresInHeaders,
       responseTimeoutMs: parseDuration(route.timeouts.response),

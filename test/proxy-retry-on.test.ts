@@ -270,6 +270,25 @@ t.test('withinRetryBudget: a share of the requests in flight, never below minCon
   t.equal(withinRetryBudget({ percent: 0, minConcurrent: 0 }, 0, 1000), false, 'no budget: no retry')
 })
 
+t.test('a route\'s retries and retryOn are its own, over its upstream\'s', async t => {
+  const a = await target(t, busy('a'))
+  const b = await target(t, answering('b'))
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [{ url: ${a.url}, weight: 1000 }, ${b.url}], consecutiveFailures: 1000, retryOn: [503] }
+routes:
+  - { name: strict, pathPrefix: /strict/, upstream: backend, retryOn: [connect-failure, reset] }
+  - { name: once, pathPrefix: /once/, upstream: backend, retries: 0 }
+  - { name: inherit, pathPrefix: /, upstream: backend }
+`)
+  t.same((await send(gw.url, '/strict/x')).text, 'a busy', 'its own retryOn has no 503')
+  t.same((await send(gw.url, '/once/x')).text, 'a busy', 'retries: 0: sent once')
+  t.same((await send(gw.url, '/x')).text, 'b', 'the upstream\'s retryOn')
+  const shown = (JSON.parse(await (await request(gw.adminUrl + '/config')).body.text()) as { config: { routes: Array<Record<string, unknown>> } }).config
+  t.match(shown.routes[0], { name: 'strict', retryOn: ['connect-failure', 'reset'] })
+})
+
 t.test('a reload changes retryOn for the requests that follow', async t => {
   const a = await target(t, busy('a'))
   const b = await target(t, answering('b'))

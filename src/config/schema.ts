@@ -278,6 +278,8 @@ export const routeSchema = z.strictObject({
   matchTrailingSlash: z.boolean().optional().describe('path: /a also matches /a/, pathPrefix: /a/ also matches /a; default routing.matchTrailingSlash'),
   allowPathParams: z.boolean().optional().describe('accept ";" in the path (matrix/path parameters); otherwise 400; default routing.allowPathParams'),
   timeouts: z.strictObject({ response: wait.optional() }).optional(),
+  retries: z.int().min(0).max(MAX_RETRIES).optional().describe('this route\'s retries, over its upstream\'s (0: its requests are sent once)'),
+  retryOn: z.array(retryCondition).min(1).optional().describe('this route\'s retryOn, over its upstream\'s (its retryBudget is the upstream\'s)'),
   maxBodySize: size.optional(),
   headers: z.strictObject({ request: headerRules.optional(), response: headerRules.optional() }).optional(),
   limits: z.strictObject({ api: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional(),
