@@ -130,7 +130,7 @@ export interface ForwardResult {
 /** Why an attempt was followed by another: its failure, or the status it was answered with. */
 export type RetryCause = ForwardErrorKind | StatusRetryCause
 
-// RFC 9110 §9.2.2; only these are retried on another target, and only when nothing was sent yet.
+// RFC 9110 §9.2.2: what the upstream may have begun (a reset, a timeout, an answer) is sent again for these only.
 const IDEMPOTENT: ReadonlySet<string> = new Set(['GET', 'HEAD', 'OPTIONS', 'PUT', 'DELETE', 'TRACE'])
 
 /**
@@ -272,7 +272,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   retriedAfter: RetryCause[] | null = null
   /** The targets of the attempts before this one: a retry goes to another when one has a connection free (nginx tries each once). */
   tried: UpstreamTarget[] | null = null
-  /** Counted in the pool's `retrying` (the retry budget) from its first retry until it settles. */
+  /** Counted in the pool's `retrying` (the retry budget) from its first budgeted retry until an answer is relayed or it settles. */
   retrying = false
   /** A retry was refused by the budget (ForwardResult.retryOverBudget). */
   overBudget = false
