@@ -33,6 +33,15 @@ routes:
   - { name: all, pathPrefix: /, upstream: backend }
 `
 
+/** One upstream of the targets given (YAML flow items) and settings, one route to it. */
+const upstreamOf = (targets: string, settings: string): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${targets}], ${settings} }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`
+
 async function send (url: string, path: string, opts: { method?: string, body?: string } = {}): Promise<{ status: number, text: string, retryAfter: unknown }> {
   const res = await request(url + path, { method: (opts.method ?? 'GET') as 'GET', ...(opts.body !== undefined ? { body: opts.body } : {}) })
   return { status: res.statusCode, text: await res.body.text(), retryAfter: res.headers['retry-after'] }
@@ -149,13 +158,7 @@ t.test('a request takes one place in the budget for all its retries', async t =>
   const a = await target(t, busy('a'))
   const b = await target(t, busy('b'))
   const c = await target(t, answering('c'))
-  const gw = await startGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  backend: { targets: [{ url: ${a.url}, weight: 1000 }, { url: ${b.url}, weight: 100 }, ${c.url}], retries: 2, retryOn: [503], retryBudget: { percent: 0, minConcurrent: 1 } }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await startGateway(t, upstreamOf(`{ url: ${a.url}, weight: 1000 }, { url: ${b.url}, weight: 100 }, ${c.url}`, 'retries: 2, retryOn: [503], retryBudget: { percent: 0, minConcurrent: 1 }'))
   t.same(await send(gw.url, '/x'), { status: 200, text: 'c', retryAfter: undefined }, 'a, then b, then c: two retries within one place')
   t.same([a.seen, b.seen, c.seen], [['GET /x'], ['GET /x'], ['GET /x']])
   t.same(gw.lines.filter(l => l.msg === 'request').map(l => l.retriedAfter), ['status_503'], 'the access line names the first retry\'s cause')
@@ -199,13 +202,7 @@ t.test('with the defaults, many requests reset at once are all retried (a rollin
 t.test('a retry\'s own connection failure is retried too: 503, refused, then answered', async t => {
   const a = await target(t, busy('a'))
   const c = await target(t, answering('c'))
-  const gw = await startGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  backend: { targets: [{ url: ${a.url}, weight: 1000 }, { url: 'http://127.0.0.1:9', weight: 100 }, ${c.url}], retries: 2, retryOn: [connect-failure, reset, 503] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await startGateway(t, upstreamOf(`{ url: ${a.url}, weight: 1000 }, { url: 'http://127.0.0.1:9', weight: 100 }, ${c.url}`, 'retries: 2, retryOn: [connect-failure, reset, 503]'))
   t.same(await send(gw.url, '/x'), { status: 200, text: 'c', retryAfter: undefined })
   t.same([a.seen, c.seen], [['GET /x'], ['GET /x']])
   t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_total', 'reason="refused"'), 1)
@@ -220,13 +217,7 @@ t.test('an answer is not dropped for a retry that has no target to go to: the cl
     else busy('a')(_req, res)
   })
   const b = await target(t, () => {})
-  const gw = await startGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstreams:
-  backend: { targets: [{ url: ${a.url}, weight: 1000 }, ${b.url}], maxConnections: 1, maxPending: 0, consecutiveFailures: 1, failureStatuses: [503], retryOn: [503] }
-routes:
-  - { name: all, pathPrefix: /, upstream: backend }
-`)
+  const gw = await startGateway(t, upstreamOf(`{ url: ${a.url}, weight: 1000 }, ${b.url}`, 'maxConnections: 1, maxPending: 0, consecutiveFailures: 1, failureStatuses: [503], retryOn: [503]'))
   const first = send(gw.url, '/first')
   while (releaseFirst === null) await new Promise(resolve => setTimeout(resolve, 10))
   void request(gw.url + '/held').catch(() => {})

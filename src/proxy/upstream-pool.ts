@@ -213,8 +213,8 @@ export class UpstreamPool {
   }
 
   /**
-   * Requests of this upstream sent again and not settled: each counted once from its first retry
-   * (src/proxy/forward.ts), for the retry budget.
+   * Requests of this upstream holding a place in the retry budget: each counted once, from its
+   * first budgeted retry until an answer is relayed or it settles (src/proxy/forward.ts).
    */
   retrying = 0
 
@@ -253,7 +253,7 @@ export class UpstreamPool {
    * `exclude` skips the targets a retried request tried already. Null when no target is healthy, or,
    * with `withFreeConnection`, none has a connection to spare (then #sawBusy is set).
    */
-  pick (exclude?: UpstreamTarget | readonly UpstreamTarget[], withFreeConnection = false): UpstreamTarget | null {
+  pick (exclude?: readonly UpstreamTarget[], withFreeConnection = false): UpstreamTarget | null {
     const targets = this.targets
     const now = this.#anyEjected ? Date.now() : 0
     let stillEjected = false
@@ -269,7 +269,7 @@ export class UpstreamPool {
         }
         target.ejectedUntil = 0
       }
-      if (exclude !== undefined && (target === exclude || (Array.isArray(exclude) && exclude.includes(target)))) continue
+      if (exclude !== undefined && exclude.includes(target)) continue
       if (withFreeConnection && target.inFlight >= this.#maxConnections) {
         this.#sawBusy = true
         continue
