@@ -10,6 +10,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 import { startGateway } from './helpers/gateway.js'
 import { startHttpServer } from './helpers/upstream.js'
 import { gateway } from './helpers/cli.js'
+import { metric } from './helpers/ratelimit.js'
 import { tempDir, type Teardown } from './helpers/teardown.js'
 
 // nothing listens on these: a connection to them is refused
@@ -37,9 +38,7 @@ async function send (url: string, method = 'GET'): Promise<[number, string]> {
 }
 
 async function errorsCounted (adminUrl: string, kind: string): Promise<number> {
-  const text = await (await request(adminUrl + '/metrics')).body.text()
-  const line = text.split('\n').find(l => l.startsWith('gateway_upstream_errors_total{') && l.includes(`kind="${kind}"`))
-  return line === undefined ? 0 : Number(line.slice(line.lastIndexOf(' ') + 1))
+  return await metric(adminUrl, 'gateway_upstream_errors_total', { kind })
 }
 
 t.test('refused connections: retries: 2 reaches the third target where the default 1 stops at the second', async t => {

@@ -14,6 +14,7 @@ import { startGateway } from './helpers/gateway.js'
 import { recordingTarget } from './helpers/upstream.js'
 import { gateway } from './helpers/cli.js'
 import { tempDir } from './helpers/teardown.js'
+import { metric } from './helpers/ratelimit.js'
 import { withinRetryBudget } from '../src/proxy/retry-policy.js'
 
 const target = recordingTarget
@@ -47,12 +48,6 @@ async function send (url: string, path: string, opts: { method?: string, body?: 
   return { status: res.statusCode, text: await res.body.text(), retryAfter: res.headers['retry-after'] }
 }
 
-async function counted (adminUrl: string, name: string, labels: string): Promise<number> {
-  const text = await (await request(adminUrl + '/metrics')).body.text()
-  const line = text.split('\n').find(l => l.startsWith(name + '{') && l.includes(labels))
-  return line === undefined ? 0 : Number(line.slice(line.lastIndexOf(' ') + 1))
-}
-
 t.test('retryOn: [503]: a GET answered 503 by one target is answered by the other; a POST gets the 503', async t => {
   const a = await target(t, busy('a'))
   const b = await target(t, answering('b'))
@@ -64,8 +59,8 @@ t.test('retryOn: [503]: a GET answered 503 by one target is answered by the othe
   t.same(b.seen, ['GET /doc', 'PUT /doc v2'])
   const lines = gw.lines.filter(l => l.msg === 'request')
   t.same(lines.map(l => [l.status, l.retriedAfter, l.target]), [[200, 'status_503', b.url], [200, 'status_503', b.url], [503, undefined, a.url]])
-  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_total', 'reason="status_503"'), 2, 'each retry counted with its cause')
-  t.equal(await counted(gw.adminUrl, 'gateway_upstream_errors_total', 'upstream="backend"'), 0, 'an answer is no failure of the upstream\'s connection')
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_retries_total', { reason: 'status_503' }), 2, 'each retry counted with its cause')
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { upstream: 'backend' }), 0, 'an answer is no failure of the upstream\'s connection')
 })
 
 t.test('without a status in retryOn (the default) a 503 is the client\'s', async t => {
@@ -100,8 +95,8 @@ t.test('retryOn: [timeout]: a GET whose head does not come within timeouts.respo
   const gw = await startGateway(t, config(silent.url, b.url, `${timeouts}, retryOn: [connect-failure, reset, timeout]`))
   t.same(await send(gw.url, '/slow'), { status: 200, text: 'b', retryAfter: undefined })
   t.match(gw.lines.find(l => l.msg === 'request'), { status: 200, retriedAfter: 'response_timeout', target: b.url })
-  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_total', 'reason="response_timeout"'), 1)
-  t.equal(await counted(gw.adminUrl, 'gateway_upstream_errors_total', 'kind="response_timeout"'), 1, 'the timed-out attempt is still the upstream\'s failure')
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_retries_total', { reason: 'response_timeout' }), 1)
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { kind: 'response_timeout' }), 1, 'the timed-out attempt is still the upstream\'s failure')
   const posted = await send(gw.url, '/slow', { method: 'POST', body: 'x' })
   t.equal(posted.status, 504, 'a POST is not repeated after a timeout')
 
@@ -141,7 +136,7 @@ t.test('retryBudget: retries in flight beyond minConcurrent are refused; the cli
   while (settled.length < 4) await new Promise(resolve => setTimeout(resolve, 10))
   t.same(settled.map(r => [r.status, r.text]), Array(4).fill([503, 'a busy']), 'over the budget: the upstream\'s 503 as it came')
   t.equal(b.seen.length, 2, 'two retries in flight, as minConcurrent allows')
-  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 4)
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', { upstream: 'backend' }), 4)
   for (const res of held) res.end('b')
   const all = await Promise.all(answers)
   t.same(all.filter(r => r.status === 200).map(r => r.text), ['b', 'b'])
@@ -151,7 +146,7 @@ t.test('retryBudget: retries in flight beyond minConcurrent are refused; the cli
   while (held.length === 0) await new Promise(resolve => setTimeout(resolve, 10))
   for (const res of held) res.end('b')
   t.same((await next).status, 200, 'a retry is sent again once the earlier ones ended')
-  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_total', 'reason="status_503"'), 3)
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_retries_total', { reason: 'status_503' }), 3)
 })
 
 t.test('a request takes one place in the budget for all its retries', async t => {
@@ -163,7 +158,7 @@ t.test('a request takes one place in the budget for all its retries', async t =>
   t.same([a.seen, b.seen, c.seen], [['GET /x'], ['GET /x'], ['GET /x']])
   t.same(gw.lines.filter(l => l.msg === 'request').map(l => l.retriedAfter), ['status_503'], 'the access line names the first retry\'s cause')
   t.equal((await send(gw.url, '/y')).status, 200, 'and gave it back: the next request is retried too')
-  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 0)
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', { upstream: 'backend' }), 0)
 })
 
 t.test('connections never made or closed before an answer are retried outside the budget; a timeout is not', async t => {
@@ -180,9 +175,9 @@ t.test('connections never made or closed before an answer are retried outside th
   const timeouts = await startGateway(t, config(silent.url, d.url, `${noBudget}, timeouts: { response: 300ms }, retryOn: [timeout]`))
   t.equal((await send(timeouts.url, '/r')).status, 504, 'a timeout is an overloaded target\'s sign: over the budget')
   t.same(d.seen, [])
-  t.equal(await counted(timeouts.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 1)
-  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 0)
-  t.equal(await counted(resets.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 0)
+  t.equal(await metric(timeouts.adminUrl, 'gateway_upstream_retries_over_budget_total', { upstream: 'backend' }), 1)
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', { upstream: 'backend' }), 0)
+  t.equal(await metric(resets.adminUrl, 'gateway_upstream_retries_over_budget_total', { upstream: 'backend' }), 0)
 })
 
 t.test('with the defaults, many requests reset at once are all retried (a rolling deploy)', async t => {
@@ -196,7 +191,7 @@ t.test('with the defaults, many requests reset at once are all retried (a rollin
   const gw = await startGateway(t, config(dying.url, b.url, ''))
   const answers = await Promise.all(Array.from({ length: 8 }, async (_, i) => await send(gw.url, `/r${i}`)))
   t.same(answers.map(a => a.status), Array(8).fill(200))
-  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_total', 'reason="reset"'), 8)
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_retries_total', { reason: 'reset' }), 8)
 })
 
 t.test('a retry\'s own connection failure is retried too: 503, refused, then answered', async t => {
@@ -205,7 +200,7 @@ t.test('a retry\'s own connection failure is retried too: 503, refused, then ans
   const gw = await startGateway(t, upstreamOf(`{ url: ${a.url}, weight: 1000 }, { url: 'http://127.0.0.1:9', weight: 100 }, ${c.url}`, 'retries: 2, retryOn: [connect-failure, reset, 503]'))
   t.same(await send(gw.url, '/x'), { status: 200, text: 'c', retryAfter: undefined })
   t.same([a.seen, c.seen], [['GET /x'], ['GET /x']])
-  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_total', 'reason="refused"'), 1)
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_retries_total', { reason: 'refused' }), 1)
 })
 
 t.test('an answer is not dropped for a retry that has no target to go to: the client gets it as it came', async t => {
@@ -240,7 +235,7 @@ t.test('a retried request gives its place in the budget back once its answer com
   t.equal(second.statusCode, 200, 'the second is retried while the first still streams')
   for (const res of open) res.end()
   t.same([await first.body.text(), await second.body.text()], ['head', 'head'])
-  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 0)
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', { upstream: 'backend' }), 0)
 })
 
 t.test('a retry that fails gives its place in the budget back as its request ends', async t => {
@@ -250,7 +245,7 @@ t.test('a retry that fails gives its place in the budget back as its request end
   t.equal((await send(gw.url, '/one')).status, 502, 'a\'s 503, then b\'s reset: the last attempt\'s failure')
   t.equal((await send(gw.url, '/two')).status, 502, 'retried again: the first request\'s place came back')
   t.equal(dying.seen.length, 2)
-  t.equal(await counted(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', 'upstream="backend"'), 0)
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', { upstream: 'backend' }), 0)
 })
 
 t.test('withinRetryBudget: a share of the requests in flight, never below minConcurrent', async t => {

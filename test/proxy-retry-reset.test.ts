@@ -10,6 +10,7 @@ import { request } from 'undici'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { startGateway } from './helpers/gateway.js'
 import { recordingTarget } from './helpers/upstream.js'
+import { metric } from './helpers/ratelimit.js'
 
 const target = recordingTarget
 
@@ -30,9 +31,7 @@ async function send (url: string, path: string, opts: { method?: string, body?: 
 }
 
 async function resetsCounted (adminUrl: string): Promise<number> {
-  const text = await (await request(adminUrl + '/metrics')).body.text()
-  const line = text.split('\n').find(l => l.startsWith('gateway_upstream_errors_total{') && l.includes('kind="reset"'))
-  return line === undefined ? 0 : Number(line.slice(line.lastIndexOf(' ') + 1))
+  return await metric(adminUrl, 'gateway_upstream_errors_total', { kind: 'reset' })
 }
 
 t.test('a GET whose connection closes with no answer is sent once more, to the other target', async t => {
