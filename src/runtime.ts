@@ -25,7 +25,7 @@ import type { ClientCapPolicy } from './proxy/connection-cap.js'
 import { compileIdentity, type ConsumerDirectory, type IdentityConfig, type IdentityResolver } from './identify/identity.js'
 import { ApiKeyFileError } from './identify/api-key-file.js'
 import { DEFAULT_RETRIES, UpstreamPool, type UpstreamConfig } from './proxy/upstream-pool.js'
-import { compileRetryPolicy, type RetryPolicy } from './proxy/retry-policy.js'
+import { compileRetryPolicy, expandStatuses, type RetryPolicy } from './proxy/retry-policy.js'
 import type { HealthCheckConfig } from './proxy/health-check.js'
 import { compileStaticResponse, type StaticResponse } from './proxy/respond.js'
 import { compileCompression } from './proxy/compression.js'
@@ -224,7 +224,7 @@ function upstreamConfig (config: ResolvedConfig, name: string): UpstreamConfig {
     responseTimeoutMs: parseDuration(up.timeouts.response),
     idleTimeoutMs: parseDuration(up.timeouts.idle),
     consecutiveFailures: up.consecutiveFailures,
-    failureStatuses: Object.freeze([...up.failureStatuses]),
+    failureStatuses: Object.freeze(expandStatuses(up.failureStatuses)),
     ejectMs: parseDuration(up.ejectFor),
     maxConnectionsPerTarget: up.maxConnections,
     maxPending: up.maxPending,

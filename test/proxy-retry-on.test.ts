@@ -285,13 +285,32 @@ t.test('a reload changes retryOn for the requests that follow', async t => {
   t.equal((await send(gw.url, '/x')).status, 200)
 })
 
+t.test('retryOn by group: gateway-error sends again a 502, 503 or 504 and not a 500; 5xx any 500-599', async t => {
+  const failing = (status: number) => (_req: IncomingMessage, res: ServerResponse): void => { res.statusCode = status; res.end(`a ${status}`) }
+  for (const status of [502, 503, 504, 500]) {
+    const a = await target(t, failing(status))
+    const b = await target(t, answering('b'))
+    const gateway = await startGateway(t, config(a.url, b.url, ', retryOn: [gateway-error]'))
+    const fiveXX = await startGateway(t, config(a.url, b.url, ', retryOn: [5xx]'))
+    const expected = status === 500 ? { status: 500, text: 'a 500', retryAfter: undefined } : { status: 200, text: 'b', retryAfter: undefined }
+    t.same(await send(gateway.url, '/doc'), expected, `gateway-error, a ${status}`)
+    t.same(await send(fiveXX.url, '/doc'), { status: 200, text: 'b', retryAfter: undefined }, `5xx, a ${status}`)
+    t.equal(await metric(fiveXX.adminUrl, 'gateway_upstream_retries_total', { reason: `status_${status}` }), 1, 'counted by the status itself')
+  }
+  const a = await target(t, failing(429))
+  const b = await target(t, answering('b'))
+  const gw = await startGateway(t, config(a.url, b.url, ', retryOn: [5xx]'))
+  t.equal((await send(gw.url, '/doc')).status, 429, 'a 4xx is not in 5xx')
+  t.same(b.seen, [])
+})
+
 t.test('a retryOn entry that is not a condition or a status 400-599 is a located error; /config shows the defaults', async t => {
   const dir = tempDir(t, 'gw-retry-on')
   const file = `${dir}/gateway.yaml`
   writeFileSync(file, config('http://127.0.0.1:9', 'http://127.0.0.1:10', ', retryOn: [reset, 302]'))
   const run = await gateway(['validate', '-c', file])
   t.equal(run.code, 1)
-  t.match(run.stderr, /gateway\.yaml:4:\d+ upstreams\.backend\.retryOn\[1\]: expected connect-failure, reset, timeout or an answer status 400-599/)
+  t.match(run.stderr, /gateway\.yaml:4:\d+ upstreams\.backend\.retryOn\[1\]: expected connect-failure, reset, timeout, an answer status 400-599, gateway-error \(502, 503, 504\) or 5xx/)
   const b = await target(t, answering('b'))
   const gw = await startGateway(t, config(b.url, b.url, ''))
   const shown = (JSON.parse(await (await request(gw.adminUrl + '/config')).body.text()) as { config: { upstreams: Record<string, unknown> } }).config

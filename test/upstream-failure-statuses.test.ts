@@ -72,9 +72,21 @@ t.test('with retryOn: [503] too, the 503s that eject the target never reach the 
   t.equal(sick.seen, 2, 'asked until ejected')
 })
 
+t.test('failureStatuses by group: gateway-error counts a 504 and not a 500; 5xx counts a 500', async t => {
+  const timingOut = await target(t, (res) => { res.statusCode = 504; res.end() })
+  const erring = await target(t, (res) => { res.statusCode = 500; res.end() })
+  const good = await target(t, (res) => { res.end('ok') })
+  const byGateway = await startGateway(t, config(timingOut.url, good.url, ', failureStatuses: [gateway-error]'))
+  t.same(await statuses(byGateway.url, 6), [504, 200, 504, 200, 200, 200], 'two 504s eject it')
+  const notA500 = await startGateway(t, config(erring.url, good.url, ', failureStatuses: [gateway-error]'))
+  t.same(await statuses(notA500.url, 6), [500, 200, 500, 200, 500, 200], 'a 500 is no gateway error')
+  const all = await startGateway(t, config(erring.url, good.url, ', failureStatuses: [5xx]'))
+  t.same(await statuses(all.url, 6), [500, 200, 500, 200, 200, 200], 'a 500 is a 5xx')
+})
+
 t.test('a failure status is a 5xx: a located error otherwise', async t => {
   t.throws(() => parseConfigText(config('http://127.0.0.1:9', 'http://127.0.0.1:10', ', failureStatuses: [429]'), 'gateway.yaml', {}),
-    { message: /gateway\.yaml:4:\d+ upstreams\.backend\.failureStatuses\[0\]: a failure status is a 5xx/ })
+    { message: /gateway\.yaml:4:\d+ upstreams\.backend\.failureStatuses\[0\]: a failure status is a 5xx, gateway-error \(502, 503, 504\) or 5xx/ })
 })
 
 t.test('a head the gateway cannot relay (status 600) still counts as a failure, not as an answer', async t => {

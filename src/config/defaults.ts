@@ -10,7 +10,7 @@ import { DEFAULT_IPV6_PREFIX } from '../identify/client-ip.js'
 import { DEFAULT_JWT_CLAIM, DEFAULT_JWT_HEADER } from '../identify/identity.js'
 import { DEFAULT_COMPRESSED_TYPES, type CompressionOptions } from '../proxy/compression.js'
 import { DEFAULT_CONSECUTIVE_FAILURES, DEFAULT_MAX_PENDING, DEFAULT_RETRIES } from '../proxy/upstream-pool.js'
-import { DEFAULT_RETRY_BUDGET, DEFAULT_RETRY_ON, type RetryBudget, type RetryCondition } from '../proxy/retry-policy.js'
+import { DEFAULT_RETRY_BUDGET, DEFAULT_RETRY_ON, type RetryBudget, type RetryCondition, type StatusGroup } from '../proxy/retry-policy.js'
 
 export const DEFAULT_LISTEN = '0.0.0.0:8080'
 export const DEFAULT_ADMIN = '127.0.0.1:9901'
@@ -34,7 +34,7 @@ export interface ResolvedUpstream {
   timeouts: { connect: string, response: string, idle: string, queue: string }
   ejectFor: string
   consecutiveFailures: number
-  failureStatuses: number[]
+  failureStatuses: Array<number | StatusGroup>
   maxConnections: number
   maxPending: number
   retries: number

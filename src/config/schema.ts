@@ -186,11 +186,19 @@ export const MAX_RETRIES = 5
 
 /** What sends a request again (upstreams.X.retryOn): src/proxy/retry-policy.ts reads them. */
 export const RETRY_CONDITIONS = ['connect-failure', 'reset', 'timeout'] as const
-const RETRY_CONDITION = 'expected connect-failure, reset, timeout or an answer status 400-599'
+/** Groups of answer statuses by Envoy's names, in retryOn and failureStatuses: STATUS_GROUPS in src/proxy/retry-policy.ts. */
+export const STATUS_GROUP_NAMES = ['gateway-error', '5xx'] as const
+const RETRY_CONDITION = 'expected connect-failure, reset, timeout, an answer status 400-599, gateway-error (502, 503, 504) or 5xx'
 const retryCondition = z.union([
-  z.enum(RETRY_CONDITIONS, { error: RETRY_CONDITION }),
+  z.enum([...RETRY_CONDITIONS, ...STATUS_GROUP_NAMES], { error: RETRY_CONDITION }),
   z.int({ error: RETRY_CONDITION }).min(400, RETRY_CONDITION).max(599, RETRY_CONDITION)
 ], { error: RETRY_CONDITION })
+
+const FAILURE_STATUS = 'a failure status is a 5xx, gateway-error (502, 503, 504) or 5xx'
+const failureStatus = z.union([
+  z.enum(STATUS_GROUP_NAMES, { error: FAILURE_STATUS }),
+  z.int({ error: FAILURE_STATUS }).min(500, FAILURE_STATUS).max(599, FAILURE_STATUS)
+], { error: FAILURE_STATUS })
 
 export const upstreamSchema = z.strictObject({
   targets: z.array(target).min(1),
@@ -202,11 +210,11 @@ export const upstreamSchema = z.strictObject({
   }).optional(),
   ejectFor: timer.optional().describe('passive health: how long a failing target is left out; default 10s'),
   consecutiveFailures: z.int().positive().optional().describe('outlier detection: response timeouts or resets in a row that eject a target; default 5'),
-  failureStatuses: z.array(z.int().min(500, 'a failure status is a 5xx').max(599, 'a failure status is a 5xx')).optional().describe('answer statuses that count toward consecutiveFailures like a reset ([502, 503, 504]: Envoy\'s consecutive_gateway_failure); default none'),
+  failureStatuses: z.array(failureStatus).optional().describe('answer statuses that count toward consecutiveFailures like a reset: 5xx statuses, gateway-error (502, 503, 504: Envoy\'s consecutive_gateway_failure) or 5xx (Envoy\'s consecutive_5xx); default none'),
   maxConnections: z.int().positive().optional().describe('per target; default 256'),
   maxPending: z.int().nonnegative().optional().describe('requests that may wait for a connection while every target is at maxConnections; beyond it 503 at once; default 1024'),
   retries: z.int().min(0).max(MAX_RETRIES).optional().describe('times a request may be sent again (on the conditions of retryOn, when that is safe); default 1; 0: never'),
-  retryOn: z.array(retryCondition).min(1).optional().describe('what sends a request again: connect-failure (no byte reached the upstream), reset (closed before an answer), timeout (no answer within timeouts.response), or an answer status 400-599 (503); default [connect-failure, reset]'),
+  retryOn: z.array(retryCondition).min(1).optional().describe('what sends a request again: connect-failure (no byte reached the upstream), reset (closed before an answer), timeout (no answer within timeouts.response), an answer status 400-599 (503), gateway-error (502, 503, 504) or 5xx (500-599; unlike Envoy\'s, answers only); default [connect-failure, reset]'),
   retryBudget: z.strictObject({
     percent: z.number().min(0).max(100).optional().describe('retries in flight at most this share of the upstream\'s requests in flight and waiting; default 20'),
     minConcurrent: z.int().min(0).optional().describe('retries in flight allowed whatever the share; default 3')

@@ -2,8 +2,29 @@
 // proxy_next_upstream and proxy_next_upstream_tries, Envoy's retry_on and retry_budget. Compiled
 // once per route at load; src/proxy/forward.ts asks it per failed attempt, never per request.
 
-/** What may send a request again, as `retryOn` lists it: a condition's name, or an answer status 400-599. */
-export type RetryCondition = 'connect-failure' | 'reset' | 'timeout' | number
+/**
+ * Answer statuses by a name Envoy gives them: `gateway-error` is 502, 503 and 504 (a proxy or a
+ * target that cannot serve now), `5xx` every status 500-599. Unlike Envoy's retry_on names, they
+ * name answers only: a list wants `connect-failure` and `reset` beside them for connections.
+ */
+export const STATUS_GROUPS = Object.freeze({
+  'gateway-error': Object.freeze([502, 503, 504]),
+  '5xx': Object.freeze(Array.from({ length: 100 }, (_, i) => 500 + i))
+})
+export type StatusGroup = keyof typeof STATUS_GROUPS
+
+/** Statuses as the config lists them (`503`, `gateway-error`), each once, in the order given. */
+export function expandStatuses (listed: ReadonlyArray<number | StatusGroup>): number[] {
+  const out = new Set<number>()
+  for (const s of listed) {
+    if (typeof s === 'number') out.add(s)
+    else for (const n of STATUS_GROUPS[s]) out.add(n)
+  }
+  return [...out]
+}
+
+/** What may send a request again, as `retryOn` lists it: a condition's name, an answer status 400-599, or a group of them. */
+export type RetryCondition = 'connect-failure' | 'reset' | 'timeout' | StatusGroup | number
 
 /**
  * Envoy's retry budget: the retries an upstream has in flight at once are at most `percent` of
@@ -33,8 +54,7 @@ export const DEFAULT_RETRY_ON: readonly RetryCondition[] = Object.freeze(['conne
 export const DEFAULT_RETRY_BUDGET: RetryBudget = Object.freeze({ percent: 20, minConcurrent: 3 })
 
 export function compileRetryPolicy (retries: number, on: readonly RetryCondition[] = DEFAULT_RETRY_ON, budget: Partial<RetryBudget> = {}): RetryPolicy {
-  const statuses = new Set<number>()
-  for (const c of on) if (typeof c === 'number') statuses.add(c)
+  const statuses = new Set(expandStatuses(on.filter(isStatus)))
   return Object.freeze({
     retries,
     onConnectFailure: on.includes('connect-failure'),
@@ -43,6 +63,10 @@ export function compileRetryPolicy (retries: number, on: readonly RetryCondition
     statuses,
     budget: Object.freeze({ percent: budget.percent ?? DEFAULT_RETRY_BUDGET.percent, minConcurrent: budget.minConcurrent ?? DEFAULT_RETRY_BUDGET.minConcurrent })
   })
+}
+
+function isStatus (c: RetryCondition): c is number | StatusGroup {
+  return typeof c === 'number' || c in STATUS_GROUPS
 }
 
 /** Whether one more retry fits the budget, with `retrying` retries and `active` requests (in flight and waiting) now. */
