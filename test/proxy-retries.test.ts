@@ -8,7 +8,7 @@ import { request } from 'undici'
 import { writeFileSync } from 'node:fs'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { startGateway } from './helpers/gateway.js'
-import { startHttpServer } from './helpers/upstream.js'
+import { startBlackhole, startHttpServer } from './helpers/upstream.js'
 import { gateway } from './helpers/cli.js'
 import { metric } from './helpers/ratelimit.js'
 import { tempDir, type Teardown } from './helpers/teardown.js'
@@ -78,6 +78,18 @@ t.test('resets: a lone target is asked again up to retries times, never a POST',
   const gwC = await startGateway(t, config([c.url], ', retries: 5'))
   t.same(await send(gwC.url, 'POST'), [502, 'GW_ERR_UPSTREAM_UNAVAILABLE'], 'a POST the upstream may have begun is never sent again')
   t.equal(c.seen, 1)
+})
+
+t.test('connect timeouts are kept to the millisecond: three attempts of 100 ms at targets that never accept', async t => {
+  const blackholes = await Promise.all([0, 1, 2].map(async () => await startBlackhole(t)))
+  const gw = await startGateway(t, config(blackholes, ', retries: 2, timeouts: { connect: 100ms }'))
+  const started = performance.now()
+  t.same(await send(gw.url), [504, 'GW_ERR_UPSTREAM_TIMEOUT'])
+  const waited = performance.now() - started
+  t.equal(await errorsCounted(gw.adminUrl, 'connect_timeout'), 3, 'each attempt timed out connecting')
+  t.ok(waited >= 3 * 100 - 5, `three whole waits (${Math.round(waited)} ms)`)
+  // undici's own connect timeout ticks every 499 ms: three of its waits took 1.5 s and more
+  t.ok(waited < 1200, `each wait was 100 ms, not undici's half-second tick or more (${Math.round(waited)} ms for three)`)
 })
 
 t.test('retries out of range is a located error; a reload changes it', async t => {

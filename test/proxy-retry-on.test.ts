@@ -10,8 +10,9 @@ import t from 'tap'
 import { request } from 'undici'
 import { writeFileSync } from 'node:fs'
 import type { IncomingMessage, ServerResponse } from 'node:http'
+import type { Socket } from 'node:net'
 import { startGateway } from './helpers/gateway.js'
-import { recordingTarget } from './helpers/upstream.js'
+import { recordingTarget, startHttpServer } from './helpers/upstream.js'
 import { gateway } from './helpers/cli.js'
 import { tempDir } from './helpers/teardown.js'
 import { metric } from './helpers/ratelimit.js'
@@ -105,6 +106,36 @@ t.test('retryOn: [timeout]: a GET whose head does not come within timeouts.respo
   const byDefault = await startGateway(t, config(silent2.url, b2.url, timeouts))
   t.equal((await send(byDefault.url, '/slow')).status, 504, 'the default retryOn has no timeout')
   t.same(b2.seen, [])
+})
+
+t.test('an answer dropped for a retry closes its upstream connection (as nginx does), though it was whole and kept alive', async t => {
+  const sockets: Socket[] = []
+  const a = await startHttpServer(t, (req, res) => { sockets.push(req.socket); res.writeHead(503, { 'content-length': '6' }); res.end('a busy') })
+  const b = await target(t, answering('b'))
+  const gw = await startGateway(t, config(a.url, b.url, ', retryOn: [503], retries: 1'))
+  t.equal((await send(gw.url, '/one')).status, 200)
+  const first = sockets[0]
+  const deadline = Date.now() + 10_000
+  while (first?.destroyed === false && Date.now() < deadline) await new Promise(resolve => setTimeout(resolve, 20))
+  t.equal(first?.destroyed, true, 'the connection that carried the 503 is closed')
+  t.equal((await send(gw.url, '/two')).status, 200)
+  t.equal(sockets.length, 2)
+  t.not(sockets[1], first, 'the next request to that target came on another connection')
+})
+
+t.test('retryOn: [timeout] with retries: 2 and no target answering: the client waits retries + 1 times timeouts.response for its 504, each to the millisecond', async t => {
+  const silent = await Promise.all([0, 1, 2].map(async () => await target(t, () => {})))
+  const gw = await startGateway(t, upstreamOf(silent.map(s => s.url).join(', '), 'timeouts: { response: 100ms }, retries: 2, retryOn: [timeout], consecutiveFailures: 100'))
+  const started = performance.now()
+  const res = await send(gw.url, '/slow')
+  const waited = performance.now() - started
+  t.equal(res.status, 504)
+  t.same(silent.map(s => s.seen), [['GET /slow'], ['GET /slow'], ['GET /slow']], 'each target was asked once, in turn')
+  // timers never fire early by more than their rounding: three whole waits
+  t.ok(waited >= 3 * 100 - 5, `the client waited ${Math.round(waited)} ms`)
+  // undici's own headersTimeout ticks every 499 ms: three of its waits took 1.5 s and more (3 s here)
+  t.ok(waited < 1200, `each wait was 100 ms, not undici's half-second tick or more (${Math.round(waited)} ms for three)`)
+  t.match(gw.lines.find(l => l.msg === 'request'), { status: 504, retriedAfter: 'response_timeout' })
 })
 
 t.test('retryOn without connect-failure (or reset): a refused (or reset) connection is the client\'s 502', async t => {

@@ -161,8 +161,15 @@ function onIdleTimer (forward: ForwardHandler, kind: 'client_timeout' | 'send_ti
   forward.onIdle(kind)
 }
 
-function onInterimDeadline (forward: ForwardHandler): void {
-  forward.interimTimer = null
+/**
+ * Below this, timeouts.response is kept by the gateway's own timer, to the millisecond (one more
+ * timer per request: 1.5% of a fully limited request's instructions). From it up, by undici's,
+ * which fires up to a second late: a tenth of the timeout at most.
+ */
+const EXACT_HEAD_DEADLINE_MS = 10_000
+
+function onHeadDeadline (forward: ForwardHandler): void {
+  forward.headTimer = null
   // undici's own kind of error for a head that did not come in time: counted and answered as one (504)
   if (!forward.settled && !forward.responded) forward.abortUpstream?.(new undiciErrors.HeadersTimeoutError())
 }
@@ -325,12 +332,15 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   sendTimer: NodeJS.Timeout | null = null
   timedOut: 'client_timeout' | 'send_timeout' | null = null
   /**
-   * The final head's deadline once an interim response (103, 102) came and the request was sent:
-   * undici starts its headersTimeout again on each, so an upstream sending one a second never
-   * timed out. Like undici's, it runs from the request's end: an upload still being sent when
-   * its 103 comes is not late.
+   * The final head's deadline (timeouts.response) kept by the gateway, armed once the request is
+   * sent: like undici's headersTimeout it runs from the request's end (an upload still being sent
+   * is not late). Armed for a short timeout (below EXACT_HEAD_DEADLINE_MS), and once an interim
+   * response (103, 102) came, whatever the timeout: undici keeps its own on timers that tick every
+   * half second, so 300ms fired after 1 s (a `retryOn: [timeout]` of three attempts took 3 s), and
+   * starts it again at each interim response, so an upstream sending one a second never timed
+   * out. undici's stays armed beneath: it still bounds an upload the upstream stops reading.
    */
-  interimTimer: NodeJS.Timeout | null = null
+  headTimer: NodeJS.Timeout | null = null
   /** An interim response came (the deadline is armed once the request is sent). */
   interim = false
   /** undici wrote the whole request (onRequestSent). */
@@ -593,11 +603,11 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     if (statusCode < 200 || this.clientGone) {
       if (!this.interim && !this.clientGone) {
         this.interim = true
-        if (this.requestSent) this.armInterimDeadline()
+        if (this.requestSent) this.armHeadDeadline()
       }
       return true
     }
-    if (this.interimTimer !== null) this.clearInterimTimer()
+    if (this.headTimer !== null) this.clearHeadTimer()
     this.resumeUpstream = resume
     // A status node:http would relay as is (600), or headers clientResponseHeaders cannot relay
     // (a transfer coding other than chunked): 502.
@@ -693,11 +703,11 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   /** Called by undici 7's core (lib/core/request.js) once the whole request is written, though its types do not list it. */
   onRequestSent (): void {
     this.requestSent = true
-    if (this.interim) this.armInterimDeadline()
+    if (this.interim || this.plan.responseTimeoutMs < EXACT_HEAD_DEADLINE_MS) this.armHeadDeadline()
   }
 
-  armInterimDeadline (): void {
-    if (this.interimTimer === null && !this.settled && !this.responded) this.interimTimer = setTimeout(onInterimDeadline, this.plan.responseTimeoutMs, this)
+  armHeadDeadline (): void {
+    if (this.headTimer === null && !this.settled && !this.responded) this.headTimer = setTimeout(onHeadDeadline, this.plan.responseTimeoutMs, this)
   }
 
   onData (chunk: Buffer): boolean {
@@ -891,9 +901,9 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     if (this.retriedAfter === null) this.retriedAfter = [after]
     else this.retriedAfter.push(after)
     this.abortUpstream = null
-    // the second attempt is timed as a request of its own: an interim answer of the first (a 103
-    // before the reset) does not start its final head's deadline
-    this.clearInterimTimer()
+    // the next attempt is timed as a request of its own, from its own request's end: an interim
+    // answer of the first (a 103 before the reset) does not arm its final head's deadline
+    this.clearHeadTimer()
     this.interim = false
     this.requestSent = false
     if (next instanceof UpstreamTarget) this.dispatch(next)
@@ -977,10 +987,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     this.plan.pool.release(held)
   }
 
-  clearInterimTimer (): void {
-    if (this.interimTimer === null) return
-    clearTimeout(this.interimTimer)
-    this.interimTimer = null
+  clearHeadTimer (): void {
+    if (this.headTimer === null) return
+    clearTimeout(this.headTimer)
+    this.headTimer = null
   }
 
   settle (kind: ForwardErrorKind | null, error: GatewayError | null): void {
@@ -989,7 +999,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     // a body still flowing is counted no more, and arms no timer of a settled request
     if (this.onBodyData !== null) this.req.off('data', this.onBodyData)
     this.clearIdle()
-    this.clearInterimTimer()
+    this.clearHeadTimer()
     if (this.waiting !== null) {
       this.plan.pool.cancel(this.waiting)
       this.waiting = null

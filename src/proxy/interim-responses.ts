@@ -6,7 +6,7 @@
 // does not pipeline: one request per connection at a time).
 import { maxHeaderSize } from 'node:http'
 import type { Socket } from 'node:net'
-import { buildConnector } from 'undici'
+import { buildConnector, errors as undiciErrors } from 'undici'
 
 const HEAD_END = Buffer.from('\r\n\r\n')
 // "HTTP/1.x 100 " or "HTTP/1.x 100\r": enough bytes to tell a 100 from every other status. Each
@@ -96,12 +96,31 @@ export function dropContinueResponses (socket: Socket): void {
   } as Socket['write']
 }
 
-/** undici's own connector (same timeout), with `dropContinueResponses` on every socket (TLS too). */
+/**
+ * undici's own connector, with `dropContinueResponses` on every socket (TLS too), and its connect
+ * timeout kept to the millisecond. undici keeps it on timers that tick every half second, so a
+ * `timeouts.connect: 100ms` gave up after 0.5-1 s. At the deadline the connection is reported
+ * failed as undici reports it (its ConnectTimeoutError); undici's own timer, still armed, destroys
+ * the socket a moment later, and a socket that connects in between is closed unused.
+ */
 export function continueTolerantConnector (connectTimeoutMs: number): buildConnector.connector {
   const connect = buildConnector({ timeout: connectTimeoutMs })
-  return (options, callback) => connect(options, (...args) => {
-    const [err, socket] = args
-    if (err === null && socket !== null) dropContinueResponses(socket as Socket)
-    callback(...args)
-  })
+  return (options, callback) => {
+    let reported = false
+    const deadline = setTimeout(() => {
+      reported = true
+      callback(new undiciErrors.ConnectTimeoutError(`Connect Timeout Error (attempted address: ${options.hostname}:${options.port}, timeout: ${connectTimeoutMs}ms)`), null)
+    }, connectTimeoutMs)
+    connect(options, (...args) => {
+      clearTimeout(deadline)
+      const [err, socket] = args
+      if (reported) {
+        if (err === null) socket.destroy()
+        return
+      }
+      reported = true
+      if (err === null) dropContinueResponses(socket as Socket)
+      callback(...args)
+    })
+  }
 }
