@@ -821,6 +821,10 @@ export class Gateway {
     this.state?.ws.drain()
     const timeoutMs = this.runtime?.server.shutdownTimeoutMs ?? 10_000
     const server = this.server
+    // The redirect listener stops accepting with the TLS one: a client it sent to HTTPS now would
+    // find that listener closed (it kept redirecting for the whole drain).
+    const redirect = this.redirect
+    const redirectClosed = redirect === null ? null : new Promise<void>(resolve => { redirect.close(() => resolve()) })
     if (server !== null) {
       for (const c of this.connections) {
         const last = c.responses[c.responses.length - 1]
@@ -837,6 +841,7 @@ export class Gateway {
       // keep-alive connections that finish their request become idle: close them as they do
       const idle = setInterval(() => {
         server.closeIdleConnections()
+        redirect?.closeIdleConnections()
         if (this.inflightRequests() === 0) drained()
       }, 50)
       const deadline = new Promise<void>(resolve => setTimeout(resolve, timeoutMs).unref())
@@ -872,9 +877,9 @@ export class Gateway {
       const admin = this.admin
       await new Promise<void>(resolve => { admin.close(() => resolve()); admin.closeAllConnections() })
     }
-    if (this.redirect !== null) {
-      const redirect = this.redirect
-      await new Promise<void>(resolve => { redirect.close(() => resolve()); redirect.closeAllConnections() })
+    if (redirect !== null) {
+      redirect.closeAllConnections()
+      await redirectClosed
     }
     this.logger.info('gateway stopped')
     // wait for the log to reach stdout, but a blocked stdout must not hold the exit forever

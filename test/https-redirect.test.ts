@@ -138,3 +138,25 @@ t.test('its connections are capped by server.maxConnections, counted apart from 
   })
   t.equal(tlsStatus, 200, 'the TLS listener has its own three')
 })
+
+t.test('draining, the redirect listener stops accepting with the TLS one: a client is not sent to a listener already closed', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, yaml(up.url, certificate(t), '{ listen: "127.0.0.1:0" }').replace('admin: 127.0.0.1:0\n', 'admin: 127.0.0.1:0\nserver: { shutdownTimeout: 10s }\n'))
+  const [before] = parseResponses(await rawExchange(gw.redirectPort, 'GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n'))
+  t.equal(before?.status, 308)
+  // a request in flight holds the drain open
+  const inflight = new Promise<number>((resolve) => {
+    https.get({ host: '127.0.0.1', port: gw.port, path: '/slow?ms=1500', rejectUnauthorized: false }, res => { res.resume(); res.on('end', () => resolve(res.statusCode ?? 0)) }).on('error', () => resolve(0))
+  })
+  await until('the slow request reached the upstream', () => up.requests > 0, 5000)
+  const closing = gw.close()
+  const connects = async (port: number): Promise<boolean> => await new Promise(resolve => {
+    const s = net.connect(port, '127.0.0.1')
+    s.on('connect', () => { s.destroy(); resolve(true) })
+    s.on('error', () => resolve(false))
+  })
+  await until('the TLS listener refuses', async () => !(await connects(gw.port)), 5000)
+  t.equal(await connects(gw.redirectPort), false, 'the redirect listener refuses as the TLS one does')
+  t.equal(await inflight, 200, 'the request in flight is answered')
+  await closing
+})

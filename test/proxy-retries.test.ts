@@ -5,12 +5,13 @@
 // below is the balancer's, not chance. Each failed attempt counts in gateway_upstream_errors_total.
 import t from 'tap'
 import { request } from 'undici'
-import { writeFileSync } from 'node:fs'
+import { readFileSync, writeFileSync } from 'node:fs'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { startGateway } from './helpers/gateway.js'
 import { startBlackhole, startHttpServer } from './helpers/upstream.js'
 import { gateway } from './helpers/cli.js'
 import { metric } from './helpers/ratelimit.js'
+import { continueTolerantConnector } from '../src/proxy/interim-responses.js'
 import { tempDir, type Teardown } from './helpers/teardown.js'
 
 // nothing listens on these: a connection to them is refused
@@ -88,8 +89,30 @@ t.test('connect timeouts are kept to the millisecond: three attempts of 100 ms a
   const waited = performance.now() - started
   t.equal(await errorsCounted(gw.adminUrl, 'connect_timeout'), 3, 'each attempt timed out connecting')
   t.ok(waited >= 3 * 100 - 5, `three whole waits (${Math.round(waited)} ms)`)
-  // undici's own connect timeout ticks every 499 ms: three of its waits took 1.5 s and more
-  t.ok(waited < 1200, `each wait was 100 ms, not undici's half-second tick or more (${Math.round(waited)} ms for three)`)
+  // undici's own connect timeout ticks every 499 ms: three of its waits take 1.5 s at the very least (3 s here)
+  t.ok(waited < 1450, `each wait was 100 ms, not undici's half-second tick or more (${Math.round(waited)} ms for three)`)
+})
+
+/** Sockets of this machine still connecting (SYN-SENT) to 127.0.0.1:port, from /proc/net/tcp. */
+function connectingTo (port: number): number {
+  const remote = `0100007F:${port.toString(16).toUpperCase().padStart(4, '0')}`
+  return readFileSync('/proc/net/tcp', 'latin1').split('\n').filter(line => {
+    const f = line.trim().split(/\s+/)
+    return f[2] === remote && f[3] === '02'
+  }).length
+}
+
+t.test('a connect timeout ends its socket at the deadline: none is left half-open while the next connect begins', async t => {
+  const blackhole = new URL(await startBlackhole(t))
+  const port = Number(blackhole.port)
+  const before = connectingTo(port)
+  const started = performance.now()
+  const err = await new Promise<Error | null>(resolve => {
+    continueTolerantConnector(100)({ hostname: '127.0.0.1', host: blackhole.host, protocol: 'http:', port: blackhole.port }, (e) => { resolve(e) })
+  })
+  t.equal((err as { code?: string } | null)?.code, 'UND_ERR_CONNECT_TIMEOUT')
+  t.ok(performance.now() - started < 1000, 'at its deadline, not at undici\'s tick')
+  t.equal(connectingTo(port), before, 'its socket no longer connecting as the failure is reported')
 })
 
 t.test('retries out of range is a located error; a reload changes it', async t => {

@@ -120,6 +120,8 @@ t.test('by default the cap is half the open-file limit: a flood leaves the descr
   const warned = await gw.waitForLog(l => l.msg !== undefined && String(l.msg).startsWith('connection closed as it arrived'), 5000)
   t.equal(warned.maxConnections, 128)
   t.match(await metrics(gw.adminUrl), { dropped: f.closed(), open: 128 })
+  const shown = await (await fetch(gw.adminUrl + '/config')).json() as { config: { server: { maxConnections: unknown } } }
+  t.equal(shown.config.server.maxConnections, 128, '/config shows the cap in force, not null')
 })
 
 t.test('workers: 2 (bin/gateway): the cap is each worker\'s; the primary\'s /metrics sums the drops', async t => {

@@ -52,7 +52,12 @@ const STREAMS: Record<string, (socket: net.Socket) => void> = {
     socket.write('HTTP/1.1 100 Continue\r\nX-Pad: ')
     every(socket, 20, () => 'a'.repeat(8192))
   },
-  '/hints-then-ok': (socket) => { void writePieces(socket, ['HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n', 'HTTP/1.1 103 Early Hints\r\n\r\n', 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok']) }
+  '/hints-then-ok': (socket) => { void writePieces(socket, ['HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n', 'HTTP/1.1 103 Early Hints\r\n\r\n', 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok']) },
+  // a 103 at 600 ms, the final head at 1200 ms: late for a deadline from the request's end (1 s), in time for one from the 103
+  '/hint-then-late': (socket) => {
+    setTimeout(() => { socket.write('HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n') }, 600)
+    setTimeout(() => { if (!socket.destroyed) socket.write('HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate') }, 1200)
+  }
 }
 
 function every (socket: net.Socket, ms: number, piece: () => string): void {
@@ -150,6 +155,8 @@ routes:
   }
   const hinted = await rawRequest(gw.port, 'GET /hints-then-ok HTTP/1.1\r\nHost: a\r\n')
   t.equal(`${hinted.status} ${hinted.body}`, '200 ok', 'interim responses then the final one: relayed')
+  const late = await rawRequest(gw.port, 'GET /hint-then-late HTTP/1.1\r\nHost: a\r\n')
+  t.equal(`${late.status} ${late.body}`, '200 late', 'the final head is due within timeouts.response of the first interim one (below 10 s, the gateway keeps that deadline itself)')
   // held whole before, past any header limit (20 MB in a helper's run) and copied again at every
   // read, until the 20 s response timeout: a 502 now, as undici answers a final head that large
   const unending = await rawRequest(gw.port, 'GET /continue-unending HTTP/1.1\r\nHost: a\r\n')

@@ -176,7 +176,10 @@ export function createAdminServer (source: AdminSource, live: LiveFeed | null = 
         const rt = source.runtime
         if (rt === null) return json(res, ERRORS.GW_ERR_NOT_READY.status, errorBody('GW_ERR_NOT_READY', 'no configuration loaded yet'))
         // the config in force: the file with every default written in, secrets redacted
-        return json(res, 200, { pid: process.pid, generation: rt.generation, hash: rt.hash, file: rt.file, loadedAt: rt.loadedAt, lastReload: source.lastReload ?? null, reloadPending: source.reloadPending ?? false, config: redactConfig(rt.config) })
+        const shown = redactConfig(rt.config) as { server: { maxConnections: number | null } }
+        // its one default read from the process (half the open-file limit), as the runtime took it
+        shown.server.maxConnections = rt.server.maxConnections
+        return json(res, 200, { pid: process.pid, generation: rt.generation, hash: rt.hash, file: rt.file, loadedAt: rt.loadedAt, lastReload: source.lastReload ?? null, reloadPending: source.reloadPending ?? false, config: shown })
       }
       default:
         if (handleDashboard(req, res, path, live, () => source.runtime, json)) return

@@ -603,7 +603,12 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     if (statusCode < 200 || this.clientGone) {
       if (!this.interim && !this.clientGone) {
         this.interim = true
-        if (this.requestSent) this.armHeadDeadline()
+        // the final head is due within timeouts.response of the first interim one (armed at the
+        // request's end for a short timeout: it starts again, once)
+        if (this.requestSent) {
+          this.clearHeadTimer()
+          this.armHeadDeadline()
+        }
       }
       return true
     }

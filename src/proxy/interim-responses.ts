@@ -96,31 +96,47 @@ export function dropContinueResponses (socket: Socket): void {
   } as Socket['write']
 }
 
+/** undici's connector returns the socket it connects, though its types say it returns nothing. */
+type SocketReturningConnector = (options: buildConnector.Options, callback: buildConnector.Callback) => Socket | undefined
+
 /**
  * undici's own connector, with `dropContinueResponses` on every socket (TLS too), and its connect
  * timeout kept to the millisecond. undici keeps it on timers that tick every half second, so a
- * `timeouts.connect: 100ms` gave up after 0.5-1 s. At the deadline the connection is reported
- * failed as undici reports it (its ConnectTimeoutError); undici's own timer, still armed, destroys
- * the socket a moment later, and a socket that connects in between is closed unused.
+ * `timeouts.connect: 100ms` gave up after 0.5-1 s. At the deadline the socket is destroyed with
+ * undici's own ConnectTimeoutError, which undici's error listener reports, once: a socket left to
+ * undici's timer stayed half-open while the pool's next connect began, so a target slow to accept
+ * held more than maxConnections of them.
  */
 export function continueTolerantConnector (connectTimeoutMs: number): buildConnector.connector {
-  const connect = buildConnector({ timeout: connectTimeoutMs })
+  const connect = buildConnector({ timeout: connectTimeoutMs }) as unknown as SocketReturningConnector
   return (options, callback) => {
+    let socket: Socket | undefined
     let reported = false
     const deadline = setTimeout(() => {
-      reported = true
-      callback(new undiciErrors.ConnectTimeoutError(`Connect Timeout Error (attempted address: ${options.hostname}:${options.port}, timeout: ${connectTimeoutMs}ms)`), null)
-    }, connectTimeoutMs)
-    connect(options, (...args) => {
-      clearTimeout(deadline)
-      const [err, socket] = args
-      if (reported) {
-        if (err === null) socket.destroy()
-        return
+      const err = new undiciErrors.ConnectTimeoutError(`Connect Timeout Error (attempted address: ${options.hostname}:${options.port}, timeout: ${connectTimeoutMs}ms)`)
+      if (socket !== undefined && !socket.destroyed) socket.destroy(err)
+      else if (!reported) {
+        // no socket to end (a connector that returned none): the failure is reported here, and the
+        // socket, should one connect after all, closed unused
+        reported = true
+        callback(err, null)
       }
-      reported = true
-      if (err === null) dropContinueResponses(socket as Socket)
-      callback(...args)
-    })
+    }, connectTimeoutMs)
+    try {
+      socket = connect(options, (...args) => {
+        clearTimeout(deadline)
+        const [err, connected] = args
+        if (reported) {
+          if (err === null) connected.destroy()
+          return
+        }
+        reported = true
+        if (err === null) dropContinueResponses(connected as Socket)
+        callback(...args)
+      })
+    } catch (err) {
+      clearTimeout(deadline)
+      throw err
+    }
   }
 }
