@@ -16,6 +16,7 @@ import { recordingTarget, startHttpServer } from './helpers/upstream.js'
 import { gateway } from './helpers/cli.js'
 import { tempDir } from './helpers/teardown.js'
 import { metric } from './helpers/ratelimit.js'
+import { twoWorkers, until } from './helpers/workers.js'
 import { withinRetryBudget } from '../src/proxy/retry-policy.js'
 
 const target = recordingTarget
@@ -136,6 +137,20 @@ t.test('retryOn: [timeout] with retries: 2 and no target answering: the client w
   // undici's own headersTimeout ticks every 499 ms: three of its waits take 1.5 s at the very least (3 s here)
   t.ok(waited < 1450, `each wait was 100 ms, not undici's half-second tick or more (${Math.round(waited)} ms for three)`)
   t.match(gw.lines.find(l => l.msg === 'request'), { status: 504, retriedAfter: 'response_timeout' })
+})
+
+t.test('workers: 2 (bin/gateway): the retry budget is each worker\'s, so the fleet retries at once minConcurrent times its workers', async t => {
+  const a = await target(t, (req, res) => { setTimeout(() => { busy('a')(req, res) }, 300) })
+  const b = await target(t, (req, res) => { setTimeout(() => { answering('b')(req, res) }, 800) })
+  const yaml = config(a.url, b.url, ', retryOn: [503], retryBudget: { percent: 0, minConcurrent: 1 }').replace('admin: 127.0.0.1:0\n', 'admin: 127.0.0.1:0\nworkers: 2\n')
+  const r = await twoWorkers(t, yaml)
+  const statuses = await Promise.all([0, 1, 2, 3].map(async i => (await fetch(`${r.gw.url}/r${i}`, { headers: { connection: 'close' } })).status))
+  const requests = (): Array<Record<string, unknown>> => r.gw.logs.filter(l => l.msg === 'request')
+  await until('four access lines', () => requests().length === 4)
+  const served = new Set(requests().map(l => l.pid))
+  t.equal(served.size, 2, 'the primary hands connections to both workers in turn')
+  t.equal(statuses.filter(s => s === 200).length, 2, `one retry at once per worker, two in the fleet (${statuses.join(', ')})`)
+  t.equal(statuses.filter(s => s === 503).length, 2, 'the others over their worker\'s budget: the upstream\'s 503')
 })
 
 t.test('retryOn without connect-failure (or reset): a refused (or reset) connection is the client\'s 502', async t => {
