@@ -97,7 +97,7 @@ export function dropContinueResponses (socket: Socket): void {
 }
 
 /** undici's connector returns the socket it connects, though its types say it returns nothing. */
-type SocketReturningConnector = (options: buildConnector.Options, callback: buildConnector.Callback) => Socket | undefined
+type SocketReturningConnector = (options: buildConnector.Options, callback: buildConnector.Callback) => Socket
 
 /**
  * undici's own connector, with `dropContinueResponses` on every socket (TLS too), and its connect
@@ -111,26 +111,14 @@ export function continueTolerantConnector (connectTimeoutMs: number): buildConne
   const connect = buildConnector({ timeout: connectTimeoutMs }) as unknown as SocketReturningConnector
   return (options, callback) => {
     let socket: Socket | undefined
-    let reported = false
     const deadline = setTimeout(() => {
-      const err = new undiciErrors.ConnectTimeoutError(`Connect Timeout Error (attempted address: ${options.hostname}:${options.port}, timeout: ${connectTimeoutMs}ms)`)
-      if (socket !== undefined && !socket.destroyed) socket.destroy(err)
-      else if (!reported) {
-        // no socket to end (a connector that returned none): the failure is reported here, and the
-        // socket, should one connect after all, closed unused
-        reported = true
-        callback(err, null)
-      }
+      // destroyed with undici's own error: its error listener reports the failure, once
+      socket?.destroy(new undiciErrors.ConnectTimeoutError(`Connect Timeout Error (attempted address: ${options.hostname}:${options.port}, timeout: ${connectTimeoutMs}ms)`))
     }, connectTimeoutMs)
     try {
       socket = connect(options, (...args) => {
         clearTimeout(deadline)
         const [err, connected] = args
-        if (reported) {
-          if (err === null) connected.destroy()
-          return
-        }
-        reported = true
         if (err === null) dropContinueResponses(connected as Socket)
         callback(...args)
       })
