@@ -14,7 +14,7 @@ import { createSecureContext } from 'node:tls'
 import { X509Certificate } from 'node:crypto'
 import { ConfigError, fileReader, type ConfigProblem, type KeyPath, type LoadedConfig } from './config/load.js'
 import type { ResolvedConfig, ResolvedHealthCheck, ResolvedLimit, ResolvedRoute, ResolvedUpstream } from './config/defaults.js'
-import { limitStateOf } from './config/defaults.js'
+import { limitStateOf, retryBackoff } from './config/defaults.js'
 import { parseDuration, parseSize } from './config/units.js'
 import { compileRouteTable, unreachableRoutes, type HeaderCondition, type RoutePattern, type RouteTable } from './router/route-table.js'
 import { compileClientIpResolver, type ClientIpResolver } from './identify/client-ip.js'
@@ -235,12 +235,14 @@ function upstreamConfig (config: ResolvedConfig, name: string): UpstreamConfig {
 }
 
 /**
- * The route's retries: its own `retries` and `retryOn` over its upstream's (Envoy's retry policy is
+ * The route's retries: its own `retries`, `retryOn` and `retryBackoff` over its upstream's (Envoy's retry policy is
  * a route's too), the upstream's budget; a reload changes them for the requests that follow.
  */
 function retryPolicy (up: ResolvedUpstream | undefined, route: ResolvedRoute): RetryPolicy {
-  if (up === undefined) return compileRetryPolicy(route.retries ?? DEFAULT_RETRIES, route.retryOn)
-  return compileRetryPolicy(route.retries ?? up.retries, route.retryOn ?? up.retryOn, up.retryBudget)
+  const backoff = route.retryBackoff !== undefined ? retryBackoff(route.retryBackoff) : up?.retryBackoff
+  const backoffMs = backoff === undefined ? null : { baseMs: parseDuration(backoff.base), maxMs: parseDuration(backoff.max) }
+  if (up === undefined) return compileRetryPolicy(route.retries ?? DEFAULT_RETRIES, route.retryOn, undefined, backoffMs)
+  return compileRetryPolicy(route.retries ?? up.retries, route.retryOn ?? up.retryOn, up.retryBudget, backoffMs)
 }
 
 function healthCheckConfig (check: ResolvedHealthCheck): HealthCheckConfig {

@@ -137,7 +137,7 @@ routes:
   - { name: fields, pathPrefix: /d/, respond: { status: 200, headers: { content-length: "3", Content-Type: text/html, connection: close } } }
   - { name: nobody, pathPrefix: /e/, respond: { status: 204, body: x } }
   - { name: rules, pathPrefix: /g/, respond: { status: 200 }, headers: { response: { set: { x-a: "1" } } } }
-  - { name: retried, pathPrefix: /i/, respond: { status: 200 }, retries: 2, retryOn: [503] }
+  - { name: retried, pathPrefix: /i/, respond: { status: 200 }, retries: 2, retryOn: [503], retryBackoff: { base: 25ms } }
 `)
   const run = await gateway(['validate', '-c', file])
   t.equal(run.code, 1)
@@ -152,7 +152,8 @@ routes:
     /gateway\.yaml:8:\d+ routes\[4\]\.respond\.body: a 204 carries no body/,
     /gateway\.yaml:9:\d+ routes\[5\]\.headers: a route with "respond" forwards nothing/,
     /gateway\.yaml:10:\d+ routes\[6\]\.retries: a route with "respond" forwards nothing/,
-    /gateway\.yaml:10:\d+ routes\[6\]\.retryOn: a route with "respond" forwards nothing/
+    /gateway\.yaml:10:\d+ routes\[6\]\.retryOn: a route with "respond" forwards nothing/,
+    /gateway\.yaml:10:\d+ routes\[6\]\.retryBackoff: a route with "respond" forwards nothing/
   ]
   for (const re of expected) t.match(run.stderr, re)
   writeFileSync(file, `upstreams:

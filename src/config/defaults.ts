@@ -2,7 +2,7 @@
 // runs and what /config shows (redacted): every key that has a default is written in, and the
 // whole object is frozen, so no later stage can disagree about what an absent key meant.
 import type { CompressionConfig, GatewayConfig, HealthCheckInput, LimitConfig, QuotaConfig, RedisConfig, RouteConfig } from './schema.js'
-import { BUCKET_ALGORITHMS, DEFAULT_HEALTH_INTERVAL } from './schema.js'
+import { BUCKET_ALGORITHMS, DEFAULT_HEALTH_INTERVAL, MAX_BACKOFF_MS } from './schema.js'
 import { parseDuration, parseSize } from './units.js'
 import { DEFAULT_REDACT_QUERY } from '../log.js'
 // Values a stage also falls back to when used on its own: defined there once, applied here.
@@ -40,8 +40,11 @@ export interface ResolvedUpstream {
   retries: number
   retryOn: RetryCondition[]
   retryBudget: RetryBudget
+  /** Absent: a retry is sent at once. */
+  retryBackoff?: ResolvedRetryBackoff
   healthCheck?: ResolvedHealthCheck
 }
+export interface ResolvedRetryBackoff { base: string, max: string }
 export interface ResolvedHealthCheck {
   path: string
   interval: string
@@ -150,6 +153,14 @@ function healthCheck (check: HealthCheckInput): ResolvedHealthCheck {
   }
 }
 
+/** retryBackoff.max when not configured: Envoy's, 10 times base (at most MAX_BACKOFF_MS). */
+export const DEFAULT_BACKOFF_MAX_FACTOR = 10
+
+/** A route's retryBackoff as its upstream's is resolved: max filled in. */
+export function retryBackoff (backoff: { base: string, max?: string | undefined }): ResolvedRetryBackoff {
+  return { base: backoff.base, max: backoff.max ?? durationText(Math.min(MAX_BACKOFF_MS, DEFAULT_BACKOFF_MAX_FACTOR * parseDuration(backoff.base))) }
+}
+
 function upstream (up: GatewayConfig['upstreams'][string]): ResolvedUpstream {
   return {
     targets: up.targets.map(t => typeof t === 'string' ? { url: origin(t), weight: 1 } : { url: origin(t.url), weight: t.weight ?? 1 }),
@@ -162,6 +173,7 @@ function upstream (up: GatewayConfig['upstreams'][string]): ResolvedUpstream {
     retries: up.retries ?? DEFAULT_RETRIES,
     retryOn: [...(up.retryOn ?? DEFAULT_RETRY_ON)],
     retryBudget: { percent: up.retryBudget?.percent ?? DEFAULT_RETRY_BUDGET.percent, minConcurrent: up.retryBudget?.minConcurrent ?? DEFAULT_RETRY_BUDGET.minConcurrent },
+    ...(up.retryBackoff !== undefined ? { retryBackoff: retryBackoff(up.retryBackoff) } : {}),
     ...(up.healthCheck !== undefined ? { healthCheck: healthCheck(up.healthCheck) } : {})
   }
 }

@@ -705,7 +705,7 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
 /** What a route the gateway answers itself cannot also have: settings of a forward it never makes. */
 function respondChecks (route: GatewayConfig['routes'][number], at: KeyPath): Array<[KeyPath, string]> {
   const out: Array<[KeyPath, string]> = []
-  for (const key of ['websocket', 'stripPrefix', 'timeouts', 'maxBodySize', 'headers', 'retries', 'retryOn'] as const) {
+  for (const key of ['websocket', 'stripPrefix', 'timeouts', 'maxBodySize', 'headers', 'retries', 'retryOn', 'retryBackoff'] as const) {
     if (route[key] !== undefined) out.push([[...at, key], `a route with "respond" forwards nothing: "${key}" has no effect (set the answer's fields in respond.headers)`])
   }
   const respond = route.respond

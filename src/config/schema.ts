@@ -200,6 +200,25 @@ const failureStatus = z.union([
   z.int({ error: FAILURE_STATUS }).min(500, FAILURE_STATUS).max(599, FAILURE_STATUS)
 ], { error: FAILURE_STATUS })
 
+/** The longest a retry may wait before it is sent (retryBackoff.base and max). */
+export const MAX_BACKOFF_MS = 60_000
+
+/**
+ * Envoy's retry_back_off: a retry waits a random time first, up to (2^n - 1) x base before the
+ * nth retry and never more than max, so the retries of many clients do not reach a target that
+ * just failed in one wave. Absent: a retry is sent at once, as nginx does.
+ */
+const backoffWait = wait.refine(text => (durationMs(text) ?? 0) <= MAX_BACKOFF_MS, 'at most 60s: the client is waiting, and server.requestTimeout (default 60s) would cut it anyway')
+const retryBackoff = z.strictObject({
+  base: backoffWait.describe('the first retry waits up to this (a random time from 0), the second up to 3 times it, the third up to 7 times, ...; Envoy\'s default is 25ms'),
+  max: backoffWait.optional().describe('no retry waits longer; default 10 times base (at most 60s)')
+}).superRefine((backoff, ctx) => {
+  if (backoff.max === undefined) return
+  const base = durationMs(backoff.base)
+  const max = durationMs(backoff.max)
+  if (base !== null && max !== null && max < base) ctx.addIssue({ code: 'custom', message: `must be at least base (${backoff.base})`, path: ['max'] })
+})
+
 export const upstreamSchema = z.strictObject({
   targets: z.array(target).min(1),
   timeouts: z.strictObject({
@@ -219,6 +238,7 @@ export const upstreamSchema = z.strictObject({
     percent: z.number().min(0).max(100).optional().describe('retries in flight at most this share of the upstream\'s requests in flight and waiting; default 20'),
     minConcurrent: z.int().min(0).optional().describe('retries in flight allowed whatever the share; default 3')
   }).optional().describe('bounds the retries after a timeout or an answer\'s status an upstream has in flight, so that an overloaded upstream is not sent its load again (Envoy\'s retry_budget); default { percent: 20, minConcurrent: 3 }'),
+  retryBackoff: retryBackoff.optional().describe('a retry first waits a random time, growing with each retry of a request (Envoy\'s fully jittered exponential back-off): { base: 25ms, max: 250ms }; absent: a retry is sent at once'),
   healthCheck: healthCheckSchema.optional().describe('active health checks: each target is probed every interval; absent: none (passive health only)')
 })
 
@@ -288,6 +308,7 @@ export const routeSchema = z.strictObject({
   timeouts: z.strictObject({ response: wait.optional() }).optional(),
   retries: z.int().min(0).max(MAX_RETRIES).optional().describe('this route\'s retries, over its upstream\'s (0: its requests are sent once)'),
   retryOn: z.array(retryCondition).min(1).optional().describe('this route\'s retryOn, over its upstream\'s (its retryBudget is the upstream\'s)'),
+  retryBackoff: retryBackoff.optional().describe('this route\'s retryBackoff, over its upstream\'s'),
   maxBodySize: size.optional(),
   headers: z.strictObject({ request: headerRules.optional(), response: headerRules.optional() }).optional(),
   limits: z.strictObject({ api: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional(),

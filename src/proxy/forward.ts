@@ -5,8 +5,8 @@ import { ERRORS, GatewayError, sendError, type ErrorCode } from '../errors.js'
 import { clientResponseHeaders, compileHeaders, upstreamRequestHeaders, withoutContentLength, type CompiledHeaders, type HeaderRules } from './forward-headers.js'
 import { stripPathPrefix } from './forward-path.js'
 import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
-import { DEFAULT_RETRIES, UpstreamTarget, type PendingRequest, type PoolWaiter, type UpstreamPool } from './upstream-pool.js'
-import { compileRetryPolicy, statusRetryCause, withinRetryBudget, type RetryPolicy, type StatusRetryCause } from './retry-policy.js'
+import { DEFAULT_RETRIES, UpstreamTarget, type BackingOffRequest, type BackOffPlace, type PendingRequest, type UpstreamPool } from './upstream-pool.js'
+import { compileRetryPolicy, retryDelayMs, statusRetryCause, withinRetryBudget, type RetryPolicy, type StatusRetryCause } from './retry-policy.js'
 import { BodyBudget } from './body-budget.js'
 import { cutByGateway } from './shutdown-cut.js'
 import { sendContinue } from './expect-continue.js'
@@ -258,7 +258,7 @@ export function forwardRequest (
  * and a controller, and its response headers are parsed into an object that the gateway does not
  * read (it relays the raw bytes). Every forwarding test fails if undici stops calling them.
  */
-class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
+class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
   readonly req: IncomingMessage
   readonly res: ServerResponse
   readonly plan: ForwardPlan
@@ -271,6 +271,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
   holding: UpstreamTarget | null = null
   /** The request's place while it waits for a connection (every target at maxConnections). */
   waiting: PendingRequest | null = null
+  /** A retry's place while it waits out its back-off (retryBackoff), before it asks for a connection. */
+  backingOff: BackOffPlace | null = null
   /** undici's abort for this request, from onConnect; null until the request has a connection. */
   abortUpstream: ((err?: Error) => void) | null = null
   /** Resumes reading the upstream response after onData answered false (backpressure). */
@@ -428,7 +430,14 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
 
   refused (kind: 'queue_timeout' | 'no_healthy' | 'shutting_down'): void {
     this.waiting = null
+    this.backingOff = null
     this.fail(kind, null)
+  }
+
+  backedOff (): void {
+    this.backingOff = null
+    const refused = this.sendAgain(null)
+    if (refused !== null) this.fail(refused, null)
   }
 
   /**
@@ -891,26 +900,50 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     return this.mayRetryAgain(budgeted) && this.resend(after, failed) === null
   }
 
-  /** Sends the request again; null once sent (or waiting for a connection), else why it cannot be. */
+  /**
+   * Sends the request again, at once or after its back-off (retryBackoff); null once sent (or
+   * waiting for a connection, or backing off), else why it cannot be.
+   */
   private resend (after: RetryCause, failed: UpstreamTarget | null): 'no_healthy' | 'queue_full' | null {
     this.releaseTarget()
     if (failed !== null) {
       if (this.tried === null) this.tried = [failed]
       else if (!this.tried.includes(failed)) this.tried.push(failed)
     }
-    const next = this.plan.pool.acquire(this, this.tried ?? undefined)
-    if (next === null) return 'no_healthy'
-    if (next === 'full') return 'queue_full'
     // the attempt to come has written nothing yet: a refused connection of its own may be retried
     this.sent = false
-    if (this.retriedAfter === null) this.retriedAfter = [after]
-    else this.retriedAfter.push(after)
     this.abortUpstream = null
     // the next attempt is timed as a request of its own, from its own request's end: an interim
     // answer of the first (a 103 before the reset) does not arm its final head's deadline
     this.clearHeadTimer()
     this.interim = false
     this.requestSent = false
+    const backoff = this.plan.retry.backoff
+    const delayMs = backoff === null ? 0 : retryDelayMs(backoff, (this.retriedAfter?.length ?? 0) + 1, Math.random())
+    if (delayMs === 0) return this.sendAgain(after)
+    // decided: counted and logged as a retry even if its client leaves before it is sent
+    this.recordRetry(after)
+    // holds no connection: a client that leaves now ends it at once (onClientClose)
+    this.target = null
+    this.backingOff = this.plan.pool.backOff(this, delayMs)
+    return null
+  }
+
+  private recordRetry (after: RetryCause): void {
+    if (this.retriedAfter === null) this.retriedAfter = [after]
+    else this.retriedAfter.push(after)
+  }
+
+  /**
+   * A connection (or a place in the queue) for the next attempt, recorded as a retry after `after`
+   * unless its back-off recorded it; null once taken, else why none.
+   */
+  private sendAgain (after: RetryCause | null): 'no_healthy' | 'queue_full' | null {
+    const next = this.plan.pool.acquire(this, this.tried ?? undefined)
+    if (next === null) return 'no_healthy'
+    if (next === 'full') return 'queue_full'
+    // before the dispatch, which may fail at once and ask whether one more retry is allowed
+    if (after !== null) this.recordRetry(after)
     if (next instanceof UpstreamTarget) this.dispatch(next)
     else {
       // waiting again: a client that leaves now ends it at once (onClientClose)
@@ -1008,6 +1041,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler, PoolWaiter {
     if (this.waiting !== null) {
       this.plan.pool.cancel(this.waiting)
       this.waiting = null
+    }
+    if (this.backingOff !== null) {
+      this.plan.pool.cancelBackOff(this.backingOff)
+      this.backingOff = null
     }
     this.releaseTarget()
     this.releaseHeldBytes()

@@ -48,12 +48,20 @@ export interface RetryPolicy {
   /** Answer statuses that send the request again rather than to the client (a 503 of one target). */
   readonly statuses: ReadonlySet<number>
   readonly budget: RetryBudget
+  /** How long a retry waits before it is sent (retryBackoff); null: at once. */
+  readonly backoff: RetryBackoff | null
+}
+
+/** Envoy's retry_back_off, in ms: base > 0, max >= base. */
+export interface RetryBackoff {
+  readonly baseMs: number
+  readonly maxMs: number
 }
 
 export const DEFAULT_RETRY_ON: readonly RetryCondition[] = Object.freeze(['connect-failure', 'reset'])
 export const DEFAULT_RETRY_BUDGET: RetryBudget = Object.freeze({ percent: 20, minConcurrent: 3 })
 
-export function compileRetryPolicy (retries: number, on: readonly RetryCondition[] = DEFAULT_RETRY_ON, budget: Partial<RetryBudget> = {}): RetryPolicy {
+export function compileRetryPolicy (retries: number, on: readonly RetryCondition[] = DEFAULT_RETRY_ON, budget: Partial<RetryBudget> = {}, backoff: RetryBackoff | null = null): RetryPolicy {
   const statuses = new Set(expandStatuses(on.filter(isStatus)))
   return Object.freeze({
     retries,
@@ -61,7 +69,8 @@ export function compileRetryPolicy (retries: number, on: readonly RetryCondition
     onReset: on.includes('reset'),
     onTimeout: on.includes('timeout'),
     statuses,
-    budget: Object.freeze({ percent: budget.percent ?? DEFAULT_RETRY_BUDGET.percent, minConcurrent: budget.minConcurrent ?? DEFAULT_RETRY_BUDGET.minConcurrent })
+    budget: Object.freeze({ percent: budget.percent ?? DEFAULT_RETRY_BUDGET.percent, minConcurrent: budget.minConcurrent ?? DEFAULT_RETRY_BUDGET.minConcurrent }),
+    backoff: backoff === null ? null : Object.freeze({ ...backoff })
   })
 }
 
@@ -72,6 +81,16 @@ function isStatus (c: RetryCondition): c is number | StatusGroup {
 /** Whether one more retry fits the budget, with `retrying` retries and `active` requests (in flight and waiting) now. */
 export function withinRetryBudget (budget: RetryBudget, retrying: number, active: number): boolean {
   return retrying < Math.max(budget.minConcurrent, Math.floor(active * budget.percent / 100))
+}
+
+/**
+ * Envoy's fully jittered exponential back-off: the wait before a request's `nth` retry (1 for the
+ * first), drawn by `random` (in [0, 1)) from [0, (2^n - 1) x base), and below max. Full jitter
+ * spreads the retries of the requests that failed together (a target restarting) over the whole
+ * window; growing windows give a target that fails again longer to recover.
+ */
+export function retryDelayMs (backoff: RetryBackoff, nth: number, random: number): number {
+  return Math.floor(random * Math.min(backoff.maxMs, backoff.baseMs * (2 ** nth - 1)))
 }
 
 /** What the access log and gateway_upstream_retries_total call a retry after an answer's status. */

@@ -156,6 +156,18 @@ export interface PendingRequest {
   readonly timer: NodeJS.Timeout
 }
 
+/** A request that waits out its back-off before a retry asks for a connection again (retryBackoff). */
+export interface BackingOffRequest extends PoolWaiter {
+  /** The wait is over: ask `acquire` again. */
+  backedOff (): void
+}
+
+/** A retry's place while it backs off, handed back to `cancelBackOff` when the request ends first. */
+export interface BackOffPlace {
+  waiter: BackingOffRequest | null
+  readonly timer: NodeJS.Timeout
+}
+
 /** What `acquire` gives: a target, a place in the queue, 'full' (the queue is), or null (no healthy target). */
 export type Acquired = UpstreamTarget | PendingRequest | 'full' | null
 
@@ -187,7 +199,12 @@ export class UpstreamPool {
   /** Fires when an ejected target comes back while requests wait (#scheduleWake). */
   #wake: NodeJS.Timeout | null = null
   #closed = false
-  /** What retire() waits on: the last waiting request granted, timed out or gone. */
+  /**
+   * Retries waiting out their back-off: they hold no connection, but they are this pool's to send,
+   * so a retiring pool waits for them and a closing one refuses them as it refuses waiting ones.
+   */
+  readonly #backingOff = new Set<BackOffPlace>()
+  /** What retire() waits on: the last waiting or backing-off request granted, timed out or gone. */
   #noneWaiting: (() => void) | null = null
   /** The running active health checks: from startHealthChecks() until stopHealthChecks() or close. */
   #checker: HealthChecker | null = null
@@ -235,9 +252,9 @@ export class UpstreamPool {
     return healthy && this.#pending < this.#maxPending
   }
 
-  /** Requests in flight and waiting for a connection: what the retry budget is a share of. Not on the path of a request that is not retried. */
+  /** Requests in flight, waiting for a connection or backing off: what the retry budget is a share of. Not on the path of a request that is not retried. */
   get active (): number {
-    let n = this.#pending
+    let n = this.#pending + this.#backingOff.size
     for (const target of this.targets) n += target.inFlight
     return n
   }
@@ -316,11 +333,44 @@ export class UpstreamPool {
     if (place.waiter === null) return
     place.waiter = null
     clearTimeout(place.timer)
-    if (--this.#pending === 0 && this.#noneWaiting !== null) {
-      const resolve = this.#noneWaiting
-      this.#noneWaiting = null
-      resolve()
-    }
+    this.#pending--
+    this.#maybeNoneWaiting()
+  }
+
+  /**
+   * Holds a retry for `ms` before it asks for a connection again (retryBackoff): it holds no
+   * connection meanwhile, and takes no place in the queue (maxPending, the queue's timeout).
+   */
+  backOff (waiter: BackingOffRequest, ms: number): BackOffPlace {
+    const place: BackOffPlace = { waiter, timer: setTimeout(() => this.#backedOff(place), ms) }
+    this.#backingOff.add(place)
+    return place
+  }
+
+  /** The request ended while it backed off (its client left). */
+  cancelBackOff (place: BackOffPlace): void {
+    if (place.waiter === null) return
+    place.waiter = null
+    clearTimeout(place.timer)
+    this.#backingOff.delete(place)
+    this.#maybeNoneWaiting()
+  }
+
+  #backedOff (place: BackOffPlace): void {
+    const waiter = place.waiter
+    if (waiter === null) return
+    place.waiter = null
+    this.#backingOff.delete(place)
+    // acquires first (a connection or a place in the queue): a retiring pool must not close between
+    waiter.backedOff()
+    this.#maybeNoneWaiting()
+  }
+
+  #maybeNoneWaiting (): void {
+    if (this.#pending !== 0 || this.#backingOff.size !== 0 || this.#noneWaiting === null) return
+    const resolve = this.#noneWaiting
+    this.#noneWaiting = null
+    resolve()
   }
 
   /** The request given `target` finished: its connection goes to the oldest waiting request. */
@@ -396,6 +446,11 @@ export class UpstreamPool {
     if (this.#wake !== null) clearTimeout(this.#wake)
     this.#wake = null
     while (this.#pending > 0) this.#nextWaiter().refused('shutting_down')
+    for (const place of [...this.#backingOff]) {
+      const waiter = place.waiter as BackingOffRequest
+      this.cancelBackOff(place)
+      waiter.refused('shutting_down')
+    }
   }
 
   /**
@@ -531,11 +586,11 @@ export class UpstreamPool {
   }
 
   /**
-   * Answers every waiting request `503 GW_ERR_SHUTTING_DOWN` and takes no more (the shutdown's
+   * Answers every waiting (or backing-off) request `503 GW_ERR_SHUTTING_DOWN` and takes no more (the shutdown's
    * deadline: they are answered before their connections are cut). Returns how many there were.
    */
   refuseWaiting (): number {
-    const waiting = this.#pending
+    const waiting = this.#pending + this.#backingOff.size
     this.#refuseWaiting()
     return waiting
   }
@@ -547,7 +602,7 @@ export class UpstreamPool {
    * runtime's drain gave up (server.requestTimeout + 1 s), though the gateway was not shutting down.
    */
   async retire (): Promise<void> {
-    if (this.#pending > 0) await new Promise<void>(resolve => { this.#noneWaiting = resolve })
+    if (this.#pending > 0 || this.#backingOff.size > 0) await new Promise<void>(resolve => { this.#noneWaiting = resolve })
     await this.close()
   }
 

@@ -1,0 +1,167 @@
+// upstreams.X.retryBackoff (and a route's): Envoy's fully jittered exponential back-off. A retry
+// first waits a random time from [0, (2^n - 1) x base) before the nth retry, never more than max,
+// holding no connection meanwhile. Absent, a retry is sent at once (every other retry test).
+// Waits are read from the upstreams' clock (when each attempt arrived), with margins for a loaded
+// machine; the random draws make each bound hold for every request, not on average.
+import t from 'tap'
+import { request } from 'undici'
+import { performance } from 'node:perf_hooks'
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import { startGateway } from './helpers/gateway.js'
+import { recordingTarget } from './helpers/upstream.js'
+import { metric } from './helpers/ratelimit.js'
+import { until } from './helpers/workers.js'
+import type { Teardown } from './helpers/teardown.js'
+import { retryDelayMs } from '../src/proxy/retry-policy.js'
+import { ConfigError, parseConfigText } from '../src/config/load.js'
+
+/** A target that answers 503 to everything and notes when each request came, on the upstream's clock. */
+async function busyTarget (t: Teardown): Promise<{ url: string, seen: string[], at: number[] }> {
+  const at: number[] = []
+  const up = await recordingTarget(t, (_req: IncomingMessage, res: ServerResponse) => {
+    at.push(performance.now())
+    res.writeHead(503, { 'content-type': 'text/plain' })
+    res.end('busy')
+  })
+  return { ...up, at }
+}
+
+const oneUpstream = (targets: string, settings: string, server = ''): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+${server}upstreams:
+  backend: { targets: [${targets}], consecutiveFailures: 1000, ${settings} }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`
+
+async function get (url: string): Promise<number> {
+  const res = await request(url)
+  await res.body.dump()
+  return res.statusCode
+}
+
+t.test('the windows: (2^n - 1) x base before the nth retry, never past max, the whole window used', async t => {
+  const backoff = { baseMs: 25, maxMs: 250 }
+  t.same([1, 2, 3, 4, 5].map(n => retryDelayMs(backoff, n, 0.9999)), [24, 74, 174, 249, 249], 'the top of each window (Envoy: 25, 75, 175 ms, capped at 250)')
+  t.same([1, 2, 3].map(n => retryDelayMs(backoff, n, 0)), [0, 0, 0], 'full jitter: a retry may go at once')
+  t.equal(retryDelayMs(backoff, 2, 0.5), 37, 'half of the second window')
+})
+
+t.test('each retry waits within its window, the windows grow, and max bounds them', async t => {
+  // base 50ms, max 100ms, 4 retries: windows of 50, 100 (150 capped), 100 (350) and 100 (750) ms
+  const up = await busyTarget(t)
+  const gw = await startGateway(t, oneUpstream(up.url, 'retries: 4, retryOn: [503], retryBackoff: { base: 50ms, max: 100ms }'))
+  const requests = 12
+  for (let i = 0; i < requests; i++) t.equal(await get(`${gw.url}/r${i}`), 503, 'the last attempt\'s answer')
+  t.equal(up.at.length, requests * 5, 'every request sent 5 times')
+  const waits: number[][] = [[], [], [], []]
+  for (let r = 0; r < requests; r++) {
+    for (let n = 1; n <= 4; n++) waits[n - 1]?.push((up.at[r * 5 + n] as number) - (up.at[r * 5 + n - 1] as number))
+  }
+  const [first, ...later] = waits as [number[], ...number[][]]
+  // a loaded machine adds to a wait, never takes from it: the upper bounds carry 200 ms for it
+  t.ok(first.every(w => w < 50 + 200), `the first retries within 50 ms (and the machine's lag): ${first.map(Math.round).join(' ')}`)
+  t.ok(later.flat().every(w => w < 100 + 200), `no retry past max, 100 ms (the fourth window is 750 ms uncapped): ${later.flat().map(Math.round).join(' ')}`)
+  // 36 later waits drawn from [0, 100): each is 75 ms or more with odds of 1 in 4
+  t.ok(later.flat().filter(w => w >= 75).length >= 2, 'the later windows are wider than the first (50 ms)')
+  // 48 waits drawn from windows of 50-100 ms: sent at once, each took 1-3 ms here
+  t.ok(waits.flat().filter(w => w >= 20).length >= 12, `a retry waits: ${waits.flat().map(Math.round).join(' ')}`)
+  t.ok(first.filter(w => w < 30).length >= 2, 'full jitter: not a fixed wait')
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_retries_total', { reason: 'status_503' }), requests * 4, 'each retry counted once')
+})
+
+t.test('a retry backing off holds no connection: another request takes it', async t => {
+  // one connection to the target: the request backing off would hold it, and the next one wait
+  const answered = new Set<string>()
+  const up = await recordingTarget(t, (req, res) => {
+    const path = req.url ?? ''
+    if (path.startsWith('/flaky') && !answered.has(path)) {
+      answered.add(path)
+      res.writeHead(503)
+      res.end('busy')
+      return
+    }
+    res.end('ok')
+  })
+  const gw = await startGateway(t, oneUpstream(up.url, 'maxConnections: 1, maxPending: 0, retryOn: [503], retryBackoff: { base: 2s, max: 2s }'))
+  // the wait is drawn from [0, 2s): a try whose retry went before /next is done again
+  for (let attempt = 1; attempt <= 5; attempt++) {
+    const flaky = get(`${gw.url}/flaky${attempt}`)
+    await until('the first attempt answered', () => answered.has(`/flaky${attempt}`))
+    // with maxPending 0 a request finding the connection taken gets 503 at once
+    const next = await get(`${gw.url}/next${attempt}`)
+    const retried = up.seen.indexOf(`GET /flaky${attempt}`, up.seen.indexOf(`GET /flaky${attempt}`) + 1)
+    t.equal(await flaky, 200, 'the retry answered')
+    if (retried !== -1 && retried < up.seen.indexOf(`GET /next${attempt}`)) continue
+    t.equal(next, 200, 'the connection was free while the retry backed off')
+    return
+  }
+  t.fail('every retry went before the next request (odds below 1 in 10^10)')
+})
+
+t.test('a client that leaves while its retry backs off ends it: nothing more is sent', async t => {
+  const a = await busyTarget(t)
+  const b = await recordingTarget(t, (_req, res) => { res.end('b') })
+  const gw = await startGateway(t, oneUpstream(`{ url: ${a.url}, weight: 1000 }, ${b.url}`, 'retryOn: [503], retryBackoff: { base: 1s, max: 1s }'))
+  // the wait is drawn from [0, 1s): a try whose retry went before the client left is done again
+  for (let attempt = 1; attempt <= 5; attempt++) {
+    const path = `/leave${attempt}`
+    const ac = new AbortController()
+    const pending = request(gw.url + path, { signal: ac.signal }).then(async res => { await res.body.dump() }, () => {})
+    await until('the first attempt answered', () => a.seen.includes(`GET ${path}`))
+    await new Promise(resolve => setTimeout(resolve, 100))
+    if (b.seen.includes(`GET ${path}`)) {
+      await pending
+      continue
+    }
+    ac.abort()
+    await pending
+    await until('the request logged', () => gw.lines.some(l => l.msg === 'request' && l.path === path))
+    const line = gw.lines.find(l => l.msg === 'request' && l.path === path)
+    t.match(line, { status: 499, retriedAfter: 'status_503' }, 'ended as the client left, its retry decided')
+    // past the longest wait the retry could have drawn
+    await new Promise(resolve => setTimeout(resolve, 1200))
+    t.notOk(b.seen.includes(`GET ${path}`), 'the retry was never sent')
+    return
+  }
+  t.fail('every retry went within 100 ms (odds of 1 in 100 000)')
+})
+
+t.test('at the shutdown\'s deadline a request backing off is answered 503 shutting down', async t => {
+  const up = await busyTarget(t)
+  const gw = await startGateway(t, oneUpstream(up.url, 'retries: 5, retryOn: [503], retryBackoff: { base: 20s, max: 20s }', 'server: { shutdownTimeout: 300ms }\n'))
+  const answer = request(`${gw.url}/slow`).then(async res => ({ status: res.statusCode, body: await res.body.json() as { error?: string } }))
+  await until('the first attempt answered', () => up.seen.length === 1)
+  const began = performance.now()
+  await gw.close()
+  const got = await answer
+  // five waits of up to 20 s each: all of them within 300 ms has odds below 1 in 10^8
+  t.match(got, { status: 503, body: { error: 'GW_ERR_SHUTTING_DOWN' } }, 'answered, not cut')
+  t.ok(performance.now() - began < 5000, 'at the deadline, not after the back-off')
+})
+
+t.test('retryBackoff as loaded: max defaults to 10 times base; a route\'s is its own; bad values are located', async t => {
+  const config = (backoff: string, route = ''): string => `upstreams:
+  backend: { targets: [http://127.0.0.1:1], retryBackoff: ${backoff} }
+routes:
+  - { name: a, pathPrefix: /a, upstream: backend${route} }
+`
+  const loaded = parseConfigText(config('{ base: 25ms }', ', retryBackoff: { base: 1s, max: 2s }'), 'gw.yaml', {}).config
+  t.same(loaded.upstreams.backend?.retryBackoff, { base: '25ms', max: '250ms' }, 'Envoy\'s default max')
+  t.same(loaded.routes[0]?.retryBackoff, { base: '1s', max: '2s' })
+  t.same(parseConfigText(config('{ base: 10s }'), 'gw.yaml', {}).config.upstreams.backend?.retryBackoff, { base: '10s', max: '60s' }, '10 times base, at most 60s')
+  const problems = (backoff: string): string => {
+    try {
+      parseConfigText(config(backoff), 'gw.yaml', {})
+    } catch (err) {
+      if (err instanceof ConfigError) return err.message
+      throw err
+    }
+    return 'accepted'
+  }
+  t.match(problems('{ base: 100ms, max: 50ms }'), /^gw\.yaml:2:\d+ upstreams\.backend\.retryBackoff\.max: must be at least base \(100ms\)/)
+  t.match(problems('{ base: 0ms }'), /upstreams\.backend\.retryBackoff\.base: must be more than 0/)
+  t.match(problems('{ base: 25ms, max: 61s }'), /upstreams\.backend\.retryBackoff\.max: at most 60s/)
+  t.match(problems('{ max: 1s }'), /upstreams\.backend\.retryBackoff\.base/)
+  t.equal(problems('{ base: 60s, max: 60s }'), 'accepted')
+})
