@@ -8,7 +8,7 @@ import { request } from 'undici'
 import { performance } from 'node:perf_hooks'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { startGateway } from './helpers/gateway.js'
-import { recordingTarget } from './helpers/upstream.js'
+import { recordingTarget, startHttpServer } from './helpers/upstream.js'
 import { metric } from './helpers/ratelimit.js'
 import { until } from './helpers/workers.js'
 import type { Teardown } from './helpers/teardown.js'
@@ -29,7 +29,7 @@ async function busyTarget (t: Teardown): Promise<{ url: string, seen: string[], 
 const oneUpstream = (targets: string, settings: string, server = ''): string => `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 ${server}upstreams:
-  backend: { targets: [${targets}], consecutiveFailures: 1000, ${settings} }
+  backend: { targets: [${targets}], ${settings.includes('consecutiveFailures') ? '' : 'consecutiveFailures: 1000, '}${settings} }
 routes:
   - { name: all, pathPrefix: /, upstream: backend }
 `
@@ -47,10 +47,17 @@ t.test('the windows: (2^n - 1) x base before the nth retry, never past max, the 
   t.equal(retryDelayMs(backoff, 2, 0.5), 37, 'half of the second window')
 })
 
-t.test('each retry waits within its window, the windows grow, and max bounds them', async t => {
+t.test('each retry waits within its window, the windows grow, and max bounds them (a route\'s retryBackoff)', async t => {
   // base 50ms, max 100ms, 4 retries: windows of 50, 100 (150 capped), 100 (350) and 100 (750) ms
   const up = await busyTarget(t)
-  const gw = await startGateway(t, oneUpstream(up.url, 'retries: 4, retryOn: [503], retryBackoff: { base: 50ms, max: 100ms }'))
+  // the route's back-off, over its upstream's (which would send every retry within 1 ms)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${up.url}], consecutiveFailures: 1000, retries: 4, retryOn: [503], retryBackoff: { base: 1ms, max: 1ms } }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend, retryBackoff: { base: 50ms, max: 100ms } }
+`)
   const requests = 12
   for (let i = 0; i < requests; i++) t.equal(await get(`${gw.url}/r${i}`), 503, 'the last attempt\'s answer')
   t.equal(up.at.length, requests * 5, 'every request sent 5 times')
@@ -102,7 +109,8 @@ t.test('a retry backing off holds no connection: another request takes it', asyn
 t.test('a client that leaves while its retry backs off ends it: nothing more is sent', async t => {
   const a = await busyTarget(t)
   const b = await recordingTarget(t, (_req, res) => { res.end('b') })
-  const gw = await startGateway(t, oneUpstream(`{ url: ${a.url}, weight: 1000 }, ${b.url}`, 'retryOn: [503], retryBackoff: { base: 1s, max: 1s }'))
+  // one connection per target: a retry sent for a request that left would keep b's (a leak)
+  const gw = await startGateway(t, oneUpstream(`{ url: ${a.url}, weight: 1000 }, ${b.url}`, 'maxConnections: 1, retryOn: [503], retryBackoff: { base: 1s, max: 1s }'))
   // the wait is drawn from [0, 1s): a try whose retry went before the client left is done again
   for (let attempt = 1; attempt <= 5; attempt++) {
     const path = `/leave${attempt}`
@@ -122,9 +130,41 @@ t.test('a client that leaves while its retry backs off ends it: nothing more is 
     // past the longest wait the retry could have drawn
     await new Promise(resolve => setTimeout(resolve, 1200))
     t.notOk(b.seen.includes(`GET ${path}`), 'the retry was never sent')
+    t.equal(await get(`${gw.url}/after`), 200, 'b\'s connection is free: the next retry is answered there')
     return
   }
   t.fail('every retry went within 100 ms (odds of 1 in 100 000)')
+})
+
+t.test('a target ejected while a retry backs off: the client gets the gateway\'s 503, not the dropped answer', async t => {
+  // one target; the first request's 503 is dropped for a retry. While that retry waits the target
+  // goes away: the next request's connection is refused, which ejects it.
+  for (let attempt = 1; attempt <= 5; attempt++) {
+    const seen: string[] = []
+    const { server, url } = await startHttpServer(t, (req, res) => {
+      seen.push(req.url ?? '')
+      res.writeHead(503)
+      res.end('busy')
+    })
+    const gw = await startGateway(t, oneUpstream(url, 'retryOn: [503], retryBackoff: { base: 2s, max: 2s }'))
+    const first = request(`${gw.url}/get`).then(async res => ({ status: res.statusCode, body: await res.body.text() }))
+    await until('the first attempt answered', () => seen.length === 1)
+    server.close()
+    server.closeAllConnections()
+    const refused = await request(`${gw.url}/refused`, { method: 'POST', body: 'x' })
+    await refused.body.dump()
+    // the wait is drawn from [0, 2s): a try whose retry went before the target left is done again
+    if (seen.length > 1 || refused.statusCode !== 502) {
+      await first
+      continue
+    }
+    const got = await first
+    t.equal(got.status, 503)
+    t.match(JSON.parse(got.body), { error: 'GW_ERR_NO_HEALTHY_UPSTREAM' }, 'no target left in rotation when the wait ended')
+    t.same(seen, ['/get'], 'the retry reached no target')
+    return
+  }
+  t.fail('every retry went before the target left (odds below 1 in 10^10)')
 })
 
 t.test('at the shutdown\'s deadline a request backing off is answered 503 shutting down', async t => {
