@@ -50,6 +50,8 @@ interface LimitView {
   readonly retryAfterMs: number
   readonly deniedMs: number
   readonly key: string
+  /** "instance": the local level, each process's own */
+  readonly scope?: string
   /** workers primary: each worker's reading of the limit */
   readonly perWorker?: readonly unknown[]
 }
@@ -177,7 +179,8 @@ export async function limitsCommand (argv: string[]): Promise<number> {
     for (const l of limits) {
       const state = l.retryAfterMs !== 0 ? `limited, retry in ${l.retryAfterMs < 0 ? 'never' : `${l.retryAfterMs} ms`}` : 'ok'
       const n = l.perWorker?.length ?? 1
-      const budget = summed ? `${l.remaining}/${l.limit * n} over ${n} worker(s), ${l.limit} each` : `${l.remaining}/${l.limit}`
+      // the local level is each worker's own, with Redis too
+      const budget = summed || (l.scope === 'instance' && l.perWorker !== undefined) ? `${l.remaining}/${l.limit * n} over ${n} worker(s), ${l.limit} each` : `${l.remaining}/${l.limit}`
       process.stdout.write(`  ${l.name} (${l.dimension}, ${l.algorithm}) remaining ${budget}, reset in ${l.resetMs} ms, ${state}${l.deniedMs > 0 ? `, deny-cached ${l.deniedMs} ms ${where}` : ''}  ${l.key}\n`)
     }
     return 0

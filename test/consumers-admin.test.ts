@@ -89,7 +89,13 @@ t.test('reset unblocks a client on both instances within 1 s (Redis keys, local 
   t.equal(await client.zcard(ip.key), 3, 'the log still holds exactly the 3 admitted requests')
   t.equal(callsAfter.limit, callsBefore.limit, 'no limit call (FCALL or EVALSHA) was made by the reads')
   t.ok(callsAfter.readOnly > callsBefore.readOnly, 'the reads ran read-only scripts')
-  t.same((read1.json?.limits as LimitEntry[]).map(l => l.name), ['ip', 'identity.failures'], 'anonymous: the ip limit and the failed-identity budget')
+  t.same((read1.json?.limits as LimitEntry[]).map(l => l.name), ['local', 'ip', 'identity.failures'], 'anonymous: the local level, the ip limit and the failed-identity budget')
+  // the local level (4 an hour) is each instance's own: A took 4 tokens, B 2
+  const localA = entry(read1, 'local')
+  t.match(localA, { dimension: 'ip', algorithm: 'token-bucket', limit: 4, windowMs: 3_600_000, scope: 'instance', key: 'local:127.0.0.1', remaining: 0, deniedMs: 0 }, 'A\'s bucket is empty')
+  t.ok(localA.retryAfterMs > 850_000 && localA.retryAfterMs <= 900_000, `a token comes back every 15 min (${localA.retryAfterMs} ms)`)
+  const localB = async (): Promise<number> => entry(await admin(limitsUrl(b)), 'local').remaining
+  t.same([await localB(), await localB()], [2, 2], 'B\'s holds 2, read twice: nothing taken')
   t.match(entry(read1, 'identity.failures'), { remaining: 10, resetMs: 0, retryAfterMs: 0 }, 'an untouched budget: whole, nothing to wait for')
 
   const noToken = await admin(limitsUrl(a), 'DELETE')
@@ -111,6 +117,7 @@ t.test('reset unblocks a client on both instances within 1 s (Redis keys, local 
   await eventually('B admits the client again', async () => (await send(`${b.url}/x`)).status === 200, 1000, 20)
   t.ok(Date.now() - resetAt < 1000, `within 1 s (${Date.now() - resetAt} ms)`)
   t.equal(entry(await admin(limitsUrl(b)), 'ip').remaining, 1, 'a fresh budget: 3 minus the two just admitted')
+  t.equal(entry(await admin(limitsUrl(a)), 'local').remaining, 3, 'A\'s local bucket was refilled by the reset: 4 minus the one admitted since')
 
   const line = a.lines.find(l => l.msg === 'limits reset')
   t.match(line, { by: createHash('sha256').update(TOKEN).digest('hex').slice(0, 12), route: 'api', ip: '127.0.0.1', limits: ['ip', 'identity.failures'], instances: 2 }, 'the reset is logged with who (token hash prefix) and what')
@@ -151,7 +158,7 @@ t.test('GET /consumers/NAME: plan, effective limits per route, quota used and wh
     quota: { name: 'free:quota', limit: 1000, used: 2, remaining: 998, resetsAt: midnight }
   })
   const user = await admin(`${gw.adminUrl}/limits?route=api&ip=127.0.0.1&user=bob`)
-  t.same((user.json?.limits as LimitEntry[]).map(l => l.name), ['ip', 'free:user', 'free:quota', 'identity.failures'], 'with a user: the plan\'s limits too')
+  t.same((user.json?.limits as LimitEntry[]).map(l => l.name), ['local', 'ip', 'free:user', 'free:quota', 'identity.failures'], 'with a user: the plan\'s limits too')
   t.equal(entry(user, 'free:quota').remaining, 998)
   t.equal((await admin(`${gw.adminUrl}/consumers/nobody`)).json?.plan, null, 'no entry and no defaultPlan: no plan')
   const asPlan = await admin(`${gw.adminUrl}/limits?route=api&user=zed&plan=free`)
@@ -178,7 +185,7 @@ t.test('gateway limits get|reset calls the admin API', async t => {
   }
   const get = await cli(['get', '--route', 'api', '--ip', '127.0.0.1'])
   t.equal(get.code, 0, get.stderr)
-  t.match(get.stdout, /route api, ip 127\.0\.0\.1: 2 limit\(s\)\n {2}ip \(ip, sliding-window-log\) remaining 0\/3, reset in \d+ ms, limited, retry in \d+ ms, deny-cached \d+ ms here {2}gw:/)
+  t.match(get.stdout, /route api, ip 127\.0\.0\.1: 3 limit\(s\)\n {2}local \(ip, token-bucket\) remaining 0\/4, reset in \d+ ms, limited, retry in \d+ ms {2}local:127\.0\.0\.1\n {2}ip \(ip, sliding-window-log\) remaining 0\/3, reset in \d+ ms, limited, retry in \d+ ms, deny-cached \d+ ms here {2}gw:/)
   const refused = await cli(['reset', '--route', 'api', '--ip', '127.0.0.1'], { GATEWAY_ADMIN_TOKEN: 'wrong-token-wrong-token' })
   t.equal(refused.code, 1)
   t.match(refused.stderr, /401 GW_ERR_ADMIN_UNAUTHORIZED/)
@@ -195,7 +202,7 @@ t.test('gateway limits get|reset calls the admin API', async t => {
   const fromFile = await run(process.execPath, ['bin/gateway', 'limits', 'reset', '--route', 'api', '--ip', '127.0.0.1', '-c', file], { env: childEnv({ ADMIN_TOKEN: TOKEN }) })
   t.match(fromFile.stdout, /reset ip, identity\.failures/, 'admin address and token from the file')
   const withOption = await run(process.execPath, ['bin/gateway', 'limits', 'get', '--route', 'api', '--ip', '127.0.0.1', '--admin', adminAddr, '--token', TOKEN, '--json'])
-  t.equal((JSON.parse(withOption.stdout) as { limits: LimitEntry[] }).limits[0]?.remaining, 3, '--json prints the answer; the reset gave the whole budget back')
+  t.equal((JSON.parse(withOption.stdout) as { limits: LimitEntry[] }).limits.find(l => l.name === 'ip')?.remaining, 3, '--json prints the answer; the reset gave the whole budget back')
 })
 
 t.test('without Redis: GET /limits reads the in-process store, DELETE /limits resets it', async t => {

@@ -104,6 +104,14 @@ routes:
   await eventually('the admissions were logged', async () => servedBy(gw, 200, from).size === 2, 5000)
   t.equal(servedBy(gw, 200, from).size, 2, 'both workers admit the client again')
   t.equal(gw.logs.filter(l => l.msg === 'limits reset').length, 2, 'each worker logged the reset')
+  // the local level is each worker's own, with Redis too: summed, 2 x 4 tokens less the 4 taken since the reset
+  const local = entry(await admin(limitsUrl), 'local')
+  t.match(local, { scope: 'instance', key: 'local:127.0.0.1', remaining: 4 }, 'the local buckets, summed over the workers')
+  t.same(local.perWorker.map(p => p.pid).sort(), [...pids].sort(), 'each worker\'s own bucket')
+  const printed = await gateway(['limits', 'get', '--route', 'api', '--ip', '127.0.0.1', '--admin', adminUrl.slice('http://'.length)])
+  t.equal(printed.code, 0, printed.stderr)
+  // read against one worker's 4, it said "remaining 4/4", as if the client had a whole bucket and not half of the fleet's
+  t.match(printed.stdout, /\n {2}local \(ip, token-bucket\) remaining 4\/8 over 2 worker\(s\), 4 each, reset in \d+ ms, ok {2}local:127\.0\.0\.1\n {2}ip \(ip, sliding-window-log\) remaining 0\/3,/)
 
   const consumer = await admin(`${adminUrl}/consumers/bob`)
   t.equal(consumer.status, 200)

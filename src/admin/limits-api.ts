@@ -138,6 +138,23 @@ export function describeLimit (l: PlannedLimit): Record<string, unknown> {
   }
 }
 
+/** The key of the local level's entry: a bucket of this process, named apart from Redis keys. */
+export const LOCAL_ENTRY_PREFIX = 'local:'
+
+/**
+ * The local level's bucket for the client's address, as a request now would find it: it runs
+ * before every route's limits (a 429 whose `limit` is "local"), in this process only, so it
+ * is marked `scope: "instance"` (summed over workers; never in Redis). Null without an address
+ * or a local level.
+ */
+function localEntry (rt: Runtime, ipKey: string | null): Record<string, unknown> | null {
+  const level = rt.limiter.localLevel
+  if (level === null || ipKey === null) return null
+  const { limit, windowMs, burst } = level.options
+  const p = level.peek(ipKey, performance.now())
+  return { name: 'local', dimension: 'ip', algorithm: 'token-bucket', limit, windowMs, burst, cost: 1, scope: 'instance', key: LOCAL_ENTRY_PREFIX + ipKey, remaining: p.remaining, resetMs: p.resetMs, retryAfterMs: p.retryAfterMs, deniedMs: 0 }
+}
+
 const PERIOD_NAMES: ReadonlyMap<number, string> = new Map([[3_600_000, 'hour'], [86_400_000, 'day'], [604_800_000, 'week'], [2_678_400_000, 'month']])
 const periodName = (windowMs: number): string => PERIOD_NAMES.get(windowMs) ?? 'unknown'
 
@@ -164,17 +181,14 @@ export function createLimitsOps (deps: LimitsApiDeps): LimitsOps {
     } catch (err) {
       return unavailable(err)
     }
-    return {
-      status: 200,
-      body: {
-        ...subjectOf(t),
-        limits: t.limits.map((l, i) => {
-          const check = t.checks[i] as LimitCheck
-          const p = peeked[i] as PeekResult
-          return { ...describeLimit(l), key: check.key, remaining: p.remaining, resetMs: p.resetMs, retryAfterMs: p.retryAfterMs, deniedMs: Math.ceil(rt.limiter.denied(check)) }
-        })
-      }
-    }
+    const limits: Array<Record<string, unknown>> = t.limits.map((l, i) => {
+      const check = t.checks[i] as LimitCheck
+      const p = peeked[i] as PeekResult
+      return { ...describeLimit(l), key: check.key, remaining: p.remaining, resetMs: p.resetMs, retryAfterMs: p.retryAfterMs, deniedMs: Math.ceil(rt.limiter.denied(check)) }
+    })
+    const local = localEntry(rt, t.ipKey)
+    if (local !== null) limits.unshift(local)
+    return { status: 200, body: { ...subjectOf(t), limits } }
   }
 
   // who an answer is about: the same four fields head a lookup and a reset

@@ -50,7 +50,8 @@ function combineLimits (answers: ReadonlyArray<{ pid: number, body: Record<strin
     }
     const deniedMs = Math.max(0, ...per.map(p => p.deniedMs))
     const resetMs = Math.max(0, ...per.map(p => p.resetMs))
-    if (shared) {
+    // the local level is each worker's own, Redis or not (scope: "instance")
+    if (shared && limit.scope !== 'instance') {
       // the same key read by each worker moments apart: the least remaining is the latest
       const remaining = Math.min(...per.map(p => p.remaining))
       const waits = per.map(p => p.retryAfterMs)
@@ -64,7 +65,7 @@ function combineLimits (answers: ReadonlyArray<{ pid: number, body: Record<strin
   })
 }
 
-const SHARED_NOTE = 'Redis holds one budget for all workers: remaining is read from it; deniedMs is the longest any worker\'s deny cache holds the client'
+const SHARED_NOTE = 'Redis holds one budget for all workers: remaining is read from it (the local level, scope "instance", is each worker\'s own: summed); deniedMs is the longest any worker\'s deny cache holds the client'
 const SUMMED_NOTE = 'each worker keeps its own in-process budget of `limit`: remaining is summed over the workers, perWorker shows each'
 
 /**

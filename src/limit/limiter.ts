@@ -157,6 +157,11 @@ export class Limiter {
     this.localTemplate = local === null ? null : new RejectTemplate(429, RATE_LIMITED, ERRORS.GW_ERR_RATE_LIMITED.message, 'local', LOCAL_LIMIT, local.options.limit, local.policy, options.legacyHeaders)
   }
 
+  /** The local level, for the admin API's lookup (its bucket read without taking a token). */
+  get localLevel (): LocalLevel | null {
+    return this.options.local
+  }
+
   private templateOf (l: PlannedLimit): RejectTemplate {
     let template = this.templates.get(l)
     if (template === undefined) {

@@ -68,6 +68,22 @@ export class LocalLevel {
     return this.buckets.size
   }
 
+  /**
+   * The client's bucket as a request now would find it, without taking a token or moving the
+   * client in the LRU (the admin API's lookup): whole tokens left, ms until one is there (0: a
+   * request passes), ms until the bucket is full again.
+   */
+  peek (clientKey: string, nowMs: number): { remaining: number, retryAfterMs: number, resetMs: number } {
+    const { burst } = this.options
+    const bucket = this.buckets.peek(clientKey)
+    const tokens = bucket === undefined ? burst : Math.min(burst, bucket.tokens + Math.max(0, nowMs - bucket.updatedAt) * this.ratePerMs)
+    return {
+      remaining: Math.floor(tokens),
+      retryAfterMs: tokens >= 1 ? 0 : Math.max(1, Math.ceil((1 - tokens) / this.ratePerMs)),
+      resetMs: Math.ceil((burst - tokens) / this.ratePerMs)
+    }
+  }
+
   /** Gives the client a whole bucket again (admin reset). */
   forget (clientKey: string): void {
     this.buckets.delete(clientKey)
