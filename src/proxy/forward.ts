@@ -162,16 +162,23 @@ function onIdleTimer (forward: ForwardHandler, kind: 'client_timeout' | 'send_ti
 }
 
 /**
- * Below this, timeouts.response is kept by the gateway's own timer, to the millisecond (one more
- * timer per request: 1.5% of a fully limited request's instructions). From it up, by undici's,
- * which fires up to a second late: a tenth of the timeout at most.
+ * Below this, timeouts.response and timeouts.idle are kept by the gateway's own timers, to the
+ * millisecond (one more timer per request: 1.5% of a fully limited request's instructions; the
+ * idle one refreshed on every body chunk). From it up, by undici's, which fire up to a second
+ * late: a tenth of the timeout at most.
  */
-const EXACT_HEAD_DEADLINE_MS = 10_000
+const EXACT_DEADLINE_MS = 10_000
 
 function onHeadDeadline (forward: ForwardHandler): void {
   forward.headTimer = null
   // undici's own kind of error for a head that did not come in time: counted and answered as one (504)
   if (!forward.settled && !forward.responded) forward.abortUpstream?.(new undiciErrors.HeadersTimeoutError())
+}
+
+function onBodyIdle (forward: ForwardHandler): void {
+  forward.bodyTimer = null
+  // undici's own error for a body that paused too long: the response is cut, counted as undici's
+  if (!forward.settled) forward.abortUpstream?.(new undiciErrors.BodyTimeoutError())
 }
 
 const BAD_BODY = Object.freeze({ reason: 'the chunked request body cannot be parsed' })
@@ -336,13 +343,20 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
   /**
    * The final head's deadline (timeouts.response) kept by the gateway, armed once the request is
    * sent: like undici's headersTimeout it runs from the request's end (an upload still being sent
-   * is not late). Armed for a short timeout (below EXACT_HEAD_DEADLINE_MS), and once an interim
+   * is not late). Armed for a short timeout (below EXACT_DEADLINE_MS), and once an interim
    * response (103, 102) came, whatever the timeout: undici keeps its own on timers that tick every
    * half second, so 300ms fired after 1 s (a `retryOn: [timeout]` of three attempts took 3 s), and
    * starts it again at each interim response, so an upstream sending one a second never timed
    * out. undici's stays armed beneath: it still bounds an upload the upstream stops reading.
    */
   headTimer: NodeJS.Timeout | null = null
+  /**
+   * The longest pause between two body chunks (timeouts.idle) kept by the gateway, for a short
+   * one (below EXACT_DEADLINE_MS): undici's ticks every half second (an idle of 2s cut a pause
+   * after up to 3 s). Like undici's, it does not run while the gateway stops reading because its
+   * client is slow (sendTimeout bounds that): cleared at backpressure, armed again at the drain.
+   */
+  bodyTimer: NodeJS.Timeout | null = null
   /** An interim response came (the deadline is armed once the request is sent). */
   interim = false
   /** undici wrote the whole request (onRequestSent). */
@@ -653,7 +667,20 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
     this.responded = true
     this.head = out
     holdHead(this)
+    this.armBodyIdle()
     return true
+  }
+
+  armBodyIdle (): void {
+    // 0: no timeout (undici's bodyTimeout 0)
+    const ms = this.plan.idleTimeoutMs
+    if (ms < EXACT_DEADLINE_MS && ms > 0 && !this.settled) this.bodyTimer = setTimeout(onBodyIdle, ms, this)
+  }
+
+  clearBodyIdle (): void {
+    if (this.bodyTimer === null) return
+    clearTimeout(this.bodyTimer)
+    this.bodyTimer = null
   }
 
   /** The head the response goes out with; its body goes through an encoder when it is compressed. */
@@ -717,7 +744,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
   /** Called by undici 7's core (lib/core/request.js) once the whole request is written, though its types do not list it. */
   onRequestSent (): void {
     this.requestSent = true
-    if (this.interim || this.plan.responseTimeoutMs < EXACT_HEAD_DEADLINE_MS) this.armHeadDeadline()
+    if (this.interim || this.plan.responseTimeoutMs < EXACT_DEADLINE_MS) this.armHeadDeadline()
   }
 
   armHeadDeadline (): void {
@@ -733,6 +760,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
       if (this.encoder !== null) this.res.flushHeaders()
     }
     this.bytesOut += chunk.length
+    if (this.bodyTimer !== null) this.bodyTimer.refresh()
     const sink = this.encoder ?? this.res
     const written = sink.write(chunk)
     if (this.encoder !== null && !this.flushQueued) {
@@ -740,6 +768,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
       setImmediate(flushAtTurnEnd, this)
     }
     if (written) return true
+    // not reading is no pause of the upstream's: its idle deadline starts again at the drain
+    this.clearBodyIdle()
     // Backpressure: stop reading the upstream socket until the client drains, for at most
     // sendTimeout. A response pipelined behind an earlier one has no socket yet: its client is not
     // slow, it is not its turn; the timer starts when the socket is its (a client reading
@@ -755,6 +785,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
     if (this.onDrain === null) {
       this.onDrain = (): void => {
         this.clearIdle('send_timeout')
+        if (this.bodyTimer === null) this.armBodyIdle()
         this.resumeUpstream?.()
       }
       sink.on('drain', this.onDrain)
@@ -1038,6 +1069,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
     if (this.onBodyData !== null) this.req.off('data', this.onBodyData)
     this.clearIdle()
     this.clearHeadTimer()
+    this.clearBodyIdle()
     if (this.waiting !== null) {
       this.plan.pool.cancel(this.waiting)
       this.waiting = null
