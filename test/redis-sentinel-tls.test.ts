@@ -9,7 +9,7 @@ import t, { type Test } from 'tap'
 import { writeFileSync } from 'node:fs'
 import { startGateway } from './helpers/gateway.js'
 import { makeRedisTlsCerts, startTlsRedis, startTlsRedisReplica, startTlsSentinel } from './helpers/redis.js'
-import { startUpstream } from './helpers/upstream.js'
+import { refusingUrl, startUpstream } from './helpers/upstream.js'
 import { tempDir } from './helpers/teardown.js'
 import { limitedConfig, readyz, statuses } from './helpers/redis-tls-gateway.js'
 
@@ -85,6 +85,20 @@ t.test('sentinelTls with a CA that did not sign the sentinel\'s certificate: ser
   const notReady = gw.lines.find(l => String(l.msg).startsWith('Redis is not reachable yet'))
   t.match(notReady, { cause: /certificate/i }, 'the start-up warning says why Redis is not reachable')
   t.same(await master.tlsClient().keys('gw:*sent-wrong*'), [], 'nothing was counted on the master')
+})
+
+t.test('sentinelTls: the refused certificate is named though the first sentinel listed is down', async t => {
+  const master = await startTlsRedis(t, certs)
+  const sentinel = await startTlsSentinel(t, certs, master.tlsPort, 'downfirst', { tlsOnly: true })
+  const up = await startUpstream(t)
+  const down = new URL(await refusingUrl())
+  const gw = await startGateway(t, limitedConfig(up.url, 'sent-down-first', `{ sentinels: ["${down.hostname}:${down.port}", "127.0.0.1:${sentinel.port}"], name: downfirst, tls: { ca: ${other.ca} }, sentinelTls: true, timeout: 200ms, onError: allow }`))
+  t.same(await statuses(`${gw.url}/x`, 2), [200, 200], 'onError: allow admits')
+  // it asked the first sentinel only: ECONNREFUSED, no TLS reason, while the second refused the certificate
+  const tls = tlsWarnings(gw.lines)
+  t.equal(tls.length, 1, 'the refused certificate is warned of')
+  t.match(tls[0], { code: /CERT|VERIFY/ }, 'with the reason the second sentinel gave')
+  t.match(gw.lines.find(l => String(l.msg).startsWith('Redis is not reachable yet')), { cause: /certificate/i })
 })
 
 t.test('sentinels over plain TCP with a CA that did not sign the master\'s certificate: served by the fallback, the reason warned of once', async t => {

@@ -199,35 +199,25 @@ export function isTlsFailure (err: unknown): boolean {
   return CERTIFICATE_REFUSED.has(code) || code.startsWith('ERR_SSL_') || code.startsWith('ERR_TLS_')
 }
 
-/** The server discoveryTlsFailure checks, with the TLS settings the client uses for it; null when it is not asked over TLS. */
-function discoveryTls (opts: RedisClientOptions): { host: string, port: number, tls: ConnectionOptions } | null {
-  const seed = opts.cluster?.[0]
-  if (seed !== undefined) {
-    const node = parseNode(seed)
-    const tls = tlsOptions(opts.tls, (opts.cluster ?? []).some((n) => parseNode(n).tls))
-    return tls === null ? null : { host: node.host, port: node.port, tls }
+/** The servers discoveryTlsFailure checks, with the TLS settings the client uses for them; empty when they are not asked over TLS. */
+function discoveryTls (opts: RedisClientOptions): Array<{ host: string, port: number, tls: ConnectionOptions }> {
+  const seeds = opts.cluster ?? []
+  if (seeds.length > 0) {
+    const tls = tlsOptions(opts.tls, seeds.some((n) => parseNode(n).tls))
+    return tls === null ? [] : seeds.map((seed) => { const node = parseNode(seed); return { host: node.host, port: node.port, tls } })
   }
-  const sentinel = opts.sentinels?.[0]
-  if (sentinel !== undefined && opts.sentinelTls === true) {
+  const sentinels = opts.sentinels ?? []
+  if (sentinels.length > 0 && opts.sentinelTls === true) {
     const tls = tlsOptions(opts.tls, false)
-    return tls === null ? null : { ...sentinel, tls }
+    return tls === null ? [] : sentinels.map((sentinel) => ({ host: sentinel.host, port: sentinel.port, tls }))
   }
-  return null
+  return []
 }
 
-/**
- * Why TLS to the server ioredis discovers the others from fails, or null when it does not (or
- * without TLS there): the first seed node under Cluster, the first sentinel under Sentinel with
- * sentinelTls. ioredis drops the errors of those connections: under Cluster it reports "Failed
- * to refresh slots cache" with "Connection is closed." as the reason, under Sentinel "All
- * sentinels are unreachable" with the same, so a refused certificate would never be named. One
- * handshake with the same settings names it.
- */
-export async function discoveryTlsFailure (opts: RedisClientOptions, timeoutMs = 2000): Promise<Error | null> {
-  const node = discoveryTls(opts)
-  if (node === null) return null
+/** One TLS handshake with `server`: null when it succeeds (or does not end within timeoutMs), else its error. */
+async function handshakeFailure (server: { host: string, port: number, tls: ConnectionOptions }, timeoutMs: number): Promise<Error | null> {
   return await new Promise((resolve) => {
-    const socket = tlsConnect({ ...node.tls, host: node.host, port: node.port, timeout: timeoutMs })
+    const socket = tlsConnect({ ...server.tls, host: server.host, port: server.port, timeout: timeoutMs })
     const done = (err: Error | null): void => {
       socket.destroy()
       resolve(err)
@@ -237,6 +227,22 @@ export async function discoveryTlsFailure (opts: RedisClientOptions, timeoutMs =
     // on, not once: a TLS socket can emit a second error (see keepRedisSocketErrorsHandled)
     socket.on('error', (err: Error) => done(err))
   })
+}
+
+/**
+ * Why TLS to the servers ioredis discovers the others from fails, or null when it does not (or
+ * without TLS there): the seed nodes under Cluster, the sentinels under Sentinel with
+ * sentinelTls. ioredis drops the errors of those connections: under Cluster it reports "Failed
+ * to refresh slots cache" with "Connection is closed." as the reason, under Sentinel "All
+ * sentinels are unreachable" with the same, so a refused certificate would never be named. One
+ * handshake with each, at once, with the same settings names it: a refused certificate first
+ * (a first seed or sentinel that is down hid the reason the others gave), else the first error.
+ */
+export async function discoveryTlsFailure (opts: RedisClientOptions, timeoutMs = 2000): Promise<Error | null> {
+  const servers = discoveryTls(opts)
+  if (servers.length === 0) return null
+  const failures = await Promise.all(servers.map(async (server) => await handshakeFailure(server, timeoutMs)))
+  return failures.find((err) => err !== null && isTlsFailure(err)) ?? failures.find((err) => err !== null) ?? null
 }
 
 /** Resolves once `client` is ready for commands; rejects after `timeoutMs`. */
