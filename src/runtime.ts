@@ -14,7 +14,7 @@ import { createSecureContext } from 'node:tls'
 import { X509Certificate } from 'node:crypto'
 import { ConfigError, fileReader, type ConfigProblem, type KeyPath, type LoadedConfig } from './config/load.js'
 import type { ResolvedConfig, ResolvedHealthCheck, ResolvedLimit, ResolvedRoute, ResolvedUpstream } from './config/defaults.js'
-import { limitStateOf, retryBackoff } from './config/defaults.js'
+import { limitStateOf } from './config/defaults.js'
 import { parseDuration, parseSize } from './config/units.js'
 import { compileRouteTable, unreachableRoutes, type HeaderCondition, type RoutePattern, type RouteTable } from './router/route-table.js'
 import { compileClientIpResolver, type ClientIpResolver } from './identify/client-ip.js'
@@ -239,8 +239,8 @@ function upstreamConfig (config: ResolvedConfig, name: string): UpstreamConfig {
  * a route's too), the upstream's budget; a reload changes them for the requests that follow.
  */
 function retryPolicy (up: ResolvedUpstream | undefined, route: ResolvedRoute): RetryPolicy {
-  const backoff = route.retryBackoff !== undefined ? retryBackoff(route.retryBackoff) : up?.retryBackoff
-  const backoffMs = backoff === undefined ? null : { baseMs: parseDuration(backoff.base), maxMs: parseDuration(backoff.max) }
+  const backoff = route.retryBackoff ?? up?.retryBackoff
+  const backoffMs = backoff === undefined || backoff === false ? null : { baseMs: parseDuration(backoff.base), maxMs: parseDuration(backoff.max) }
   if (up === undefined) return compileRetryPolicy(route.retries ?? DEFAULT_RETRIES, route.retryOn, undefined, backoffMs)
   return compileRetryPolicy(route.retries ?? up.retries, route.retryOn ?? up.retryOn, up.retryBudget, backoffMs)
 }

@@ -8,7 +8,7 @@ import { request } from 'undici'
 import { performance } from 'node:perf_hooks'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { startGateway } from './helpers/gateway.js'
-import { recordingTarget, startHttpServer } from './helpers/upstream.js'
+import { recordingTarget, refusingUrl, startHttpServer } from './helpers/upstream.js'
 import { metric } from './helpers/ratelimit.js'
 import { until } from './helpers/workers.js'
 import type { Teardown } from './helpers/teardown.js'
@@ -48,33 +48,142 @@ t.test('the windows: (2^n - 1) x base before the nth retry, never past max, the 
 })
 
 t.test('each retry waits within its window, the windows grow, and max bounds them (a route\'s retryBackoff)', async t => {
-  // base 50ms, max 100ms, 4 retries: windows of 50, 100 (150 capped), 100 (350) and 100 (750) ms
+  // base 50ms, max 100ms, 5 retries: windows of 50, 100 (150 capped), 100 (350), 100 (750) and 100 (1550) ms
   const up = await busyTarget(t)
   // the route's back-off, over its upstream's (which would send every retry within 1 ms)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 upstreams:
-  backend: { targets: [${up.url}], consecutiveFailures: 1000, retries: 4, retryOn: [503], retryBackoff: { base: 1ms, max: 1ms } }
+  backend: { targets: [${up.url}], consecutiveFailures: 1000, retries: 5, retryOn: [503], retryBackoff: { base: 1ms, max: 1ms } }
 routes:
   - { name: all, pathPrefix: /, upstream: backend, retryBackoff: { base: 50ms, max: 100ms } }
 `)
   const requests = 12
   for (let i = 0; i < requests; i++) t.equal(await get(`${gw.url}/r${i}`), 503, 'the last attempt\'s answer')
-  t.equal(up.at.length, requests * 5, 'every request sent 5 times')
-  const waits: number[][] = [[], [], [], []]
+  t.equal(up.at.length, requests * 6, 'every request sent 6 times')
+  const waits: number[][] = [[], [], [], [], []]
   for (let r = 0; r < requests; r++) {
-    for (let n = 1; n <= 4; n++) waits[n - 1]?.push((up.at[r * 5 + n] as number) - (up.at[r * 5 + n - 1] as number))
+    for (let n = 1; n <= 5; n++) waits[n - 1]?.push((up.at[r * 6 + n] as number) - (up.at[r * 6 + n - 1] as number))
   }
   const [first, ...later] = waits as [number[], ...number[][]]
-  // a loaded machine adds to a wait, never takes from it: the upper bounds carry 200 ms for it
-  t.ok(first.every(w => w < 50 + 200), `the first retries within 50 ms (and the machine's lag): ${first.map(Math.round).join(' ')}`)
-  t.ok(later.flat().every(w => w < 100 + 200), `no retry past max, 100 ms (the fourth window is 750 ms uncapped): ${later.flat().map(Math.round).join(' ')}`)
-  // 36 later waits drawn from [0, 100): each is 75 ms or more with odds of 1 in 4
+  const shown = (w: number[]): string => w.map(Math.round).join(' ')
+  // a loaded machine adds to a wait, never takes from it: the upper bounds carry 500 ms for it
+  t.ok(first.every(w => w < 50 + 500), `the first retries within 50 ms (and the machine's lag): ${shown(first)}`)
+  // uncapped, 12 draws from the fifth window (1550 ms) all stay below 600 ms with odds of 1 in 80 000
+  t.ok(later.flat().every(w => w < 100 + 500), `no retry past max, 100 ms: ${shown(later.flat())}`)
+  // 48 later waits drawn from [0, 100): each is 75 ms or more with odds of 1 in 4
   t.ok(later.flat().filter(w => w >= 75).length >= 2, 'the later windows are wider than the first (50 ms)')
-  // 48 waits drawn from windows of 50-100 ms: sent at once, each took 1-3 ms here
-  t.ok(waits.flat().filter(w => w >= 20).length >= 12, `a retry waits: ${waits.flat().map(Math.round).join(' ')}`)
-  t.ok(first.filter(w => w < 30).length >= 2, 'full jitter: not a fixed wait')
-  t.equal(await metric(gw.adminUrl, 'gateway_upstream_retries_total', { reason: 'status_503' }), requests * 4, 'each retry counted once')
+  // 60 waits drawn from windows of 50-100 ms: sent at once, each took 1-3 ms here
+  t.ok(waits.flat().filter(w => w >= 20).length >= 12, `a retry waits: ${shown(waits.flat())}`)
+  // a fixed wait of the window's top would be 50 ms or more every time
+  t.ok(first.some(w => w < 40), 'full jitter: not a fixed wait')
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_retries_total', { reason: 'status_503' }), requests * 5, 'each retry counted once')
+})
+
+t.test('a route\'s retryBackoff: false sends its retries at once, over its upstream\'s', async t => {
+  const a = await busyTarget(t)
+  const bAt: number[] = []
+  const b = await recordingTarget(t, (_req, res) => { bAt.push(performance.now()); res.end('b') })
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [{ url: ${a.url}, weight: 1000 }, ${b.url}], consecutiveFailures: 1000, retryOn: [503], retryBackoff: { base: 2s, max: 2s } }
+routes:
+  - { name: now, pathPrefix: /, upstream: backend, retryBackoff: false }
+`)
+  for (let i = 0; i < 5; i++) t.equal(await get(`${gw.url}/r${i}`), 200, 'answered by b')
+  const waits = bAt.map((at, i) => at - (a.at[i] as number))
+  // the upstream's 2 s windows: 5 draws all below 200 ms with odds of 1 in 100 000
+  t.ok(waits.every(w => w < 200), `sent at once: ${waits.map(Math.round).join(' ')}`)
+})
+
+t.test('a retry after a refused connection waits too: every retry, whatever sent it', async t => {
+  // the refusing target is ejected for 1 ms only: it takes every first attempt
+  const refusing = await refusingUrl()
+  const bAt: number[] = []
+  const b = await recordingTarget(t, (_req, res) => { bAt.push(performance.now()); res.end('b') })
+  const gw = await startGateway(t, oneUpstream(`{ url: ${refusing}, weight: 1000 }, ${b.url}`, 'ejectFor: 1ms, retryBackoff: { base: 300ms, max: 300ms }'))
+  const waits: number[] = []
+  for (let i = 0; i < 8; i++) {
+    const began = performance.now()
+    t.equal(await get(`${gw.url}/r${i}`), 200, 'answered by b')
+    waits.push((bAt[i] as number) - began)
+  }
+  t.same(gw.lines.filter(l => l.msg === 'request').map(l => l.retriedAfter), Array(8).fill('refused'), 'each sent again after its refused connection')
+  // 8 draws from [0, 300): sent at once, each took 1-3 ms here
+  t.ok(waits.filter(w => w >= 30).length >= 3, `the retries waited: ${waits.map(Math.round).join(' ')}`)
+})
+
+t.test('a retry backing off keeps its place in the retry budget', async t => {
+  // one budgeted retry at a time; every path's first attempt is answered 503, its retry 200
+  const answered = new Set<string>()
+  const up = await recordingTarget(t, (req, res) => {
+    const path = req.url ?? ''
+    if (!answered.has(path)) {
+      answered.add(path)
+      res.writeHead(503)
+      res.end('busy')
+      return
+    }
+    res.end('ok')
+  })
+  const gw = await startGateway(t, oneUpstream(up.url, 'retryOn: [503], retryBudget: { percent: 0, minConcurrent: 1 }, retryBackoff: { base: 2s, max: 2s }'))
+  // the wait is drawn from [0, 2s): a try whose retry went before the second request is done again
+  for (let attempt = 1; attempt <= 5; attempt++) {
+    const backingOff = request(`${gw.url}/first${attempt}`).then(async res => res.statusCode)
+    await until('the first attempt answered', () => answered.has(`/first${attempt}`))
+    const second = await request(`${gw.url}/second${attempt}`)
+    const text = await second.body.text()
+    const retried = up.seen.filter(s => s === `GET /first${attempt}`).length > 1
+    t.equal(await backingOff, 200, 'the retry that backed off is answered')
+    if (retried && up.seen.indexOf(`GET /second${attempt}`) > up.seen.lastIndexOf(`GET /first${attempt}`)) continue
+    t.same([second.statusCode, text], [503, 'busy'], 'over the budget: the second request gets its 503 as it came')
+    t.equal(await metric(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', { upstream: 'backend' }), 1, 'counted over budget')
+    return
+  }
+  t.fail('every retry went before the second request (odds below 1 in 10^10)')
+})
+
+t.test('every connection taken when the wait ends: the gateway\'s 503, not the dropped answer', async t => {
+  const answered = new Set<string>()
+  const slow: Array<() => void> = []
+  const up = await recordingTarget(t, (req, res) => {
+    const path = req.url ?? ''
+    if (path.startsWith('/slow')) {
+      slow.push(() => res.end('slow'))
+      return
+    }
+    if (!answered.has(path)) {
+      answered.add(path)
+      res.writeHead(503, { 'retry-after': '7' })
+      res.end('busy')
+      return
+    }
+    res.end('ok')
+  })
+  // one connection and no room to wait: a request that finds it taken gets 503 at once
+  const gw = await startGateway(t, oneUpstream(up.url, 'maxConnections: 1, maxPending: 0, retryOn: [503], retryBackoff: { base: 2s, max: 2s }'))
+  for (let attempt = 1; attempt <= 5; attempt++) {
+    const before = slow.length
+    const flaky = request(`${gw.url}/flaky${attempt}`).then(async res => ({ status: res.statusCode, body: await res.body.text() }))
+    await until('the first attempt answered', () => answered.has(`/flaky${attempt}`))
+    // the slow request takes the connection while the retry waits, and holds it past the wait
+    const slowDone = request(`${gw.url}/slow${attempt}`).then(async res => await res.body.text())
+    await until('the slow request at the upstream, or the retry before it', () => slow.length > before || up.seen.filter(s => s === `GET /flaky${attempt}`).length > 1)
+    if (slow.length === before) {
+      // the retry went first (a wait of a few ms): the slow one was refused
+      await flaky
+      await slowDone
+      continue
+    }
+    const got = await flaky
+    slow[before]?.()
+    t.equal(await slowDone, 'slow')
+    t.equal(got.status, 503)
+    t.match(JSON.parse(got.body), { error: 'GW_ERR_UPSTREAM_BUSY' }, 'no connection and no room to wait when the wait ended')
+    return
+  }
+  t.fail('every retry went before the slow request (odds below 1 in 10^10)')
 })
 
 t.test('a retry backing off holds no connection: another request takes it', async t => {
@@ -109,7 +218,7 @@ t.test('a retry backing off holds no connection: another request takes it', asyn
 t.test('a client that leaves while its retry backs off ends it: nothing more is sent', async t => {
   const a = await busyTarget(t)
   const b = await recordingTarget(t, (_req, res) => { res.end('b') })
-  // one connection per target: a retry sent for a request that left would keep b's (a leak)
+  // one connection per target: a retry sent for a request that left would hold b's for good
   const gw = await startGateway(t, oneUpstream(`{ url: ${a.url}, weight: 1000 }, ${b.url}`, 'maxConnections: 1, retryOn: [503], retryBackoff: { base: 1s, max: 1s }'))
   // the wait is drawn from [0, 1s): a try whose retry went before the client left is done again
   for (let attempt = 1; attempt <= 5; attempt++) {
@@ -118,18 +227,17 @@ t.test('a client that leaves while its retry backs off ends it: nothing more is 
     const pending = request(gw.url + path, { signal: ac.signal }).then(async res => { await res.body.dump() }, () => {})
     await until('the first attempt answered', () => a.seen.includes(`GET ${path}`))
     await new Promise(resolve => setTimeout(resolve, 100))
-    if (b.seen.includes(`GET ${path}`)) {
-      await pending
-      continue
-    }
     ac.abort()
     await pending
     await until('the request logged', () => gw.lines.some(l => l.msg === 'request' && l.path === path))
-    const line = gw.lines.find(l => l.msg === 'request' && l.path === path)
-    t.match(line, { status: 499, retriedAfter: 'status_503' }, 'ended as the client left, its retry decided')
+    const line = gw.lines.find(l => l.msg === 'request' && l.path === path) as Record<string, unknown>
+    // a target on the line: the retry was sent (to b) before the client's close was handled
+    if (line.target !== null && line.target !== undefined) continue
+    t.match(line, { status: 499, retriedAfter: 'status_503' }, 'ended as the client left, backing off: its retry decided, no target')
     // past the longest wait the retry could have drawn
     await new Promise(resolve => setTimeout(resolve, 1200))
     t.notOk(b.seen.includes(`GET ${path}`), 'the retry was never sent')
+    // a retry sent for the request that left is aborted before a byte goes out, but kept b's only connection
     t.equal(await get(`${gw.url}/after`), 200, 'b\'s connection is free: the next retry is answered there')
     return
   }
@@ -189,6 +297,9 @@ routes:
   const loaded = parseConfigText(config('{ base: 25ms }', ', retryBackoff: { base: 1s, max: 2s }'), 'gw.yaml', {}).config
   t.same(loaded.upstreams.backend?.retryBackoff, { base: '25ms', max: '250ms' }, 'Envoy\'s default max')
   t.same(loaded.routes[0]?.retryBackoff, { base: '1s', max: '2s' })
+  const ofRoute = (backoff: string): unknown => parseConfigText(config('{ base: 25ms }', `, retryBackoff: ${backoff}`), 'gw.yaml', {}).config.routes[0]?.retryBackoff
+  t.same(ofRoute('{ base: 100ms }'), { base: '100ms', max: '1s' }, 'a route\'s max is 10 times its own base, as /config shows')
+  t.equal(ofRoute('false'), false, 'false: at once')
   t.same(parseConfigText(config('{ base: 10s }'), 'gw.yaml', {}).config.upstreams.backend?.retryBackoff, { base: '10s', max: '60s' }, '10 times base, at most 60s')
   const problems = (backoff: string): string => {
     try {
@@ -199,6 +310,7 @@ routes:
     }
     return 'accepted'
   }
+  t.throws(() => ofRoute('true'), /routes\[0\]\.retryBackoff/, 'true means nothing: an object or false')
   t.match(problems('{ base: 100ms, max: 50ms }'), /^gw\.yaml:2:\d+ upstreams\.backend\.retryBackoff\.max: must be at least base \(100ms\)/)
   t.match(problems('{ base: 0ms }'), /upstreams\.backend\.retryBackoff\.base: must be more than 0/)
   t.match(problems('{ base: 25ms, max: 61s }'), /upstreams\.backend\.retryBackoff\.max: at most 60s/)

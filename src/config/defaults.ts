@@ -61,8 +61,10 @@ export const DEFAULT_HEALTH_RUN = 2
 /** healthCheck.expectStatus when not configured: what a proxy or load balancer calls a success. */
 export const DEFAULT_EXPECT_STATUS = '200-399'
 export interface ResolvedRouteLimits { api?: ResolvedLimit, ip?: ResolvedLimit, user?: ResolvedLimit }
-export type ResolvedRoute = Filled<Omit<RouteConfig, 'limits' | 'timeouts' | 'compression'>, 'websocket' | 'caseInsensitive' | 'matchTrailingSlash' | 'allowPathParams'> & {
+export type ResolvedRoute = Filled<Omit<RouteConfig, 'limits' | 'timeouts' | 'compression' | 'retryBackoff'>, 'websocket' | 'caseInsensitive' | 'matchTrailingSlash' | 'allowPathParams'> & {
   timeouts: { response: string }
+  /** Absent: the upstream's; false: this route's retries are sent at once. */
+  retryBackoff?: ResolvedRetryBackoff | false
   /** null: the route's responses pass uncompressed. */
   compression: CompressionOptions | null
   limits?: ResolvedRouteLimits
@@ -156,8 +158,8 @@ function healthCheck (check: HealthCheckInput): ResolvedHealthCheck {
 /** retryBackoff.max when not configured: Envoy's, 10 times base (at most MAX_BACKOFF_MS). */
 export const DEFAULT_BACKOFF_MAX_FACTOR = 10
 
-/** A route's retryBackoff as its upstream's is resolved: max filled in. */
-export function retryBackoff (backoff: { base: string, max?: string | undefined }): ResolvedRetryBackoff {
+/** An upstream's or a route's retryBackoff as /config shows it: max filled in. */
+function retryBackoff (backoff: { base: string, max?: string | undefined }): ResolvedRetryBackoff {
   return { base: backoff.base, max: backoff.max ?? durationText(Math.min(MAX_BACKOFF_MS, DEFAULT_BACKOFF_MAX_FACTOR * parseDuration(backoff.base))) }
 }
 
@@ -269,7 +271,8 @@ export function applyDefaults (c: GatewayConfig): ResolvedConfig {
       compression: routeCompression(r.compression, gatewayCompression),
       // hasOwn: an unknown upstream named like an Object property ("constructor") is reported, not read
       timeouts: { response: r.timeouts?.response ?? (r.upstream !== undefined && Object.hasOwn(upstreams, r.upstream) ? upstreams[r.upstream]?.timeouts.response : undefined) ?? '30s' },
-      ...(r.limits !== undefined ? { limits: limitSet(r.limits, onError) } : {})
+      ...(r.limits !== undefined ? { limits: limitSet(r.limits, onError) } : {}),
+      ...(r.retryBackoff !== undefined ? { retryBackoff: r.retryBackoff === false ? false : retryBackoff(r.retryBackoff) } : {})
     })) as ResolvedRoute[]
   } as ResolvedConfig
   if (c.redis !== undefined) {

@@ -208,7 +208,7 @@ export const MAX_BACKOFF_MS = 60_000
  * nth retry and never more than max, so the retries of many clients do not reach a target that
  * just failed in one wave. Absent: a retry is sent at once, as nginx does.
  */
-const backoffWait = wait.refine(text => (durationMs(text) ?? 0) <= MAX_BACKOFF_MS, 'at most 60s: the client is waiting, and server.requestTimeout (default 60s) would cut it anyway')
+const backoffWait = wait.refine(text => (durationMs(text) ?? 0) <= MAX_BACKOFF_MS, 'at most 60s: the client waits through every retry\'s back-off')
 const retryBackoff = z.strictObject({
   base: backoffWait.describe('the first retry waits up to this (a random time from 0), the second up to 3 times it, the third up to 7 times, ...; Envoy\'s default is 25ms'),
   max: backoffWait.optional().describe('no retry waits longer; default 10 times base (at most 60s)')
@@ -308,7 +308,7 @@ export const routeSchema = z.strictObject({
   timeouts: z.strictObject({ response: wait.optional() }).optional(),
   retries: z.int().min(0).max(MAX_RETRIES).optional().describe('this route\'s retries, over its upstream\'s (0: its requests are sent once)'),
   retryOn: z.array(retryCondition).min(1).optional().describe('this route\'s retryOn, over its upstream\'s (its retryBudget is the upstream\'s)'),
-  retryBackoff: retryBackoff.optional().describe('this route\'s retryBackoff, over its upstream\'s'),
+  retryBackoff: z.union([retryBackoff, z.literal(false)]).optional().describe('this route\'s retryBackoff, over its upstream\'s (max: 10 times its own base unless set); false: this route\'s retries are sent at once'),
   maxBodySize: size.optional(),
   headers: z.strictObject({ request: headerRules.optional(), response: headerRules.optional() }).optional(),
   limits: z.strictObject({ api: limitSchema.optional(), ip: limitSchema.optional(), user: limitSchema.optional() }).optional(),
