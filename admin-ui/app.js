@@ -268,11 +268,13 @@ async function lookup () {
   }
   const limits = Array.isArray(body.limits) ? body.limits : []
   // workers: N: the primary combined every worker's answer (src/admin/limits-over-workers.ts)
+  // the local level is each worker's own bucket, with Redis too (scope "instance")
+  const localOwn = body.combined === 'shared' && limits.some(l => l.scope === 'instance') ? ' The local level is each worker\'s own, summed.' : ''
   const across = body.combined === 'summed'
     ? ` Summed over ${body.workers} workers, each with its own budget.`
-    : body.combined === 'shared' ? ` ${body.workers} workers share the Redis budget.` : ''
+    : body.combined === 'shared' ? ` ${body.workers} workers share the Redis budget.${localOwn}` : ''
   msg.textContent = limits.length === 0 ? 'No limit applies to this client on this route.' : `${limits.length} limit${limits.length === 1 ? '' : 's'} apply.${across}`
-  const perWorker = (l) => body.combined === 'summed' && Array.isArray(l.perWorker)
+  const perWorker = (l) => (body.combined === 'summed' || l.scope === 'instance') && Array.isArray(l.perWorker)
     ? ` (${l.perWorker.map(p => formatCount(p.remaining)).join(' + ')})`
     : ''
   $('lookup-table').tBodies[0].replaceChildren(...limits.map(l => el('tr', { 'data-limit': l.name },

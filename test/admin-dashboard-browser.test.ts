@@ -144,6 +144,7 @@ t.test('workers: 2 (bin/gateway, Redis): the primary\'s page looks a limited cli
 admin: { listen: 127.0.0.1:0, token: ${TOKEN} }
 workers: 2
 redis: { url: ${redis.url}, timeout: 2s }
+local: { limit: 50, window: 1h }
 upstreams:
   backend: { targets: [${upstream.url}] }
 routes:
@@ -173,12 +174,17 @@ routes:
   const limitRow = page.locator('#lookup-table tr[data-limit="api.ip"]')
   await limitRow.waitFor()
   t.equal(await limitRow.locator('[data-remaining]').getAttribute('data-remaining'), '0', 'the primary shows the spent shared budget')
-  t.match(await page.locator('#lookup-message').innerText(), /2 workers share the Redis budget/)
+  t.match(await page.locator('#lookup-message').innerText(), /2 workers share the Redis budget\. The local level is each worker's own, summed\./)
+  // each worker's bucket took the requests it was handed: 100 less the 8, and the share of each
+  const localRow = page.locator('#lookup-table tr[data-limit="local"]')
+  t.equal(await localRow.locator('[data-remaining]').getAttribute('data-remaining'), '92', 'the local buckets, summed')
+  t.match(await localRow.locator('[data-remaining]').innerText(), /^92 \((\d+) \+ (\d+)\)$/, 'with each worker\'s')
 
   await page.getByLabel('Admin token').fill(TOKEN)
   await page.getByRole('button', { name: 'Reset these limits' }).click()
   await page.locator('#lookup-message', { hasText: 'Reset done in 2 workers' }).waitFor()
   t.equal(await limitRow.locator('[data-remaining]').getAttribute('data-remaining'), '5', 'the lookup after the reset shows the whole budget')
+  t.equal(await localRow.locator('[data-remaining]').innerText(), '100 (50 + 50)', 'both workers\' local buckets whole again')
   const after: number[] = []
   for (let i = 0; i < 6; i++) after.push((await send(`${gw.url}/api/x`)).status)
   t.same(after, [200, 200, 200, 200, 200, 429], 'admitted again across both workers, by the shared budget')

@@ -101,6 +101,20 @@ t.test('sentinelTls: the refused certificate is named though the first sentinel 
   t.match(gw.lines.find(l => String(l.msg).startsWith('Redis is not reachable yet')), { cause: /certificate/i })
 })
 
+t.test('sentinelTls: the master down behind a healthy sentinel is the reason logged, not another sentinel being down', async t => {
+  const master = await startTlsRedis(t, certs)
+  const sentinel = await startTlsSentinel(t, certs, master.tlsPort, 'mdown', { tlsOnly: true })
+  await master.kill()
+  const up = await startUpstream(t)
+  const down = new URL(await refusingUrl())
+  const gw = await startGateway(t, limitedConfig(up.url, 'mdown', `{ sentinels: ["127.0.0.1:${sentinel.port}", "${down.hostname}:${down.port}"], name: mdown, tls: { ca: ${certs.ca}, servername: localhost }, sentinelTls: true, timeout: 200ms, onError: allow }`))
+  const line = gw.lines.find(l => String(l.msg).startsWith('Redis is not reachable yet'))
+  // it named the second sentinel's refused connection, though the first answered and named the master
+  t.notMatch(String(line?.cause), new RegExp(`:${down.port}\\b`), 'not the sentinel that is down')
+  t.match(String(line?.cause), new RegExp(`:${master.tlsPort}\\b`), 'the master the sentinel named')
+  t.same(tlsWarnings(gw.lines), [], 'no TLS failure claimed')
+})
+
 t.test('sentinels over plain TCP with a CA that did not sign the master\'s certificate: served by the fallback, the reason warned of once', async t => {
   const master = await startTlsRedis(t, certs)
   const sentinel = await startTlsSentinel(t, certs, master.tlsPort, 'wrongmaster')

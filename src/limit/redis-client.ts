@@ -236,13 +236,18 @@ async function handshakeFailure (server: { host: string, port: number, tls: Conn
  * to refresh slots cache" with "Connection is closed." as the reason, under Sentinel "All
  * sentinels are unreachable" with the same, so a refused certificate would never be named. One
  * handshake with each, at once, with the same settings names it: a refused certificate first
- * (a first seed or sentinel that is down hid the reason the others gave), else the first error.
+ * (a first seed or sentinel that is down hid the reason the others gave); else, when none of
+ * them answers, the first one's error; else null.
  */
 export async function discoveryTlsFailure (opts: RedisClientOptions, timeoutMs = 2000): Promise<Error | null> {
   const servers = discoveryTls(opts)
   if (servers.length === 0) return null
   const failures = await Promise.all(servers.map(async (server) => await handshakeFailure(server, timeoutMs)))
-  return failures.find((err) => err !== null && isTlsFailure(err)) ?? failures.find((err) => err !== null) ?? null
+  const refused = failures.find((err) => err !== null && isTlsFailure(err))
+  if (refused !== undefined) return refused
+  // one server that answers: the reason is not there (a master down behind a healthy sentinel,
+  // which the client's own errors name); every one failing: the first one's is all there is
+  return failures.every((err) => err !== null) ? failures[0] ?? null : null
 }
 
 /** Resolves once `client` is ready for commands; rejects after `timeoutMs`. */
