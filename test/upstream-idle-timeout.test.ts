@@ -6,7 +6,7 @@
 import t from 'tap'
 import { request } from 'undici'
 import { startGateway } from './helpers/gateway.js'
-import { startUpstream } from './helpers/upstream.js'
+import { startHttpServer, startUpstream } from './helpers/upstream.js'
 
 const withIdle = (url: string, idle: string): string => `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
@@ -57,6 +57,41 @@ t.test('a client slow to read is no pause of the upstream\'s: the body is not cu
   let got = 0
   for await (const chunk of res.body) got += (chunk as Buffer).length
   t.equal(got, bytes, 'every byte')
+})
+
+t.test('after a slow client drained, a pause of the upstream is cut on time: the deadline starts again at the drain', async t => {
+  const BIG = Buffer.alloc(64 * 1024, 'a')
+  const { url } = await startHttpServer(t, (_req, res) => {
+    res.writeHead(200, { 'content-type': 'application/octet-stream' })
+    // 16 MiB with backpressure, then silence
+    let left = 256
+    const pump = (): void => {
+      while (left > 0) {
+        left--
+        if (!res.write(BIG)) {
+          res.once('drain', pump)
+          return
+        }
+      }
+    }
+    pump()
+  })
+  const gw = await startGateway(t, withIdle(url, '100ms'))
+  const res = await request(`${gw.url}/big`)
+  // nothing read for 700 ms: the gateway stops reading the upstream, its idle deadline cleared
+  await new Promise(resolve => setTimeout(resolve, 700))
+  let got = 0
+  let lastByte = 0
+  await t.rejects((async () => {
+    for await (const chunk of res.body) {
+      got += (chunk as Buffer).length
+      lastByte = Date.now()
+    }
+  })(), 'cut once the upstream pauses')
+  const pause = Date.now() - lastByte
+  t.equal(got, 256 * BIG.length, 'every byte the upstream sent')
+  // undici's timer, left alone after the drain, took 0.5-1 s
+  t.ok(pause < 450, `cut ${pause} ms after the last byte`)
 })
 
 t.test('idle: 0s is no timeout', async t => {
