@@ -8,7 +8,7 @@ import { copyFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { startGateway } from './helpers/gateway.js'
 import { makeRedisTlsCerts, startTlsRedis, startTlsRedisCluster } from './helpers/redis.js'
-import { startUpstream } from './helpers/upstream.js'
+import { refusingUrl, startUpstream } from './helpers/upstream.js'
 import { tempDir } from './helpers/teardown.js'
 import { limitedConfig, readyz, statuses } from './helpers/redis-tls-gateway.js'
 import { gateway } from './helpers/cli.js'
@@ -103,7 +103,9 @@ t.test('Redis Cluster over TLS (tls-cluster yes) with a private CA: the limit is
 t.test('Redis Cluster over TLS with a CA that did not sign its certificates: the fallback serves, the reason is logged', async t => {
   const cluster = await startTlsRedisCluster(t, certs)
   const up = await startUpstream(t)
-  const seeds = cluster.tlsPorts.map(p => `"redis://127.0.0.1:${p}"`).join(', ')
+  // a seed that refuses connections listed first: the reason is the others' (it was looked for at the first seed alone)
+  const down = new URL(await refusingUrl())
+  const seeds = [`"redis://${down.hostname}:${down.port}"`, ...cluster.tlsPorts.map(p => `"redis://127.0.0.1:${p}"`)].join(', ')
   const gw = await startGateway(t, limitedConfig(up.url, 'tls-cluster-wrong', `{ cluster: [${seeds}], tls: { ca: ${other.ca} }, timeout: 200ms, onError: allow }`))
   t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 200], 'onError: allow admits, no 5xx')
   t.not((await readyz(gw.adminUrl)).redis.state, 'up', '/readyz: Redis is not up')
