@@ -26,6 +26,25 @@ async function busyTarget (t: Teardown): Promise<{ url: string, seen: string[], 
   return { ...up, at }
 }
 
+/**
+ * A target that answers 503 to the first attempt of each path `flaky` names (every path by
+ * default) and 200 `ok` to the rest; `answered` holds the paths answered 503.
+ */
+async function firstAttemptBusy (t: Teardown, flaky: (path: string) => boolean = () => true): Promise<{ url: string, seen: string[], answered: Set<string> }> {
+  const answered = new Set<string>()
+  const up = await recordingTarget(t, (req, res) => {
+    const path = req.url ?? ''
+    if (flaky(path) && !answered.has(path)) {
+      answered.add(path)
+      res.writeHead(503)
+      res.end('busy')
+      return
+    }
+    res.end('ok')
+  })
+  return { ...up, answered }
+}
+
 const oneUpstream = (targets: string, settings: string, server = ''): string => `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 ${server}upstreams:
@@ -116,17 +135,8 @@ t.test('a retry after a refused connection waits too: every retry, whatever sent
 
 t.test('a retry backing off keeps its place in the retry budget', async t => {
   // one budgeted retry at a time; every path's first attempt is answered 503, its retry 200
-  const answered = new Set<string>()
-  const up = await recordingTarget(t, (req, res) => {
-    const path = req.url ?? ''
-    if (!answered.has(path)) {
-      answered.add(path)
-      res.writeHead(503)
-      res.end('busy')
-      return
-    }
-    res.end('ok')
-  })
+  const up = await firstAttemptBusy(t)
+  const answered = up.answered
   const gw = await startGateway(t, oneUpstream(up.url, 'retryOn: [503], retryBudget: { percent: 0, minConcurrent: 1 }, retryBackoff: { base: 2s, max: 2s }'))
   // the wait is drawn from [0, 2s): a try whose retry went before the second request is done again
   for (let attempt = 1; attempt <= 5; attempt++) {
@@ -188,17 +198,8 @@ t.test('every connection taken when the wait ends: the gateway\'s 503, not the d
 
 t.test('a retry backing off holds no connection: another request takes it', async t => {
   // one connection to the target: the request backing off would hold it, and the next one wait
-  const answered = new Set<string>()
-  const up = await recordingTarget(t, (req, res) => {
-    const path = req.url ?? ''
-    if (path.startsWith('/flaky') && !answered.has(path)) {
-      answered.add(path)
-      res.writeHead(503)
-      res.end('busy')
-      return
-    }
-    res.end('ok')
-  })
+  const up = await firstAttemptBusy(t, path => path.startsWith('/flaky'))
+  const answered = up.answered
   const gw = await startGateway(t, oneUpstream(up.url, 'maxConnections: 1, maxPending: 0, retryOn: [503], retryBackoff: { base: 2s, max: 2s }'))
   // the wait is drawn from [0, 2s): a try whose retry went before /next is done again
   for (let attempt = 1; attempt <= 5; attempt++) {
