@@ -196,6 +196,49 @@ t.test('every connection taken when the wait ends: the gateway\'s 503, not the d
   t.fail('every retry went before the slow request (odds below 1 in 10^10)')
 })
 
+t.test('bursts of retries backing off, some clients leaving at any point: nothing leaks, every other request answered', async t => {
+  // each path's first attempt is answered 503; /hold/* is held until released
+  const answered = new Set<string>()
+  const held: ServerResponse[] = []
+  const up = await recordingTarget(t, (req, res) => {
+    const path = req.url ?? ''
+    if (path.startsWith('/hold')) {
+      held.push(res)
+      return
+    }
+    if (!answered.has(path)) {
+      answered.add(path)
+      res.writeHead(503)
+      res.end('busy')
+      return
+    }
+    res.end('ok')
+  })
+  // 4 connections per target for 40 requests at once: most retries wait in the queue after their back-off
+  const gw = await startGateway(t, oneUpstream(`${up.url}, ${up.url.replace('127.0.0.1', 'localhost')}`, 'maxConnections: 4, timeouts: { queue: 3s }, retryOn: [503], retryBudget: { percent: 100, minConcurrent: 100 }, retryBackoff: { base: 20ms, max: 60ms }'))
+  for (const burst of [1, 2]) {
+    const leaving = new Set([3, 7, 11, 19, 23, 31, 37])
+    const answers = await Promise.all(Array.from({ length: 40 }, async (_, i) => {
+      const ac = new AbortController()
+      if (leaving.has(i)) setTimeout(() => { ac.abort() }, 2 + i)
+      try {
+        const res = await request(`${gw.url}/b${burst}/${i}`, { signal: ac.signal })
+        return `${res.statusCode} ${await res.body.text()}`
+      } catch {
+        return 'left'
+      }
+    }))
+    const stayed = answers.filter((_, i) => !leaving.has(i))
+    t.same(stayed, Array(33).fill('200 ok'), `burst ${burst}: every client that stayed got the retry's answer`)
+  }
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_pending', { upstream: 'backend' }), 0, 'nobody left waiting')
+  // 8 requests held at once take all 4 connections of both targets: a leaked one would leave one waiting
+  const holding = Promise.all(Array.from({ length: 8 }, async (_, i) => await get(`${gw.url}/hold/${i}`)))
+  await until('8 requests held at the upstream at once', () => held.length === 8, 5000)
+  for (const res of held) res.end('held')
+  t.same(await holding, Array(8).fill(200), 'every connection was free again')
+})
+
 t.test('a retry backing off holds no connection: another request takes it', async t => {
   // one connection to the target: the request backing off would hold it, and the next one wait
   const up = await firstAttemptBusy(t, path => path.startsWith('/flaky'))
