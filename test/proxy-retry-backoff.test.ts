@@ -117,7 +117,7 @@ routes:
 })
 
 t.test('a retry after a refused connection waits too: every retry, whatever sent it', async t => {
-  // the refusing target is ejected for 1 ms only: it takes every first attempt
+  // the refusing target is ejected for 1 ms: it takes every first attempt
   const refusing = await refusingUrl()
   const bAt: number[] = []
   const b = await recordingTarget(t, (_req, res) => { bAt.push(performance.now()); res.end('b') })

@@ -94,7 +94,7 @@ t.test('sentinelTls: the refused certificate is named though the first sentinel 
   const down = new URL(await refusingUrl())
   const gw = await startGateway(t, limitedConfig(up.url, 'sent-down-first', `{ sentinels: ["${down.hostname}:${down.port}", "127.0.0.1:${sentinel.port}"], name: downfirst, tls: { ca: ${other.ca} }, sentinelTls: true, timeout: 200ms, onError: allow }`))
   t.same(await statuses(`${gw.url}/x`, 2), [200, 200], 'onError: allow admits')
-  // it asked the first sentinel only: ECONNREFUSED, no TLS reason, while the second refused the certificate
+  // it asked the first sentinel alone: ECONNREFUSED, no TLS reason, while the second refused the certificate
   const tls = tlsWarnings(gw.lines)
   t.equal(tls.length, 1, 'the refused certificate is warned of')
   t.match(tls[0], { code: /CERT|VERIFY/ }, 'with the reason the second sentinel gave')

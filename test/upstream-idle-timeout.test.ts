@@ -3,7 +3,7 @@
 // timers that tick every half second, so `idle: 100ms` cut a pause after 0.5-1 s. The timer
 // starts again at every chunk, and does not run while the gateway stops reading because its own
 // client is slow (that is sendTimeout's), as undici's does not.
-import t from 'tap'
+import t, { type Test } from 'tap'
 import { request } from 'undici'
 import { startGateway } from './helpers/gateway.js'
 import { startHttpServer, startUpstream } from './helpers/upstream.js'
@@ -36,14 +36,19 @@ t.test('a pause longer than timeouts.idle is cut on time', async t => {
   t.equal(gw.lines.filter(l => l.msg === 'request' && l.error === 'response_timeout').length, 3, 'each logged as response_timeout, as undici\'s was')
 })
 
-t.test('every chunk starts the pause again: a body that keeps coming is never cut', async t => {
+/** /drip through a gateway with `idle`: the whole body comes, and nothing is logged cut. */
+async function uncut (t: Test, idle: string, n: number, intervalMs: number): Promise<void> {
   const up = await startUpstream(t)
-  const gw = await startGateway(t, withIdle(up.url, '150ms'))
-  // 8 chunks 50 ms apart: 350 ms in all, longer than the idle timeout, never a pause of it
-  const res = await request(`${gw.url}/drip?chunks=8&intervalMs=50`)
+  const gw = await startGateway(t, withIdle(up.url, idle))
+  const res = await request(`${gw.url}/drip?chunks=${n}&intervalMs=${intervalMs}`)
   t.equal(res.statusCode, 200)
-  t.equal(await res.body.text(), chunks(8), 'the whole body')
+  t.equal(await res.body.text(), chunks(n), 'the whole body')
   t.notOk(gw.lines.some(l => l.msg === 'request' && l.error !== undefined), 'nothing cut')
+}
+
+t.test('every chunk starts the pause again: a body that keeps coming is never cut', async t => {
+  // 8 chunks 50 ms apart: 350 ms in all, longer than the idle timeout, never a pause of it
+  await uncut(t, '150ms', 8, 50)
 })
 
 t.test('a client slow to read is no pause of the upstream\'s: the body is not cut', async t => {
@@ -95,10 +100,5 @@ t.test('after a slow client drained, a pause of the upstream is cut on time: the
 })
 
 t.test('idle: 0s is no timeout', async t => {
-  const up = await startUpstream(t)
-  const gw = await startGateway(t, withIdle(up.url, '0s'))
-  const res = await request(`${gw.url}/drip?chunks=3&intervalMs=100`)
-  t.equal(res.statusCode, 200)
-  t.equal(await res.body.text(), chunks(3), 'the whole body')
-  t.notOk(gw.lines.some(l => l.msg === 'request' && l.error !== undefined), 'nothing cut')
+  await uncut(t, '0s', 3, 100)
 })

@@ -139,7 +139,7 @@ export function describeLimit (l: PlannedLimit): Record<string, unknown> {
 }
 
 /** The key of the local level's entry: a bucket of this process, named apart from Redis keys. */
-export const LOCAL_ENTRY_PREFIX = 'local:'
+const LOCAL_ENTRY_PREFIX = 'local:'
 
 /**
  * The local level's bucket for the client's address, as a request now would find it: it runs

@@ -156,7 +156,7 @@ function healthCheck (check: HealthCheckInput): ResolvedHealthCheck {
 }
 
 /** retryBackoff.max when not configured: Envoy's, 10 times base (at most MAX_BACKOFF_MS). */
-export const DEFAULT_BACKOFF_MAX_FACTOR = 10
+const DEFAULT_BACKOFF_MAX_FACTOR = 10
 
 /** An upstream's or a route's retryBackoff as /config shows it: max filled in. */
 function retryBackoff (backoff: { base: string, max?: string | undefined }): ResolvedRetryBackoff {

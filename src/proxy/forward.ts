@@ -28,6 +28,10 @@ export interface ForwardPlan extends BodyHandling, TunnelHandling {
   readonly responseTimeoutMs: number
   /** Longest pause between two reads of the response body (upstreams.X.timeouts.idle). */
   readonly idleTimeoutMs: number
+  /** The final head's deadline is the gateway's own timer (responseTimeoutMs below EXACT_DEADLINE_MS), decided at load. */
+  readonly exactHeadDeadline: boolean
+  /** The body's idle deadline kept by the gateway's own timer, in ms; 0: undici's (idle 0, or from EXACT_DEADLINE_MS up). */
+  readonly exactIdleMs: number
   /** When a failed attempt, or an answer of a listed status, sends the request again (upstreams.X.retries, retryOn, retryBudget). */
   readonly retry: RetryPolicy
   /** Request body limit in bytes (Infinity = none); beyond it the client gets 413. */
@@ -62,14 +66,15 @@ export interface TunnelHandling {
   readonly maxWebSockets: number
 }
 
-export type ForwardPlanOptions = Omit<ForwardPlan, 'headers' | 'idleTimeoutMs' | 'underscoresInHeaders' | 'retry' | 'compression' | keyof BodyHandling | keyof TunnelHandling> & Partial<BodyHandling & TunnelHandling> & { readonly idleTimeoutMs?: number, readonly underscoresInHeaders?: boolean, readonly retry?: RetryPolicy, readonly compression?: CompressionPolicy | null }
+export type ForwardPlanOptions = Omit<ForwardPlan, 'headers' | 'exactHeadDeadline' | 'exactIdleMs' | 'idleTimeoutMs' | 'underscoresInHeaders' | 'retry' | 'compression' | keyof BodyHandling | keyof TunnelHandling> & Partial<BodyHandling & TunnelHandling> & { readonly idleTimeoutMs?: number, readonly underscoresInHeaders?: boolean, readonly retry?: RetryPolicy, readonly compression?: CompressionPolicy | null }
 
 const DEFAULT_RETRY_POLICY = compileRetryPolicy(DEFAULT_RETRIES)
 
 /** The one way to make a plan: header rules are compiled here, at config load, not per request. */
 export function createForwardPlan (options: ForwardPlanOptions): ForwardPlan {
+  const idleTimeoutMs = options.idleTimeoutMs ?? options.responseTimeoutMs
   return Object.freeze({
-    idleTimeoutMs: options.responseTimeoutMs,
+    idleTimeoutMs,
     bufferBodies: 1024 * 1024,
     bodyBudget: new BodyBudget(64 * 1024 * 1024),
     clientBodyTimeoutMs: 60_000,
@@ -80,7 +85,10 @@ export function createForwardPlan (options: ForwardPlanOptions): ForwardPlan {
     retry: DEFAULT_RETRY_POLICY,
     compression: null,
     ...options,
-    headers: compileHeaders(options.requestHeaders, options.responseHeaders, options.underscoresInHeaders ?? false)
+    headers: compileHeaders(options.requestHeaders, options.responseHeaders, options.underscoresInHeaders ?? false),
+    exactHeadDeadline: options.responseTimeoutMs < EXACT_DEADLINE_MS,
+    // 0: no timeout (undici's bodyTimeout 0)
+    exactIdleMs: idleTimeoutMs > 0 && idleTimeoutMs < EXACT_DEADLINE_MS ? idleTimeoutMs : 0
   })
 }
 
@@ -672,9 +680,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
   }
 
   armBodyIdle (): void {
-    // 0: no timeout (undici's bodyTimeout 0)
-    const ms = this.plan.idleTimeoutMs
-    if (ms < EXACT_DEADLINE_MS && ms > 0 && !this.settled) this.bodyTimer = setTimeout(onBodyIdle, ms, this)
+    const ms = this.plan.exactIdleMs
+    if (ms !== 0 && !this.settled) this.bodyTimer = setTimeout(onBodyIdle, ms, this)
   }
 
   clearBodyIdle (): void {
@@ -744,7 +751,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
   /** Called by undici 7's core (lib/core/request.js) once the whole request is written, though its types do not list it. */
   onRequestSent (): void {
     this.requestSent = true
-    if (this.interim || this.plan.responseTimeoutMs < EXACT_DEADLINE_MS) this.armHeadDeadline()
+    if (this.interim || this.plan.exactHeadDeadline) this.armHeadDeadline()
   }
 
   armHeadDeadline (): void {
