@@ -175,7 +175,7 @@ t.test('every connection taken when the wait ends: the gateway\'s 503, not the d
   const gw = await startGateway(t, oneUpstream(up.url, 'maxConnections: 1, maxPending: 0, retryOn: [503], retryBackoff: { base: 2s, max: 2s }'))
   for (let attempt = 1; attempt <= 5; attempt++) {
     const before = slow.length
-    const flaky = request(`${gw.url}/flaky${attempt}`).then(async res => ({ status: res.statusCode, body: await res.body.text() }))
+    const flaky = request(`${gw.url}/flaky${attempt}`).then(async res => ({ status: res.statusCode, retryAfter: res.headers['retry-after'], body: await res.body.text() }))
     await until('the first attempt answered', () => answered.has(`/flaky${attempt}`))
     // the slow request takes the connection while the retry waits, and holds it past the wait
     const slowDone = request(`${gw.url}/slow${attempt}`).then(async res => await res.body.text())
@@ -191,6 +191,7 @@ t.test('every connection taken when the wait ends: the gateway\'s 503, not the d
     t.equal(await slowDone, 'slow')
     t.equal(got.status, 503)
     t.match(JSON.parse(got.body), { error: 'GW_ERR_UPSTREAM_BUSY' }, 'no connection and no room to wait when the wait ended')
+    t.not(got.retryAfter, '7', 'the dropped answer\'s Retry-After is lost with it')
     return
   }
   t.fail('every retry went before the slow request (odds below 1 in 10^10)')

@@ -4,8 +4,11 @@
 // saying why, and a CA file that is missing or not a certificate is a located config error. Redis
 // Cluster over TLS (tls-cluster yes) too; Sentinel over TLS is in test/redis-sentinel-tls.test.ts.
 import t from 'tap'
-import { copyFileSync, writeFileSync } from 'node:fs'
+import { copyFileSync, readFileSync, writeFileSync } from 'node:fs'
+import { createServer, type Socket } from 'node:net'
 import { join } from 'node:path'
+import { setTimeout as delay } from 'node:timers/promises'
+import { discoveryTlsFailure } from '../src/limit/redis-client.js'
 import { startGateway } from './helpers/gateway.js'
 import { makeRedisTlsCerts, startTlsRedis, startTlsRedisCluster } from './helpers/redis.js'
 import { refusingUrl, startUpstream } from './helpers/upstream.js'
@@ -113,6 +116,31 @@ t.test('Redis Cluster over TLS with a CA that did not sign its certificates: the
   // handshake with a seed names the reason
   const tls = gw.lines.find(l => String(l.msg).startsWith('Redis TLS handshake failed'))
   t.match(tls, { level: 40, code: /CERT|VERIFY/ }, 'the refused certificate is logged, with Node\'s code')
+})
+
+t.test('the seeds are asked at once, each for at most 2 s: three silent seeds listed first delay the reason by one bound, not three', async t => {
+  const redis = await startTlsRedis(t, certs)
+  // accept and never answer the handshake (a node hung, or a port a firewall swallows)
+  const held: Socket[] = []
+  const closed: Array<Promise<void>> = []
+  const silentPorts = await Promise.all([0, 1, 2].map(async () => await new Promise<number>((resolve) => {
+    const server = createServer((socket) => {
+      held.push(socket)
+      closed.push(new Promise(resolve => socket.once('close', () => { resolve() })))
+      socket.on('error', () => {}).resume()
+    }).listen(0, '127.0.0.1', () => { resolve((server.address() as { port: number }).port) })
+    t.teardown(() => { for (const s of held) s.destroy(); server.close() })
+  })))
+  const seeds = [...silentPorts.map(p => `redis://127.0.0.1:${p}`), `redis://127.0.0.1:${redis.tlsPort}`]
+  const started = Date.now()
+  const err = await discoveryTlsFailure({ cluster: seeds, tls: { ca: readFileSync(other.ca) } })
+  const took = Date.now() - started
+  t.match(err, { code: /CERT|VERIFY/ }, 'the last seed\'s refused certificate is the reason')
+  t.equal(held.length, 3, 'each silent seed was asked')
+  // one after the other the answer would take 3 x 2 s; at once, one bound
+  t.ok(took >= 1900 && took < 4500, `answered after one bound of 2 s (${took} ms)`)
+  const allClosed = await Promise.race([Promise.all(closed).then(() => true), delay(2000, false)])
+  t.ok(allClosed, 'the gateway closed every silent seed\'s connection')
 })
 
 t.test('workers: 2 (bin/gateway): both workers decide on the TLS Redis with the CA the primary read', async t => {
