@@ -240,7 +240,7 @@ function upstreamConfig (config: ResolvedConfig, name: string): UpstreamConfig {
  */
 function retryPolicy (up: ResolvedUpstream | undefined, route: ResolvedRoute): RetryPolicy {
   const backoff = route.retryBackoff ?? up?.retryBackoff
-  const backoffMs = backoff === undefined || backoff === false ? null : { baseMs: parseDuration(backoff.base), maxMs: parseDuration(backoff.max) }
+  const backoffMs = backoff === undefined || backoff === false ? null : { baseMs: parseDuration(backoff.base), maxMs: parseDuration(backoff.max), retryAfterMs: backoff.retryAfter === undefined ? null : parseDuration(backoff.retryAfter) }
   if (up === undefined) return compileRetryPolicy(route.retries ?? DEFAULT_RETRIES, route.retryOn, undefined, backoffMs)
   return compileRetryPolicy(route.retries ?? up.retries, route.retryOn ?? up.retryOn, up.retryBudget, backoffMs)
 }

@@ -12,7 +12,7 @@ import { recordingTarget, refusingUrl, startHttpServer } from './helpers/upstrea
 import { metric } from './helpers/ratelimit.js'
 import { until } from './helpers/workers.js'
 import type { Teardown } from './helpers/teardown.js'
-import { retryDelayMs } from '../src/proxy/retry-policy.js'
+import { retryAfterDelayMs, retryAfterMs, retryDelayMs } from '../src/proxy/retry-policy.js'
 import { ConfigError, parseConfigText } from '../src/config/load.js'
 
 /** A target that answers 503 to everything and notes when each request came, on the upstream's clock. */
@@ -60,10 +60,80 @@ async function get (url: string): Promise<number> {
 }
 
 t.test('the windows: (2^n - 1) x base before the nth retry, never past max, the whole window used', async t => {
-  const backoff = { baseMs: 25, maxMs: 250 }
+  const backoff = { baseMs: 25, maxMs: 250, retryAfterMs: null }
   t.same([1, 2, 3, 4, 5].map(n => retryDelayMs(backoff, n, 0.9999)), [24, 74, 174, 249, 249], 'the top of each window (Envoy: 25, 75, 175 ms, capped at 250)')
   t.same([1, 2, 3].map(n => retryDelayMs(backoff, n, 0)), [0, 0, 0], 'full jitter: a retry may go at once')
   t.equal(retryDelayMs(backoff, 2, 0.5), 37, 'half of the second window')
+})
+
+t.test('Retry-After as a wait: seconds or an IMF-fixdate, from it up to half again more, never past 60 s', async t => {
+  const now = Date.parse('Mon, 30 Nov 2026 21:00:00 GMT')
+  t.equal(retryAfterMs('3', now), 3000, 'delta-seconds')
+  t.equal(retryAfterMs(' 0 ', now), 0, 'no wait, spaces around')
+  t.equal(retryAfterMs('Mon, 30 Nov 2026 21:00:02 GMT', now), 2000, 'an HTTP date two seconds ahead')
+  t.equal(retryAfterMs('Mon, 30 Nov 2026 20:59:00 GMT', now), 0, 'a date past: at once')
+  // V8's Date.parse reads each of these as some day: none is a Retry-After
+  for (const junk of ['5.5', '-1', 'soon', '2026-11-30T21:00:02Z', 'Monday, 30-Nov-26 21:00:02 GMT', 'Mon Nov 30 21:00:02 2026', '', '12345678901']) {
+    t.equal(retryAfterMs(junk, now), null, `not a Retry-After: ${JSON.stringify(junk)}`)
+  }
+  t.same([retryAfterDelayMs(1000, 0), retryAfterDelayMs(1000, 0.5), retryAfterDelayMs(1000, 0.9999)], [1000, 1250, 1499], 'from the wait asked up to half again more')
+  t.equal(retryAfterDelayMs(50_000, 0.9999), 60_000, 'never past 60 s')
+  t.equal(retryAfterDelayMs(0, 0.9), 0, 'Retry-After: 0 is at once')
+})
+
+/** A target that answers the first attempt of each path 503 with `retryAfter`, the rest 200, and notes when each attempt came. */
+async function askingTarget (t: Teardown, retryAfter: string): Promise<{ url: string, at: Map<string, number[]> }> {
+  const at = new Map<string, number[]>()
+  const up = await recordingTarget(t, (req, res) => {
+    const times = at.get(req.url ?? '') ?? []
+    at.set(req.url ?? '', times)
+    times.push(performance.now())
+    if (times.length > 1) {
+      res.end('ok')
+      return
+    }
+    res.writeHead(503, { 'retry-after': retryAfter })
+    res.end('busy')
+  })
+  return { url: up.url, at }
+}
+
+/** Three requests at once: the retry budget's minConcurrent (3) lets each retry. */
+const together = async (url: string): Promise<number[]> => await Promise.all([0, 1, 2].map(async i => await get(`${url}/r${i}`)))
+
+/** The wait between each path's first attempt and its retry, on the target's clock. */
+const retryWaits = (at: Map<string, number[]>): number[] => [...at.values()].map(times => (times[1] as number) - (times[0] as number))
+
+t.test('retryAfter: a dropped answer\'s Retry-After within it decides its retry\'s wait', async t => {
+  const up = await askingTarget(t, '1')
+  const gw = await startGateway(t, oneUpstream(up.url, 'retryOn: [503], retryBackoff: { base: 10ms, retryAfter: 2s }'))
+  const answers = await together(gw.url)
+  t.same(answers, [200, 200, 200], 'each answered by its retry')
+  const waits = retryWaits(up.at)
+  // the jittered windows alone (base 10 ms) would send each retry within 10 ms; a loaded machine
+  // adds to a wait, never takes from it
+  t.ok(waits.every(w => w >= 990 && w < 1500 + 500), `each retry waited the second asked, up to half again: ${waits.map(Math.round).join(' ')}`)
+  t.same(gw.lines.filter(l => l.msg === 'request').map(l => l.retriedAfter), Array(3).fill('status_503'), 'logged as a retry after the 503')
+})
+
+t.test('retryAfter: a Retry-After asking longer than it, or none that parses, leaves the jittered wait', async t => {
+  for (const asked of ['30', 'in a while']) {
+    const up = await askingTarget(t, asked)
+    const gw = await startGateway(t, oneUpstream(up.url, 'retryOn: [503], retryBackoff: { base: 10ms, retryAfter: 2s }'))
+    const answers = await together(gw.url)
+    t.same(answers, [200, 200, 200], 'each answered by its retry')
+    const waits = retryWaits(up.at)
+    t.ok(waits.every(w => w < 10 + 500), `Retry-After: ${asked}: sent within the 10 ms window (and the machine's lag): ${waits.map(Math.round).join(' ')}`)
+  }
+})
+
+t.test('without retryAfter, Retry-After is not read: the jittered wait', async t => {
+  const up = await askingTarget(t, '1')
+  const gw = await startGateway(t, oneUpstream(up.url, 'retryOn: [503], retryBackoff: { base: 10ms }'))
+  const answers = await together(gw.url)
+  t.same(answers, [200, 200, 200], 'each answered by its retry')
+  const waits = retryWaits(up.at)
+  t.ok(waits.every(w => w < 10 + 500), `sent within the 10 ms window: ${waits.map(Math.round).join(' ')}`)
 })
 
 t.test('each retry waits within its window, the windows grow, and max bounds them (a route\'s retryBackoff)', async t => {
@@ -361,4 +431,7 @@ routes:
   t.match(problems('{ base: 25ms, max: 61s }'), /upstreams\.backend\.retryBackoff\.max: at most 60s/)
   t.match(problems('{ max: 1s }'), /upstreams\.backend\.retryBackoff\.base/)
   t.equal(problems('{ base: 60s, max: 60s }'), 'accepted')
+  t.same(ofRoute('{ base: 100ms, retryAfter: 5s }'), { base: '100ms', max: '1s', retryAfter: '5s' }, 'retryAfter as written, on /config')
+  t.match(problems('{ base: 25ms, retryAfter: 2m }'), /upstreams\.backend\.retryBackoff\.retryAfter: at most 60s/)
+  t.match(problems('{ base: 25ms, retryAfter: 0s }'), /upstreams\.backend\.retryBackoff\.retryAfter: must be more than 0/)
 })

@@ -44,7 +44,7 @@ export interface ResolvedUpstream {
   retryBackoff?: ResolvedRetryBackoff
   healthCheck?: ResolvedHealthCheck
 }
-export interface ResolvedRetryBackoff { base: string, max: string }
+export interface ResolvedRetryBackoff { base: string, max: string, retryAfter?: string }
 export interface ResolvedHealthCheck {
   path: string
   interval: string
@@ -159,8 +159,9 @@ function healthCheck (check: HealthCheckInput): ResolvedHealthCheck {
 const DEFAULT_BACKOFF_MAX_FACTOR = 10
 
 /** An upstream's or a route's retryBackoff as /config shows it: max filled in. */
-function retryBackoff (backoff: { base: string, max?: string | undefined }): ResolvedRetryBackoff {
-  return { base: backoff.base, max: backoff.max ?? durationText(Math.min(MAX_BACKOFF_MS, DEFAULT_BACKOFF_MAX_FACTOR * parseDuration(backoff.base))) }
+function retryBackoff (backoff: { base: string, max?: string | undefined, retryAfter?: string | undefined }): ResolvedRetryBackoff {
+  const max = backoff.max ?? durationText(Math.min(MAX_BACKOFF_MS, DEFAULT_BACKOFF_MAX_FACTOR * parseDuration(backoff.base)))
+  return backoff.retryAfter === undefined ? { base: backoff.base, max } : { base: backoff.base, max, retryAfter: backoff.retryAfter }
 }
 
 function upstream (up: GatewayConfig['upstreams'][string]): ResolvedUpstream {

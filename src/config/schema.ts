@@ -6,6 +6,7 @@ import { z } from 'zod'
 import { isCorsOrigin } from '../router/cors.js'
 import { normalizePath } from '../router/normalize-path.js'
 import { ENCODINGS, mediaRangeProblem } from '../proxy/compression.js'
+import { MAX_BACKOFF_MS } from '../proxy/retry-policy.js'
 
 export const DURATION_RE = /^(\d+)(ms|s|m|h)$/
 export const SIZE_RE = /^(\d+)(b|kb|mb|gb)$/i
@@ -200,8 +201,7 @@ const failureStatus = z.union([
   z.int({ error: FAILURE_STATUS }).min(500, FAILURE_STATUS).max(599, FAILURE_STATUS)
 ], { error: FAILURE_STATUS })
 
-/** The longest a retry may wait before it is sent (retryBackoff.base and max). */
-export const MAX_BACKOFF_MS = 60_000
+export { MAX_BACKOFF_MS }
 
 /**
  * Envoy's retry_back_off: a retry waits a random time first, up to (2^n - 1) x base before the
@@ -211,7 +211,8 @@ export const MAX_BACKOFF_MS = 60_000
 const backoffWait = wait.refine(text => (durationMs(text) ?? 0) <= MAX_BACKOFF_MS, 'at most 60s: the client waits through every retry\'s back-off')
 const retryBackoff = z.strictObject({
   base: backoffWait.describe('the first retry waits up to this (a random time from 0), the second up to 3 times it, the third up to 7 times, ...; Envoy\'s default is 25ms'),
-  max: backoffWait.optional().describe('no retry waits longer; default 10 times base (at most 60s)')
+  max: backoffWait.optional().describe('no retry waits longer; default 10 times base (at most 60s)'),
+  retryAfter: backoffWait.optional().describe('an answer dropped for its retryOn status whose Retry-After (seconds, or an HTTP date) asks at most this long makes its retry wait that long, up to half again more at random (Envoy\'s rate_limited_retry_back_off; at most 60s in all); asking longer, or none: the wait above; absent: Retry-After is not read')
 }).superRefine((backoff, ctx) => {
   if (backoff.max === undefined) return
   const base = durationMs(backoff.base)

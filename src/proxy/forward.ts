@@ -6,7 +6,7 @@ import { clientResponseHeaders, compileHeaders, upstreamRequestHeaders, withoutC
 import { stripPathPrefix } from './forward-path.js'
 import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
 import { DEFAULT_RETRIES, UpstreamTarget, type BackingOffRequest, type BackOffPlace, type PendingRequest, type UpstreamPool } from './upstream-pool.js'
-import { compileRetryPolicy, retryDelayMs, statusRetryCause, withinRetryBudget, type RetryPolicy, type StatusRetryCause } from './retry-policy.js'
+import { compileRetryPolicy, retryAfterDelayMs, retryAfterMs, retryDelayMs, statusRetryCause, withinRetryBudget, type RetryBackoff, type RetryPolicy, type StatusRetryCause } from './retry-policy.js'
 import { BodyBudget } from './body-budget.js'
 import { cutByGateway } from './shutdown-cut.js'
 import { sendContinue } from './expect-continue.js'
@@ -157,6 +157,23 @@ export function mayResend (method: string, bodyResendable: boolean): boolean {
 }
 
 /**
+ * The wait a dropped answer's Retry-After asks of its retry (its first such field, as the upstream
+ * sent it, before the route's header rules), when retryBackoff.retryAfter reads it and the wait is
+ * within it; -1 otherwise: the jittered back-off decides. A target that names when it can serve
+ * again (a 503 in a deploy, a 429) is then asked again when it said, where the jittered windows
+ * would have spent every retry inside its pause.
+ */
+function askedRetryWait (backoff: RetryBackoff | null, rawHeaders: readonly Buffer[]): number {
+  if (backoff === null || backoff.retryAfterMs === null) return -1
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    if ((rawHeaders[i] as Buffer).toString('latin1').toLowerCase() !== 'retry-after') continue
+    const ms = retryAfterMs((rawHeaders[i + 1] as Buffer).toString('latin1'), Date.now())
+    return ms !== null && ms <= backoff.retryAfterMs ? ms : -1
+  }
+  return -1
+}
+
+/**
  * undici's dispatch options with the TLS server name, which undici 7's Request reads from them
  * (lib/core/request.js) although its types do not list it; null lets undici take it from Host.
  * test/proxy-https-upstream.test.ts fails if undici stops reading it.
@@ -302,6 +319,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
   overBudget = false
   /** An answer of this retryOn status was dropped to send the request again (onError sends it). */
   retryStatus = 0
+  /** The wait that answer's Retry-After asked, when retryBackoff.retryAfter lets it decide the retry's; -1: none. */
+  retryAfterWait = -1
   /** undici began writing the request: from here on it is not retried. */
   sent = false
   /** The upstream's final head came (its status is `status`). */
@@ -657,6 +676,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
     // answer would become the gateway's own 503.
     if (this.plan.retry.statuses.has(statusCode) && this.abortUpstream !== null && mayResend(this.opts.method, this.replayable || this.opts.body === null) && this.plan.pool.canTakeRetry(this.holding) && this.mayRetryAgain()) {
       this.retryStatus = statusCode
+      this.retryAfterWait = askedRetryWait(this.plan.retry.backoff, rawHeaders)
       this.abortUpstream(new GatewayError('GW_ERR_UPSTREAM_UNAVAILABLE'))
       return true
     }
@@ -957,7 +977,9 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
     this.interim = false
     this.requestSent = false
     const backoff = this.plan.retry.backoff
-    const delayMs = backoff === null ? 0 : retryDelayMs(backoff, (this.retriedAfter?.length ?? 0) + 1, Math.random())
+    const asked = this.retryAfterWait
+    this.retryAfterWait = -1
+    const delayMs = backoff === null ? 0 : asked >= 0 ? retryAfterDelayMs(asked, Math.random()) : retryDelayMs(backoff, (this.retriedAfter?.length ?? 0) + 1, Math.random())
     if (delayMs === 0) return this.sendAgain(after)
     // decided: counted and logged as a retry even if its client leaves before it is sent
     this.recordRetry(after)

@@ -56,7 +56,15 @@ export interface RetryPolicy {
 export interface RetryBackoff {
   readonly baseMs: number
   readonly maxMs: number
+  /**
+   * The longest wait a dropped answer's Retry-After may ask of its retry (retryBackoff.retryAfter,
+   * Envoy's rate_limited_retry_back_off); null: Retry-After is not read.
+   */
+  readonly retryAfterMs: number | null
 }
+
+/** The longest a retry ever waits before it is sent (retryBackoff.base, max and retryAfter, and the wait Retry-After asks). */
+export const MAX_BACKOFF_MS = 60_000
 
 export const DEFAULT_RETRY_ON: readonly RetryCondition[] = Object.freeze(['connect-failure', 'reset'])
 export const DEFAULT_RETRY_BUDGET: RetryBudget = Object.freeze({ percent: 20, minConcurrent: 3 })
@@ -91,6 +99,33 @@ export function withinRetryBudget (budget: RetryBudget, retrying: number, active
  */
 export function retryDelayMs (backoff: RetryBackoff, nth: number, random: number): number {
   return Math.floor(random * Math.min(backoff.maxMs, backoff.baseMs * (2 ** nth - 1)))
+}
+
+/**
+ * The wait a dropped answer's Retry-After asks (`askedMs`, see retryAfterMs) turned into its
+ * retry's: from askedMs up to half again more, drawn by `random` (in [0, 1)), as Envoy's
+ * rate-limited back-off draws it, so the retries of the requests one target turned away together
+ * do not all come back at the instant it named; never past MAX_BACKOFF_MS.
+ */
+export function retryAfterDelayMs (askedMs: number, random: number): number {
+  return Math.min(MAX_BACKOFF_MS, Math.floor(askedMs + random * askedMs / 2))
+}
+
+// RFC 9110 §5.6.7: IMF-fixdate, the one form a sender generates (the obsolete RFC 850 and asctime
+// forms are read as no Retry-After: the jittered back-off then applies)
+const IMF_FIXDATE = /^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d{2} (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) \d{4} \d{2}:\d{2}:\d{2} GMT$/
+
+/**
+ * The wait a Retry-After field value asks, in ms (RFC 9110 §10.2.3: delta-seconds, or an HTTP date,
+ * 0 once past), or null when it is neither. What Date.parse would make of anything else (`5.5` is
+ * a day in 2001 to V8) is not trusted.
+ */
+export function retryAfterMs (value: string, nowMs: number): number | null {
+  const text = value.trim()
+  if (/^\d{1,10}$/.test(text)) return Number(text) * 1000
+  if (!IMF_FIXDATE.test(text)) return null
+  const at = Date.parse(text)
+  return Number.isNaN(at) ? null : Math.max(0, at - nowMs)
 }
 
 /** What the access log and gateway_upstream_retries_total call a retry after an answer's status. */
