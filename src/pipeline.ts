@@ -578,6 +578,7 @@ class UpgradeExchange extends Exchange {
     const upstream = route.upstream
     state.ws.upgrade(req, socket, this.head, plan, { requestId: this.requestId, clientIp: a.clientIp, proto: state.proto, path: a.path, trustedPeer: this.trustedPeer, extraResponseHeaders: v.headers ?? undefined }, (result) => {
       if (result.errorKind !== null && UPSTREAM_FAILURES.has(result.errorKind)) state.telemetry.upstreamError(upstream, result.errorKind)
+      if (result.retriedAfter !== null) countRetries(state.telemetry, upstream, result.retriedAfter)
       if (result.status === 101 && !this.socketClosed) {
         this.open = true
         state.telemetry.websocketsOpen(a.route.name, 1)

@@ -1,10 +1,11 @@
-import type { ClientRequest, IncomingMessage } from 'node:http'
+import { Agent as HttpAgent, type ClientRequest, type IncomingMessage } from 'node:http'
 import type { Duplex } from 'node:stream'
-import { Socket } from 'node:net'
-import { Agent as HttpsAgent } from 'node:https'
+import { connect as netConnect, isIP, Socket } from 'node:net'
+import { connect as tlsConnect } from 'node:tls'
 import httpProxy from 'http-proxy'
 import { CLOSE_GRACE_MS, ERRORS, GatewayError, closeSoon, writeError, type ErrorCode } from '../errors.js'
-import type { ForwardContext, ForwardPlan, ForwardResult } from './forward.js'
+import type { ForwardContext, ForwardPlan, ForwardResult, RetryCause } from './forward.js'
+import { retryDelayMs } from './retry-policy.js'
 import { upstreamRequestHeaders } from './forward-headers.js'
 import { HOP_BY_HOP, connectionTokens } from './hop-by-hop.js'
 import { stripPathPrefix } from './forward-path.js'
@@ -72,18 +73,24 @@ export function createWebSocketProxy (): WebSocketProxy {
       headers.connection = 'Upgrade'
       headers.upgrade = 'websocket'
       req.headers = headers
-      req.url = target.basePath + stripPathPrefix(ctx.path, plan.stripPrefix)
-      const tunnel = new Tunnel(socket, plan, ctx, target, done ?? null, () => tunnels.delete(socket))
+      const path = stripPathPrefix(ctx.path, plan.stripPrefix)
+      // The connection is made here, not by http-proxy, which ends the client's socket when its
+      // own fails: a refused one could not be tried again on another target.
+      const tunnel = new Tunnel(socket, plan, ctx, target, done ?? null, () => tunnels.delete(socket), headers.host, (to, upstream) => {
+        req.url = to.basePath + path
+        try {
+          // over the connection made (TLS included): http-proxy writes the handshake on it
+          proxy.ws(req, socket, head, {
+            target: { protocol: 'ws:', host: to.hostname, hostname: to.hostname, port: to.port },
+            agent: new HandOver(upstream)
+          }, (err) => tunnel.failed(err))
+        } catch (err) {
+          // node:http refused to build the upstream request (e.g. a header value it rejects).
+          tunnel.failed(err instanceof Error ? err : new Error(String(err)))
+        }
+      })
       tunnels.set(socket, tunnel)
-      try {
-        proxy.ws(req, socket, head, {
-          target: { protocol: target.secure ? 'wss:' : 'ws:', host: target.hostname, hostname: target.hostname, port: target.port },
-          ...(target.servername === null ? {} : { agent: tlsAgentOf(target.servername) })
-        }, (err) => tunnel.failed(err))
-      } catch (err) {
-        // node:http refused to build the upstream request (e.g. a header value it rejects).
-        tunnel.failed(err instanceof Error ? err : new Error(String(err)))
-      }
+      tunnel.connect()
     },
     hold (wake) {
       if (closed) {
@@ -111,7 +118,17 @@ class Tunnel {
   readonly socket: Duplex
   readonly plan: ForwardPlan
   readonly ctx: ForwardContext
-  readonly target: UpstreamTarget
+  /** The target of the attempt now (the last one tried once settled). */
+  target: UpstreamTarget
+  /** The Host the handshake is sent with: a target given as an address takes its TLS server name from it, as node:https does. */
+  readonly host: string | undefined
+  /** Sends the handshake over a connection made to the target. */
+  readonly open: (target: UpstreamTarget, upstream: Socket) => void
+  /** The connection being made to `target`, until it is handed to the handshake. */
+  connecting: Socket | null = null
+  /** The targets of the attempts before this one (connections refused, not resolved, or not made in time). */
+  tried: UpstreamTarget[] | null = null
+  retriedAfter: RetryCause[] | null = null
   proxyReq: ClientRequest | null = null
   upstream: Duplex | null = null
   upgraded = false
@@ -125,12 +142,14 @@ class Tunnel {
   timeoutKind: ForwardErrorKind | null = null
   done: ((result: ForwardResult) => void) | null
 
-  constructor (socket: Duplex, plan: ForwardPlan, ctx: ForwardContext, target: UpstreamTarget, done: ((result: ForwardResult) => void) | null, forget: () => void) {
+  constructor (socket: Duplex, plan: ForwardPlan, ctx: ForwardContext, target: UpstreamTarget, done: ((result: ForwardResult) => void) | null, forget: () => void, host: string | undefined, open: (target: UpstreamTarget, upstream: Socket) => void) {
     this.socket = socket
     this.plan = plan
     this.ctx = ctx
     this.target = target
     this.done = done
+    this.host = host
+    this.open = open
     // An 'error' without a listener would crash the process; 'close' follows it and tears down.
     socket.on('error', noop)
     socket.once('close', () => {
@@ -141,9 +160,77 @@ class Tunnel {
       this.clearTimer()
       if (this.upstream !== null) closeSoon(this.upstream)
       else this.proxyReq?.destroy()
+      this.connecting?.destroy()
       if (this.shutDown) this.settleShutDown()
       else this.settle(499, 'client_abort', null)
     })
+  }
+
+  /**
+   * Connects to `target` (through TLS for an https:// one, with its server name checked), then
+   * hands the connection to the handshake. Nothing is sent before it is made, so a refused one,
+   * a name that does not resolve or one not made within timeouts.connect goes to another target
+   * as an HTTP request's does (retries, retryOn: connect-failure, retryBackoff).
+   */
+  connect (): void {
+    const target = this.target
+    const upstream = target.secure
+      ? tlsConnect({ host: target.hostname, port: target.port, servername: target.servername ?? serverNameOf(this.host, target.hostname), ALPNProtocols: ['http/1.1'] })
+      : netConnect({ host: target.hostname, port: target.port })
+    this.connecting = upstream
+    const refused = (err: Error): void => { this.connectFailed(err) }
+    upstream.once('error', refused)
+    upstream.once('connect', () => {
+      this.connecting = null
+      // later errors are the handshake's (a TLS one too): its request reports them
+      upstream.off('error', refused)
+      upstream.on('error', noop)
+      this.open(this.target, upstream)
+    })
+    this.startTimer('connect_timeout', this.plan.pool.config.connectTimeoutMs)
+  }
+
+  private connectFailed (err: Error): void {
+    this.connecting = null
+    this.clearTimer()
+    if (this.shutDown) {
+      this.settleShutDown()
+      return
+    }
+    if (this.clientGone) return
+    const kind = this.timeoutKind ?? classifyUpstreamError(err)
+    this.timeoutKind = null
+    this.charge(kind)
+    if ((kind === 'refused' || kind === 'dns' || kind === 'connect_timeout') && this.retry(kind)) return
+    this.giveUp(kind, err)
+  }
+
+  /**
+   * Sends the handshake to another target (one not tried yet, else any in rotation) when the
+   * retry policy allows one more: a GET without a body, so always safe to repeat. Not budgeted,
+   * as an HTTP request's connection never made is not.
+   */
+  private retry (after: ForwardErrorKind): boolean {
+    const policy = this.plan.retry
+    if (!policy.onConnectFailure || (this.retriedAfter?.length ?? 0) >= policy.retries) return false
+    const pool = this.plan.pool
+    if (this.tried === null) this.tried = [this.target]
+    else if (!this.tried.includes(this.target)) this.tried.push(this.target)
+    const next = pool.pick(this.tried) ?? pool.pick()
+    if (next === null) return false
+    if (this.retriedAfter === null) this.retriedAfter = [after]
+    else this.retriedAfter.push(after)
+    this.target = next
+    const delayMs = policy.backoff === null ? 0 : retryDelayMs(policy.backoff, this.retriedAfter.length, Math.random())
+    if (delayMs === 0) this.connect()
+    else {
+      // the back-off's timer is the tunnel's: a client that leaves, or the shutdown, clears it
+      this.timer = setTimeout(() => {
+        this.timer = null
+        this.connect()
+      }, delayMs)
+    }
+    return true
   }
 
   opening (proxyReq: ClientRequest): void {
@@ -266,9 +353,18 @@ class Tunnel {
       return
     }
     const kind = known ?? this.timeoutKind ?? classifyUpstreamError(err)
+    this.charge(kind)
+    this.giveUp(kind, err)
+  }
+
+  /** The target's part in a failure: ejected when no connection was made, an outlier's failure when it accepted and then failed. */
+  private charge (kind: ForwardErrorKind): void {
     if (kind === 'refused' || kind === 'dns' || kind === 'connect_timeout') this.plan.pool.eject(this.target)
     // a target that accepts and then never answers, or resets, is an outlier for upgrades too
     else if (kind === 'response_timeout' || kind === 'reset' || kind === 'bad_response') this.plan.pool.failed(this.target)
+  }
+
+  private giveUp (kind: ForwardErrorKind, err: Error): void {
     const code = KIND_CODES[kind] ?? 'GW_ERR_UPSTREAM_UNAVAILABLE'
     // The client may already be gone (its close settled the tunnel); then nobody is answered.
     answer(this.socket, code, this.ctx)
@@ -283,7 +379,7 @@ class Tunnel {
     const done = this.done
     if (done === null) return
     this.done = null
-    report(done, outcome(status, this.target.url, kind, error))
+    report(done, outcome(status, this.target.url, kind, error, this.retriedAfter))
   }
 
   startTimer (kind: ForwardErrorKind, ms: number): void {
@@ -291,6 +387,7 @@ class Tunnel {
     this.timer = setTimeout(() => {
       this.timeoutKind = kind
       this.proxyReq?.destroy()
+      this.connecting?.destroy(new Error(`no connection within ${ms} ms`))
     }, ms)
   }
 
@@ -306,6 +403,7 @@ class Tunnel {
     // (a 101, an upstream's refusal) the connection can only be cut.
     const pending = !this.upgraded && !this.responded && this.done !== null && this.socket.writable
     this.proxyReq?.destroy()
+    this.connecting?.destroy()
     this.upstream?.destroy()
     if (pending) answer(this.socket, 'GW_ERR_SHUTTING_DOWN', this.ctx)
     else this.socket.destroy()
@@ -326,8 +424,8 @@ function report (done: (result: ForwardResult) => void, result: ForwardResult): 
   }
 }
 
-function outcome (status: number, target: string | null, kind: ForwardErrorKind | null, error: GatewayError | null): ForwardResult {
-  return { status, target, bytesIn: 0, bytesOut: 0, errorCode: error?.code ?? null, errorKind: kind, retriedAfter: null, error }
+function outcome (status: number, target: string | null, kind: ForwardErrorKind | null, error: GatewayError | null, retriedAfter: RetryCause[] | null = null): ForwardResult {
+  return { status, target, bytesIn: 0, bytesOut: 0, errorCode: error?.code ?? null, errorKind: kind, retriedAfter, error }
 }
 
 /** A plain HTTP/1.1 error answer on the raw socket (the upgrade never happened), then the socket is destroyed. */
@@ -350,12 +448,25 @@ function notUpgraded (res: IncomingMessage): void {
 
 function noop (): void {}
 
-// node:http takes the TLS server name from the Host header, and http-proxy passes no servername
-// of its own: an agent's options win over the request's (node's Agent.addRequest). One agent per
-// name, without keep-alive: an upgraded socket leaves its agent.
-const tlsAgents = new Map<string, HttpsAgent>()
-function tlsAgentOf (servername: string): HttpsAgent {
-  let agent = tlsAgents.get(servername)
-  if (agent === undefined) tlsAgents.set(servername, agent = new HttpsAgent({ servername, keepAlive: false }))
-  return agent
+/**
+ * The TLS server name for a target given as an address: the Host the handshake is sent with, as
+ * node:https takes it (its calculateServerName); none when that is an address too ('': no SNI,
+ * the certificate checked against the address connected to).
+ */
+function serverNameOf (host: string | undefined, address: string): string {
+  const name = host === undefined || host === '' ? address : host.startsWith('[') ? host.slice(1, host.indexOf(']')) : host.split(':', 1)[0] ?? ''
+  return isIP(name) === 0 ? name : ''
+}
+
+/** An agent that gives its one request the connection already made, and keeps nothing: an upgraded socket leaves its agent. */
+class HandOver extends HttpAgent {
+  readonly #upstream: Socket
+  constructor (upstream: Socket) {
+    super({ keepAlive: false })
+    this.#upstream = upstream
+  }
+
+  override createConnection (): Socket {
+    return this.#upstream
+  }
 }
