@@ -152,5 +152,5 @@ routes:
     t.ok(performance.now() - began < 5000, 'at the deadline, not after the back-off')
     t.match(gw.lines.filter(l => l.msg === 'request'), [{ status: 503, error: 'shutting_down', retriedAfter: 'refused' }])
   }
-  t.equal(up.upgrades.length, got.status === 101 ? 1 : 0, 'a handshake sent only when the retry went first')
+  t.equal(up.upgrades.length, got.status === 101 ? 1 : 0, 'a handshake sent when the retry went first, and never otherwise')
 })
