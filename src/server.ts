@@ -149,6 +149,48 @@ interface OpenResponses {
   readonly responses: ServerResponse[]
   /** An error answer waiting for those responses (clientError on a later pipelined request). */
   then: (() => void) | null
+  /** The request being served: one at a time per connection (see servePipelined). */
+  serving: ServerResponse | null
+  /** Requests pipelined behind it, not yet started, oldest first. */
+  readonly waiting: Array<{ readonly req: IncomingMessage, readonly res: ServerResponse }>
+}
+
+/**
+ * Requests a connection may have waiting behind the one being served; one more closes it. node:http
+ * parses every request a read brings and stops reading only for answers held for their turn,
+ * which requests not yet started do not write: without a bound, a client writing requests ahead
+ * without end would be held in memory without end. No client pipelines this deep (wrk's example
+ * script sends 3 at a time; browsers none).
+ */
+export const MAX_PIPELINED_WAITING = 128
+
+/**
+ * Serves a connection's requests one at a time, as nginx and Envoy serve an HTTP/1.1 connection:
+ * a request pipelined behind another starts when the one before it has closed. Started as they
+ * came, one connection of 2,000 pipelined GETs took every upstream connection and the whole queue
+ * (other clients got 503 GW_ERR_UPSTREAM_BUSY), and once their answers waiting for their turn
+ * passed 16 KiB, node:http stopped reading the connection: a client that left was no longer seen,
+ * and every one of its upstream requests ran on until it answered.
+ */
+function servePipelined (open: OpenResponses, req: IncomingMessage, res: ServerResponse, handle: (req: IncomingMessage, res: ServerResponse) => void): boolean {
+  if (open.serving === null) {
+    open.serving = res
+    handle(req, res)
+    return true
+  }
+  if (open.waiting.length >= MAX_PIPELINED_WAITING) return false
+  open.waiting.push({ req, res })
+  return true
+}
+
+/** The request served on the connection closed: the next one waiting starts. */
+function serveNext (open: OpenResponses, closed: ServerResponse, handle: (req: IncomingMessage, res: ServerResponse) => void): void {
+  if (open.serving !== closed) return
+  open.serving = null
+  const next = open.waiting.shift()
+  if (next === undefined) return
+  open.serving = next.res
+  handle(next.req, next.res)
 }
 
 /**
@@ -159,6 +201,12 @@ interface OpenResponses {
  */
 function closeUnassigned (open: OpenResponses | undefined): void {
   if (open === undefined) return
+  // never started: nobody is left to answer (not logged, as nginx logs no request it never read)
+  for (const { res } of open.waiting.splice(0)) {
+    const i = open.responses.indexOf(res)
+    if (i !== -1) open.responses.splice(i, 1)
+    res.destroy()
+  }
   for (const res of open.responses.slice()) {
     if (res.socket !== null || res.writableFinished) continue
     res.destroy()
@@ -416,7 +464,7 @@ export class Gateway {
   private openResponsesOf (socket: Socket): OpenResponses {
     let open = this.openResponses.get(socket)
     if (open === undefined) {
-      const opened: OpenResponses = { responses: [], then: null }
+      const opened: OpenResponses = { responses: [], then: null, serving: null, waiting: [] }
       this.openResponses.set(socket, opened)
       this.connections.add(opened)
       socket.once('close', () => this.connections.delete(opened))
@@ -461,7 +509,9 @@ export class Gateway {
     // req.socket stays set after the response detaches from it, so the close finds its connection
     const handleRequest = createRequestHandler(this.state, (req, res) => {
       const open = this.openResponses.get(req.socket)
-      if (open !== undefined) responseClosed(open, res)
+      if (open === undefined) return
+      responseClosed(open, res)
+      serveNext(open, res, handleRequest)
     })
     applyServerSettings(server, runtime)
     const onRequest = (req: IncomingMessage, res: ServerResponse): void => {
@@ -473,8 +523,11 @@ export class Gateway {
       open.responses.push(res)
       // a body's rest is read before a closing answer closes the connection (lingering close)
       if (hasRequestBody(req.headers)) lingerAfterAnswer(req, res)
-      handleRequest(req, res)
+      if (servePipelined(open, req, res, handleRequest)) return
+      warnPipelineOverflow({ ip: req.socket.remoteAddress })
+      req.socket.destroy()
     }
+    const warnPipelineOverflow = warnSparingly(this.logger, `connection closed: a client wrote more than ${MAX_PIPELINED_WAITING} requests ahead of the one being served (this line comes at most every 10 s)`)
     server.on('request', onRequest)
     // Expect: 100-continue: the 100 goes out when the body is read (src/proxy/expect-continue.ts)
     server.on('checkContinue', (req: IncomingMessage, res: ServerResponse) => {

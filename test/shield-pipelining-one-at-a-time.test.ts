@@ -1,0 +1,116 @@
+// A connection's requests are served one at a time, as nginx and Envoy serve an HTTP/1.1
+// connection. Started as they came, one connection of pipelined GETs took every upstream
+// connection and the queue; and once its answers waiting for their turn (404s the gateway gives
+// at once) passed node:http's 16 KiB, node:http stopped reading the connection: a client that
+// left was not seen, and its upstream request ran on until it answered (README "Client
+// disconnects": when the client goes away, the upstream request is aborted).
+import t from 'tap'
+import net from 'node:net'
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import { startGateway } from './helpers/gateway.js'
+import { startHttpServer } from './helpers/upstream.js'
+import { eventually, metric, send } from './helpers/ratelimit.js'
+
+t.test('a pipelining client that leaves has its upstream request aborted, also behind 60 answers waiting their turn', async (t) => {
+  let closedEarly = 0
+  let started = 0
+  const { url } = await startHttpServer(t, (_req: IncomingMessage, res: ServerResponse) => {
+    started++
+    const timer = setTimeout(() => res.end('late'), 8000)
+    res.on('close', () => { if (!res.writableFinished) { clearTimeout(timer); closedEarly++ } })
+  })
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${url}], timeouts: { response: 30s } }
+routes:
+  - { name: api, pathPrefix: /api/, upstream: backend }
+`)
+  for (const answeredAtOnce of [0, 60]) {
+    const before = closedEarly
+    const c = net.connect(gw.port, '127.0.0.1')
+    c.on('error', () => {})
+    c.pause()
+    let raw = 'GET /api/slow HTTP/1.1\r\nHost: a\r\n\r\n'
+    for (let i = 0; i < answeredAtOnce; i++) raw += `GET /nowhere/${i} HTTP/1.1\r\nHost: a\r\n\r\n`
+    const startedBefore = started
+    c.write(raw)
+    await eventually('the slow request reached the upstream', async () => started > startedBefore, 5000)
+    await new Promise(resolve => setTimeout(resolve, 300))
+    c.destroy()
+    await eventually(`the upstream request aborted within 2 s of its client leaving (${answeredAtOnce} answers held behind it)`, async () => closedEarly > before, 2000)
+    t.equal(closedEarly, before + 1, `aborted with ${answeredAtOnce} answers held`)
+    await eventually('nothing in flight', async () => await metric(gw.adminUrl, 'gateway_requests_in_flight') === 0, 2000)
+  }
+})
+
+t.test('one connection of 100 pipelined GETs holds one upstream request at a time: another client is served meanwhile, every GET answered in order', async (t) => {
+  let busy = 0
+  let most = 0
+  const { url } = await startHttpServer(t, (req: IncomingMessage, res: ServerResponse) => {
+    busy++
+    most = Math.max(most, busy)
+    setTimeout(() => { busy--; res.end(req.url) }, req.url === '/api/other' ? 0 : 2)
+  })
+  // 4 connections and no queue: 100 requests started at once got 96 refusals of 503
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${url}], maxConnections: 4, maxPending: 0 }
+routes:
+  - { name: api, pathPrefix: /api/, upstream: backend }
+`)
+  const c = net.connect(gw.port, '127.0.0.1')
+  c.on('error', () => {})
+  let text = ''
+  c.setEncoding('latin1')
+  c.on('data', (chunk: string) => { text += chunk })
+  let raw = ''
+  for (let i = 0; i < 100; i++) raw += `GET /api/p${i} HTTP/1.1\r\nHost: a\r\n\r\n`
+  c.write(raw)
+  await eventually('the pipelined GETs under way', async () => busy > 0, 5000)
+  const other = await send(`${gw.url}/api/other`)
+  t.equal(other.status, 200, 'another client is served while the pipeline runs')
+  await eventually('every pipelined GET answered', async () => (text.match(/HTTP\/1\.1 200/g) ?? []).length === 100, 20_000)
+  c.write('GET /api/after HTTP/1.1\r\nHost: a\r\n\r\n')
+  await eventually('the next request on the connection answered', async () => text.includes('/api/after'), 5000)
+  c.destroy()
+  const bodies = [...text.matchAll(/\r\n\r\n(\/api\/[a-z0-9]+)/g)].map(m => m[1])
+  t.same(bodies, [...Array.from({ length: 100 }, (_, i) => `/api/p${i}`), '/api/after'], 'in order')
+  t.ok(most <= 2, `at most one upstream request of the pipeline at a time (with the other client's: ${most})`)
+})
+
+t.test('a client writing more than 128 requests ahead of the one served is closed, warned of; nothing stays in flight', async (t) => {
+  const { url } = await startHttpServer(t, (req: IncomingMessage, res: ServerResponse) => { setTimeout(() => res.end(req.url), 5) })
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${url}] }
+routes:
+  - { name: api, pathPrefix: /api/, upstream: backend }
+`)
+  const c = net.connect(gw.port, '127.0.0.1')
+  c.on('error', () => {})
+  const closed = new Promise(resolve => c.once('close', resolve))
+  let raw = ''
+  // the one served, 128 waiting, and one more
+  for (let i = 0; i < 130; i++) raw += `GET /api/p${i} HTTP/1.1\r\nHost: a\r\n\r\n`
+  c.write(raw)
+  c.resume()
+  t.ok(await Promise.race([closed.then(() => true), new Promise(resolve => setTimeout(resolve, 10_000, false))]), 'the connection is closed')
+  t.ok(gw.lines.some(l => l.level === 40 && String(l.msg).startsWith('connection closed: a client wrote more than 128 requests ahead')), 'warned of')
+  await eventually('nothing in flight', async () => await metric(gw.adminUrl, 'gateway_requests_in_flight') === 0, 5000)
+  t.equal((await send(`${gw.url}/api/after`)).status, 200, 'the gateway serves on')
+
+  // 129 (the one served and 128 waiting) are all answered
+  const d = net.connect(gw.port, '127.0.0.1')
+  d.on('error', () => {})
+  let text = ''
+  d.setEncoding('latin1')
+  d.on('data', (chunk: string) => { text += chunk })
+  let fits = ''
+  for (let i = 0; i < 129; i++) fits += `GET /api/q${i} HTTP/1.1\r\nHost: a\r\n\r\n`
+  d.write(fits)
+  await eventually('all 129 answered', async () => (text.match(/HTTP\/1\.1 200/g) ?? []).length === 129, 20_000)
+  d.destroy()
+})
