@@ -192,3 +192,42 @@ t.test('with bufferBodies: 0, an upload refused mid-body (413, a client timeout)
   t.equal(gw.child.exitCode, null, 'the gateway is still running')
   t.notMatch(gw.stderr(), /TypeError/, 'and wrote no error')
 })
+
+t.test('an answer that keeps the connection open while the body goes on: the rest is dropped, for at most 2 s', async t => {
+  const up = await startUpstream(t)
+  const gw = await gatewayProcess(t, up.url, '  - { name: api, pathPrefix: /api/, upstream: backend }\n')
+  /** A chunked POST to no route, then a 100-byte chunk every 100 ms until `endAfterMs` (or the connection closes), then `after` on the same connection. */
+  const dribble = async (endAfterMs: number, after: string): Promise<{ text: string, answeredAt: number, closedAt: number | null }> => {
+    const socket = net.connect(gw.port, '127.0.0.1')
+    socket.on('error', () => {})
+    let text = ''
+    let answeredAt = -1
+    let closedAt: number | null = null
+    const began = Date.now()
+    socket.setEncoding('latin1')
+    socket.on('data', (chunk: string) => {
+      text += chunk
+      if (answeredAt === -1) answeredAt = Date.now() - began
+    })
+    socket.on('close', () => { closedAt = Date.now() - began })
+    socket.write('POST /nowhere HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n')
+    while (closedAt === null && Date.now() - began < endAfterMs) {
+      socket.write(`64\r\n${'z'.repeat(100)}\r\n`)
+      await new Promise(resolve => setTimeout(resolve, 100))
+    }
+    if (closedAt === null) {
+      socket.write(`0\r\n\r\n${after}`)
+      await new Promise(resolve => setTimeout(resolve, 500))
+    }
+    socket.destroy()
+    return { text, answeredAt, closedAt }
+  }
+  // a body without end: it held the connection until server.requestTimeout (minutes)
+  const endless = await dribble(10_000, '')
+  t.same(parseResponses(endless.text).map(r => r.status), [404], 'answered at once')
+  t.ok(endless.closedAt !== null && endless.closedAt - endless.answeredAt < 6000, `closed ${endless.closedAt === null ? 'not within 10 s' : `${endless.closedAt - endless.answeredAt} ms`} after the answer`)
+  // a body that ends within the grace: the connection serves on
+  const ends = await dribble(500, 'GET /api/next HTTP/1.1\r\nHost: a\r\n\r\n')
+  t.same(parseResponses(ends.text).map(r => r.status), [404, 200], 'the next request on the connection is served')
+  t.equal(ends.closedAt, null, 'not closed')
+})

@@ -37,6 +37,24 @@ export function isDroppingBody (socket: Socket): boolean {
 }
 
 /**
+ * An answer that keeps the connection open (a 404 or a 501 for a body that asked no 100 Continue)
+ * while the body still arrives: node reads the rest as this request's body and drops it
+ * (req._dump) before it reads the next request. A body that goes on (a client dripping it without
+ * end) held the connection until server.requestTimeout, minutes by default; it gets
+ * CLOSE_GRACE_MS to end, as the body after a closing answer does, then the connection is closed.
+ */
+function keptForRestOfBody (req: IncomingMessage, socket: Socket): void {
+  const timer = setTimeout(() => { socket.destroy() }, CLOSE_GRACE_MS)
+  timer.unref()
+  const clear = (): void => {
+    clearTimeout(timer)
+    socket.off('close', clear)
+  }
+  req.once('end', clear)
+  socket.once('close', clear)
+}
+
+/**
  * Called for a request with a body as it arrives. When its answer has ended the connection
  * (Connection: close) and the body is not read to its end, node's close (destroySoon: destroy once
  * the answer is flushed) waits for the body's end as well: node's parser reads the rest as the
@@ -49,7 +67,11 @@ export function lingerAfterAnswer (req: IncomingMessage, res: ServerResponse): v
   const socket = req.socket
   // runs after node's own 'finish' listener, which detached the response and ended the socket
   res.once('finish', () => {
-    if (req.complete || socket.destroyed || !socket.writableEnded) return
+    if (req.complete || socket.destroyed) return
+    if (!socket.writableEnded) {
+      keptForRestOfBody(req, socket)
+      return
+    }
     // node's destroySoon: once('finish', this.destroy)
     socket.removeListener('finish', socket.destroy)
     dropRestOfBody(req, socket)
