@@ -3,10 +3,7 @@
 // stopped with SIGTERM under load (the buffer is flushed at drain and at exit).
 import t from 'tap'
 import { request } from 'undici'
-import { execFileSync, spawn } from 'node:child_process'
-import { closeSync, constants as fsConstants, openSync, readSync } from 'node:fs'
-import { join } from 'node:path'
-import { childEnv, spawnGateway, writeConfig } from './helpers/gateway.js'
+import { gatewayOnUnreadStdout, spawnGateway, writeConfig } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 
 const config = (target: string): string => `listen: 127.0.0.1:0
@@ -70,39 +67,8 @@ t.test('SIGTERM under load: every answered request has its access line', async t
 t.test('a stdout pipe nobody reads: SIGTERM still ends the gateway within a bound, and the lines it could not write are counted on stderr', async t => {
   const up = await startUpstream(t)
   const file = writeConfig(t, config(up.url))
-  const fifo = join(t.testdir(), 'stdout.fifo')
-  execFileSync('mkfifo', [fifo])
-  // the test keeps the read end and reads the start-up line, then nothing until the gateway is gone
-  const readFd = openSync(fifo, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK)
-  t.teardown(() => { closeSync(readFd) })
-  const writeFd = openSync(fifo, 'w')
-  // through env(1): tap puts its own --import back into a child's NODE_OPTIONS, and that import
-  // opens process.stdout, which would make the pipe non-blocking before the gateway's code runs
-  const child = spawn('env', ['-u', 'NODE_OPTIONS', process.execPath, 'bin/gateway', 'start', '-c', file], { stdio: ['ignore', writeFd, 'pipe'], env: childEnv() })
-  closeSync(writeFd)
-  let stderr = ''
-  child.stderr?.on('data', (c: Buffer) => { stderr += c.toString() })
-  const exited = new Promise<number | null>(resolve => child.once('exit', code => resolve(code)))
-  t.teardown(() => { child.kill('SIGKILL') })
-  const chunk = Buffer.alloc(65536)
-  const readPipe = (): string => {
-    let text = ''
-    for (;;) {
-      let n: number
-      try { n = readSync(readFd, chunk, 0, chunk.length, null) } catch { return text }
-      if (n === 0) return text
-      text += chunk.toString('utf8', 0, n)
-    }
-  }
-  let head = ''
-  let port = 0
-  for (const deadline = Date.now() + 30_000; port === 0 && Date.now() < deadline;) {
-    head += readPipe()
-    const started = head.split('\n').find(l => l.includes('"gateway started"'))
-    if (started !== undefined) port = (JSON.parse(started) as { port: number }).port
-    else await new Promise(resolve => setTimeout(resolve, 20))
-  }
-  t.ok(port > 0, `the gateway started (${stderr})`)
+  // the test reads the start-up line, then nothing until the gateway is gone
+  const { child, port, exited, stderr, readPipe } = await gatewayOnUnreadStdout(t, file)
   // 600 lines of about 1.2 KB: ten times what the pipe holds
   const pad = 'p'.repeat(1000)
   let next = 0
@@ -121,8 +87,8 @@ t.test('a stdout pipe nobody reads: SIGTERM still ends the gateway within a boun
   // the drain gives the log 2 s and the exit 1 s more; 15 s is the margin of a loaded machine
   const code = await Promise.race([exited, new Promise(resolve => setTimeout(() => resolve('still running'), 15_000))])
   t.equal(code, 0, `the gateway exited 0 (after ${Date.now() - stopped} ms)`)
-  const dropped = Number(/log: (\d+) lines dropped at exit/.exec(stderr)?.[1] ?? Number.NaN)
-  t.ok(dropped > 0, `the lines the pipe did not take are said on stderr (${stderr.trim()})`)
+  const dropped = Number(/log: (\d+) lines dropped at exit/.exec(stderr())?.[1] ?? Number.NaN)
+  t.ok(dropped > 0, `the lines the pipe did not take are said on stderr (${stderr().trim()})`)
   const lines = readPipe().split('\n').slice(0, -1)
   t.same(lines.filter(l => { try { JSON.parse(l); return false } catch { return true } }), [], 'every line that reached the pipe is whole')
   const logged = lines.filter(l => l.includes('"path":"/fill/')).length

@@ -5,10 +5,7 @@
 // stalled shipper in front of bin/gateway must not make it hold every line it cannot write.
 import t from 'tap'
 import { request } from 'undici'
-import { execFileSync, spawn } from 'node:child_process'
-import { closeSync, constants as fsConstants, openSync, readSync } from 'node:fs'
-import { join } from 'node:path'
-import { childEnv, writeConfig } from './helpers/gateway.js'
+import { gatewayOnUnreadStdout, writeConfig } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 
 const MIB = 1024 * 1024
@@ -24,39 +21,8 @@ upstreams:
 routes:
   - { name: all, pathPrefix: /, upstream: backend }
 `)
-  const fifo = join(t.testdir(), 'stdout.fifo')
-  execFileSync('mkfifo', [fifo])
-  const readFd = openSync(fifo, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK)
-  t.teardown(() => { closeSync(readFd) })
-  const writeFd = openSync(fifo, 'w')
-  // through env(1): tap's NODE_OPTIONS would load its TypeScript import into the gateway
-  const child = spawn('env', ['-u', 'NODE_OPTIONS', process.execPath, 'bin/gateway', 'start', '-c', file], { stdio: ['ignore', writeFd, 'pipe'], env: childEnv() })
-  closeSync(writeFd)
-  let stderr = ''
-  child.stderr?.on('data', (c: Buffer) => { stderr += c.toString() })
-  const exited = new Promise<number | null>(resolve => child.once('exit', code => resolve(code)))
-  t.teardown(() => { child.kill('SIGKILL') })
-  const chunk = Buffer.alloc(65536)
-  const readPipe = (): string => {
-    let text = ''
-    for (;;) {
-      let n: number
-      try { n = readSync(readFd, chunk, 0, chunk.length, null) } catch { return text }
-      if (n === 0) return text
-      text += chunk.toString('utf8', 0, n)
-    }
-  }
-  let head = ''
-  let started: { port: number, adminPort: number } | null = null
-  for (const deadline = Date.now() + 30_000; started === null && Date.now() < deadline;) {
-    head += readPipe()
-    const line = head.split('\n').find(l => l.includes('"gateway started"'))
-    if (line !== undefined) started = JSON.parse(line) as { port: number, adminPort: number }
-    else await sleep(20)
-  }
-  if (started === null) throw new Error(`the gateway did not start: ${stderr}`)
-  const { port, adminPort } = started
-
+  const { child, port, adminPort, exited, stderr, readPipe, head: started } = await gatewayOnUnreadStdout(t, file)
+  let head = started
   // every request's line has the same length: a fixed-width path with a 6000-byte pad
   const pad = 'p'.repeat(6000)
   const path = (i: number): string => `/fill/${String(i).padStart(6, '0')}?pad=${pad}`
@@ -99,5 +65,5 @@ routes:
   t.ok(kept <= 9.5 * MIB, `lines kept waiting for stdout: ${(kept / MIB).toFixed(2)} MiB (at most 8 MiB in the buffer)`)
 
   child.kill('SIGTERM')
-  t.equal(await exited, 0, `the gateway still exits 0 on SIGTERM (${stderr.trim()})`)
+  t.equal(await exited, 0, `the gateway still exits 0 on SIGTERM (${stderr().trim()})`)
 })

@@ -11,6 +11,19 @@ import { startGateway } from './helpers/gateway.js'
 import { startHttpServer } from './helpers/upstream.js'
 import { eventually, metric, send } from './helpers/ratelimit.js'
 
+/** `n` GETs of /api/<name><i> written at once on a connection of their own; what comes back is read as it comes. */
+function pipeline (port: number, name: string, n: number): { socket: net.Socket, text: () => string, answered: () => number } {
+  const socket = net.connect(port, '127.0.0.1')
+  socket.on('error', () => {})
+  let text = ''
+  socket.setEncoding('latin1')
+  socket.on('data', (chunk: string) => { text += chunk })
+  let raw = ''
+  for (let i = 0; i < n; i++) raw += `GET /api/${name}${i} HTTP/1.1\r\nHost: a\r\n\r\n`
+  socket.write(raw)
+  return { socket, text: () => text, answered: () => (text.match(/HTTP\/1\.1 200/g) ?? []).length }
+}
+
 t.test('a pipelining client that leaves has its upstream request aborted, also behind 60 answers waiting their turn', async (t) => {
   let closedEarly = 0
   let started = 0
@@ -60,22 +73,15 @@ upstreams:
 routes:
   - { name: api, pathPrefix: /api/, upstream: backend }
 `)
-  const c = net.connect(gw.port, '127.0.0.1')
-  c.on('error', () => {})
-  let text = ''
-  c.setEncoding('latin1')
-  c.on('data', (chunk: string) => { text += chunk })
-  let raw = ''
-  for (let i = 0; i < 100; i++) raw += `GET /api/p${i} HTTP/1.1\r\nHost: a\r\n\r\n`
-  c.write(raw)
+  const c = pipeline(gw.port, 'p', 100)
   await eventually('the pipelined GETs under way', async () => busy > 0, 5000)
   const other = await send(`${gw.url}/api/other`)
   t.equal(other.status, 200, 'another client is served while the pipeline runs')
-  await eventually('every pipelined GET answered', async () => (text.match(/HTTP\/1\.1 200/g) ?? []).length === 100, 20_000)
-  c.write('GET /api/after HTTP/1.1\r\nHost: a\r\n\r\n')
-  await eventually('the next request on the connection answered', async () => text.includes('/api/after'), 5000)
-  c.destroy()
-  const bodies = [...text.matchAll(/\r\n\r\n(\/api\/[a-z0-9]+)/g)].map(m => m[1])
+  await eventually('every pipelined GET answered', async () => c.answered() === 100, 20_000)
+  c.socket.write('GET /api/after HTTP/1.1\r\nHost: a\r\n\r\n')
+  await eventually('the next request on the connection answered', async () => c.text().includes('/api/after'), 5000)
+  c.socket.destroy()
+  const bodies = [...c.text().matchAll(/\r\n\r\n(\/api\/[a-z0-9]+)/g)].map(m => m[1])
   t.same(bodies, [...Array.from({ length: 100 }, (_, i) => `/api/p${i}`), '/api/after'], 'in order')
   t.ok(most <= 2, `at most one upstream request of the pipeline at a time (with the other client's: ${most})`)
 })
@@ -103,14 +109,7 @@ routes:
   t.equal((await send(`${gw.url}/api/after`)).status, 200, 'the gateway serves on')
 
   // 129 (the one served and 128 waiting) are all answered
-  const d = net.connect(gw.port, '127.0.0.1')
-  d.on('error', () => {})
-  let text = ''
-  d.setEncoding('latin1')
-  d.on('data', (chunk: string) => { text += chunk })
-  let fits = ''
-  for (let i = 0; i < 129; i++) fits += `GET /api/q${i} HTTP/1.1\r\nHost: a\r\n\r\n`
-  d.write(fits)
-  await eventually('all 129 answered', async () => (text.match(/HTTP\/1\.1 200/g) ?? []).length === 129, 20_000)
-  d.destroy()
+  const d = pipeline(gw.port, 'q', 129)
+  await eventually('all 129 answered', async () => d.answered() === 129, 20_000)
+  d.socket.destroy()
 })

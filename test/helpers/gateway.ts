@@ -1,8 +1,8 @@
 // Starts real gateways for tests: in process (Gateway.start) or as `bin/gateway` (for signals).
 // Every start registers its teardown on the test right away.
-import { writeFileSync } from 'node:fs'
+import { closeSync, constants as fsConstants, openSync, readSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { spawn, type ChildProcess } from 'node:child_process'
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
 import { Writable } from 'node:stream'
 import { Gateway } from '../../src/server.js'
 import { createLogger } from '../../src/log.js'
@@ -132,4 +132,58 @@ export async function spawnGateway (t: Teardown, yaml: string, extraArgs: string
   const port = started.port as number
   const adminPort = started.adminPort as number
   return { child, file, pidFile, port, adminPort, url: `http://127.0.0.1:${port}`, adminUrl: `http://127.0.0.1:${adminPort}`, logs, stderr: () => err, exited, waitForLog }
+}
+
+export interface UnreadStdoutGateway {
+  readonly child: ChildProcess
+  readonly port: number
+  readonly adminPort: number
+  /** Resolves with the exit code. */
+  readonly exited: Promise<number | null>
+  readonly stderr: () => string
+  /** What the gateway wrote since the last read (never blocks); its start-up lines are in `head`. */
+  readonly readPipe: () => string
+  readonly head: string
+}
+
+/**
+ * `bin/gateway start -c file` with its stdout on a FIFO the test reads only when it calls
+ * readPipe: a log shipper that stalls (Docker's FIFO, a shell pipe). Resolves once the gateway
+ * has said it started. Through env(1): tap puts its own --import back into a child's
+ * NODE_OPTIONS, and that import opens process.stdout, which would make the pipe non-blocking
+ * before the gateway's code runs.
+ */
+export async function gatewayOnUnreadStdout (t: Teardown, file: string): Promise<UnreadStdoutGateway> {
+  const fifo = join(tempDir(t, 'gw-fifo'), 'stdout.fifo')
+  execFileSync('mkfifo', [fifo])
+  const readFd = openSync(fifo, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK)
+  t.teardown(() => { closeSync(readFd) })
+  const writeFd = openSync(fifo, 'w')
+  const child = spawn('env', ['-u', 'NODE_OPTIONS', process.execPath, 'bin/gateway', 'start', '-c', file], { stdio: ['ignore', writeFd, 'pipe'], env: childEnv() })
+  closeSync(writeFd)
+  let stderr = ''
+  child.stderr?.on('data', (c: Buffer) => { stderr += c.toString() })
+  const exited = new Promise<number | null>(resolve => child.once('exit', code => resolve(code)))
+  t.teardown(() => { child.kill('SIGKILL') })
+  const chunk = Buffer.alloc(65536)
+  const readPipe = (): string => {
+    let text = ''
+    for (;;) {
+      let n: number
+      try { n = readSync(readFd, chunk, 0, chunk.length, null) } catch { return text }
+      if (n === 0) return text
+      text += chunk.toString('utf8', 0, n)
+    }
+  }
+  let head = ''
+  for (const deadline = Date.now() + 30_000; Date.now() < deadline;) {
+    head += readPipe()
+    const line = head.split('\n').find(l => l.includes('"gateway started"'))
+    if (line !== undefined) {
+      const { port, adminPort } = JSON.parse(line) as { port: number, adminPort: number }
+      return { child, port, adminPort, exited, stderr: () => stderr, readPipe, head }
+    }
+    await new Promise(resolve => setTimeout(resolve, 20))
+  }
+  throw new Error(`the gateway did not start: ${stderr}`)
 }
