@@ -193,41 +193,49 @@ t.test('with bufferBodies: 0, an upload refused mid-body (413, a client timeout)
   t.notMatch(gw.stderr(), /TypeError/, 'and wrote no error')
 })
 
-t.test('an answer that keeps the connection open while the body goes on: the rest is dropped, for at most 2 s', async t => {
+t.test('an answer that keeps the connection open while the body goes on: the rest is dropped while it comes, for at most 10 s', async t => {
   const up = await startUpstream(t)
   const gw = await gatewayProcess(t, up.url, '  - { name: api, pathPrefix: /api/, upstream: backend }\n')
-  /** A chunked POST to no route, then a 100-byte chunk every 100 ms until `endAfterMs` (or the connection closes), then `after` on the same connection. */
-  const dribble = async (endAfterMs: number, after: string): Promise<{ text: string, answeredAt: number, closedAt: number | null }> => {
+  /**
+   * A chunked POST to no route, then a chunk of `size` bytes every `every` ms for `sendFor` ms (or
+   * until the connection closes); then, when `end`, the body's end and `after` on the same
+   * connection, and a wait of `waitAfter` ms. Times are from the first byte sent.
+   */
+  const upload = async (o: { every: number, size: number, sendFor: number, end: boolean, waitAfter: number, after?: string }): Promise<{ statuses: number[], closedAt: number | null, lastSent: number }> => {
     const socket = net.connect(gw.port, '127.0.0.1')
     socket.on('error', () => {})
     let text = ''
-    let answeredAt = -1
     let closedAt: number | null = null
     const began = Date.now()
     socket.setEncoding('latin1')
-    socket.on('data', (chunk: string) => {
-      text += chunk
-      if (answeredAt === -1) answeredAt = Date.now() - began
-    })
+    socket.on('data', (chunk: string) => { text += chunk })
     socket.on('close', () => { closedAt = Date.now() - began })
     socket.write('POST /nowhere HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n')
-    while (closedAt === null && Date.now() - began < endAfterMs) {
-      socket.write(`64\r\n${'z'.repeat(100)}\r\n`)
-      await new Promise(resolve => setTimeout(resolve, 100))
+    const chunk = `${o.size.toString(16)}\r\n${'z'.repeat(o.size)}\r\n`
+    let lastSent = 0
+    while (closedAt === null && Date.now() - began < o.sendFor) {
+      socket.write(chunk)
+      lastSent = Date.now() - began
+      await new Promise(resolve => setTimeout(resolve, o.every))
     }
-    if (closedAt === null) {
-      socket.write(`0\r\n\r\n${after}`)
-      await new Promise(resolve => setTimeout(resolve, 500))
-    }
+    if (closedAt === null && o.end) socket.write(`0\r\n\r\n${o.after ?? ''}`)
+    for (const until = Date.now() + o.waitAfter; closedAt === null && Date.now() < until;) await new Promise(resolve => setTimeout(resolve, 50))
     socket.destroy()
-    return { text, answeredAt, closedAt }
+    return { statuses: parseResponses(text).map(r => r.status), closedAt, lastSent }
   }
-  // a body without end: it held the connection until server.requestTimeout (minutes)
-  const endless = await dribble(10_000, '')
-  t.same(parseResponses(endless.text).map(r => r.status), [404], 'answered at once')
-  t.ok(endless.closedAt !== null && endless.closedAt - endless.answeredAt < 6000, `closed ${endless.closedAt === null ? 'not within 10 s' : `${endless.closedAt - endless.answeredAt} ms`} after the answer`)
-  // a body that ends within the grace: the connection serves on
-  const ends = await dribble(500, 'GET /api/next HTTP/1.1\r\nHost: a\r\n\r\n')
-  t.same(parseResponses(ends.text).map(r => r.status), [404, 200], 'the next request on the connection is served')
-  t.equal(ends.closedAt, null, 'not closed')
+  const next = 'GET /api/next HTTP/1.1\r\nHost: a\r\n\r\n'
+  // a body that goes on without end: it held the connection until server.requestTimeout (minutes)
+  const endless = await upload({ every: 100, size: 100, sendFor: 20_000, end: false, waitAfter: 0 })
+  t.same(endless.statuses, [404], 'answered at once')
+  t.ok(endless.closedAt !== null && endless.closedAt >= 9500 && endless.closedAt < 15_000, `a body still coming is dropped for 10 s, then the connection closed (${endless.closedAt} ms)`)
+  // a body that stops coming: closed 2 s after its last byte
+  const stops = await upload({ every: 100, size: 100, sendFor: 500, end: false, waitAfter: 6000 })
+  t.ok(stops.closedAt !== null && stops.closedAt - stops.lastSent >= 1900 && stops.closedAt - stops.lastSent < 4500, `closed ${stops.closedAt === null ? 'never' : stops.closedAt - stops.lastSent} ms after its last byte`)
+  // a large upload still arriving fast after 2 s: read to its end, and the connection serves on
+  const fast = await upload({ every: 20, size: 32 * 1024, sendFor: 3000, end: true, waitAfter: 1000, after: next })
+  t.same(fast.statuses, [404, 200], 'a body that keeps coming is read to its end; the next request is served')
+  t.equal(fast.closedAt, null, 'not closed')
+  // a body that ends: nothing closes the connection later
+  const ends = await upload({ every: 100, size: 100, sendFor: 300, end: true, waitAfter: 3000 })
+  t.equal(ends.closedAt, null, 'still open 3 s after the body\'s end')
 })

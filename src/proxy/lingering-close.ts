@@ -37,17 +37,34 @@ export function isDroppingBody (socket: Socket): boolean {
 }
 
 /**
+ * The longest the rest of a body is read and dropped after an answer that keeps the connection
+ * open (nginx's lingering_time is 30 s): a 404 is no reason to take in a whole large upload.
+ */
+export const KEPT_BODY_MAX_MS = 10_000
+
+/**
  * An answer that keeps the connection open (a 404 or a 501 for a body that asked no 100 Continue)
  * while the body still arrives: node reads the rest as this request's body and drops it
- * (req._dump) before it reads the next request. A body that goes on (a client dripping it without
- * end) held the connection until server.requestTimeout, minutes by default; it gets
- * CLOSE_GRACE_MS to end, as the body after a closing answer does, then the connection is closed.
+ * (req._dump) before it reads the next request. A body that stops for CLOSE_GRACE_MS, or goes on
+ * past KEPT_BODY_MAX_MS, closes the connection (as nginx's lingering_timeout and lingering_time
+ * do): a client dripping a body without end held it until server.requestTimeout, minutes by
+ * default. Progress is the socket's bytes read, as node's dump emits no 'data'.
  */
 function keptForRestOfBody (req: IncomingMessage, socket: Socket): void {
-  const timer = setTimeout(() => { socket.destroy() }, CLOSE_GRACE_MS)
+  const began = Date.now()
+  let read = socket.bytesRead
+  let lastRead = began
+  const timer = setInterval(() => {
+    const now = Date.now()
+    if (socket.bytesRead !== read) {
+      read = socket.bytesRead
+      lastRead = now
+    }
+    if (now - lastRead >= CLOSE_GRACE_MS || now - began >= KEPT_BODY_MAX_MS) socket.destroy()
+  }, CLOSE_GRACE_MS / 4)
   timer.unref()
   const clear = (): void => {
-    clearTimeout(timer)
+    clearInterval(timer)
     socket.off('close', clear)
   }
   req.once('end', clear)
