@@ -611,6 +611,11 @@ export class Gateway {
       const broken = open?.responses.find(r => !r.req.complete)
       if (open !== undefined && broken !== undefined) {
         if (code === 'ERR_HTTP_REQUEST_TIMEOUT') {
+          // An upload waiting for its turn behind a long answer is not read (one request at a
+          // time), so it is no late client of its own: the answer in progress goes on, and the
+          // upload's body is bounded by clientBodyTimeout once it starts. node reports the
+          // connection once for that request (it leaves its list of connections to check).
+          if (open.waiting.some(w => w.res === broken)) return
           for (const res of open.responses) cutByGateway.set(res, 'client_timeout')
           socket.destroy()
           return

@@ -9,7 +9,7 @@ import type { IncomingMessage } from 'node:http'
 import { performance } from 'node:perf_hooks'
 import { WebSocket } from 'ws'
 import { startGateway } from './helpers/gateway.js'
-import { refusingUrl, startUpstream } from './helpers/upstream.js'
+import { refusingUrl, startBlackhole, startUpstream } from './helpers/upstream.js'
 import { metric } from './helpers/ratelimit.js'
 import { until } from './helpers/workers.js'
 import type { Teardown } from './helpers/teardown.js'
@@ -64,6 +64,13 @@ t.test('a name that does not resolve: retried on another target', async t => {
   const gw = await gatewayTo(t, `{ url: "http://gateway-test-no-such-host.invalid:80", weight: 1000 }, ${up.url}`, 'ejectFor: 1ms')
   t.same(await echo(`${gw.ws}/chat`), { status: 101, echoed: 'ping' })
   t.match(lines(gw), [{ status: 101, retriedAfter: 'dns', target: up.url }])
+})
+
+t.test('a connection not made within timeouts.connect: retried on another target', async t => {
+  const up = await startUpstream(t)
+  const gw = await gatewayTo(t, `{ url: ${await startBlackhole(t)}, weight: 1000 }, ${up.url}`, 'ejectFor: 1ms, timeouts: { connect: 300ms }')
+  t.same(await echo(`${gw.ws}/chat`), { status: 101, echoed: 'ping' })
+  t.match(lines(gw), [{ status: 101, retriedAfter: 'connect_timeout', target: up.url }])
 })
 
 t.test('retries: 0, or a retryOn without connect-failure: the client gets the 502', async t => {

@@ -8,7 +8,7 @@ import t from 'tap'
 import net from 'node:net'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { startGateway } from './helpers/gateway.js'
-import { startHttpServer } from './helpers/upstream.js'
+import { startHttpServer, startUpstream } from './helpers/upstream.js'
 import { eventually, metric, send } from './helpers/ratelimit.js'
 
 /** `n` GETs of /api/<name><i> written at once on a connection of their own; what comes back is read as it comes. */
@@ -112,4 +112,31 @@ routes:
   const d = pipeline(gw.port, 'q', 129)
   await eventually('all 129 answered', async () => d.answered() === 129, 20_000)
   d.socket.destroy()
+})
+
+t.test('an upload pipelined behind an answer longer than server.requestTimeout waits for its turn: both are served', async (t) => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { requestTimeout: 2s, headersTimeout: 1s }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: api, pathPrefix: /, upstream: backend }
+`)
+  const c = net.connect(gw.port, '127.0.0.1')
+  c.on('error', () => {})
+  let text = ''
+  c.setEncoding('latin1')
+  c.on('data', (chunk: string) => { text += chunk })
+  const closed = new Promise(resolve => c.once('close', resolve))
+  // 4 MiB: more than the socket's buffers take while the upload is not read
+  const size = 4 * 1024 * 1024
+  c.write(`GET /slow?ms=3000 HTTP/1.1\r\nHost: a\r\n\r\nPOST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: ${size}\r\n\r\n`)
+  c.write(Buffer.alloc(size, 97))
+  await eventually('both answered', async () => (text.match(/HTTP\/1\.1 200/g) ?? []).length === 2, 20_000)
+  t.match(text, /"bytes":4194304/, 'the whole upload reached the upstream')
+  c.end()
+  await closed
+  t.notOk(gw.lines.some(l => l.msg === 'request' && l.status === 408), 'no request cut as a client timeout')
 })

@@ -85,7 +85,9 @@ export function createWebSocketProxy (): WebSocketProxy {
             agent: new HandOver(upstream)
           }, (err) => tunnel.failed(err))
         } catch (err) {
-          // node:http refused to build the upstream request (e.g. a header value it rejects).
+          // node:http refused to build the upstream request (e.g. a header value it rejects); the
+          // connection made for it is held by nothing else
+          upstream.destroy()
           tunnel.failed(err instanceof Error ? err : new Error(String(err)))
         }
       })
