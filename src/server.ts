@@ -162,7 +162,7 @@ interface OpenResponses {
  * without end would be held in memory without end. No client pipelines this deep (wrk's example
  * script sends 3 at a time; browsers none).
  */
-export const MAX_PIPELINED_WAITING = 128
+const MAX_PIPELINED_WAITING = 128
 
 /**
  * Serves a connection's requests one at a time, as nginx and Envoy serve an HTTP/1.1 connection:

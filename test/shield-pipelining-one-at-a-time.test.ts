@@ -54,6 +54,7 @@ routes:
     await eventually(`the upstream request aborted within 2 s of its client leaving (${answeredAtOnce} answers held behind it)`, async () => closedEarly > before, 2000)
     t.equal(closedEarly, before + 1, `aborted with ${answeredAtOnce} answers held`)
     await eventually('nothing in flight', async () => await metric(gw.adminUrl, 'gateway_requests_in_flight') === 0, 2000)
+    t.equal(gw.lines.filter(l => l.msg === 'request' && String(l.path).startsWith('/nowhere/')).length, 0, 'the requests never started are not logged')
   }
 })
 

@@ -2,7 +2,7 @@
 // runs and what /config shows (redacted): every key that has a default is written in, and the
 // whole object is frozen, so no later stage can disagree about what an absent key meant.
 import type { CompressionConfig, GatewayConfig, HealthCheckInput, LimitConfig, QuotaConfig, RedisConfig, RouteConfig } from './schema.js'
-import { BUCKET_ALGORITHMS, DEFAULT_HEALTH_INTERVAL, MAX_BACKOFF_MS } from './schema.js'
+import { BUCKET_ALGORITHMS, DEFAULT_HEALTH_INTERVAL } from './schema.js'
 import { parseDuration, parseSize } from './units.js'
 import { DEFAULT_REDACT_QUERY } from '../log.js'
 // Values a stage also falls back to when used on its own: defined there once, applied here.
@@ -10,7 +10,7 @@ import { DEFAULT_IPV6_PREFIX } from '../identify/client-ip.js'
 import { DEFAULT_JWT_CLAIM, DEFAULT_JWT_HEADER } from '../identify/identity.js'
 import { DEFAULT_COMPRESSED_TYPES, type CompressionOptions } from '../proxy/compression.js'
 import { DEFAULT_CONSECUTIVE_FAILURES, DEFAULT_MAX_PENDING, DEFAULT_RETRIES } from '../proxy/upstream-pool.js'
-import { DEFAULT_RETRY_BUDGET, DEFAULT_RETRY_ON, type RetryBudget, type RetryCondition, type StatusGroup } from '../proxy/retry-policy.js'
+import { DEFAULT_RETRY_BUDGET, DEFAULT_RETRY_ON, MAX_BACKOFF_MS, type RetryBudget, type RetryCondition, type StatusGroup } from '../proxy/retry-policy.js'
 
 export const DEFAULT_LISTEN = '0.0.0.0:8080'
 export const DEFAULT_ADMIN = '127.0.0.1:9901'

@@ -201,8 +201,6 @@ const failureStatus = z.union([
   z.int({ error: FAILURE_STATUS }).min(500, FAILURE_STATUS).max(599, FAILURE_STATUS)
 ], { error: FAILURE_STATUS })
 
-export { MAX_BACKOFF_MS }
-
 /**
  * Envoy's retry_back_off: a retry waits a random time first, up to (2^n - 1) x base before the
  * nth retry and never more than max, so the retries of many clients do not reach a target that

@@ -40,7 +40,7 @@ export function isDroppingBody (socket: Socket): boolean {
  * The longest the rest of a body is read and dropped after an answer that keeps the connection
  * open (nginx's lingering_time is 30 s): a 404 is no reason to take in a whole large upload.
  */
-export const KEPT_BODY_MAX_MS = 10_000
+const KEPT_BODY_MAX_MS = 10_000
 
 /**
  * An answer that keeps the connection open (a 404 or a 501 for a body that asked no 100 Continue)
