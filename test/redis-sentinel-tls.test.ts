@@ -107,7 +107,7 @@ t.test('sentinelTls: the master down behind a healthy sentinel is the reason log
   await master.kill()
   const up = await startUpstream(t)
   const down = new URL(await refusingUrl())
-  const gw = await startGateway(t, limitedConfig(up.url, 'mdown', `{ sentinels: ["127.0.0.1:${sentinel.port}", "${down.hostname}:${down.port}"], name: mdown, tls: { ca: ${certs.ca}, servername: localhost }, sentinelTls: true, timeout: 200ms, onError: allow }`))
+  const gw = await startGateway(t, limitedConfig(up.url, 'mdown', `{ sentinels: ["127.0.0.1:${sentinel.port}", "${down.hostname}:${down.port}"], name: mdown, tls: { ca: ${certs.ca}, servername: localhost }, sentinelTls: true, timeout: 1s, onError: allow }`))
   const line = gw.lines.find(l => String(l.msg).startsWith('Redis is not reachable yet'))
   // it named the second sentinel's refused connection, though the first answered and named the master
   t.notMatch(String(line?.cause), new RegExp(`:${down.port}\\b`), 'not the sentinel that is down')
