@@ -239,3 +239,55 @@ t.test('an answer that keeps the connection open while the body goes on: the res
   const ends = await upload({ every: 100, size: 100, sendFor: 300, end: true, waitAfter: 3000 })
   t.equal(ends.closedAt, null, 'still open 3 s after the body\'s end')
 })
+
+t.test('a closing answer while the body goes on (413 for its declared length): the rest is dropped while it comes, so a client that reads last gets its 413', async t => {
+  const up = await startUpstream(t)
+  const gw = await gatewayProcess(t, up.url, '  - { name: small, pathPrefix: /small/, upstream: backend, maxBodySize: 1mb }\n')
+  const size = 5 * 1024 * 1024
+  /**
+   * A PUT declaring `size` bytes, sent in 64 KiB pieces every `every` ms until `stopAfter` bytes
+   * (then nothing more); its answer read only once the last piece is written, as many simple
+   * clients do. Times are from the head.
+   */
+  const upload = async (every: number, stopAfter: number): Promise<{ status: number | undefined, error: string | null, closedAt: number, lastSent: number }> => {
+    // closedAt: when the gateway counts the connection closed
+    // half-open allowed: the gateway's FIN after its answer does not end the client's writing
+    const socket = net.connect({ port: gw.port, host: '127.0.0.1', allowHalfOpen: true })
+    let text = ''
+    let error: string | null = null
+    let lastSent = 0
+    socket.setEncoding('latin1')
+    socket.pause()
+    socket.on('data', (chunk: string) => { text += chunk })
+    socket.on('error', (err: NodeJS.ErrnoException) => { error = err.code ?? err.message })
+    const began = Date.now()
+    const closed = new Promise<void>(resolve => socket.once('close', () => { resolve() }))
+    socket.write(`PUT /small/x HTTP/1.1\r\nHost: a\r\nContent-Length: ${size}\r\n\r\n`)
+    const piece = Buffer.alloc(64 * 1024, 97)
+    for (let sent = 0; sent < stopAfter && !socket.destroyed; sent += piece.length) {
+      socket.write(piece)
+      lastSent = Date.now() - began
+      await new Promise(resolve => setTimeout(resolve, every))
+    }
+    socket.resume()
+    // the gateway's side: after its FIN, a close that follows sends nothing a client that writes
+    // no more would see
+    let closedAt = -1
+    while (closedAt < 0 && Date.now() - began < 15_000) {
+      const open = /^gateway_connections_open (\d+)/m.exec(await (await fetch(`${gw.adminUrl}/metrics`)).text())?.[1]
+      if (open === '0') closedAt = Date.now() - began
+      else await new Promise(resolve => setTimeout(resolve, 100))
+    }
+    socket.destroy()
+    await closed
+    return { status: parseResponses(text)[0]?.status, error, closedAt, lastSent }
+  }
+  // 5 MiB in about 3.2 s: cut 2 s after the answer, the client got a reset and never its 413
+  const fast = await upload(40, size)
+  t.equal(fast.status, 413, `the 413 read after the whole body was written (${fast.error ?? 'no error'}, written by ${fast.lastSent} ms)`)
+  t.ok(fast.lastSent >= 2500, `the body still came more than 2 s after the answer (${fast.lastSent} ms)`)
+  // a body that stops coming after about 1 s: closed 2 s after its last byte, not 2 s after the answer
+  const stops = await upload(40, 25 * 64 * 1024)
+  t.equal(stops.status, 413)
+  t.ok(stops.closedAt - stops.lastSent >= 1900 && stops.closedAt - stops.lastSent < 4500, `closed ${stops.closedAt - stops.lastSent} ms after its last byte`)
+})

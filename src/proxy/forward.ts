@@ -832,13 +832,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
     // without reading it all): the rest is read and dropped, as node drops a body nobody read, so
     // that the connection's next request is read. Left in the pipe undici closed, it held the
     // connection until the keep-alive timeout reset it.
-    // For at most CLOSE_GRACE_MS: past maxBodySize and every timer of a settled request, a client
-    // sending on would hold the connection until server.requestTimeout. A body that ends in time
-    // leaves the connection kept alive.
-    if (this.opts.body !== null && !this.req.complete) {
-      const timer = dropRestOfBody(this.req, this.req.socket)
-      this.req.once('end', () => { clearTimeout(timer) })
-    }
+    // While it keeps coming, for a bounded time: past maxBodySize and every timer of a settled
+    // request, a client sending on would hold the connection until server.requestTimeout. A body
+    // that ends in time leaves the connection kept alive.
+    if (this.opts.body !== null && !this.req.complete) dropRestOfBody(this.req, this.req.socket)
     if (this.head !== null && !this.writeHead()) {
       this.fail('bad_response', null)
       return

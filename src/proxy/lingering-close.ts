@@ -9,21 +9,18 @@ import type { Socket } from 'node:net'
 import { CLOSE_GRACE_MS } from '../errors.js'
 
 /**
- * Reads the rest of `req`'s body and drops it, for at most CLOSE_GRACE_MS: then `socket` is
- * destroyed. Node dumps a body nobody read; one the forwarding was streaming (piped on, paused
- * while its upstream call waited, or counted) is its own: taken back here. The caller decides what
- * the body's end does; the timer returned is cleared when the socket closes.
+ * Reads the rest of `req`'s body and drops it while it keeps coming (lingerWhileBodyComes): then
+ * `socket` is destroyed. Node dumps a body nobody read; one the forwarding was streaming (piped on,
+ * paused while its upstream call waited, or counted) is its own: taken back here. The caller
+ * decides what the body's end does.
  */
-export function dropRestOfBody (req: IncomingMessage, socket: Socket): NodeJS.Timeout {
+export function dropRestOfBody (req: IncomingMessage, socket: Socket): void {
   req.unpipe()
   req.removeAllListeners('data')
   req.resume()
   droppingBody.add(socket)
   req.once('end', () => { droppingBody.delete(socket) })
-  const timer = setTimeout(() => { socket.destroy() }, CLOSE_GRACE_MS)
-  timer.unref()
-  socket.once('close', () => { clearTimeout(timer) })
-  return timer
+  lingerWhileBodyComes(req, socket)
 }
 
 /**
@@ -37,20 +34,21 @@ export function isDroppingBody (socket: Socket): boolean {
 }
 
 /**
- * The longest the rest of a body is read and dropped after an answer that keeps the connection
- * open (nginx's lingering_time is 30 s): a 404 is no reason to take in a whole large upload.
+ * The longest the rest of a body is read and dropped after its answer (nginx's lingering_time is
+ * 30 s): a refusal is no reason to take in a whole large upload.
  */
-const KEPT_BODY_MAX_MS = 10_000
+const LINGER_MAX_MS = 10_000
 
 /**
- * An answer that keeps the connection open (a 404 or a 501 for a body that asked no 100 Continue)
- * while the body still arrives: node reads the rest as this request's body and drops it
- * (req._dump) before it reads the next request. A body that stops for CLOSE_GRACE_MS, or goes on
- * past KEPT_BODY_MAX_MS, closes the connection (as nginx's lingering_timeout and lingering_time
- * do): a client dripping a body without end held it until server.requestTimeout, minutes by
- * default. Progress is the socket's bytes read, as node's dump emits no 'data'.
+ * The rest of a body arriving after its answer, read and dropped (by dropRestOfBody, or by node's
+ * req._dump for an answer that keeps the connection open): a body that stops for CLOSE_GRACE_MS,
+ * or goes on past LINGER_MAX_MS, closes the connection, as nginx's lingering_timeout and
+ * lingering_time do. A client dripping a body without end held the connection until
+ * server.requestTimeout, minutes by default; a flat CLOSE_GRACE_MS from the answer cut a large
+ * upload still arriving fast, and a client that reads only once its body is written never saw its
+ * 413. Progress is the socket's bytes read, as node's dump emits no 'data'.
  */
-function keptForRestOfBody (req: IncomingMessage, socket: Socket): void {
+function lingerWhileBodyComes (req: IncomingMessage, socket: Socket): void {
   const began = Date.now()
   let read = socket.bytesRead
   let lastRead = began
@@ -60,7 +58,7 @@ function keptForRestOfBody (req: IncomingMessage, socket: Socket): void {
       read = socket.bytesRead
       lastRead = now
     }
-    if (now - lastRead >= CLOSE_GRACE_MS || now - began >= KEPT_BODY_MAX_MS) socket.destroy()
+    if (now - lastRead >= CLOSE_GRACE_MS || now - began >= LINGER_MAX_MS) socket.destroy()
   }, CLOSE_GRACE_MS / 4)
   timer.unref()
   const clear = (): void => {
@@ -75,8 +73,7 @@ function keptForRestOfBody (req: IncomingMessage, socket: Socket): void {
  * Called for a request with a body as it arrives. When its answer has ended the connection
  * (Connection: close) and the body is not read to its end, node's close (destroySoon: destroy once
  * the answer is flushed) waits for the body's end as well: node's parser reads the rest as the
- * answered request's body and drops it (req._dump). A client that neither ends its body nor reads
- * the answer within CLOSE_GRACE_MS is cut then.
+ * answered request's body and drops it (req._dump), for as long as lingerWhileBodyComes allows.
  */
 export function lingerAfterAnswer (req: IncomingMessage, res: ServerResponse): void {
   // Taken now: req.socket is null once the request is destroyed (undici did so when it streamed
@@ -86,7 +83,7 @@ export function lingerAfterAnswer (req: IncomingMessage, res: ServerResponse): v
   res.once('finish', () => {
     if (req.complete || socket.destroyed) return
     if (!socket.writableEnded) {
-      keptForRestOfBody(req, socket)
+      lingerWhileBodyComes(req, socket)
       return
     }
     // node's destroySoon: once('finish', this.destroy)
