@@ -8,12 +8,14 @@ import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { createServer } from 'node:https'
 import type { AddressInfo } from 'node:net'
+import { createSecureContext } from 'node:tls'
 import type { Duplex } from 'node:stream'
 import { join } from 'node:path'
 import { spawnGateway } from './helpers/gateway.js'
 import { tempDir } from './helpers/teardown.js'
 import { parseResponses, rawExchange } from './helpers/raw-http.js'
 import { send } from './helpers/ratelimit.js'
+import { refusingUrl } from './helpers/upstream.js'
 
 t.test('an https target named by host name gets its own name as TLS server name, whatever Host the client sends', async t => {
   const dir = tempDir(t, 'gw-https-upstream')
@@ -52,4 +54,43 @@ routes:
     'Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n')
   t.equal(parseResponses(text)[0]?.status, 101, 'a WebSocket upgrade too')
   t.same(names.slice(1), ['localhost'], 'with the target\'s name')
+})
+
+t.test('a WebSocket upgrade to https targets named by address: retried past a refusing one, with the client\'s Host as TLS server name', async t => {
+  const dir = tempDir(t, 'gw-https-upstream-ws')
+  const cert = join(dir, 'cert.pem')
+  const key = join(dir, 'key.pem')
+  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', cert,
+    '-days', '1', '-subj', '/CN=localhost', '-addext', 'subjectAltName=DNS:localhost'], { stdio: 'ignore' })
+  const names: string[] = []
+  // the name each handshake asks for, whether or not the gateway accepts the certificate then
+  const context = createSecureContext({ cert: readFileSync(cert), key: readFileSync(key) })
+  const upstream = createServer({ cert: readFileSync(cert), key: readFileSync(key), SNICallback: (name, done) => { names.push(name); done(null, context) } })
+  upstream.on('upgrade', (req, socket: Duplex) => {
+    const accept = createHash('sha1').update(`${String(req.headers['sec-websocket-key'])}258EAFA5-E914-47DA-95CA-C5AB0DC85B11`).digest('base64')
+    socket.end(`HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ${accept}\r\n\r\n`)
+  })
+  await new Promise<void>(resolve => upstream.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => { upstream.closeAllConnections(); upstream.close() })
+  const refusing = new URL(await refusingUrl())
+  // the refusing target is ejected for 1 ms and weighted to be picked first for every upgrade
+  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend:
+    targets: [{ url: "https://127.0.0.1:${refusing.port}", weight: 1000 }, "https://127.0.0.1:${(upstream.address() as AddressInfo).port}"]
+    consecutiveFailures: 1000
+    ejectFor: 1ms
+routes:
+  - { name: all, pathPrefix: /, upstream: backend, websocket: true }
+`, [], { env: { NODE_EXTRA_CA_CERTS: cert } })
+  const upgrade = (host: string): string => `GET /ws HTTP/1.1\r\nHost: ${host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n` +
+    'Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n'
+  t.equal(parseResponses(await rawExchange(gw.port, upgrade('localhost')))[0]?.status, 101, 'opened over TLS on the second target')
+  t.same(names, ['localhost'], 'the server name is the client\'s Host, whose name the certificate holds')
+  const line = await gw.waitForLog(l => l.msg === 'request' && l.path === '/ws')
+  t.match(line, { status: 101, retriedAfter: 'refused' }, 'after the first target refused')
+  // a Host the certificate does not name: the check refuses the target, as it would a request
+  t.equal(parseResponses(await rawExchange(gw.port, upgrade('api.example.com')))[0]?.status, 502, 'a certificate for another name: 502')
+  t.same(names.slice(1), ['api.example.com'], 'asked for by the client\'s Host')
 })

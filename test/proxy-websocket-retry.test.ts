@@ -137,6 +137,28 @@ t.test('a client that leaves while its upgrade\'s retry backs off ends it: no ha
   t.fail('no client left while its retry backed off, in 3 tries (odds below 1 in 8000)')
 })
 
+t.test('a client that leaves while its upgrade\'s connection is being made ends the attempt: no retry, no handshake', async t => {
+  const up = await startUpstream(t)
+  // connecting to the first target hangs; timeouts.connect would send the upgrade on after 2 s
+  const gw = await gatewayTo(t, `{ url: ${await startBlackhole(t)}, weight: 1000 }, ${up.url}`, 'ejectFor: 1ms, timeouts: { connect: 2s }')
+  const client = connect(gw.port, '127.0.0.1')
+  client.on('error', () => {})
+  t.teardown(() => client.destroy())
+  client.write('GET /leaving HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n' +
+    `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: ${randomBytes(16).toString('base64')}\r\n\r\n`)
+  await new Promise(resolve => setTimeout(resolve, 300))
+  const left = performance.now()
+  client.resetAndDestroy()
+  await until('the client\'s line', () => lines(gw).length === 1)
+  t.ok(performance.now() - left < 1500, 'logged as the client left, not at the connect timeout')
+  t.match(lines(gw), [{ status: 499, error: 'client_abort' }])
+  t.notOk('retriedAfter' in (lines(gw)[0] ?? {}), 'nothing retried')
+  // past the connect timeout: an attempt not ended would have timed out and gone to the second target
+  await new Promise(resolve => setTimeout(resolve, 2500))
+  t.equal(up.upgrades.length, 0, 'no handshake sent for a client that left')
+  t.equal(lines(gw).length, 1, 'one line')
+})
+
 t.test('at the shutdown\'s deadline an upgrade whose retry backs off is answered 503 shutting down', async t => {
   const up = await startUpstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
