@@ -3,26 +3,20 @@
 // upgrades alike. The gateway trusts the upstream's self-signed certificate through
 // NODE_EXTRA_CA_CERTS, as an operator would with a private CA.
 import t from 'tap'
-import { execFileSync } from 'node:child_process'
 import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { createServer } from 'node:https'
 import type { AddressInfo } from 'node:net'
 import { createSecureContext } from 'node:tls'
 import type { Duplex } from 'node:stream'
-import { join } from 'node:path'
 import { spawnGateway } from './helpers/gateway.js'
-import { tempDir } from './helpers/teardown.js'
+import { localhostCertificate } from './helpers/tls.js'
 import { parseResponses, rawExchange } from './helpers/raw-http.js'
 import { send } from './helpers/ratelimit.js'
 import { refusingUrl } from './helpers/upstream.js'
 
 t.test('an https target named by host name gets its own name as TLS server name, whatever Host the client sends', async t => {
-  const dir = tempDir(t, 'gw-https-upstream')
-  const cert = join(dir, 'cert.pem')
-  const key = join(dir, 'key.pem')
-  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', cert,
-    '-days', '1', '-subj', '/CN=localhost', '-addext', 'subjectAltName=DNS:localhost'], { stdio: 'ignore' })
+  const { cert, key } = localhostCertificate(t, 'gw-https-upstream')
   const names: string[] = []
   const upstream = createServer({ cert: readFileSync(cert), key: readFileSync(key) }, (req, res) => {
     res.setHeader('content-type', 'application/json')
@@ -57,11 +51,7 @@ routes:
 })
 
 t.test('a WebSocket upgrade to https targets named by address: retried past a refusing one, with the client\'s Host as TLS server name', async t => {
-  const dir = tempDir(t, 'gw-https-upstream-ws')
-  const cert = join(dir, 'cert.pem')
-  const key = join(dir, 'key.pem')
-  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', cert,
-    '-days', '1', '-subj', '/CN=localhost', '-addext', 'subjectAltName=DNS:localhost'], { stdio: 'ignore' })
+  const { cert, key } = localhostCertificate(t, 'gw-https-upstream-ws')
   const names: string[] = []
   // the name each handshake asks for, whether or not the gateway accepts the certificate then
   const context = createSecureContext({ cert: readFileSync(cert), key: readFileSync(key) })

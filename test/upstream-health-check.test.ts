@@ -6,16 +6,16 @@
 import t from 'tap'
 import http from 'node:http'
 import { once } from 'node:events'
-import { execFileSync, spawn } from 'node:child_process'
+import { spawn } from 'node:child_process'
 import { createServer as createHttpsServer } from 'node:https'
-import { join } from 'node:path'
 import { readFileSync } from 'node:fs'
 import { writeFileSync } from 'node:fs'
 import type { AddressInfo } from 'node:net'
 import { startGateway, spawnGateway } from './helpers/gateway.js'
 import { refusingUrl } from './helpers/upstream.js'
 import { metric, sleep } from './helpers/ratelimit.js'
-import { tempDir, type Teardown } from './helpers/teardown.js'
+import type { Teardown } from './helpers/teardown.js'
+import { localhostCertificate } from './helpers/tls.js'
 import { countProbe, initialActiveHealth, probeDelay, statusPasses } from '../src/proxy/health-check.js'
 import { UpstreamPool } from '../src/proxy/upstream-pool.js'
 
@@ -464,11 +464,7 @@ t.test('shutdown does not wait for a probe in flight: it is aborted', async t =>
 })
 
 t.test('an https target is probed as forwarding connects to it: its own name as TLS server name, its certificate checked', async t => {
-  const dir = tempDir(t, 'gw-https-check')
-  const cert = join(dir, 'cert.pem')
-  const key = join(dir, 'key.pem')
-  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', cert,
-    '-days', '1', '-subj', '/CN=localhost', '-addext', 'subjectAltName=DNS:localhost'], { stdio: 'ignore' })
+  const { cert, key } = localhostCertificate(t, 'gw-https-check')
   const probes: Array<{ servername: string, host: string }> = []
   const upstream = createHttpsServer({ cert: readFileSync(cert), key: readFileSync(key) }, (req, res) => {
     probes.push({ servername: String((req.socket as unknown as { servername?: string }).servername), host: req.headers.host ?? '' })
