@@ -1,4 +1,5 @@
 import type { IncomingHttpHeaders } from 'node:http'
+import { isUtf8 } from 'node:buffer'
 import { createPublicKey } from 'node:crypto'
 import { createRemoteJWKSet, importSPKI, jwtVerify, type CryptoKey, type JWTPayload, type JWTVerifyGetKey, type JWTVerifyOptions } from 'jose'
 import { LRUCache } from 'lru-cache'
@@ -153,12 +154,29 @@ function compileHeaderIdentity (header: string, absent: Absent, consumers: Consu
       // client's would hand over "forged, real", a made-up user with a budget of its own. A name
       // holding a comma cannot be told from that, so it is refused too.
       if (raw.includes(',')) return repeated
-      const user = raw.trim()
+      const user = textOfHeader(raw.trim())
       if (user.length === 0) return absent(required)
       if (user.length > MAX_USER_LENGTH) return tooLong
       return identified(user, planOf(consumers, user))
     }
   }
+}
+
+/**
+ * A header value as text: node reads each byte of a field as one Latin-1 character, so a user
+ * named "zoë" in UTF-8 (as every auth layer sends it) arrived as "zoÃ«", matched no consumer of
+ * that name, and was another user than the one the admin API and a JWT claim name. A value whose
+ * bytes are valid UTF-8 is read as UTF-8; any other is left as Latin-1, byte for byte. An ASCII
+ * value (nearly all) is returned as is, after one pass over its characters.
+ */
+export function textOfHeader (value: string): string {
+  for (let i = 0; i < value.length; i++) {
+    if (value.charCodeAt(i) > 0x7f) {
+      const bytes = Buffer.from(value, 'latin1')
+      return isUtf8(bytes) ? bytes.toString('utf8') : value
+    }
+  }
+  return value
 }
 
 function compileApiKeys (
