@@ -187,14 +187,15 @@ function withVary (head: string[], vary: number): string[] {
 }
 
 /**
- * A 304 that revalidates a compressed answer: the client (or cache) holds the weak ETag the
- * compressed answer went out with and asks with it; the upstream, comparing weakly, answers with
- * its strong one. Relayed as is, the 304 named a validator the stored answer does not have, which
- * a cache may not use to freshen it (RFC 9111 §4.3.4): it gets the weak ETag and the Vary the
- * 200 had.
+ * A 304 on a compressing route. It gets the Vary the 200 had (RFC 9110 §15.4.5), Accept-Encoding
+ * added; having no Content-Type, it cannot tell whether its 200 was of a type compressed, so a
+ * 304 for a type never compressed says it too (a cache then keeps that answer apart per coding,
+ * no more). And when it revalidates a compressed answer (the client, or a cache, asks with the
+ * weak ETag that answer went out with; the upstream, comparing weakly, answers with its strong
+ * one), it names the weak ETag: relayed as is, it named a validator the stored answer does not
+ * have, which a cache may not use to freshen it (RFC 9111 §4.3.4).
  */
 function revalidated (policy: CompressionPolicy, request: CompressionRequest, head: string[]): CompressionDecision | null {
-  if (request.ifNoneMatch === undefined || negotiateEncoding(request.acceptEncoding, policy.encodings) === null) return null
   let etag = -1
   let vary = -1
   for (let i = 0; i < head.length; i += 2) {
@@ -202,9 +203,12 @@ function revalidated (policy: CompressionPolicy, request: CompressionRequest, he
     if (name === 'etag') etag = i
     else if (name === 'vary') vary = i
   }
-  const strong = etag === -1 ? '' : (head[etag + 1] as string).trim()
-  if (!strong.startsWith('"') || !request.ifNoneMatch.split(',').some(tag => tag.trim() === `W/${strong}`)) return null
   const out = withVary(head, vary)
+  const strong = etag === -1 ? '' : (head[etag + 1] as string).trim()
+  const weak = strong.startsWith('"') && request.ifNoneMatch !== undefined &&
+    request.ifNoneMatch.split(',').some(tag => tag.trim() === `W/${strong}`) &&
+    negotiateEncoding(request.acceptEncoding, policy.encodings) !== null
+  if (!weak) return out === head ? null : { head: out, encoding: null, length: null }
   const weakened = out === head ? head.slice() : out
   weakened[etag + 1] = `W/${strong}`
   return { head: weakened, encoding: null, length: null }
