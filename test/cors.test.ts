@@ -51,6 +51,10 @@ routes:
     pathPrefix: /star/
     upstream: backend
     cors: { origins: ["https://app.example.com"], headers: ["*"], credentials: true }
+  - name: v6
+    pathPrefix: /v6/
+    upstream: backend
+    cors: { origins: ["http://[::1]:3000"] }
   - name: plain
     pathPrefix: /
     upstream: backend
@@ -217,12 +221,30 @@ t.test('headers: ["*"] lets a preflight ask for every header, credentials or not
   t.same(seen, [])
 })
 
+t.test('an IPv6 origin (a local dev server at http://[::1]:3000) is allowed as the browser sends it', async t => {
+  const { url } = await setup(t)
+  const allowed = await request(`${url}/v6/a`, { headers: { origin: 'http://[::1]:3000' } })
+  t.equal(await allowed.body.text(), 'up')
+  t.equal(allowed.headers['access-control-allow-origin'], 'http://[::1]:3000')
+  const pre = await request(`${url}/v6/a`, { method: 'OPTIONS', headers: preflight('http://[::1]:3000', 'PUT') })
+  await pre.body.text()
+  t.same([pre.statusCode, pre.headers['access-control-allow-origin']], [204, 'http://[::1]:3000'], 'its preflight answered')
+  for (const other of ['http://[::2]:3000', 'http://[::1]:3001', 'https://[::1]:3000']) {
+    const res = await request(`${url}/v6/a`, { headers: { origin: other } })
+    await res.body.text()
+    t.equal(res.headers['access-control-allow-origin'], undefined, `${other}: another origin`)
+  }
+})
+
 t.test('located config errors', async t => {
   const dir = tempDir(t, 'cors-config')
   const cases: Array<[string, RegExp]> = [
     ['cors: { origins: ["https://app.example.com/path"] }', /gateway\.yaml:\d+:\d+ routes\[0\]\.cors\.origins\[0\]: expected "\*" or an origin/],
     // never what a browser sends: it leaves out the scheme's default port and leading zeros
     ['cors: { origins: ["https://ok.example.com", "https://app.example.com:443", "http://*.example.com:80", "https://app.example.com:08443", "https://app.example.com:70000"] }',
+      /origins\[1\]: expected "\*" or an origin[^]*origins\[2\]: expected[^]*origins\[3\]: expected[^]*origins\[4\]: expected/],
+    // an IPv6 address only as a browser serializes it, and without subdomains
+    ['cors: { origins: ["http://[::1]:3000", "http://[0:0::1]:3000", "http://[::1]:80", "http://*.[::1]", "http://[::1"] }',
       /origins\[1\]: expected "\*" or an origin[^]*origins\[2\]: expected[^]*origins\[3\]: expected[^]*origins\[4\]: expected/],
     ['cors: { origins: ["*"], credentials: true }', /routes\[0\]\.cors\.credentials: credentials: true with origins "\*"/],
     ['cors: { origins: ["https://a.example.com"] }\n    headers: { response: { set: { access-control-allow-origin: "*" } } }', /routes\[0\]\.headers\.response\.set\.access-control-allow-origin: access-control-allow-origin is written by the route's cors/]

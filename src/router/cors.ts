@@ -43,7 +43,8 @@ export const CORS_RESPONSE_FIELDS: readonly string[] = [
   'access-control-allow-methods', 'access-control-allow-headers', 'access-control-max-age'
 ]
 
-const ORIGIN_RE = /^(https?):\/\/(\*\.)?([a-z0-9-]+(?:\.[a-z0-9-]+)*)(:\d{1,5})?$/
+// A host name, or an IPv6 address in brackets (a local dev server at http://[::1]:3000)
+const ORIGIN_RE = /^(https?):\/\/(\*\.)?([a-z0-9-]+(?:\.[a-z0-9-]+)*|\[[0-9a-f:.]+\])(:\d{1,5})?$/
 
 /**
  * The method a CORS preflight asks for (an OPTIONS with Origin and one
@@ -63,7 +64,19 @@ export function isCorsOrigin (value: string): boolean {
   // A browser serializes an origin without its scheme's default port and without leading zeros:
   // "https://app.example.com:443" or ":08443" would never equal an Origin it sends.
   const port = m[4]?.slice(1)
-  return port === undefined || (/^[1-9]\d*$/.test(port) && Number(port) <= 65535 && port !== DEFAULT_PORTS[m[1] as string])
+  if (port !== undefined && !(/^[1-9]\d*$/.test(port) && Number(port) <= 65535 && port !== DEFAULT_PORTS[m[1] as string])) return false
+  // An IPv6 address: no subdomains to match, and only in the form a browser serializes it (the
+  // shortest, "[::1]", not "[0:0::1]"), which the WHATWG URL parser gives back unchanged
+  if ((m[3] as string).startsWith('[')) return m[2] === undefined && ipv6Canonical(value.toLowerCase())
+  return true
+}
+
+function ipv6Canonical (origin: string): boolean {
+  try {
+    return new URL(origin).origin === origin
+  } catch {
+    return false
+  }
 }
 
 // Fetch's header name token (RFC 9110 §5.6.2), for the names a preflight lists.
