@@ -116,8 +116,6 @@ export async function limitsCommand (argv: string[]): Promise<number> {
     }
     token ??= adminToken(loaded.config) ?? undefined
   }
-  const { host, port } = splitHostPort(admin)
-  const h = host === '0.0.0.0' ? '127.0.0.1' : host === '::' ? '::1' : host
   const query = new URLSearchParams({ route: values.route })
   if (values.ip !== undefined) query.set('ip', values.ip)
   if (values.user !== undefined) query.set('user', values.user)
@@ -129,7 +127,7 @@ export async function limitsCommand (argv: string[]): Promise<number> {
     }
     query.set('shared', 'true')
   }
-  const base = `http://${h.includes(':') ? `[${h}]` : h}:${port}`
+  const base = adminClientUrl(admin)
   const url = `${base}/limits?${query.toString()}`
   // The body is read inside the same bound as the headers: a listener that sent its headers and
   // then stalled was an AbortError out of res.json(), exit 1 with "The operation was aborted".
@@ -192,4 +190,11 @@ export async function limitsCommand (argv: string[]): Promise<number> {
   process.stdout.write(`${who}: reset ${reset.map(r => r.name).join(', ') || 'nothing'} (${effect})\n`)
   if (partial) process.stderr.write(`gateway limits reset: warning: ${String(body.warning)}\n`)
   return 0
+}
+
+/** The admin address a local client connects to: a wildcard bind is reached on loopback. */
+export function adminClientUrl (admin: string): string {
+  const { host, port } = splitHostPort(admin)
+  const h = host === '0.0.0.0' ? '127.0.0.1' : host === '::' ? '::1' : host
+  return `http://${h.includes(':') ? `[${h}]` : h}:${port}`
 }

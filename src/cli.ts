@@ -6,10 +6,10 @@ import { loadConfigFile, ConfigError, formatProblem } from './config/load.js'
 import { gatewayJsonSchema, isHostPort } from './config/schema.js'
 import { adminListen, adminToken } from './config/defaults.js'
 import { checkRuntime, compileOffline } from './runtime.js'
-import { Gateway, restartNeededMessage, splitHostPort, type ReloadSource } from './server.js'
+import { Gateway, restartNeededMessage, type ReloadSource } from './server.js'
 import type { LogLevel } from './log.js'
 import { explain } from './explain.js'
-import { LIMITS_HELP, limitsCommand } from './cli-limits.js'
+import { LIMITS_HELP, adminClientUrl, limitsCommand } from './cli-limits.js'
 import { acceptedConfig, followPrimaryReloads, isWorker, withNamedFiles, notifyReady, registerWorkerMetrics, runPrimary } from './workers.js'
 import { createLogDestination, createLogger } from './log.js'
 import { notTheGateway } from './pid-file.js'
@@ -263,13 +263,6 @@ async function readReloadView (adminUrl: string, token: string | undefined): Pro
 
 /** Something answered on the admin address, but not with the gateway's view: not "unreachable". */
 class AnswerError extends Error {}
-
-/** The admin address a local client connects to: a wildcard bind is reached on loopback. */
-function adminClientUrl (admin: string): string {
-  const { host, port } = splitHostPort(admin)
-  const h = host === '0.0.0.0' ? '127.0.0.1' : host === '::' ? '::1' : host
-  return `http://${h.includes(':') ? `[${h}]` : h}:${port}`
-}
 
 // Fire-and-forget SIGHUP left operators guessing: the gateway logs a rejected file and keeps the
 // old config, so the CLI validates first, then waits for the running gateway's own verdict.
