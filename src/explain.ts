@@ -43,7 +43,7 @@ export async function explain (rt: Runtime, req: ExplainRequest): Promise<string
   for (const h of req.headers) {
     const i = h.indexOf(':')
     // node reads a header's bytes as Latin-1: "x-user-id: josé" typed here (UTF-8) reaches the
-    // live gateway as "josÃ©", and its limit keys are that user's, not "josé"'s
+    // live gateway as "josÃ©", which the identity header reads back as UTF-8 ("josé")
     if (i <= 0) continue
     const name = h.slice(0, i).trim().toLowerCase()
     const value = Buffer.from(h.slice(i + 1).trim(), 'utf8').toString('latin1')

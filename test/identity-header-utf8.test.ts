@@ -16,6 +16,8 @@ const wire = (text: string): string => Buffer.from(text, 'utf8').toString('latin
 t.test('textOfHeader: UTF-8 bytes read as UTF-8, other bytes left as Latin-1, ASCII as is', async t => {
   t.equal(textOfHeader(wire('zoë')), 'zoë')
   t.equal(textOfHeader(wire('用户-7')), '用户-7')
+  // their last byte is 0xA0, which read as Latin-1 is U+00A0, a space to trim()
+  for (const name of ['voilà', '小张', 'Р']) t.equal(textOfHeader(wire(name)), name)
   t.equal(textOfHeader('zo\u00eb'), 'zo\u00eb', 'one byte 0xEB is no UTF-8: the Latin-1 ë')
   t.equal(textOfHeader('\u00c3('), '\u00c3(', 'a broken sequence stays as it came')
   const ascii = 'user-42'
@@ -29,6 +31,7 @@ admin: { listen: 127.0.0.1:0, token: "${TOKEN}" }
 identity: { header: x-user-id }
 consumers:
   zoë: { plan: gold }
+  voilà: { plan: gold }
 plans:
   gold:
     limits:
@@ -53,6 +56,12 @@ routes:
   t.equal((await send(`${gw.url}/x`, { headers: { 'x-user-id': wire('zoë') } })).status, 200, 'and DELETE gives it back')
   const consumer = await send(`${gw.adminUrl}/consumers/${encodeURIComponent('zoë')}`)
   t.match(consumer.json, { consumer: 'zoë', plan: 'gold' })
+  // a name whose UTF-8 ends in byte 0xA0 (U+00A0 to trim() when read as Latin-1): cut before it
+  // was decoded, "voilà" was "voilÃ", without its plan and sharing the budget of a user "voilÃ"
+  const voila = []
+  for (let i = 0; i < 4; i++) voila.push((await send(`${gw.url}/x`, { headers: { 'x-user-id': wire('voilà') } })).status)
+  t.same(voila, [200, 200, 200, 429], 'voilà: its gold plan')
+  t.equal((await send(`${gw.url}/x`, { headers: { 'x-user-id': wire('voilÃ') } })).status, 200, 'voilÃ: another user, with a budget of its own')
   // bytes that are no UTF-8 name another user: the Latin-1 reading of them, on the default plan
   t.same([await send(`${gw.url}/x`, { headers: { 'x-user-id': 'zo\u00ebx' } }), await send(`${gw.url}/x`, { headers: { 'x-user-id': 'zo\u00ebx' } })].map(r => r.status), [200, 429])
 })

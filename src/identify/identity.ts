@@ -154,7 +154,9 @@ function compileHeaderIdentity (header: string, absent: Absent, consumers: Consu
       // client's would hand over "forged, real", a made-up user with a budget of its own. A name
       // holding a comma cannot be told from that, so it is refused too.
       if (raw.includes(',')) return repeated
-      const user = textOfHeader(raw.trim())
+      // decoded before it is trimmed: trim() takes U+00A0, which is the last byte (0xA0) of many a
+      // UTF-8 character read as Latin-1 ("à", "张"): cut, "voilà" became "voilÃ", another user
+      const user = textOfHeader(raw).trim()
       if (user.length === 0) return absent(required)
       if (user.length > MAX_USER_LENGTH) return tooLong
       return identified(user, planOf(consumers, user))
