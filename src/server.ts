@@ -503,9 +503,13 @@ export class Gateway {
       connectionsCheckingInterval: Math.max(100, Math.min(1000, Math.floor(s.headersTimeoutMs / 2))),
       maxHeaderSize: s.maxHeaderSize
     }
+    // A TLS handshake not finished within headersTimeout (as at start: node reads it once) is
+    // closed. node's default held it 120 s, where the HTTP layer answers a connection that sends
+    // no request within headersTimeout with a 408: a client that connected and never sent a
+    // ClientHello held its place in server.maxConnections 12 times the default 10 s.
     const server = tls === null
       ? createHttpServer(serverOptions)
-      : createHttpsServer({ ...serverOptions, cert: tls.cert, key: tls.key })
+      : createHttpsServer({ ...serverOptions, cert: tls.cert, key: tls.key, handshakeTimeout: s.headersTimeoutMs })
     // req.socket stays set after the response detaches from it, so the close finds its connection
     const handleRequest = createRequestHandler(this.state, (req, res) => {
       const open = this.openResponses.get(req.socket)
@@ -578,6 +582,12 @@ export class Gateway {
         closeUnassigned(this.openResponses.get(socket))
       })
     })
+    // node closes the connection; counted here
+    if (tls !== null) {
+      server.on('tlsClientError', (err: NodeJS.ErrnoException) => {
+        if (err.code === 'ERR_TLS_HANDSHAKE_TIMEOUT') this.metrics.tlsHandshakeTimedOut()
+      })
+    }
     server.on('clientError', (err: NodeJS.ErrnoException, socket: Socket) => {
       // node's parser reports its error again at each read that follows: answered, logged and
       // counted once (a bad request behind a slow answer, and its client sending on, was logged

@@ -191,6 +191,7 @@ export class GatewayMetrics implements Telemetry {
   private readonly healthChecks: Counter
   private readonly proxyProtocolRefusals: Counter
   private readonly connectionDrops: Counter
+  private readonly tlsHandshakeTimeouts: Counter
   private readonly clientConnectionDrops: Counter
   private readonly httpsRedirects: Counter
   private readonly reloads: Counter
@@ -241,6 +242,7 @@ export class GatewayMetrics implements Telemetry {
     this.healthChecks = new Counter({ name: 'gateway_health_checks_total', help: 'Active health check probes of upstream targets, by upstream, target and result (pass, fail)', labelNames: ['upstream', 'target', 'result'], registers })
     this.proxyProtocolRefusals = new Counter({ name: 'gateway_proxy_protocol_refused_total', help: 'Connections from a proxyProtocol peer closed for want of a valid PROXY header, by reason (missing, malformed, timeout)', labelNames: ['reason'], registers })
     this.connectionDrops = new Counter({ name: 'gateway_connections_dropped_total', help: 'Client connections closed as they arrived, unanswered: server.maxConnections were open', registers })
+    this.tlsHandshakeTimeouts = new Counter({ name: 'gateway_tls_handshake_timeouts_total', help: 'Client connections closed because their TLS handshake was not finished within server.headersTimeout (its value at start)', registers })
     new Gauge({
       name: 'gateway_connections_open',
       help: 'Client connections open on the public listener (server.maxConnections caps them)',
@@ -411,6 +413,10 @@ export class GatewayMetrics implements Telemetry {
 
   connectionDropped (): void {
     this.connectionDrops.inc()
+  }
+
+  tlsHandshakeTimedOut (): void {
+    this.tlsHandshakeTimeouts.inc()
   }
 
   httpsRedirected (): void {
