@@ -237,7 +237,7 @@ export class ResourceCache {
         tls,
         enableAutoPipelining: r.autoPipelining,
         onError: (err: Error) => {
-          lastError = err.message
+          lastError = telling(lastError, err.message)
           if (!isTlsFailure(err)) {
             this.logger.debug({ err: err.message }, 'redis client error')
           } else if (tlsWarned !== err.message) {
@@ -536,4 +536,20 @@ async function closeRedis (bundle: RedisBundle): Promise<void> {
 function tracerKey (config: ResolvedConfig): string | null {
   const t = config.tracing
   return t === undefined ? null : JSON.stringify([t.otlp, t.serviceName])
+}
+
+/**
+ * The Redis client error to give as the reason Redis is not reachable: the later one, unless it
+ * names no address where the earlier one did. ioredis's summaries ("Connection is closed.", "All
+ * sentinels are unreachable ... Last error: Connection is closed.") name none, and an error that
+ * does (the master a sentinel named refusing its connection) is what an operator can act on: one
+ * sentinel slowed past the timeout on a loaded machine had it replaced by such a summary.
+ */
+export function telling (earlier: string | null, later: string): string {
+  return earlier !== null && namesAnAddress(earlier) && !namesAnAddress(later) ? earlier : later
+}
+
+/** Whether a client error's message names a host and port ("connect ECONNREFUSED 10.0.0.5:6379"). */
+function namesAnAddress (message: string): boolean {
+  return /[\w\]]:\d{1,5}\b/.test(message)
 }

@@ -12,6 +12,7 @@ import { makeRedisTlsCerts, startTlsRedis, startTlsRedisReplica, startTlsSentine
 import { refusingUrl, startUpstream } from './helpers/upstream.js'
 import { tempDir } from './helpers/teardown.js'
 import { limitedConfig, readyz, statuses } from './helpers/redis-tls-gateway.js'
+import { telling } from '../src/runtime-resources.js'
 
 const dir = tempDir(t, 'redis-sentinel-tls')
 const certs = makeRedisTlsCerts(dir, 'ca')
@@ -113,6 +114,17 @@ t.test('sentinelTls: the master down behind a healthy sentinel is the reason log
   t.notMatch(String(line?.cause), new RegExp(`:${down.port}\\b`), 'not the sentinel that is down')
   t.match(String(line?.cause), new RegExp(`:${master.tlsPort}\\b`), 'the master the sentinel named')
   t.same(tlsWarnings(gw.lines), [], 'no TLS failure claimed')
+})
+
+t.test('the reason logged is the last error naming an address, not a summary of ioredis\'s after it', async t => {
+  const refused = 'connect ECONNREFUSED 127.0.0.1:29883'
+  // what replaced the master's refusal when the healthy sentinel was slowed past the timeout
+  t.equal(telling(refused, 'All sentinels are unreachable. Retrying from scratch after 64ms. Last error: Connection is closed.'), refused)
+  t.equal(telling(refused, 'Connection is closed.'), refused)
+  t.equal(telling(refused, 'connect ECONNREFUSED [::1]:6380'), 'connect ECONNREFUSED [::1]:6380', 'a later error naming an address replaces it')
+  t.equal(telling('Connection is closed.', refused), refused)
+  t.equal(telling('Connection is closed.', 'Stream isn\'t writeable'), 'Stream isn\'t writeable', 'between two without an address: the later')
+  t.equal(telling(null, 'Connection is closed.'), 'Connection is closed.')
 })
 
 t.test('sentinels over plain TCP with a CA that did not sign the master\'s certificate: served by the fallback, the reason warned of once', async t => {
