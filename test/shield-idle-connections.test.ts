@@ -14,10 +14,22 @@ import { metric } from './helpers/ratelimit.js'
 import { localhostCertificate } from './helpers/tls.js'
 import type { Teardown } from './helpers/teardown.js'
 
-/** An upstream that answers each request after 2.5 s: longer than the gateway's headersTimeout. */
-async function slowUpstream (t: Teardown): Promise<string> {
+/**
+ * A gateway with headersTimeout 1s (and `more` at the top level) whose every path goes to an
+ * upstream that answers after 2.5 s, longer than that; its listener's port.
+ */
+async function gatewayToSlowUpstream (t: Teardown, more = ''): Promise<{ port: number, adminUrl: string }> {
   const { url } = await startHttpServer(t, (_req, res) => { setTimeout(() => res.end('slow'), 2500) })
-  return url
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+${more}
+server: { headersTimeout: 1s }
+upstreams:
+  slow: { targets: [${url}] }
+routes:
+  - { name: slow, pathPrefix: /, upstream: slow }
+`)
+  return { port: Number(new URL(gw.url).port), adminUrl: gw.adminUrl }
 }
 
 /** A connection to `port` that wrote `first` (nothing when empty). */
@@ -49,16 +61,7 @@ const inTime = (after: number | null): boolean => after !== null && after >= 900
 const statuses = (text: string): number[] => parseResponses(text).map(r => r.status)
 
 t.test('a connection that sends nothing gets 408 after headersTimeout; one whose request waits on a slow upstream does not', async t => {
-  const slow = await slowUpstream(t)
-  const gw = await startGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-server: { headersTimeout: 1s }
-upstreams:
-  slow: { targets: [${slow}] }
-routes:
-  - { name: slow, pathPrefix: /, upstream: slow }
-`)
-  const port = Number(new URL(gw.url).port)
+  const { port } = await gatewayToSlowUpstream(t)
   const [idle, served] = await Promise.all([
     closedWithin(await opened(port), 8000),
     closedWithin(await opened(port, 'GET /a HTTP/1.1\r\nHost: a\r\n\r\n'), 4000)
@@ -70,7 +73,7 @@ routes:
 })
 
 t.test('behind proxyProtocol: the header and then nothing gets 408; a request in the header\'s packet waiting on a slow upstream, or a quiet WebSocket, is kept', async t => {
-  const slow = await slowUpstream(t)
+  const { url: slow } = await startHttpServer(t, (_req, res) => { setTimeout(() => res.end('slow'), 2500) })
   const up = await startUpstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
@@ -100,17 +103,7 @@ routes:
 
 t.test('over TLS: a handshake never begun or never finished is closed after headersTimeout, and counted; a handshake and then nothing gets 408; a request waiting on a slow upstream is kept', async t => {
   const { cert, key } = localhostCertificate(t, 'gw-idle-tls')
-  const slow = await slowUpstream(t)
-  const gw = await startGateway(t, `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-tls: { cert: ${cert}, key: ${key} }
-server: { headersTimeout: 1s }
-upstreams:
-  slow: { targets: [${slow}] }
-routes:
-  - { name: slow, pathPrefix: /, upstream: slow }
-`)
-  const port = Number(new URL(gw.url).port)
+  const { port, adminUrl } = await gatewayToSlowUpstream(t, `tls: { cert: ${cert}, key: ${key} }`)
   const secure = async (): Promise<Socket> => {
     const socket = tlsConnect({ port, host: '127.0.0.1', servername: 'localhost', rejectUnauthorized: false })
     socket.on('error', () => {})
@@ -128,7 +121,7 @@ routes:
   ])
   t.ok(inTime(noHello.after), `no ClientHello: closed (${String(noHello.after)} ms), not after node's 120 s`)
   t.ok(inTime(partHello.after), `a ClientHello begun and never finished: closed (${String(partHello.after)} ms)`)
-  t.equal(await metric(gw.adminUrl, 'gateway_tls_handshake_timeouts_total'), 2, 'both counted')
+  t.equal(await metric(adminUrl, 'gateway_tls_handshake_timeouts_total'), 2, 'both counted')
   t.ok(inTime(noRequest.after), `a handshake and then nothing: closed (${String(noRequest.after)} ms)`)
   t.same(statuses(noRequest.text), [408], 'with a 408')
   t.same(statuses(served.text), [200], 'the request answered after 2.5 s')
