@@ -976,7 +976,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
     const backoff = this.plan.retry.backoff
     const asked = this.retryAfterWait
     this.retryAfterWait = -1
-    const delayMs = backoff === null ? 0 : asked >= 0 ? retryAfterDelayMs(asked, Math.random()) : retryDelayMs(backoff, (this.retriedAfter?.length ?? 0) + 1, Math.random())
+    // a Retry-After lengthens the jittered wait, never shortens it: "0", or a date past, from a
+    // target that says so while overloaded would have sent every retry it turned away at once
+    const jittered = backoff === null ? 0 : retryDelayMs(backoff, (this.retriedAfter?.length ?? 0) + 1, Math.random())
+    const delayMs = asked > 0 ? Math.max(jittered, retryAfterDelayMs(asked, Math.random())) : jittered
     if (delayMs === 0) return this.sendAgain(after)
     // decided: counted and logged as a retry even if its client leaves before it is sent
     this.recordRetry(after)
