@@ -210,7 +210,7 @@ const backoffWait = wait.refine(text => (durationMs(text) ?? 0) <= MAX_BACKOFF_M
 const retryBackoff = z.strictObject({
   base: backoffWait.describe('the first retry waits up to this (a random time from 0), the second up to 3 times it, the third up to 7 times, ...; Envoy\'s default is 25ms'),
   max: backoffWait.optional().describe('no retry waits longer; default 10 times base (at most 60s)'),
-  retryAfter: backoffWait.optional().describe('an answer dropped for its retryOn status whose Retry-After (seconds, or an HTTP date) asks at most this long makes its retry wait that long, up to half again more at random (Envoy\'s rate_limited_retry_back_off; at most 60s in all); asking longer, or none: the wait above; absent: Retry-After is not read')
+  retryAfter: backoffWait.optional().describe('an answer dropped for its retryOn status whose Retry-After (seconds, or an HTTP date) asks at most this long makes its retry wait that long, up to half again more at random, unless the wait above drawn is longer (Envoy\'s rate_limited_retry_back_off; at most 60s in all; Retry-After: 0 never shortens the wait); asking longer, or none: the wait above; absent: Retry-After is not read')
 }).superRefine((backoff, ctx) => {
   if (backoff.max === undefined) return
   const base = durationMs(backoff.base)
