@@ -540,16 +540,13 @@ function tracerKey (config: ResolvedConfig): string | null {
 
 /**
  * The Redis client error to give as the reason Redis is not reachable: the later one, unless it
- * names no address where the earlier one did. ioredis's summaries ("Connection is closed.", "All
- * sentinels are unreachable ... Last error: Connection is closed.") name none, and an error that
- * does (the master a sentinel named refusing its connection) is what an operator can act on: one
- * sentinel slowed past the timeout on a loaded machine had it replaced by such a summary.
+ * is one of ioredis's summaries ("Connection is closed.", "All sentinels are unreachable ... Last
+ * error: Connection is closed."), which say nothing an operator can act on. One of them replaced
+ * the master's refusal when a sentinel was slowed past the timeout on a loaded machine. Any other
+ * later error (WRONGPASS once Redis is back, a failover's new master not resolving) is the news.
  */
 export function telling (earlier: string | null, later: string): string {
-  return earlier !== null && namesAnAddress(earlier) && !namesAnAddress(later) ? earlier : later
+  return earlier !== null && IOREDIS_SUMMARY.test(later) ? earlier : later
 }
 
-/** Whether a client error's message names a host and port ("connect ECONNREFUSED 10.0.0.5:6379"). */
-function namesAnAddress (message: string): boolean {
-  return /[\w\]]:\d{1,5}\b/.test(message)
-}
+const IOREDIS_SUMMARY = /^(?:Connection is closed\.?|All sentinels are unreachable\b.*)$/s

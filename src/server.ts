@@ -503,10 +503,11 @@ export class Gateway {
       connectionsCheckingInterval: Math.max(100, Math.min(1000, Math.floor(s.headersTimeoutMs / 2))),
       maxHeaderSize: s.maxHeaderSize
     }
-    // A TLS handshake not finished within headersTimeout (as at start: node reads it once) is
-    // closed. node's default held it 120 s, where the HTTP layer answers a connection that sends
-    // no request within headersTimeout with a 408: a client that connected and never sent a
-    // ClientHello held its place in server.maxConnections 12 times the default 10 s.
+    // A TLS handshake not finished within headersTimeout (as the process starts: node reads it
+    // once) is closed, as nginx's client_header_timeout bounds its handshake. node's default held
+    // it 120 s, where the HTTP layer answers a connection that sends no request within
+    // headersTimeout with a 408: a client that connected and never sent a ClientHello held its
+    // place in server.maxConnections 12 times the default 10 s. (0 is node's 120 s again.)
     const server = tls === null
       ? createHttpServer(serverOptions)
       : createHttpsServer({ ...serverOptions, cert: tls.cert, key: tls.key, handshakeTimeout: s.headersTimeoutMs })
@@ -582,13 +583,15 @@ export class Gateway {
         closeUnassigned(this.openResponses.get(socket))
       })
     })
-    // node closes the connection; counted here
-    if (tls !== null) {
-      server.on('tlsClientError', (err: NodeJS.ErrnoException) => {
-        if (err.code === 'ERR_TLS_HANDSHAKE_TIMEOUT') this.metrics.tlsHandshakeTimedOut()
-      })
-    }
     server.on('clientError', (err: NodeJS.ErrnoException, socket: Socket) => {
+      // node's https server hands its TLS errors on here. A handshake not finished in time is no
+      // request: answered as one, it got a 400 (written raw, or over TLS when the handshake ended
+      // in the 2 s closeSoon gives), an access line and a 4xx in gateway_requests_total each, so
+      // a flood of them flooded the log. Closed at once and counted apart.
+      if (err.code === 'ERR_TLS_HANDSHAKE_TIMEOUT') {
+        this.metrics.tlsHandshakeTimedOut()
+        return socket.destroy()
+      }
       // node's parser reports its error again at each read that follows: answered, logged and
       // counted once (a bad request behind a slow answer, and its client sending on, was logged
       // once per read). A connection whose answer has gone out (ended) lingers: destroyed at the

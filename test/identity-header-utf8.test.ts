@@ -62,6 +62,16 @@ routes:
   for (let i = 0; i < 4; i++) voila.push((await send(`${gw.url}/x`, { headers: { 'x-user-id': wire('voilà') } })).status)
   t.same(voila, [200, 200, 200, 429], 'voilà: its gold plan')
   t.equal((await send(`${gw.url}/x`, { headers: { 'x-user-id': wire('voilÃ') } })).status, 200, 'voilÃ: another user, with a budget of its own')
+  // Unicode spaces around a name are part of it: trim() made "zoë" of these, with her plan and
+  // her budget (node strips only spaces and tabs around a value, as it must)
+  const left = async (): Promise<unknown> => ((await send(`${gw.adminUrl}/limits?route=api&user=${encodeURIComponent('zoë')}`)).json as { limits: Array<{ remaining: number }> }).limits[0]?.remaining
+  const before = await left()
+  for (const other of ['zoë\u00a0', '\ufeffzoë', 'zoë\u3000']) {
+    t.equal((await send(`${gw.url}/x`, { headers: { 'x-user-id': wire(other) } })).status, 200, `${JSON.stringify(other)}: a user of its own`)
+  }
+  t.equal(await left(), before, 'none of them spent zoë\'s budget')
+  t.equal((await send(`${gw.url}/x`, { headers: { 'x-user-id': ` ${wire('zoë')}\t` } })).status, 200)
+  t.equal(await left(), (before as number) - 1, 'spaces and tabs around her name: zoë')
   // bytes that are no UTF-8 name another user: the Latin-1 reading of them, on the default plan
   t.same([await send(`${gw.url}/x`, { headers: { 'x-user-id': 'zo\u00ebx' } }), await send(`${gw.url}/x`, { headers: { 'x-user-id': 'zo\u00ebx' } })].map(r => r.status), [200, 429])
 })

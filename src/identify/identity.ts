@@ -154,9 +154,11 @@ function compileHeaderIdentity (header: string, absent: Absent, consumers: Consu
       // client's would hand over "forged, real", a made-up user with a budget of its own. A name
       // holding a comma cannot be told from that, so it is refused too.
       if (raw.includes(',')) return repeated
-      // decoded before it is trimmed: trim() takes U+00A0, which is the last byte (0xA0) of many a
-      // UTF-8 character read as Latin-1 ("à", "张"): cut, "voilà" became "voilÃ", another user
-      const user = textOfHeader(raw).trim()
+      // Not trimmed: node strips the spaces and tabs around a field's value already, and trim()
+      // takes every Unicode space. Before decoding it cut U+00A0, the last byte (0xA0) of many a
+      // UTF-8 character read as Latin-1 ("voilà" became "voilÃ", another user); after it, it made
+      // "alice" of "alice\u00a0" and "\ufeffalice", names an auth layer may let anyone register.
+      const user = textOfHeader(raw)
       if (user.length === 0) return absent(required)
       if (user.length > MAX_USER_LENGTH) return tooLong
       return identified(user, planOf(consumers, user))
