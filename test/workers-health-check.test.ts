@@ -3,15 +3,21 @@
 // /metrics show a target out (with why) as the workers report it.
 import t from 'tap'
 import { createServer } from 'node:http'
+import { execFileSync } from 'node:child_process'
 import type { AddressInfo } from 'node:net'
 import { twoWorkers, until } from './helpers/workers.js'
 import { metric } from './helpers/ratelimit.js'
 
 t.test('two workers: each probes and takes a failing target out; the primary shows why', async t => {
   let probes = 0
+  // the process each probe came from: the owner of its connection's other end, while it is open
+  const prober: number[] = []
   const server = createServer((req, res) => {
     if (req.headers['user-agent'] === 'edge-gateway-health-check') {
       probes++
+      const sockets = execFileSync('ss', ['-Htnp', 'state', 'established', `( sport = :${String(req.socket.remotePort)} )`], { encoding: 'utf8' })
+      const pid = /pid=(\d+)/.exec(sockets)?.[1]
+      if (pid !== undefined) prober.push(Number(pid))
       res.statusCode = 503
     }
     res.end('b')
@@ -41,4 +47,8 @@ routes:
   t.equal(await metric(r.adminUrl, 'gateway_upstream_target_healthy', { upstream: 'b', target: url }), 0)
   t.ok(await metric(r.adminUrl, 'gateway_health_checks_total', { upstream: 'b', target: url, result: 'fail' }) >= 2, 'the probes of both workers summed')
   t.ok(probes >= 2)
+  const primary = r.gw.logs.find(l => l.msg === 'gateway primary started')?.pid
+  t.equal(prober.length, probes, 'the process of every probe found')
+  t.same([...new Set(prober)].sort(), [...r.workerPids()].sort(), 'every probe from a worker, from both of them')
+  t.notOk(prober.includes(primary as number), 'none from the primary')
 })
