@@ -154,11 +154,12 @@ function compileHeaderIdentity (header: string, absent: Absent, consumers: Consu
       // client's would hand over "forged, real", a made-up user with a budget of its own. A name
       // holding a comma cannot be told from that, so it is refused too.
       if (raw.includes(',')) return repeated
-      // Not trimmed: node strips the spaces and tabs around a field's value already, and trim()
-      // takes every Unicode space. Before decoding it cut U+00A0, the last byte (0xA0) of many a
-      // UTF-8 character read as Latin-1 ("voilà" became "voilÃ", another user); after it, it made
-      // "alice" of "alice\u00a0" and "\ufeffalice", names an auth layer may let anyone register.
-      const user = textOfHeader(raw)
+      // Only spaces and tabs are trimmed (node strips them already; a caller handing a value of
+      // its own may not), never with trim(), which takes every Unicode space. Before decoding it
+      // cut U+00A0, the last byte (0xA0) of many a UTF-8 character read as Latin-1 ("voilà"
+      // became "voilÃ", another user); after it, it made "alice" of "alice\u00a0" and
+      // "\ufeffalice", names an auth layer may let anyone register.
+      const user = textOfHeader(trimSpacesAndTabs(raw))
       if (user.length === 0) return absent(required)
       if (user.length > MAX_USER_LENGTH) return tooLong
       return identified(user, planOf(consumers, user))
@@ -181,6 +182,15 @@ export function textOfHeader (value: string): string {
     }
   }
   return value
+}
+
+/** `value` without the spaces and tabs around it (HTTP's optional whitespace, RFC 9110 §5.6.3). */
+function trimSpacesAndTabs (value: string): string {
+  let start = 0
+  let end = value.length
+  while (start < end && (value.charCodeAt(start) === 0x20 || value.charCodeAt(start) === 0x09)) start++
+  while (end > start && (value.charCodeAt(end - 1) === 0x20 || value.charCodeAt(end - 1) === 0x09)) end--
+  return start === 0 && end === value.length ? value : value.slice(start, end)
 }
 
 function compileApiKeys (
