@@ -1,7 +1,8 @@
 // Issue 13 moved the request path's metrics from prom-client's Counter/Histogram children into
 // plain cells that prom-client only reads on a scrape. /metrics must not change: the fixtures
 // under test/fixtures/metrics/ are what the prom-client-only implementation (commit 72c58d8)
-// printed for the same calls, in one process and summed by AggregatorRegistry over two workers.
+// printed for the same calls, in one process and summed by AggregatorRegistry over two workers
+// (with the counters added since, each in its place).
 import t from 'tap'
 import { readFileSync } from 'node:fs'
 import { AggregatorRegistry } from 'prom-client'
@@ -26,6 +27,7 @@ function drive (m: GatewayMetrics): void {
   m.healthCheck('backend', 'http://x', 'pass'); m.healthCheck('backend', 'http://x', 'fail'); m.healthCheck('backend', 'http://x', 'fail')
   m.proxyProtocolRefused('missing'); m.proxyProtocolRefused('timeout'); m.proxyProtocolRefused('missing')
   m.connectionDropped(); m.connectionDropped()
+  m.tlsHandshakeTimedOut(); m.tlsHandshakeTimedOut()
   m.clientConnectionDropped()
   m.httpsRedirected(); m.httpsRedirected(); m.httpsRedirected()
   m.upstreamRetry('backend', 'reset'); m.upstreamRetry('backend', 'status_503'); m.upstreamRetry('backend', 'reset'); m.upstreamRetryOverBudget('backend')
