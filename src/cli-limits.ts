@@ -4,7 +4,7 @@ import { parseArgs } from 'node:util'
 import { loadConfigFile } from './config/load.js'
 import { adminListen, adminToken } from './config/defaults.js'
 import { isHostPort } from './config/schema.js'
-import { splitHostPort } from './server.js'
+import { adminClientUrl } from './admin/client-url.js'
 
 export const LIMITS_HELP = `Usage: gateway limits get|reset --route NAME [--ip ADDR] [--user NAME] [--plan NAME]
                      [--shared] [-c FILE] [--admin HOST:PORT] [--token TOKEN] [--json]
@@ -190,11 +190,4 @@ export async function limitsCommand (argv: string[]): Promise<number> {
   process.stdout.write(`${who}: reset ${reset.map(r => r.name).join(', ') || 'nothing'} (${effect})\n`)
   if (partial) process.stderr.write(`gateway limits reset: warning: ${String(body.warning)}\n`)
   return 0
-}
-
-/** The admin address a local client connects to: a wildcard bind is reached on loopback. */
-export function adminClientUrl (admin: string): string {
-  const { host, port } = splitHostPort(admin)
-  const h = host === '0.0.0.0' ? '127.0.0.1' : host === '::' ? '::1' : host
-  return `http://${h.includes(':') ? `[${h}]` : h}:${port}`
 }
