@@ -245,7 +245,20 @@ t.test('located config errors', async t => {
       /origins\[1\]: expected "\*" or an origin[^]*origins\[2\]: expected[^]*origins\[3\]: expected[^]*origins\[4\]: expected/],
     // an IPv6 address only as a browser serializes it, and without subdomains
     ['cors: { origins: ["http://[::1]:3000", "http://[0:0::1]:3000", "http://[::1]:80", "http://*.[::1]", "http://[::1"] }',
-      /origins\[1\]: expected "\*" or an origin[^]*origins\[2\]: expected[^]*origins\[3\]: expected[^]*origins\[4\]: expected/],
+      /origins\[1\]: a browser sends this origin as "http:\/\/\[::1\]:3000"[^]*origins\[2\]: expected "\*" or an origin[^]*origins\[3\]: expected[^]*origins\[4\]: expected/],
+    // an IPv4 address only in full, as a browser serializes it; a host ending in a number is one
+    ['cors: { origins: ["http://127.0.0.1:3000", "http://127.1", "http://0x7f.0.0.1:8080", "http://127.000.000.001", "http://2130706433", "https://app.1", "https://*.app.1"] }',
+      new RegExp([
+        'origins\\[1\\]: a browser sends this origin as "http://127\\.0\\.0\\.1"',
+        'origins\\[2\\]: a browser sends this origin as "http://127\\.0\\.0\\.1:8080"',
+        'origins\\[3\\]: a browser sends this origin as "http://127\\.0\\.0\\.1"',
+        'origins\\[4\\]: a browser sends this origin as "http://127\\.0\\.0\\.1"',
+        'origins\\[5\\]: expected "\\*" or an origin',
+        'origins\\[6\\]: expected "\\*" or an origin'
+      ].join('[^]*'))],
+    // a name in another script only in its ASCII form, as a browser sends it
+    ['cors: { origins: ["https://bücher.example", "https://*.bücher.example:8443", "https://bücher.example/path"] }',
+      /origins\[0\]: a browser sends this origin as "https:\/\/xn--bcher-kva\.example"[^]*origins\[1\]: a browser sends this origin as "https:\/\/\*\.xn--bcher-kva\.example:8443"[^]*origins\[2\]: expected "\*" or an origin/],
     ['cors: { origins: ["*"], credentials: true }', /routes\[0\]\.cors\.credentials: credentials: true with origins "\*"/],
     ['cors: { origins: ["https://a.example.com"] }\n    headers: { response: { set: { access-control-allow-origin: "*" } } }', /routes\[0\]\.headers\.response\.set\.access-control-allow-origin: access-control-allow-origin is written by the route's cors/]
   ]

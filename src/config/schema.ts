@@ -3,7 +3,7 @@
 // and conversion to runtime values in src/runtime.ts. Every object is strict: a typo must never silently disable a limit.
 import { isIP } from 'node:net'
 import { z } from 'zod'
-import { isCorsOrigin } from '../router/cors.js'
+import { corsOriginProblem } from '../router/cors.js'
 import { normalizePath } from '../router/normalize-path.js'
 import { ENCODINGS, mediaRangeProblem } from '../proxy/compression.js'
 import { MAX_BACKOFF_MS } from '../proxy/retry-policy.js'
@@ -244,7 +244,10 @@ export const upstreamSchema = z.strictObject({
 // A route's CORS (src/router/cors.ts): the gateway answers its preflights and puts the
 // Access-Control-* fields on every answer to an allowed origin, its own 401/429/5xx included.
 const corsSchema = z.strictObject({
-  origins: z.array(z.string().refine(isCorsOrigin, 'expected "*" or an origin such as "https://app.example.com" ("https://*.example.com" for its subdomains; ":8443" for a port other than the scheme\'s default, which an origin leaves out; "http://[::1]:3000" for an IPv6 address, in its shortest form), without a path')).min(1)
+  origins: z.array(z.string().superRefine((origin, ctx) => {
+    const problem = corsOriginProblem(origin)
+    if (problem !== null) ctx.addIssue({ code: 'custom', message: problem })
+  })).min(1)
     .describe('origins whose browser scripts may call the route: "*", "https://app.example.com", "https://*.example.com"'),
   methods: z.array(z.string().regex(/^[A-Za-z]+$/)).min(1).optional().describe('methods a preflight may ask for; default every method the route takes'),
   headers: z.array(headerName).optional().describe('request headers a preflight may ask for; absent or "*": the ones it asks for'),

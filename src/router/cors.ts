@@ -56,26 +56,54 @@ export function preflightMethod (method: string | undefined, origin: string | un
 
 const DEFAULT_PORTS: Readonly<Record<string, string>> = { http: '80', https: '443' }
 
-/** True for "*" and for what `origins` accepts; the config schema's check. */
-export function isCorsOrigin (value: string): boolean {
-  if (value === '*') return true
-  const m = ORIGIN_RE.exec(value.toLowerCase())
-  if (m === null) return false
+const ORIGIN_EXPECTED = 'expected "*" or an origin such as "https://app.example.com" ("https://*.example.com" for its subdomains; ":8443" for a port other than the scheme\'s default, which an origin leaves out; "http://[::1]:3000" for an IPv6 address, in its shortest form), without a path'
+
+/** Why `value` cannot be one of `origins` (the config schema's check), or null when it can. */
+export function corsOriginProblem (value: string): string | null {
+  if (value === '*') return null
+  const lower = value.toLowerCase()
+  const m = ORIGIN_RE.exec(lower)
+  if (m === null) return nonAsciiHost(lower) ?? ORIGIN_EXPECTED
   // A browser serializes an origin without its scheme's default port and without leading zeros:
   // "https://app.example.com:443" or ":08443" would never equal an Origin it sends.
   const port = m[4]?.slice(1)
-  if (port !== undefined && !(/^[1-9]\d*$/.test(port) && Number(port) <= 65535 && port !== DEFAULT_PORTS[m[1] as string])) return false
-  // An IPv6 address: no subdomains to match, and only in the form a browser serializes it (the
-  // shortest, "[::1]", not "[0:0::1]"), which the WHATWG URL parser gives back unchanged
-  if ((m[3] as string).startsWith('[')) return m[2] === undefined && ipv6Canonical(value.toLowerCase())
-  return true
+  if (port !== undefined && !(/^[1-9]\d*$/.test(port) && Number(port) <= 65535 && port !== DEFAULT_PORTS[m[1] as string])) return ORIGIN_EXPECTED
+  // An IPv6 address has no subdomains to match
+  const wildcard = m[2] !== undefined
+  if ((m[3] as string).startsWith('[') && wildcard) return ORIGIN_EXPECTED
+  const sent = originBrowsersSend(lower, wildcard)
+  if (sent === lower) return null
+  if (sent === null) return ORIGIN_EXPECTED
+  return `a browser sends this origin as "${sent}": written otherwise it would match nothing`
 }
 
-function ipv6Canonical (origin: string): boolean {
+/**
+ * A host name in another script ("https://bücher.example") is sent in its ASCII form
+ * ("https://xn--bcher-kva.example"): the message names it.
+ */
+function nonAsciiHost (origin: string): string | null {
+  if (!/[^ -~]/.test(origin) || !/^https?:\/\/[^/?#@\\]+$/.test(origin)) return null
+  const wildcard = origin.includes('://*.')
+  const sent = originBrowsersSend(origin, wildcard)
+  if (sent === null || ORIGIN_RE.exec(sent) === null || originBrowsersSend(sent, wildcard) !== sent) return null
+  return `a browser sends this origin as "${sent}": written otherwise it would match nothing`
+}
+
+/**
+ * `origin` as a browser sends it in Origin, or null when no browser can: the WHATWG URL parser,
+ * which serializes every Origin a browser sends, rewrites an IPv6 address to its shortest form
+ * ("[0:0::1]" is "[::1]") and an IPv4 address written short, in hex, octal or as one number
+ * ("127.1", "0x7f.0.0.1", "127.000.000.001", "2130706433" are all "127.0.0.1"), and refuses a host
+ * that ends in a number and is no address ("app.1"). A subdomain pattern is read with a label in
+ * place of its "*", and given back with it.
+ */
+function originBrowsersSend (origin: string, wildcard: boolean): string | null {
   try {
-    return new URL(origin).origin === origin
+    if (!wildcard) return new URL(origin).origin
+    const sent = new URL(origin.replace('*.', 'x.')).origin
+    return sent.replace('://x.', '://*.')
   } catch {
-    return false
+    return null
   }
 }
 
