@@ -106,15 +106,7 @@ end
 
 local function cq_check (key, p, now, r)
   local period, cur, to_end = cq_read(key, p, now)
-  if p.cost <= p.limit and cur + p.cost <= p.limit then
-    outcome(r, true, p.limit - cur - p.cost, 0, to_end, 0)
-    r.k, r.cur = period, cur + p.cost
-    return r
-  end
-  local reset = 0
-  if cur > 0 then reset = to_end end
-  if p.cost > p.limit then return outcome(r, false, max(0, p.limit - cur), -1, reset, 0) end
-  return outcome(r, false, max(0, p.limit - cur), to_end, reset, 0)
+  return counter_check(r, p, period, cur, to_end)
 end
 
 -- receipt = the period start the request was counted in.

@@ -267,6 +267,21 @@ local function outcome (r, ok, remaining, retry, reset, delay)
   return r
 end
 
+-- The check of a counter of one period (fixed-window, calendar-quota): `cur` units were admitted
+-- in period `k`, which ends in `to_end` µs. Admits while cur + cost fits the limit; a cost above
+-- the limit can never pass (retry -1).
+local function counter_check (r, p, k, cur, to_end)
+  if p.cost <= p.limit and cur + p.cost <= p.limit then
+    outcome(r, true, p.limit - cur - p.cost, 0, to_end, 0)
+    r.k, r.cur = k, cur + p.cost
+    return r
+  end
+  local reset = 0
+  if cur > 0 then reset = to_end end
+  if p.cost > p.limit then return outcome(r, false, max(0, p.limit - cur), -1, reset, 0) end
+  return outcome(r, false, max(0, p.limit - cur), to_end, reset, 0)
+end
+
 -- Under FCALL (FUNCTION_LIBRARY in src/limit/scripts.ts) the library is made once, by a call's
 -- first use, and kept: every entry starts with this. A call's own state starts empty as in a fresh
 -- chunk (a batch that failed half-way left batch_keys set; a test's clock override left the TTL
