@@ -20,6 +20,9 @@ const ANSWERS: Record<string, string> = {
   '/length-and-chunked': 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
   // a switch of protocols nobody asked for
   '/unasked-101': 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n',
+  // the same without the fields undici itself refuses a 101 by (undici took it for an interim answer)
+  '/bare-101': 'HTTP/1.1 101 Switching Protocols\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal',
+  '/101-upgrade-only': 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n',
   '/gzip-chunked': 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
   '/chunked-twice': 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
   '/chunked-upper': 'HTTP/1.1 200 OK\r\nTransfer-Encoding:  Chunked \r\n\r\n2\r\nok\r\n0\r\n\r\n',
@@ -30,7 +33,8 @@ const ANSWERS: Record<string, string> = {
 // Answers written in pieces, 50 ms apart (CLOSE ends the connection): a response head split by the
 // network, and what a server of another protocol answers (memcached's "ERROR").
 const CLOSE = Symbol('close')
-const PIECES: Record<string, ReadonlyArray<string | typeof CLOSE>> = {
+const RESET = Symbol('reset')
+const PIECES: Record<string, ReadonlyArray<string | typeof CLOSE | typeof RESET>> = {
   '/split': ['HTTP/1.1 ', '200 OK\r\nContent-Length: 2\r\n\r\nok'],
   '/split-short': ['HTTP', '/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok'],
   '/split-continue': ['HTTP/1.1 100 Continue\r\n', '\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal'],
@@ -40,7 +44,11 @@ const PIECES: Record<string, ReadonlyArray<string | typeof CLOSE>> = {
   // an upstream that dies mid-body: undici reports it as a length mismatch, as it does a length
   // beside a coding (/length-and-chunked), but this one is a broken connection
   '/cut-body': ['HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nConnection: close\r\n\r\n0123456789', CLOSE],
-  '/cut-head': ['HTTP/1.1 ', CLOSE]
+  '/cut-head': ['HTTP/1.1 ', CLOSE],
+  // a body without length or chunks, read until the connection closes: a close (FIN) ends it, a
+  // reset cuts it
+  '/until-close': ['HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n' + 'x'.repeat(1000), CLOSE],
+  '/until-reset': ['HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n' + 'x'.repeat(1000), RESET]
 }
 
 // Answers that go on until the connection closes: an interim response every 200 ms, or a
@@ -65,9 +73,10 @@ function every (socket: net.Socket, ms: number, piece: () => string): void {
   socket.once('close', () => { clearInterval(timer) })
 }
 
-async function writePieces (socket: net.Socket, pieces: ReadonlyArray<string | typeof CLOSE>): Promise<void> {
+async function writePieces (socket: net.Socket, pieces: ReadonlyArray<string | typeof CLOSE | typeof RESET>): Promise<void> {
   for (const piece of pieces) {
     if (piece === CLOSE) socket.end()
+    else if (piece === RESET) socket.resetAndDestroy()
     else socket.write(piece)
     await new Promise(resolve => setTimeout(resolve, 50))
   }
@@ -188,12 +197,12 @@ t.test('an invalid upstream status (600, 000), an unknown transfer coding, a len
   // each counts toward the target's ejection (the next test): more than six in a row are allowed here
   const gw = await startGateway(t, config(await rawUpstream(t)).replace('targets: [', 'consecutiveFailures: 100, targets: ['))
   // Two Transfer-Encoding fields are two codings (RFC 9112 §6.1), even when both say chunked.
-  const paths = ['/600', '/000', '/gzip-chunked', '/chunked-twice', '/length-and-chunked', '/unasked-101']
+  const paths = ['/600', '/000', '/gzip-chunked', '/chunked-twice', '/length-and-chunked', '/unasked-101', '/bare-101', '/101-upgrade-only']
   for (const path of paths) {
     const reply = await rawRequest(gw.port, `GET ${path} HTTP/1.1\r\nHost: a\r\n`)
     t.equal(reply.status, 502, `${path}: 502`)
     t.equal(reply.json?.error, 'GW_ERR_UPSTREAM_BAD_RESPONSE', `${path}: a bad response, not an unavailable upstream`)
-    t.match(gw.lines.find(l => l.msg === 'request' && l.path === path), { status: 502, error: 'bad_response' }, `${path}: logged as a bad response`)
+    t.match(gw.lines.find(l => l.msg === 'request' && l.path === path), { status: 502, error: 'bad_response', retriedAfter: undefined }, `${path}: logged as a bad response, not retried`)
   }
   t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { kind: 'bad_response' }), paths.length)
   t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { kind: 'reset' }), 0, 'none of them counted as a reset')
@@ -206,6 +215,21 @@ t.test('an invalid upstream status (600, 000), an unknown transfer coding, a len
   t.equal(chunked.status, 200, 'one chunked coding, in any case and with spaces, is relayed')
   t.equal(chunked.headers['transfer-encoding'], 'chunked')
   t.equal(chunked.body, '2\r\nok\r\n0\r\n\r\n', 'the body, chunked again by node:http')
+})
+
+t.test('a body read until the upstream closes is whole at a close, and cut at a reset, never relayed as whole', async t => {
+  const gw = await startGateway(t, config(await rawUpstream(t)).replace('targets: [', 'consecutiveFailures: 100, targets: ['))
+  const whole = await rawRequest(gw.port, 'GET /until-close HTTP/1.1\r\nHost: a\r\n')
+  t.equal(whole.status, 200)
+  t.ok(whole.body.includes('x'.repeat(1000)) && whole.body.endsWith('\r\n0\r\n\r\n'), 'closed by a FIN: the body whole, its chunked answer ended with the last chunk')
+  const cut = await rawRequest(gw.port, 'GET /until-reset HTTP/1.1\r\nHost: a\r\n')
+  t.equal(cut.status, 200, 'its head went out')
+  t.ok(cut.body.includes('x'.repeat(1000)), 'what came before the reset was relayed')
+  t.notOk(cut.body.endsWith('0\r\n\r\n'), 'without the last chunk: the client knows its answer was cut')
+  await eventually('the access line', async () => gw.lines.some(l => l.msg === 'request' && l.path === '/until-reset'), 10_000)
+  t.match(gw.lines.find(l => l.msg === 'request' && l.path === '/until-close'), { status: 200, error: undefined }, 'the close: a success')
+  t.match(gw.lines.find(l => l.msg === 'request' && l.path === '/until-reset'), { status: 502, sentStatus: 200, error: 'reset' }, 'the reset: logged as a broken connection')
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { kind: 'reset' }), 1, 'and counted as one')
 })
 
 t.test('such heads count toward the target\'s ejection, as an answer that is not HTTP does', async t => {

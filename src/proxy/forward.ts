@@ -648,7 +648,10 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
   onHeaders (statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
     // RFC 9110 §15: a status is three digits, 1xx-5xx. Below 100 (a status 000), undici would
     // take it for an interim response and fail on an assertion at its end, counted as a reset.
-    if (statusCode < 100 && !this.clientGone) return this.refuseHead()
+    // A 101 to a request that asked for no upgrade (this path never does: upgrades go through
+    // websocket.ts), without the Upgrade and Connection fields undici refuses it by: undici took it
+    // for an interim response and failed on an assertion at its end, counted as a reset and retried.
+    if ((statusCode < 100 || statusCode === 101) && !this.clientGone) return this.refuseHead()
     // 1xx: node:http already sent its own 100 Continue; other interim responses are not relayed.
     if (statusCode < 200 || this.clientGone) {
       if (!this.interim && !this.clientGone) {

@@ -7,6 +7,7 @@
 import { maxHeaderSize } from 'node:http'
 import type { Socket } from 'node:net'
 import { buildConnector, errors as undiciErrors } from 'undici'
+import { resetIsNoEnd } from './upstream-resets.js'
 
 const HEAD_END = Buffer.from('\r\n\r\n')
 // "HTTP/1.x 100 " or "HTTP/1.x 100\r": enough bytes to tell a 100 from every other status. Each
@@ -119,7 +120,10 @@ export function continueTolerantConnector (connectTimeoutMs: number): buildConne
       socket = connect(options, (...args) => {
         clearTimeout(deadline)
         const [err, connected] = args
-        if (err === null) dropContinueResponses(connected as Socket)
+        if (err === null) {
+          dropContinueResponses(connected as Socket)
+          resetIsNoEnd(connected as Socket)
+        }
         callback(...args)
       })
     } catch (err) {
