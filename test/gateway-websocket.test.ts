@@ -569,6 +569,42 @@ routes:
   t.match(line('ws-held'), { status: 503, error: 'shutting_down' }, 'logged 503 shutting_down')
 })
 
+t.test('an upgrade answered with a status outside 100-599 is a 502 GW_ERR_UPSTREAM_BAD_RESPONSE; a reason phrase with control bytes is replaced', async (t) => {
+  const answers: Record<string, string> = {
+    '/ws/000': 'HTTP/1.1 000 Zero\r\nContent-Length: 2\r\n\r\nok',
+    '/ws/099': 'HTTP/1.1 099 Low\r\nContent-Length: 2\r\n\r\nok',
+    '/ws/600': 'HTTP/1.1 600 Weird\r\nContent-Length: 2\r\n\r\nok',
+    '/ws/control': 'HTTP/1.1 403 Forbidden\x01\x00x\r\nContent-Length: 2\r\n\r\nno'
+  }
+  const { server, url } = await startHttpServer(t, (_req, res) => { res.end() })
+  server.on('upgrade', (req: IncomingMessage, socket: Duplex) => {
+    socket.on('error', () => {})
+    socket.end(Buffer.from(answers[req.url ?? ''] ?? 'HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n', 'latin1'))
+  })
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${url}], consecutiveFailures: 100 }
+routes:
+  - { name: events, pathPrefix: /ws/, websocket: true, upstream: backend }
+`)
+  const upgrade = async (path: string): Promise<string> => await rawExchange(gw.port, `GET ${path} HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n` +
+    `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: ${randomBytes(16).toString('base64')}\r\n\r\n`, 20_000)
+  for (const path of ['/ws/000', '/ws/099', '/ws/600']) {
+    const replies = parseResponses(await upgrade(path))
+    t.equal(replies[0]?.status, 502, `${path}: a 502 (the status went to the client as it came)`)
+    t.match(replies[0]?.json, { error: 'GW_ERR_UPSTREAM_BAD_RESPONSE' }, `${path}: a bad response`)
+    await eventually('the access line', async () => gw.lines.some((l) => l.msg === 'request' && l.path === path), 10_000)
+    t.match(gw.lines.find((l) => l.msg === 'request' && l.path === path), { status: 502, error: 'bad_response' }, `${path}: logged as a bad response`)
+  }
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { upstream: 'backend', kind: 'bad_response' }), 3, 'each counted as kind bad_response')
+  const readyz = await (await fetch(`${gw.adminUrl}/readyz`)).json() as { upstreams: { backend: Array<{ consecutiveFailures: number }> } }
+  t.equal(readyz.upstreams.backend[0]?.consecutiveFailures, 3, 'and as the target\'s failures, not its successes')
+  const control = await upgrade('/ws/control')
+  t.equal(control.split('\r\n')[0], 'HTTP/1.1 403 Forbidden', 'a reason phrase with control bytes: the status\'s own')
+  t.equal(parseResponses(control)[0]?.body, 'no', 'the answer relayed otherwise')
+})
+
 t.test('an upstream 101 without an Upgrade header is a 502 GW_ERR_UPSTREAM_BAD_RESPONSE of kind bad_response, no WebSocket opened', async (t) => {
   const { server, url } = await startHttpServer(t, (_req, res) => { res.end() })
   server.on('upgrade', (_req: IncomingMessage, socket: Duplex) => {

@@ -1,4 +1,4 @@
-import { Agent as HttpAgent, type ClientRequest, type IncomingMessage } from 'node:http'
+import { Agent as HttpAgent, STATUS_CODES, type ClientRequest, type IncomingMessage } from 'node:http'
 import type { Duplex } from 'node:stream'
 import { connect as netConnect, isIP, Socket } from 'node:net'
 import { connect as tlsConnect } from 'node:tls'
@@ -282,7 +282,14 @@ class Tunnel {
       // 101 has an Upgrade header); without one it switched to nothing the client asked for.
       // Relayed, the client read a 101 and a closed connection, logged and counted as an open
       // WebSocket and as the target's success.
-      if (res.statusCode === 101) {
+      const status = res.statusCode ?? 0
+      const refusal = status === 101
+        ? 'the upstream answered 101 without an Upgrade header'
+        // RFC 9110 §15: three digits, 1xx-5xx (an HTTP request's answer gets the same 502); a 000
+        // or a 600 went to the client as it came, logged with that status and counted as the
+        // target's success
+        : status < 200 || status > 599 ? `the upstream answered status ${status}` : null
+      if (refusal !== null) {
         // http-proxy's own 'response' listener, run after this one, relays every answer whose
         // `upgrade` is false (node:http leaves it false here): its head and body written after
         // our 502 are writes after the end, whose error destroys the socket, flushed or not.
@@ -291,16 +298,19 @@ class Tunnel {
         // would count the target's success (undoing the failure) and http-proxy's would write a
         // 101 to the client. Without listeners node destroys the socket itself.
         proxyReq.removeAllListeners('upgrade')
-        this.failed(new Error('the upstream answered 101 without an Upgrade header'), 'bad_response')
+        this.failed(new Error(refusal), 'bad_response')
         proxyReq.destroy()
         return
       }
+      // http-proxy writes the reason phrase as it came: one with control bytes (NUL, \x01) is
+      // replaced by the status's own, as node:http would refuse to write it
+      if (!REASON_PHRASE.test(res.statusMessage ?? '')) res.statusMessage = STATUS_CODES[status] ?? ''
       // a status failureStatuses lists counts as the answer to an HTTP request does
-      this.plan.pool.answered(this.target, res.statusCode ?? 502)
+      this.plan.pool.answered(this.target, status)
       this.responded = true
       notUpgraded(res)
       this.answerHeaders(res)
-      this.settle(res.statusCode ?? 502, null, null)
+      this.settle(status, null, null)
       // http-proxy pipes the answer and ends the client socket, which then waits for the client's
       // own end (allowHalfOpen): closeSoon does not wait for a client that never sends it. An
       // answer the upstream broke off (its connection closed before the body's end) never ends:
@@ -449,6 +459,9 @@ function notUpgraded (res: IncomingMessage): void {
 }
 
 function noop (): void {}
+
+/** A reason phrase node:http would write (RFC 9112 §4: HTAB, SP, VCHAR, obs-text). */
+const REASON_PHRASE = /^[\t\x20-\x7e\x80-\xff]*$/
 
 /**
  * The TLS server name for a target given as an address: the Host the handshake is sent with, as
