@@ -5,7 +5,7 @@ import net from 'node:net'
 import { once } from 'node:events'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
-import { rawRequest } from './helpers/raw-http.js'
+import { rawExchange, rawRequest } from './helpers/raw-http.js'
 import { eventually, metric } from './helpers/ratelimit.js'
 import type { Teardown } from './helpers/teardown.js'
 
@@ -27,6 +27,9 @@ const ANSWERS: Record<string, string> = {
   '/chunked-twice': 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
   '/chunked-upper': 'HTTP/1.1 200 OK\r\nTransfer-Encoding:  Chunked \r\n\r\n2\r\nok\r\n0\r\n\r\n',
   '/ok': 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok',
+  // node:http's bound on a message's fields (2000), which undici's (16 KiB of names and values) is not
+  '/fields-2000': `HTTP/1.1 200 OK\r\n${'x: a\r\n'.repeat(1999)}Content-Length: 2\r\n\r\nok`,
+  '/fields-2001': `HTTP/1.1 200 OK\r\n${'x: a\r\n'.repeat(2000)}Content-Length: 2\r\n\r\nok`,
   '/continue': 'HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal'
 }
 
@@ -197,7 +200,7 @@ t.test('an invalid upstream status (600, 000), an unknown transfer coding, a len
   // each counts toward the target's ejection (the next test): more than six in a row are allowed here
   const gw = await startGateway(t, config(await rawUpstream(t)).replace('targets: [', 'consecutiveFailures: 100, targets: ['))
   // Two Transfer-Encoding fields are two codings (RFC 9112 §6.1), even when both say chunked.
-  const paths = ['/600', '/000', '/gzip-chunked', '/chunked-twice', '/length-and-chunked', '/unasked-101', '/bare-101', '/101-upgrade-only']
+  const paths = ['/600', '/000', '/gzip-chunked', '/chunked-twice', '/length-and-chunked', '/unasked-101', '/bare-101', '/101-upgrade-only', '/fields-2001']
   for (const path of paths) {
     const reply = await rawRequest(gw.port, `GET ${path} HTTP/1.1\r\nHost: a\r\n`)
     t.equal(reply.status, 502, `${path}: 502`)
@@ -211,6 +214,9 @@ t.test('an invalid upstream status (600, 000), an unknown transfer coding, a len
   await eventually('the access line', async () => gw.lines.some(l => l.msg === 'request' && l.path === '/cut-body'), 10_000)
   t.match(gw.lines.find(l => l.msg === 'request' && l.path === '/cut-body'), { error: 'reset' }, 'a broken connection, logged as a reset')
   t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { kind: 'reset' }), 1, 'and counted as one')
+  const many = await rawExchange(gw.port, 'GET /fields-2000 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n')
+  t.equal(many.split('\r\n')[0], 'HTTP/1.1 200 OK', '2000 fields, node:http\'s own bound: relayed')
+  t.equal((many.match(/\r\nx: a/g) ?? []).length, 1999, 'all of its fields')
   const chunked = await rawRequest(gw.port, 'GET /chunked-upper HTTP/1.1\r\nHost: a\r\n')
   t.equal(chunked.status, 200, 'one chunked coding, in any case and with spaces, is relayed')
   t.equal(chunked.headers['transfer-encoding'], 'chunked')

@@ -43,6 +43,8 @@ const FORWARDED_FOR = 'x-forwarded-for'
 const FORWARDED_PROTO = 'x-forwarded-proto'
 const FORWARDED_HOST = 'x-forwarded-host'
 const REQUEST_ID = 'x-request-id'
+/** The most fields an upstream's response head may have (node:http's default maxHeadersCount). */
+export const MAX_RESPONSE_FIELDS = 2000
 // Names this long or longer share the last slot of responseDropLengths.
 const MAX_NAME_LENGTH = 64
 
@@ -154,7 +156,8 @@ export function upstreamRequestHeaders (req: IncomingMessage, plan: CompiledHead
  * Raw bytes decoded as latin1 pass through byte for byte (node:http writes header strings as
  * latin1), where undici's parsed object would decode UTF-8 and node:http would then reject it.
  * Null when the response cannot be relayed: a transfer coding other than one `chunked`
- * (`isChunkedOnly`; a gzip would be lost, and the client would get compressed bytes unlabelled).
+ * (`isChunkedOnly`; a gzip would be lost, and the client would get compressed bytes unlabelled),
+ * or more than MAX_RESPONSE_FIELDS fields.
  */
 export function clientResponseHeaders (
   raw: readonly (Buffer | string)[],
@@ -164,7 +167,11 @@ export function clientResponseHeaders (
 ): string[] | null {
   const drop = plan.responseDrop
   const dropLengths = plan.responseDropLengths
-  let named: readonly string[] | null = null
+  // node:http's own bound on the fields of a message it reads (maxHeadersCount); undici's bounds
+  // their bytes alone (16 KiB of names and values), so 16,000 empty fields passed, cost 70 ms to
+  // relay and stalled every other request meanwhile
+  if (raw.length > MAX_RESPONSE_FIELDS * 2) return null
+  let named: Set<string> | null = null
   let out: string[] = []
   let codings = 0
   for (let i = 0; i < raw.length; i += 2) {
@@ -177,7 +184,10 @@ export function clientResponseHeaders (
       if (drop.has(lower)) {
         if (lower === 'connection') {
           const tokens = connectionTokens(latin1(raw[i + 1] as Buffer | string))
-          if (tokens.length > 0) named = named === null ? tokens : named.concat(tokens)
+          if (tokens.length > 0) {
+            named ??= new Set()
+            for (const token of tokens) named.add(token)
+          }
         } else if (lower === 'transfer-encoding') {
           // A second field is a second coding, even when both say chunked (RFC 9112 §6.1).
           if (++codings > 1 || !isChunkedOnly(latin1(raw[i + 1] as Buffer | string))) return null
@@ -202,15 +212,16 @@ export function clientResponseHeaders (
   return out
 }
 
-const CONTENT_LENGTH: readonly string[] = ['content-length']
+const CONTENT_LENGTH: ReadonlySet<string> = new Set(['content-length'])
 
 /** `headers` (name, value, ...) without Content-Length. */
 export const withoutContentLength = (headers: string[]): string[] => withoutNamed(headers, CONTENT_LENGTH)
 
-function withoutNamed (headers: string[], named: readonly string[]): string[] {
+// A Set: an upstream's Connection may name thousands of fields (each field would scan them all)
+function withoutNamed (headers: string[], named: ReadonlySet<string>): string[] {
   const out: string[] = []
   for (let i = 0; i < headers.length; i += 2) {
-    if (!named.includes((headers[i] as string).toLowerCase())) out.push(headers[i] as string, headers[i + 1] as string)
+    if (!named.has((headers[i] as string).toLowerCase())) out.push(headers[i] as string, headers[i + 1] as string)
   }
   return out
 }
