@@ -443,6 +443,8 @@ async function readConfigFile (problems: Problems, path: KeyPath, file: string, 
     try {
       return await readFile(file)
     } catch (err) {
+      // A key pasted where its file's path goes ("${TLS_KEY}") is no path: never quoted
+      if (/-----BEGIN|[\r\n]/.test(file)) throw new Error('expected the path of a PEM file, not its text (which is not quoted here): write the text to a file and give its path', { cause: err })
       const code = (err as NodeJS.ErrnoException).code
       throw new Error(code === 'ENOENT' ? `file not found: ${file}` : `cannot read ${file}: ${(err as Error).message}`, { cause: err })
     }

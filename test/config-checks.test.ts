@@ -600,6 +600,33 @@ t.test('an upstream target URL holding credentials is refused, and the message d
   t.notMatch(found.join('\n'), /s3cret|pw-2|tok3n/)
   // an unparsable URL is quoted, without what stands before its "@"
   t.same(problems('upstreams:\n  b: { targets: ["http://u:s3cret@a:b:c"] }\n' + ROUTE), ['gw.yaml:2:18 upstreams.b.targets[0]: invalid URL "http://<credentials>@a:b:c"'])
+  // a password holding "/", "?" or "#": the userinfo ends at the last "@", not before them
+  const slashed = problems('upstreams:\n  b: { targets: ["https://kid:q9Xz/4Rt+Lm@idp.example/x", "http://u:a?b#c@host:99999"] }\n' + ROUTE)
+  t.same(slashed, ['gw.yaml:2:18 upstreams.b.targets[0]: invalid URL "https://<credentials>@idp.example/x"', 'gw.yaml:2:59 upstreams.b.targets[1]: invalid URL "http://<credentials>@host:99999"'])
+  t.notMatch(slashed.join('\n'), /q9Xz|4Rt|a\?b/)
+})
+
+t.test('a secret written unquoted that YAML reads as a tag or an alias is never quoted in the error', async t => {
+  const secrets = ['!NewAdm1nT0kenSecret', '*R3disPassw0rdXYZ']
+  const cases = [
+    `admin: { listen: 127.0.0.1:9901, token: ${secrets[0] as string} }\n${BASE}`,
+    `identity: { jwt: { secret: ${secrets[0] as string} } }\n${BASE}`,
+    `redis: { url: "redis://r:6379", password: ${secrets[1] as string} }\n${BASE}`
+  ]
+  for (const text of cases) {
+    const found = problems(text)
+    t.equal(found.length, 1, found.join('\n'))
+    t.match(found[0], /(unknown tag|an alias) at the start of a secret \(not quoted here/, 'located, and says why the value is not shown')
+    t.notMatch(found.join('\n'), /NewAdm1n|R3dis/, 'the secret is not in it')
+  }
+  // a key that starts with "!" or "*" is YAML's own syntax error, which quotes nothing
+  for (const keys of [`\n      ${secrets[0] as string}: alice`, ` { ${secrets[0] as string}: alice }`, `\n      ${secrets[1] as string}: alice`]) {
+    const found = problems(`identity:\n  apiKeys:\n    header: x-api-key\n    keys:${keys}\n${BASE}`)
+    t.equal(found.length, 1, found.join('\n'))
+    t.notMatch(found.join('\n'), /NewAdm1n/)
+  }
+  // elsewhere the tag and the alias are named, as before
+  t.match(problems(`a: !nothing x\n${BASE}`), [/unknown tag !nothing:/])
 })
 
 t.test('an unknown key in identity.apiKeys, or beside it, is named by its place: it may be a mis-indented API key', async t => {

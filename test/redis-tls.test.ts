@@ -176,6 +176,8 @@ t.test('gateway validate: redis.tls files that are missing or not PEM are locate
     { what: 'a missing ca', redis: d => `{ url: "rediss://127.0.0.1:6380", tls: { ca: ${join(d, 'nope.pem')} } }`, want: /gateway\.yaml:4:\d+ redis\.tls\.ca: file not found: .*nope\.pem/ },
     { what: 'a ca that is not a certificate', redis: d => `{ url: "rediss://127.0.0.1:6380", tls: { ca: ${join(d, 'garbage.pem')} } }`, want: /gateway\.yaml:4:\d+ redis\.tls\.ca: .*garbage\.pem holds no PEM certificate/ },
     { what: 'a missing client key', redis: d => `{ url: "rediss://127.0.0.1:6380", tls: { ca: ${certs.ca}, cert: ${certs.clientCert}, key: ${join(d, 'nokey.pem')} } }`, want: /gateway\.yaml:4:\d+ redis\.tls\.key: file not found/ },
+    // a key pasted where its path goes (key: "${REDIS_KEY}"): never quoted
+    { what: 'a key given as its PEM text', redis: () => `{ url: "rediss://127.0.0.1:6380", tls: { ca: ${certs.ca}, cert: ${certs.clientCert}, key: "-----BEGIN PRIVATE KEY-----\\nMIIsecretKeyMaterial\\n-----END PRIVATE KEY-----" } }`, want: /gateway\.yaml:4:\d+ redis\.tls\.key: expected the path of a PEM file, not its text \(which is not quoted here\)/ },
     { what: 'a cert without its key', redis: () => `{ url: "rediss://127.0.0.1:6380", tls: { ca: ${certs.ca}, cert: ${certs.clientCert} } }`, want: /gateway\.yaml:4:\d+ redis\.tls\.cert: cert and key go together/ },
     { what: 'a client key of another certificate', redis: () => `{ url: "rediss://127.0.0.1:6380", tls: { cert: ${certs.clientCert}, key: ${other.clientKey} } }`, want: /gateway\.yaml:4:\d+ redis\.tls: cert and key cannot be used together/ }
   ]
@@ -187,6 +189,7 @@ t.test('gateway validate: redis.tls files that are missing or not PEM are locate
     const run = await gateway(['validate', '-c', file])
     t.equal(run.code, 1, `${c.what}: exit 1`)
     t.match(run.stderr + run.stdout, c.want, c.what)
+    t.notMatch(run.stderr + run.stdout, /MIIsecret/, `${c.what}: no key material in the message`)
   }
   const d = tempDir(t, 'redis-tls-validate')
   const file = join(d, 'gateway.yaml')

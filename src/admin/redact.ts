@@ -11,6 +11,11 @@ const URL_WITH_USERINFO = /^([a-z][a-z0-9+.-]*:\/\/)(.*)@/is
 
 const URL_SCHEME = /^[a-z][a-z0-9+.-]*:\/\//i
 
+/** Whether a config key (or a header name in a route rule) names a secret, which /config hides. */
+export function isSecretKey (key: string): boolean {
+  return SECRET_KEY.test(key)
+}
+
 const REDACTED = '[redacted]'
 
 /**
@@ -42,7 +47,7 @@ export function redactConfig (config: unknown): unknown {
 /** Redacts `value`; `key` is its own key, `parent` the key of the object holding it. */
 function redactValue (value: unknown, key: string, parent: string, redactQuery: (url: string) => string): unknown {
   if (typeof value === 'string') {
-    if (SECRET_KEY.test(key)) return REDACTED
+    if (isSecretKey(key)) return REDACTED
     return URL_SCHEME.test(value) ? redactUrl(value, redactQuery) : value
   }
   if (Array.isArray(value)) return value.map(v => redactValue(v, key, parent, redactQuery))

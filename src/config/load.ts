@@ -13,11 +13,11 @@ import { utcOffsetMinutes } from '../limit/algorithms/calendar-quota.js'
 import { MAX_EXACT, validateLimitSpec } from '../limit/algorithms/index.js'
 import ipaddr from 'ipaddr.js'
 import { parseDuration } from './units.js'
-import { DUPLICATE_KEY, misreadScalar, repeatedKeys, unresolvedTags } from '../identify/yaml-scalars.js'
+import { DUPLICATE_KEY, keyPathOf, misreadScalar, repeatedKeys, unresolvedTags } from '../identify/yaml-scalars.js'
 import { API_KEY_CHARS, API_KEY_TEXT } from '../identify/api-key-file.js'
 import { MAX_USER_LENGTH } from '../identify/identity.js'
 import { HOP_BY_HOP } from '../proxy/hop-by-hop.js'
-import { redactUrlQuery } from '../admin/redact.js'
+import { isSecretKey, redactUrlQuery } from '../admin/redact.js'
 import type { z } from 'zod'
 
 export type KeyPath = ReadonlyArray<string | number>
@@ -114,6 +114,19 @@ const API_KEY_SHOWN = '<an API key>'
  * a problem of its substitution (`asWritten`), is the file's text, not a credential: shown, it says
  * what to fix. Every other key is one, whatever it holds (a "${" from the environment or a `$${`).
  */
+/**
+ * Whether what is written at `path` is a secret (/config hides it, src/admin/redact.ts): a key
+ * named as one (`token`, `password`, `secret`, `key`...), a header a route sets, or the inline API
+ * keys (a key of that map is the path's end).
+ */
+function secretAt (path: KeyPath): boolean {
+  if (path[0] === 'identity' && path[1] === 'apiKeys' && path[2] === 'keys') return true
+  const set = path.indexOf('set')
+  if (set > 0 && (path[set - 1] === 'request' || path[set - 1] === 'response')) return true
+  const last = path.findLast((segment): segment is string => typeof segment === 'string')
+  return last !== undefined && isSecretKey(last)
+}
+
 function apiKeyIn (path: KeyPath, asWritten: boolean): string | null {
   const key = path[3]
   if (path[0] !== 'identity' || path[1] !== 'apiKeys' || path[2] !== 'keys' || typeof key !== 'string' || key.length === 0) return null
@@ -191,7 +204,9 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
 
   const problems: ConfigProblem[] = []
   for (const { path, offset, tag } of unresolvedTags(doc)) {
-    problems.push(at(offset, path, `unknown tag ${tag}: it would be dropped and the text after it taken as written (write \${VAR} for a value from the environment)`))
+    // A secret written unquoted that starts with "!" reads as a tag: the message never quotes it
+    const quoted = secretAt(path) ? 'at the start of a secret (not quoted here; quote a secret that starts with "!")' : tag
+    problems.push(at(offset, path, `unknown tag ${quoted}: it would be dropped and the text after it taken as written (write \${VAR} for a value from the environment)`))
   }
   // `? [a, b]` as a key: toJS stringified it with a Node warning on stderr, and the unknown key
   // "[ a, b ]" it became could not be located (1:1)
@@ -487,9 +502,17 @@ function aliasProblemIn (doc: Document): [Alias, string] | null {
   visit(doc, {
     Alias: (_key, alias, ancestors) => {
       const target = alias.resolve(doc)
-      if (target === undefined) found = [alias, `alias *${alias.source} names no anchor before it (write &${alias.source} on an earlier node)`]
-      else if (ancestors.includes(target)) found = [alias, `alias *${alias.source} is inside the node anchored &${alias.source}: the value would contain itself`]
-      else return undefined
+      // A secret written unquoted that starts with "*" reads as an alias: never quoted
+      const name = secretAt(keyPathOf(ancestors, alias)) ? null : alias.source
+      if (target === undefined) {
+        found = [alias, name === null
+          ? 'an alias at the start of a secret (not quoted here) names no anchor before it: quote a secret that starts with "*"'
+          : `alias *${name} names no anchor before it (write &${name} on an earlier node)`]
+      } else if (ancestors.includes(target)) {
+        found = [alias, name === null
+          ? 'an alias at the start of a secret (not quoted here) is inside the node it names: the value would contain itself'
+          : `alias *${name} is inside the node anchored &${name}: the value would contain itself`]
+      } else return undefined
       return visit.BREAK
     }
   })
@@ -764,7 +787,9 @@ function urlCredentialChecks (url: string, path: KeyPath, refusal: string): Arra
  * `<credentials>`, and secret query values (a signed JWKS URL's `?sig=`) as `[redacted]`.
  */
 function quotableUrl (url: string): string {
-  return redactUrlQuery(url.replace(/^([a-z]+:\/\/)[^/?#]*@/i, '$1<credentials>@'))
+  // the userinfo ends at the LAST "@" (as redactUrl takes it): a password holding "/", "?" or "#"
+  // ends no earlier, where stopping at the first of them quoted it whole
+  return redactUrlQuery(url.replace(/^([a-z][a-z0-9+.-]*:\/\/)(.*)@/is, '$1<credentials>@'))
 }
 
 /** Two binds that would collide: same port on the same host, or on a wildcard (port 0 never collides). */

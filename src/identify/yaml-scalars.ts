@@ -57,16 +57,24 @@ export function unresolvedTags (doc: Document): Array<{ path: Array<string | num
   visit(doc, {
     Node: (_key, node, ancestors) => {
       if (node.tag === undefined || unknownTag(doc, node) === null) return
-      const chain: unknown[] = [...ancestors, node]
-      const path: Array<string | number> = []
-      chain.forEach((a, i) => {
-        if (isPair(a) && chain[i + 1] === a.value && isScalar(a.key)) path.push(String(a.key.value))
-        else if (isSeq(a)) path.push(a.items.indexOf(chain[i + 1] as never))
-      })
-      out.push({ path, offset: node.range?.[0] ?? 0, tag: unknownTag(doc, node) as string })
+      out.push({ path: keyPathOf(ancestors, node), offset: node.range?.[0] ?? 0, tag: unknownTag(doc, node) as string })
     }
   })
   return out
+}
+
+/**
+ * The key path of `node` under `ancestors` (a visitor's): the keys of the pairs whose value holds
+ * it, and the indexes in sequences. A node that is a key itself ends the path at its map's key.
+ */
+export function keyPathOf (ancestors: readonly unknown[], node: unknown): Array<string | number> {
+  const chain: unknown[] = [...ancestors, node]
+  const path: Array<string | number> = []
+  chain.forEach((a, i) => {
+    if (isPair(a) && chain[i + 1] === a.value && isScalar(a.key)) path.push(String(a.key.value))
+    else if (isSeq(a)) path.push(a.items.indexOf(chain[i + 1] as never))
+  })
+  return path
 }
 
 /** The tag of `node` as written (`!env`, `!!js/function`) when the core schema does not know it, else null. */
