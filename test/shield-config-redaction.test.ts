@@ -31,6 +31,15 @@ routes:
   t.same(config.routes[0]?.headers.response.set, { 'x-served-by': '[redacted]' })
 })
 
+t.test('/config hides the secret query values of a health check\'s path and the values a route matches headers by', async t => {
+  const config = redactConfig({
+    upstreams: { backend: { targets: ['http://127.0.0.1:9'], healthCheck: { path: '/healthz?token=Probe-Token-5&x=1' } } },
+    routes: [{ name: 'internal', pathPrefix: '/', upstream: 'backend', matchHeaders: { 'x-internal-auth': 'Shared-Secret-6', 'x-version': ['v2', 'v3'], 'x-beta': true } }]
+  }) as { upstreams: { backend: { healthCheck: { path: string } } }, routes: Array<{ matchHeaders: Record<string, unknown> }> }
+  t.equal(config.upstreams.backend.healthCheck.path, '/healthz?token=[redacted]&x=1', 'the probe path, its token hidden')
+  t.same(config.routes[0]?.matchHeaders, { 'x-internal-auth': '[redacted]', 'x-version': '[redacted]', 'x-beta': true }, 'names shown, values hidden, presence kept')
+})
+
 t.test('an admin listener on a non-loopback address is warned about at start; a loopback one is not', async t => {
   const upstream = await startUpstream(t)
   const yaml = (admin: string): string => `

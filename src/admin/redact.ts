@@ -48,7 +48,9 @@ export function redactConfig (config: unknown): unknown {
 function redactValue (value: unknown, key: string, parent: string, redactQuery: (url: string) => string): unknown {
   if (typeof value === 'string') {
     if (isSecretKey(key)) return REDACTED
-    return URL_SCHEME.test(value) ? redactUrl(value, redactQuery) : value
+    if (URL_SCHEME.test(value)) return redactUrl(value, redactQuery)
+    // a path with a query (a health check's `path: /healthz?token=...`): its secret values too
+    return value.startsWith('/') ? redactQuery(value) : value
   }
   if (Array.isArray(value)) return value.map(v => redactValue(v, key, parent, redactQuery))
   if (value !== null && typeof value === 'object') {
@@ -56,6 +58,11 @@ function redactValue (value: unknown, key: string, parent: string, redactQuery: 
     // injected credential is often named after the upstream (x-upstream-auth, x-internal-key).
     if (key === 'set' && (parent === 'request' || parent === 'response')) {
       return Object.fromEntries(Object.keys(value).map(name => [name, REDACTED]))
+    }
+    // matchHeaders: a route that matches a header's value may match a shared secret
+    // (x-internal-auth: ...), so its values are hidden too; `true` / `false` (present or not) stay
+    if (key === 'matchHeaders') {
+      return Object.fromEntries(Object.entries(value).map(([name, v]) => [name, typeof v === 'boolean' ? v : REDACTED]))
     }
     const out: Record<string, unknown> = {}
     for (const [k, v] of Object.entries(value)) {
