@@ -27,7 +27,7 @@ import { cutByGateway } from './proxy/shutdown-cut.js'
 import { createAccessLog, createLogger, droppedLogLines, type Logger, type LogLevel } from './log.js'
 import { strayRejectionCount } from './stray-rejections.js'
 import { errorBody, writeError, writeRawError, type ErrorCode } from './errors.js'
-import { adminListen } from './config/defaults.js'
+import { adminListen, adminReadToken } from './config/defaults.js'
 import { waitAtMost } from './wait-at-most.js'
 import { acceptProxyProtocol, type ProxyProtocolListener } from './identify/proxy-protocol.js'
 import { capConnections, capConnectionsPerClient, type ConnectionCap } from './proxy/connection-cap.js'
@@ -812,6 +812,7 @@ export class Gateway {
     const previous = state.runtime
     state.runtime = runtime
     prepared.commit()
+    if (adminReadToken(previous.config) !== adminReadToken(runtime.config)) this.feed?.endStreams()
     this.refreshTls(runtime)
     this.metrics.generation.set(runtime.generation)
     this.metrics.reload('success')

@@ -343,6 +343,8 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       try {
         const { loaded: next, text } = await loadWithText(options.configFile)
         await checkRuntime(next)
+        // who may read changed: the streams authorized under the old rules end (LiveFeed.endStreams)
+        if (adminReadToken(loaded.config) !== adminReadToken(next.config)) feed.endStreams()
         loaded = next
         acceptedText = text
         acceptedFiles = next.files ?? {}

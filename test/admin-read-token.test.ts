@@ -66,6 +66,59 @@ t.test('reads: token: every read but the health checks and the page files needs 
   for (const path of GUARDED) t.equal((await ask(gw.adminUrl + path)).status, 200, `${path} open again with reads: open (the default)`)
 })
 
+/** An open /events stream: whether it has ended, and the events it got. */
+function openStream (url: string): Promise<{ ended: () => boolean, events: () => number, close: () => void }> {
+  return new Promise((resolve, reject) => {
+    const req = request(url, (res) => {
+      if (res.statusCode !== 200) { reject(new Error(`status ${String(res.statusCode)}`)); return }
+      let ended = false
+      let events = 0
+      res.setEncoding('utf8')
+      res.on('data', (d: string) => { events += d.split('\nevent: ').length - 1 + (d.startsWith('event: ') ? 1 : 0) })
+      res.on('close', () => { ended = true })
+      resolve({ ended: () => ended, events: () => events, close: () => { req.destroy() } })
+    })
+    req.on('error', reject)
+    req.end()
+  })
+}
+
+t.test('a reload that changes who may read ends the event streams opened before it; one that does not keeps them', async t => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, config(upstream.url, `{ listen: 127.0.0.1:0, token: ${TOKEN} }`))
+  const stream = await openStream(`${gw.adminUrl}/events`)
+  t.teardown(() => { stream.close() })
+  // the same rules (a limit changed): kept, and fed
+  writeFileSync(gw.runtime!.file, config(upstream.url, `{ listen: 127.0.0.1:0, token: ${TOKEN} }`).replace('limit: 5', 'limit: 6'))
+  t.equal((await gw.reload()).ok, true)
+  const before = stream.events()
+  await eventually('an update after the reload', async () => stream.events() > before, 10_000)
+  t.notOk(stream.ended(), 'a reload that keeps reads open keeps the stream')
+  // reads: token now: the anonymous stream opened before ends, and a new one is refused
+  writeFileSync(gw.runtime!.file, config(upstream.url, `{ listen: 127.0.0.1:0, token: ${TOKEN}, reads: token }`))
+  t.equal((await gw.reload()).ok, true)
+  await eventually('the stream opened before the token was asked for ends', async () => stream.ended(), 10_000)
+  t.pass('it ended')
+  t.match(await ask(`${gw.adminUrl}/events`), { status: 401, error: 'GW_ERR_ADMIN_UNAUTHORIZED' }, 'opened again, it is asked for the token')
+  // a new token: a stream that had the old one ends too
+  const withToken = await new Promise<{ ended: () => boolean, close: () => void }>((resolve, reject) => {
+    const req = request(`${gw.adminUrl}/events`, { headers: { authorization: `Bearer ${TOKEN}` } }, (res) => {
+      let ended = false
+      res.resume()
+      res.on('close', () => { ended = true })
+      if (res.statusCode === 200) resolve({ ended: () => ended, close: () => { req.destroy() } })
+      else reject(new Error(`status ${String(res.statusCode)}`))
+    })
+    req.on('error', reject)
+    req.end()
+  })
+  t.teardown(() => { withToken.close() })
+  writeFileSync(gw.runtime!.file, config(upstream.url, `{ listen: 127.0.0.1:0, token: ${TOKEN}-rotated, reads: token }`))
+  t.equal((await gw.reload()).ok, true)
+  await eventually('the stream of the old token ends', async () => withToken.ended(), 10_000)
+  t.pass('the token rotated: ended')
+})
+
 t.test('reads: token without a token is a located error', async t => {
   const dir = t.testdir({ 'gw.yaml': config('http://127.0.0.1:9', '{ listen: 127.0.0.1:0, reads: token }') })
   const run = await gateway(['validate', '-c', `${dir}/gw.yaml`])

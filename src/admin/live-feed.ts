@@ -90,6 +90,16 @@ export class LiveFeed {
   stop (): void {
     if (this.timer !== null) clearInterval(this.timer)
     this.timer = null
+    this.endStreams()
+  }
+
+  /**
+   * Ends every open stream, the feed going on. A reload that changes who may read (`admin.reads`,
+   * the token) calls it: a stream is authorized once, when it opens, and one opened before kept
+   * getting every update (the limited users with them) after its reader lost the right. The page
+   * opens its stream again, and is asked for the token then.
+   */
+  endStreams (): void {
     for (const res of this.subscribers.keys()) res.end()
     this.subscribers.clear()
   }
