@@ -4,7 +4,6 @@
 // all workers (prom-client AggregatorRegistry) and the admin API answered by every worker over
 // IPC (src/admin/limits-over-workers.ts).
 import cluster, { type Worker } from 'node:cluster'
-import { createServer } from 'node:http'
 import { readFile } from 'node:fs/promises'
 import { createHash } from 'node:crypto'
 import { AggregatorRegistry } from 'prom-client'
@@ -17,6 +16,7 @@ import { adminError, serveLimitsApi, type AdminAnswer, type LimitsOps } from './
 import { createWorkersLimitsOps, type AdminOp, type WorkerAnswer } from './admin/limits-over-workers.js'
 import { handleDashboard, type RouteView } from './admin/dashboard.js'
 import { LiveFeed } from './admin/live-feed.js'
+import { configServerSettings, createShieldedAdminServer } from './admin/admin-shield.js'
 import type { LiveFrame } from './admin/live-stats.js'
 import type { Logger } from './log.js'
 import { RELOAD_HISTORY, isLoopback, restartNeededMessage, settingsNeedingRestart, splitHostPort, type GatewayOptions, type ReloadOutcome, type ReloadSource } from './server.js'
@@ -441,7 +441,8 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   const adminAddress = adminListen(loaded.config)
   const { host, port } = splitHostPort(adminAddress)
   const boundToLoopback = isLoopback(host)
-  const admin = createServer(answeringSafely((req, res) => {
+  // capped and timed as a single process's admin listener is, with the config the primary accepted last
+  const admin = createShieldedAdminServer(answeringSafely((req, res) => {
     if (misdirectedAdminRequest(req, res, boundToLoopback)) return
     const path = (req.url ?? '/').split('?')[0]
     if (refusedRead(req, res, path ?? '/', adminReadToken(loaded.config))) return
@@ -479,7 +480,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     }
     if (handleDashboard(req, res, path ?? '/', feed, () => null, json)) return
     json(res, ERRORS.GW_ERR_NOT_FOUND.status, errorBody('GW_ERR_NOT_FOUND', ADMIN_PATHS))
-  }))
+  }), { settings: () => configServerSettings(loaded.config), logger })
   await new Promise<void>((resolve, reject) => {
     admin.once('error', reject)
     admin.listen(port, host, () => resolve())

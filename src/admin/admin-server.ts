@@ -1,6 +1,6 @@
 // The admin listener, on its own address: /healthz /readyz /metrics /config, and the admin page
 // (/, /events, /routes: src/admin/dashboard.ts).
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
+import type { IncomingMessage, Server, ServerResponse } from 'node:http'
 import type { GatewayMetrics } from './metrics.js'
 import { redactConfig } from './redact.js'
 import { DASHBOARD_PATHS, PAGE_FILE_PATHS, handleDashboard } from './dashboard.js'
@@ -11,6 +11,7 @@ import type { RedisStatus } from '../runtime-resources.js'
 import { ERRORS, errorBody } from '../errors.js'
 import { normalizeHost } from '../router/route-table.js'
 import { adminReadToken, adminToken, type ResolvedConfig } from '../config/defaults.js'
+import { createShieldedAdminServer } from './admin-shield.js'
 
 export interface AdminSource {
   readonly runtime: Runtime | null
@@ -151,8 +152,12 @@ export function misdirectedAdminRequest (req: IncomingMessage, res: ServerRespon
   return true
 }
 
-export function createAdminServer (source: AdminSource, live: LiveFeed | null = null, boundToLoopback = true): Server {
-  return createServer(answeringSafely((req, res) => {
+/**
+ * The admin listener of a single process: capped and timed as src/admin/admin-shield.ts says, with
+ * the config in force. `logger`: where a connection closed as it arrived over the cap is warned of.
+ */
+export function createAdminServer (source: AdminSource, live: LiveFeed | null = null, boundToLoopback = true, logger?: { warn: (fields: object, msg: string) => void }): Server {
+  return createShieldedAdminServer(answeringSafely((req, res) => {
     if (misdirectedAdminRequest(req, res, boundToLoopback)) return
     const path = (req.url ?? '/').split('?')[0] ?? '/'
     const rt = source.runtime
@@ -185,5 +190,5 @@ export function createAdminServer (source: AdminSource, live: LiveFeed | null = 
         if (handleDashboard(req, res, path, live, () => source.runtime, json)) return
         return json(res, ERRORS.GW_ERR_NOT_FOUND.status, errorBody('GW_ERR_NOT_FOUND', ADMIN_PATHS))
     }
-  }))
+  }), { settings: () => source.runtime?.server ?? null, logger })
 }
