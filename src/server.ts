@@ -745,7 +745,7 @@ export class Gateway {
     this.feed.start()
     const adminAddress = adminListen(runtime.config)
     const adminOnLoopback = isLoopback(splitHostPort(adminAddress).host)
-    const admin = createAdminServer(source, this.feed, adminOnLoopback)
+    const admin = createAdminServer(source, this.feed, adminOnLoopback, this.logger)
     this.admin = admin
     this.adminPort = (await listen(admin, adminAddress)).port
     admin.on('error', onAcceptError)

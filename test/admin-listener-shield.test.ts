@@ -114,6 +114,7 @@ routes:
   t.equal(cap, 50, 'a quarter of server.maxConnections 200')
   const f = await flood(t, gw.adminPort, cap + 10)
   t.equal(f.closed(), 10, 'the 10 beyond the cap are closed as they arrive')
+  t.equal(gw.lines.filter(l => typeof l.msg === 'string' && l.msg.startsWith('admin connection closed as it arrived')).length, 1, 'warned of, once for the 10')
   t.equal(await fetch(`${gw.url}/x`).then(r => r.status), 200, 'the public listener serves beside it')
   const refused = await fetch(`${gw.adminUrl}/healthz`, { headers: { connection: 'close' }, signal: AbortSignal.timeout(3000) }).then(r => r.status, () => 'no answer')
   t.equal(refused, 'no answer', 'a new admin connection gets none while the cap is held')
