@@ -203,7 +203,7 @@ const FALLBACK_MAX_CONNECTIONS = 10_000
  * connections that exhaust it took every descriptor an upstream connection, a Redis reconnect or
  * a log reopen needs, and the gateway answered no one while it held them all.
  */
-function defaultMaxConnections (): number {
+export function defaultMaxConnections (): number {
   let text: string
   try {
     text = readFileSync('/proc/self/limits', 'latin1')

@@ -8,7 +8,7 @@ import { readFile } from 'node:fs/promises'
 import { createHash } from 'node:crypto'
 import { AggregatorRegistry } from 'prom-client'
 import { loadConfigFile, loadConfigText, namedFiles, readNamedFiles, reloadProblems, type LoadedConfig, type NamedFiles } from './config/load.js'
-import { checkRuntime } from './runtime.js'
+import { checkRuntime, defaultMaxConnections } from './runtime.js'
 import { redactConfig } from './admin/redact.js'
 import { ADMIN_PATHS, answeringSafely, json, misdirectedAdminRequest, refusedAdminMethod, refusedRead, warnOpenAdmin } from './admin/admin-server.js'
 import { ERRORS, errorBody } from './errors.js'
@@ -455,7 +455,12 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       const { status, redis, upstreams } = workerHealth()
       return json(res, ready.size === workers && !shuttingDown ? 200 : 503, { status: ready.size === workers ? (status === 'degraded' ? 'degraded' : 'ready') : 'not_ready', workers, ready: ready.size, redis: redis ?? null, upstreams: upstreams ?? {} })
     }
-    if (path === '/config') return json(res, 200, { pid: process.pid, generation, hash: loaded.hash, file: loaded.file, workers, lastReload, reloadPending: checksPending > 0, config: redactConfig(loaded.config) })
+    if (path === '/config') {
+      const shown = redactConfig(loaded.config) as { server: { maxConnections: number | null } }
+      // the number each worker took (they inherit the primary's open-file limit), as a single process shows it
+      shown.server.maxConnections = loaded.config.server.maxConnections ?? defaultMaxConnections()
+      return json(res, 200, { pid: process.pid, generation, hash: loaded.hash, file: loaded.file, workers, lastReload, reloadPending: checksPending > 0, config: shown })
+    }
     if (path === '/metrics') {
       const asked = readyWorkers()
       adminIpc.ask(asked, 'metrics', '', '-').then(async (answers) => {

@@ -97,6 +97,8 @@ t.test('workers: 2 (bin/gateway) under 256 files: the primary\'s admin listener 
   // every connection the primary held is closed by server.headersTimeout, not node's 60 s and more
   await eventually('the held admin connections closed by headersTimeout', async () => f.closed() === 300, 20_000)
   t.equal(await answeredAgain(`${adminUrl}/healthz`), 200, 'the primary\'s admin listener answers after the flood')
+  const shown = await (await fetch(`${adminUrl}/config`)).json() as { config: { server: { maxConnections: unknown } } }
+  t.equal(shown.config.server.maxConnections, 128, '/config shows the cap the workers took, half of 256 files (it said null)')
 })
 
 t.test('an in-process admin listener: over the cap closed as they arrive, a reload moves the cap', async t => {
