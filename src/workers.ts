@@ -445,7 +445,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   const admin = createShieldedAdminServer(answeringSafely((req, res) => {
     if (misdirectedAdminRequest(req, res, boundToLoopback)) return
     const path = (req.url ?? '/').split('?')[0]
-    if (refusedRead(req, res, path ?? '/', adminReadToken(loaded.config))) return
+    if (refusedRead(req, res, path ?? '/', adminReadToken(loaded.config), logger)) return
     if (limitsApi(req, res)) return
     // the same rule as a single process's admin listener (src/admin/admin-server.ts)
     if (refusedAdminMethod(req, res, path ?? '/')) return

@@ -57,7 +57,10 @@ t.test('reads: token: every read but the health checks and the page files needs 
     t.equal((await ask(gw.adminUrl + path, 'GET', TOKEN)).status, 200, `${path} with the token`)
   }
   for (const path of OPEN) t.equal((await ask(gw.adminUrl + path)).status, 200, `${path} open`)
+  const refusalsBefore = gw.lines.filter(l => l.msg === 'admin request refused: missing or wrong token').length
   t.match(await ask(gw.adminUrl + '/limits?route=api&ip=203.0.113.7', 'DELETE'), { status: 401, error: 'GW_ERR_ADMIN_UNAUTHORIZED' }, 'a reset without the token')
+  t.match(await ask(gw.adminUrl + '/limits?route=api&ip=203.0.113.7', 'DELETE', TOKEN.slice(1)), { status: 401, error: 'GW_ERR_ADMIN_UNAUTHORIZED' }, 'a reset with a wrong token')
+  t.equal(gw.lines.filter(l => l.msg === 'admin request refused: missing or wrong token').length - refusalsBefore, 2, 'each refused reset is logged, as with reads open (reads refused are not: every scrape would be)')
   t.equal((await ask(gw.adminUrl + '/limits?route=api&ip=203.0.113.7', 'DELETE', TOKEN)).status, 200, 'a reset with it')
 
   // a reload turns it off: the rule is read from the config in force

@@ -89,10 +89,14 @@ const OPEN_READ_PATHS: ReadonlySet<string> = new Set(['/healthz', '/readyz', ...
  * `admin.reads: token` (`readToken` set): a request for another path without that Bearer token
  * gets 401 with `WWW-Authenticate: Bearer` (RFC 6750 §3), whatever its method. True when answered.
  */
-export function refusedRead (req: IncomingMessage, res: ServerResponse, path: string, readToken: string | null): boolean {
+export function refusedRead (req: IncomingMessage, res: ServerResponse, path: string, readToken: string | null, logger?: { warn: (fields: object, msg: string) => void }): boolean {
   if (readToken === null || OPEN_READ_PATHS.has(path)) return false
   const given = bearerToken(req)
   if (given !== null && tokenMatches(given, readToken)) return false
+  // A write (DELETE /limits) refused here is logged as the limits API logs the ones it refuses:
+  // answered before it, token guessing went unlogged where reads are guarded, and was logged
+  // where they are open. A read refused (a scraper without its token) is not: every scrape would be.
+  if (req.method !== 'GET' && req.method !== 'HEAD') logger?.warn({ remote: req.socket.remoteAddress, path: req.url }, 'admin request refused: missing or wrong token')
   json(res, ERRORS.GW_ERR_ADMIN_UNAUTHORIZED.status, errorBody('GW_ERR_ADMIN_UNAUTHORIZED', 'admin.reads is token: this endpoint needs Authorization: Bearer <admin.token> (/healthz, /readyz and the page are open)'), { 'www-authenticate': 'Bearer realm="gateway admin"' })
   return true
 }
@@ -161,7 +165,7 @@ export function createAdminServer (source: AdminSource, live: LiveFeed | null = 
     if (misdirectedAdminRequest(req, res, boundToLoopback)) return
     const path = (req.url ?? '/').split('?')[0] ?? '/'
     const rt = source.runtime
-    if (refusedRead(req, res, path, rt === null ? null : adminReadToken(rt.config))) return
+    if (refusedRead(req, res, path, rt === null ? null : adminReadToken(rt.config), logger)) return
     if (source.limits?.(req, res) === true) return
     if (refusedAdminMethod(req, res, path)) return
     switch (path) {
