@@ -5,37 +5,13 @@
 // 60 to 90 s whatever server.headersTimeout said. Now it holds adminMaxConnections at most and is
 // timed as the public listener is; the page's /events stream still runs past requestTimeout.
 import t from 'tap'
-import net from 'node:net'
 import { writeFileSync } from 'node:fs'
 import { startGateway, spawnGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
+import { flood } from './helpers/flood.js'
 import { rawConnection, parseResponses } from './helpers/raw-http.js'
 import { eventually } from './helpers/ratelimit.js'
 import { adminMaxConnections } from '../src/admin/admin-shield.js'
-import type { Teardown } from './helpers/teardown.js'
-
-/** `n` connections to `port` that send nothing; resolves once each is held (connected, 300 ms quiet) or closed. */
-async function flood (t: Teardown, port: number, n: number): Promise<{ sockets: net.Socket[], closed: () => number }> {
-  const sockets: net.Socket[] = []
-  let closed = 0
-  for (let i = 0; i < n; i++) {
-    const s = net.connect(port, '127.0.0.1')
-    s.on('error', () => {})
-    s.on('close', () => { closed++ })
-    // read: a 408 left unread would hide the close behind it
-    s.resume()
-    sockets.push(s)
-  }
-  t.teardown(() => { for (const s of sockets) s.destroy() })
-  await Promise.all(sockets.map(async s => await new Promise(resolve => { s.once('connect', resolve); s.once('close', resolve) })))
-  // a connection over the cap is closed by the gateway as it is accepted: wait until closes stop coming
-  let seen = -1
-  while (seen !== closed) {
-    seen = closed
-    await new Promise(resolve => setTimeout(resolve, 300))
-  }
-  return { sockets, closed: () => closed }
-}
 
 /** The status of GET `url` on a new connection (not kept), tried until it is 200 (or 10 s pass). */
 async function answeredAgain (url: string): Promise<number | string> {

@@ -10,6 +10,7 @@ import { startGateway, spawnGateway, type GatewayProcess } from './helpers/gatew
 import { startUpstream, type Upstream } from './helpers/upstream.js'
 import { rawConnection, parseResponses } from './helpers/raw-http.js'
 import { twoWorkers } from './helpers/workers.js'
+import { flood } from './helpers/flood.js'
 import type { Teardown } from './helpers/teardown.js'
 
 const yaml = (up: string, cap: number): string => `listen: 127.0.0.1:0
@@ -20,27 +21,6 @@ upstreams:
 routes:
   - { name: api, pathPrefix: /, upstream: backend }
 `
-
-/** `n` connections that send nothing; resolves once each is either held (connected, 300 ms quiet) or closed. */
-async function flood (t: Teardown, port: number, n: number): Promise<{ sockets: net.Socket[], closed: () => number }> {
-  const sockets: net.Socket[] = []
-  let closed = 0
-  for (let i = 0; i < n; i++) {
-    const s = net.connect(port, '127.0.0.1')
-    s.on('error', () => {})
-    s.on('close', () => { closed++ })
-    sockets.push(s)
-  }
-  t.teardown(() => { for (const s of sockets) s.destroy() })
-  await Promise.all(sockets.map(async s => await new Promise(resolve => s.once('connect', resolve))))
-  // a dropped connection is closed by the gateway as it is accepted: wait until closes stop coming
-  let seen = -1
-  while (seen !== closed) {
-    seen = closed
-    await new Promise(resolve => setTimeout(resolve, 300))
-  }
-  return { sockets, closed: () => closed }
-}
 
 async function metrics (adminUrl: string): Promise<{ dropped: number, open: number }> {
   const text = await (await fetch(`${adminUrl}/metrics`)).text()

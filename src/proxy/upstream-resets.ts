@@ -13,7 +13,7 @@ export const UPSTREAM_RESET_CODE = 'GW_UPSTREAM_ECONNRESET'
 /**
  * Renames `socket`'s ECONNRESET before undici's own error listener sees it (this one is added
  * first, by the connector): undici then fails the request with it, and classifyUpstreamError
- * counts it a `reset` as any code it does not know. Its message still says ECONNRESET.
+ * counts it a `reset`, the kind of every code it does not list. Its message still says ECONNRESET.
  */
 export function resetIsNoEnd (socket: Socket): void {
   socket.on('error', renameReset)

@@ -74,6 +74,11 @@ export function corsOriginProblem (value: string): string | null {
   const sent = originBrowsersSend(lower, wildcard)
   if (sent === lower) return null
   if (sent === null) return ORIGIN_EXPECTED
+  return sentAs(sent)
+}
+
+/** The problem of an origin a browser would send as `sent`. */
+function sentAs (sent: string): string {
   return `a browser sends this origin as "${sent}": written otherwise it would match nothing`
 }
 
@@ -86,7 +91,7 @@ function nonAsciiHost (origin: string): string | null {
   const wildcard = origin.includes('://*.')
   const sent = originBrowsersSend(origin, wildcard)
   if (sent === null || ORIGIN_RE.exec(sent) === null || originBrowsersSend(sent, wildcard) !== sent) return null
-  return `a browser sends this origin as "${sent}": written otherwise it would match nothing`
+  return sentAs(sent)
 }
 
 /**
