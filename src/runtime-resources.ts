@@ -13,7 +13,7 @@ import { LocalLevel, DenyCache } from './limit/local-level.js'
 import { createMemoryStore, type MemoryStore } from './limit/memory-store.js'
 import { createRedisStore } from './limit/redis-store.js'
 import { createHash } from 'node:crypto'
-import { clusterNodes, createRedisClient, discoveryTlsFailure, isTlsFailure, whenReady, type RedisClientOptions, type RedisTlsOptions } from './limit/redis-client.js'
+import { clusterNodes, createRedisClient, isTlsFailure, probeTlsFailure, whenReady, type RedisClientOptions, type RedisTlsOptions } from './limit/redis-client.js'
 import { InstanceHeartbeat } from './limit/heartbeat.js'
 import { RedisGuard, type BreakerState } from './limit/redis-guard.js'
 import { LeaseKeeper } from './limit/concurrency.js'
@@ -32,6 +32,9 @@ import type { LimitCheck } from './limit/types.js'
 // while a key hammered by one client still costs at most a few Redis calls a second.
 const CLUSTER_DENY_CACHE_MAX_MS = 250
 
+// While Redis fails with errors other than TLS's, how often a handshake of our own asks whether TLS is why.
+const TLS_PROBE_INTERVAL_MS = 10_000
+
 interface RedisBundle {
   readonly client: Redis | Cluster
   readonly store: LimitStore
@@ -41,7 +44,7 @@ interface RedisBundle {
   readonly leases: LeaseKeeper
   /** The client's last connection error, for the start-up warning: null once it is ready. */
   readonly lastError: () => string | null
-  /** Under Cluster, or Sentinel with sentinelTls: why a handshake with a seed or sentinel fails (see discoveryTlsFailure). */
+  /** Why a TLS handshake with the servers the client connects to first fails (see probeTlsFailure); a refused one is warned of. */
   readonly tlsFailure: () => Promise<Error | null>
 }
 
@@ -227,6 +230,20 @@ export class ResourceCache {
       // distinct reason until the connection is ready, where other errors (retried every ~0.2 s
       // while Redis is down) stay at debug.
       let tlsWarned: string | null = null
+      const warnTls = (err: Error): void => {
+        if (tlsWarned === err.message) return
+        tlsWarned = err.message
+        this.logger.warn({ err: err.message, code: (err as NodeJS.ErrnoException).code }, 'Redis TLS handshake failed (check redis.tls: ca, servername, cert and key): limits follow onError until it succeeds')
+      }
+      // Other errors may be a refused certificate whose alert the client never read (a reset:
+      // see probeTlsFailure): a handshake of our own names it, at most one every 10 s.
+      let probedAt = -Infinity
+      const probeTls = async (): Promise<Error | null> => {
+        probedAt = performance.now()
+        const failure = await probeTlsFailure(clientOptions)
+        if (failure !== null && isTlsFailure(failure) && bundle?.client.status !== 'ready') warnTls(failure)
+        return failure
+      }
       const clientOptions: RedisClientOptions = {
         ...(r.url !== undefined ? { url: r.url } : {}),
         ...(r.cluster !== undefined ? { cluster: r.cluster } : {}),
@@ -238,12 +255,12 @@ export class ResourceCache {
         enableAutoPipelining: r.autoPipelining,
         onError: (err: Error) => {
           lastError = telling(lastError, err.message)
-          if (!isTlsFailure(err)) {
-            this.logger.debug({ err: err.message }, 'redis client error')
-          } else if (tlsWarned !== err.message) {
-            tlsWarned = err.message
-            this.warnTlsFailure(err)
+          if (isTlsFailure(err)) {
+            warnTls(err)
+            return
           }
+          this.logger.debug({ err: err.message }, 'redis client error')
+          if (tlsWarned === null && performance.now() - probedAt > TLS_PROBE_INTERVAL_MS) void probeTls()
         }
       }
       const client = createRedisClient(clientOptions)
@@ -307,7 +324,7 @@ export class ResourceCache {
         ttlMs: parseDuration(r.leaseTtl),
         onError: (err, what) => { this.logger.debug({ err: (err as Error).message, what }, 'concurrency lease call failed: the lease expires within leaseTtl') }
       })
-      this.redis.set(key, bundle = { client, store, heartbeat, guard, bus, leases, lastError: () => lastError, tlsFailure: async () => await discoveryTlsFailure(clientOptions) })
+      this.redis.set(key, bundle = { client, store, heartbeat, guard, bus, leases, lastError: () => lastError, tlsFailure: probeTls })
     }
     // An existing connection keeps its settings until `commit`: the running runtime uses it.
     return bundle.guard
@@ -328,16 +345,8 @@ export class ResourceCache {
       // why it is not: "not ready after 2000 ms" alone sends an operator looking in the wrong place
       // null where the client's own errors carry the reason (a URL, a Sentinel's master)
       const tls = await bundle.tlsFailure()
-      if (tls !== null && isTlsFailure(tls)) {
-        this.warnTlsFailure(tls)
-      }
       this.logger.warn({ err: (err as Error).message, cause: tls?.message ?? bundle.lastError() }, 'Redis is not reachable yet: limits follow onError until it is')
     }
-  }
-
-  /** One wording for a refused certificate or handshake, from the client's errors or the Cluster seed's own check. */
-  private warnTlsFailure (err: Error): void {
-    this.logger.warn({ err: err.message, code: (err as NodeJS.ErrnoException).code }, 'Redis TLS handshake failed (check redis.tls: ca, servername, cert and key): limits follow onError until it succeeds')
   }
 
   redisStatus (config: ResolvedConfig): RedisStatus {

@@ -5,16 +5,17 @@
 // Cluster over TLS (tls-cluster yes) too; Sentinel over TLS is in test/redis-sentinel-tls.test.ts.
 import t from 'tap'
 import { copyFileSync, readFileSync, writeFileSync } from 'node:fs'
-import { createServer, type Socket } from 'node:net'
+import { connect, createServer, type Socket } from 'node:net'
 import { join } from 'node:path'
 import { setTimeout as delay } from 'node:timers/promises'
-import { discoveryTlsFailure } from '../src/limit/redis-client.js'
+import { probeTlsFailure } from '../src/limit/redis-client.js'
 import { startGateway } from './helpers/gateway.js'
 import { makeRedisTlsCerts, startTlsRedis, startTlsRedisCluster } from './helpers/redis.js'
 import { refusingUrl, startUpstream } from './helpers/upstream.js'
-import { tempDir } from './helpers/teardown.js'
+import { tempDir, type Teardown } from './helpers/teardown.js'
 import { limitedConfig, readyz, statuses } from './helpers/redis-tls-gateway.js'
 import { gateway } from './helpers/cli.js'
+import { eventually } from './helpers/ratelimit.js'
 import { answering, config as workersConfig, replaceOne, twoWorkers, until } from './helpers/workers.js'
 
 const dir = tempDir(t, 'redis-tls')
@@ -77,6 +78,79 @@ t.test('a server asking for a client certificate the gateway does not show: logg
   t.ok(gw.lines.some(l => String(l.msg).startsWith('Redis TLS handshake failed') && l.level === 40 && l.code === 'ERR_SSL_TLSV13_ALERT_CERTIFICATE_REQUIRED'), 'warned of, with the alert the server sent')
 })
 
+t.test('the handshake check waits for a TLS 1.3 server\'s verdict on the client certificate: refused, accepted, or none asked', async t => {
+  const asking = await startTlsRedis(t, certs, true)
+  const plain = await startTlsRedis(t, certs)
+  // under TLS 1.3 the client's handshake is over before the server has read its certificate: the
+  // refusal is an alert after it
+  t.match(await probeTlsFailure({ url: asking.tlsUrl, tls: { ca: readFileSync(certs.ca) } }), { code: 'ERR_SSL_TLSV13_ALERT_CERTIFICATE_REQUIRED' }, 'no certificate shown: the server\'s alert')
+  t.equal(await probeTlsFailure({ url: asking.tlsUrl, tls: { ca: readFileSync(certs.ca), cert: readFileSync(certs.clientCert), key: readFileSync(certs.clientKey) } }), null, 'its certificate shown: accepted')
+  t.equal(await probeTlsFailure({ url: plain.tlsUrl, tls: { ca: readFileSync(certs.ca) } }), null, 'a server asking for none: accepted')
+  t.equal(await probeTlsFailure({ url: plain.url }), null, 'no TLS: nothing asked')
+})
+
+/**
+ * A relay in front of `port` that loses a TLS server's last words the way a loaded machine does:
+ * when the server refuses a client certificate after a TLS 1.3 handshake and closes while the
+ * client's first commands are still unread, its kernel answers them with a reset, and the client
+ * reads "ECONNRESET" where the alert was. Here: the server's bytes that follow the client's first
+ * application data (the third encrypted record of a client showing no certificate: its empty
+ * Certificate and its Finished come first) are held 200 ms; if the server ends the connection
+ * meanwhile, they are dropped and the client's connection is reset. A client that writes nothing
+ * after its handshake gets every byte.
+ */
+async function alertLosingRelay (t: Teardown, port: number): Promise<{ port: number, lost: () => number }> {
+  let lost = 0
+  const server = createServer((client) => {
+    const upstream = connect(port, '127.0.0.1')
+    let pending = Buffer.alloc(0)
+    let encrypted = 0
+    let held: Buffer[] | null = null
+    let holding = false
+    client.on('data', (chunk: Buffer) => {
+      upstream.write(chunk)
+      pending = Buffer.concat([pending, chunk])
+      while (pending.length >= 5 && pending.length >= 5 + pending.readUInt16BE(3)) {
+        if (pending[0] === 23 && ++encrypted === 3 && held === null) {
+          held = []
+          holding = true
+          setTimeout(() => { holding = false; for (const b of held ?? []) client.write(b) }, 200)
+        }
+        pending = pending.subarray(5 + pending.readUInt16BE(3))
+      }
+    })
+    upstream.on('data', (chunk: Buffer) => { if (holding) held?.push(chunk); else client.write(chunk) })
+    const ended = (): void => {
+      if (!holding) { client.end(); return }
+      lost++
+      client.resetAndDestroy()
+    }
+    upstream.on('end', ended).on('error', ended)
+    client.on('error', () => upstream.destroy()).on('close', () => upstream.destroy())
+  })
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => { server.close() })
+  return { port: (server.address() as { port: number }).port, lost: () => lost }
+}
+
+t.test('a server that starts asking for a client certificate, its alert lost to a reset: the reason is still named', async t => {
+  const redis = await startTlsRedis(t, certs)
+  const relay = await alertLosingRelay(t, redis.tlsPort)
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, limitedConfig(up.url, 'tls-lost-alert', `{ url: "rediss://127.0.0.1:${relay.port}", tls: { ca: ${certs.ca}, servername: localhost }, timeout: 2s, onError: allow }`))
+  t.same(await statuses(`${gw.url}/x`, 2), [200, 200])
+  t.ok((await redis.tlsClient().keys('gw:*tls-lost-alert*')).length > 0, 'decided by the TLS Redis through the relay')
+  // the operator turns client certificates on; the gateway's connections are dropped and come back
+  await redis.client().config('SET', 'tls-auth-clients', 'yes')
+  await redis.client().call('CLIENT', 'KILL', 'TYPE', 'normal')
+  await redis.client().call('CLIENT', 'KILL', 'TYPE', 'pubsub')
+  await eventually('the refusal warned of', async () => gw.lines.some(l => String(l.msg).startsWith('Redis TLS handshake failed')))
+  const warned = gw.lines.filter(l => String(l.msg).startsWith('Redis TLS handshake failed'))
+  t.match(warned, [{ level: 40, code: 'ERR_SSL_TLSV13_ALERT_CERTIFICATE_REQUIRED' }], 'once, with the alert the client itself never read')
+  t.ok(relay.lost() > 0, `the client's connections were reset, the alert lost (${relay.lost()} times)`)
+  t.same(await statuses(`${gw.url}/y`, 1), [200], 'served by the fallback meanwhile (onError: allow), no 5xx')
+})
+
 t.test('a reload re-reads the CA file: a CA fixed on disk moves the limits onto the TLS Redis', async t => {
   const redis = await startTlsRedis(t, certs)
   const up = await startUpstream(t)
@@ -133,7 +207,7 @@ t.test('the seeds are asked at once, each for at most 2 s: three silent seeds li
   })))
   const seeds = [...silentPorts.map(p => `redis://127.0.0.1:${p}`), `redis://127.0.0.1:${redis.tlsPort}`]
   const started = Date.now()
-  const err = await discoveryTlsFailure({ cluster: seeds, tls: { ca: readFileSync(other.ca) } })
+  const err = await probeTlsFailure({ cluster: seeds, tls: { ca: readFileSync(other.ca) } })
   const took = Date.now() - started
   t.match(err, { code: /CERT|VERIFY/ }, 'the last seed\'s refused certificate is the reason')
   t.equal(held.length, 3, 'each silent seed was asked')

@@ -116,7 +116,8 @@ function common (opts: RedisClientOptions): RedisOptions {
 function parseNode (node: string): { host: string, port: number, password?: string, tls: boolean } {
   const url = new URL(node.includes('://') ? node : `redis://${node}`)
   return {
-    host: url.hostname,
+    // the brackets of an IPv6 literal are the URL's, not the address's
+    host: url.hostname.replace(/^\[(.*)\]$/, '$1'),
     port: url.port === '' ? 6379 : Number(url.port),
     ...(url.password !== '' ? { password: decodeURIComponent(url.password) } : {}),
     tls: url.protocol === 'rediss:'
@@ -199,8 +200,13 @@ export function isTlsFailure (err: unknown): boolean {
   return CERTIFICATE_REFUSED.has(code) || code.startsWith('ERR_SSL_') || code.startsWith('ERR_TLS_')
 }
 
-/** The servers discoveryTlsFailure checks, with the TLS settings the client uses for them; empty when they are not asked over TLS. */
-function discoveryTls (opts: RedisClientOptions): Array<{ host: string, port: number, tls: ConnectionOptions }> {
+/** The servers probeTlsFailure checks, with the TLS settings the client uses for them; empty when they are not asked over TLS. */
+function probedTls (opts: RedisClientOptions): Array<{ host: string, port: number, tls: ConnectionOptions }> {
+  if (opts.url !== undefined) {
+    const node = parseNode(opts.url)
+    const tls = tlsOptions(opts.tls, node.tls)
+    return tls === null ? [] : [{ host: node.host, port: node.port, tls }]
+  }
   const seeds = opts.cluster ?? []
   if (seeds.length > 0) {
     const tls = tlsOptions(opts.tls, seeds.some((n) => parseNode(n).tls))
@@ -214,15 +220,34 @@ function discoveryTls (opts: RedisClientOptions): Array<{ host: string, port: nu
   return []
 }
 
-/** One TLS handshake with `server`: null when it succeeds (or does not end within timeoutMs), else its error. */
+/** How long a TLS 1.3 handshake's outcome is waited for after it completes, when the server sends no session ticket. */
+const TLS13_VERDICT_MS = 500
+
+/**
+ * One TLS handshake with `server`: null when it succeeds (or does not end within timeoutMs), else
+ * its error. Under TLS 1.3 the client's handshake completes before the server has checked the
+ * client's certificate: a server with tls-auth-clients yes refuses one (or its absence) with an
+ * alert after that. Nothing is written, so the server reads every byte before it closes and the
+ * alert arrives: a client that has written its first commands by then gets a reset instead,
+ * whichever comes first (ioredis does, so under load it reports ECONNRESET at every attempt and
+ * never names the reason). A session ticket, which the server sends once it has accepted the
+ * client, ends the wait early.
+ */
 async function handshakeFailure (server: { host: string, port: number, tls: ConnectionOptions }, timeoutMs: number): Promise<Error | null> {
   return await new Promise((resolve) => {
     const socket = tlsConnect({ ...server.tls, host: server.host, port: server.port, timeout: timeoutMs })
+    let verdict: NodeJS.Timeout | undefined
     const done = (err: Error | null): void => {
+      clearTimeout(verdict)
       socket.destroy()
       resolve(err)
     }
-    socket.once('secureConnect', () => done(null))
+    socket.once('secureConnect', () => {
+      if (socket.getProtocol() !== 'TLSv1.3') { done(null); return }
+      verdict = setTimeout(() => done(null), Math.min(TLS13_VERDICT_MS, timeoutMs))
+      socket.once('session', () => done(null))
+      socket.once('close', () => done(null))
+    })
     socket.once('timeout', () => done(null))
     // on, not once: a TLS socket can emit a second error (see keepRedisSocketErrorsHandled)
     socket.on('error', (err: Error) => done(err))
@@ -230,17 +255,18 @@ async function handshakeFailure (server: { host: string, port: number, tls: Conn
 }
 
 /**
- * Why TLS to the servers ioredis discovers the others from fails, or null when it does not (or
- * without TLS there): the seed nodes under Cluster, the sentinels under Sentinel with
- * sentinelTls. ioredis drops the errors of those connections: under Cluster it reports "Failed
- * to refresh slots cache" with "Connection is closed." as the reason, under Sentinel "All
- * sentinels are unreachable" with the same, so a refused certificate would never be named. One
- * handshake with each, at once, with the same settings names it: a refused certificate first
- * (a first seed or sentinel that is down hid the reason the others gave); else, when none of
- * them answers, the first one's error; else null.
+ * Why TLS to the servers the client connects to first fails, or null when it does not (or
+ * without TLS there): the URL's server; the seed nodes under Cluster; the sentinels under
+ * Sentinel with sentinelTls. The client's own errors do not always say: ioredis drops the errors
+ * of the connections it discovers the others over (under Cluster it reports "Failed to refresh
+ * slots cache" with "Connection is closed." as the reason, under Sentinel "All sentinels are
+ * unreachable" with the same), and a server refusing the client's certificate under TLS 1.3 is
+ * often seen as a reset (see handshakeFailure). One handshake with each, at once, with the same
+ * settings names it: a refused certificate first (a first seed or sentinel that is down hid the
+ * reason the others gave); else, when none of them answers, the first one's error; else null.
  */
-export async function discoveryTlsFailure (opts: RedisClientOptions, timeoutMs = 2000): Promise<Error | null> {
-  const servers = discoveryTls(opts)
+export async function probeTlsFailure (opts: RedisClientOptions, timeoutMs = 2000): Promise<Error | null> {
+  const servers = probedTls(opts)
   if (servers.length === 0) return null
   const failures = await Promise.all(servers.map(async (server) => await handshakeFailure(server, timeoutMs)))
   const refused = failures.find((err) => err !== null && isTlsFailure(err))
