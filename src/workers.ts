@@ -394,7 +394,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   // Same paths, methods and token rules as a single process; the answers come from every worker.
   const limitsApi = serveLimitsApi({
     ops: createWorkersLimitsOps(async (op, arg, by) => await adminIpc.ask(readyWorkers(), op, arg, by), () => loaded.config.redis !== undefined, ADMIN_IPC_TIMEOUT_MS),
-    ready: () => ready.size > 0 && !shuttingDown,
+    notReady: () => shuttingDown ? 'the gateway is shutting down' : ready.size === 0 ? `no worker is ready yet (workers: ${workers})` : null,
     adminToken: () => adminToken(loaded.config),
     logger
   }, json)

@@ -57,3 +57,26 @@ routes:
   }
   t.ok(admitted > 3, `the fleet admitted ${admitted} of 8, more than one bucket's 3`)
 })
+
+t.test('workers: 2: while the primary drains, /limits says the gateway is shutting down, not that no config is loaded', async t => {
+  const up = await startUpstream(t)
+  const r = await twoWorkers(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+workers: 2
+server: { shutdownTimeout: 10s }
+upstreams: { b: { targets: [${up.url}] } }
+routes:
+  - { name: api, pathPrefix: /, upstream: b }
+`)
+  const before = await fetch(`${r.adminUrl}/limits?route=api&ip=127.0.0.1`)
+  t.equal(before.status, 200, 'answered while serving')
+  const held = fetch(`${r.gw.url}/slow?ms=2000`).then(res => res.status)
+  await until('the held request reached the upstream', () => up.log.length > 0)
+  r.gw.child.kill('SIGTERM')
+  await until('the primary drains', async () => (await fetch(`${r.adminUrl}/readyz`)).status === 503)
+  const during = await fetch(`${r.adminUrl}/limits?route=api&ip=127.0.0.1`)
+  t.equal(during.status, 503)
+  t.match(await during.json(), { error: 'not_ready', message: 'the gateway is shutting down' })
+  t.equal(await held, 200, 'the held request is answered')
+  t.equal(await r.gw.exited, 0)
+})

@@ -9,6 +9,7 @@ import { tempDir } from './helpers/teardown.js'
 import { childEnv, startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { parseConfigText, ConfigError } from '../src/config/load.js'
+import { ERRORS, errorBodyCode, type ErrorCode } from '../src/errors.js'
 
 const README = readFileSync('README.md', 'utf8')
 
@@ -86,6 +87,20 @@ routes:
   for (const [k, v] of Object.entries(body)) t.equal(typeof real[k], typeof v, `${k} has the example's type`)
   t.ok(Number.isInteger(real.retryAfterMs), 'retryAfterMs is an integer')
   t.equal(real.limit, body.limit, 'limit names the limit as in the example')
+})
+
+t.test('every error code a client or an admin caller can get is a row of the README\'s Errors table, with its status', async t => {
+  // thrown while a config is compiled, and reported as a located config error, never as a body
+  const notAnswered = new Set<ErrorCode>(['GW_ERR_CONFIG_INVALID'])
+  const table = README.slice(README.indexOf('### Errors'), README.indexOf('## Forwarding'))
+  for (const code of Object.keys(ERRORS) as ErrorCode[]) {
+    if (notAnswered.has(code)) continue
+    const row = table.split('\n').find(l => l.startsWith(`| \`${errorBodyCode(code)}\` |`))
+    t.ok(row !== undefined, `${errorBodyCode(code)} has a row`)
+    if (row === undefined) continue
+    const statuses: string[] = (row.split('|')[2] ?? '').match(/\d{3}/g) ?? []
+    t.ok(statuses.includes(String(ERRORS[code].status)), `${errorBodyCode(code)}: the row names ${ERRORS[code].status} (${statuses.join(', ')})`)
+  }
 })
 
 t.test('every metric the README names is on /metrics; every config key is documented', async t => {

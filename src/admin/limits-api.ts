@@ -275,8 +275,8 @@ export function createLimitsOps (deps: LimitsApiDeps): LimitsOps {
 /** What the HTTP side needs besides the operations. */
 export interface LimitsEndpoint {
   readonly ops: LimitsOps
-  /** False until a configuration is loaded: every answer is then 503. */
-  ready (): boolean
+  /** Why no answer can be given yet (every answer is then 503 not_ready), or null once one can. */
+  notReady (): string | null
   /** The configured admin.token, or null (mutations are then refused with 403). */
   adminToken (): string | null
   readonly logger: Logger
@@ -298,8 +298,9 @@ export function serveLimitsApi (endpoint: LimitsEndpoint, json: Json): (req: Inc
     const url = new URL(req.url ?? '/', 'http://admin')
     const path = url.pathname
     if (path !== '/limits' && !path.startsWith('/consumers/')) return false
-    if (!endpoint.ready()) {
-      send(res, adminError('GW_ERR_ADMIN_NOT_READY'))
+    const notReady = endpoint.notReady()
+    if (notReady !== null) {
+      send(res, adminError('GW_ERR_ADMIN_NOT_READY', notReady))
       return true
     }
     if (path === '/limits') {
@@ -352,7 +353,7 @@ function authorize (req: IncomingMessage, endpoint: LimitsEndpoint): string | Ad
 export function createLimitsApi (deps: LimitsApiDeps, json: Json): (req: IncomingMessage, res: ServerResponse) => boolean {
   return serveLimitsApi({
     ops: createLimitsOps(deps),
-    ready: () => deps.runtime() !== null,
+    notReady: () => deps.runtime() === null ? ERRORS.GW_ERR_ADMIN_NOT_READY.message : null,
     adminToken: () => {
       const rt = deps.runtime()
       return rt === null ? null : adminToken(rt.config)
