@@ -41,8 +41,17 @@ routes:
   t.equal(postUnknown.status, 404, 'a path the listener does not serve is a 404 whatever the method')
   t.match(await postUnknown.json(), { error: 'GW_ERR_NOT_FOUND' })
   const putLimits = await fetch(`${gw.adminUrl}/limits`, { method: 'PUT' })
-  t.same([putLimits.status, putLimits.headers.get('allow')], [405, 'GET, DELETE'], '/limits answers GET and DELETE')
+  t.same([putLimits.status, putLimits.headers.get('allow')], [405, 'GET, HEAD, DELETE'], '/limits answers GET, HEAD and DELETE')
   t.match(await putLimits.json(), { error: 'GW_ERR_METHOD_NOT_ALLOWED' })
+  // HEAD where GET is (RFC 9110 §9.3.2): the head a GET gets, no body
+  for (const path of ['/limits?route=all&ip=127.0.0.1', '/limits?route=nope', '/consumers/nobody']) {
+    const got = await fetch(`${gw.adminUrl}${path}`)
+    const head = await fetch(`${gw.adminUrl}${path}`, { method: 'HEAD' })
+    await got.arrayBuffer()
+    t.same([head.status, head.headers.get('content-type'), await head.text()], [got.status, got.headers.get('content-type'), ''], `HEAD ${path}: ${got.status} as the GET, no body`)
+  }
+  const postConsumer = await fetch(`${gw.adminUrl}/consumers/nobody`, { method: 'POST' })
+  t.same([postConsumer.status, postConsumer.headers.get('allow')], [405, 'GET, HEAD'], '/consumers/NAME answers GET and HEAD')
   t.equal((await fetch(`${gw.url}/healthz`)).status, 200, 'the public listener forwards /healthz to the upstream')
   t.equal(upstream.log.length, 1)
 })

@@ -303,20 +303,22 @@ export function serveLimitsApi (endpoint: LimitsEndpoint, json: Json): (req: Inc
       send(res, adminError('GW_ERR_ADMIN_NOT_READY', notReady))
       return true
     }
+    // HEAD where GET is (RFC 9110 §9.3.2): the same answer, node writes no body for it
+    const reads = req.method === 'GET' || req.method === 'HEAD'
     if (path === '/limits') {
-      if (req.method === 'GET') {
+      if (reads) {
         run(res, endpoint.ops.lookup(url.search))
       } else if (req.method === 'DELETE') {
         const by = authorize(req, endpoint)
         if (typeof by === 'string') run(res, endpoint.ops.reset(url.search, by))
         else send(res, by)
       } else {
-        send(res, methodNotAllowed('/limits', 'GET, DELETE'))
+        send(res, methodNotAllowed('/limits', 'GET, HEAD, DELETE'))
       }
       return true
     }
-    if (req.method !== 'GET') {
-      send(res, methodNotAllowed('/consumers/NAME', 'GET'))
+    if (!reads) {
+      send(res, methodNotAllowed('/consumers/NAME', 'GET, HEAD'))
       return true
     }
     // one path segment, checked before decoding: a consumer named "acme/prod" is /consumers/acme%2Fprod
