@@ -26,7 +26,8 @@ import { redactConfig } from './admin/redact.js'
 import { cutByGateway } from './proxy/shutdown-cut.js'
 import { createAccessLog, createLogger, droppedLogLines, type Logger, type LogLevel } from './log.js'
 import { strayRejectionCount } from './stray-rejections.js'
-import { errorBody, writeError, writeRawError, type ErrorCode } from './errors.js'
+import { errorBody, writeError, writeRawError } from './errors.js'
+import { parserErrorAnswer, parserErrorMessage } from './parser-errors.js'
 import { adminListen, adminReadToken } from './config/defaults.js'
 import { waitAtMost } from './wait-at-most.js'
 import { acceptProxyProtocol, type ProxyProtocolListener } from './identify/proxy-protocol.js'
@@ -278,34 +279,6 @@ function applyServerSettings (server: Server | HttpsServer, runtime: Runtime): v
 }
 
 const NOT_A_FORWARD_PROXY = Object.freeze({ reason: 'CONNECT is not served: the gateway is a reverse proxy, not a forward proxy' })
-
-/** The message of a 400 for a head node:http could not parse: its parser's code, or what it means. */
-function parserErrorMessage (code: string): string {
-  if (code === '') return 'bad request'
-  // "PRI * HTTP/2.0": a client speaking HTTP/2 without asking first (prior knowledge, h2c)
-  if (code === 'HPE_PAUSED_H2_UPGRADE') return 'HTTP/2 with prior knowledge is not served: this listener speaks HTTP/1.1'
-  return code
-}
-
-/**
- * Whether a head overflowed server.maxHeaderSize within its request line (a long target): a 414,
- * as nginx answers, where the fields' overflow is a 431. node reports one overflow for both; the
- * read it failed in (`rawPacket`) tells them apart when it is the connection's first, starts a
- * request (a method and a space) and holds no line end before where the parser stopped
- * (`bytesParsed`). A line that came over several reads, or behind a request on a kept-alive
- * connection, or over TLS (whose bytes read are the records'), is still a 431.
- */
-function requestLineOverflowed (err: Error, socket: Socket): boolean {
-  const { rawPacket: raw, bytesParsed: stop } = err as { rawPacket?: unknown, bytesParsed?: unknown }
-  // the connection's first read: a later one may continue a field whose value holds "WORD "
-  if (!Buffer.isBuffer(raw) || typeof stop !== 'number' || socket.bytesRead !== raw.length) return false
-  const lineEnd = raw.indexOf(10)
-  if (lineEnd !== -1 && lineEnd < stop) return false
-  let i = 0
-  // A-Z: every registered method is upper-case letters (and node's parser takes no other)
-  while (i < raw.length && i < 24 && (raw[i] as number) >= 0x41 && (raw[i] as number) <= 0x5a) i++
-  return i > 0 && raw[i] === 0x20
-}
 
 /**
  * Nothing after an answer that closed the connection is served, logged or counted. Node's parser
@@ -611,9 +584,7 @@ export class Gateway {
       // 431 for oversized headers (RFC 6585 §5), else 400, always JSON from the error table; a header
       // timeout is GW_ERR_BAD_REQUEST with 408 (README error table)
       const code = err.code ?? ''
-      const [status, error]: [number, ErrorCode] = code === 'HPE_HEADER_OVERFLOW'
-        ? (requestLineOverflowed(err, socket) ? [414, 'GW_ERR_URI_TOO_LONG'] : [431, 'GW_ERR_HEADERS_TOO_LARGE'])
-        : code === 'ERR_HTTP_REQUEST_TIMEOUT' ? [408, 'GW_ERR_BAD_REQUEST'] : [400, 'GW_ERR_BAD_REQUEST']
+      const [status, error] = parserErrorAnswer(err, socket)
       // A request timeout while a request's body is still arriving: that body is what is late (a
       // byte now and then keeps clientBodyTimeout from firing), and its answer would wait for it
       // for ever. Ending the connection closes it (logged as a client abort, giving back what it

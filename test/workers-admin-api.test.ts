@@ -198,6 +198,8 @@ routes:
   t.same([badEscape.status, badEscape.json?.error], [400, 'GW_ERR_BAD_REQUEST'], 'the primary answers /consumers/%zz with a 400')
   const badUrl = await rawRequest(Number(new URL(adminUrl).port), 'GET //[ HTTP/1.1\r\nHost: localhost\r\n')
   t.same([badUrl.status, badUrl.json?.error], [400, 'GW_ERR_BAD_REQUEST'], 'and GET //[')
+  const longQuery = await rawRequest(Number(new URL(adminUrl).port), `GET /limits?route=${'a'.repeat(20_000)} HTTP/1.1\r\nHost: localhost\r\n`)
+  t.same([longQuery.status, longQuery.json?.error], [414, 'GW_ERR_URI_TOO_LONG'], 'a query over 16 KiB: JSON, where node wrote a bare 431')
   // the same rules as a single process: read-only, and loopback Host names only on loopback
   const adminPort = Number(new URL(adminUrl).port)
   const postConfig = await rawRequest(adminPort, 'POST /config HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n')

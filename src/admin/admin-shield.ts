@@ -5,7 +5,11 @@
 // every 30 s) whatever server.headersTimeout said. Used by a single process's admin listener
 // (createAdminServer) and by the workers primary's.
 import { createServer, type IncomingMessage, type RequestListener, type Server, type ServerResponse } from 'node:http'
+import { randomUUID } from 'node:crypto'
+import type { Socket } from 'node:net'
 import { capConnections } from '../proxy/connection-cap.js'
+import { errorBody, writeRawError } from '../errors.js'
+import { parserErrorAnswer, parserErrorMessage } from '../parser-errors.js'
 import { serverSettings, type ServerSettings } from '../runtime.js'
 import type { ResolvedConfig } from '../config/defaults.js'
 
@@ -76,6 +80,7 @@ export function createShieldedAdminServer (handle: RequestListener<typeof Incomi
     const s = hooks.settings()
     if (s !== null) applyTimeouts(server, s)
   })
+  server.on('clientError', answerClientError)
   let warnedAt = -Infinity
   capConnections(server, {
     max: () => {
@@ -91,6 +96,22 @@ export function createShieldedAdminServer (handle: RequestListener<typeof Incomi
     }
   })
   return server
+}
+
+/**
+ * A request node:http could not parse (a query longer than the 16 KiB a head may take, a bad
+ * head, one not received in time) answered as the public listener answers it: JSON with its code,
+ * where node wrote a bare 431 or 400. Written once: node reports the error again at each read
+ * that follows, when the connection is already closing.
+ */
+function answerClientError (err: NodeJS.ErrnoException, socket: Socket): void {
+  if (!socket.writable || err.code === 'HPE_INVALID_EOF_STATE' || err.code === 'ECONNRESET') {
+    socket.destroy()
+    return
+  }
+  const [status, error] = parserErrorAnswer(err, socket)
+  const requestId = randomUUID()
+  writeRawError(socket, status, errorBody(error, status === 414 ? undefined : parserErrorMessage(err.code ?? ''), { requestId }), requestId)
 }
 
 /** The server settings of `config`, computed once per config (the workers primary has no runtime). */
