@@ -371,8 +371,9 @@ export class ResourceCache {
   async resetLimits (config: ResolvedConfig, message: ResetMessage): Promise<ResetOutcome> {
     // Local state first: while Redis is away the fallback is what limits the client, and the
     // reset must free it then too (the answer says that Redis itself was not reset).
-    this.applyReset(message)
-    if (config.redis === undefined) return { deleted: message.keys.length, instances: 1 }
+    const forgotten = this.applyReset(message)
+    // in process, the keys this process held state for (a client never seen has none)
+    if (config.redis === undefined) return { deleted: forgotten, instances: 1 }
     const bundle = this.redis.get(this.redisKey(config.redis))
     if (bundle === undefined) return { deleted: null, instances: null, redisError: 'Redis is not connected' }
     try {
@@ -388,12 +389,14 @@ export class ResourceCache {
   }
 
   /** Drops local state for one client: local-level bucket, deny-cache entries, in-process keys. */
-  applyReset (message: ResetMessage): void {
+  applyReset (message: ResetMessage): number {
     if (message.ipKey !== null) for (const level of this.locals.values()) level.forget(message.ipKey)
     for (const deny of this.denies.values()) for (const k of message.denyKeys) deny.forget(k)
-    if (this.memory !== null) for (const k of message.keys) this.memory.store.forget(k)
+    let forgotten = 0
+    if (this.memory !== null) for (const k of message.keys) if (this.memory.store.forget(k)) forgotten++
     for (const bundle of this.redis.values()) bundle.guard.forgetFallback(message.keys)
     this.logger.debug({ ipKey: message.ipKey, keys: message.keys.length }, 'local limit state reset')
+    return forgotten
   }
 
   localKeys (): number {

@@ -122,8 +122,9 @@ export function createWorkersLimitsOps (ask: AskWorkers, sharedStore: () => bool
         status: 200,
         body: {
           ...first,
-          // each worker deletes the same Redis keys (DEL is idempotent): the sum counts each key once
-          keysDeleted: deleted === null ? null : shared ? deleted.reduce((a, b) => a + b, 0) : first.keysDeleted,
+          // Redis: each worker deletes the same keys (DEL is idempotent), so the sum counts each key
+          // once; in process: the keys each worker held state for, summed
+          keysDeleted: deleted === null ? null : deleted.reduce((a, b) => a + b, 0),
           // Redis: PUBLISH's count of subscribers (every worker of every instance); else the workers reset
           instances: shared ? (instances === null ? null : Math.max(...instances)) : got.length,
           complete: incomplete === undefined,

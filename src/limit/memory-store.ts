@@ -86,8 +86,8 @@ export interface MemoryStore extends LimitStore {
    * back to it (`release`) whenever their requests finish, during a later outage too.
    */
   clearBudgets(): void
-  /** Forgets one key's budget (a concurrency lease count is kept: it counts requests still in flight). */
-  forget(key: string): void
+  /** Forgets one key's budget (a concurrency lease count is kept: it counts requests still in flight); true when it held one. */
+  forget(key: string): boolean
   /** Gives back `units` of a concurrency lease count (issue 10); a count reaching 0 is deleted. */
   release(key: string, units: number): void
   /** What each check would get now, consuming nothing (the admin API). */
@@ -181,7 +181,7 @@ export function createMemoryStore (options: MemoryStoreOptions): MemoryStore {
     },
     clearBudgets () { cache.clear() },
     // A lease count is the requests in flight, not a budget to forgive: an admin reset keeps it.
-    forget (key) { cache.delete(key) },
+    forget (key) { return cache.delete(key) },
     peek (checks) {
       const t = now()
       const wall = wallNow()
