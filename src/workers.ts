@@ -143,6 +143,14 @@ const isAdminReply = (msg: unknown): msg is AdminReply =>
  */
 export const ADMIN_IPC_TIMEOUT_MS = 3000
 
+/**
+ * A ready worker whose live frames (one a second, from a timer on its event loop) stopped this
+ * long is not answering: a loop blocked by a bug or a runaway regex, a process stopped (SIGSTOP,
+ * a debugger). The connections the primary hands it wait unanswered, so /readyz says not ready
+ * until it answers again. Five seconds: a loaded machine delays a frame by far less.
+ */
+export const WORKER_SILENT_MS = 5000
+
 /** The primary's side of the admin IPC: requests out, replies matched by id, a bounded wait. */
 class WorkerAdminClient {
   private nextId = 1
@@ -370,6 +378,34 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     })
   })
   const ready = new Set<number>()
+  // when each worker's last live frame came; a ready worker silent for WORKER_SILENT_MS is not answering
+  const frameAt = new Map<number, number>()
+  const silentWorkers = (): Array<{ pid: number | undefined, silentMs: number }> => {
+    const now = performance.now()
+    const out: Array<{ pid: number | undefined, silentMs: number }> = []
+    for (const id of ready) {
+      const at = frameAt.get(id)
+      if (at !== undefined && now - at >= WORKER_SILENT_MS) out.push({ pid: cluster.workers?.[id]?.process.pid, silentMs: Math.round(now - at) })
+    }
+    return out
+  }
+  // ready workers that answer: what /readyz and the page count
+  const answering = (): number => ready.size - silentWorkers().length
+  const warnedSilent = new Set<number>()
+  const silenceWatch = setInterval(() => {
+    const now = performance.now()
+    for (const id of ready) {
+      const silentMs = now - (frameAt.get(id) ?? now)
+      const pid = cluster.workers?.[id]?.process.pid
+      if (silentMs >= WORKER_SILENT_MS && !warnedSilent.has(id)) {
+        warnedSilent.add(id)
+        logger.warn({ worker: pid, silentMs: Math.round(silentMs) }, 'worker not answering (its event loop is blocked or the process is stopped): /readyz is 503 until it answers again')
+      } else if (silentMs < WORKER_SILENT_MS && warnedSilent.delete(id)) {
+        logger.info({ worker: pid }, 'worker answering again')
+      }
+    }
+  }, 1000)
+  silenceWatch.unref()
   // The admin page in workers mode: every worker's frame summed, health merged over the workers
   // (mergeHealth), but readiness and the reloads as the primary knows them: a worker's history
   // lacked every rejected reload, and its last frame said "ready" after every worker had exited
@@ -380,9 +416,9 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     const health = workerHealth()
     return {
       ...health,
-      status: shuttingDown ? 'shutting_down' : ready.size < workers ? 'not_ready' : health.status ?? 'not_ready',
+      status: shuttingDown ? 'shutting_down' : answering() < workers ? 'not_ready' : health.status ?? 'not_ready',
       workers,
-      workersReady: ready.size,
+      workersReady: answering(),
       reloads: reloadHistory
     }
   })
@@ -411,6 +447,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
         restarts = 0
       }
       else if (isLiveMessage(msg)) {
+        frameAt.set(w.id, performance.now())
         feed.ingest(msg.frame)
         // newest last: the merged health's generation and config hash are the newest frame's
         healthOfWorkers.delete(w.id)
@@ -427,6 +464,8 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   }
   cluster.on('exit', (w, code, signal) => {
     ready.delete(w.id)
+    frameAt.delete(w.id)
+    warnedSilent.delete(w.id)
     adminIpc.gone(w)
     scraped.retire(w.id)
     healthOfWorkers.delete(w.id)
@@ -453,7 +492,9 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     if (path === '/readyz') {
       // the Redis state and the targets' passive health as the workers see them (mergeHealth)
       const { status, redis, upstreams } = workerHealth()
-      return json(res, ready.size === workers && !shuttingDown ? 200 : 503, { status: ready.size === workers ? (status === 'degraded' ? 'degraded' : 'ready') : 'not_ready', workers, ready: ready.size, redis: redis ?? null, upstreams: upstreams ?? {} })
+      const silent = silentWorkers()
+      const up = ready.size - silent.length
+      return json(res, up === workers && !shuttingDown ? 200 : 503, { status: up === workers ? (status === 'degraded' ? 'degraded' : 'ready') : 'not_ready', workers, ready: up, ...(silent.length > 0 ? { notAnswering: silent } : {}), redis: redis ?? null, upstreams: upstreams ?? {} })
     }
     if (path === '/config') {
       const shown = redactConfig(loaded.config) as { server: { maxConnections: number | null } }
@@ -502,7 +543,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       if (shuttingDown) return
       shuttingDown = true
       logger.info({ signal }, 'shutting down workers')
-      const done = (): void => { feed.stop(); admin.close(); resolve(0) }
+      const done = (): void => { feed.stop(); clearInterval(silenceWatch); admin.close(); resolve(0) }
       const liveWorkers = (): Worker[] => Object.values(cluster.workers ?? {}).filter((w): w is Worker => w !== undefined && !w.isDead())
       // cluster.workers drops a worker once it has exited: done when none is left
       cluster.on('exit', () => { if (liveWorkers().length === 0) done() })
