@@ -308,6 +308,9 @@ function closeAfterEarlierAnswers (socket: Socket, earlier: readonly ServerRespo
 const LOG_DRAIN_MS = 2000
 /** Longest the shutdown waits for the client sockets it destroyed to report their close. */
 const SOCKETS_CLOSE_MS = 1000
+// How long a shutdown waits for a reload still compiling before it closes the shared resources (a
+// 20,000-route file compiles in a few seconds), so what that compile opens is closed with the rest.
+const RELOAD_SETTLE_MS = 15_000
 
 export class Gateway {
   readonly logger: Logger
@@ -768,6 +771,7 @@ export class Gateway {
       const loaded = source === null || source.text === null ? await loadConfigFile(file, this.options.env) : { ...await loadConfigText(source.text, file, this.options.env), ...(source.files !== undefined ? { files: source.files } : {}) }
       prepared = await compileRuntime(loaded, source?.generation ?? this.generation + 1, this.resources, this.live)
     } catch (err) {
+      if (this.shuttingDown) return await this.abandonReload()
       this.metrics.reload('failure')
       const problems = reloadProblems(err)
       this.logger.error({ problems, generation: state.runtime.generation }, 'reload rejected; the running configuration keeps serving')
@@ -775,6 +779,7 @@ export class Gateway {
       await this.sweep()
       return { ok: false, error: problems.join('\n') }
     }
+    if (this.shuttingDown) return await this.abandonReload()
     // The commit: from here on nothing can fail, and the new runtime's settings reach what it
     // shares with the previous one in the same turn of the event loop as the swap.
     const runtime = prepared.runtime
@@ -804,6 +809,18 @@ export class Gateway {
       return this.sweep()
     })
     return { ok: true, generation: runtime.generation, restartNeeded }
+  }
+
+  /**
+   * A shutdown began while the file compiled: nothing is swapped in. The drain closes the shared
+   * resources once this compile settles; what it opened (a Redis connection, after a drain that
+   * had closed them already) is closed here too. Committed, it opened a Redis client nothing
+   * closed: the process never exited, and logged "configuration reloaded" after "gateway stopped".
+   */
+  private async abandonReload (): Promise<ReloadResult> {
+    await this.resources.closeAll()
+    this.logger.info('reload abandoned: the gateway is shutting down')
+    return { ok: false, error: 'the gateway is shutting down' }
   }
 
   // A renewed certificate is picked up by SIGHUP without a restart. The files were read and
@@ -915,6 +932,7 @@ export class Gateway {
     }
     this.feed?.stop()
     this.stopLiveFrames?.()
+    if (this.reloading !== null) await waitAtMost(this.reloading.then(() => {}, () => {}), RELOAD_SETTLE_MS)
     await this.resources.closeAll()
     if (this.admin !== null) {
       const admin = this.admin
