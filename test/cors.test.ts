@@ -156,7 +156,7 @@ routes:
 `)
   const res = await request(`${gw.url}/api/items`, { method: 'PUT', body: 'x', headers: { origin: 'https://app.example.com' } })
   const body = await res.body.json() as { error: string }
-  t.same([res.statusCode, body.error, res.headers.allow, res.headers['access-control-allow-origin'], res.headers.vary], [405, 'GW_ERR_METHOD_NOT_ALLOWED', 'GET, POST', 'https://app.example.com', 'Origin'])
+  t.same([res.statusCode, body.error, res.headers.allow, res.headers['access-control-allow-origin'], res.headers.vary], [405, 'GW_ERR_METHOD_NOT_ALLOWED', 'GET, HEAD, POST', 'https://app.example.com', 'Origin'])
   const other = await request(`${gw.url}/api/items`, { method: 'PUT', body: 'x', headers: { origin: 'https://evil.example.com' } })
   await other.body.text()
   t.same([other.statusCode, other.headers['access-control-allow-origin']], [405, undefined], 'another origin: no policy')
@@ -171,7 +171,7 @@ routes:
 `)
   const deleted = await request(`${mixed.url}/x`, { method: 'DELETE', headers: { origin: 'https://app.example.com' } })
   await deleted.body.text()
-  t.same([deleted.statusCode, deleted.headers.allow, deleted.headers['access-control-allow-origin']], [405, 'GET, POST', 'https://app.example.com'])
+  t.same([deleted.statusCode, deleted.headers.allow, deleted.headers['access-control-allow-origin']], [405, 'GET, HEAD, POST', 'https://app.example.com'])
 })
 
 t.test('other origins and no origin: served, without the policy and without the upstream\'s', async t => {

@@ -214,3 +214,32 @@ t.test('bad paths get 400 GW_ERR_BAD_PATH as JSON and never reach the upstream',
   }
   t.equal(upstream.requests, 0, 'no bad path reached the upstream')
 })
+
+t.test('HEAD takes the route GET takes: a GET-only route\'s ipRestriction, auth and limits hold for HEAD, not a catch-all\'s', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, backendConfig(upstream.url, `  - name: report
+    path: /api/report
+    methods: [GET]
+    upstream: backend
+    ipRestriction: { allow: [10.0.0.0/8] }
+  - name: counted
+    path: /api/counted
+    methods: [GET]
+    upstream: backend
+    limits: { ip: { algorithm: fixed-window, limit: 1, window: 1h } }
+  - { name: api, pathPrefix: /api/, upstream: backend }
+`))
+  const head = async (path: string): Promise<number> => {
+    const res = await fetch(`${gw.url}${path}`, { method: 'HEAD' })
+    await res.arrayBuffer()
+    return res.status
+  }
+  // it fell through to the catch-all "api": 200 five times, the upstream running the GET handler
+  t.same([await head('/api/report'), await head('/api/report')], [403, 403], 'the GET route\'s ipRestriction refuses HEAD as it refuses GET')
+  t.same([await head('/api/counted'), await head('/api/counted')], [200, 429], 'the GET route\'s limit counts HEAD')
+  t.equal(upstream.log.length, 1, 'one request reached the upstream')
+  t.same(gw.lines.filter(l => l.msg === 'request').map(l => l.route), ['report', 'report', 'counted', 'counted'])
+  const post = await fetch(`${gw.url}/api/report`, { method: 'POST', body: 'x' })
+  await post.arrayBuffer()
+  t.equal(post.status, 200, 'a POST still goes to the catch-all, which takes it')
+})

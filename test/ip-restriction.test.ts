@@ -167,7 +167,7 @@ t.test('the gateway-wide list refuses what no route answers too: a 404 or 405 wo
   const insider = await Promise.all([ask(gw.url, '/nothing-here', '10.1.2.3'), ask(gw.url, '/api/x;v=1', '10.1.2.3')])
   t.same(insider.map(r => r.status), [404, 400], 'a client the list lets in is told')
   const allowed = await request(gw.url + '/api/x', { method: 'POST', headers: { 'x-forwarded-for': '10.1.2.3' } })
-  t.same([allowed.statusCode, allowed.headers.allow], [405, 'GET'])
+  t.same([allowed.statusCode, allowed.headers.allow], [405, 'GET, HEAD'])
   await allowed.body.dump()
   const outsiderLines = gw.lines.filter(l => l.msg === 'request' && l.ip === '192.0.2.7').map(l => `${String(l.status)} ${String(l.outcome ?? '-')}`)
   t.same(outsiderLines.sort(), ['400 -', '403 ip_forbidden', '403 ip_forbidden', '403 ip_forbidden', '403 ip_forbidden'], 'each logged as a refused address, the malformed path as the 400 it got')
@@ -188,7 +188,7 @@ t.test('the gateway-wide 403 carries no route\'s CORS fields: on a route\'s path
   }
   t.same(answers, Array(3).fill([403, undefined, undefined, undefined]), 'three bare 403s alike')
   const insider = await request(gw.url + '/api/x', { method: 'POST', headers: { 'x-forwarded-for': '10.1.2.3', origin: 'https://app.example.com' } })
-  t.same([insider.statusCode, insider.headers['access-control-allow-origin'], insider.headers.allow], [405, 'https://app.example.com', 'GET'], 'a client the list lets in reads its 405')
+  t.same([insider.statusCode, insider.headers['access-control-allow-origin'], insider.headers.allow], [405, 'https://app.example.com', 'GET, HEAD'], 'a client the list lets in reads its 405')
   await insider.body.dump()
   t.same(up.seen, [])
 })

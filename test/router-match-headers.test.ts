@@ -55,7 +55,7 @@ t.test('requests are routed by their headers, first match in file order', async 
   t.same(await ask({ 'x-debug': '' }, 'DELETE'), [200, 'canary'], 'present, whatever the value')
   t.same(await ask({}, 'DELETE'), [405, 'GW_ERR_METHOD_NOT_ALLOWED'], 'no route takes a DELETE without x-debug')
   const res = await request(gw.url + '/api/x', { method: 'DELETE' })
-  t.equal(res.headers.allow, 'GET, POST', 'its Allow lists the methods of the routes that match the headers')
+  t.equal(res.headers.allow, 'GET, HEAD, POST', 'its Allow lists the methods of the routes that match the headers')
   await res.body.dump()
   t.same(gw.lines.filter(l => l.msg === 'request').map(l => l.route), ['canary', 'stable', 'stable', 'v2', 'stable', 'debug', '-', '-'])
 })

@@ -14,7 +14,8 @@ function naiveMatch (routes: readonly Route[], host: string, method: string, pat
     }
     if (r.path !== undefined && r.path !== path) continue
     if (r.pathPrefix !== undefined && !path.startsWith(r.pathPrefix)) continue
-    if (r.methods !== undefined && !r.methods.includes(method)) continue
+    // HEAD is GET without the body: a GET route takes it
+    if (r.methods !== undefined && !r.methods.includes(method) && !(method === 'HEAD' && r.methods.includes('GET'))) continue
     return r
   }
   return null
@@ -75,7 +76,7 @@ t.test('precedence: first route in file order wins', async (t) => {
   t.equal(name('api.example.com', 'DELETE', '/admin'), 'admin-exact')
   t.equal(name('api.example.com', 'GET', '/users/1'), 'wild-users', 'wildcard route earlier than exact-host route')
   t.equal(name('api.example.com', 'GET', '/orders'), 'api-get-only')
-  t.equal(name('api.example.com', 'HEAD', '/orders'), 'catch-all', 'HEAD does not match a GET-only route')
+  t.equal(name('api.example.com', 'HEAD', '/orders'), 'api-get-only', 'HEAD is GET without the body: a GET route takes it (it fell through to the catch-all, past the GET route\'s limits)')
   t.equal(name('api.example.com', 'POST', '/orders'), 'api-post')
   t.equal(name('other.org', 'GET', '/users/1'), 'any-host-users')
   t.equal(name('other.org', 'GET', '/users'), 'catch-all')
@@ -208,7 +209,7 @@ t.test('allowedMethods: what the routes matching host and path accept, for 405 a
     const list = table.allowedMethods(host, path, {})
     return list === null ? null : [...list].sort()
   }
-  t.same(allowed('', '/items'), ['GET', 'POST', 'PUT'], 'an exact path and a prefix together')
+  t.same(allowed('', '/items'), ['GET', 'HEAD', 'POST', 'PUT'], 'an exact path and a prefix together (HEAD where GET is)')
   t.same(allowed('a.example.com', '/open/x'), [...ANY_METHOD].sort(), 'a route without methods: any but TRACE')
   t.same(ANY_METHOD, ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'])
   t.same(allowed('a.example.com', '/open/t'), [...ANY_METHOD, 'TRACE'].sort(), 'TRACE only where a route lists it')
@@ -291,7 +292,7 @@ t.test('405 Allow: methods of every route on the path, across exact, wildcard an
   ]
   const table = compileRouteTable(routes)
   // in the order a client reads them: exact host, wildcard hosts, any host; each method once
-  t.same(table.allowedMethods('api.example.com', '/p', {}), ['GET', 'POST', 'PUT', 'DELETE'])
+  t.same(table.allowedMethods('api.example.com', '/p', {}), ['GET', 'HEAD', 'POST', 'PUT', 'DELETE'])
   t.same(table.allowedMethods('www.example.com', '/p', {}), ['POST', 'PUT', 'DELETE'])
   t.same(table.allowedMethods('x.b.example.com', '/p', {}), ['POST', 'PATCH', 'PUT', 'DELETE'], 'two wildcard suffixes')
   t.same(table.allowedMethods('b.example.com', '/p', {}), ['POST', 'PUT', 'DELETE'], 'the apex of the deeper wildcard')
@@ -305,7 +306,7 @@ t.test('405 Allow on a table without any-host routes', async (t) => {
     { name: 'api', host: 'api.example.com', pathPrefix: '/v1/', methods: ['GET'] },
     { name: 'wild', host: '*.example.com', path: '/v1/x', methods: ['POST'] }
   ])
-  t.same(table.allowedMethods('api.example.com', '/v1/x', {}), ['GET', 'POST'])
+  t.same(table.allowedMethods('api.example.com', '/v1/x', {}), ['GET', 'HEAD', 'POST'])
   t.same(table.allowedMethods('a.example.com', '/v1/x', {}), ['POST'])
   t.equal(table.allowedMethods('other.org', '/v1/x', {}), null)
   t.equal(table.allowedMethods('a.b.other.com', '/v1/x', {}), null, 'a dot at a suffix length, no bucket there')
@@ -323,15 +324,15 @@ t.test('405 Allow: prefix and exact routes along a deeper tree', async (t) => {
     { name: 'events-post', path: '/api/v1/events', methods: ['POST'] }
   ]
   const table = compileRouteTable(routes)
-  t.same(table.allowedMethods('', '/api/v1/items', {}), ['DELETE', 'PUT', 'GET'], 'the exact route, then prefixes from the root down')
-  t.same(table.allowedMethods('', '/api/v1/x', {}), ['PUT', 'GET'])
+  t.same(table.allowedMethods('', '/api/v1/items', {}), ['DELETE', 'PUT', 'GET', 'HEAD'], 'the exact route, then prefixes from the root down')
+  t.same(table.allowedMethods('', '/api/v1/x', {}), ['PUT', 'GET', 'HEAD'])
   t.same(table.allowedMethods('', '/api/v2/x', {}), ['PUT', 'POST'])
   t.same(table.allowedMethods('', '/api/v3/x', {}), ['PUT'], 'the path leaves the tree below /api/')
   t.same(table.allowedMethods('', '/api/v1', {}), ['PUT'], 'the path ends inside the edge "1/"')
   t.same(table.allowedMethods('', '/api/v', {}), ['PUT'], 'the path ends at the node where v1 and v2 part')
   t.same(table.allowedMethods('', '/api/', {}), ['PUT'], 'the path ends at the node of a route')
   t.same(table.allowedMethods('', '/apiary/x', {}), ['PATCH'])
-  t.same(table.allowedMethods('', '/api/v1/events', {}), ['GET', 'POST', 'PUT'], 'a websocket route and a plain route on one path')
+  t.same(table.allowedMethods('', '/api/v1/events', {}), ['GET', 'HEAD', 'POST', 'PUT'], 'a websocket route and a plain route on one path')
   t.equal(table.allowedMethods('', '/apix', {}), null)
   t.equal(table.allowedMethods('', '/b', {}), null, 'the first character leaves the tree')
   t.equal(table.allowedMethods('', '/', {}), null)
@@ -361,8 +362,8 @@ t.test('matchHeaders: a route matches only when every condition holds; the first
   t.equal(table.match('', 'GET', '/api/x', { 'x-version': 'V3' }), stable, 'values are compared exactly')
   t.equal(table.match('', 'POST', '/api/x', { 'x-debug': 'anything' }), debug, 'present, any value')
   t.equal(table.match('', 'POST', '/api/x', {}), null, 'no route takes a POST without x-debug')
-  t.same(table.allowedMethods('', '/api/x', {}), ['GET'], '405 lists the methods of the routes whose headers hold')
-  t.same([...(table.allowedMethods('', '/api/x', { 'x-debug': '1' }) ?? [])].sort(), ['GET', 'POST'])
+  t.same(table.allowedMethods('', '/api/x', {}), ['GET', 'HEAD'], '405 lists the methods of the routes whose headers hold')
+  t.same([...(table.allowedMethods('', '/api/x', { 'x-debug': '1' }) ?? [])].sort(), ['GET', 'HEAD', 'POST'])
   t.equal(table.match('', 'GET', '/api/x', null), canary, 'null headers: the conditions are not asked (a preflight)')
   t.equal(compileRouteTable<Route>([debug, stable]).match('', 'POST', '/api/x', null), debug)
 })

@@ -126,7 +126,7 @@ export function compileRouteTable<R extends RoutePattern> (routes: readonly R[])
       for (const m of route.methods) {
         if (!METHOD.test(m)) throw invalid(`method "${m}" must be an uppercase token like "GET"`)
       }
-      methods = Object.freeze([...route.methods])
+      methods = Object.freeze(withImpliedHead(route.methods))
     }
     if (route.path !== undefined && route.pathPrefix !== undefined) {
       throw invalid('set path or pathPrefix, not both')
@@ -272,6 +272,19 @@ function insertPrefix<R> (root: PrefixNode<R>, key: string, entry: Entry<R>): vo
   ;(node.entries ??= []).push(entry)
 }
 
+/**
+ * A route's methods with HEAD where GET is: HEAD is GET without the body (RFC 9110 §9.3.2), and
+ * an upstream answers it with its GET handler (Express, Koa, node's own frameworks; nginx's
+ * `limit_except GET` lets HEAD through too). Without it, a HEAD to a GET-only route fell through
+ * to a catch-all route and reached the same handler past the GET route's limits, auth and
+ * ipRestriction.
+ */
+export function withImpliedHead (methods: readonly string[]): string[] {
+  const get = methods.indexOf('GET')
+  // right after GET, as an Allow header lists them
+  return get === -1 || methods.includes('HEAD') ? [...methods] : [...methods.slice(0, get + 1), 'HEAD', ...methods.slice(get + 1)]
+}
+
 // The lowest-index entry of a sorted list that allows `method` and whose headers hold, if it beats `best`.
 function firstAllowed<R> (list: Entry<R>[], method: string, headers: RequestHeaders, best: Entry<R> | null): Entry<R> | null {
   for (let i = 0; i < list.length; i++) {
@@ -379,7 +392,8 @@ export function unreachableRoutes (routes: readonly RoutePattern[]): Unreachable
 function takesEveryRequestOf (a: RoutePattern, b: RoutePattern): boolean {
   const hostA = a.host === undefined ? '*' : stripTrailingDot(a.host.toLowerCase())
   if (hostA !== '*' && (b.host === undefined || hostA !== stripTrailingDot(b.host.toLowerCase()))) return false
-  if (a.methods !== undefined && (b.methods === undefined || !b.methods.every(m => a.methods?.includes(m) === true))) return false
+  const methodsA = a.methods === undefined ? undefined : withImpliedHead(a.methods)
+  if (methodsA !== undefined && (b.methods === undefined || !withImpliedHead(b.methods).every(m => methodsA.includes(m)))) return false
   if (!(a.matchHeaders ?? []).every(c => impliedBy(c, b.matchHeaders ?? []))) return false
   const fold = a.caseInsensitive === true
   if (!fold && b.caseInsensitive === true) return false
