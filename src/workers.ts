@@ -7,7 +7,7 @@ import cluster, { type Worker } from 'node:cluster'
 import { readFile } from 'node:fs/promises'
 import { createHash } from 'node:crypto'
 import { AggregatorRegistry } from 'prom-client'
-import { loadConfigFile, loadConfigText, namedFiles, readNamedFiles, reloadProblems, type LoadedConfig, type NamedFiles } from './config/load.js'
+import { ConfigError, hasSharedLimits, loadConfigFile, loadConfigText, namedFiles, readNamedFiles, reloadProblems, type LoadedConfig, type NamedFiles } from './config/load.js'
 import { checkRuntime, defaultMaxConnections } from './runtime.js'
 import { redactConfig } from './admin/redact.js'
 import { ADMIN_PATHS, answeringSafely, json, misdirectedAdminRequest, refusedAdminMethod, refusedRead, warnOpenAdmin } from './admin/admin-server.js'
@@ -350,6 +350,11 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       let outcome: Pick<ReloadOutcome, 'ok' | 'problems' | 'restartNeeded'>
       try {
         const { loaded: next, text } = await loadWithText(options.configFile)
+        // `workers` needs a restart: the workers running are the ones the limits are shared by, so
+        // a file setting workers: 1 and dropping redis: let each of them enforce every limit alone
+        if (workers > 1 && next.config.redis === undefined && hasSharedLimits(next.config)) {
+          throw new ConfigError([next.problemAt(['workers'], `this gateway runs ${workers} workers until a restart ("workers" needs one): without "redis:" each of them would enforce every limit on its own (${workers} times the budget); keep redis: until the restart`)])
+        }
         await checkRuntime(next)
         // who may read changed: the streams authorized under the old rules end (LiveFeed.endStreams)
         if (adminReadToken(loaded.config) !== adminReadToken(next.config)) feed.endStreams()

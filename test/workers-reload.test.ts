@@ -4,6 +4,7 @@
 import t from 'tap'
 import { writeFileSync } from 'node:fs'
 import { answering, bodies, config, twoWorkers, until } from './helpers/workers.js'
+import { startRedis } from './helpers/redis.js'
 
 t.test('a burst of SIGHUPs: every worker ends at the primary\'s generation and serves the last file; a SIGHUP to a worker alone changes nothing', async t => {
   const a = await answering(t, 'from a')
@@ -65,4 +66,27 @@ t.test('a file the primary rejects reaches no worker: one located error from the
   await until('/config has the verdict', async () => !((await (await fetch(`${r.adminUrl}/config`)).json()) as { reloadPending: boolean }).reloadPending)
   t.same(await bodies(r.gw.url, 20), new Array(20).fill('200 from a'), 'both workers serve the accepted config')
   t.equal(r.gw.logs.filter(l => l.msg === 'reload rejected; the running configuration keeps serving').length, 1, 'no worker read the file')
+})
+
+t.test('a reload to workers: 1 without redis: is rejected while two workers run: each would enforce every limit alone', async t => {
+  const redis = await startRedis(t)
+  const a = await answering(t, 'from a')
+  const limited = `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+workers: 2
+redis: { url: "${redis.url}" }
+upstreams: { b: { targets: [${a}] } }
+routes:
+  - { name: all, pathPrefix: /, upstream: b, limits: { ip: { algorithm: fixed-window, limit: 4, window: 1h } } }
+`
+  const r = await twoWorkers(t, limited)
+  // "workers" needs a restart, so this file would leave two workers each holding the whole budget
+  writeFileSync(r.gw.file, limited.replace('workers: 2', 'workers: 1').replace(/^redis: .*\n/m, ''))
+  r.gw.child.kill('SIGHUP')
+  const rejected = await r.gw.waitForLog(l => l.msg === 'reload rejected; the running configuration keeps serving')
+  t.match(JSON.stringify(rejected.problems), /gateway\.yaml:3:\d+ workers: this gateway runs 2 workers until a restart/, 'located at workers, saying why')
+  await until('/config has the verdict', async () => !((await (await fetch(`${r.adminUrl}/config`)).json()) as { reloadPending: boolean }).reloadPending)
+  const got = (await bodies(r.gw.url, 10)).map(b => b.split(' ')[0])
+  t.same(got.filter(s => s === '200').length, 4, `the shared budget of 4 holds across both workers (${got.join(' ')})`)
+  t.same(got.filter(s => s === '429').length, 6)
 })

@@ -558,6 +558,15 @@ function rangeStart (node: unknown): number | undefined {
 }
 
 /** Checks zod cannot express per field: references, uniqueness, combinations (`resolved`: with defaults). */
+/**
+ * Whether `config` (as written, or resolved) holds limits the workers of `workers: N` must share
+ * through Redis. Plans carry user limits and quotas of their own: without Redis each worker would
+ * grant the whole plan.
+ */
+export function hasSharedLimits (config: { readonly limits?: unknown, readonly plans?: unknown, readonly concurrency?: unknown, readonly routes: ReadonlyArray<{ readonly limits?: unknown, readonly concurrency?: unknown }> }): boolean {
+  return config.limits !== undefined || config.plans !== undefined || config.concurrency !== undefined || config.routes.some(r => r.limits !== undefined || r.concurrency !== undefined)
+}
+
 function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[KeyPath, string]> {
   const out: Array<[KeyPath, string]> = []
   const names = new Map<string, number>()
@@ -657,9 +666,7 @@ function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[K
   if (config.redis?.leaseTtl !== undefined && parseDuration(config.redis.leaseTtl) < 1000) {
     out.push([['redis', 'leaseTtl'], 'leaseTtl must be at least 1s (leases are renewed every third of it)'])
   }
-  // plans carry user limits and quotas of their own: without Redis each worker would grant the whole plan
-  const sharedLimits = config.limits !== undefined || config.plans !== undefined || config.concurrency !== undefined || config.routes.some(r => r.limits !== undefined || r.concurrency !== undefined)
-  if (resolved.workers > 1 && config.redis === undefined && sharedLimits) {
+  if (resolved.workers > 1 && config.redis === undefined && hasSharedLimits(config)) {
     out.push([['workers'], 'workers > 1 needs "redis:" for the shared limits: without it each worker would enforce every limit on its own (N times the budget)'])
   }
   const listen = resolved.listen
