@@ -2,10 +2,18 @@
 // (src/server.ts) and the admin listeners (src/admin/admin-shield.ts): always JSON from the error
 // table, never node's bare 400 or 431.
 import type { Socket } from 'node:net'
-import type { ErrorCode } from './errors.js'
+import { errorBody, writeRawError, type ErrorCode } from './errors.js'
+
+/**
+ * The client closed its side mid-request (EOF inside a body) or reset: nobody is left to read an
+ * answer, and the socket is destroyed instead.
+ */
+export function clientLeft (err: NodeJS.ErrnoException): boolean {
+  return err.code === 'HPE_INVALID_EOF_STATE' || err.code === 'ECONNRESET'
+}
 
 /** The message of a 400 for a head node:http could not parse: its parser's code, or what it means. */
-export function parserErrorMessage (code: string): string {
+function parserErrorMessage (code: string): string {
   if (code === '') return 'bad request'
   // "PRI * HTTP/2.0": a client speaking HTTP/2 without asking first (prior knowledge, h2c)
   if (code === 'HPE_PAUSED_H2_UPGRADE') return 'HTTP/2 with prior knowledge is not served: this listener speaks HTTP/1.1'
@@ -41,4 +49,10 @@ export function parserErrorAnswer (err: NodeJS.ErrnoException, socket: Socket): 
   const code = err.code ?? ''
   if (code === 'HPE_HEADER_OVERFLOW') return requestLineOverflowed(err, socket) ? [414, 'GW_ERR_URI_TOO_LONG'] : [431, 'GW_ERR_HEADERS_TOO_LARGE']
   return code === 'ERR_HTTP_REQUEST_TIMEOUT' ? [408, 'GW_ERR_BAD_REQUEST'] : [400, 'GW_ERR_BAD_REQUEST']
+}
+
+/** The answer parserErrorAnswer chose, written raw with its request id; the connection then closes. */
+export function writeParserError (socket: Socket, status: number, error: ErrorCode, parserCode: string, requestId: string): void {
+  // a 414's own message says it all; the others name the parser's code
+  writeRawError(socket, status, errorBody(error, status === 414 ? undefined : parserErrorMessage(parserCode), { requestId }), requestId)
 }

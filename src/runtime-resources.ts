@@ -342,8 +342,8 @@ export class ResourceCache {
       await whenReady(bundle.client, timeoutMs)
       await bundle.heartbeat.beat()
     } catch (err) {
-      // why it is not: "not ready after 2000 ms" alone sends an operator looking in the wrong place
-      // null where the client's own errors carry the reason (a URL, a Sentinel's master)
+      // why it is not: "not ready after 2000 ms" alone sends an operator looking in the wrong place;
+      // a handshake of our own names a TLS refusal, the client's last error anything else
       const tls = await bundle.tlsFailure()
       this.logger.warn({ err: (err as Error).message, cause: tls?.message ?? bundle.lastError() }, 'Redis is not reachable yet: limits follow onError until it is')
     }

@@ -26,8 +26,8 @@ import { redactConfig } from './admin/redact.js'
 import { cutByGateway } from './proxy/shutdown-cut.js'
 import { createAccessLog, createLogger, droppedLogLines, type Logger, type LogLevel } from './log.js'
 import { strayRejectionCount } from './stray-rejections.js'
-import { errorBody, writeError, writeRawError } from './errors.js'
-import { parserErrorAnswer, parserErrorMessage } from './parser-errors.js'
+import { writeError } from './errors.js'
+import { clientLeft, parserErrorAnswer, writeParserError } from './parser-errors.js'
 import { adminListen, adminReadToken } from './config/defaults.js'
 import { waitAtMost } from './wait-at-most.js'
 import { acceptProxyProtocol, type ProxyProtocolListener } from './identify/proxy-protocol.js'
@@ -580,12 +580,9 @@ export class Gateway {
       }
       if (!socket.writable) return socket.destroy()
       answeredClientError.add(socket)
-      // The client closed its side mid-request (EOF inside a body) or reset: nobody is left to read
-      // an answer. Destroying the socket closes the request in flight, which is then logged as a
-      // client abort and gives back what it held (concurrency leases, buffer budget).
-      if (err.code === 'HPE_INVALID_EOF_STATE' || err.code === 'ECONNRESET') return socket.destroy()
-      // 431 for oversized headers (RFC 6585 §5), else 400, always JSON from the error table; a header
-      // timeout is GW_ERR_BAD_REQUEST with 408 (README error table)
+      // Destroying the socket of a client that left closes the request in flight, which is then
+      // logged as a client abort and gives back what it held (concurrency leases, buffer budget).
+      if (clientLeft(err)) return socket.destroy()
       const code = err.code ?? ''
       const [status, error] = parserErrorAnswer(err, socket)
       // A request timeout while a request's body is still arriving: that body is what is late (a
@@ -627,7 +624,7 @@ export class Gateway {
       // answer to the client's next request.
       if (isDroppingBody(socket)) return socket.destroy()
       this.answerUnrouted(socket, status, code === '' ? 'bad_request' : code, (requestId) => {
-        writeRawError(socket, status, errorBody(error, status === 414 ? undefined : parserErrorMessage(code), { requestId }), requestId)
+        writeParserError(socket, status, error, code, requestId)
       })
     })
     // CONNECT asks for a tunnel to another host (forward proxying), which the gateway does not

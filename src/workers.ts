@@ -385,14 +385,11 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   const ready = new Set<number>()
   // when each worker's last live frame came; a ready worker silent for WORKER_SILENT_MS is not answering
   const frameAt = new Map<number, number>()
+  const silenceOf = (id: number, now: number): number => now - (frameAt.get(id) ?? now)
+  const pidOf = (id: number): number | undefined => cluster.workers?.[id]?.process.pid
   const silentWorkers = (): Array<{ pid: number | undefined, silentMs: number }> => {
     const now = performance.now()
-    const out: Array<{ pid: number | undefined, silentMs: number }> = []
-    for (const id of ready) {
-      const at = frameAt.get(id)
-      if (at !== undefined && now - at >= WORKER_SILENT_MS) out.push({ pid: cluster.workers?.[id]?.process.pid, silentMs: Math.round(now - at) })
-    }
-    return out
+    return [...ready].filter(id => silenceOf(id, now) >= WORKER_SILENT_MS).map(id => ({ pid: pidOf(id), silentMs: Math.round(silenceOf(id, now)) }))
   }
   // ready workers that answer: what /readyz and the page count
   const answering = (): number => ready.size - silentWorkers().length
@@ -400,13 +397,12 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   const silenceWatch = setInterval(() => {
     const now = performance.now()
     for (const id of ready) {
-      const silentMs = now - (frameAt.get(id) ?? now)
-      const pid = cluster.workers?.[id]?.process.pid
+      const silentMs = silenceOf(id, now)
       if (silentMs >= WORKER_SILENT_MS && !warnedSilent.has(id)) {
         warnedSilent.add(id)
-        logger.warn({ worker: pid, silentMs: Math.round(silentMs) }, 'worker not answering (its event loop is blocked or the process is stopped): /readyz is 503 until it answers again')
+        logger.warn({ worker: pidOf(id), silentMs: Math.round(silentMs) }, 'worker not answering (its event loop is blocked or the process is stopped): /readyz is 503 until it answers again')
       } else if (silentMs < WORKER_SILENT_MS && warnedSilent.delete(id)) {
-        logger.info({ worker: pid }, 'worker answering again')
+        logger.info({ worker: pidOf(id) }, 'worker answering again')
       }
     }
   }, 1000)
@@ -419,11 +415,12 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   let routesView: LiveMessage['routes'] | null = null
   const feed = new LiveFeed(() => null, () => {
     const health = workerHealth()
+    const up = answering()
     return {
       ...health,
-      status: shuttingDown ? 'shutting_down' : answering() < workers ? 'not_ready' : health.status ?? 'not_ready',
+      status: shuttingDown ? 'shutting_down' : up < workers ? 'not_ready' : health.status ?? 'not_ready',
       workers,
-      workersReady: answering(),
+      workersReady: up,
       reloads: reloadHistory
     }
   })

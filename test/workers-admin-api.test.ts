@@ -184,6 +184,7 @@ routes:
   const reset = await admin(limitsUrl, 'DELETE', TOKEN)
   t.equal(reset.status, 200)
   t.match(reset.json, { workers: 2, instances: 2, complete: true })
+  t.equal(reset.json?.keysDeleted, 2, 'the budget each worker held for the client, summed over the workers')
   t.same((reset.json?.resetIn as number[]).sort(), [...pids].sort())
   const whole = entry(await admin(limitsUrl), 'identity.failures')
   t.equal(whole.remaining, 4, 'every worker has its whole budget again')

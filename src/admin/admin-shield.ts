@@ -8,8 +8,7 @@ import { createServer, type IncomingMessage, type RequestListener, type Server, 
 import { randomUUID } from 'node:crypto'
 import type { Socket } from 'node:net'
 import { capConnections } from '../proxy/connection-cap.js'
-import { errorBody, writeRawError } from '../errors.js'
-import { parserErrorAnswer, parserErrorMessage } from '../parser-errors.js'
+import { clientLeft, parserErrorAnswer, writeParserError } from '../parser-errors.js'
 import { serverSettings, type ServerSettings } from '../runtime.js'
 import type { ResolvedConfig } from '../config/defaults.js'
 
@@ -105,13 +104,12 @@ export function createShieldedAdminServer (handle: RequestListener<typeof Incomi
  * that follows, when the connection is already closing.
  */
 function answerClientError (err: NodeJS.ErrnoException, socket: Socket): void {
-  if (!socket.writable || err.code === 'HPE_INVALID_EOF_STATE' || err.code === 'ECONNRESET') {
+  if (!socket.writable || clientLeft(err)) {
     socket.destroy()
     return
   }
   const [status, error] = parserErrorAnswer(err, socket)
-  const requestId = randomUUID()
-  writeRawError(socket, status, errorBody(error, status === 414 ? undefined : parserErrorMessage(err.code ?? ''), { requestId }), requestId)
+  writeParserError(socket, status, error, err.code ?? '', randomUUID())
 }
 
 /** The server settings of `config`, computed once per config (the workers primary has no runtime). */

@@ -557,7 +557,6 @@ function rangeStart (node: unknown): number | undefined {
   return (node as YamlNode | null)?.range?.[0]
 }
 
-/** Checks zod cannot express per field: references, uniqueness, combinations (`resolved`: with defaults). */
 /**
  * Whether `config` (as written, or resolved) holds limits the workers of `workers: N` must share
  * through Redis. Plans carry user limits and quotas of their own: without Redis each worker would
@@ -567,6 +566,7 @@ export function hasSharedLimits (config: { readonly limits?: unknown, readonly p
   return config.limits !== undefined || config.plans !== undefined || config.concurrency !== undefined || config.routes.some(r => r.limits !== undefined || r.concurrency !== undefined)
 }
 
+/** Checks zod cannot express per field: references, uniqueness, combinations (`resolved`: with defaults). */
 function crossChecks (config: GatewayConfig, resolved: ResolvedConfig): Array<[KeyPath, string]> {
   const out: Array<[KeyPath, string]> = []
   const names = new Map<string, number>()

@@ -116,8 +116,7 @@ function common (opts: RedisClientOptions): RedisOptions {
 function parseNode (node: string): { host: string, port: number, password?: string, tls: boolean } {
   const url = new URL(node.includes('://') ? node : `redis://${node}`)
   return {
-    // the brackets of an IPv6 literal are the URL's, not the address's
-    host: url.hostname.replace(/^\[(.*)\]$/, '$1'),
+    host: url.hostname,
     port: url.port === '' ? 6379 : Number(url.port),
     ...(url.password !== '' ? { password: decodeURIComponent(url.password) } : {}),
     tls: url.protocol === 'rediss:'
