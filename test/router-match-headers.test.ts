@@ -107,7 +107,7 @@ t.test('gateway explain routes by the headers given', async t => {
   const file = writeConfig(t, routes('http://127.0.0.1:9', 'http://127.0.0.1:9'))
   t.match(explainOutput(file, 'GET', '/api/x', '--header', 'x-canary: 1'), /route: {3}canary -> upstream canary/)
   t.match(explainOutput(file, 'GET', '/api/x'), /route: {3}stable -> upstream stable/)
-  t.match(explainOutput(file, 'DELETE', '/api/x'), /405 GW_ERR_METHOD_NOT_ALLOWED \(Allow: GET, POST\)/)
+  t.match(explainOutput(file, 'DELETE', '/api/x'), /405 GW_ERR_METHOD_NOT_ALLOWED \(Allow: GET, HEAD, POST\)/)
 })
 
 t.test('a field given twice is one value to explain as to the live gateway', async t => {
