@@ -381,7 +381,8 @@ t.test('a target ejected while a retry backs off: the client gets the gateway\'s
     })
     const gw = await startGateway(t, oneUpstream(url, 'retryOn: [503], retryBackoff: { base: 2s, max: 2s }'))
     const first = request(`${gw.url}/get`).then(async res => ({ status: res.statusCode, body: await res.body.text() }))
-    await until('the first attempt answered', () => seen.length === 1)
+    // >= 1: a retry drawn near 0 s may follow before the next poll; the check below retries then
+    await until('the first attempt answered', () => seen.length >= 1)
     server.close()
     server.closeAllConnections()
     const refused = await request(`${gw.url}/refused`, { method: 'POST', body: 'x' })
@@ -404,7 +405,7 @@ t.test('at the shutdown\'s deadline a request backing off is answered 503 shutti
   const up = await busyTarget(t)
   const gw = await startGateway(t, oneUpstream(up.url, 'retries: 5, retryOn: [503], retryBackoff: { base: 20s, max: 20s }', 'server: { shutdownTimeout: 300ms }\n'))
   const answer = request(`${gw.url}/slow`).then(async res => ({ status: res.statusCode, body: await res.body.json() as { error?: string } }))
-  await until('the first attempt answered', () => up.seen.length === 1)
+  await until('the first attempt answered', () => up.seen.length >= 1)
   const began = performance.now()
   await gw.close()
   const got = await answer
