@@ -56,7 +56,7 @@ t.test('a file that cannot be read is a problem at 0:0 without a key path', asyn
 })
 
 t.test('YAML errors: the first line of the parser\'s message, at its position', async t => {
-  t.same(problems('workers: 1\nworkers: 2\n' + BASE), ['gw.yaml:2:1: Map keys must be unique'])
+  t.same(problems('workers: 1\nworkers: 2\n' + BASE), ['gw.yaml:2:1 workers: written twice in one map (first at line 1): one would silently replace the other; keep one'])
 })
 
 t.test('the document itself: empty, or not a map', async t => {

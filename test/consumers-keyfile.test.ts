@@ -72,7 +72,7 @@ t.test('a missing or malformed key file stops the start with a located error', a
   const bad = join(dir, 'bad.yaml')
   writeFileSync(bad, 'k-1: alice\nk-1: bob\n')
   const err = await startRefused(t, config(up.url, bad))
-  t.match(err.message, new RegExp(`^${bad.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}:2:1: Map keys must be unique`))
+  t.match(err.message, new RegExp(`^${bad.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}:2:1: written twice in one map \\(first at line 1\\)`))
   const empty = join(dir, 'empty.yaml')
   writeFileSync(empty, 'k-1:\n')
   const err2 = await startRefused(t, config(up.url, empty))

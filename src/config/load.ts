@@ -13,7 +13,7 @@ import { utcOffsetMinutes } from '../limit/algorithms/calendar-quota.js'
 import { MAX_EXACT, validateLimitSpec } from '../limit/algorithms/index.js'
 import ipaddr from 'ipaddr.js'
 import { parseDuration } from './units.js'
-import { DUPLICATE_KEY, keyPathOf, misreadScalar, repeatedKeys, unresolvedTags } from '../identify/yaml-scalars.js'
+import { keyPathOf, repeatedKeyMessage, misreadScalar, repeatedKeys, unresolvedTags } from '../identify/yaml-scalars.js'
 import { API_KEY_CHARS, API_KEY_TEXT } from '../identify/api-key-file.js'
 import { MAX_USER_LENGTH } from '../identify/identity.js'
 import { HOP_BY_HOP } from '../proxy/hop-by-hop.js'
@@ -197,9 +197,13 @@ export function parseConfigText (text: string, file: string, env: NodeJS.Process
   // jwt.secret saved in Latin-1 was silently another secret, and each client's token failed
   const replaced = text.indexOf('\uFFFD')
   if (replaced !== -1) throw new ConfigError([at(replaced, [], 'the file is not UTF-8 here (bytes read as U+FFFD, the replacement character): save it as UTF-8')])
-  const errors = [...doc.errors.map(e => [e.pos[0], e.message.split('\n')[0] ?? e.message] as const), ...repeatedKeys(doc).map(offset => [offset, DUPLICATE_KEY] as const)]
+  const errors = [
+    ...doc.errors.map(e => [e.pos[0], [], e.message.split('\n')[0] ?? e.message] as const),
+    // the path names the key (at() hides an inline API key's), so a repeat deep in a flow map is found
+    ...repeatedKeys(doc).map(r => [r.offset, r.path, repeatedKeyMessage(lineCounter.linePos(r.firstOffset).line)] as const)
+  ]
   if (errors.length > 0) {
-    throw new ConfigError(errors.sort((a, b) => a[0] - b[0]).map(([offset, message]) => at(offset, [], message)))
+    throw new ConfigError(errors.sort((a, b) => a[0] - b[0]).map(([offset, path, message]) => at(offset, path, message)))
   }
 
   const problems: ConfigProblem[] = []

@@ -4,7 +4,7 @@
 import { readFile } from 'node:fs/promises'
 import { LineCounter, parseDocument, isMap, isScalar } from 'yaml'
 import { MAX_USER_LENGTH, type ConsumerDirectory } from './identity.js'
-import { DUPLICATE_KEY, misreadScalar, repeatedKeys, unknownTag } from './yaml-scalars.js'
+import { misreadScalar, repeatedKeyMessage, repeatedKeys, unknownTag } from './yaml-scalars.js'
 import { PARSE_OFF_THREAD_CHARS, parseOffThread } from '../off-thread.js'
 
 /**
@@ -112,7 +112,7 @@ export function parseKeyFileText (text: string, file: string): KeyFileItem[] {
     const pos = lineCounter.linePos(offset ?? 0)
     return { file, line: pos.line, column: pos.col, path, message }
   }
-  const errors = [...doc.errors.map(e => [e.pos[0], e.message.split('\n')[0] ?? e.message] as const), ...repeatedKeys(doc).map(offset => [offset, DUPLICATE_KEY] as const)]
+  const errors = [...doc.errors.map(e => [e.pos[0], e.message.split('\n')[0] ?? e.message] as const), ...repeatedKeys(doc).map(r => [r.offset, repeatedKeyMessage(lineCounter.linePos(r.firstOffset).line)] as const)]
   if (errors.length > 0) throw new ApiKeyFileError(errors.sort((a, b) => a[0] - b[0]).map(([offset, message]) => at(offset, '', message)))
   if (doc.contents === null) return []
   if (!isMap(doc.contents)) throw new ApiKeyFileError([at(doc.contents.range?.[0], '', 'expected "key: consumer" lines')])

@@ -21,26 +21,38 @@ export function misreadScalar (node: unknown, text: string, secret = false): str
 }
 
 /** YAML's own message for a repeated key, kept so the errors read as before. */
-export const DUPLICATE_KEY = 'Map keys must be unique'
+/** Where a key repeats an earlier one of its map, and where that earlier one is. */
+export interface RepeatedKey {
+  readonly offset: number
+  readonly firstOffset: number
+  /** The repeat's key path, its own key last. */
+  readonly path: Array<string | number>
+}
+
+/** The message for a repeated key: it never quotes the key (an API key is a secret); the path names it where that is safe. */
+export const repeatedKeyMessage = (firstLine: number): string =>
+  `written twice in one map (first at line ${firstLine}): one would silently replace the other; keep one`
 
 /**
- * Where a scalar key repeats an earlier key of its map: the offsets of the repeats. YAML's own
- * check (`uniqueKeys: true`) compares each key with every earlier one of its map: a key file of
- * 20,000 lines took 18 s to parse, and a SIGHUP that read it held every request as long. A set per
- * map finds the repeats in one pass.
+ * Where a scalar key repeats an earlier key of its map. YAML's own check (`uniqueKeys: true`)
+ * compares each key with every earlier one of its map: a key file of 20,000 lines took 18 s to
+ * parse, and a SIGHUP that read it held every request as long. A map per map finds the repeats in
+ * one pass.
  */
-export function repeatedKeys (doc: Document): number[] {
-  const out: number[] = []
+export function repeatedKeys (doc: Document): RepeatedKey[] {
+  const out: RepeatedKey[] = []
   visit(doc, {
-    Map (_key, map) {
-      const seen = new Set<string>()
+    Map (_key, map, ancestors) {
+      const seen = new Map<string, number>()
       for (const pair of map.items) {
         if (!isScalar(pair.key)) continue
         // as text: `1` and "1" are two YAML keys but one config key and one API key, and the
         // later one silently took the earlier's place
         const value = String(pair.key.value)
-        if (seen.has(value)) out.push(pair.key.range?.[0] ?? 0)
-        else seen.add(value)
+        const offset = pair.key.range?.[0] ?? 0
+        const first = seen.get(value)
+        if (first !== undefined) out.push({ offset, firstOffset: first, path: [...keyPathOf(ancestors, map), value] })
+        else seen.set(value, offset)
       }
     }
   })
