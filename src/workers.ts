@@ -4,7 +4,7 @@
 // all workers (prom-client AggregatorRegistry) and the admin API answered by every worker over
 // IPC (src/admin/limits-over-workers.ts).
 import cluster, { type Worker } from 'node:cluster'
-import { readFile } from 'node:fs/promises'
+import { readFileBounded } from './config/read-bounded.js'
 import { createHash } from 'node:crypto'
 import { AggregatorRegistry } from 'prom-client'
 import { ConfigError, hasSharedLimits, loadConfigFile, loadConfigText, namedFiles, readNamedFiles, reloadProblems, type LoadedConfig, type NamedFiles } from './config/load.js'
@@ -115,7 +115,7 @@ const CONFIG_ASK_TIMEOUT_MS = 10_000
 async function loadWithText (file: string): Promise<{ loaded: LoadedConfig, text: string | null }> {
   let text: string
   try {
-    text = await readFile(file, 'utf8')
+    text = (await readFileBounded(file)).toString('utf8')
   } catch {
     return { loaded: await withNamedFiles(await loadConfigFile(file)), text: null }
   }
@@ -320,7 +320,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   let loaded = options.loaded
   // The text of the accepted file, handed to each worker as it starts (ConfigAsk above). The
   // caller loaded the file before: read again, it is kept when it is the same text (same hash).
-  const startText = await readFile(options.configFile, 'utf8').catch(() => null)
+  const startText = await readFileBounded(options.configFile).then(b => b.toString('utf8'), () => null)
   let acceptedText = startText !== null && createHash('sha256').update(startText).digest('hex') === loaded.hash ? startText : null
   let acceptedFiles = loaded.files ?? {}
   let servedTls = tlsFilesOf(loaded)

@@ -2,7 +2,7 @@
 //   gateway.yaml:14:7 routes[1].upstream: unknown upstream "backend2"
 // The YAML document keeps node positions, so zod issues (which carry a key path) and our own
 // cross-reference checks can both be pointed back at the text.
-import { readFile } from 'node:fs/promises'
+import { readFileBounded } from './read-bounded.js'
 import { createHash } from 'node:crypto'
 import { LineCounter, parseDocument, visit, isAlias, isCollection, isMap, isPair, isSeq, isScalar, type Alias, type Document, type Node as YamlNode } from 'yaml'
 import { dirname, resolve } from 'node:path'
@@ -73,7 +73,7 @@ export function namedFiles (config: ResolvedConfig): string[] {
 
 /** Reads `paths`; one that cannot be read is left out, and compiling reports it as it reads it. */
 export async function readNamedFiles (paths: readonly string[]): Promise<NamedFiles> {
-  const read = await Promise.all(paths.map(async path => [path, (await readFile(path).catch(() => null))?.toString('base64')] as const))
+  const read = await Promise.all(paths.map(async path => [path, (await readFileBounded(path).catch(() => null))?.toString('base64')] as const))
   return Object.fromEntries(read.filter((e): e is readonly [string, string] => e[1] !== undefined))
 }
 
@@ -82,7 +82,7 @@ export function fileReader (loaded: LoadedConfig): (path: string) => Promise<Buf
   const given = loaded.files
   return async path => {
     const copy = given?.[path]
-    return copy !== undefined ? Buffer.from(copy, 'base64') : await readFile(path)
+    return copy !== undefined ? Buffer.from(copy, 'base64') : await readFileBounded(path)
   }
 }
 
@@ -145,7 +145,7 @@ export function formatKeyPath (path: KeyPath): string {
 export async function loadConfigFile (file: string, env: NodeJS.ProcessEnv = process.env): Promise<LoadedConfig> {
   let text: string
   try {
-    text = await readFile(file, 'utf8')
+    text = (await readFileBounded(file)).toString('utf8')
   } catch (err) {
     const reason = (err as NodeJS.ErrnoException).code === 'ENOENT' ? 'file not found' : (err as Error).message
     throw new ConfigError([{ file, line: 0, column: 0, path: '', message: reason }])

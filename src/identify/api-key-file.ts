@@ -1,7 +1,7 @@
 // `identity.apiKeys.file`: more "key: consumer" lines kept outside gateway.yaml (so keys can be
 // rotated without touching the config, and kept with tighter permissions). Read when the runtime is
 // compiled, so SIGHUP re-reads it; a bad file is a located error and the running config keeps serving.
-import { readFile } from 'node:fs/promises'
+import { readFileBounded } from '../config/read-bounded.js'
 import { LineCounter, parseDocument, isMap, isScalar } from 'yaml'
 import { MAX_USER_LENGTH, type ConsumerDirectory } from './identity.js'
 import { misreadScalar, repeatedKeyMessage, repeatedKeys, unknownTag } from './yaml-scalars.js'
@@ -68,7 +68,7 @@ export type KeyFileReply =
   | { readonly ok: false, readonly error: string }
 
 /** The [key, consumer] pairs of the file; [] without a file. Throws ApiKeyFileError located in the file. */
-export async function readApiKeyFile (file: string | undefined, consumers: ConsumerDirectory, read: (path: string) => Promise<Buffer> = readFile): Promise<Array<[string, string]>> {
+export async function readApiKeyFile (file: string | undefined, consumers: ConsumerDirectory, read: (path: string) => Promise<Buffer> = readFileBounded): Promise<Array<[string, string]>> {
   if (file === undefined) return []
   let text: string
   try {
