@@ -283,8 +283,7 @@ abstract class Exchange extends RequestRecord {
       // An IP that spent its failure budget is refused whatever credential it sends (a 429, the
       // budget's), before it is verified: a valid key used to pass, so a key-guesser read
       // the right guess as the one 200 among 429s.
-      const secret = this.runtime.identity.secretHeader
-      if (secret !== null && this.req.headers[secret] !== undefined) {
+      if (this.runtime.identity.offersSecret(this.req.headers)) {
         const held = this.runtime.limiter.heldRefusal(a.route.name, this.runtime.failurePlan, a.ipKey, this.requestId)
         if (held !== null) {
           this.reject(held)

@@ -43,6 +43,12 @@ routes:
   const elsewhere = await send(`${gw.url}/x`, { headers: { 'x-api-key': 'good-key' }, localAddress: '127.0.0.2' })
   t.equal(elsewhere.status, 200, 'the same key from another IP is served')
   t.equal((await send(`${gw.url}/x`)).status, 200, 'a request without a credential from the locked-out IP is served (the route does not require one)')
+  // an empty key is no key (it is served anonymously): it was held as a guess, a 429
+  for (const blank of ['', '  ']) {
+    const empty = await send(`${gw.url}/x`, { headers: { 'x-api-key': blank } })
+    t.same([empty.status, empty.json?.limit], [200, undefined], `an X-API-Key of ${JSON.stringify(blank)} from the locked-out IP is served as no key is`)
+  }
+  t.equal(upstream.requests, 4, 'the four requests served reached the upstream')
 })
 
 t.test('a failed identity is charged against the gateway-wide ip limit too', async t => {

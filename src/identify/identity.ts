@@ -65,11 +65,12 @@ export interface IdentityResolver {
   /** The (lowercase) header carrying the credential: removed on `auth: none` routes. Null without identity. */
   readonly credentialHeader: string | null
   /**
-   * The header carrying a secret that can be guessed (an API key, a token), or null: an IP that
-   * spent its failure budget is refused whatever it sends there. Null for a `header` identity,
-   * whose every value is a user: there is nothing to guess.
+   * Whether the request offers a secret that can be guessed (an API key, a token): an IP that spent
+   * its failure budget is refused whatever it offers. False for a `header` identity, whose every
+   * value is a user (nothing to guess), and for what `resolve` takes for no credential (an empty
+   * API key), which is served as a request without one is.
    */
-  readonly secretHeader: string | null
+  offersSecret(headers: IncomingHttpHeaders): boolean
 }
 
 /** The claim naming the user, and the header carrying the token (RFC 6750 §2.1), when not configured. */
@@ -85,7 +86,8 @@ const CACHE_MAX_TTL_MS = 60_000
 const ANONYMOUS: IdentityResult = Object.freeze({ ok: true, user: null })
 const failure = (reason: string): IdentityResult => Object.freeze({ ok: false, reason })
 const MISSING = failure('missing credentials')
-const NO_IDENTITY: IdentityResolver = Object.freeze({ resolve: () => ANONYMOUS, credentialHeader: null, secretHeader: null })
+const offersNone = (): boolean => false
+const NO_IDENTITY: IdentityResolver = Object.freeze({ resolve: () => ANONYMOUS, credentialHeader: null, offersSecret: offersNone })
 
 /** What a request without credentials gets: 401 when required, else anonymous (no user, no plan). */
 type Absent = (required: boolean | undefined) => IdentityResult
@@ -140,7 +142,7 @@ function compileHeaderIdentity (header: string, absent: Absent, consumers: Consu
   const repeated = failure('identity header repeated or holds a comma')
   return {
     credentialHeader: name,
-    secretHeader: null,
+    offersSecret: offersNone,
     resolve (headers, required, peerTrusted = true) {
       const raw = headers[name]
       if (raw === undefined) return absent(required)
@@ -218,7 +220,10 @@ function compileApiKeys (
   const repeated = failure('API key header repeated')
   return {
     credentialHeader: name,
-    secretHeader: name,
+    offersSecret (headers) {
+      const raw = headers[name]
+      return typeof raw === 'string' ? raw.trim().length > 0 : raw !== undefined
+    },
     resolve (headers, required) {
       const raw = headers[name]
       if (raw === undefined) return absent(required)
@@ -283,7 +288,8 @@ async function compileJwt (jwt: JwtConfig, absent: Absent, consumers: ConsumerDi
 
   return {
     credentialHeader: name,
-    secretHeader: name,
+    // any value is a token or a failure (an empty Authorization is not "Bearer <token>")
+    offersSecret: headers => headers[name] !== undefined,
     resolve (headers, required) {
       const raw = headers[name]
       if (raw === undefined) return absent(required)
