@@ -52,6 +52,19 @@ async function settle (check: () => boolean | Promise<boolean>, timeoutMs = 3000
   return false
 }
 
+t.test('the upstream gets the path as given: an "http:/" in it, a "//" and a target base path are not rewritten', async (t) => {
+  const upstream = await startUpstream(t)
+  const front = await startFront(t, planOf(t, [upstream.url + '/base'], {}, { stripPrefix: '/live' }))
+  // http-proxy's urlJoin collapsed "//" and turned the first "http:/" into "http://"
+  const paths = ['/live/fetch/http:/example.com/x?u=http://a//b', '/live/a//b/https:/c', '/live/plain']
+  for (const path of paths) {
+    const { ws } = await open(front.url + path)
+    ws.close()
+    await once(ws, 'close')
+  }
+  t.same(upstream.upgrades.map(u => u.url), ['/base/fetch/http:/example.com/x?u=http://a//b', '/base/a//b/https:/c', '/base/plain'])
+})
+
 t.test('echo through the proxy, with forwarded headers and the request id', async (t) => {
   const upstream = await startUpstream(t)
   const front = await startFront(t, planOf(t, [upstream.url], {}, { stripPrefix: '/live' }))

@@ -48,7 +48,10 @@ export function createWebSocketProxy (): WebSocketProxy {
   }
 
   // Emitted synchronously inside proxy.ws(), before http-proxy adds its own listeners: ours run first.
-  proxy.on('proxyReqWs', (proxyReq, _req, socket) => {
+  proxy.on('proxyReqWs', (proxyReq, req, socket) => {
+    // http-proxy joins the path with its urlJoin, which collapses "//" and turns the first "http:/"
+    // into "http://"; node writes the request line at the end(), from this property
+    if (req.url !== undefined) proxyReq.path = req.url
     tunnels.get(socket)?.opening(proxyReq)
   })
 
