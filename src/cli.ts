@@ -11,7 +11,7 @@ import type { LogLevel } from './log.js'
 import { explain } from './explain.js'
 import { LIMITS_HELP, limitsCommand } from './cli-limits.js'
 import { adminClientUrl } from './admin/client-url.js'
-import { acceptedConfig, followPrimaryReloads, isWorker, withNamedFiles, notifyReady, registerWorkerMetrics, runPrimary } from './workers.js'
+import { acceptedConfig, followPrimaryReloads, isWorker, withNamedFiles, notifyReady, registerWorkerMetrics, reportApplied, runPrimary } from './workers.js'
 import { createLogDestination, createLogger } from './log.js'
 import { notTheGateway } from './pid-file.js'
 import { serveOnStrayRejections } from './stray-rejections.js'
@@ -244,8 +244,8 @@ interface ReloadView {
   /** sha256 of the running config file's text, and that file as the gateway was started with it. */
   readonly hash?: string
   readonly file?: string
-  readonly lastReload: { attempt: number, ok: boolean, generation: number, problems: string[], restartNeeded?: string[] } | null
-  /** A reload running or queued (absent from a gateway older than the field). */
+  readonly lastReload: { attempt: number, ok: boolean, generation: number, problems: string[], restartNeeded?: string[], workersFailed?: Array<{ pid?: number, problems: string[] }> } | null
+  /** A reload running or queued, or (workers: N) a worker still applying it (absent from a gateway older than the field). */
   readonly reloadPending?: boolean
 }
 
@@ -352,6 +352,12 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
       process.stderr.write(`gateway reload: the running gateway reloaded its own file${view.file === undefined ? '' : ` (${view.file})`}, not the text of ${configFile} validated here (another file, or one edited since): generation ${last.generation} runs that file\n`)
       return EXIT_INVALID
     }
+    const failed = last.workersFailed ?? []
+    if (last.ok && failed.length > 0) {
+      const lines = failed.map(f => `worker ${f.pid ?? '?'}: ${f.problems.join('; ')}`)
+      process.stderr.write(`gateway reload: generation ${last.generation} was accepted, but ${failed.length} worker(s) could not apply it and serve the config before it:\n${lines.join('\n')}\n`)
+      return EXIT_INVALID
+    }
     if (last.ok) {
       process.stdout.write(`reloaded: generation ${before.generation} -> ${last.generation} (pid ${pid})\n`)
       const restart = last.restartNeeded ?? []
@@ -374,6 +380,19 @@ function writePidFile (pidFile: string): boolean {
     process.stderr.write(`gateway: cannot write the pid file: ${(err as Error).message}\n`)
     return false
   }
+}
+
+/**
+ * Reloads `gw`; in a worker, with the config its primary handed over (`source`), and tells the
+ * primary what came of it: `gateway reload` waits for every worker's answer.
+ */
+function applyReload (gw: Gateway, source: ReloadSource | undefined): void {
+  void gw.reload(source).then(result => {
+    if (!isWorker() || source === undefined) return
+    if (result.ok) reportApplied({ serving: result.generation })
+    else if (result.leaving === true) reportApplied({ leaving: true })
+    else reportApplied({ refused: { generation: source.generation, problems: result.error.split('\n') } })
+  })
 }
 
 async function start (configFile: string, logLevel: LogLevel | undefined, pidFile: string | undefined): Promise<number> {
@@ -413,7 +432,7 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
   let reloadWhenStarted: { source: ReloadSource | undefined } | null = null
   const reload = (source?: ReloadSource): void => {
     if (gw === null) reloadWhenStarted = { source }
-    else void gw.reload(source)
+    else applyReload(gw, source)
   }
   process.on('SIGHUP', () => {
     if (!isWorker()) reload()
@@ -437,10 +456,13 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
     process.on('SIGINT', () => onStop('SIGINT'))
   }
   if (!isWorker()) listenForStop()
+  // the generation a worker starts with: its primary's number (1 for a single process)
+  let startGeneration: number
   try {
     // a worker starts with the config its primary last accepted, not the file as edited since
     const initial = await acceptedConfig(configFile)
-    followPrimaryReloads(initial?.generation ?? 1, reload)
+    startGeneration = initial?.generation ?? 1
+    followPrimaryReloads(startGeneration, reload)
     gw = await Gateway.start({ configFile, ...(logLevel !== undefined ? { logLevel } : {}), adminListener: !isWorker(), ...initial?.options })
   } catch (err) {
     const code = reportConfigError(err, configFile)
@@ -453,11 +475,13 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
   }
   // set by the handlers above while the start was awaited (TypeScript cannot see that)
   const waiting = reloadWhenStarted as { source: ReloadSource | undefined } | null
-  if (waiting !== null) void gw.reload(waiting.source)
+  if (waiting !== null) applyReload(gw, waiting.source)
   const started = gw
   serveOnStrayRejections(gw.logger)
   if (isWorker()) {
     registerWorkerMetrics(gw.metrics.registry)
+    // before its ready message, so the primary never counts it ready with an unknown generation
+    reportApplied({ serving: startGeneration })
     notifyReady()
     pidFile = undefined // the primary owns the pid file
   }

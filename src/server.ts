@@ -91,7 +91,8 @@ export interface ReloadSource {
   readonly generation: number
 }
 
-export type ReloadResult = { ok: true, generation: number, restartNeeded: readonly string[] } | { ok: false, error: string }
+/** `leaving`: not applied because the gateway is shutting down (nothing wrong with the file). */
+export type ReloadResult = { ok: true, generation: number, restartNeeded: readonly string[] } | { ok: false, error: string, leaving?: true }
 
 /** The outcome of the latest SIGHUP, shown on /config so `gateway reload` can report it. */
 export interface ReloadOutcome {
@@ -103,6 +104,8 @@ export interface ReloadOutcome {
   readonly at: string
   /** Settings of an accepted file that keep their values from the start until a restart. */
   readonly restartNeeded?: readonly string[]
+  /** With `workers: N`: the workers that could not apply an accepted file (they serve the one before). */
+  readonly workersFailed?: ReadonlyArray<{ readonly pid: number | undefined, readonly problems: readonly string[] }>
 }
 
 /**
@@ -759,7 +762,7 @@ export class Gateway {
 
   private async doReload (): Promise<ReloadResult> {
     const state = this.state
-    if (state === null || this.shuttingDown) return { ok: false, error: 'gateway not running' }
+    if (state === null || this.shuttingDown) return { ok: false, error: 'gateway not running', leaving: true }
     const source = this.nextSource
     this.nextSource = null
     let prepared: Awaited<ReturnType<typeof compileRuntime>>
@@ -817,7 +820,7 @@ export class Gateway {
   private async abandonReload (): Promise<ReloadResult> {
     await this.resources.closeAll()
     this.logger.info('reload abandoned: the gateway is shutting down')
-    return { ok: false, error: 'the gateway is shutting down' }
+    return { ok: false, error: 'the gateway is shutting down', leaving: true }
   }
 
   // A renewed certificate is picked up by SIGHUP without a restart. The files were read and

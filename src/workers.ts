@@ -99,6 +99,35 @@ function tlsFilesOf (loaded: LoadedConfig): ConfigGiven['servedTls'] {
   return cert === undefined || key === undefined ? undefined : { cert, key }
 }
 
+/**
+ * A worker tells the primary which generation it serves: once started, and after each config the
+ * primary handed it, applied or not. The primary's reload is pending until every ready worker
+ * serves its generation or has refused it, so `gateway reload` reports a config in force on every
+ * worker, not one still compiling in them.
+ */
+interface AppliedMessage {
+  readonly type: 'gateway:applied'
+  /** The generation the worker serves now (absent after a refusal). */
+  readonly serving?: number
+  /** The primary's generation the worker could not apply, and why. */
+  readonly refused?: { readonly generation: number, readonly problems: readonly string[] }
+  /**
+   * The worker is shutting down (signalled on its own): it will serve no config again, and the
+   * replacement the primary starts gets the current one.
+   */
+  readonly leaving?: true
+}
+
+const isAppliedMessage = (msg: unknown): msg is AppliedMessage =>
+  typeof msg === 'object' && msg !== null && (msg as { type?: unknown }).type === 'gateway:applied'
+
+/** In a worker: reports to the primary what a start or a reload it handed over came to. */
+export function reportApplied (report: Omit<AppliedMessage, 'type'>): void {
+  const msg: AppliedMessage = { type: 'gateway:applied', ...report }
+  // the channel may be closing (shutdown): the primary then counts this worker out anyway
+  process.send?.(msg, undefined, undefined, () => {})
+}
+
 const isConfigAsk = (msg: unknown): msg is ConfigAsk =>
   typeof msg === 'object' && msg !== null && (msg as { type?: unknown }).type === 'gateway:config-ask'
 const isConfigGiven = (msg: unknown): msg is ConfigGiven =>
@@ -337,6 +366,15 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   let checksPending = 0
   // gateway_config_reloads_total on /metrics: the primary's verdicts, one per SIGHUP (reloadsFamily)
   const reloadsCounted = { success: 0, failure: 0 }
+  // by worker id: the generation it serves (AppliedMessage), and its refusal of the current one
+  const servingOf = new Map<number, number>()
+  const refusedBy = new Map<number, { pid: number | undefined, problems: readonly string[] }>()
+  const leaving = new Set<number>()
+  const replaceLastReload = (next: ReloadOutcome): void => {
+    const at = reloadHistory.lastIndexOf(lastReload as ReloadOutcome)
+    if (at >= 0) reloadHistory[at] = next
+    lastReload = next
+  }
   const handOver = (w: Worker, given: ConfigGiven): void => {
     w.send(given, (err: Error | null) => { if (err !== null) logger.warn({ worker: w.process.pid, generation: given.generation, err: err.message }, 'could not hand the accepted config to a worker') })
   }
@@ -363,6 +401,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
         acceptedFiles = next.files ?? {}
         servedTls = tlsFilesOf(next) ?? servedTls
         generation++
+        refusedBy.clear()
         const given: ConfigGiven = { type: 'gateway:config', text, files: acceptedFiles, generation }
         for (const w of Object.values(cluster.workers ?? {})) if (w !== undefined && !w.isDead()) handOver(w, given)
         const restartNeeded = settingsNeedingRestart(options.loaded.config, next.config)
@@ -429,6 +468,8 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   const adminIpc = new WorkerAdminClient(ADMIN_IPC_TIMEOUT_MS)
   const scraped = new ScrapedCounters()
   const readyWorkers = (): Worker[] => [...ready].map(id => cluster.workers?.[id]).filter((w): w is Worker => w !== undefined && !w.isDead())
+  // ready workers still compiling the accepted generation (neither serving nor refusing it)
+  const applying = (): number => readyWorkers().filter(w => (servingOf.get(w.id) ?? 0) < generation && !refusedBy.has(w.id) && !leaving.has(w.id)).length
   // Same paths, methods and token rules as a single process; the answers come from every worker.
   const limitsApi = serveLimitsApi({
     ops: createWorkersLimitsOps(async (op, arg, by) => await adminIpc.ask(readyWorkers(), op, arg, by), () => loaded.config.redis !== undefined, ADMIN_IPC_TIMEOUT_MS),
@@ -455,6 +496,15 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
         healthOfWorkers.delete(w.id)
         healthOfWorkers.set(w.id, msg.health)
         if (msg.routes !== undefined) routesView = msg.routes
+      } else if (isAppliedMessage(msg)) {
+        if (msg.leaving === true) leaving.add(w.id)
+        if (msg.serving !== undefined) servingOf.set(w.id, Math.max(msg.serving, servingOf.get(w.id) ?? 0))
+        // a refusal of a generation since replaced matters no more: the worker has the newer one
+        if (msg.refused !== undefined && msg.refused.generation === generation && lastReload?.ok === true && lastReload.generation === generation) {
+          refusedBy.set(w.id, { pid: w.process.pid, problems: msg.refused.problems })
+          logger.error({ worker: w.process.pid, generation, problems: msg.refused.problems }, 'a worker could not apply the accepted config; it serves the one before')
+          replaceLastReload({ ...lastReload, workersFailed: [...refusedBy.values()] })
+        }
       } else if (isAdminReply(msg)) adminIpc.reply(w, msg)
       else if (isConfigAsk(msg)) {
         // after the SIGHUP being checked, if one is: a worker forked after that check's hand-over
@@ -466,6 +516,9 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   }
   cluster.on('exit', (w, code, signal) => {
     ready.delete(w.id)
+    servingOf.delete(w.id)
+    refusedBy.delete(w.id)
+    leaving.delete(w.id)
     frameAt.delete(w.id)
     warnedSilent.delete(w.id)
     adminIpc.gone(w)
@@ -502,7 +555,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       const shown = redactConfig(loaded.config) as { server: { maxConnections: number | null } }
       // the number each worker took (they inherit the primary's open-file limit), as a single process shows it
       shown.server.maxConnections = loaded.config.server.maxConnections ?? defaultMaxConnections()
-      return json(res, 200, { pid: process.pid, generation, hash: loaded.hash, file: loaded.file, workers, lastReload, reloadPending: checksPending > 0, config: shown })
+      return json(res, 200, { pid: process.pid, generation, hash: loaded.hash, file: loaded.file, workers, lastReload, reloadPending: checksPending > 0 || applying() > 0, config: shown })
     }
     if (path === '/metrics') {
       const asked = readyWorkers()

@@ -3,6 +3,9 @@
 // the file on a signal of its own. Real processes: bin/gateway in workers mode.
 import t from 'tap'
 import { writeFileSync } from 'node:fs'
+import { createServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { gateway } from './helpers/cli.js'
 import { answering, bodies, config, twoWorkers, until } from './helpers/workers.js'
 import { startRedis } from './helpers/redis.js'
 
@@ -89,4 +92,50 @@ routes:
   const got = (await bodies(r.gw.url, 10)).map(b => b.split(' ')[0])
   t.same(got.filter(s => s === '200').length, 4, `the shared budget of 4 holds across both workers (${got.join(' ')})`)
   t.same(got.filter(s => s === '429').length, 6)
+})
+
+t.test('gateway reload returns once every worker serves the new file, not when the primary has checked it', async t => {
+  const a = await answering(t, 'from a')
+  const b = await answering(t, 'from b')
+  const r = await twoWorkers(t, config(a))
+  // routes enough that a worker takes a while to compile the file after the primary's check:
+  // the CLI reported "reloaded" while the workers still served the file before
+  const more = Array.from({ length: 2000 }, (_, i) => `  - { name: r${i}, pathPrefix: /r${i}/, upstream: b }\n`).join('')
+  writeFileSync(r.gw.file, config(b) + more)
+  const run = await gateway(['reload', '-c', r.gw.file, '--pid-file', r.gw.pidFile, '--admin', r.adminUrl.slice('http://'.length), '--timeout', '60'])
+  t.equal(run.code, 0, run.stderr)
+  t.match(run.stdout, /reloaded: generation 1 -> 2/)
+  t.same(await bodies(r.gw.url, 20), new Array(20).fill('200 from b'), 'as the CLI exits, both workers serve the new file')
+})
+
+t.test('a worker draining on a signal of its own does not hold gateway reload; its replacement serves the new file', async t => {
+  const a = await answering(t, 'from a')
+  const b = await answering(t, 'from b')
+  // an upstream that holds its requests, so a signalled worker stays up draining them
+  const held: Array<() => void> = []
+  const slow = createServer((_req, res) => { held.push(() => res.end('slow')) })
+  await new Promise<void>(resolve => slow.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => { for (const release of held) release(); slow.closeAllConnections(); slow.close() })
+  const slowUrl = `http://127.0.0.1:${(slow.address() as AddressInfo).port}`
+  const yaml = (fast: string): string => config(fast).replace('upstreams: { b: { targets: [', `upstreams: { s: { targets: [${slowUrl}] }, b: { targets: [`)
+    .replace('routes:\n', 'routes:\n  - { name: slow, pathPrefix: /slow, upstream: s }\n')
+  const r = await twoWorkers(t, yaml(a))
+  // requests on new connections reach both workers (the primary hands them round-robin)
+  const slowRequests = Array.from({ length: 4 }, async () => await fetch(`${r.gw.url}/slow`, { headers: { connection: 'close' } }).then(res => res.text(), () => ''))
+  await until('four requests held upstream', () => held.length === 4)
+  const victim = r.workerPids()[0] as number
+  process.kill(victim, 'SIGTERM')
+  await r.gw.waitForLog(l => l.pid === victim && l.msg === 'shutting down')
+  writeFileSync(r.gw.file, yaml(b))
+  const run = await gateway(['reload', '-c', r.gw.file, '--pid-file', r.gw.pidFile, '--admin', r.adminUrl.slice('http://'.length), '--timeout', '20'])
+  t.equal(run.code, 0, run.stderr)
+  t.match(run.stdout, /reloaded: generation 1 -> 2/)
+  const alive = (pid: number): boolean => { try { process.kill(pid, 0); return true } catch { return false } }
+  t.ok(alive(victim), 'the signalled worker was still draining when the CLI returned (it waited for no answer of it)')
+  for (const release of held.splice(0)) release()
+  t.same(await Promise.all(slowRequests), ['slow', 'slow', 'slow', 'slow'], 'the drained requests were answered')
+  await r.gw.waitForLog(l => l.msg === 'worker exited; starting a new one' && l.worker === victim)
+  await until('the replacement started', () => r.workerPids().length === 3)
+  await until('/readyz ready again', async () => (await fetch(`${r.adminUrl}/readyz`)).status === 200)
+  t.same(await bodies(r.gw.url, 20), new Array(20).fill('200 from b'), 'the replacement serves the file the primary accepted')
 })
