@@ -11,6 +11,7 @@ import type { LogLevel } from './log.js'
 import { explain } from './explain.js'
 import { LIMITS_HELP, limitsCommand } from './cli-limits.js'
 import { adminClientUrl } from './admin/client-url.js'
+import { holdEarlySignals } from './start-signals.js'
 import { acceptedConfig, followPrimaryReloads, isWorker, withNamedFiles, notifyReady, registerWorkerMetrics, reportApplied, runPrimary } from './workers.js'
 import { createLogDestination, createLogger } from './log.js'
 import { notTheGateway } from './pid-file.js'
@@ -396,6 +397,8 @@ function applyReload (gw: Gateway, source: ReloadSource | undefined): void {
 }
 
 async function start (configFile: string, logLevel: LogLevel | undefined, pidFile: string | undefined): Promise<number> {
+  // a worker keeps the defaults until its own handlers below: its primary signals it
+  const early = isWorker() ? null : holdEarlySignals()
   if (!isWorker()) {
     let loaded
     try {
@@ -403,6 +406,8 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
     } catch (err) {
       return reportConfigError(err)
     }
+    // stopped while the file was read: nothing was opened, nothing is started
+    if (early?.stop != null) return 0
     const workers = loaded.config.workers
     if (workers > 1) {
       // every check a worker makes, before a single one is forked: a file each worker would refuse is one
@@ -413,12 +418,13 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
       } catch (err) {
         return reportConfigError(err, configFile)
       }
+      if (early?.stop != null) return 0
       if (pidFile !== undefined && !writePidFile(pidFile)) return EXIT_INVALID
       // the primary shares stdout with its workers (src/log-sink.ts, sharedFd)
       const logger = createLogger(logLevel ?? loaded.config.log.level, createLogDestination(1, { sharedFd: true }))
       serveOnStrayRejections(logger)
       try {
-        return await runPrimary({ configFile, loaded, workers, workerArgs: process.argv.slice(2), logger, logLevelFromFile: logLevel === undefined })
+        return await runPrimary({ configFile, loaded, workers, workerArgs: process.argv.slice(2), logger, logLevelFromFile: logLevel === undefined, early })
       } finally {
         if (pidFile !== undefined) rmSync(pidFile, { force: true })
       }
@@ -438,6 +444,8 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
     if (!isWorker()) reload()
     else gw?.logger.info({ primary: process.ppid }, 'SIGHUP ignored: a worker reloads with the config its primary checked; signal the primary')
   })
+  // one that came while the file was first read: the file may have changed since
+  if (early?.takeReload() === true) reload()
   // SIGTERM and SIGINT during the start are held likewise and stop the gateway once started. With
   // no handler yet, PID 1 (the Dockerfile's exec form) does not die of them: the kernel dropped the
   // signal, `docker stop` during a start (a Redis that does not answer holds it 2 s) waited for its
@@ -456,6 +464,8 @@ async function start (configFile: string, logLevel: LogLevel | undefined, pidFil
     process.on('SIGINT', () => onStop('SIGINT'))
   }
   if (!isWorker()) listenForStop()
+  const stoppedEarly = early?.takeStop() ?? null
+  if (stoppedEarly !== null) return 0
   // the generation a worker starts with: its primary's number (1 for a single process)
   let startGeneration: number
   try {

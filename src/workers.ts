@@ -18,6 +18,7 @@ import { handleDashboard, type RouteView } from './admin/dashboard.js'
 import { LiveFeed } from './admin/live-feed.js'
 import { configServerSettings, createShieldedAdminServer } from './admin/admin-shield.js'
 import type { LiveFrame } from './admin/live-stats.js'
+import type { EarlySignals } from './start-signals.js'
 import type { Logger } from './log.js'
 import { RELOAD_HISTORY, isLoopback, restartNeededMessage, settingsNeedingRestart, splitHostPort, type GatewayOptions, type ReloadOutcome, type ReloadSource } from './server.js'
 import { adminListen, adminReadToken, adminToken, type ResolvedConfig } from './config/defaults.js'
@@ -341,6 +342,8 @@ interface PrimaryOptions {
   readonly logger: Logger
   /** No --log-level was given: a reload applies the file's log.level. */
   readonly logLevelFromFile: boolean
+  /** The signals held while the start read the file, let go as the primary's handlers are installed. */
+  readonly early?: EarlySignals | null
 }
 
 /** Runs the primary until SIGTERM/SIGINT; resolves with the exit code. */
@@ -382,7 +385,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   // signals that came during its reload into one, so after a burst their generation numbers fell
   // behind the primary's. The primary reads and checks the file once per SIGHUP and hands an
   // accepted text to every worker with its generation; a rejected one reaches no worker.
-  process.on('SIGHUP', () => {
+  const onSighup = (): void => {
     checksPending++
     checking = checking.then(async () => {
       let outcome: Pick<ReloadOutcome, 'ok' | 'problems' | 'restartNeeded'>
@@ -420,7 +423,10 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       if (reloadHistory.length > RELOAD_HISTORY) reloadHistory.shift()
       checksPending--
     })
-  })
+  }
+  process.on('SIGHUP', onSighup)
+  // one that came while the start read the file: the file may have changed since
+  if (options.early?.takeReload() === true) onSighup()
   const ready = new Set<number>()
   // when each worker's last live frame came; a ready worker silent for WORKER_SILENT_MS is not answering
   const frameAt = new Map<number, number>()
@@ -610,6 +616,8 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     // with Node's default action while its workers drain
     process.on('SIGTERM', () => stop('SIGTERM'))
     process.on('SIGINT', () => stop('SIGINT'))
+    const stoppedEarly = options.early?.takeStop() ?? null
+    if (stoppedEarly !== null) stop(stoppedEarly)
   })
 }
 
