@@ -393,6 +393,10 @@ function applyReload (gw: Gateway, source: ReloadSource | undefined): void {
     if (result.ok) reportApplied({ serving: result.generation })
     else if (result.leaving === true) reportApplied({ leaving: true })
     else reportApplied({ refused: { generation: source.generation, problems: result.error.split('\n') } })
+  }, (err: unknown) => {
+    // a bug, not the file: still an answer, or the primary would count this worker applying for good
+    gw.logger.error({ err: (err as Error).message }, 'reload failed')
+    if (isWorker() && source !== undefined) reportApplied({ refused: { generation: source.generation, problems: [(err as Error).message] } })
   })
 }
 

@@ -12,6 +12,7 @@
 import { readFileSync } from 'node:fs'
 import { createSecureContext } from 'node:tls'
 import { X509Certificate } from 'node:crypto'
+import { readFailure } from './config/read-bounded.js'
 import { ConfigError, fileReader, type ConfigProblem, type KeyPath, type LoadedConfig } from './config/load.js'
 import type { ResolvedConfig, ResolvedHealthCheck, ResolvedLimit, ResolvedRoute, ResolvedUpstream } from './config/defaults.js'
 import { limitStateOf } from './config/defaults.js'
@@ -445,8 +446,8 @@ async function readConfigFile (problems: Problems, path: KeyPath, file: string, 
     } catch (err) {
       // A key pasted where its file's path goes ("${TLS_KEY}") is no path: never quoted
       if (/-----BEGIN|[\r\n]/.test(file)) throw new Error('expected the path of a PEM file, not its text (which is not quoted here): write the text to a file and give its path', { cause: err })
-      const code = (err as NodeJS.ErrnoException).code
-      throw new Error(code === 'ENOENT' ? `file not found: ${file}` : `cannot read ${file}: ${(err as Error).message}`, { cause: err })
+      const reason = readFailure(err)
+      throw new Error(reason === 'file not found' ? `file not found: ${file}` : `cannot read ${file}: ${reason}`, { cause: err })
     }
   })
 }

@@ -373,10 +373,14 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   const servingOf = new Map<number, number>()
   const refusedBy = new Map<number, { pid: number | undefined, problems: readonly string[] }>()
   const leaving = new Set<number>()
-  const replaceLastReload = (next: ReloadOutcome): void => {
-    const at = reloadHistory.lastIndexOf(lastReload as ReloadOutcome)
-    if (at >= 0) reloadHistory[at] = next
-    lastReload = next
+  // on the verdict that accepted the generation in force, though a rejected file came after it
+  const markWorkersFailed = (failed: NonNullable<ReloadOutcome['workersFailed']>): void => {
+    const at = reloadHistory.findLastIndex(r => r.ok && r.generation === generation)
+    const accepted = reloadHistory[at]
+    if (accepted === undefined) return
+    const next = { ...accepted, workersFailed: failed }
+    reloadHistory[at] = next
+    if (lastReload === accepted) lastReload = next
   }
   const handOver = (w: Worker, given: ConfigGiven): void => {
     w.send(given, (err: Error | null) => { if (err !== null) logger.warn({ worker: w.process.pid, generation: given.generation, err: err.message }, 'could not hand the accepted config to a worker') })
@@ -504,12 +508,18 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
         if (msg.routes !== undefined) routesView = msg.routes
       } else if (isAppliedMessage(msg)) {
         if (msg.leaving === true) leaving.add(w.id)
-        if (msg.serving !== undefined) servingOf.set(w.id, Math.max(msg.serving, servingOf.get(w.id) ?? 0))
+        if (msg.serving !== undefined) {
+          servingOf.set(w.id, Math.max(msg.serving, servingOf.get(w.id) ?? 0))
+          // Behind: a hand-over that came while it started was not listened for yet (acceptedConfig
+          // parses before followPrimaryReloads), or it started without the primary's text. Given
+          // again; one it already has is skipped (followPrimaryReloads).
+          if (msg.serving < generation && !w.isDead()) handOver(w, { type: 'gateway:config', text: acceptedText, files: acceptedFiles, generation })
+        }
         // a refusal of a generation since replaced matters no more: the worker has the newer one
-        if (msg.refused !== undefined && msg.refused.generation === generation && lastReload?.ok === true && lastReload.generation === generation) {
+        if (msg.refused !== undefined && msg.refused.generation === generation) {
           refusedBy.set(w.id, { pid: w.process.pid, problems: msg.refused.problems })
           logger.error({ worker: w.process.pid, generation, problems: msg.refused.problems }, 'a worker could not apply the accepted config; it serves the one before')
-          replaceLastReload({ ...lastReload, workersFailed: [...refusedBy.values()] })
+          markWorkersFailed([...refusedBy.values()])
         }
       } else if (isAdminReply(msg)) adminIpc.reply(w, msg)
       else if (isConfigAsk(msg)) {
@@ -595,6 +605,13 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   const adminPort = (admin.address() as { port: number }).port
   // Forked once the admin listener is bound: a taken admin port fails the start (exit 1) before
   // a worker serves, instead of leaving workers that no signal handler would drain.
+  // a SIGTERM or SIGINT while the admin listener was being bound: nothing is forked
+  if (options.early?.stop != null) {
+    admin.close()
+    feed.stop()
+    clearInterval(silenceWatch)
+    return 0
+  }
   for (let i = 0; i < workers; i++) fork()
   if (!isLoopback(host)) warnOpenAdmin(logger, adminAddress, loaded.config)
   logger.info({ workers, adminPort, primary: process.pid }, 'gateway primary started')

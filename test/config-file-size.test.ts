@@ -56,3 +56,26 @@ routes:
   t.ok(err instanceof ConfigError, 'refused with a ConfigError')
   t.match((err as Error).message, new RegExp(`${keyFile.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}:0:0: ${TOO_LARGE.source}`))
 })
+
+t.test('a directory where a file goes is named as such, for the config, the key file and a TLS file', async t => {
+  const dir = tempDir(t, 'gw-dir')
+  const run = await gateway(['validate', '-c', dir])
+  t.equal(run.code, 1)
+  // node's own words were "EISDIR: illegal operation on a directory, read"
+  t.equal(run.stderr, `${dir}:0:0: is a directory, not a file\n`)
+  const yaml = (extra: string): string => `listen: 127.0.0.1:0
+${extra}
+upstreams: { b: { targets: [http://127.0.0.1:1] } }
+routes:
+  - { name: a, pathPrefix: /, upstream: b }
+`
+  const file = join(tempDir(t, 'gw-dir-config'), 'gateway.yaml')
+  writeFileSync(file, yaml(`identity: { apiKeys: { header: x-api-key, file: ${dir} } }`))
+  const keys = await gateway(['validate', '-c', file])
+  t.equal(keys.code, 1)
+  t.match(keys.stderr, `${dir}:0:0: is a directory, not a file`)
+  writeFileSync(file, yaml(`tls: { cert: ${dir}, key: ${dir} }`))
+  const tls = await gateway(['validate', '-c', file])
+  t.equal(tls.code, 1)
+  t.match(tls.stderr, `tls.cert: cannot read ${dir}: is a directory, not a file`)
+})

@@ -5,7 +5,7 @@
 import t from 'tap'
 import { spawn } from 'node:child_process'
 import { execFileSync } from 'node:child_process'
-import { closeSync, constants as fsConstants, openSync, readdirSync, readlinkSync, writeSync } from 'node:fs'
+import { closeSync, constants as fsConstants, openSync, readdirSync, readlinkSync, realpathSync, writeSync } from 'node:fs'
 import { join } from 'node:path'
 import { childEnv } from './helpers/gateway.js'
 import { tempDir, type Teardown } from './helpers/teardown.js'
@@ -33,6 +33,8 @@ interface FifoGateway {
 function spawnOnFifo (t: Teardown): FifoGateway {
   const fifo = join(tempDir(t, 'gw-fifo'), 'gateway.yaml')
   execFileSync('mkfifo', [fifo])
+  // /proc names the FIFO by its real path
+  const real = realpathSync(fifo)
   const child = spawn(process.execPath, ['bin/gateway', 'start', '-c', fifo], { stdio: ['ignore', 'pipe', 'pipe'], env: childEnv() })
   const exited = new Promise<{ code: number | null, signal: NodeJS.Signals | null }>(resolve => child.once('exit', (code, signal) => resolve({ code, signal })))
   t.teardown(async () => {
@@ -56,7 +58,7 @@ function spawnOnFifo (t: Teardown): FifoGateway {
   const gone = (): boolean => child.exitCode !== null || child.signalCode !== null
   const holdsFifo = (): boolean => {
     try {
-      return readdirSync(`/proc/${pid}/fd`).some(fd => { try { return readlinkSync(`/proc/${pid}/fd/${fd}`) === fifo } catch { return false } })
+      return readdirSync(`/proc/${pid}/fd`).some(fd => { try { return readlinkSync(`/proc/${pid}/fd/${fd}`) === real } catch { return false } })
     } catch {
       return false
     }
@@ -144,4 +146,19 @@ t.test('a SIGTERM while the start reads its file ends the start: exit 0, nothing
   await deliver(gw, fd as number, yaml(a, 1))
   t.same(await gw.exited, { code: 0, signal: null }, 'it ends with 0 once the read is done')
   t.notOk(gw.logs.some(l => l.msg === 'gateway started'), 'without having started')
+})
+
+t.test('workers: 2: a SIGTERM while the primary reads its file again ends the start before any worker is forked', async t => {
+  const a = await answering(t, 'from a')
+  const gw = spawnOnFifo(t)
+  const first = await gw.reader()
+  await deliver(gw, first as number, yaml(a, 2))
+  // the primary reads the file once more for the text it hands its workers
+  const second = await gw.reader()
+  t.not(second, null, 'the primary reads its file again')
+  process.kill(gw.pid, 'SIGTERM')
+  await new Promise(resolve => setTimeout(resolve, 500))
+  await deliver(gw, second as number, yaml(a, 2))
+  t.same(await gw.exited, { code: 0, signal: null }, 'it ends with 0')
+  t.notOk(gw.logs.some(l => l.msg === 'gateway primary started' || l.msg === 'gateway started'), 'no worker was forked, nothing served')
 })

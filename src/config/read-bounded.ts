@@ -33,3 +33,16 @@ export async function readFileBounded (path: string, maxBytes = MAX_CONFIG_FILE_
     await handle.close()
   }
 }
+
+/**
+ * Why a file of the config could not be read, in an operator's words: node's own text for a
+ * directory read "EISDIR: illegal operation on a directory, read".
+ */
+export function readFailure (err: unknown): string {
+  switch ((err as NodeJS.ErrnoException).code) {
+    case 'ENOENT': return 'file not found'
+    case 'EISDIR': return 'is a directory, not a file'
+    case 'EACCES': return `permission denied (the gateway runs as uid ${process.getuid?.() ?? '?'})`
+    default: return (err as Error).message
+  }
+}
