@@ -248,6 +248,8 @@ interface ReloadView {
   readonly lastReload: { attempt: number, ok: boolean, generation: number, problems: string[], restartNeeded?: string[], workersFailed?: Array<{ pid?: number, problems: string[] }> } | null
   /** A reload running or queued, or (workers: N) a worker still applying it (absent from a gateway older than the field). */
   readonly reloadPending?: boolean
+  /** workers: N: the ready workers that do not serve the accepted generation yet. */
+  readonly workersApplying?: Array<number | null>
 }
 
 async function readReloadView (adminUrl: string, token: string | undefined): Promise<ReloadView> {
@@ -335,6 +337,7 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
   }
   const attemptBefore = before.lastReload?.attempt ?? 0
   const deadline = Date.now() + timeoutMs
+  let seen: ReloadView | null = null
   while (Date.now() < deadline) {
     await new Promise(resolve => setTimeout(resolve, 100))
     let view: ReloadView
@@ -343,6 +346,7 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
     } catch {
       continue
     }
+    seen = view
     const last = view.lastReload
     // A reload already running when the signal came is followed by one more that reads the file
     // again: the verdict of the first one is not this file's.
@@ -367,6 +371,13 @@ async function reload (configFile: string, pidFile: string | undefined, adminOpt
     }
     process.stderr.write(`gateway reload: the running gateway rejected ${configFile}; generation ${last.generation} keeps serving:\n${last.problems.join('\n')}\n`)
     return EXIT_INVALID
+  }
+  // accepted, but a worker never answered with it (stopped, its event loop blocked, compiling on)
+  const accepted = seen?.lastReload
+  const behind = seen?.workersApplying ?? []
+  if (accepted != null && accepted.attempt > attemptBefore && accepted.ok && behind.length > 0) {
+    process.stderr.write(`gateway reload: generation ${accepted.generation} was accepted, but worker ${behind.map(p => p ?? '?').join(', ')} has not applied it within ${timeoutMs / 1000} s (still compiling, or not answering: see /readyz); the others serve it\n`)
+    return EXIT_NO_VERDICT
   }
   process.stderr.write(`gateway reload: sent SIGHUP to ${pid}, no verdict on ${adminUrl} within ${timeoutMs / 1000} s\n`)
   return EXIT_NO_VERDICT

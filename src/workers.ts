@@ -479,7 +479,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
   const scraped = new ScrapedCounters()
   const readyWorkers = (): Worker[] => [...ready].map(id => cluster.workers?.[id]).filter((w): w is Worker => w !== undefined && !w.isDead())
   // ready workers still compiling the accepted generation (neither serving nor refusing it)
-  const applying = (): number => readyWorkers().filter(w => (servingOf.get(w.id) ?? 0) < generation && !refusedBy.has(w.id) && !leaving.has(w.id)).length
+  const applying = (): Worker[] => readyWorkers().filter(w => (servingOf.get(w.id) ?? 0) < generation && !refusedBy.has(w.id) && !leaving.has(w.id))
   // Same paths, methods and token rules as a single process; the answers come from every worker.
   const limitsApi = serveLimitsApi({
     ops: createWorkersLimitsOps(async (op, arg, by) => await adminIpc.ask(readyWorkers(), op, arg, by), () => loaded.config.redis !== undefined, ADMIN_IPC_TIMEOUT_MS),
@@ -571,7 +571,8 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       const shown = redactConfig(loaded.config) as { server: { maxConnections: number | null } }
       // the number each worker took (they inherit the primary's open-file limit), as a single process shows it
       shown.server.maxConnections = loaded.config.server.maxConnections ?? defaultMaxConnections()
-      return json(res, 200, { pid: process.pid, generation, hash: loaded.hash, file: loaded.file, workers, lastReload, reloadPending: checksPending > 0 || applying() > 0, config: shown })
+      const behind = applying().map(w => w.process.pid)
+      return json(res, 200, { pid: process.pid, generation, hash: loaded.hash, file: loaded.file, workers, lastReload, reloadPending: checksPending > 0 || behind.length > 0, workersApplying: behind, config: shown })
     }
     if (path === '/metrics') {
       const asked = readyWorkers()

@@ -139,3 +139,22 @@ t.test('a worker draining on a signal of its own does not hold gateway reload; i
   await until('/readyz ready again', async () => (await fetch(`${r.adminUrl}/readyz`)).status === 200)
   t.same(await bodies(r.gw.url, 20), new Array(20).fill('200 from b'), 'the replacement serves the file the primary accepted')
 })
+
+t.test('a worker that does not answer: gateway reload names it after --timeout (exit 4); once it answers it serves the accepted file', async t => {
+  const a = await answering(t, 'from a')
+  const b = await answering(t, 'from b')
+  const r = await twoWorkers(t, config(a))
+  const [victim] = r.workerPids()
+  if (victim === undefined) throw new Error('no worker')
+  process.kill(victim, 'SIGSTOP')
+  t.teardown(() => { try { process.kill(victim, 'SIGCONT') } catch { /* gone */ } })
+  writeFileSync(r.gw.file, config(b))
+  const run = await gateway(['reload', '-c', r.gw.file, '--pid-file', r.gw.pidFile, '--admin', r.adminUrl.slice('http://'.length), '--timeout', '3'])
+  t.equal(run.code, 4, 'no verdict')
+  t.equal(run.stderr, `gateway reload: generation 2 was accepted, but worker ${victim} has not applied it within 3 s (still compiling, or not answering: see /readyz); the others serve it\n`)
+  const during = await (await fetch(`${r.adminUrl}/config`)).json() as { reloadPending: boolean, workersApplying: number[] }
+  t.same([during.reloadPending, during.workersApplying], [true, [victim]], '/config says which worker is behind')
+  process.kill(victim, 'SIGCONT')
+  await until('the worker applied it', async () => !((await (await fetch(`${r.adminUrl}/config`)).json()) as { reloadPending: boolean }).reloadPending)
+  t.same(await bodies(r.gw.url, 20), new Array(20).fill('200 from b'), 'both workers serve the accepted file')
+})
