@@ -116,13 +116,16 @@ const API_KEY_SHOWN = '<an API key>'
  */
 /**
  * Whether what is written at `path` is a secret (/config hides it, src/admin/redact.ts): a key
- * named as one (`token`, `password`, `secret`, `key`...), a header a route sets, or the inline API
- * keys (a key of that map is the path's end).
+ * named as one (`token`, `password`, `secret`, `key`...), a header a route sets or matches, or the
+ * inline API keys (a key of that map is the path's end).
  */
 function secretAt (path: KeyPath): boolean {
   if (path[0] === 'identity' && path[1] === 'apiKeys' && path[2] === 'keys') return true
   const set = path.indexOf('set')
   if (set > 0 && (path[set - 1] === 'request' || path[set - 1] === 'response')) return true
+  // a route matching a header's value may match a shared secret (x-internal-auth: ...)
+  const matched = path.indexOf('matchHeaders')
+  if (matched >= 0 && matched < path.length - 1) return true
   const last = path.findLast((segment): segment is string => typeof segment === 'string')
   return last !== undefined && isSecretKey(last)
 }
