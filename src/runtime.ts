@@ -12,7 +12,7 @@
 import { readFileSync } from 'node:fs'
 import { createSecureContext } from 'node:tls'
 import { X509Certificate } from 'node:crypto'
-import { readFailure } from './config/read-bounded.js'
+import { readFailure } from './read-bounded.js'
 import { ConfigError, fileReader, type ConfigProblem, type KeyPath, type LoadedConfig } from './config/load.js'
 import type { ResolvedConfig, ResolvedHealthCheck, ResolvedLimit, ResolvedRoute, ResolvedUpstream } from './config/defaults.js'
 import { limitStateOf } from './config/defaults.js'

@@ -4,7 +4,7 @@
 // all workers (prom-client AggregatorRegistry) and the admin API answered by every worker over
 // IPC (src/admin/limits-over-workers.ts).
 import cluster, { type Worker } from 'node:cluster'
-import { readFileBounded } from './config/read-bounded.js'
+import { readFileBounded } from './read-bounded.js'
 import { createHash } from 'node:crypto'
 import { AggregatorRegistry } from 'prom-client'
 import { ConfigError, hasSharedLimits, loadConfigFile, loadConfigText, namedFiles, readNamedFiles, reloadProblems, type LoadedConfig, type NamedFiles } from './config/load.js'

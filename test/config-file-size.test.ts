@@ -1,4 +1,4 @@
-// Every file the config reads is bounded (src/config/read-bounded.ts): `-c /dev/zero` held 650 MB
+// Every file the config reads is bounded (src/read-bounded.ts): `-c /dev/zero` held 650 MB
 // before failing, and a SIGHUP onto a huge file would have taken as much in the serving process.
 import t from 'tap'
 import { truncateSync, writeFileSync } from 'node:fs'
@@ -7,7 +7,7 @@ import { spawnGateway, startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { gateway, oneRoute } from './helpers/cli.js'
 import { ConfigError } from '../src/config/load.js'
-import { MAX_CONFIG_FILE_BYTES, readFileBounded } from '../src/config/read-bounded.js'
+import { MAX_CONFIG_FILE_BYTES, readFileBounded } from '../src/read-bounded.js'
 import { tempDir } from './helpers/teardown.js'
 
 const TOO_LARGE = /larger than 64 MiB, the most a file of the config may hold/

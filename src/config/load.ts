@@ -2,7 +2,7 @@
 //   gateway.yaml:14:7 routes[1].upstream: unknown upstream "backend2"
 // The YAML document keeps node positions, so zod issues (which carry a key path) and our own
 // cross-reference checks can both be pointed back at the text.
-import { readFailure, readFileBounded } from './read-bounded.js'
+import { readFailure, readFileBounded } from '../read-bounded.js'
 import { createHash } from 'node:crypto'
 import { LineCounter, parseDocument, visit, isAlias, isCollection, isMap, isPair, isSeq, isScalar, type Alias, type Document, type Node as YamlNode } from 'yaml'
 import { dirname, resolve } from 'node:path'

@@ -1,7 +1,7 @@
 // `identity.apiKeys.file`: more "key: consumer" lines kept outside gateway.yaml (so keys can be
 // rotated without touching the config, and kept with tighter permissions). Read when the runtime is
 // compiled, so SIGHUP re-reads it; a bad file is a located error and the running config keeps serving.
-import { readFailure, readFileBounded } from '../config/read-bounded.js'
+import { readFailure, readFileBounded } from '../read-bounded.js'
 import { LineCounter, parseDocument, isMap, isScalar } from 'yaml'
 import { MAX_USER_LENGTH, type ConsumerDirectory } from './identity.js'
 import { misreadScalar, repeatedKeyMessage, repeatedKeys, unknownTag } from './yaml-scalars.js'
