@@ -382,6 +382,8 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     reloadHistory[at] = next
     if (lastReload === accepted) lastReload = next
   }
+  // the accepted config as a running worker takes it (a starting one gets more: the config-ask below)
+  const inForce = (): ConfigGiven => ({ type: 'gateway:config', text: acceptedText, files: acceptedFiles, generation })
   const handOver = (w: Worker, given: ConfigGiven): void => {
     w.send(given, (err: Error | null) => { if (err !== null) logger.warn({ worker: w.process.pid, generation: given.generation, err: err.message }, 'could not hand the accepted config to a worker') })
   }
@@ -409,7 +411,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
         servedTls = tlsFilesOf(next) ?? servedTls
         generation++
         refusedBy.clear()
-        const given: ConfigGiven = { type: 'gateway:config', text, files: acceptedFiles, generation }
+        const given = inForce()
         for (const w of Object.values(cluster.workers ?? {})) if (w !== undefined && !w.isDead()) handOver(w, given)
         const restartNeeded = settingsNeedingRestart(options.loaded.config, next.config)
         if (restartNeeded.length > 0) logger.warn({ settings: restartNeeded }, restartNeededMessage(restartNeeded))
@@ -513,7 +515,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
           // Behind: a hand-over that came while it started was not listened for yet (acceptedConfig
           // parses before followPrimaryReloads), or it started without the primary's text. Given
           // again; one it already has is skipped (followPrimaryReloads).
-          if (msg.serving < generation && !w.isDead()) handOver(w, { type: 'gateway:config', text: acceptedText, files: acceptedFiles, generation })
+          if (msg.serving < generation && !w.isDead()) handOver(w, inForce())
         }
         // a refusal of a generation since replaced matters no more: the worker has the newer one
         if (msg.refused !== undefined && msg.refused.generation === generation) {
@@ -525,7 +527,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       else if (isConfigAsk(msg)) {
         // after the SIGHUP being checked, if one is: a worker forked after that check's hand-over
         // would not get it, and must start with its verdict
-        void checking.then(() => { if (!w.isDead()) handOver(w, { type: 'gateway:config', text: acceptedText, files: acceptedFiles, generation, startedWith: options.loaded.config, ...(servedTls !== undefined ? { servedTls } : {}) }) })
+        void checking.then(() => { if (!w.isDead()) handOver(w, { ...inForce(), startedWith: options.loaded.config, ...(servedTls !== undefined ? { servedTls } : {}) }) })
       }
     })
     return w

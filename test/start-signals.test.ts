@@ -2,7 +2,7 @@
 // config is a FIFO the test writes into only once the gateway is reading it, so the signal lands
 // in that read whatever the machine's speed. SIGHUP there ended the process (no handler yet);
 // SIGTERM to PID 1 was dropped and the gateway went on to serve.
-import t from 'tap'
+import t, { type Test } from 'tap'
 import { spawn } from 'node:child_process'
 import { execFileSync } from 'node:child_process'
 import { closeSync, constants as fsConstants, openSync, readdirSync, readlinkSync, realpathSync, writeSync } from 'node:fs'
@@ -91,6 +91,24 @@ function feed (t: Teardown, gw: FifoGateway, text: (n: number) => string): void 
 const tick = async (): Promise<void> => { await new Promise(resolve => setTimeout(resolve, 10)) }
 
 /**
+ * Waits until the gateway reads its FIFO (`reading` says which read), sends `signal` then, and
+ * gives a loaded machine half a second to act on it: a signal is handled (or not) in the turn it
+ * arrives. Returns the write end, for the text that ends the read.
+ */
+async function signalWhileReading (t: Test, gw: FifoGateway, signal: NodeJS.Signals, reading: string): Promise<number> {
+  const fd = await gw.reader()
+  t.not(fd, null, reading)
+  process.kill(gw.pid, signal)
+  await new Promise(resolve => setTimeout(resolve, 500))
+  return fd as number
+}
+
+/** Whether the gateway is still running (it has not exited by now). */
+async function running (gw: FifoGateway): Promise<boolean> {
+  return await Promise.race([gw.exited.then(() => false), new Promise<boolean>(resolve => setTimeout(() => resolve(true), 1))])
+}
+
+/**
  * Writes `text` as one whole read: the write end stays open until the gateway's read end is open
  * (it cannot reach the end of the file before), and the next open waits until it let go, so two
  * texts never run into one read.
@@ -109,14 +127,9 @@ for (const workers of [1, 2]) {
     const a = await answering(t, 'from a')
     const b = await answering(t, 'from b')
     const gw = spawnOnFifo(t)
-    const fd = await gw.reader()
-    t.not(fd, null, 'the gateway reads its file')
-    process.kill(gw.pid, 'SIGHUP')
-    // the signal is handled (or not) within the same turn it arrives; give a loaded machine time
-    await new Promise(resolve => setTimeout(resolve, 500))
-    const exitedEarly = await Promise.race([gw.exited, new Promise(resolve => setTimeout(() => resolve(null), 1))])
-    t.equal(exitedEarly, null, 'the gateway is still running after the SIGHUP')
-    await deliver(gw, fd as number, yaml(a, workers))
+    const fd = await signalWhileReading(t, gw, 'SIGHUP', 'the gateway reads its file')
+    t.equal(await running(gw), true, 'the gateway is still running after the SIGHUP')
+    await deliver(gw, fd, yaml(a, workers))
     // the start reads the file once more (Gateway.start; the primary keeping its text), then
     // the held SIGHUP's reload reads it: that one gets file b
     const startedMsg = workers === 1 ? 'gateway started' : 'gateway primary started'
@@ -137,13 +150,9 @@ for (const workers of [1, 2]) {
 t.test('a SIGTERM while the start reads its file ends the start: exit 0, nothing served', async t => {
   const a = await answering(t, 'from a')
   const gw = spawnOnFifo(t)
-  const fd = await gw.reader()
-  t.not(fd, null, 'the gateway reads its file')
-  process.kill(gw.pid, 'SIGTERM')
-  await new Promise(resolve => setTimeout(resolve, 500))
-  const exitedEarly = await Promise.race([gw.exited, new Promise(resolve => setTimeout(() => resolve(null), 1))])
-  t.equal(exitedEarly, null, 'not ended by the signal itself (as PID 1 it would not be)')
-  await deliver(gw, fd as number, yaml(a, 1))
+  const fd = await signalWhileReading(t, gw, 'SIGTERM', 'the gateway reads its file')
+  t.equal(await running(gw), true, 'not ended by the signal itself (as PID 1 it would not be)')
+  await deliver(gw, fd, yaml(a, 1))
   t.same(await gw.exited, { code: 0, signal: null }, 'it ends with 0 once the read is done')
   t.notOk(gw.logs.some(l => l.msg === 'gateway started'), 'without having started')
 })
@@ -154,11 +163,8 @@ t.test('workers: 2: a SIGTERM while the primary reads its file again ends the st
   const first = await gw.reader()
   await deliver(gw, first as number, yaml(a, 2))
   // the primary reads the file once more for the text it hands its workers
-  const second = await gw.reader()
-  t.not(second, null, 'the primary reads its file again')
-  process.kill(gw.pid, 'SIGTERM')
-  await new Promise(resolve => setTimeout(resolve, 500))
-  await deliver(gw, second as number, yaml(a, 2))
+  const second = await signalWhileReading(t, gw, 'SIGTERM', 'the primary reads its file again')
+  await deliver(gw, second, yaml(a, 2))
   t.same(await gw.exited, { code: 0, signal: null }, 'it ends with 0')
   t.notOk(gw.logs.some(l => l.msg === 'gateway primary started' || l.msg === 'gateway started'), 'no worker was forked, nothing served')
 })
