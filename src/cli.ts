@@ -399,15 +399,17 @@ function writePidFile (pidFile: string): boolean {
  * primary what came of it: `gateway reload` waits for every worker's answer.
  */
 function applyReload (gw: Gateway, source: ReloadSource | undefined): void {
+  const fromPrimary = isWorker() && source !== undefined
+  const refuse = (problems: string[]): void => { if (fromPrimary) reportApplied({ refused: { generation: source.generation, problems } }) }
   void gw.reload(source).then(result => {
-    if (!isWorker() || source === undefined) return
+    if (!fromPrimary) return
     if (result.ok) reportApplied({ serving: result.generation })
     else if (result.leaving === true) reportApplied({ leaving: true })
-    else reportApplied({ refused: { generation: source.generation, problems: result.error.split('\n') } })
+    else refuse(result.error.split('\n'))
   }, (err: unknown) => {
     // a bug, not the file: still an answer, or the primary would count this worker applying for good
     gw.logger.error({ err: (err as Error).message }, 'reload failed')
-    if (isWorker() && source !== undefined) reportApplied({ refused: { generation: source.generation, problems: [(err as Error).message] } })
+    refuse([(err as Error).message])
   })
 }
 

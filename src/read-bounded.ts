@@ -34,6 +34,9 @@ export async function readFileBounded (path: string, maxBytes = MAX_CONFIG_FILE_
   }
 }
 
+/** The file is not there (ENOENT): each reader words that in its own terms. */
+export const notFound = (err: unknown): boolean => (err as NodeJS.ErrnoException).code === 'ENOENT'
+
 /**
  * Why a file of the config could not be read, in an operator's words: node's own text for a
  * directory read "EISDIR: illegal operation on a directory, read".

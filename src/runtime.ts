@@ -12,7 +12,7 @@
 import { readFileSync } from 'node:fs'
 import { createSecureContext } from 'node:tls'
 import { X509Certificate } from 'node:crypto'
-import { readFailure } from './read-bounded.js'
+import { notFound, readFailure } from './read-bounded.js'
 import { ConfigError, fileReader, type ConfigProblem, type KeyPath, type LoadedConfig } from './config/load.js'
 import type { ResolvedConfig, ResolvedHealthCheck, ResolvedLimit, ResolvedRoute, ResolvedUpstream } from './config/defaults.js'
 import { limitStateOf } from './config/defaults.js'
@@ -43,9 +43,6 @@ import { ResourceCache } from './runtime-resources.js'
 import { NOOP_TELEMETRY, type Telemetry } from './telemetry.js'
 import { compileQueryRedactor, createLogger } from './log.js'
 import type { RequestTracer } from './tracing.js'
-
-/** How long a connection that owes a PROXY protocol header may take to send it. */
-const DEFAULT_PROXY_PROTOCOL_TIMEOUT = '5s'
 
 /** What every route holds, whether it forwards or answers itself. */
 interface RouteCommon {
@@ -446,8 +443,7 @@ async function readConfigFile (problems: Problems, path: KeyPath, file: string, 
     } catch (err) {
       // A key pasted where its file's path goes ("${TLS_KEY}") is no path: never quoted
       if (/-----BEGIN|[\r\n]/.test(file)) throw new Error('expected the path of a PEM file, not its text (which is not quoted here): write the text to a file and give its path', { cause: err })
-      const reason = readFailure(err)
-      throw new Error(reason === 'file not found' ? `file not found: ${file}` : `cannot read ${file}: ${reason}`, { cause: err })
+      throw new Error(notFound(err) ? `file not found: ${file}` : `cannot read ${file}: ${readFailure(err)}`, { cause: err })
     }
   })
 }
@@ -569,9 +565,9 @@ export async function compileRuntime (
       origins: route.cors.origins,
       methods: route.cors.methods ?? null,
       headers: route.cors.headers ?? null,
-      exposeHeaders: route.cors.exposeHeaders ?? [],
-      credentials: route.cors.credentials ?? false,
-      maxAgeS: Math.floor(parseDuration(route.cors.maxAge ?? '10m') / 1000)
+      exposeHeaders: route.cors.exposeHeaders,
+      credentials: route.cors.credentials,
+      maxAgeS: Math.floor(parseDuration(route.cors.maxAge) / 1000)
     })
     if (cors !== null) {
       const ruled: Array<[KeyPath, string]> = [
@@ -657,7 +653,7 @@ export async function compileRuntime (
       max: server.maxConnectionsPerClient,
       clientKey: (peer: string | undefined) => peer === undefined || isTrustedPeer(peer) ? null : resolveClientIp(peer, undefined).key
     }),
-    proxyProtocol: config.proxyProtocol === undefined ? null : Object.freeze({ expects: compileTrustedPeer(config.proxyProtocol.from), timeoutMs: parseDuration(config.proxyProtocol.timeout ?? DEFAULT_PROXY_PROTOCOL_TIMEOUT) }),
+    proxyProtocol: config.proxyProtocol === undefined ? null : Object.freeze({ expects: compileTrustedPeer(config.proxyProtocol.from), timeoutMs: parseDuration(config.proxyProtocol.timeout) }),
     trustedProxiesEmpty: config.trustedProxies.length === 0,
     tls,
     activity: { inflight: 0 },

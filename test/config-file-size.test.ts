@@ -79,3 +79,20 @@ routes:
   t.equal(tls.code, 1)
   t.match(tls.stderr, `tls.cert: cannot read ${dir}: is a directory, not a file`)
 })
+
+t.test('a TLS file past the bound is refused at its key, located, without reading it whole', async t => {
+  const dir = tempDir(t, 'gw-size-tls')
+  const cert = join(dir, 'cert.pem')
+  writeFileSync(cert, '-----BEGIN CERTIFICATE-----\n')
+  truncateSync(cert, MAX_CONFIG_FILE_BYTES + 1)
+  const file = join(dir, 'gateway.yaml')
+  writeFileSync(file, `listen: 127.0.0.1:0
+tls: { cert: ${cert}, key: ${cert} }
+upstreams: { b: { targets: [http://127.0.0.1:1] } }
+routes:
+  - { name: a, pathPrefix: /, upstream: b }
+`)
+  const run = await gateway(['validate', '-c', file])
+  t.equal(run.code, 1, 'invalid config')
+  t.match(run.stderr, new RegExp(`tls\\.cert: cannot read ${cert.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: ${TOO_LARGE.source}`))
+})

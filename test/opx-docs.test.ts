@@ -8,6 +8,7 @@ import { join, resolve } from 'node:path'
 import { tempDir } from './helpers/teardown.js'
 import { childEnv, startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
+import { startRedis } from './helpers/redis.js'
 import { parseConfigText, ConfigError } from '../src/config/load.js'
 import { ERRORS, errorBodyCode, type ErrorCode } from '../src/errors.js'
 
@@ -161,6 +162,40 @@ routes:
   t.match(c.identity, { jwt: { secret: '[redacted]', claim: 'sub', header: 'authorization' }, required: false, failureLimit: { limit: 10, window: '1m' } })
   t.match(c.log, { level: 'info', redactQuery: ['token', 'key', 'api_key', 'password', 'secret', 'signature'] })
   t.equal(c.ipv6Prefix, 64)
+})
+
+t.test('/config writes in the defaults a runtime stage applied beyond the file: PROXY protocol, CORS, a static answer\'s type, admin reads, route auth, Redis, upstream queue, compression', async t => {
+  const up = await startUpstream(t)
+  const redis = await startRedis(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: { listen: 127.0.0.1:0, token: t0ken-for-the-test }
+proxyProtocol: { from: [10.0.0.0/8] }
+redis: { url: "${redis.url}" }
+identity: { header: x-user }
+compression: {}
+upstreams:
+  backend: { targets: ["${up.url}"] }
+routes:
+  - { name: gone, path: /gone, respond: { status: 410, body: retired } }
+  - { name: empty, path: /empty, respond: { status: 204 } }
+  - name: api
+    pathPrefix: /
+    upstream: backend
+    cors: { origins: ["https://app.example"] }
+`)
+  const body = await (await fetch(`${gw.adminUrl}/config`)).json() as { config: Record<string, any> } // eslint-disable-line @typescript-eslint/no-explicit-any
+  const c = body.config
+  t.same(c.proxyProtocol, { from: ['10.0.0.0/8'], timeout: '5s' }, 'proxyProtocol.timeout')
+  t.same(c.routes[2].cors, { origins: ['https://app.example'], exposeHeaders: [], credentials: false, maxAge: '10m' }, 'cors: exposeHeaders, credentials, maxAge (methods and headers absent: the preflight\'s are mirrored)')
+  t.same(c.routes[0].respond, { status: 410, body: 'retired', contentType: 'text/plain; charset=utf-8' }, 'an answer with a body: its type')
+  t.same(c.routes[1].respond, { status: 204 }, 'an answer without a body is sent without a type')
+  t.same([c.admin.reads, c.admin.token], ['open', '[redacted]'], 'admin.reads')
+  t.same(c.routes.map((r: { auth?: string }) => r.auth), ['optional', 'optional', 'optional'], 'each route\'s auth: identity.required\'s')
+  t.match(c.redis, { timeout: '50ms', onError: 'local', keyPrefix: 'gw', expectedInstances: 1, autoPipelining: false })
+  t.match(c.upstreams.backend, { timeouts: { queue: '10s' }, maxPending: 1024 })
+  t.same(c.compression, { encodings: ['br', 'gzip'], minSize: 1024, types: c.compression.types, gzipLevel: 5, maxConcurrent: 256, brotliQuality: 4 })
+  t.ok(c.compression.types.includes('application/json'), 'the compressed types listed')
+  t.equal(c.quotaTimezone, undefined, 'quotaTimezone stays absent: written as UTC, it would name other quota keys (README)')
 })
 
 t.test('${VAR} is substituted in string values and API-key map keys, never into numbers', async t => {

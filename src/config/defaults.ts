@@ -9,6 +9,7 @@ import { DEFAULT_REDACT_QUERY } from '../log.js'
 import { DEFAULT_IPV6_PREFIX } from '../identify/client-ip.js'
 import { DEFAULT_JWT_CLAIM, DEFAULT_JWT_HEADER } from '../identify/identity.js'
 import { DEFAULT_COMPRESSED_TYPES, type CompressionOptions } from '../proxy/compression.js'
+import { DEFAULT_RESPOND_TYPE } from '../proxy/respond.js'
 import { DEFAULT_CONSECUTIVE_FAILURES, DEFAULT_MAX_PENDING, DEFAULT_RETRIES } from '../proxy/upstream-pool.js'
 import { DEFAULT_RETRY_BUDGET, DEFAULT_RETRY_ON, MAX_BACKOFF_MS, type RetryBudget, type RetryCondition, type StatusGroup } from '../proxy/retry-policy.js'
 
@@ -18,6 +19,10 @@ export const DEFAULT_ADMIN = '127.0.0.1:9901'
 export const DEFAULT_MAX_KEYS = 100_000
 export const DEFAULT_KEY_PREFIX = 'gw'
 export const DEFAULT_ON_ERROR = 'local'
+/** How long a connection that owes a PROXY protocol header may take to send it. */
+export const DEFAULT_PROXY_PROTOCOL_TIMEOUT = '5s'
+/** How long a browser may reuse a preflight's answer (routes.X.cors.maxAge). */
+export const DEFAULT_CORS_MAX_AGE = '10m'
 /** `redis.leaseTtl`; also the bookkeeping pace of in-process leases (which never expire). */
 export const DEFAULT_LEASE_TTL = '10s'
 /** What `identity.failureLimit` is when the file does not say: 10 failed checks per minute per IP. */
@@ -61,7 +66,10 @@ export const DEFAULT_HEALTH_RUN = 2
 /** healthCheck.expectStatus when not configured: what a proxy or load balancer calls a success. */
 export const DEFAULT_EXPECT_STATUS = '200-399'
 export interface ResolvedRouteLimits { api?: ResolvedLimit, ip?: ResolvedLimit, user?: ResolvedLimit }
-export type ResolvedRoute = Filled<Omit<RouteConfig, 'limits' | 'timeouts' | 'compression' | 'retryBackoff'>, 'websocket' | 'caseInsensitive' | 'matchTrailingSlash' | 'allowPathParams'> & {
+/** A route's `cors` with its plain defaults written in (methods and headers: absent mirrors the preflight's). */
+export type ResolvedCors = NonNullable<RouteConfig['cors']> & { exposeHeaders: string[], credentials: boolean, maxAge: string }
+export type ResolvedRoute = Filled<Omit<RouteConfig, 'limits' | 'timeouts' | 'compression' | 'retryBackoff' | 'cors'>, 'websocket' | 'caseInsensitive' | 'matchTrailingSlash' | 'allowPathParams'> & {
+  cors?: ResolvedCors
   timeouts: { response: string }
   /** Absent: the upstream's; false: this route's retries are sent at once. */
   retryBackoff?: ResolvedRetryBackoff | false
@@ -86,9 +94,10 @@ export type ResolvedServer = Required<Omit<ServerConfig, 'bufferBodies' | 'buffe
 /** gateway.yaml with every default written in (frozen). */
 export type ResolvedConfig = Omit<GatewayConfig,
 'listen' | 'admin' | 'workers' | 'trustedProxies' | 'ipv6Prefix' | 'legacyHeaders' | 'routing' | 'log' | 'server' | 'redis' |
-'tracing' | 'identity' | 'local' | 'limits' | 'plans' | 'upstreams' | 'routes' | 'compression'> & {
+'tracing' | 'identity' | 'local' | 'limits' | 'plans' | 'upstreams' | 'routes' | 'compression' | 'proxyProtocol'> & {
   listen: string
-  admin: string | { listen: string, token?: string, reads?: 'open' | 'token' }
+  admin: string | { listen: string, token?: string, reads: 'open' | 'token' }
+  proxyProtocol?: NonNullable<GatewayConfig['proxyProtocol']> & { timeout: string }
   workers: number
   trustedProxies: string[]
   ipv6Prefix: number
@@ -231,7 +240,7 @@ export function applyDefaults (c: GatewayConfig): ResolvedConfig {
   const resolved: ResolvedConfig = {
     ...c,
     listen: c.listen ?? DEFAULT_LISTEN,
-    admin: typeof c.admin === 'object' ? { ...c.admin, listen: c.admin.listen ?? DEFAULT_ADMIN } : (c.admin ?? DEFAULT_ADMIN),
+    admin: typeof c.admin === 'object' ? { ...c.admin, listen: c.admin.listen ?? DEFAULT_ADMIN, reads: c.admin.reads ?? 'open' } : (c.admin ?? DEFAULT_ADMIN),
     workers: c.workers ?? 1,
     trustedProxies: c.trustedProxies ?? [],
     ipv6Prefix: c.ipv6Prefix ?? DEFAULT_IPV6_PREFIX,
@@ -270,6 +279,11 @@ export function applyDefaults (c: GatewayConfig): ResolvedConfig {
       matchTrailingSlash: r.matchTrailingSlash ?? routing.matchTrailingSlash,
       allowPathParams: r.allowPathParams ?? routing.allowPathParams,
       compression: routeCompression(r.compression, gatewayCompression),
+      // the default that holds when identity is configured (a route's auth means nothing without it)
+      ...(r.auth === undefined && c.identity !== undefined ? { auth: c.identity.required === true ? 'required' : 'optional' } : {}),
+      ...(r.cors !== undefined ? { cors: { ...r.cors, exposeHeaders: r.cors.exposeHeaders ?? [], credentials: r.cors.credentials ?? false, maxAge: r.cors.maxAge ?? DEFAULT_CORS_MAX_AGE } } : {}),
+      // the type an answer with a body is sent with (one without a body is sent without one)
+      ...(r.respond !== undefined && r.respond.contentType === undefined && (r.respond.body ?? '') !== '' ? { respond: { ...r.respond, contentType: DEFAULT_RESPOND_TYPE } } : {}),
       // hasOwn: an unknown upstream named like an Object property ("constructor") is reported, not read
       timeouts: { response: r.timeouts?.response ?? (r.upstream !== undefined && Object.hasOwn(upstreams, r.upstream) ? upstreams[r.upstream]?.timeouts.response : undefined) ?? '30s' },
       ...(r.limits !== undefined ? { limits: limitSet(r.limits, onError) } : {}),
@@ -289,6 +303,7 @@ export function applyDefaults (c: GatewayConfig): ResolvedConfig {
       expectedInstances: c.redis.expectedInstances ?? 1
     }
   }
+  if (c.proxyProtocol !== undefined) resolved.proxyProtocol = { ...c.proxyProtocol, timeout: c.proxyProtocol.timeout ?? DEFAULT_PROXY_PROTOCOL_TIMEOUT }
   if (gatewayCompression !== undefined) resolved.compression = gatewayCompression
   if (c.identity !== undefined) resolved.identity = identity(c.identity)
   if (c.tracing !== undefined) resolved.tracing = { ...c.tracing, serviceName: c.tracing.serviceName ?? 'edge-gateway' }

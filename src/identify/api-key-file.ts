@@ -1,7 +1,7 @@
 // `identity.apiKeys.file`: more "key: consumer" lines kept outside gateway.yaml (so keys can be
 // rotated without touching the config, and kept with tighter permissions). Read when the runtime is
 // compiled, so SIGHUP re-reads it; a bad file is a located error and the running config keeps serving.
-import { readFailure, readFileBounded } from '../read-bounded.js'
+import { notFound, readFailure, readFileBounded } from '../read-bounded.js'
 import { LineCounter, parseDocument, isMap, isScalar } from 'yaml'
 import { MAX_USER_LENGTH, type ConsumerDirectory } from './identity.js'
 import { misreadScalar, repeatedKeyMessage, repeatedKeys, unknownTag } from './yaml-scalars.js'
@@ -74,8 +74,7 @@ export async function readApiKeyFile (file: string | undefined, consumers: Consu
   try {
     text = (await read(file)).toString('utf8')
   } catch (err) {
-    const reason = readFailure(err)
-    throw new ApiKeyFileError([{ file, line: 0, column: 0, path: '', message: reason === 'file not found' ? 'API key file not found' : reason }])
+    throw new ApiKeyFileError([{ file, line: 0, column: 0, path: '', message: notFound(err) ? 'API key file not found' : readFailure(err) }])
   }
   const out: Array<[string, string]> = []
   const problems: KeyFileProblem[] = []
