@@ -165,7 +165,7 @@ t.test('GET /consumers/NAME: plan, effective limits per route, quota used and wh
   t.same((asPlan.json?.limits as LimitEntry[]).map(l => l.name), ['free:user', 'free:quota'], 'plan=P: the limits of that plan, for a plan only a token could name')
   t.equal((await admin(`${gw.adminUrl}/limits?route=api&user=zed&plan=gold`)).json?.message, 'unknown plan "gold"')
   const shown = await admin(`${gw.adminUrl}/config`)
-  t.same((shown.json?.config as { admin: unknown }).admin, { listen: '127.0.0.1:0', token: '[redacted]' }, '/config never shows the admin token')
+  t.same((shown.json?.config as { admin: unknown }).admin, { listen: '127.0.0.1:0', token: '[redacted]', reads: 'open' }, '/config never shows the admin token')
 })
 
 t.test('gateway limits get|reset calls the admin API', async t => {
@@ -195,6 +195,12 @@ t.test('gateway limits get|reset calls the admin API', async t => {
   t.match(reset.stdout, /route api, ip 127\.0\.0\.1: reset ip, identity\.failures \(1 key\(s\) deleted, 1 instance\(s\) notified\)/)
   t.equal((await send(`${gw.url}/x`)).status, 200, 'the client is admitted again')
   t.equal((await cli(['get'])).code, 2, 'usage error without --route')
+  const asPlan = await cli(['get', '--route', 'api', '--user', 'zed', '--plan', 'free', '--json'])
+  t.equal(asPlan.code, 0, asPlan.stderr)
+  t.same((JSON.parse(asPlan.stdout) as { limits: LimitEntry[] }).limits.map(l => l.name), ['free:user', 'free:quota'], '--plan P: the limits of that plan')
+  const unknownPlan = await cli(['get', '--route', 'api', '--user', 'zed', '--plan', 'gold'])
+  t.equal(unknownPlan.code, 1, 'an unknown plan is an error')
+  t.match(unknownPlan.stderr, /unknown plan "gold"/)
   // without --admin and --token: both from the config file (its ${VAR} substituted)
   const file = join(tempDir(t, 'gw-cli'), 'gateway.yaml')
   writeFileSync(file, config(up.url, `{ listen: "${adminAddr}", token: "\${ADMIN_TOKEN}" }`))
