@@ -50,6 +50,12 @@ async function startOrigin (t: Teardown): Promise<Origin> {
       case '/digest':
         res.writeHead(200, { 'content-type': 'application/json', 'content-digest': 'sha-256=:RK/0qy18MlBSVnWgjwz6lZEWjP/lF5HF9bvEF8FabDg=:' })
         return res.end(JSON_BODY)
+      // the digest fields other than Content-Digest, by the query's name (/digests?field=repr-digest)
+      case '/digests': {
+        const field = new URL(req.url ?? '/', 'http://x').searchParams.get('field') ?? 'digest'
+        res.writeHead(200, { 'content-type': 'application/json', [field]: field === 'content-md5' ? 'Q2hlY2sgSW50ZWdyaXR5IQ==' : field === 'digest' ? 'sha-256=RK/0qy18MlBSVnWgjwz6lZEWjP/lF5HF9bvEF8FabDg=' : 'sha-256=:RK/0qy18MlBSVnWgjwz6lZEWjP/lF5HF9bvEF8FabDg=:' })
+        return res.end(JSON_BODY)
+      }
       case '/reset-content':
         res.writeHead(205, { 'content-type': 'text/plain' })
         return res.end()
@@ -167,6 +173,8 @@ t.test('a JSON answer is compressed with the coding the client prefers, Brotli a
   t.equal(weighted.headers['content-encoding'], 'gzip', 'the client\'s weights come first')
   const refused = await get(gw.port, '/json', 'gzip;q=0, br;q=0')
   t.equal(refused.headers['content-encoding'], undefined, 'q=0 refuses a coding')
+  const xgzip = await get(gw.port, '/json', 'x-gzip')
+  t.same([xgzip.headers['content-encoding'], gunzipSync(xgzip.body).toString() === JSON_BODY], ['gzip', true], 'x-gzip is gzip')
   const star = await get(gw.port, '/json', '*')
   t.equal(star.headers['content-encoding'], 'br', '* takes any coding')
   const none = await get(gw.port, '/json')
@@ -178,12 +186,12 @@ t.test('a JSON answer is compressed with the coding the client prefers, Brotli a
   t.equal(html.headers['content-encoding'], 'gzip', 'text/html, chunked (no Content-Length)')
   // the access line names the coding of a compressed answer (bytesOut stays the upstream's)
   let logged: Array<Record<string, unknown>> = []
-  for (let i = 0; i < 100 && logged.length < 6; i++) {
+  for (let i = 0; i < 100 && logged.length < 7; i++) {
     logged = gw.lines.filter(l => l.msg === 'request' && l.path === '/json')
-    if (logged.length < 6) await new Promise(resolve => setTimeout(resolve, 20))
+    if (logged.length < 7) await new Promise(resolve => setTimeout(resolve, 20))
   }
   const length = Buffer.byteLength(JSON_BODY)
-  t.same(logged.map(l => [l.encoding, l.bytesOut]), [['gzip', length], ['br', length], ['gzip', length], [undefined, length], ['br', length], [undefined, length]],
+  t.same(logged.map(l => [l.encoding, l.bytesOut]), [['gzip', length], ['br', length], ['gzip', length], [undefined, length], ['gzip', length], ['br', length], [undefined, length]],
     'encoding on the compressed answers only')
 })
 
@@ -195,8 +203,33 @@ t.test('what is not compressed: small, an image, already encoded, no-transform, 
     t.equal(got.headers['content-encoding'], path === '/encoded' ? 'gzip' : undefined, `${path}: as the upstream sent it`)
     t.equal(got.headers.vary, undefined, `${path}: no Vary (no client would get it compressed)`)
   }
+  for (const field of ['repr-digest', 'digest', 'content-md5']) {
+    const got = await get(gw.port, `/digests?field=${field}`, 'gzip, br')
+    t.same([got.headers['content-encoding'], got.body.toString() === JSON_BODY], [undefined, true], `${field}: a digest of the content, which compression would break`)
+  }
   const head = await get(gw.port, '/json', 'gzip', 'HEAD')
   t.same([head.status, head.headers['content-encoding'], head.headers['content-length']], [200, undefined, String(Buffer.byteLength(JSON_BODY))], 'a HEAD: the head as the upstream sent it')
+})
+
+t.test('the gateway\'s own answers are not compressed: an error, a respond route', async t => {
+  const origin = await startOrigin(t)
+  // minSize 1: the size alone would let any JSON answer be compressed
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+compression: { minSize: 1 }
+upstreams:
+  backend: { targets: [${origin.url}] }
+routes:
+  - { name: api, pathPrefix: /api/, upstream: backend }
+  - { name: notice, path: /notice, respond: { status: 200, contentType: application/json, body: '${JSON_BODY.slice(0, 2000).replace(/'/g, "''")}' } }
+`)
+  const forwarded = await get(gw.port, '/api/json', 'gzip')
+  t.equal(forwarded.headers['content-encoding'], 'gzip', 'the upstream\'s answer on the same gateway is compressed')
+  const missing = await get(gw.port, '/nowhere', 'gzip, br')
+  t.same([missing.status, missing.headers['content-encoding'], missing.headers['content-type']], [404, undefined, 'application/json; charset=utf-8'], 'a 404 of the gateway\'s')
+  t.equal((JSON.parse(missing.body.toString()) as { error: string }).error, 'GW_ERR_NOT_FOUND', 'read as sent')
+  const notice = await get(gw.port, '/notice', 'gzip, br')
+  t.same([notice.status, notice.headers['content-encoding'], notice.body.length], [200, undefined, 2000], 'a respond route\'s answer')
 })
 
 t.test('a 304 names the Vary its 200 had, and the weak ETag when it revalidates a compressed answer', async t => {

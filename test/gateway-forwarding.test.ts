@@ -104,6 +104,15 @@ t.test('behind a trusted proxy, X-Forwarded-For gets the peer appended, not the 
   t.equal(json<EchoBody>(reply).headers['x-forwarded-for'], '203.0.113.9, 127.0.0.1', 'the chain stays complete')
   const line = gw.lines.find((l) => l.msg === 'request' && l.requestId === 'xff-trusted')
   t.equal(line?.ip, '203.0.113.9', 'while the client IP used for limits and logs is the one the trusted proxy reported')
+  // a trusted proxy's id is kept only when usable: at most 128 characters, no spaces (it goes into every log line)
+  const uuid = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/
+  for (const unusable of ['a'.repeat(129), 'two words']) {
+    const replaced = await send(gw.url, '/x', { headers: { 'x-request-id': unusable } })
+    t.match(json<EchoBody>(replaced).headers['x-request-id'], uuid, `an unusable id from a trusted proxy is replaced (${unusable.length} characters)`)
+    t.equal(replaced.headers['x-request-id'], json<EchoBody>(replaced).headers['x-request-id'], 'and the replacement echoed')
+  }
+  const longest = 'b'.repeat(128)
+  t.equal(json<EchoBody>(await send(gw.url, '/x', { headers: { 'x-request-id': longest } })).headers['x-request-id'], longest, '128 characters are kept')
   // a TLS-terminating balancer: its scheme, host and port are the client's, kept
   const behindTls = await send(gw.url, '/x', { headers: { host: 'gw.internal', 'x-forwarded-proto': 'https', 'x-forwarded-host': 'shop.example', 'x-forwarded-port': '443' } })
   const seen = json<EchoBody>(behindTls).headers

@@ -44,3 +44,29 @@ t.test('the access line duration reads as String() of the number, for every whol
   t.equal(millisJson(Number.NaN), 'null')
   t.equal(millisJson(Infinity), 'null')
 })
+
+t.test('lines other than the access line hide credentials at the paths the README lists', async t => {
+  const { createLogger } = await import('../src/log.js')
+  const { Writable } = await import('node:stream')
+  const lines: Array<Record<string, unknown>> = []
+  const sink = new Writable({
+    write (chunk: Buffer, _enc, cb) {
+      for (const line of chunk.toString().split('\n')) if (line !== '') lines.push(JSON.parse(line) as Record<string, unknown>)
+      cb()
+    }
+  })
+  const logger = createLogger('info', sink)
+  logger.info({
+    headers: { authorization: 'Bearer s3cret', cookie: 'sid=s3cret', 'x-api-key': 's3cret', 'proxy-authorization': 'Basic s3cret', accept: '*/*' },
+    redis: { password: 's3cret', url: 'redis://127.0.0.1:6379' },
+    password: 's3cret',
+    secret: 's3cret',
+    token: 's3cret'
+  }, 'a line with credentials')
+  await new Promise(resolve => setImmediate(resolve))
+  const line = lines.find(l => l.msg === 'a line with credentials')
+  t.same(line?.headers, { authorization: '[redacted]', cookie: '[redacted]', 'x-api-key': '[redacted]', 'proxy-authorization': '[redacted]', accept: '*/*' })
+  t.same(line?.redis, { password: '[redacted]', url: 'redis://127.0.0.1:6379' })
+  t.same([line?.password, line?.secret, line?.token], ['[redacted]', '[redacted]', '[redacted]'])
+  t.notOk(JSON.stringify(lines).includes('s3cret'), 'the secret appears nowhere')
+})

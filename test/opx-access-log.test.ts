@@ -75,6 +75,33 @@ routes:
   t.match(await byId(limited.id), { status: 429, bytesOut: limited.bytes, outcome: 'rejected', limit: 'api.ip' })
 })
 
+t.test('the forward\'s own error answers count their bytes too: 502 from a target that refuses, 503 with no healthy target', async t => {
+  // a port nothing listens on: each connection is refused
+  const closed = http.createServer()
+  closed.listen(0, '127.0.0.1')
+  await once(closed, 'listening')
+  const refusing = `http://127.0.0.1:${(closed.address() as { port: number }).port}`
+  closed.close()
+  await once(closed, 'close')
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  gone: { targets: ["${refusing}"], retries: 0, consecutiveFailures: 1, ejectFor: 1m }
+routes:
+  - { name: api, pathPrefix: /, upstream: gone }
+`)
+  const byId = (id: string): Promise<Line> => lineOf(gw.lines, l => l.msg === 'request' && l.requestId === id)
+  const refused = await send(gw.port, '/x')
+  t.equal(refused.status, 502)
+  t.ok(refused.bytes > 0, 'a JSON body')
+  t.match(await byId(refused.id), { status: 502, bytesOut: refused.bytes, error: 'refused' })
+  // the one failure ejected the only target
+  const none = await send(gw.port, '/x')
+  t.equal(none.status, 503)
+  t.ok(none.bytes > 0, 'a JSON body')
+  t.match(await byId(none.id), { status: 503, bytesOut: none.bytes })
+})
+
 t.test('query parameters named in log.redactQuery are redacted (default list, then a custom one)', async t => {
   const up = await startUpstream(t)
   const yaml = (extra: string): string => `listen: 127.0.0.1:0

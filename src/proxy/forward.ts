@@ -1070,7 +1070,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
     if (this.answered || this.clientGone) return
     this.answered = true
     // sendError cuts the connection when headers were already sent: nothing else is honest.
-    sendError(this.res, code, this.ctx.requestId, this.badBody ? BAD_BODY : undefined, this.errorHeaders())
+    // Its body is what the client got (the access line's bytesOut): it was logged as 0.
+    this.bytesOut += sendError(this.res, code, this.ctx.requestId, this.badBody ? BAD_BODY : undefined, this.errorHeaders())
   }
 
   /** Gives this request's buffered bytes back to the gateway-wide body budget. Idempotent. */
