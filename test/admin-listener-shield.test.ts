@@ -102,6 +102,13 @@ routes:
   t.equal((await gw.reload()).ok, true)
   const again = await flood(t, gw.adminPort, 70)
   t.equal(again.closed(), 70 - 64, 'a reload raising server.maxConnections raises the cap to its most, 64')
+  for (const s of again.sockets) s.destroy()
+  t.equal(await answeredAgain(`${gw.adminUrl}/healthz`), 200)
+  // a quarter of 40 is 10: the admin listener keeps room for the page's streams whatever the public cap
+  writeFileSync(gw.configFile, yaml(40))
+  t.equal((await gw.reload()).ok, true)
+  const floor = await flood(t, gw.adminPort, 40)
+  t.equal(floor.closed(), 40 - 32, 'a small server.maxConnections leaves the admin listener its floor, 32')
 })
 
 t.test('idle and dripping admin connections are closed by server.headersTimeout, kept-alive ones by keepAliveTimeout; /events runs past requestTimeout', async t => {

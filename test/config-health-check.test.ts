@@ -73,3 +73,29 @@ t.test('gateway validate (checkRuntime) sends no probe', async t => {
   await sleep(300)
   t.equal(probes, 0)
 })
+
+t.test('a reload rejected late in its compile sends no probe to the upstream it would have added; the one accepted after it does', async t => {
+  const { startGateway } = await import('./helpers/gateway.js')
+  const { writeFileSync } = await import('node:fs')
+  let probes = 0
+  const server = http.createServer((_req, res) => { probes++; res.end('ok') })
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  t.teardown(() => new Promise<void>(resolve => { server.closeAllConnections(); server.close(() => resolve()) }))
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+  const base = `listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nupstreams:\n  b: { targets: ["http://127.0.0.1:1"] }\n`
+  const gw = await startGateway(t, base + 'routes:\n  - { name: a, pathPrefix: /, upstream: b }\n')
+  // the probed upstream is compiled, then a route's header rule that its cors writes is refused,
+  // found once every upstream's pool is made
+  const probed = `  p:\n    targets: [${url}]\n    healthCheck: { path: /healthz, interval: 50ms }\n`
+  const routes = (rule: string): string => `routes:\n  - { name: a, pathPrefix: /, upstream: p, cors: { origins: ["https://app.example"] }${rule} }\n`
+  writeFileSync(gw.configFile, base + probed + routes(', headers: { response: { set: { access-control-allow-origin: "*" } } }'))
+  const rejected = await gw.reload()
+  t.match(rejected, { ok: false, error: /access-control-allow-origin is written by the route's cors/ }, 'rejected in the compile')
+  await sleep(400)
+  t.equal(probes, 0, 'no probe from the rejected file')
+  writeFileSync(gw.configFile, base + probed + routes(''))
+  t.match(await gw.reload(), { ok: true })
+  for (let i = 0; i < 100 && probes === 0; i++) await sleep(20)
+  t.ok(probes > 0, 'the accepted file\'s probes start')
+})

@@ -84,3 +84,29 @@ routes:
   t.equal(parseResponses(await rawExchange(gw.port, upgrade('api.example.com')))[0]?.status, 502, 'a certificate for another name: 502')
   t.same(names.slice(1), ['api.example.com'], 'asked for by the client\'s Host')
 })
+
+t.test('a request to an https target named by address: the client\'s Host is the TLS server name the certificate is checked against', async t => {
+  const { cert, key } = localhostCertificate(t, 'gw-https-upstream-address')
+  const names: string[] = []
+  // the name each handshake asks for, whether or not the gateway accepts the certificate then
+  const context = createSecureContext({ cert: readFileSync(cert), key: readFileSync(key) })
+  const upstream = createServer({ cert: readFileSync(cert), key: readFileSync(key), SNICallback: (name, done) => { names.push(name); done(null, context) } }, (req, res) => {
+    res.setHeader('content-type', 'application/json')
+    res.end(JSON.stringify({ host: req.headers.host }))
+  })
+  await new Promise<void>(resolve => upstream.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => { upstream.closeAllConnections(); upstream.close() })
+  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: ["https://127.0.0.1:${(upstream.address() as AddressInfo).port}"], retries: 0 }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`, [], { env: { NODE_EXTRA_CA_CERTS: cert } })
+  const named = await send(`${gw.url}/x`, { headers: { host: 'localhost' } })
+  t.same([named.status, named.json], [200, { host: 'localhost' }], 'Host localhost: the certificate names it')
+  t.same(names, ['localhost'], 'sent as the server name')
+  const other = await send(`${gw.url}/x`, { headers: { host: 'api.example.com' } })
+  t.equal(other.status, 502, 'a Host the certificate does not name: 502')
+  t.same(names.slice(1), ['api.example.com'], 'asked for by that Host')
+})

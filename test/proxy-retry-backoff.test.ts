@@ -116,6 +116,16 @@ t.test('retryAfter: a dropped answer\'s Retry-After within it decides its retry\
   t.same(gw.lines.filter(l => l.msg === 'request').map(l => l.retriedAfter), Array(3).fill('status_503'), 'logged as a retry after the 503')
 })
 
+t.test('retryAfter reads the Retry-After the upstream sent, before the route\'s header rules remove it', async t => {
+  const up = await askingTarget(t, '1')
+  const gw = await startGateway(t, oneUpstream(up.url, 'retryOn: [503], retryBackoff: { base: 10ms, retryAfter: 2s }')
+    .replace('{ name: all, pathPrefix: /, upstream: backend }', '{ name: all, pathPrefix: /, upstream: backend, headers: { response: { remove: [retry-after] } } }'))
+  const answers = await together(gw.url)
+  t.same(answers, [200, 200, 200], 'each answered by its retry')
+  const waits = retryWaits(up.at)
+  t.ok(waits.every(w => w >= 990 && w < 1500 + 500), `each retry waited the second asked: ${waits.map(Math.round).join(' ')}`)
+})
+
 t.test('a Retry-After asking longer than retryAfter, one that does not parse, or any without retryAfter: the jittered wait', async t => {
   const cases = [
     { asked: '30', backoff: '{ base: 10ms, retryAfter: 2s }' },

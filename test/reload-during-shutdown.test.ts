@@ -32,6 +32,7 @@ t.test('in process: a reload the shutdown overtakes is abandoned, and no Redis c
   const reloading = gw.reload()
   await gw.close()
   t.match(await reloading, { ok: false, error: 'the gateway is shutting down' }, 'not applied')
+  t.ok(gw.lines.some(l => l.msg === 'reload abandoned: the gateway is shutting down'), 'and logged as abandoned (README, Reload)')
   const stopped = gw.lines.findIndex(l => l.msg === 'gateway stopped')
   t.ok(stopped >= 0)
   t.notOk(gw.lines.some(l => l.msg === 'configuration reloaded'), 'nothing swapped in while stopping')
