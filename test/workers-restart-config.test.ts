@@ -67,3 +67,12 @@ t.test('a worker that replaces a crashed one after a reload counts on from its s
   await until('both workers reloaded again', () => r.gw.logs.filter(l => l.msg === 'configuration reloaded').length >= 4)
   t.same(r.gw.logs.filter(l => l.msg === 'configuration reloaded').slice(2).map(l => l.generation), [3, 3], 'both workers at generation 3')
 })
+
+t.test('${VAR} in the file: each worker, a crashed one\'s replacement too, takes its value from the primary\'s environment', async t => {
+  const a = await answering(t, 'from a')
+  const r = await twoWorkers(t, config('"${BACKEND_FOR_TEST}"'), { BACKEND_FOR_TEST: a })
+  t.same([...new Set(await bodies(r.gw.url, 20))], ['200 from a'], 'both workers forward to the variable\'s backend')
+  const replacement = await replaceOne(r)
+  t.same([...new Set(await bodies(r.gw.url, 40))], ['200 from a'], 'so does the replacement')
+  t.ok(servedBy(r.gw, replacement) > 0, 'which took some of them')
+})
