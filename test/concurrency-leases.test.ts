@@ -45,7 +45,9 @@ function concurrencyShapeProblem (r: Reply, limit: string): string | null {
   if (r.status !== 429) return `status ${r.status}`
   if (r.headers['retry-after'] !== '1') return `Retry-After ${String(r.headers['retry-after'])}`
   const body = r.json
-  if (body?.error !== 'GW_ERR_CONCURRENCY_LIMITED' || body.limit !== limit || typeof body.requestId !== 'string') return `body ${r.text}`
+  // the body the README shows (Concurrency limits)
+  if (body?.error !== 'GW_ERR_CONCURRENCY_LIMITED' || body.limit !== limit || typeof body.requestId !== 'string' ||
+    body.message !== 'too many requests in flight' || body.retryAfterMs !== 1000) return `body ${r.text}`
   return null
 }
 

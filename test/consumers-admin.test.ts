@@ -256,3 +256,10 @@ t.test('DELETE /limits resets budgets, never a concurrency cap\'s count of reque
     await gw.close()
   }
 })
+
+t.test('GET /consumers/NAME says where the plan came from: consumers, or defaultPlan for a consumer without an entry', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, config(up.url, '127.0.0.1:0').replace('consumers:\n', 'defaultPlan: free\nconsumers:\n'))
+  t.match((await admin(`${gw.adminUrl}/consumers/bob`)).json, { consumer: 'bob', plan: 'free', planFrom: 'consumers' })
+  t.match((await admin(`${gw.adminUrl}/consumers/zed`)).json, { consumer: 'zed', plan: 'free', planFrom: 'defaultPlan' })
+})

@@ -59,6 +59,7 @@ t.test('the library is loaded once the connection is up, and every decision afte
   const { reader, store } = await freshStore(t)
   await untilFunctionCalls(store, reader)
   t.same(await functionLibraries(reader), [FUNCTION_LIBRARY_NAME], 'one library, named after its code')
+  t.match(FUNCTION_LIBRARY_NAME, /^gateway_[0-9a-f]{16}$/, 'gateway_ and a hash of the code, as the README names it for FUNCTION DELETE')
   t.ok(Buffer.byteLength(FUNCTION_LIBRARY) < 64 * 1024, 'under 64 KB of code (the README says so)')
   await reader.config('RESETSTAT')
   const s = spec('fixed-window', 3, 3_600_000)

@@ -111,6 +111,15 @@ t.test('the image: default config validates, listens on 0.0.0.0, npm is gone', a
   t.match(dockerfile, /HEALTHCHECK[^\n]*\n[^\n]*127\.0\.0\.1:9901\/healthz/, 'the health check probes the admin port the config uses')
   const runtime = dockerfile.slice(dockerfile.lastIndexOf('\nFROM '))
   t.match(runtime, /rm -rf [^\n]*\/usr\/local\/bin\/npm/, 'npm is removed from the runtime stage')
+  // README (Container): runs as node, node itself is PID 1 (exec form: the signals reach the gateway)
+  t.match(runtime, /^USER node$/m, 'runs as the node user')
+  t.match(runtime, /^ENTRYPOINT \["node", "bin\/gateway"\]$/m, 'exec form: node is PID 1, no shell between')
+  t.match(runtime, /^CMD \["start", "-c", "\/app\/gateway\.yaml"\]$/m)
+  const backend = 'http://10.0.0.5:3000'
+  const withBackend = (await loadConfigFile(defaultConfig, { BACKEND_URL: backend })).config
+  t.same(withBackend.routes.map(r => [r.pathPrefix ?? r.path, r.upstream]), [['/', Object.keys(withBackend.upstreams)[0]]], 'one route: every path')
+  t.same(Object.values(withBackend.upstreams).map(u => u.targets.map(x => x.url)), [[backend]], 'to $BACKEND_URL')
+  t.equal(withBackend.redis, undefined, 'limits in process (no redis:)')
 })
 
 /** Whether the builder receives `path`: the last .dockerignore pattern matching it or a parent of it decides. */
