@@ -74,6 +74,11 @@ t.test('the printed lines, run in order, print what their comments say; Ctrl-C s
 
   t.match(burst.comment, /^# 200 200 200 429 /)
   t.equal((await sh(burst.command)).trim(), '200 200 200 429', 'the second line prints what its comment says, after the first')
+  // at once (gcra 3 per 10 s admits the next one 3.3 s after the first): refused as the fourth was, with Retry-After
+  const again = await fetch(`http://127.0.0.1:${ports.DEMO_PORT}/api/hello`)
+  await again.arrayBuffer()
+  t.equal(again.status, 429, 'still limited')
+  t.match(again.headers.get('retry-after'), /^[1-9]\d*$/, 'with Retry-After in whole seconds')
 
   t.match(normalized.command, /--path-as-is .*\/nope\/\.\.\/api\/echo$/)
   t.match(normalized.comment, /"url": "\/api\/echo"/)
@@ -81,7 +86,7 @@ t.test('the printed lines, run in order, print what their comments say; Ctrl-C s
   t.equal(echoed.url, '/api/echo')
 
   const scraped = await sh(metrics.command)
-  t.match(scraped, /^gateway_requests_total\{route="hello",method="GET",status_class="4xx"\} 1$/m)
+  t.match(scraped, /^gateway_requests_total\{route="hello",method="GET",status_class="4xx"\} 2$/m)
   t.match(scraped, /^gateway_requests_total\{route="api",method="GET",status_class="2xx"\} 2$/m)
 
   demo.child.kill('SIGINT')
