@@ -69,6 +69,25 @@ t.test('a CA that did not sign the server certificate: served by the fallback, t
   t.same(await redis.tlsClient().keys('gw:*tls-wrong*'), [], 'nothing was counted in that Redis')
 })
 
+t.test('rediss:// or tls: true without a ca: checked against the default CAs, which did not sign a private CA\'s certificate; no key skips the check', async t => {
+  const redis = await startTlsRedis(t, certs)
+  const up = await startUpstream(t)
+  for (const [route, redisConfig] of [['tls-default-url', `{ url: ${redis.tlsUrl}, timeout: 200ms, onError: allow }`], ['tls-default-true', `{ url: "redis://127.0.0.1:${redis.tlsPort}", tls: true, timeout: 200ms, onError: allow }`]] as const) {
+    const gw = await startGateway(t, limitedConfig(up.url, route, redisConfig))
+    t.same(await statuses(`${gw.url}/x`, 4), [200, 200, 200, 200], `${route}: the fallback serves (onError: allow)`)
+    t.equal((await readyz(gw.adminUrl)).redis.state, 'fallback', `${route}: Redis is not up`)
+    t.match(gw.lines.find(l => String(l.msg).startsWith('Redis TLS handshake failed')), { code: /CERT|VERIFY|SIGNED|ISSUER/ }, `${route}: the certificate was refused`)
+    t.same(await redis.tlsClient().keys(`gw:*${route}*`), [], `${route}: nothing counted in that Redis`)
+    await gw.close()
+  }
+  const dir = tempDir(t, 'gw-redis-tls-skip')
+  const file = join(dir, 'gateway.yaml')
+  writeFileSync(file, limitedConfig(up.url, 'skip', `{ url: ${redis.tlsUrl}, tls: { ca: ${certs.ca}, rejectUnauthorized: false } }`))
+  const run = await gateway(['validate', '-c', file])
+  t.equal(run.code, 1, 'a key that would skip the check is refused')
+  t.match(run.stderr, /redis\.tls\.rejectUnauthorized: unknown key/)
+})
+
 t.test('a server asking for a client certificate the gateway does not show: logged, served by the fallback', async t => {
   const redis = await startTlsRedis(t, certs, true)
   const up = await startUpstream(t)
