@@ -143,6 +143,19 @@ t.test('environment references in map keys (an API key from the environment)', a
   ])
 })
 
+t.test('environment references in every other map key: an upstream\'s name, a header rule\'s field; an empty variable is unset', async t => {
+  const text = 'upstreams:\n  "${UP}": { targets: [http://127.0.0.1:1] }\nroutes:\n  - { name: a, pathPrefix: /, upstream: backend, headers: { request: { set: { "${H}": v } } } }\n'
+  const { config } = accepted(text, { UP: 'backend', H: 'x-from-env' })
+  t.same(Object.keys(config.upstreams), ['backend'], 'the upstream named from the environment')
+  t.same(config.routes[0]?.headers?.request?.set, { 'x-from-env': 'v' }, 'the header rule\'s field named from the environment')
+  t.same(problems(text, { UP: 'backend' }), [
+    'gw.yaml:4:87 routes[0].headers.request.set.${H}: environment variable H is not set and has no default (use ${H:-default})'
+  ])
+  t.same(problems(text, { UP: 'backend', H: '' }), [
+    'gw.yaml:4:87 routes[0].headers.request.set.${H}: environment variable H is not set and has no default (use ${H:-default})'
+  ], 'set to the empty string: as unset')
+})
+
 t.test('an inline API key never appears in a problem: the path and message name "<an API key>", line and column point at it', async t => {
   const keys = (map: string): string => `identity:\n  apiKeys:\n    header: x\n    keys: ${map}\n` + BASE
   t.same(problems(keys('{ k-secret-1: "" }')), ['gw.yaml:4:25 identity.apiKeys.keys.<an API key>: an API key must map to a consumer name'])

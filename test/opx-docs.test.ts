@@ -196,6 +196,14 @@ routes:
   t.same(c.compression, { encodings: ['br', 'gzip'], minSize: 1024, types: c.compression.types, gzipLevel: 5, maxConcurrent: 256, brotliQuality: 4 })
   t.ok(c.compression.types.includes('application/json'), 'the compressed types listed')
   t.equal(c.quotaTimezone, undefined, 'quotaTimezone stays absent: written as UTC, it would name other quota keys (README)')
+  t.match(c.redis, { tls: false, sentinelTls: false })
+  t.match(c.server, { bufferBodies: 1024 * 1024, bufferBodiesTotal: 64 * 1024 * 1024, clientBodyTimeout: '1m', sendTimeout: '1m', websocketIdleTimeout: '5m', maxWebSockets: 10_000, maxConnectionsPerClient: null })
+})
+
+t.test('/config: the admin address and the local level\'s defaults (README, Configuration reference)', async t => {
+  const { config } = parseConfigText('local: { limit: 7, window: 1s }\nupstreams: { b: { targets: [http://127.0.0.1:1] } }\nroutes:\n  - { name: a, pathPrefix: /, upstream: b }\n', 'gw.yaml', {})
+  t.equal(config.admin, '127.0.0.1:9901', 'admin: loopback, 9901')
+  t.same([config.local?.burst, config.local?.maxKeys], [7, 100_000], 'local: burst = limit, maxKeys 100000')
 })
 
 t.test('${VAR} is substituted in string values and API-key map keys, never into numbers', async t => {

@@ -153,6 +153,10 @@ t.test('the rules of a run, one probe at a time (pure)', async t => {
   t.equal(probeDelay(1000, true, () => 0), 0, 'the first probe of a target may go at once')
   t.equal(probeDelay(1000, true, () => 0.999), 100, 'and waits at most a tenth of the interval')
   t.same([probeDelay(1000, false, () => 0), probeDelay(1000, false, () => 1)], [900, 1100], 'later ones: the interval give or take 10%')
+  // the schema takes an interval up to 596h; 10% over it would overflow node's timer, which then fires after 1 ms
+  const longest = 596 * 3_600_000
+  t.equal(probeDelay(longest, false, () => 0.999), 2_147_483_647, 'never past the longest timer')
+  t.equal(probeDelay(longest, false, () => 0), Math.round(longest * 0.9), 'below it, the interval less 10%')
 })
 
 t.test('a failing check takes a target out after unhealthyAfter probes and back after healthyAfter; probes are not client requests', async t => {

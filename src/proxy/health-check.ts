@@ -70,13 +70,18 @@ export function statusPasses (status: number, expect: HealthCheckConfig['expectS
   return false
 }
 
+/** Node's longest timer (2^31 - 1 ms, about 596h): a longer one fires after 1 ms. */
+const LONGEST_TIMER_MS = 2_147_483_647
+
 /**
  * The wait before a target's next probe: the interval, give or take 10%, so that the targets of
  * an upstream (and the workers of a gateway, which probe on their own) drift apart instead of
  * probing in lockstep. The first probe of a target waits at most a tenth of the interval.
  */
 export function probeDelay (intervalMs: number, first: boolean, random: () => number = Math.random): number {
-  return Math.round(first ? random() * intervalMs * 0.1 : intervalMs * (0.9 + 0.2 * random()))
+  // at most the longest a timer waits: the schema takes an interval up to that, and 10% more of
+  // one near it fired after 1 ms, so a target was probed as fast as the loop turned
+  return Math.min(LONGEST_TIMER_MS, Math.round(first ? random() * intervalMs * 0.1 : intervalMs * (0.9 + 0.2 * random())))
 }
 
 /** Body bytes a probe reads before it stops listening: the status decides, the body is discarded. */
