@@ -141,6 +141,14 @@ t.test('environment references in map keys (an API key from the environment)', a
   t.same(problems(keys('{ k1: alice, "${K}": bob }'), { K: 'k1' }), [
     'gw.yaml:4:32 identity.apiKeys.keys.${K}: key "${K}" is substituted to a key that is already present'
   ])
+  // the other order: the written key came second and replaced the substituted one silently
+  const reversed = problems(keys('{ "${K}": bob, k-sec-1: alice }'), { K: 'k-sec-1' })
+  t.equal(reversed.length, 1)
+  t.match(reversed[0], /^gw\.yaml:4:\d+ identity\.apiKeys\.keys\.<an API key>: this key is already present, substituted from a \$\{VAR\} key before it$/)
+  t.notMatch(reversed[0], /sec/, 'the key is not shown')
+  t.same(problems('upstreams:\n  "${UP}": { targets: [http://127.0.0.1:1] }\n  b: { targets: [http://127.0.0.1:2] }\n' + ROUTE, { UP: 'b' }), [
+    'gw.yaml:3:6 upstreams.b: this key is already present, substituted from a ${VAR} key before it'
+  ], 'an upstream\'s name alike')
 })
 
 t.test('environment references in every other map key: an upstream\'s name, a header rule\'s field; an empty variable is unset', async t => {

@@ -51,6 +51,7 @@ t.test('a hand-over a starting worker never saw is given again when it reports a
   const a = await answering(t, 'from a')
   const b = await answering(t, 'from b')
   const release = join(t.testdir({}), 'release')
+  t.teardown(() => { try { writeFileSync(release, '') } catch { /* its directory is gone: nothing waits on it */ } })
   // worker 2 starts; worker 1 holds its start until released
   const gw = await spawnGateway(t, config(a), [], { env: { NODE_OPTIONS: `--import ${fixture}`, GW_TEST_HANDOVER_FAULT: 'lose-2-while-starting', GW_TEST_RELEASE_FILE: release } })
   const adminUrl = `http://127.0.0.1:${(await gw.waitForLog(l => l.msg === 'gateway primary started')).adminPort as number}`
@@ -76,6 +77,7 @@ t.test('a hand-over a starting worker never saw is given again when it reports a
 t.test('before any worker has started, the primary\'s admin answers 503: /routes GW_ERR_NOT_READY, /limits not_ready, /readyz not_ready', async t => {
   const a = await answering(t, 'from a')
   const release = join(t.testdir({}), 'release')
+  t.teardown(() => { try { writeFileSync(release, '') } catch { /* its directory is gone: nothing waits on it */ } })
   const gw = await spawnGateway(t, config(a), [], { waitFor: 'gateway primary started', env: { NODE_OPTIONS: `--import ${fixture}`, GW_TEST_HANDOVER_FAULT: 'hold-every-start', GW_TEST_RELEASE_FILE: release } })
   const adminUrl = gw.adminUrl
   await until('both workers holding their start', () => gw.logs.filter(l => l.msg === 'test fixture: worker holding its start').length === 2)

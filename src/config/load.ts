@@ -364,6 +364,10 @@ function substituteEnv (value: unknown, path: KeyPath, env: NodeJS.ProcessEnv, f
         key = substituteEnv(k, [...path, k], env, fail) as string
         if (key.includes('${') && k.replace(ENV_RE, '').includes('${')) fail([...path, k], `"\${" in a key is not a complete \${VAR} reference`)
         else if (Object.hasOwn(out, key)) fail([...path, k], `key "${k}" is substituted to a key that is already present`)
+      } else if (Object.hasOwn(out, key)) {
+        // a key written out after a ${VAR} key that became the same (YAML refuses two written
+        // alike): it replaced the substituted one silently. Not quoted: it may be an API key.
+        fail([...path, k], 'this key is already present, substituted from a ${VAR} key before it')
       }
       // defined, not assigned: `out.__proto__ = {workers: 4}` set the prototype, so the schema read
       // workers: 4 through it and never saw the unknown key
