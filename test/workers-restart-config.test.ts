@@ -74,5 +74,7 @@ t.test('${VAR} in the file: each worker, a crashed one\'s replacement too, takes
   t.same([...new Set(await bodies(r.gw.url, 20))], ['200 from a'], 'both workers forward to the variable\'s backend')
   const replacement = await replaceOne(r)
   t.same([...new Set(await bodies(r.gw.url, 40))], ['200 from a'], 'so does the replacement')
+  // its access lines come in its log's next batch (at most 100 ms later)
+  await until('the replacement\'s access lines', () => servedBy(r.gw, replacement) > 0, 10_000).catch(() => {})
   t.ok(servedBy(r.gw, replacement) > 0, 'which took some of them')
 })
