@@ -359,16 +359,12 @@ function substituteEnv (value: unknown, path: KeyPath, env: NodeJS.ProcessEnv, f
     for (const [k, v] of Object.entries(value)) {
       // Map keys too (an API key from the environment, issue 9). A "${" that is not a complete
       // reference is refused: a literal "${X" key would otherwise be accepted silently.
-      let key = k
-      if (k.includes('${')) {
-        key = substituteEnv(k, [...path, k], env, fail) as string
-        if (key.includes('${') && k.replace(ENV_RE, '').includes('${')) fail([...path, k], `"\${" in a key is not a complete \${VAR} reference`)
-        else if (Object.hasOwn(out, key)) fail([...path, k], `key "${k}" is substituted to a key that is already present`)
-      } else if (Object.hasOwn(out, key)) {
-        // a key written out after a ${VAR} key that became the same (YAML refuses two written
-        // alike): it replaced the substituted one silently. Not quoted: it may be an API key.
-        fail([...path, k], 'this key is already present, substituted from a ${VAR} key before it')
-      }
+      const substituted = k.includes('${')
+      const key = substituted ? substituteEnv(k, [...path, k], env, fail) as string : k
+      if (substituted && key.includes('${') && k.replace(ENV_RE, '').includes('${')) fail([...path, k], `"\${" in a key is not a complete \${VAR} reference`)
+      // either order: a written key after a ${VAR} key that became the same (YAML refuses two
+      // written alike) replaced it silently; that one is not quoted, it may be an API key
+      else if (Object.hasOwn(out, key)) fail([...path, k], substituted ? `key "${k}" is substituted to a key that is already present` : 'this key is already present, substituted from a ${VAR} key before it')
       // defined, not assigned: `out.__proto__ = {workers: 4}` set the prototype, so the schema read
       // workers: 4 through it and never saw the unknown key
       Object.defineProperty(out, key, { value: substituteEnv(v, [...path, k], env, fail), enumerable: true, writable: true, configurable: true })

@@ -7,13 +7,14 @@ import { corsOriginProblem } from '../router/cors.js'
 import { normalizePath } from '../router/normalize-path.js'
 import { ENCODINGS, mediaRangeProblem } from '../proxy/compression.js'
 import { MAX_BACKOFF_MS } from '../proxy/retry-policy.js'
+import { MAX_TIMER_MS } from '../wait-at-most.js'
 
 export const DURATION_RE = /^(\d+)(ms|s|m|h)$/
 export const SIZE_RE = /^(\d+)(b|kb|mb|gb)$/i
 
 const duration = z.string().regex(DURATION_RE, 'expected a duration like "250ms", "1s", "1m" or "1h"')
 /** The longest wait setTimeout takes: Node fires a longer one after 1 ms (TimeoutOverflowWarning). */
-export const MAX_TIMER_MS = 2_147_483_647
+export { MAX_TIMER_MS }
 const DURATION_UNIT_MS: Readonly<Record<string, number>> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 }
 /** A written duration in ms, or null when it is not one (its own issue says so). */
 function durationMs (text: string): number | null {

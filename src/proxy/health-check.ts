@@ -6,6 +6,7 @@
 // while neither says no.
 import http from 'node:http'
 import https from 'node:https'
+import { MAX_TIMER_MS } from '../wait-at-most.js'
 
 /** An upstream's `healthCheck` as compiled from the config; every field is defaulted. */
 export interface HealthCheckConfig {
@@ -70,9 +71,6 @@ export function statusPasses (status: number, expect: HealthCheckConfig['expectS
   return false
 }
 
-/** Node's longest timer (2^31 - 1 ms, about 596h): a longer one fires after 1 ms. */
-const LONGEST_TIMER_MS = 2_147_483_647
-
 /**
  * The wait before a target's next probe: the interval, give or take 10%, so that the targets of
  * an upstream (and the workers of a gateway, which probe on their own) drift apart instead of
@@ -81,7 +79,7 @@ const LONGEST_TIMER_MS = 2_147_483_647
 export function probeDelay (intervalMs: number, first: boolean, random: () => number = Math.random): number {
   // at most the longest a timer waits: the schema takes an interval up to that, and 10% more of
   // one near it fired after 1 ms, so a target was probed as fast as the loop turned
-  return Math.min(LONGEST_TIMER_MS, Math.round(first ? random() * intervalMs * 0.1 : intervalMs * (0.9 + 0.2 * random())))
+  return Math.min(MAX_TIMER_MS, Math.round(first ? random() * intervalMs * 0.1 : intervalMs * (0.9 + 0.2 * random())))
 }
 
 /** Body bytes a probe reads before it stops listening: the status decides, the body is discarded. */
