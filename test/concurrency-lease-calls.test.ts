@@ -92,3 +92,45 @@ t.test('a held lease Redis lost (restarted empty) is added again by its next ren
   const second = await store.decideDetailed([{ key, spec, cost: 1 }], 'ws2')
   t.notOk(second.decision.allowed, 'a second WebSocket is refused by the cap of 1')
 })
+
+t.test('a release riding with a limit call the connection dropped is sent again once Redis is back: the lease does not stay for its leaseTtl', async t => {
+  // persisted at every write: the lease outlives the restart, as on a failed-over replica
+  const redis = await startRedis(t, { args: ['--appendonly', 'yes', '--appendfsync', 'always'] })
+  const client = createRedisClient({ url: redis.url })
+  t.teardown(() => client.disconnect())
+  await whenReady(client)
+  const store = createRedisStore({ client })
+  const guard = new RedisGuard({ store, fallbackMaxKeys: 100, timeoutMs: 1000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
+  t.teardown(() => guard.close())
+  const keeper = new LeaseKeeper({ redis: { client, guard, store }, ttlMs: 30_000 })
+  t.teardown(() => keeper.close(100))
+  const key = 'gw:lease:r.user:alice'
+  const spec: LimitSpec = Object.freeze({ id: 'r.concurrency.user', algorithm: 'lease', limit: 1, windowMs: 30_000, burst: 1, maxDelayMs: 0 })
+  const taken = await store.decideDetailed([{ key, spec, cost: 1 }], 'alice-1')
+  t.ok(taken.decision.allowed, 'alice holds her one lease')
+  const reader = redis.client()
+  t.equal(await reader.zcard(key), 1)
+  // Redis stalls; alice's request ends, and bob's limit call of the same turn carries her release
+  await reader.call('CLIENT', 'PAUSE', '5000', 'ALL')
+  const held: HeldLease = { keys: [key], member: taken.callId, level: 'redis', units: 1, released: false, heldAt: -1 }
+  keeper.hold(held)
+  keeper.release(held)
+  const gcra: LimitSpec = Object.freeze({ id: 'r.user', algorithm: 'gcra', limit: 100, windowMs: 1000, burst: 100, maxDelayMs: 0 })
+  const bob = store.decide([{ key: 'gw:r.user:bob', spec: gcra, cost: 1 }], 'bob-1').then(() => 'decided', (err: unknown) => (err as Error).message)
+  await sleep(50)
+  t.equal(keeper.carried, 1, 'the release rode with bob\'s call')
+  t.equal(keeper.calls, 0, 'no release call of its own')
+  // the server dies with the call unanswered, and comes back with its data
+  await redis.kill()
+  t.not(await bob, 'decided', 'bob\'s call failed with its connection')
+  await redis.restart()
+  const restarted = Date.now()
+  const check = redis.client()
+  let left = -1
+  while (Date.now() - restarted < 8000) {
+    left = await check.zcard(key).catch(() => -1)
+    if (left === 0) break
+    await sleep(50)
+  }
+  t.equal(left, 0, `alice's lease was given back ${Date.now() - restarted} ms after Redis came back (30 s TTL)`)
+})

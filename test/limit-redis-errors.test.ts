@@ -74,6 +74,17 @@ t.test('no connection: a refused socket, a client that will not queue', async (t
   t.equal(classifyRedisError(refused), 'connection')
 })
 
+t.test('no connection under Cluster: a client with no master to ask fails the call as a lost connection', async (t) => {
+  const dead = await startRedis()
+  const deadPort = dead.port
+  await dead.stop()
+  const cluster = createRedisClient({ cluster: [`redis://127.0.0.1:${deadPort}`], connectTimeoutMs: 500, onError: () => {} })
+  t.teardown(() => cluster.disconnect())
+  const offline = await failureOf(async () => await cluster.ping())
+  // ioredis rejects it with a message and no code: counted as 'other', a lease release it carried was not kept
+  t.equal(classifyRedisError(offline), 'connection', `${(offline as Error).message}`)
+})
+
 t.test('the guard\'s own timeout, by its code', async (t) => {
   t.equal(classifyRedisError(Object.assign(new Error('no answer within 50ms'), { code: 'GW_ERR_REDIS_TIMEOUT' })), 'timeout')
   t.equal(classifyRedisError('not an error'), 'other')

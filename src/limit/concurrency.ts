@@ -15,7 +15,7 @@
 import { Cluster, type Redis } from 'ioredis'
 import { keySlot } from './keys.js'
 import { classifyRedisError } from './redis-client.js'
-import { LEASE_RELEASE_SCRIPT, LEASE_RENEW_SCRIPT, type LeaseReleases } from './scripts.js'
+import { LEASE_RELEASE_SCRIPT, LEASE_RENEW_SCRIPT, type LeaseReleases, type ReleaseCarrier } from './scripts.js'
 import type { MemoryStore } from './memory-store.js'
 import type { RedisGuard } from './redis-guard.js'
 import { waitAtMost } from '../wait-at-most.js'
@@ -42,7 +42,7 @@ export interface LeaseKeeperOptions {
     readonly client: Redis | Cluster
     readonly guard: RedisGuard
     /** The limit store on the same client: releases ride with its calls when it batches. */
-    readonly store?: { carryReleases(take: () => LeaseReleases | null): boolean }
+    readonly store?: { carryReleases(carrier: ReleaseCarrier): boolean }
     /** Prepended to every key, as the Redis store does (default none). */
     readonly keyPrefix?: string
   }
@@ -130,7 +130,10 @@ export class LeaseKeeper {
         if (this.held.length > 0) this.renew()
       })
     }
-    this.riding = options.redis?.store?.carryReleases(() => this.takeReleases()) ?? false
+    this.riding = options.redis?.store?.carryReleases({
+      take: () => this.takeReleases(),
+      failed: (releases, err) => this.carriedReleasesFailed(releases, err)
+    }) ?? false
   }
 
   /** `redis.leaseTtl`. */
@@ -255,6 +258,21 @@ export class LeaseKeeper {
     }
     this.carried += pairs.length
     return pairs
+  }
+
+  /**
+   * The limit call that carried `releases` failed. Its connection gone with it, they are kept and
+   * sent again once it is back, as a release call of their own would be (send): Redis restarted
+   * with its data, or a failed-over replica that had the leases, refused those clients otherwise
+   * for up to a whole leaseTtl. Removing a lease twice is harmless. Any other failure (a script
+   * error, a timeout of Redis's that may yet run it) leaves them to expire, as before.
+   */
+  private carriedReleasesFailed (releases: LeaseReleases, err: unknown): void {
+    if (classifyRedisError(err) !== 'connection') return
+    const cut = (this.options.redis?.keyPrefix ?? '').length
+    const pairs: Array<readonly [string, string]> = []
+    for (const [key, member] of releases) pairs.push([key.slice(cut), member])
+    this.keepUnsent(pairs, null)
   }
 
   private flush (): Array<Promise<unknown>> {

@@ -32,12 +32,23 @@ export class InstanceHeartbeat {
     return this.count
   }
 
+  /**
+   * Beats wait for nothing else: a Redis that is stalled but connected (paused, SIGSTOPped)
+   * answers no beat and fails none, so a beat is not sent while the one before it waits; they
+   * piled up in the client, one per interval, for as long as the stall lasted.
+   */
+  private beating = false
+
   async beat (): Promise<void> {
+    if (this.beating) return
+    this.beating = true
     try {
       const n = await this.client.eval(SCRIPT, 1, this.key, this.id, String(this.intervalMs * 3))
       if (typeof n === 'number' && n > 0) this.observe(n, Date.now())
     } catch {
       // Redis away: keep the last known count (see RedisGuard).
+    } finally {
+      this.beating = false
     }
   }
 

@@ -4,7 +4,7 @@
 // turn share one lua/limit-batch.lua call, decided in arrival order, each all or nothing, as one
 // limit.lua call per request in that order would decide them. Standalone Redis and Sentinel
 // only: under Cluster a batch would span hash slots (src/limit/redis-store.ts groups by slot).
-import { batchKeysAndArgs, limitArgs, parseBatchReply, parseLimitReply, type BatchedRequest, type LeaseReleases, type LimitReply } from './scripts.js'
+import { batchKeysAndArgs, limitArgs, parseBatchReply, parseLimitReply, type BatchedRequest, type LimitReply, type ReleaseCarrier } from './scripts.js'
 import type { LimitCheck } from './types.js'
 
 /** The script calls the batcher makes: limit.lua for a lone request, limit-batch.lua for more. */
@@ -25,12 +25,12 @@ interface Waiting extends BatchedRequest {
 export const DEFAULT_MAX_BATCH = 64
 
 /**
- * `takeReleases`: the lease releases waiting to be sent (src/limit/concurrency.ts). They ride with
- * the next call, removed by the script before it decides anything, instead of costing a call and
- * a reply of their own; a call that fails loses them, as a failed release call would (the leases
- * then expire within leaseTtl).
+ * `releases`: the lease releases waiting to be sent (src/limit/concurrency.ts). They ride with the
+ * next call, removed by the script before it decides anything, instead of costing a call and a
+ * reply of their own; a call that fails hands them back (`failed`), as a failed release call of
+ * their own would be kept for the connection's return.
  */
-export function createLimitBatcher (commands: BatchCommands, maxBatch = DEFAULT_MAX_BATCH, takeReleases: () => LeaseReleases | null = () => null): DecideOne {
+export function createLimitBatcher (commands: BatchCommands, maxBatch = DEFAULT_MAX_BATCH, releases: ReleaseCarrier | null = null): DecideOne {
   let queue: Waiting[] = []
   let queueNow = 0
   let scheduled = false
@@ -40,15 +40,15 @@ export function createLimitBatcher (commands: BatchCommands, maxBatch = DEFAULT_
     queue = []
     if (batch.length === 0) return
     const now = queueNow
-    const releases = takeReleases()
-    if (batch.length === 1 && releases === null) {
+    const riding = releases?.take() ?? null
+    if (batch.length === 1 && riding === null) {
       const r = batch[0] as Waiting
       commands.gatewayLimit(r.keys.length, ...r.keys, ...limitArgs(r.checks, r.id, now)).then(
         (reply) => { settleOne(r, reply) },
         (err: unknown) => { r.reject(err) })
       return
     }
-    const { numKeys, keysAndArgs } = batchKeysAndArgs(batch, now, releases ?? undefined)
+    const { numKeys, keysAndArgs } = batchKeysAndArgs(batch, now, riding ?? undefined)
     commands.gatewayLimitBatchBuffer(numKeys, ...keysAndArgs).then((reply) => {
       let replies: LimitReply[]
       try {
@@ -59,6 +59,7 @@ export function createLimitBatcher (commands: BatchCommands, maxBatch = DEFAULT_
       }
       for (let i = 0; i < batch.length; i++) (batch[i] as Waiting).resolve(replies[i] as LimitReply)
     }, (err: unknown) => {
+      if (riding !== null) (releases as ReleaseCarrier).failed(riding, err)
       // a failed batch fails each of its requests: each goes to its own onError path, as one call would
       for (const r of batch) r.reject(err)
     })

@@ -338,8 +338,13 @@ const REPLY_KINDS: Readonly<Record<string, RedisErrorKind>> = Object.freeze({
 })
 
 // ioredis rejects these without a code of its own; it matches them by these exact texts itself
-// (built/utils CONNECTION_CLOSED_ERROR_MSG, the offline-queue check in Redis.sendCommand).
-const CLIENT_SIDE_CONNECTION = new Set(['Connection is closed.', "Stream isn't writeable and enableOfflineQueue options is false"])
+// (built/utils CONNECTION_CLOSED_ERROR_MSG, the offline-queue checks in Redis.sendCommand and
+// Cluster.sendCommand: a Cluster with no master connection).
+const CLIENT_SIDE_CONNECTION = new Set([
+  'Connection is closed.',
+  "Stream isn't writeable and enableOfflineQueue options is false",
+  "Cluster isn't ready and enableOfflineQueue options is false"
+])
 
 /** The code of a Redis error reply (NOSCRIPT, BUSY, MOVED...), or null when `err` is not a reply. */
 export function replyCode (err: unknown): string | null {

@@ -464,15 +464,21 @@ export class RedisGuard implements SharedLevel {
       await Promise.all([...this.breakers.values()].map(async (b) => {
         if (b.state !== 'open' || b.probing) return
         b.probing = true
+        // The next probe waits for this one's answer or failure, not for its timeout: a Redis
+        // stalled but connected answers no PING and fails none, and one every 250 ms piled up in
+        // the client for as long as the stall lasted. A late answer does not close the breaker
+        // (it came past redis.timeout); the probe after it does.
+        // (a ping that throws instead of rejecting must not leave the breaker probing for good)
+        const probe = Promise.resolve(b.node).then(ping)
+        const settled = (): void => { b.probing = false }
+        probe.then(settled, settled)
         try {
-          await this.withTimeout(ping(b.node))
+          await this.withTimeout(probe)
           b.failures = 0
           b.openFor = this.baseOpenMs
           this.setState(b, 'closed', 'Redis answers again')
         } catch {
           // still away: requests keep probing on their own schedule too
-        } finally {
-          b.probing = false
         }
       }))
     }

@@ -4,7 +4,7 @@ import { assertDecidable } from './algorithms/index.js'
 import { keySlot } from './keys.js'
 import { createLimitBatcher, DEFAULT_MAX_BATCH } from './redis-batch.js'
 import { createScriptCommands } from './redis-functions.js'
-import { chargeArgs, limitArgs, parseLimitReply, refundArgs, type LeaseReleases, type LimitReply } from './scripts.js'
+import { chargeArgs, limitArgs, parseLimitReply, refundArgs, type LimitReply, type ReleaseCarrier } from './scripts.js'
 import { NO_CHECKS, longer, type LimitCheck, type LimitDecision, type LimitStore } from './types.js'
 
 // The shared store: every check of a request decided by one call of lua/limit.lua.
@@ -75,11 +75,12 @@ export interface RedisStore extends LimitStore {
    */
   charge(checks: readonly LimitCheck[]): Promise<void>
   /**
-   * Lets lease releases ride with the limit calls (one script call carries both): `take` is asked
-   * for the waiting releases as each call is sent. False when this store does not batch (Redis
-   * Cluster, maxBatch 1): the caller then sends its releases itself.
+   * Lets lease releases ride with the limit calls (one script call carries both): the carrier is
+   * asked for the waiting releases as each call is sent, and told of a call that failed with them.
+   * False when this store does not batch (Redis Cluster, maxBatch 1): the caller then sends its
+   * releases itself.
    */
-  carryReleases(take: () => LeaseReleases | null): boolean
+  carryReleases(carrier: ReleaseCarrier): boolean
 }
 
 // A short hash tag per Cluster slot, found once by search: a refund's marker key must live in the
@@ -134,8 +135,13 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
   // FCALL of the function library, or EVALSHA of the same code where functions are not to be had
   const commands = createScriptCommands(client, onFunctionsRefused)
   const isCluster = client instanceof Cluster
-  let releaseSource: (() => LeaseReleases | null) | null = null
-  const batched = isCluster || maxBatch <= 1 ? null : createLimitBatcher(commands, maxBatch, () => releaseSource?.() ?? null)
+  let releaseCarrier: ReleaseCarrier | null = null
+  const batched = isCluster || maxBatch <= 1
+    ? null
+    : createLimitBatcher(commands, maxBatch, {
+      take: () => releaseCarrier?.take() ?? null,
+      failed: (releases, err) => releaseCarrier?.failed(releases, err)
+    })
 
   // Request ids are not trusted to be unique (a client may send its own X-Request-Id, or the
   // same one twice): a per-store tag and counter make every call's log members unique, and the
@@ -271,9 +277,9 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
       }
       if (unwritten.length > 0) throw new ChargeError(unwritten, reason)
     },
-    carryReleases (take) {
+    carryReleases (carrier) {
       if (batched === null) return false
-      releaseSource = take
+      releaseCarrier = carrier
       return true
     },
     async close () {

@@ -144,6 +144,14 @@ export interface BatchedRequest {
 /** Lease releases riding with a limit call: [lease key (prefixed), lease id] pairs. */
 export type LeaseReleases = ReadonlyArray<readonly [string, string]>
 
+/** Where the releases that ride with limit calls come from (src/limit/concurrency.ts, LeaseKeeper). */
+export interface ReleaseCarrier {
+  /** The releases waiting, for the call about to be sent; null when none wait. */
+  take(): LeaseReleases | null
+  /** The call that carried `releases` failed: whether Redis took them is unknown. */
+  failed(releases: LeaseReleases, err: unknown): void
+}
+
 const NO_RELEASES: LeaseReleases = Object.freeze([])
 
 // The numbers of a batch's request strings: three characters of '0'..'o' each (base 64, see
