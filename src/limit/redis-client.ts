@@ -166,6 +166,15 @@ export function createRedisClient (opts: RedisClientOptions): Redis | Cluster {
       name: opts.name,
       role: 'master',
       sentinelRetryStrategy: reconnectDelayMs,
+      // Subscribes to the sentinels' +switch-master and drops the connection to the old master
+      // when one is published. Without it, a master that stops answering but keeps its socket
+      // (SIGSTOPped, a frozen VM, a network that drops packets without a reset) kept the client
+      // on it after its replica was promoted: no 'ready', the breaker's probes timing out, the
+      // limits on their fallback for as long as that socket lived (test/faults/failover.fault.ts).
+      failoverDetector: true,
+      // ...by ending its socket, which a frozen master never closes from its side: ioredis
+      // destroys it after this long (default 2000 ms), and only then connects to the new master.
+      disconnectTimeout: 100,
       ...(tls !== null ? { tls, enableTLSForSentinelMode: true } : {}),
       ...(opts.sentinelTls === true && tls !== null ? { sentinelTLS: tls } : {})
     })

@@ -45,6 +45,41 @@ t.test('Sentinel: master SIGKILLed with users mid-budget, replica promoted: at m
   t.ok(o.recoveryMs !== null && o.recoveryMs <= 1000, `recovery ${o.recoveryMs} ms <= 1000 ms`)
 })
 
+t.test('Sentinel: master frozen (SIGSTOP, its socket left open) with users mid-budget, replica promoted: the gateway leaves it at +switch-master, at most 1.1x, no 5xx, back on Redis within 1 s of the switch', async t => {
+  const master = await startRedis(t)
+  const replica = await startRedisReplica(t, master.port)
+  const replicaClient = replica.client()
+  await until('replica in sync', async () => /master_link_status:up/.test(await replicaClient.info('replication')), 15_000)
+  const sentinel = await startFastSentinel(t, master.port, 'gwfrozen', 1000)
+  // the time of the switch as the sentinel publishes it: what a client acts on
+  const subscriber = new Redis({ host: '127.0.0.1', port: sentinel.port, maxRetriesPerRequest: 1 })
+  subscriber.on('error', () => {})
+  t.teardown(() => subscriber.disconnect())
+  const switched = new Promise<void>((resolve) => {
+    subscriber.on('message', (channel: string, message: string) => {
+      if (channel === '+switch-master' && message.startsWith('gwfrozen ') && message.endsWith(` ${replica.port}`)) resolve()
+    })
+  })
+  await subscriber.subscribe('+switch-master')
+
+  const o = await runScenario(t, {
+    redis: `sentinels: ["127.0.0.1:${sentinel.port}"], name: gwfrozen`,
+    fault: async (at) => {
+      await at(1500)
+      // no reset reaches the gateway: only the sentinels' +switch-master tells it to move
+      master.freeze()
+      await Promise.race([switched, sleep(30_000).then(() => { throw new Error('no +switch-master within 30 s') })])
+      return Date.now()
+    },
+    durationMs: 12_000
+  })
+  t.comment(report('Sentinel, master frozen', o))
+  t.ok(o.maxRatio <= 1.1, `max ${o.maxRatio.toFixed(2)}x <= 1.1x`)
+  t.equal(o.fiveHundreds, 0)
+  t.ok(o.recoveryMs !== null && o.recoveryMs <= 1000, `recovery ${o.recoveryMs} ms <= 1000 ms`)
+  if (o.recoveryMs === null || o.recoveryMs > 1000) for (const line of o.breakerLog) t.comment(line)
+})
+
 t.test('Cluster 3+3: a master SIGKILLed with users mid-budget, replica promoted: at most 1.1x, no 5xx', async t => {
   const cluster = await startReplicatedCluster(t, 2000)
   const victim = await cluster.masterOf(0) as number

@@ -24,6 +24,8 @@ export interface RedisServer {
   kill(): Promise<void>
   /** Start it again on the same port (after kill()). */
   restart(): Promise<void>
+  /** SIGSTOP the server: its sockets stay open and nothing answers (a frozen host). */
+  freeze(): void
   stop(): Promise<void>
 }
 
@@ -193,6 +195,8 @@ async function startNode (extraArgs: (dir: string) => string[], withBus: boolean
         const running = node.running
         if (running === null) return
         node.running = null
+        // a frozen server (freeze) acts on its SIGTERM only once continued
+        try { process.kill(running.pid, 'SIGCONT') } catch { /* already gone */ }
         try { process.kill(running.pid, 'SIGTERM') } catch { /* already gone */ }
         const timer = setTimeout(() => {
           try { process.kill(running.pid, 'SIGKILL') } catch { /* already gone */ }
@@ -257,6 +261,9 @@ export async function startRedis (first?: Teardown | RedisOptions, second?: Redi
       return client
     },
     kill: () => node.kill(),
+    freeze () {
+      if (node.running !== null) process.kill(node.running.pid, 'SIGSTOP')
+    },
     async restart () {
       await node.kill()
       await node.start()
