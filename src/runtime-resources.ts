@@ -13,7 +13,7 @@ import { LocalLevel, DenyCache } from './limit/local-level.js'
 import { createMemoryStore, type MemoryStore } from './limit/memory-store.js'
 import { createRedisStore } from './limit/redis-store.js'
 import { createHash } from 'node:crypto'
-import { clusterNodes, createRedisClient, isTlsFailure, probeTlsFailure, whenReady, type RedisClientOptions, type RedisTlsOptions } from './limit/redis-client.js'
+import { closeRedisClient, clusterNodes, createRedisClient, isTlsFailure, probeTlsFailure, whenReady, type RedisClientOptions, type RedisTlsOptions } from './limit/redis-client.js'
 import { InstanceHeartbeat } from './limit/heartbeat.js'
 import { RedisGuard, type BreakerState } from './limit/redis-guard.js'
 import { LeaseKeeper } from './limit/concurrency.js'
@@ -542,7 +542,7 @@ async function closeRedis (bundle: RedisBundle): Promise<void> {
   await Promise.all([bundle.leases.close(), bundle.heartbeat.stop()])
   bundle.guard.close()
   await bundle.store.close()
-  bundle.client.disconnect()
+  closeRedisClient(bundle.client)
 }
 
 function tracerKey (config: ResolvedConfig): string | null {

@@ -41,6 +41,39 @@ t.test('Redis paused: lease calls waiting for it stay bounded, the rest are drop
   t.equal(keeper.waiting, 0, 'every call sent was answered once Redis resumed')
 })
 
+t.test('Redis paused while releases fill their bound: renewal rounds still go out, and the lease of a request still running is counted when it resumes', async t => {
+  const redis = await startRedis(t)
+  const client = createRedisClient({ url: redis.url })
+  t.teardown(() => client.disconnect())
+  await whenReady(client)
+  const guard = new RedisGuard({ store: createRedisStore({ client }), fallbackMaxKeys: 100, timeoutMs: 100, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
+  t.teardown(() => guard.close())
+  const errors: string[] = []
+  // renewed every 200 ms
+  const keeper = new LeaseKeeper({ redis: { client, guard }, ttlMs: 600, onError: (err, what) => errors.push(`${what}: ${(err as Error).message}`) })
+  t.teardown(() => keeper.close(100))
+  const key = 'gw:lease:r.user:carol'
+  const reader = redis.client()
+  // a request that runs through the whole stall
+  const running: HeldLease = { keys: [key], member: 'carol-1', level: 'redis', units: 1, released: false, heldAt: -1 }
+  keeper.hold(running)
+  await sleep(300)
+  t.not(await reader.zscore(key, 'carol-1'), null, 'its lease is renewed into Redis')
+  await reader.call('CLIENT', 'PAUSE', '2500', 'ALL')
+  // other requests end, one every 12 ms: their release sends fill their bound within a second
+  for (let i = 0; i < 150; i++) {
+    const lease: HeldLease = { keys: [`lease:{u${i}}`], member: `m${i}`, level: 'redis', units: 1, released: false, heldAt: -1 }
+    keeper.hold(lease)
+    keeper.release(lease)
+    await sleep(12)
+  }
+  t.ok(errors.some((e) => e.includes('lease releases already wait for Redis')), 'releases past their bound were dropped')
+  t.same(errors.filter((e) => e.includes('renewals')), [], 'no renewal round was dropped')
+  for (let i = 0; i < 200 && keeper.waiting > 0; i++) await sleep(25)
+  t.equal(keeper.waiting, 0, 'every call sent was answered once Redis resumed')
+  t.not(await reader.zscore(key, 'carol-1'), null, 'the running request\'s lease is in Redis')
+})
+
 /** A redis-server of its own, the gateway's client, a store deciding one call per check, and a guard. */
 async function leaseStore (t: Teardown): Promise<{ client: ReturnType<typeof createRedisClient>, reader: ReturnType<Awaited<ReturnType<typeof startRedis>>['client']>, store: ReturnType<typeof createRedisStore>, guard: RedisGuard }> {
   const redis = await startRedis(t)

@@ -61,7 +61,7 @@ interface LeaseCommands {
 const BATCH = 512
 
 /**
- * Most releases and renewals (sends) waiting for one Redis node at once (see send; under Cluster
+ * Most release sends, and apart from them most renewal rounds, waiting for one Redis node at once (see send; under Cluster
  * each master has its own bound, so a stalled one drops none of another's). A send is one flush of
  * releases or one renewal round with all its calls: under Cluster that is one call per hash slot,
  * hundreds on a busy instance, which must all go out or the leases beyond the bound expire while
@@ -351,7 +351,12 @@ export class LeaseKeeper {
       // per slot) its calls are dropped, as a failed call is: those leases expire within leaseTtl.
       // Counted per node: under Cluster a send also holds calls to the healthy masters, which a
       // bound on whole sends dropped with the stalled one's.
-      const waiting = this.waitingFor.get(node) ?? 0
+      // Releases and renewals are bounded apart: releases sent every 10 ms through a stall filled
+      // the bound shared with renewals, and every renewal round was dropped. A dropped release
+      // only leaves its lease counted a while longer; a dropped renewal lets a lease of a request
+      // still running expire, and the other instances admit past the cap.
+      const slot = what === 'renew' ? `renew ${node}` : node
+      const waiting = this.waitingFor.get(slot) ?? 0
       if (waiting >= MAX_WAITING_SENDS) {
         dropped = node
         continue
@@ -373,11 +378,11 @@ export class LeaseKeeper {
           }))
         }
       }
-      this.waitingFor.set(node, waiting + 1)
+      this.waitingFor.set(slot, waiting + 1)
       void Promise.allSettled(calls).then(() => {
-        const left = (this.waitingFor.get(node) ?? 1) - 1
-        if (left > 0) this.waitingFor.set(node, left)
-        else this.waitingFor.delete(node)
+        const left = (this.waitingFor.get(slot) ?? 1) - 1
+        if (left > 0) this.waitingFor.set(slot, left)
+        else this.waitingFor.delete(slot)
       })
       sent.push(...calls)
     }

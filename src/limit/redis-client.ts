@@ -14,7 +14,7 @@ keepRedisSocketErrorsHandled()
  * (ERR_SSL_DECRYPTION_FAILED_OR_BAD_RECORD_MAC), the reset that follows it through the socket's
  * destruction (ECONNRESET). The second found no listener and Node ended the gateway (seen in CI,
  * test/redis-tls-socket-errors.test.ts makes it happen). Every socket an ioredis connector opens
- * (a client's, a Cluster node's, a sentinel's, the failover detector's) is stored in the
+ * (a client's, a Cluster node's, a sentinel's) is stored in the
  * connector's `stream`: a listener for its whole life is added there. The first error still
  * reaches ioredis, which reports it and reconnects; a later one on the same dead socket adds
  * nothing to know. Installed once, on the prototype every connector shares.
@@ -157,7 +157,7 @@ export function createRedisClient (opts: RedisClientOptions): Redis | Cluster {
     if (opts.name === undefined) throw new TypeError('createRedisClient: sentinels need the master name')
     // The master (and replica) connections take the TLS settings; the sentinels themselves are
     // asked over plain TCP unless sentinelTls says they serve TLS (ioredis's sentinelTLS, which
-    // its own sentinel connections and the failover detector's subscriptions use).
+    // its own sentinel connections use, and the +switch-master watchers).
     const tls = tlsOptions(opts.tls, false)
     if (opts.sentinelTls === true && tls === null) throw new TypeError('createRedisClient: sentinelTls needs tls')
     client = new Redis({
@@ -166,24 +166,68 @@ export function createRedisClient (opts: RedisClientOptions): Redis | Cluster {
       name: opts.name,
       role: 'master',
       sentinelRetryStrategy: reconnectDelayMs,
-      // Subscribes to the sentinels' +switch-master and drops the connection to the old master
-      // when one is published. Without it, a master that stops answering but keeps its socket
-      // (SIGSTOPped, a frozen VM, a network that drops packets without a reset) kept the client
-      // on it after its replica was promoted: no 'ready', the breaker's probes timing out, the
-      // limits on their fallback for as long as that socket lived (test/faults/failover.fault.ts).
-      failoverDetector: true,
-      // ...by ending its socket, which a frozen master never closes from its side: ioredis
-      // destroys it after this long (default 2000 ms), and only then connects to the new master.
+      // A switch ends the connection to the old master (watchSwitchMaster) by ending its socket,
+      // which a frozen master never closes from its side: ioredis destroys it after this long
+      // (default 2000 ms), and only then connects to the new master.
       disconnectTimeout: 100,
       ...(tls !== null ? { tls, enableTLSForSentinelMode: true } : {}),
       ...(opts.sentinelTls === true && tls !== null ? { sentinelTLS: tls } : {})
     })
+    watchSwitchMaster(client, opts.sentinels, opts.name, opts.sentinelTls === true ? tls : null)
   } else {
     const url = opts.url as string
     client = new Redis(url, { ...common(opts), ...withTls(tlsOptions(opts.tls, url.startsWith('rediss:'))) })
   }
   client.on('error', (err: Error) => opts.onError?.(err))
   return client
+}
+
+/**
+ * Leaves the old master when a sentinel publishes `+switch-master` for `name`. Without it, a master
+ * that stops answering but keeps its socket open (SIGSTOPped, a frozen VM, a network that drops
+ * packets without a reset) kept the client on it after its replica was promoted: no 'ready', the
+ * breaker's probes timing out, the limits on their fallback for as long as that socket lived
+ * (test/faults/failover.fault.ts). ioredis's own failoverDetector does this too, but a switch
+ * published while the client was already reconnecting (the old master killed) ended the client
+ * for good (status 'end', never reconnected): its disconnect stops the connect under way. Here a
+ * client that is connecting is left to it: it asks the sentinels for the master as it connects.
+ */
+function watchSwitchMaster (client: Redis, sentinels: ReadonlyArray<{ readonly host: string, readonly port: number }>, name: string, tls: ConnectionOptions | null): void {
+  const watchers = sentinels.map(({ host, port }) => {
+    const watcher = new Redis({ host, port, retryStrategy: reconnectDelayMs, connectionName: 'edge-gateway-switch-watch', ...withTls(tls) })
+    // a sentinel that is down: the others still tell, and this one is tried again
+    watcher.on('error', () => {})
+    // A watcher never holds the process: a client closed while it was still connecting emits no
+    // 'end' (closeRedisClient stops them then), and a test or an embedder that only disconnects
+    // the client must still be able to exit.
+    watcher.on('connect', () => { (watcher as unknown as { stream?: Socket }).stream?.unref() })
+    watcher.subscribe('+switch-master').catch(() => {})
+    watcher.on('message', (channel: string, message: string) => {
+      // "<name> <old ip> <old port> <new ip> <new port>"
+      const fields = message.split(' ')
+      if (channel !== '+switch-master' || fields.length !== 5 || fields[0] !== name) return
+      // 'connect': connected but not ready, possibly to the old master named just before the switch
+      if (client.status !== 'ready' && client.status !== 'connect') return
+      // a client that reconnected on its own (the old master killed) may be on the new one already:
+      // leaving it would cost the requests of a reconnect for nothing
+      const socket = (client as unknown as { stream?: Socket }).stream
+      const at = socket?.remoteAddress?.replace(/^::ffff:/, '')
+      if (socket?.remotePort === Number(fields[4]) && at === fields[3]) return
+      client.disconnect(true)
+    })
+    return watcher
+  })
+  const stop = (): void => { for (const watcher of watchers) watcher.disconnect() }
+  client.once('end', stop)
+  switchWatchers.set(client, stop)
+}
+
+const switchWatchers = new WeakMap<Redis | Cluster, () => void>()
+
+/** Closes a client createRedisClient made, and what it made beside it (the +switch-master watchers). */
+export function closeRedisClient (client: Redis | Cluster): void {
+  switchWatchers.get(client)?.()
+  client.disconnect()
 }
 
 /**
