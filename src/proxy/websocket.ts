@@ -251,6 +251,7 @@ class Tunnel {
       this.plan.pool.succeeded(this.target)
       this.upgraded = true
       this.upstream = upstream
+      switched(res)
       this.answerHeaders(res)
       this.settle(101, null, null)
       upstream.on('error', noop)
@@ -335,11 +336,14 @@ class Tunnel {
 
   // http-proxy writes these headers to the client right after our listener returns.
   answerHeaders (res: IncomingMessage): void {
+    delete res.headers['x-request-id']
     const rules = this.plan.responseHeaders
     for (const name of rules.remove) delete res.headers[name]
     for (const [name, value] of rules.set) res.headers[name] = value
     if (this.ctx.extraResponseHeaders !== undefined) for (const [name, value] of this.ctx.extraResponseHeaders) res.headers[name.toLowerCase()] = value
-    res.headers['x-request-id'] = this.ctx.requestId
+    // as on an HTTP answer: the gateway's id, unless the route's rules remove or set the field
+    // (it was written over their choice); an id the upstream echoed is never relayed
+    if (this.plan.headers.echoRequestId) res.headers['x-request-id'] = this.ctx.requestId
   }
 
   /** http-proxy's callback: the upstream request failed, or the upstream socket after the upgrade. */
@@ -459,6 +463,21 @@ function notUpgraded (res: IncomingMessage): void {
   if (named !== undefined) for (const token of connectionTokens(named)) delete res.headers[token]
   for (const name of HOP_BY_HOP) delete res.headers[name]
   res.headers.connection = 'close'
+}
+
+/**
+ * The upstream's 101 as http-proxy writes it to the client (its headers verbatim): the switch is
+ * this hop's, so it keeps `Connection: Upgrade` and the upstream's `Upgrade`, and loses the other
+ * hop-by-hop fields and those its `Connection` names, as an HTTP answer does (a `Keep-Alive`, an
+ * internal field the upstream meant for the gateway alone reached the client).
+ */
+function switched (res: IncomingMessage): void {
+  const upgrade = res.headers.upgrade
+  const named = res.headers.connection
+  if (named !== undefined) for (const token of connectionTokens(named)) delete res.headers[token]
+  for (const name of HOP_BY_HOP) delete res.headers[name]
+  res.headers.connection = 'Upgrade'
+  if (upgrade !== undefined) res.headers.upgrade = upgrade
 }
 
 function noop (): void {}
