@@ -9,7 +9,7 @@ import { retryDelayMs } from './retry-policy.js'
 import { upstreamRequestHeaders } from './forward-headers.js'
 import { HOP_BY_HOP, connectionTokens } from './hop-by-hop.js'
 import { stripPathPrefix } from './forward-path.js'
-import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
+import { KIND_CODES, KIND_MESSAGES, classifyUpstreamError, isConnectFailure, type ForwardErrorKind } from './upstream-errors.js'
 import type { UpstreamTarget } from './upstream-pool.js'
 
 /** Proxies `Upgrade: websocket` requests; one per gateway server. */
@@ -185,9 +185,11 @@ class Tunnel {
     this.connecting = upstream
     const refused = (err: Error): void => { this.connectFailed(err) }
     upstream.once('error', refused)
-    upstream.once('connect', () => {
+    // made once TLS is too: a certificate refused is a connection never made (nothing was sent),
+    // retried on another target as a refused one is, where on 'connect' it failed the handshake
+    upstream.once(target.secure ? 'secureConnect' : 'connect', () => {
       this.connecting = null
-      // later errors are the handshake's (a TLS one too): its request reports them
+      // later errors are the handshake's: its request reports them
       upstream.off('error', refused)
       upstream.on('error', noop)
       this.open(this.target, upstream)
@@ -206,7 +208,7 @@ class Tunnel {
     const kind = this.timeoutKind ?? classifyUpstreamError(err)
     this.timeoutKind = null
     this.charge(kind)
-    if ((kind === 'refused' || kind === 'dns' || kind === 'connect_timeout') && this.retry(kind)) return
+    if (isConnectFailure(kind) && this.retry(kind)) return
     this.giveUp(kind, err)
   }
 
@@ -378,16 +380,17 @@ class Tunnel {
 
   /** The target's part in a failure: ejected when no connection was made, an outlier's failure when it accepted and then failed. */
   private charge (kind: ForwardErrorKind): void {
-    if (kind === 'refused' || kind === 'dns' || kind === 'connect_timeout') this.plan.pool.eject(this.target)
+    if (isConnectFailure(kind)) this.plan.pool.eject(this.target)
     // a target that accepts and then never answers, or resets, is an outlier for upgrades too
     else if (kind === 'response_timeout' || kind === 'reset' || kind === 'bad_response') this.plan.pool.failed(this.target)
   }
 
   private giveUp (kind: ForwardErrorKind, err: Error): void {
     const code = KIND_CODES[kind] ?? 'GW_ERR_UPSTREAM_UNAVAILABLE'
+    const message = KIND_MESSAGES[kind]
     // The client may already be gone (its close settled the tunnel); then nobody is answered.
-    answer(this.socket, code, this.ctx)
-    this.settle(ERRORS[code].status, kind, new GatewayError(code, undefined, { cause: err }))
+    answer(this.socket, code, this.ctx, message)
+    this.settle(ERRORS[code].status, kind, new GatewayError(code, message, { cause: err }))
   }
 
   settleShutDown (): void {
@@ -448,8 +451,8 @@ function outcome (status: number, target: string | null, kind: ForwardErrorKind 
 }
 
 /** A plain HTTP/1.1 error answer on the raw socket (the upgrade never happened), then the socket is destroyed. */
-function answer (socket: Duplex, code: ErrorCode, ctx: ForwardContext): void {
-  writeError(socket, code, ctx.requestId, undefined, ctx.extraResponseHeaders)
+function answer (socket: Duplex, code: ErrorCode, ctx: ForwardContext, message?: string): void {
+  writeError(socket, code, ctx.requestId, message === undefined ? undefined : { message }, ctx.extraResponseHeaders)
 }
 
 /**
