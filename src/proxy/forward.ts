@@ -355,6 +355,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
   /** Backpressured before node gave the response its socket (pipelined behind another). */
   awaitingSocket = false
   onBodyData: ((chunk: Buffer) => void) | null = null
+  /** Detaches bufferBody's listeners while it reads the body into memory; null once it stopped. */
+  stopBuffering: (() => void) | null = null
   /** Bytes of this request's body counted in plan.bodyBudget, released when the request settles. */
   heldBytes = 0
   /** The body is a Buffer read whole: it can be sent again to another target. */
@@ -491,6 +493,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
     const plan = this.plan
     const chunks: Buffer[] = []
     const stop = (): void => {
+      this.stopBuffering = null
       req.off('data', onData)
       req.off('end', onEnd)
       req.off('error', onError)
@@ -535,6 +538,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
     req.on('data', onData)
     req.on('end', onEnd)
     req.on('error', onError)
+    this.stopBuffering = stop
     this.armIdle('client_timeout', plan.clientBodyTimeoutMs)
   }
 
@@ -1101,6 +1105,9 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
     this.settled = true
     // a body still flowing is counted no more, and arms no timer of a settled request
     if (this.onBodyData !== null) this.req.off('data', this.onBodyData)
+    // nor taken from the body budget after releaseHeldBytes below: a 408 (clientBodyTimeout) left
+    // bufferBody reading, and what came after it was held by nobody, never given back
+    this.stopBuffering?.()
     this.clearIdle()
     this.clearHeadTimer()
     this.clearBodyIdle()
