@@ -48,7 +48,7 @@ export interface PipelineState {
 
 // What gateway_upstream_errors_total counts. A 413, a header undici refuses or a client that left
 // are the client's doing: counting them would page whoever watches the upstreams.
-const UPSTREAM_FAILURES: ReadonlySet<ForwardErrorKind> = new Set<ForwardErrorKind>(['refused', 'dns', 'bad_response', 'reset', 'connect_timeout', 'response_timeout', 'no_healthy', 'queue_full', 'queue_timeout'])
+const UPSTREAM_FAILURES: ReadonlySet<ForwardErrorKind> = new Set<ForwardErrorKind>(['refused', 'dns', 'tls', 'bad_response', 'reset', 'connect_timeout', 'response_timeout', 'no_healthy', 'queue_full', 'queue_timeout'])
 
 /** Each retry by its cause; a failed attempt's failure is the upstream's error too (an answer's status is not). */
 function countRetries (telemetry: Telemetry, upstream: string, causes: readonly RetryCause[]): void {

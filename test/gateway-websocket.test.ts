@@ -633,3 +633,38 @@ routes:
   t.equal(await metric(gw.adminUrl, 'gateway_requests_total', { route: 'events', status_class: '5xx' }), 1, 'counted as a 5xx')
   t.notOk(gw.lines.some((l) => l.msg === 'websocket closed'), 'no WebSocket was opened (nor closed)')
 })
+
+t.test('an upstream 101 reaches the client without its hop-by-hop fields; X-Request-Id on it follows the route\'s response rules', async (t) => {
+  const { server, url } = await startHttpServer(t, (_req, res) => { res.end() })
+  server.on('upgrade', (_req: IncomingMessage, socket: Duplex) => {
+    socket.on('error', () => {})
+    // a 101 that names an internal field in Connection, and every hop-by-hop field besides
+    socket.end('HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade, X-Internal\r\nX-Internal: secret\r\n' +
+      'Keep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\nTE: trailers\r\nTrailer: x-sum\r\nX-Request-Id: the-upstream-s\r\nX-Kept: 1\r\n\r\n')
+  })
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+trustedProxies: [127.0.0.1]
+upstreams:
+  backend: { targets: [${url}] }
+routes:
+  - { name: removed, pathPrefix: /removed/, websocket: true, upstream: backend, headers: { response: { remove: [x-request-id] } } }
+  - { name: set, pathPrefix: /set/, websocket: true, upstream: backend, headers: { response: { set: { x-request-id: fixed } } } }
+  - { name: events, pathPrefix: /, websocket: true, upstream: backend }
+`)
+  const upgrade = async (path: string, id: string): Promise<Record<string, string>> => {
+    const text = await rawExchange(gw.port, `GET ${path} HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nx-request-id: ${id}\r\n` +
+      `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: ${randomBytes(16).toString('base64')}\r\n\r\n`)
+    const reply = parseResponses(text)[0]
+    t.equal(reply?.status, 101, `${path}: switched`)
+    return reply?.headers ?? {}
+  }
+  const headers = await upgrade('/ws', 'ws-hop')
+  t.same([headers.connection, headers.upgrade], ['Upgrade', 'websocket'], 'the switch itself is kept: Connection: Upgrade and Upgrade')
+  t.same(['x-internal', 'keep-alive', 'proxy-connection', 'te', 'trailer'].map(name => headers[name]), [undefined, undefined, undefined, undefined, undefined],
+    'the other hop-by-hop fields and the field Connection named are not relayed')
+  t.equal(headers['x-kept'], '1', 'end-to-end fields are')
+  t.equal(headers['x-request-id'], 'ws-hop', 'the gateway\'s request id, not the upstream\'s')
+  t.equal((await upgrade('/removed/ws', 'ws-removed'))['x-request-id'], undefined, 'a route that removes X-Request-Id: none, as on its HTTP answers')
+  t.equal((await upgrade('/set/ws', 'ws-set'))['x-request-id'], 'fixed', 'a route that sets it: its value')
+})

@@ -3,9 +3,11 @@
 // at a small scale, against an upstream pool of one or two connections, so it takes seconds.
 import t from 'tap'
 import net from 'node:net'
+import tls from 'node:tls'
 import { writeFileSync } from 'node:fs'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
+import { localhostCertificate } from './helpers/tls.js'
 import type { Teardown } from './helpers/teardown.js'
 
 interface RawClient {
@@ -241,4 +243,66 @@ routes:
   t.equal(big.status, 431, 'a 2 KB header on a new connection is over the new 1 KB maxHeaderSize')
   const many = await fetch(`${gw.url}/x`, { headers: Object.fromEntries(Array.from({ length: 15 }, (_, i) => [`x-h${i}`, '1'])) })
   t.equal(many.status, 431, '15 fields on a new connection are over the new maxHeadersCount of 10')
+})
+
+/** A TLS client sending `head`; its answer, as rawClient's. */
+function tlsClient (t: Teardown, port: number, head: string): Promise<RawClient> {
+  return new Promise((resolve, reject) => {
+    const socket = tls.connect({ port, host: '127.0.0.1', rejectUnauthorized: false }, () => {
+      socket.write(head)
+      resolve({ socket, received: () => data, closed })
+    })
+    let data = ''
+    const closed = new Promise<string>(resolve => socket.once('close', () => resolve(data)))
+    socket.on('data', (c: Buffer) => { data += c.toString('latin1') })
+    socket.on('error', reject)
+    t.teardown(() => socket.destroy())
+  })
+}
+
+t.test('a body that arrives after its 408 is not taken from server.bufferBodiesTotal: later bodies still get the whole budget', async t => {
+  const upstream = await startUpstream(t)
+  const { cert, key } = localhostCertificate(t, 'gw-body-budget')
+  // TLS: node finishes a TLS write in the loop's check phase, so a chunk waiting in the kernel
+  // when the 408 goes out is read (poll phase) after the request settled and before the 408's
+  // 'finish' hands the body to the lingering close. Over plain TCP that 'finish' comes in the
+  // same turn as the 408, and the chunk finds nobody listening.
+  const gw = await startGateway(t, `
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+tls: { cert: ${cert}, key: ${key} }
+server: { clientBodyTimeout: 200ms, bufferBodiesTotal: 100 }
+upstreams:
+  backend: { targets: [${upstream.url}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`)
+  // Expect: 100-continue: the 100 comes as the gateway starts to read the body into memory
+  const late = await tlsClient(t, gw.port, 'POST /late HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n')
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('no 100 Continue within 5 s')), 5000)
+    // In the read of the 100 (an I/O callback): 80 bytes sent, then the gateway's loop (this
+    // process's) held past clientBodyTimeout, as a loaded one is. Its next turn runs the body
+    // timer (408) before it reads the 80 bytes, which then reach a request that has settled.
+    const onData = (): void => {
+      if (!late.received().includes('100 Continue')) return
+      late.socket.off('data', onData)
+      clearTimeout(timer)
+      late.socket.write('a'.repeat(80))
+      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 400)
+      resolve()
+    }
+    late.socket.on('data', onData)
+  })
+  t.match(await late.closed, /HTTP\/1\.1 408 /, 'the first request is answered 408')
+  // 100 bytes are the whole budget: read into memory (the request is not sent upstream before
+  // its body ends, so its 408 comes with no upstream call), not streamed to the upstream
+  const whole = await tlsClient(t, gw.port, 'POST /whole HTTP/1.1\r\nHost: x\r\nContent-Length: 200\r\n\r\n' + 'b'.repeat(100))
+  t.match(await whole.closed, /HTTP\/1\.1 408 /)
+  const deadline = Date.now() + 5000
+  while (!gw.lines.some(l => l.msg === 'request' && l.path === '/whole') && Date.now() < deadline) await sleep(20)
+  const line = gw.lines.find(l => l.msg === 'request' && l.path === '/whole')
+  t.match(line, { status: 408, error: 'client_timeout' })
+  t.equal(line?.target, undefined, 'buffered: no upstream target was given the request')
+  t.notOk(upstream.log.includes('/whole'), 'the upstream never saw it')
 })

@@ -371,6 +371,42 @@ t.test('the pool: a connect failure of a request dispatched before its checks to
   t.equal(b.probes.length, probes, 'stopHealthChecks: no probe after it')
 })
 
+t.test('a target taken out and brought back by its checks starts its run of consecutiveFailures again', async t => {
+  const a = await startChecked(t, 'a')
+  const b = await startChecked(t, 'b')
+  const gw = await startGateway(t, gatewayYaml(`  backend:
+    targets: [${a.url}, ${b.url}]
+    retries: 0
+    ejectFor: 1m
+    consecutiveFailures: 3
+    healthCheck: { path: /healthz, interval: 300ms, timeout: 250ms, unhealthyAfter: 1, healthyAfter: 1 }`))
+  const readyB = async (): Promise<Record<string, unknown>> => {
+    const ready = await (await fetch(`${gw.adminUrl}/readyz`)).json() as { upstreams: { backend: Array<Record<string, unknown>> } }
+    return ready.upstreams.backend.find(x => x.url === b.url) as Record<string, unknown>
+  }
+  /** Requests until b has reset `n` more of them (a answers the others). */
+  const resetsOfB = async (n: number): Promise<void> => {
+    const goal = b.requests.length + n
+    for (let i = 0; b.requests.length < goal; i++) {
+      if (i > 50) throw new Error('b got no request')
+      await whoAnswers(`${gw.url}/r${i}`)
+    }
+  }
+  b.resetRequests = true
+  await resetsOfB(2)
+  t.match(await readyB(), { healthy: true, consecutiveFailures: 2 }, 'two resets: one short of an ejection')
+  b.script([], 'fail')
+  await until('b out by its checks', () => transitions(gw.lines, b.url, 'upstream target unhealthy').length === 1)
+  b.script([], 'pass')
+  await until('b back by its checks', () => transitions(gw.lines, b.url, 'upstream target healthy again').length === 1)
+  // back, one more reset must not eject it: its run of three starts again
+  await resetsOfB(1)
+  t.match(await readyB(), { healthy: true, ejectedForMs: 0, consecutiveFailures: 1 }, 'one reset since it came back counts one')
+  t.notOk(gw.lines.some(l => l.msg === 'upstream target ejected' && l.target === b.url), 'not ejected')
+  await resetsOfB(2)
+  await until('b ejected at the third reset since it came back', () => gw.lines.some(l => l.msg === 'upstream target ejected' && l.target === b.url))
+})
+
 t.test('a probe is not a request of the pool: it gets through while maxConnections are all taken', async t => {
   let release: () => void = () => {}
   const held = new Promise<void>(resolve => { release = resolve })

@@ -4,7 +4,7 @@ import { errors as undiciErrors, type Dispatcher } from 'undici'
 import { ERRORS, GatewayError, sendError, type ErrorCode } from '../errors.js'
 import { clientResponseHeaders, compileHeaders, upstreamRequestHeaders, withoutContentLength, type CompiledHeaders, type HeaderRules } from './forward-headers.js'
 import { stripPathPrefix } from './forward-path.js'
-import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
+import { KIND_CODES, KIND_MESSAGES, classifyUpstreamError, isConnectFailure, type ForwardErrorKind } from './upstream-errors.js'
 import { DEFAULT_RETRIES, UpstreamTarget, type BackingOffRequest, type BackOffPlace, type PendingRequest, type UpstreamPool } from './upstream-pool.js'
 import { compileRetryPolicy, retryAfterDelayMs, retryAfterMs, retryDelayMs, statusRetryCause, withinRetryBudget, type RetryBackoff, type RetryPolicy, type StatusRetryCause } from './retry-policy.js'
 import { BodyBudget } from './body-budget.js'
@@ -355,6 +355,8 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
   /** Backpressured before node gave the response its socket (pipelined behind another). */
   awaitingSocket = false
   onBodyData: ((chunk: Buffer) => void) | null = null
+  /** Detaches bufferBody's listeners while it reads the body into memory; null once it stopped. */
+  stopBuffering: (() => void) | null = null
   /** Bytes of this request's body counted in plan.bodyBudget, released when the request settles. */
   heldBytes = 0
   /** The body is a Buffer read whole: it can be sent again to another target. */
@@ -491,6 +493,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
     const plan = this.plan
     const chunks: Buffer[] = []
     const stop = (): void => {
+      this.stopBuffering = null
       req.off('data', onData)
       req.off('end', onEnd)
       req.off('error', onError)
@@ -535,6 +538,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
     req.on('data', onData)
     req.on('end', onEnd)
     req.on('error', onError)
+    this.stopBuffering = stop
     this.armIdle('client_timeout', plan.clientBodyTimeoutMs)
   }
 
@@ -908,7 +912,7 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
     // Connection: close), and every client could otherwise eject a target with a few large POSTs.
     const refusedBody = kind === 'reset' && this.opts.body !== null && !this.replayable && !this.req.complete
     if ((kind === 'response_timeout' || kind === 'reset' || kind === 'bad_response') && target !== null && !refusedBody) this.plan.pool.failed(target)
-    if ((kind === 'refused' || kind === 'dns' || kind === 'connect_timeout') && target !== null) {
+    if (isConnectFailure(kind) && target !== null) {
       this.plan.pool.eject(target)
       // Nothing reached the upstream: one more target is safe to try for an idempotent method, and
       // for any method once the body is in memory (a refused connection carried no byte of it).
@@ -1020,8 +1024,9 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
   fail (kind: ForwardErrorKind, cause: unknown): void {
     if (this.settled) return
     const code = KIND_CODES[kind]
-    const error = code === null ? null : new GatewayError(code, undefined, { cause })
-    if (code !== null) this.answer(code)
+    const message = KIND_MESSAGES[kind]
+    const error = code === null ? null : new GatewayError(code, message, { cause })
+    if (code !== null) this.answer(code, message)
     this.settle(kind, error)
   }
 
@@ -1066,12 +1071,12 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
   }
 
   /** Sends the error answer, once; the request settles apart from it (fail, settle). */
-  answer (code: ErrorCode): void {
+  answer (code: ErrorCode, message?: string): void {
     if (this.answered || this.clientGone) return
     this.answered = true
     // sendError cuts the connection when headers were already sent: nothing else is honest.
     // Its body is what the client got (the access line's bytesOut): it was logged as 0.
-    this.bytesOut += sendError(this.res, code, this.ctx.requestId, this.badBody ? BAD_BODY : undefined, this.errorHeaders())
+    this.bytesOut += sendError(this.res, code, this.ctx.requestId, this.badBody ? BAD_BODY : message === undefined ? undefined : { message }, this.errorHeaders())
   }
 
   /** Gives this request's buffered bytes back to the gateway-wide body budget. Idempotent. */
@@ -1100,6 +1105,9 @@ class ForwardHandler implements Dispatcher.DispatchHandler, BackingOffRequest {
     this.settled = true
     // a body still flowing is counted no more, and arms no timer of a settled request
     if (this.onBodyData !== null) this.req.off('data', this.onBodyData)
+    // nor taken from the body budget after releaseHeldBytes below: a 408 (clientBodyTimeout) left
+    // bufferBody reading, and what came after it was held by nobody, never given back
+    this.stopBuffering?.()
     this.clearIdle()
     this.clearHeadTimer()
     this.clearBodyIdle()

@@ -4,6 +4,7 @@ import type { ErrorCode } from '../errors.js'
 export type ForwardErrorKind =
   | 'refused'
   | 'dns'
+  | 'tls'
   | 'bad_response'
   | 'reset'
   | 'connect_timeout'
@@ -24,6 +25,8 @@ export type ForwardErrorKind =
 export const KIND_CODES: Readonly<Record<ForwardErrorKind, ErrorCode | null>> = Object.freeze({
   refused: 'GW_ERR_UPSTREAM_UNAVAILABLE',
   dns: 'GW_ERR_UPSTREAM_DNS',
+  // the code clients already knew a refused certificate by; its message says what happened (KIND_MESSAGES)
+  tls: 'GW_ERR_UPSTREAM_UNAVAILABLE',
   bad_response: 'GW_ERR_UPSTREAM_BAD_RESPONSE',
   reset: 'GW_ERR_UPSTREAM_UNAVAILABLE',
   connect_timeout: 'GW_ERR_UPSTREAM_TIMEOUT',
@@ -44,8 +47,54 @@ export const KIND_CODES: Readonly<Record<ForwardErrorKind, ErrorCode | null>> = 
 })
 
 /**
+ * The answer's message where the kind says more than its code's (ERRORS) does: a certificate the
+ * gateway refused was answered "the upstream refused or reset the connection", which sends an
+ * operator to look at the target's listener rather than at its certificate.
+ */
+export const KIND_MESSAGES: Readonly<Partial<Record<ForwardErrorKind, string>>> = Object.freeze({
+  tls: 'the gateway refused the upstream\'s TLS certificate, or the TLS handshake failed'
+})
+
+/**
+ * The kinds of a connection never made: no byte of the request reached the target. The target is
+ * ejected (passive health) and the request may go to another (retryOn: connect-failure).
+ */
+export function isConnectFailure (kind: ForwardErrorKind): boolean {
+  return kind === 'refused' || kind === 'dns' || kind === 'connect_timeout' || kind === 'tls'
+}
+
+/**
+ * OpenSSL's verification results as node reports them in `code` (X509_V_ERR_* without the
+ * prefix), and node's own name check: the certificate of an https target was refused.
+ */
+const CERTIFICATE_REFUSED: ReadonlySet<string> = new Set([
+  'ERR_TLS_CERT_ALTNAME_INVALID',
+  'ERR_TLS_CERT_ALTNAME_FORMAT',
+  'UNABLE_TO_GET_ISSUER_CERT',
+  'UNABLE_TO_GET_ISSUER_CERT_LOCALLY',
+  'UNABLE_TO_VERIFY_LEAF_SIGNATURE',
+  'UNABLE_TO_DECRYPT_CERT_SIGNATURE',
+  'UNABLE_TO_DECODE_ISSUER_PUBLIC_KEY',
+  'CERT_SIGNATURE_FAILURE',
+  'CERT_NOT_YET_VALID',
+  'CERT_HAS_EXPIRED',
+  'ERROR_IN_CERT_NOT_BEFORE_FIELD',
+  'ERROR_IN_CERT_NOT_AFTER_FIELD',
+  'DEPTH_ZERO_SELF_SIGNED_CERT',
+  'SELF_SIGNED_CERT_IN_CHAIN',
+  'CERT_CHAIN_TOO_LONG',
+  'CERT_REVOKED',
+  'INVALID_CA',
+  'PATH_LENGTH_EXCEEDED',
+  'INVALID_PURPOSE',
+  'CERT_UNTRUSTED',
+  'CERT_REJECTED',
+  'HOSTNAME_MISMATCH'
+])
+
+/**
  * Maps an undici or socket error to a kind by its stable `code` (undici's `UND_ERR_*`, node's `E*`),
- * never by class. 'refused', 'dns' and 'connect_timeout' mean no byte reached the upstream.
+ * never by class. The kinds of isConnectFailure mean no byte reached the upstream.
  */
 export function classifyUpstreamError (err: unknown): ForwardErrorKind {
   switch (errorCode(err)) {
@@ -84,9 +133,14 @@ export function classifyUpstreamError (err: unknown): ForwardErrorKind {
     case 'ERR_INVALID_HTTP_TOKEN':
       return 'bad_request'
     default: {
+      const code = errorCode(err)
+      // A certificate refused, or a TLS handshake that failed (ERR_SSL_*: a target that speaks
+      // plain HTTP, no common protocol version or cipher): the connection was never made, so
+      // nothing was sent (a retry still checks that nothing was: mayRetry). Taken for a reset, it
+      // was answered as one, counted toward consecutiveFailures and never tried on another target.
+      if (code !== undefined && (CERTIFICATE_REFUSED.has(code) || code.startsWith('ERR_SSL_'))) return 'tls'
       // undici's HTTPParserError (its name; its code, llhttp's HPE_*, is often unset): the upstream
       // answered something that is not HTTP/1.1, not a connection that broke
-      const code = errorCode(err)
       const parser = (code !== undefined && code.startsWith('HPE_')) || (err as { name?: unknown } | null)?.name === 'HTTPParserError'
       return parser ? 'bad_response' : 'reset'
     }

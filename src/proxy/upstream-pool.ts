@@ -492,7 +492,7 @@ export class UpstreamPool {
       this.#setActive(target, before === undefined ? initialActiveHealth() : { ...before.active })
     }
     previous?.stopHealthChecks()
-    this.#checker = new HealthChecker(config, this.targets, (target, change) => this.#activeChanged(target as UpstreamTarget, change), this.onHealthCheck)
+    this.#checker = new HealthChecker(config, this.targets, (target, change) => this.#checked(target as UpstreamTarget, change), this.onHealthCheck)
     this.#checker.start()
   }
 
@@ -505,6 +505,17 @@ export class UpstreamPool {
   #setActive (target: UpstreamTarget, active: ActiveHealth): void {
     target.active = active
     this.#activeChanged(target, active.healthy ? 'up' : 'down')
+  }
+
+  /**
+   * The probes took the target out or brought it back. Either way its run of failures starts
+   * again, as after a passive ejection: failed() counts nothing while it is out, so a run begun
+   * before the checks took it out was still there when they brought it back, and one failure
+   * short of consecutiveFailures ejected it at its first failure back.
+   */
+  #checked (target: UpstreamTarget, change: 'down' | 'up'): void {
+    target.consecutiveFailures = 0
+    this.#activeChanged(target, change)
   }
 
   /** Folds the active verdict into ejectedUntil, the one field pick() reads. */

@@ -9,7 +9,7 @@ import { retryDelayMs } from './retry-policy.js'
 import { upstreamRequestHeaders } from './forward-headers.js'
 import { HOP_BY_HOP, connectionTokens } from './hop-by-hop.js'
 import { stripPathPrefix } from './forward-path.js'
-import { KIND_CODES, classifyUpstreamError, type ForwardErrorKind } from './upstream-errors.js'
+import { KIND_CODES, KIND_MESSAGES, classifyUpstreamError, isConnectFailure, type ForwardErrorKind } from './upstream-errors.js'
 import type { UpstreamTarget } from './upstream-pool.js'
 
 /** Proxies `Upgrade: websocket` requests; one per gateway server. */
@@ -185,9 +185,11 @@ class Tunnel {
     this.connecting = upstream
     const refused = (err: Error): void => { this.connectFailed(err) }
     upstream.once('error', refused)
-    upstream.once('connect', () => {
+    // made once TLS is too: a certificate refused is a connection never made (nothing was sent),
+    // retried on another target as a refused one is, where on 'connect' it failed the handshake
+    upstream.once(target.secure ? 'secureConnect' : 'connect', () => {
       this.connecting = null
-      // later errors are the handshake's (a TLS one too): its request reports them
+      // later errors are the handshake's: its request reports them
       upstream.off('error', refused)
       upstream.on('error', noop)
       this.open(this.target, upstream)
@@ -206,7 +208,7 @@ class Tunnel {
     const kind = this.timeoutKind ?? classifyUpstreamError(err)
     this.timeoutKind = null
     this.charge(kind)
-    if ((kind === 'refused' || kind === 'dns' || kind === 'connect_timeout') && this.retry(kind)) return
+    if (isConnectFailure(kind) && this.retry(kind)) return
     this.giveUp(kind, err)
   }
 
@@ -251,6 +253,7 @@ class Tunnel {
       this.plan.pool.succeeded(this.target)
       this.upgraded = true
       this.upstream = upstream
+      switched(res)
       this.answerHeaders(res)
       this.settle(101, null, null)
       upstream.on('error', noop)
@@ -335,11 +338,14 @@ class Tunnel {
 
   // http-proxy writes these headers to the client right after our listener returns.
   answerHeaders (res: IncomingMessage): void {
+    delete res.headers['x-request-id']
     const rules = this.plan.responseHeaders
     for (const name of rules.remove) delete res.headers[name]
     for (const [name, value] of rules.set) res.headers[name] = value
     if (this.ctx.extraResponseHeaders !== undefined) for (const [name, value] of this.ctx.extraResponseHeaders) res.headers[name.toLowerCase()] = value
-    res.headers['x-request-id'] = this.ctx.requestId
+    // as on an HTTP answer: the gateway's id, unless the route's rules remove or set the field
+    // (it was written over their choice); an id the upstream echoed is never relayed
+    if (this.plan.headers.echoRequestId) res.headers['x-request-id'] = this.ctx.requestId
   }
 
   /** http-proxy's callback: the upstream request failed, or the upstream socket after the upgrade. */
@@ -374,16 +380,17 @@ class Tunnel {
 
   /** The target's part in a failure: ejected when no connection was made, an outlier's failure when it accepted and then failed. */
   private charge (kind: ForwardErrorKind): void {
-    if (kind === 'refused' || kind === 'dns' || kind === 'connect_timeout') this.plan.pool.eject(this.target)
+    if (isConnectFailure(kind)) this.plan.pool.eject(this.target)
     // a target that accepts and then never answers, or resets, is an outlier for upgrades too
     else if (kind === 'response_timeout' || kind === 'reset' || kind === 'bad_response') this.plan.pool.failed(this.target)
   }
 
   private giveUp (kind: ForwardErrorKind, err: Error): void {
     const code = KIND_CODES[kind] ?? 'GW_ERR_UPSTREAM_UNAVAILABLE'
+    const message = KIND_MESSAGES[kind]
     // The client may already be gone (its close settled the tunnel); then nobody is answered.
-    answer(this.socket, code, this.ctx)
-    this.settle(ERRORS[code].status, kind, new GatewayError(code, undefined, { cause: err }))
+    answer(this.socket, code, this.ctx, message)
+    this.settle(ERRORS[code].status, kind, new GatewayError(code, message, { cause: err }))
   }
 
   settleShutDown (): void {
@@ -444,8 +451,8 @@ function outcome (status: number, target: string | null, kind: ForwardErrorKind 
 }
 
 /** A plain HTTP/1.1 error answer on the raw socket (the upgrade never happened), then the socket is destroyed. */
-function answer (socket: Duplex, code: ErrorCode, ctx: ForwardContext): void {
-  writeError(socket, code, ctx.requestId, undefined, ctx.extraResponseHeaders)
+function answer (socket: Duplex, code: ErrorCode, ctx: ForwardContext, message?: string): void {
+  writeError(socket, code, ctx.requestId, message === undefined ? undefined : { message }, ctx.extraResponseHeaders)
 }
 
 /**
@@ -459,6 +466,21 @@ function notUpgraded (res: IncomingMessage): void {
   if (named !== undefined) for (const token of connectionTokens(named)) delete res.headers[token]
   for (const name of HOP_BY_HOP) delete res.headers[name]
   res.headers.connection = 'close'
+}
+
+/**
+ * The upstream's 101 as http-proxy writes it to the client (its headers verbatim): the switch is
+ * this hop's, so it keeps `Connection: Upgrade` and the upstream's `Upgrade`, and loses the other
+ * hop-by-hop fields and those its `Connection` names, as an HTTP answer does (a `Keep-Alive`, an
+ * internal field the upstream meant for the gateway alone reached the client).
+ */
+function switched (res: IncomingMessage): void {
+  const upgrade = res.headers.upgrade
+  const named = res.headers.connection
+  if (named !== undefined) for (const token of connectionTokens(named)) delete res.headers[token]
+  for (const name of HOP_BY_HOP) delete res.headers[name]
+  res.headers.connection = 'Upgrade'
+  if (upgrade !== undefined) res.headers.upgrade = upgrade
 }
 
 function noop (): void {}
