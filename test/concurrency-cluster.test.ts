@@ -66,6 +66,35 @@ t.test('two instances on a Cluster share `user: 2`; refusals by either kind take
   await eventually('the rate-limited request\'s lease was refunded', async () => await reader.zcard(leaseKey) === 0, 3000)
 })
 
+// Under Cluster releases do not ride with the limit call (one call per slot): the limiter sends
+// them in a call of their own just before its call, to the same master (the lease key's slot), so
+// Redis removes a finished request's lease before it decides the next one of the same client.
+t.test('a cap of 1 under Cluster: 30 requests in a row from one user on one instance are all admitted', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+log: { level: warn }
+redis: { cluster: [${cluster.urls.join(', ')}], timeout: 2s, onError: deny }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - name: seq
+    pathPrefix: /
+    upstream: backend
+    concurrency: { user: 1 }
+`)
+  const answers: string[] = []
+  for (let i = 0; i < 30; i++) {
+    // each awaited before the next: alice never has more than one request in flight
+    const r = await send(`${gw.url}/x?i=${i}`, ALICE)
+    answers.push(r.status === 200 ? '200' : `${r.status} ${String(r.json?.error)}`)
+  }
+  t.same(answers, Array.from({ length: 30 }, () => '200'), `every one admitted (${answers.filter(a => a !== '200').length} refused): none met the lease of the request before it (it waited up to 10 ms for a later call)`)
+  t.equal(up.log.filter(u => u.startsWith('/x?')).length, 30, 'all 30 reached the upstream')
+  await eventually('the last lease back', async () => await reader.zcard('gw:lease:seq.user:alice') === 0, 3000)
+})
+
 // One renewal round or one flush of releases is one call per hash slot under Cluster. The bound on
 // calls waiting for a stalled Redis used to count calls, so every call past the 64th of one
 // healthy round was dropped: leases in more than 64 slots expired while their requests ran.

@@ -2,7 +2,7 @@
 // them to expire within `redis.leaseTtl` (nobody releases them); Redis going away sends leases to
 // the `onError: local` fallback, which holds 1/n of each cap per live instance.
 import t from 'tap'
-import { request } from 'node:http'
+import { request, type ClientRequest } from 'node:http'
 import { startGateway, spawnGateway } from './helpers/gateway.js'
 import { startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
@@ -82,6 +82,56 @@ routes:
   t.same(statusCounts(replies), { 200: 2, 429: 8 }, 'Redis down, 2 instances: this one holds 4 / 2 = 2')
   t.equal(await metric(gw.adminUrl, 'gateway_concurrency_rejected_total', { route: 'fb', dimension: 'user', level: 'fallback' }), 8, 'refusals counted at level fallback')
   t.same(statusCounts(await burst(2, `${gw.url}/slow?ms=200`, ALICE)), { 200: 2 }, 'the fallback\'s leases came back')
+})
+
+t.test('Redis down with onError: local, a cap of 5 over 2 live instances: each holds floor(5 / 2) = 2, together never above the cap', async t => {
+  const redis = await startRedis(t)
+  const up = await startUpstream(t)
+  const yaml = `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+log: { level: warn }
+redis: { url: ${redis.url}, timeout: 200ms, onError: local }
+identity: { header: x-user-id }
+upstreams:
+  backend: { targets: [${up.url}], timeouts: { response: 60s } }
+routes:
+  - name: odd
+    pathPrefix: /
+    upstream: backend
+    concurrency: { user: 5 }
+`
+  // no expectedInstances: n = 2 comes from the heartbeat alone (every 2 s; the first instance
+  // learns of the second at its next beat), and is remembered once Redis is gone
+  const a = await startGateway(t, yaml)
+  const b = await startGateway(t, yaml)
+  const readyz = async (adminUrl: string): Promise<{ redis: { instances: number } }> =>
+    await (await fetch(`${adminUrl}/readyz`)).json() as { redis: { instances: number } }
+  await eventually('both instances counted', async () =>
+    (await readyz(a.adminUrl)).redis.instances === 2 && (await readyz(b.adminUrl)).redis.instances === 2, 10_000, 200)
+  await redis.kill()
+  // requests that run until alice leaves, so each admitted one keeps its lease for the whole test
+  const held: ClientRequest[] = []
+  t.teardown(() => { for (const req of held) req.destroy() })
+  const hold = (url: string): void => {
+    const req = request(`${url}/hang`, { headers: ALICE.headers, agent: false })
+    req.on('error', () => {})
+    req.end()
+    held.push(req)
+  }
+  for (const [name, gw] of [['A', a], ['B', b]] as const) {
+    const before = up.log.filter(u => u === '/hang').length
+    hold(gw.url)
+    hold(gw.url)
+    await eventually(`instance ${name}: both of its requests reached the upstream`, async () => up.log.filter(u => u === '/hang').length === before + 2, 5000)
+    const third = await send(`${gw.url}/x`, ALICE)
+    t.equal(third.status, 429, `instance ${name}: the third request in flight is refused (5 / 2 rounded up, 3, admitted it)`)
+    t.equal(third.json?.error, 'GW_ERR_CONCURRENCY_LIMITED', `instance ${name}: refused by the cap`)
+    t.equal(third.json?.limit, 'odd.concurrency.user', `instance ${name}: the route's user cap`)
+    t.equal(third.headers['retry-after'], '1', `instance ${name}: Retry-After: 1`)
+  }
+  t.equal(up.log.filter(u => u === '/x').length, 0, 'no third request reached the upstream: 4 in flight across both instances, within the cap of 5 (6 with a share of 3 each)')
+  t.equal(await metric(a.adminUrl, 'gateway_concurrency_rejected_total', { route: 'odd', dimension: 'user', level: 'fallback' }), 1, 'instance A: the refusal counted at level fallback')
+  for (const req of held) req.destroy()
 })
 
 t.test('Redis down with onError: deny: a request under a concurrency limit gets 503 GW_ERR_LIMITER_UNAVAILABLE', async t => {
