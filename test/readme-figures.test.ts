@@ -15,7 +15,7 @@ t.test('the README states the bounds the code enforces', async t => {
   t.match(README, `a version 1 line longer than ${V1_MAX_LENGTH} bytes`, 'PROXY v1 line')
   // the version 2 block after its 16-byte fixed header
   t.match(README, `a version 2 block longer than ${(V2_MAX_LENGTH - 16) / 1024} KiB`, 'PROXY v2 block')
-  t.match(README, `at most ${MAX_WAITING_SENDS} of these sends`, 'concurrency sends waiting on a stalled Redis')
+  t.match(README, `at most ${MAX_WAITING_SENDS} batches of releases and, apart from them, ${MAX_WAITING_SENDS} renewal rounds`, 'concurrency sends waiting on a stalled Redis')
   t.match(README, `top-k sketch of ${SKETCH_SIZE} counters`, 'the admin page\'s top limited clients')
   t.match(README, `A file of ${PARSE_OFF_THREAD_CHARS / 1024} Ki characters`, 'the size from which a config is parsed on a worker thread')
   t.match(README, `in batches (at least ${LOG_BATCH_BYTES / 1024} KiB, or ${LOG_FLUSH_MS} ms after a batch's first line`, 'the log sink\'s batches')
