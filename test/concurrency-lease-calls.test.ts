@@ -14,7 +14,8 @@ import type { Teardown } from './helpers/teardown.js'
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
 
-t.test('Redis paused: lease calls waiting for it stay bounded, the rest are dropped and reported; all settle when it resumes', async t => {
+/** A redis-server of its own, the gateway's client and guard, and a keeper that records what it reports. */
+async function reportingKeeper (t: Teardown, ttlMs: number): Promise<{ redis: Awaited<ReturnType<typeof startRedis>>, keeper: LeaseKeeper, errors: string[] }> {
   const redis = await startRedis(t)
   const client = createRedisClient({ url: redis.url })
   t.teardown(() => client.disconnect())
@@ -22,8 +23,13 @@ t.test('Redis paused: lease calls waiting for it stay bounded, the rest are drop
   const guard = new RedisGuard({ store: createRedisStore({ client }), fallbackMaxKeys: 100, timeoutMs: 100, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
   t.teardown(() => guard.close())
   const errors: string[] = []
-  const keeper = new LeaseKeeper({ redis: { client, guard }, ttlMs: 10_000, onError: (err, what) => errors.push(`${what}: ${(err as Error).message}`) })
+  const keeper = new LeaseKeeper({ redis: { client, guard }, ttlMs, onError: (err, what) => errors.push(`${what}: ${(err as Error).message}`) })
   t.teardown(() => keeper.close(100))
+  return { redis, keeper, errors }
+}
+
+t.test('Redis paused: lease calls waiting for it stay bounded, the rest are dropped and reported; all settle when it resumes', async t => {
+  const { redis, keeper, errors } = await reportingKeeper(t, 10_000)
   await redis.client().call('CLIENT', 'PAUSE', '2500', 'ALL')
   let mostWaiting = 0
   // one release every 12 ms for 1.8 s: each goes out in a call of its own (10 ms batching)
@@ -42,16 +48,8 @@ t.test('Redis paused: lease calls waiting for it stay bounded, the rest are drop
 })
 
 t.test('Redis paused while releases fill their bound: renewal rounds still go out, and the lease of a request still running is counted when it resumes', async t => {
-  const redis = await startRedis(t)
-  const client = createRedisClient({ url: redis.url })
-  t.teardown(() => client.disconnect())
-  await whenReady(client)
-  const guard = new RedisGuard({ store: createRedisStore({ client }), fallbackMaxKeys: 100, timeoutMs: 100, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
-  t.teardown(() => guard.close())
-  const errors: string[] = []
   // renewed every 200 ms
-  const keeper = new LeaseKeeper({ redis: { client, guard }, ttlMs: 600, onError: (err, what) => errors.push(`${what}: ${(err as Error).message}`) })
-  t.teardown(() => keeper.close(100))
+  const { redis, keeper, errors } = await reportingKeeper(t, 600)
   const key = 'gw:lease:r.user:carol'
   const reader = redis.client()
   // a request that runs through the whole stall
