@@ -15,6 +15,7 @@ import { localhostCertificate } from './helpers/tls.js'
 import { parseResponses, rawExchange } from './helpers/raw-http.js'
 import { eventually, metric, send } from './helpers/ratelimit.js'
 import { refusingUrl, startUpstream } from './helpers/upstream.js'
+import { hostileRelay } from './helpers/hostile-tls-relay.js'
 
 t.test('an https target named by host name gets its own name as TLS server name, whatever Host the client sends', async t => {
   const { cert, key } = localhostCertificate(t, 'gw-https-upstream')
@@ -162,4 +163,29 @@ routes:
   await eventually('its access line', async () => gw.lines.some(l => l.msg === 'request' && l.path === '/ws'))
   t.match(gw.lines.find(l => l.msg === 'request' && l.path === '/ws'), { status: 101, retriedAfter: 'tls' }, 'retried after kind tls')
   t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { upstream: 'mixed', kind: 'tls' }), 2, 'each attempt counted as kind tls')
+})
+
+t.test('a TLS connection broken under a GET (a record that fails to decrypt, then a reset) is a reset: the GET is sent again on a new connection, no certificate counted as refused', async t => {
+  const { cert, key } = localhostCertificate(t, 'gw-https-upstream-bad-record')
+  const upstream = createServer({ cert: readFileSync(cert), key: readFileSync(key) }, (req, res) => {
+    // quiet long enough for the relay to break the first connection under the request
+    setTimeout(() => res.end(JSON.stringify({ url: req.url })), 400)
+  })
+  await new Promise<void>(resolve => upstream.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => { upstream.closeAllConnections(); upstream.close() })
+  const relay = await hostileRelay(t, (upstream.address() as AddressInfo).port)
+  const gw = await spawnGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [https://localhost:${relay.port}] }
+routes:
+  - { name: all, pathPrefix: /, upstream: backend }
+`, [], { env: { NODE_EXTRA_CA_CERTS: cert } })
+  const res = await send(`${gw.url}/doc`)
+  await relay.reset
+  t.equal(res.status, 200, `answered by a second attempt (${JSON.stringify(res.json)})`)
+  t.same(res.json, { url: '/doc' })
+  t.equal(relay.connections, 2, 'the first connection broke under the request, the second answered')
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_retries_total', { upstream: 'backend', reason: 'reset' }), 1, 'sent again after a reset')
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_errors_total', { upstream: 'backend', kind: 'tls' }), 0, 'no certificate refused')
 })

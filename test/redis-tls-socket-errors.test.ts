@@ -4,75 +4,16 @@
 // redis-server serving TLS, through a relay that, once the gateway's connection has gone quiet,
 // writes it a bogus application-data record and resets the connection when the gateway answers
 // it (its alert): the gateway, run as bin/gateway, logs the error, reconnects and decides on Redis.
-import t, { type Test } from 'tap'
-import { createServer, connect, type Socket } from 'node:net'
-import { once } from 'node:events'
+import t from 'tap'
 import { spawnGateway } from './helpers/gateway.js'
 import { makeRedisTlsCerts, startTlsRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import { tempDir } from './helpers/teardown.js'
 import { limitedConfig, readyz, statuses } from './helpers/redis-tls-gateway.js'
+import { hostileRelay } from './helpers/hostile-tls-relay.js'
 
 const dir = tempDir(t, 'redis-tls-socket-errors')
 const certs = makeRedisTlsCerts(dir, 'ca')
-
-// TLS 1.3 application data, 32 bytes the client cannot decrypt
-const BOGUS_RECORD = Buffer.from([0x17, 0x03, 0x03, 0x00, 0x20, ...Buffer.alloc(32, 7)])
-
-interface HostileRelay { port: number, connections: number, resets: number, reset: Promise<void> }
-
-/**
- * Forwards to `targetPort`; the first connection that stays quiet for `quietMs` is written the
- * bogus record, and reset (RST) as soon as the client sends anything after it.
- */
-async function hostileRelay (t: Test, targetPort: number, quietMs = 150): Promise<HostileRelay> {
-  let hostileLeft = 1
-  let resolveReset: () => void = () => {}
-  const relay: HostileRelay = { port: 0, connections: 0, resets: 0, reset: new Promise(resolve => { resolveReset = resolve }) }
-  const sockets = new Set<Socket>()
-  const server = createServer((client) => {
-    relay.connections++
-    const redis = connect(targetPort, '127.0.0.1')
-    for (const s of [client, redis]) {
-      sockets.add(s)
-      s.on('error', () => {})
-      s.on('close', () => sockets.delete(s))
-    }
-    let injected = false
-    let quiet: NodeJS.Timeout | undefined
-    const rearm = (): void => {
-      clearTimeout(quiet)
-      if (hostileLeft === 0 || injected) return
-      quiet = setTimeout(() => {
-        if (hostileLeft === 0) return
-        hostileLeft--
-        injected = true
-        client.write(BOGUS_RECORD)
-      }, quietMs)
-    }
-    redis.on('data', (d: Buffer) => { client.write(d); rearm() })
-    client.on('data', (d: Buffer) => {
-      if (injected) {
-        client.resetAndDestroy()
-        redis.destroy()
-        relay.resets++
-        resolveReset()
-        return
-      }
-      redis.write(d)
-      rearm()
-    })
-    client.on('close', () => { clearTimeout(quiet); redis.destroy() })
-  })
-  server.listen(0, '127.0.0.1')
-  await once(server, 'listening')
-  relay.port = (server.address() as { port: number }).port
-  t.teardown(async () => {
-    for (const s of sockets) s.destroy()
-    server.close()
-  })
-  return relay
-}
 
 t.test('a bogus TLS record then a reset on the Redis connection: the gateway serves on, reconnects and decides on Redis', async t => {
   const master = await startTlsRedis(t, certs)

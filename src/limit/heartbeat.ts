@@ -37,18 +37,20 @@ export class InstanceHeartbeat {
    * answers no beat and fails none, so a beat is not sent while the one before it waits; they
    * piled up in the client, one per interval, for as long as the stall lasted.
    */
-  private beating = false
+  private beating: Promise<void> | null = null
 
-  async beat (): Promise<void> {
-    if (this.beating) return
-    this.beating = true
+  /** Resolved once this beat, or the one still waiting when it was asked for, is answered or failed. */
+  beat (): Promise<void> {
+    this.beating ??= this.beatOnce().finally(() => { this.beating = null })
+    return this.beating
+  }
+
+  private async beatOnce (): Promise<void> {
     try {
       const n = await this.client.eval(SCRIPT, 1, this.key, this.id, String(this.intervalMs * 3))
       if (typeof n === 'number' && n > 0) this.observe(n, Date.now())
     } catch {
       // Redis away: keep the last known count (see RedisGuard).
-    } finally {
-      this.beating = false
     }
   }
 

@@ -3,6 +3,7 @@ import type { Socket } from 'node:net'
 import { connect as tlsConnect, type ConnectionOptions } from 'node:tls'
 import { keySlot } from './keys.js'
 import { restoreFastPrototypes } from '../fast-prototypes.js'
+import { isTlsRefusalCode } from '../tls-errors.js'
 
 // ioredis has just extended String (its RESP3 VerbatimString): see src/fast-prototypes.ts.
 restoreFastPrototypes()
@@ -193,19 +194,33 @@ export function createRedisClient (opts: RedisClientOptions): Redis | Cluster {
  * client that is connecting is left to it: it asks the sentinels for the master as it connects.
  */
 function watchSwitchMaster (client: Redis, sentinels: ReadonlyArray<{ readonly host: string, readonly port: number }>, name: string, tls: ConnectionOptions | null): void {
+  let lastSwitch = ''
   const watchers = sentinels.map(({ host, port }) => {
-    const watcher = new Redis({ host, port, retryStrategy: reconnectDelayMs, connectionName: 'edge-gateway-switch-watch', ...withTls(tls) })
+    const watcher = new Redis({
+      host,
+      port,
+      retryStrategy: reconnectDelayMs,
+      connectionName: 'edge-gateway-switch-watch',
+      // subscribed once connected (below): a subscription queued while the sentinel was down was
+      // dropped after ioredis's 20 attempts, and never made again (it resubscribes only to what
+      // a sentinel confirmed), so gateways started before their sentinels never watched
+      enableOfflineQueue: false,
+      disconnectTimeout: 100,
+      ...withTls(tls)
+    })
     // a sentinel that is down: the others still tell, and this one is tried again
     watcher.on('error', () => {})
-    // A watcher never holds the process: a client closed while it was still connecting emits no
-    // 'end' (closeRedisClient stops them then), and a test or an embedder that only disconnects
-    // the client must still be able to exit.
+    watcher.on('ready', () => { watcher.subscribe('+switch-master').catch(() => {}) })
+    // A connected watcher never holds the process: a client closed otherwise than by
+    // closeRedisClient while it was reconnecting emits no 'end', and its watchers stay.
     watcher.on('connect', () => { (watcher as unknown as { stream?: Socket }).stream?.unref() })
-    watcher.subscribe('+switch-master').catch(() => {})
     watcher.on('message', (channel: string, message: string) => {
       // "<name> <old ip> <old port> <new ip> <new port>"
       const fields = message.split(' ')
       if (channel !== '+switch-master' || fields.length !== 5 || fields[0] !== name) return
+      // every sentinel publishes the switch it learns of: the first one is acted on
+      if (message === lastSwitch) return
+      lastSwitch = message
       // 'connect': connected but not ready, possibly to the old master named just before the switch
       if (client.status !== 'ready' && client.status !== 'connect') return
       // a client that reconnected on its own (the old master killed) may be on the new one already:
@@ -231,25 +246,13 @@ export function closeRedisClient (client: Redis | Cluster): void {
 }
 
 /**
- * Node's codes for a server certificate it does not accept (openssl's verify results, and the
- * name check): what a wrong `ca`, a wrong `servername` or an expired certificate gives.
- */
-const CERTIFICATE_REFUSED = new Set([
-  'UNABLE_TO_GET_ISSUER_CERT', 'UNABLE_TO_GET_ISSUER_CERT_LOCALLY', 'UNABLE_TO_VERIFY_LEAF_SIGNATURE',
-  'DEPTH_ZERO_SELF_SIGNED_CERT', 'SELF_SIGNED_CERT_IN_CHAIN', 'CERT_SIGNATURE_FAILURE', 'CERT_NOT_YET_VALID',
-  'CERT_HAS_EXPIRED', 'CERT_CHAIN_TOO_LONG', 'CERT_REVOKED', 'INVALID_CA', 'PATH_LENGTH_EXCEEDED',
-  'INVALID_PURPOSE', 'CERT_UNTRUSTED', 'CERT_REJECTED', 'HOSTNAME_MISMATCH', 'ERR_TLS_CERT_ALTNAME_INVALID'
-])
-
-/**
  * A connection error that is TLS refusing the peer (its certificate, or the handshake: a server
  * asking for a client certificate, TLS spoken to a plain port): a setting to fix, which retrying
  * never cures, unlike a refused or reset connection.
  */
 export function isTlsFailure (err: unknown): boolean {
   const code = (err as { code?: unknown } | null)?.code
-  if (typeof code !== 'string') return false
-  return CERTIFICATE_REFUSED.has(code) || code.startsWith('ERR_SSL_') || code.startsWith('ERR_TLS_')
+  return typeof code === 'string' && isTlsRefusalCode(code)
 }
 
 /** The servers probeTlsFailure checks, with the TLS settings the client uses for them; empty when they are not asked over TLS. */

@@ -1,4 +1,5 @@
 import type { ErrorCode } from '../errors.js'
+import { isTlsRefusalCode } from '../tls-errors.js'
 
 /** Why a forward failed, as logged and counted. */
 export type ForwardErrorKind =
@@ -64,35 +65,6 @@ export function isConnectFailure (kind: ForwardErrorKind): boolean {
 }
 
 /**
- * OpenSSL's verification results as node reports them in `code` (X509_V_ERR_* without the
- * prefix), and node's own name check: the certificate of an https target was refused.
- */
-const CERTIFICATE_REFUSED: ReadonlySet<string> = new Set([
-  'ERR_TLS_CERT_ALTNAME_INVALID',
-  'ERR_TLS_CERT_ALTNAME_FORMAT',
-  'UNABLE_TO_GET_ISSUER_CERT',
-  'UNABLE_TO_GET_ISSUER_CERT_LOCALLY',
-  'UNABLE_TO_VERIFY_LEAF_SIGNATURE',
-  'UNABLE_TO_DECRYPT_CERT_SIGNATURE',
-  'UNABLE_TO_DECODE_ISSUER_PUBLIC_KEY',
-  'CERT_SIGNATURE_FAILURE',
-  'CERT_NOT_YET_VALID',
-  'CERT_HAS_EXPIRED',
-  'ERROR_IN_CERT_NOT_BEFORE_FIELD',
-  'ERROR_IN_CERT_NOT_AFTER_FIELD',
-  'DEPTH_ZERO_SELF_SIGNED_CERT',
-  'SELF_SIGNED_CERT_IN_CHAIN',
-  'CERT_CHAIN_TOO_LONG',
-  'CERT_REVOKED',
-  'INVALID_CA',
-  'PATH_LENGTH_EXCEEDED',
-  'INVALID_PURPOSE',
-  'CERT_UNTRUSTED',
-  'CERT_REJECTED',
-  'HOSTNAME_MISMATCH'
-])
-
-/**
  * Maps an undici or socket error to a kind by its stable `code` (undici's `UND_ERR_*`, node's `E*`),
  * never by class. The kinds of isConnectFailure mean no byte reached the upstream.
  */
@@ -138,7 +110,7 @@ export function classifyUpstreamError (err: unknown): ForwardErrorKind {
       // plain HTTP, no common protocol version or cipher): the connection was never made, so
       // nothing was sent (a retry still checks that nothing was: mayRetry). Taken for a reset, it
       // was answered as one, counted toward consecutiveFailures and never tried on another target.
-      if (code !== undefined && (CERTIFICATE_REFUSED.has(code) || code.startsWith('ERR_SSL_'))) return 'tls'
+      if (code !== undefined && isTlsRefusalCode(code)) return 'tls'
       // undici's HTTPParserError (its name; its code, llhttp's HPE_*, is often unset): the upstream
       // answered something that is not HTTP/1.1, not a connection that broke
       const parser = (code !== undefined && code.startsWith('HPE_')) || (err as { name?: unknown } | null)?.name === 'HTTPParserError'
