@@ -18,12 +18,16 @@ interface RawClient {
   readonly closed: Promise<string>
 }
 
-function rawClient (t: Teardown, port: number, head: string): Promise<RawClient> {
+/** A client sending `head` over plain TCP, or TLS (a self-signed certificate accepted) when `secure`. */
+function rawClient (t: Teardown, port: number, head: string, secure = false): Promise<RawClient> {
   return new Promise((resolve, reject) => {
-    const socket = net.connect(port, '127.0.0.1', () => {
+    const connected = (): void => {
       socket.write(head)
       resolve({ socket, received: () => data, closed })
-    })
+    }
+    const socket = secure
+      ? tls.connect({ port, host: '127.0.0.1', rejectUnauthorized: false }, connected)
+      : net.connect(port, '127.0.0.1', connected)
     let data = ''
     const closed = new Promise<string>(resolve => socket.once('close', () => resolve(data)))
     socket.on('data', (c: Buffer) => { data += c.toString('latin1') })
@@ -245,20 +249,6 @@ routes:
   t.equal(many.status, 431, '15 fields on a new connection are over the new maxHeadersCount of 10')
 })
 
-/** A TLS client sending `head`; its answer, as rawClient's. */
-function tlsClient (t: Teardown, port: number, head: string): Promise<RawClient> {
-  return new Promise((resolve, reject) => {
-    const socket = tls.connect({ port, host: '127.0.0.1', rejectUnauthorized: false }, () => {
-      socket.write(head)
-      resolve({ socket, received: () => data, closed })
-    })
-    let data = ''
-    const closed = new Promise<string>(resolve => socket.once('close', () => resolve(data)))
-    socket.on('data', (c: Buffer) => { data += c.toString('latin1') })
-    socket.on('error', reject)
-    t.teardown(() => socket.destroy())
-  })
-}
 
 t.test('a body that arrives after its 408 is not taken from server.bufferBodiesTotal: later bodies still get the whole budget', async t => {
   const upstream = await startUpstream(t)
@@ -278,7 +268,7 @@ routes:
   - { name: all, pathPrefix: /, upstream: backend }
 `)
   // Expect: 100-continue: the 100 comes as the gateway starts to read the body into memory
-  const late = await tlsClient(t, gw.port, 'POST /late HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n')
+  const late = await rawClient(t, gw.port, 'POST /late HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n', true)
   await new Promise<void>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error('no 100 Continue within 5 s')), 5000)
     // In the read of the 100 (an I/O callback): 80 bytes sent, then the gateway's loop (this
@@ -297,7 +287,7 @@ routes:
   t.match(await late.closed, /HTTP\/1\.1 408 /, 'the first request is answered 408')
   // 100 bytes are the whole budget: read into memory (the request is not sent upstream before
   // its body ends, so its 408 comes with no upstream call), not streamed to the upstream
-  const whole = await tlsClient(t, gw.port, 'POST /whole HTTP/1.1\r\nHost: x\r\nContent-Length: 200\r\n\r\n' + 'b'.repeat(100))
+  const whole = await rawClient(t, gw.port, 'POST /whole HTTP/1.1\r\nHost: x\r\nContent-Length: 200\r\n\r\n' + 'b'.repeat(100), true)
   t.match(await whole.closed, /HTTP\/1\.1 408 /)
   const deadline = Date.now() + 5000
   while (!gw.lines.some(l => l.msg === 'request' && l.path === '/whole') && Date.now() < deadline) await sleep(20)
