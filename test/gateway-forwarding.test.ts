@@ -119,6 +119,11 @@ t.test('behind a trusted proxy, X-Forwarded-For gets the peer appended, not the 
   t.same([seen['x-forwarded-proto'], seen['x-forwarded-host'], seen['x-forwarded-port']], ['https', 'shop.example', '443'])
   const plain = json<EchoBody>(await send(gw.url, '/x', { headers: { host: 'gw.internal', 'x-forwarded-proto': 'gopher' } })).headers
   t.same([plain['x-forwarded-proto'], plain['x-forwarded-host']], ['http', 'gw.internal'], 'set by the gateway when the proxy sent none or nonsense')
+  // kept only as exactly http or https (README, Headers): another case or a chain is the gateway's own
+  for (const sent of ['HTTPS', 'https, http']) {
+    const seenNow = json<EchoBody>(await send(gw.url, '/x', { headers: { host: 'gw.internal', 'x-forwarded-proto': sent } })).headers
+    t.equal(seenNow['x-forwarded-proto'], 'http', `a trusted X-Forwarded-Proto of ${JSON.stringify(sent)} is replaced`)
+  }
 })
 
 t.test('hop-by-hop headers are removed in both directions, including those Connection names', async (t) => {

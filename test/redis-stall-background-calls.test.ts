@@ -12,6 +12,8 @@ import { RedisGuard } from '../src/limit/redis-guard.js'
 import { InstanceHeartbeat } from '../src/limit/heartbeat.js'
 import { NOOP_TELEMETRY } from '../src/telemetry.js'
 import type { LimitSpec } from '../src/limit/types.js'
+import type { Redis } from 'ioredis'
+import type { Teardown } from './helpers/teardown.js'
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
 
@@ -21,12 +23,17 @@ async function callsOf (reader: { info(section: string): Promise<string> }, comm
   return line === undefined ? 0 : Number(/calls=(\d+)/.exec(line)?.[1] ?? 0)
 }
 
-t.test('the heartbeat sends no beat while the one before it waits for a paused Redis', async t => {
+/** A redis-server of its own, the gateway's client on it (ready), and a plain client to read its stats. */
+async function clientAndReader (t: Teardown): Promise<{ client: ReturnType<typeof createRedisClient>, reader: Redis }> {
   const redis = await startRedis(t)
   const client = createRedisClient({ url: redis.url })
   t.teardown(() => client.disconnect())
   await whenReady(client)
-  const reader = redis.client()
+  return { client, reader: redis.client() }
+}
+
+t.test('the heartbeat sends no beat while the one before it waits for a paused Redis', async t => {
+  const { client, reader } = await clientAndReader(t)
   const heartbeat = new InstanceHeartbeat(client, 'gw:instances', 200)
   t.teardown(() => heartbeat.stop(100))
   heartbeat.start()
@@ -47,11 +54,7 @@ t.test('the heartbeat sends no beat while the one before it waits for a paused R
 })
 
 t.test('an open breaker sends no probe while the one before it waits for a paused Redis', async t => {
-  const redis = await startRedis(t)
-  const client = createRedisClient({ url: redis.url })
-  t.teardown(() => client.disconnect())
-  await whenReady(client)
-  const reader = redis.client()
+  const { client, reader } = await clientAndReader(t)
   const states: string[] = []
   const guard = new RedisGuard({
     store: createRedisStore({ client }),
