@@ -310,8 +310,14 @@ abstract class Exchange extends RequestRecord {
       // Guessing keys or forging tokens costs budget: the IP is charged (one store call) even
       // though the request will never reach a route limit.
       const charged = limiter.check({ route: a.route.name, plan: this.runtime.failurePlan, ipKey: a.ipKey, user: null, requestId: this.requestId })
-      if (charged instanceof Promise) charged.then(v => { this.decided(a, identity, v) }).catch((err: unknown) => { this.failed(err) })
-      else this.decided(a, identity, charged)
+      if (charged instanceof Promise) {
+        // the span's gateway.redis.duration_ms: this request waited on Redis too (it said 0)
+        const asked = performance.now()
+        charged.then(v => {
+          a.storeMs = performance.now() - asked
+          this.decided(a, identity, v)
+        }).catch((err: unknown) => { this.failed(err) })
+      } else this.decided(a, identity, charged)
       return
     }
     a.user = identity.user

@@ -545,7 +545,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     if (shuttingDown) return
     // a crashed worker is replaced, with a growing pause so a crash loop does not spin the CPU
     restarts++
-    const restartInMs = Math.min(5000, 100 * 2 ** Math.min(restarts, 6))
+    const restartInMs = restartPauseMs(restarts)
     logger.error({ worker: w.process.pid, code, signal, restartInMs }, 'worker exited; starting a new one')
     setTimeout(() => { if (!shuttingDown) fork() }, restartInMs).unref()
   })
@@ -639,6 +639,15 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
     const stoppedEarly = options.early?.takeStop() ?? null
     if (stoppedEarly !== null) stop(stoppedEarly)
   })
+}
+
+/**
+ * The pause before the nth start in a row of a worker that exits (1-based): 200 ms doubling to
+ * 5 s. Capped: a crash loop (a file broken until an operator fixes it) left uncapped kept the
+ * fleet down for minutes after the fix.
+ */
+export function restartPauseMs (restarts: number): number {
+  return Math.min(5000, 100 * 2 ** Math.min(restarts, 6))
 }
 
 /** In a worker: the registry the primary's /metrics asks for (answerAdminRequests, op metrics). */

@@ -84,6 +84,22 @@ t.test('SIGTERM drains in-flight requests, then exits 0', async t => {
   await t.rejects(fetch(`${gw.url}/x`), 'no longer accepting')
 })
 
+t.test('SIGINT drains as SIGTERM does, and a second signal during the drain does not cut it', async t => {
+  const a = await upstream('A')
+  t.teardown(() => a.server.close())
+  for (const [first, second] of [['SIGINT', 'SIGINT'], ['SIGTERM', 'SIGTERM'], ['SIGTERM', 'SIGINT']] as const) {
+    const gw = await spawnGateway(t, config(a.url))
+    const inflight = fetch(`${gw.url}/slow?delay=1500`).then(async r => ({ status: r.status, body: await r.text() }))
+    await new Promise(resolve => setTimeout(resolve, 200))
+    gw.child.kill(first)
+    await gw.waitForLog(l => l.msg === 'shutting down')
+    // as a Ctrl-C after systemd's stop, or a second docker stop: Node's default action would end the process at once
+    gw.child.kill(second)
+    t.same(await inflight, { status: 200, body: 'A' }, `${first}, then ${second}: the in-flight request completed`)
+    t.equal(await gw.exited, 0)
+  }
+})
+
 t.test('server.shutdownTimeout bounds the drain: a request that outlives it is cut and the gateway exits', async t => {
   const a = await upstream('A')
   t.teardown(() => { a.server.closeAllConnections(); a.server.close() })

@@ -668,3 +668,35 @@ routes:
   t.equal((await upgrade('/removed/ws', 'ws-removed'))['x-request-id'], undefined, 'a route that removes X-Request-Id: none, as on its HTTP answers')
   t.equal((await upgrade('/set/ws', 'ws-set'))['x-request-id'], 'fixed', 'a route that sets it: its value')
 })
+
+t.test('a tunnel is outside its upstream\'s maxConnections and queue: an HTTP request is forwarded beside an open tunnel, and an upgrade opens while the one connection is taken', async (t) => {
+  const upstream = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstreams:
+  backend: { targets: [${upstream.url}], maxConnections: 1, timeouts: { queue: 300ms } }
+routes:
+  - { name: live, pathPrefix: /ws/, websocket: true, upstream: backend }
+  - { name: plain, pathPrefix: /, upstream: backend }
+`)
+  const ws = gw.url.replace(/^http/, 'ws')
+  const first = await connect(t, `${ws}/ws/one`)
+  const beside = await send(`${gw.url}/beside`)
+  t.equal(beside.status, 200, 'an HTTP request is forwarded while a tunnel is open: the tunnel holds none of the one connection')
+
+  const hanging = http.request(`${gw.url}/hang`, { agent: false })
+  hanging.on('error', () => {})
+  t.teardown(() => hanging.destroy())
+  hanging.end()
+  await eventually('the hanging request holds the one connection', async () => upstream.log.includes('/hang'))
+  const queued = await send(`${gw.url}/queued`)
+  t.equal(queued.status, 503, 'an HTTP request finds the one connection taken and no room in time')
+  t.equal(queued.json?.error, 'GW_ERR_UPSTREAM_BUSY')
+
+  const second = await connect(t, `${ws}/ws/two`)
+  second.ws.send('through')
+  t.equal((await nextMessage(second.ws)).data.toString(), 'through', 'an upgrade opens and echoes while the one connection is taken')
+  first.ws.send('still')
+  t.equal((await nextMessage(first.ws)).data.toString(), 'still')
+  t.same(upstream.upgrades.map(u => u.url), ['/ws/one', '/ws/two'])
+})

@@ -75,6 +75,26 @@ routes:
   t.match(await byId(limited.id), { status: 429, bytesOut: limited.bytes, outcome: 'rejected', limit: 'api.ip' })
 })
 
+t.test('the access line names the limit that refused: the local level as local, a gateway-wide limit by its own name', async t => {
+  const up = await startUpstream(t)
+  const yaml = (extra: string): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+${extra}
+upstreams:
+  backend: { targets: ["${up.url}"] }
+routes:
+  - { name: api, pathPrefix: /, upstream: backend }
+`
+  // a token bucket each (one token a minute): no window edge between the two requests
+  for (const [extra, limit] of [['local: { limit: 1, window: 1m, burst: 1 }', 'local'], ['limits: { ip: { algorithm: token-bucket, limit: 1, window: 1m } }', 'ip']]) {
+    const gw = await startGateway(t, yaml(extra as string))
+    t.equal((await send(gw.port, '/x')).status, 200)
+    const limited = await send(gw.port, '/x')
+    t.equal(limited.status, 429)
+    t.match(await lineOf(gw.lines, l => l.msg === 'request' && l.requestId === limited.id), { status: 429, outcome: 'rejected', limit, bytesOut: limited.bytes }, `${limit}: ${extra as string}`)
+  }
+})
+
 t.test('the forward\'s own error answers count their bytes too: 502 from a target that refuses, 503 with no healthy target', async t => {
   // a port nothing listens on: each connection is refused
   const closed = http.createServer()
@@ -100,6 +120,43 @@ routes:
   t.equal(none.status, 503)
   t.ok(none.bytes > 0, 'a JSON body')
   t.match(await byId(none.id), { status: 503, bytesOut: none.bytes })
+})
+
+t.test('a body refused 413 or 408 and the forward\'s 504 count their bytes too', async t => {
+  const up = await startUpstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+server: { clientBodyTimeout: 300ms }
+upstreams:
+  backend: { targets: ["${up.url}"], retries: 0, timeouts: { response: 300ms } }
+routes:
+  - { name: small, pathPrefix: /small/, upstream: backend, maxBodySize: 10 }
+  - { name: api, pathPrefix: /, upstream: backend }
+`)
+  const byId = (id: string): Promise<Line> => lineOf(gw.lines, l => l.msg === 'request' && l.requestId === id)
+  /** A request with `body` announced as `length` bytes, its answer's status, body bytes and id. */
+  const post = async (path: string, body: string, length: number): Promise<{ status: number, bytes: number, id: string }> => await new Promise((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port: gw.port, path, method: 'POST', agent: false, headers: { 'content-length': String(length) } }, res => {
+      let bytes = 0
+      res.on('data', (c: Buffer) => { bytes += c.length })
+      res.on('end', () => { resolve({ status: res.statusCode ?? 0, bytes, id: String(res.headers['x-request-id']) }); req.destroy() })
+    })
+    req.on('error', reject)
+    req.write(body)
+  })
+  const tooLarge = await post('/small/x', 'x'.repeat(100), 100)
+  t.equal(tooLarge.status, 413)
+  t.ok(tooLarge.bytes > 0, 'a JSON body')
+  t.match(await byId(tooLarge.id), { status: 413, bytesOut: tooLarge.bytes })
+  // 5 bytes of the 50 announced, then nothing: clientBodyTimeout
+  const stalled = await post('/x', 'x'.repeat(5), 50)
+  t.equal(stalled.status, 408)
+  t.ok(stalled.bytes > 0, 'a JSON body')
+  t.match(await byId(stalled.id), { status: 408, bytesOut: stalled.bytes })
+  const slow = await send(gw.port, '/slow?ms=3000')
+  t.equal(slow.status, 504)
+  t.ok(slow.bytes > 0, 'a JSON body')
+  t.match(await byId(slow.id), { status: 504, bytesOut: slow.bytes })
 })
 
 t.test('query parameters named in log.redactQuery are redacted (default list, then a custom one)', async t => {
@@ -149,6 +206,10 @@ routes:
   const custom = await startGateway(t, yaml('log: { redactQuery: [q, sig] }'))
   const rc = await send(custom.port, '/x?token=abc&q=1&sig=2')
   t.equal((await lineOf(custom.lines, l => l.requestId === rc.id)).path, '/x?token=abc&q=[redacted]&sig=[redacted]')
+
+  const none = await startGateway(t, yaml('log: { redactQuery: [] }'))
+  const rn = await send(none.port, '/x?token=abc&api_key=k1&q=1')
+  t.equal((await lineOf(none.lines, l => l.requestId === rn.id)).path, '/x?token=abc&api_key=k1&q=1', 'redactQuery: [] logs every query as sent')
 })
 
 // An absolute-form target holding userinfo is refused before routing (RFC 9110 §4.2.4) and its line

@@ -46,6 +46,9 @@ t.test('reload: a change that needs a restart (listen) is accepted and named on 
   const second = await lastReload()
   t.same([second.ok, second.generation, second.restartNeeded], [true, 3, ['admin', 'workers']], '/config lastReload.restartNeeded: admin and workers, listen no longer')
   t.equal((await fetch(`${gw.url}/x`)).status, 200, 'still one process serving on its start\'s addresses')
+  for (let i = 0; i < 5; i++) await (await fetch(`${gw.url}/x`, { headers: { connection: 'close' } })).text()
+  await gw.waitForLog(() => gw.logs.filter(l => l.msg === 'request').length >= 6)
+  t.same([...new Set(gw.logs.filter(l => l.msg === 'request').map(l => l.pid))], [gw.child.pid], 'every request answered by the process itself: no worker was forked')
 })
 
 t.test('reload: signalled while another reload runs, it reports the verdict of the reload that read its file', async t => {

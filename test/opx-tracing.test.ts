@@ -85,6 +85,7 @@ t.test('no traceparent, or an invalid one: a new trace, propagated and logged', 
     t.ok(sent !== null, `${String(header)}: upstream got a valid traceparent`)
     const traceId = (sent as RegExpExecArray)[1] as string
     t.not(traceId, '4bf92f3577b34da6a3ce929d0e0e4736', `${String(header)}: a new trace`)
+    t.equal((sent as RegExpExecArray)[3], '01', `${String(header)}: the new trace is sampled`)
     t.equal((await lineOf(gw.lines, res.headers.get('x-request-id') ?? '')).traceId, traceId, 'the logged trace id is the propagated one')
     seen.add(traceId)
   }
@@ -154,9 +155,13 @@ routes:
   const echo = await ok.json() as EchoBody
   const limited = await fetch(`${gw.url}/items`)
   t.equal(limited.status, 429)
+  // a caller that marked its trace unsampled: the upstream is told so, and no span is exported
+  const unsampled = await fetch(`${gw.url}/items`, { headers: { traceparent: '00-5af7651916cd43dd8448eb211c80319c-c7ad6b7169203331-00' } })
+  t.equal(unsampled.status, 429)
   await gw.close() // flushes the batch
   const spans = exports.flatMap(e => e.resourceSpans.flatMap(r => r.scopeSpans.flatMap(s => s.spans)))
-  t.equal(spans.length, 2, 'one span per request')
+  t.equal(spans.length, 2, 'one span per sampled request')
+  t.notOk(spans.some(s => s.traceId === '5af7651916cd43dd8448eb211c80319c'), 'none for the unsampled trace')
   t.match(paths[0], /^POST \/v1\/traces application\/json/, 'OTLP/HTTP on the traces path')
   const service = exports[0]?.resourceSpans[0]?.resource.attributes.find(a => a.key === 'service.name')?.value.stringValue
   t.equal(service, 'gw-under-test')
@@ -181,7 +186,45 @@ routes:
   t.equal(attr(second, 'gateway.outcome'), 'rejected')
   t.equal(attr(second, 'gateway.limit'), 'api.ip')
   const logged = gw.lines.filter(l => l.msg === 'request').map(l => l.traceId)
-  t.same(logged.sort(), [first.traceId, second.traceId].sort(), 'the access log names the exported traces')
+  t.same(logged.sort(), [first.traceId, second.traceId, '5af7651916cd43dd8448eb211c80319c'].sort(), 'the access log names the exported traces, and the unsampled one')
+})
+
+t.test('tracing.otlp: gateway.redis.duration_ms is the time a request waited on Redis, a failed identity\'s charge included; 0 without Redis', async t => {
+  const spansOf = async (withRedis: boolean): Promise<OtlpSpan[]> => {
+    const exports: OtlpExport[] = []
+    const receiver = await startHttpServer(t, (req, res) => {
+      const chunks: Buffer[] = []
+      req.on('data', (c: Buffer) => chunks.push(c))
+      req.on('end', () => {
+        exports.push(JSON.parse(Buffer.concat(chunks).toString()) as OtlpExport)
+        res.writeHead(200, { 'content-type': 'application/json' }).end('{}')
+      })
+    })
+    const up = await startUpstream(t)
+    const redis = withRedis ? `redis: { url: "${(await startRedis(t)).url}", timeout: 2s }\n` : ''
+    const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+tracing: { otlp: "${receiver.url}" }
+${redis}identity: { required: true, apiKeys: { header: x-api-key, keys: { good-key-0123456789: alice } } }
+upstreams:
+  backend: { targets: ["${up.url}"] }
+routes:
+  - name: api
+    pathPrefix: /
+    upstream: backend
+    limits: { user: { algorithm: token-bucket, limit: 100, window: 1m } }
+`)
+    t.equal((await fetch(`${gw.url}/x`, { headers: { 'x-api-key': 'good-key-0123456789' } })).status, 200)
+    t.equal((await fetch(`${gw.url}/x`, { headers: { 'x-api-key': 'a-guessed-key' } })).status, 401)
+    await gw.close() // flushes the batch
+    return exports.flatMap(e => e.resourceSpans.flatMap(r => r.scopeSpans.flatMap(s => s.spans)))
+  }
+  const waited = (spans: OtlpSpan[], status: number): number => attr(spans.find(s => attr(s, 'http.response.status_code') === status) as OtlpSpan, 'gateway.redis.duration_ms') as number
+  const onRedis = await spansOf(true)
+  t.ok(waited(onRedis, 200) > 0, `the admitted request: ${waited(onRedis, 200)} ms`)
+  t.ok(waited(onRedis, 401) > 0, `the failed identity, charged to its IP's failure budget on Redis: ${waited(onRedis, 401)} ms`)
+  const inProcess = await spansOf(false)
+  t.same([waited(inProcess, 200), waited(inProcess, 401)], [0, 0], 'decided in process: 0')
 })
 
 // url.path is the target as sent: an absolute-form target's user and password went to the collector

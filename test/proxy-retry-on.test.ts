@@ -195,6 +195,43 @@ t.test('retryBudget: retries in flight beyond minConcurrent are refused; the cli
   t.equal(await metric(gw.adminUrl, 'gateway_upstream_retries_total', { reason: 'status_503' }), 3)
 })
 
+t.test('the budget is a share of the requests in flight and those waiting for a connection: waiting ones make room for a retry', async t => {
+  /** a (first attempts) answers 503 once told to, b holds; both take one connection; `queued` requests wait behind them. */
+  const retryWith = async (queued: number): Promise<{ retried: number, overBudget: number, first: number }> => {
+    const heldA: ServerResponse[] = []
+    const heldB: ServerResponse[] = []
+    const a = await target(t, (_req, res) => { heldA.push(res) })
+    const b = await target(t, (_req, res) => { heldB.push(res) })
+    const gw = await startGateway(t, upstreamOf(`{ url: ${a.url}, weight: 1000 }, ${b.url}`,
+      'maxConnections: 1, maxPending: 10, timeouts: { queue: 10s }, retries: 1, retryOn: [503], retryBudget: { percent: 34, minConcurrent: 0 }'))
+    const first = send(gw.url, '/first')
+    await until('a holds the first request', () => heldA.length === 1)
+    const others = [send(gw.url, '/second')]
+    await until('b holds the second', () => heldB.length === 1)
+    for (let i = 0; i < queued; i++) others.push(send(gw.url, `/queued${i}`))
+    await until(`${queued} waiting`, async () => await metric(gw.adminUrl, 'gateway_upstream_pending', { upstream: 'backend' }) === queued)
+    heldA[0]?.writeHead(503).end('a busy')
+    // decided once a is free again: the retry (or the client's 503) has released it to the oldest waiting
+    if (queued > 0) await until('a takes the first waiting request', () => heldA.length === 2)
+    // let every request end: whatever a or b holds now or later is answered 200
+    let done = false
+    const all = Promise.all([first, ...others]).finally(() => { done = true })
+    while (!done) {
+      for (const res of [...heldA.splice(0), ...heldB.splice(0)]) if (!res.headersSent) res.end('ok')
+      await new Promise(resolve => setTimeout(resolve, 10))
+    }
+    const [answer] = await all
+    // counted as each request ends
+    const retried = await metric(gw.adminUrl, 'gateway_upstream_retries_total', { upstream: 'backend', reason: 'status_503' })
+    const overBudget = await metric(gw.adminUrl, 'gateway_upstream_retries_over_budget_total', { upstream: 'backend' })
+    return { retried, overBudget, first: answer?.status ?? 0 }
+  }
+  // in flight: b's one (and a's, until its answer frees it): 34% of 1 or 2 rounds to 0
+  t.same(await retryWith(0), { retried: 0, overBudget: 1, first: 503 }, 'no one waiting: the retry is over the budget, the client gets a\'s 503')
+  // and two waiting: 34% of 3 or 4 is 1
+  t.same(await retryWith(2), { retried: 1, overBudget: 0, first: 200 }, 'two waiting: room for the retry')
+})
+
 t.test('a request takes one place in the budget for all its retries', async t => {
   const a = await target(t, busy('a'))
   const b = await target(t, busy('b'))

@@ -16,8 +16,9 @@ import { refusingUrl } from './helpers/upstream.js'
 import { metric, sleep } from './helpers/ratelimit.js'
 import type { Teardown } from './helpers/teardown.js'
 import { localhostCertificate } from './helpers/tls.js'
-import { countProbe, initialActiveHealth, probeDelay, statusPasses } from '../src/proxy/health-check.js'
-import { UpstreamPool } from '../src/proxy/upstream-pool.js'
+import { countProbe, initialActiveHealth, probe, probeDelay, statusPasses } from '../src/proxy/health-check.js'
+import { UpstreamPool, UpstreamTarget } from '../src/proxy/upstream-pool.js'
+import { TEST_UPSTREAM } from './helpers/proxy-plan.js'
 
 /** What a target answers one probe: 200, 503, nothing at all, or 200 with a body that never ends. */
 type ProbeAnswer = 'pass' | 'fail' | 'hang' | 'endless'
@@ -157,6 +158,24 @@ t.test('the rules of a run, one probe at a time (pure)', async t => {
   const longest = 596 * 3_600_000
   t.equal(probeDelay(longest, false, () => 0.999), 2_147_483_647, 'never past the longest timer')
   t.equal(probeDelay(longest, false, () => 0), Math.round(longest * 0.9), 'below it, the interval less 10%')
+})
+
+t.test('a probe\'s default Host is the target\'s host:port without a port its scheme implies (http://b:80 is probed with Host: b)', async t => {
+  const hosts: string[] = []
+  const server = http.createServer((req, res) => { hosts.push(req.headers.host ?? ''); res.end() })
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  t.teardown(() => server.close())
+  const { port } = server.address() as AddressInfo
+  const check = { path: '/healthz', intervalMs: 1000, timeoutMs: 2000, unhealthyAfter: 1, healthyAfter: 1, host: null, expectStatus: [[200, 399]] as Array<[number, number]> }
+  const signal = new AbortController().signal
+  for (const url of ['http://localhost:80/base', 'http://localhost:8080', 'https://api.test:443', 'https://api.test:8443', 'http://[::1]:80']) {
+    const target = new UpstreamTarget({ url, weight: 1 }, { ...TEST_UPSTREAM, targets: [] })
+    t.teardown(() => target.dispatcher.destroy())
+    // the probe is sent as the target's, but to the test's listener over plain HTTP: only its Host is looked at
+    t.equal(await probe({ ...target, secure: false, hostname: '127.0.0.1', port }, check, signal), null)
+  }
+  t.same(hosts, ['localhost', 'localhost:8080', 'api.test', 'api.test:8443', '[::1]'])
 })
 
 t.test('a failing check takes a target out after unhealthyAfter probes and back after healthyAfter; probes are not client requests', async t => {

@@ -63,6 +63,24 @@ for (const signal of ['SIGTERM', 'SIGINT'] as const) {
   })
 }
 
+t.test('a second SIGTERM to the primary during its drain does not cut it: the requests in flight finish, all exit 0', async t => {
+  const up = await slowUpstream(t)
+  const gw = await spawnGateway(t, config(up.url))
+  await readyPrimary(gw)
+  const slow = Array.from({ length: 4 }, async () => {
+    const r = await fetch(`${gw.url}/slow`, { headers: { connection: 'close' } })
+    return `${r.status} ${await r.text()}`
+  })
+  for (let i = 0; i < 300 && up.arrived() < 4; i++) await new Promise(resolve => setTimeout(resolve, 10))
+  t.equal(up.arrived(), 4, 'four slow requests in flight')
+  gw.child.kill('SIGTERM')
+  await gw.waitForLog(l => l.msg === 'shutting down workers')
+  gw.child.kill('SIGTERM') // a second docker stop, an impatient operator
+  t.same(await Promise.all(slow), new Array(4).fill('200 slow ok'), 'each finished during the drain')
+  t.equal(await gw.exited, 0)
+  t.equal(gw.logs.filter(l => l.msg === 'gateway stopped').length, 2, 'both workers drained and stopped')
+})
+
 t.test('a file the workers would refuse, or a taken admin port, fails the start with exit 1 and no worker', async t => {
   const bad = writeConfig(t, config('http://127.0.0.1:1').replace('pathPrefix: /,', 'pathPrefix: "/a/../b/",'))
   const run = async (file: string): Promise<{ code: number | null, stderr: string }> => {

@@ -5,11 +5,13 @@ import t from 'tap'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { execFileSync } from 'node:child_process'
 import { request as httpsRequest } from 'node:https'
+import type { TLSSocket } from 'node:tls'
 import { connect, createServer as createNetServer, type AddressInfo } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { answering, bodies, config, replaceOne, twoWorkers, until } from './helpers/workers.js'
 import { spawnGateway } from './helpers/gateway.js'
+import { restartPauseMs } from '../src/workers.js'
 
 t.test('a worker that replaces a crashed one starts with the key file and TLS files its primary checked, not with ones broken since', async t => {
   const a = await answering(t, 'from a')
@@ -36,6 +38,27 @@ t.test('a worker that replaces a crashed one starts with the key file and TLS fi
   const rejected = await r.gw.waitForLog(l => l.msg === 'reload rejected; the running configuration keeps serving')
   t.match(rejected.problems, [/keys\.yaml:\d+:\d+/, /gateway\.yaml:\d+:\d+ tls: cert and key cannot be used together/], 'the files\' located problems')
   t.same(await keyed(10), new Array(10).fill('200 from a'))
+})
+
+t.test('a certificate renewed on disk is served by every worker after a SIGHUP, a replacement started since included', async t => {
+  const a = await answering(t, 'from a')
+  const dir = mkdtempSync(join(tmpdir(), 'gw-workers-renew-'))
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const cert = join(dir, 'cert.pem')
+  const key = join(dir, 'key.pem')
+  selfSigned(cert, key, 'first.test')
+  const r = await twoWorkers(t, config(a) + `tls: { cert: ${cert}, key: ${key} }\n`)
+  t.same([...new Set(await servedNames(r.gw.url, 10))], ['first.test'])
+  // the same files overwritten, as a renewal does; the config itself does not change
+  selfSigned(cert, key, 'second.test')
+  r.gw.child.kill('SIGHUP')
+  await until('both workers reloaded', () => new Set(r.gw.logs.filter(l => l.msg === 'configuration reloaded' && l.generation === 2).map(l => l.pid)).size === 2)
+  t.same([...new Set(await servedNames(r.gw.url, 40))], ['second.test'], 'every connection, on either worker, gets the renewed certificate')
+  // gone from disk since: a replacement starts with what its primary read at the SIGHUP
+  rmSync(cert)
+  rmSync(key)
+  await replaceOne(r)
+  t.same([...new Set(await servedNames(r.gw.url, 40))], ['second.test'], 'the replacement serves the renewed certificate too')
 })
 
 t.test('after a reload that turns TLS off (a restart-needed setting), a crashed worker\'s replacement serves TLS with its siblings\' certificate', async t => {
@@ -108,6 +131,7 @@ t.test('workers that cannot bind the listen address exit 1 and are started again
   await until('four failed starts', () => exits().length >= 4, 60_000)
   t.match(exits().slice(0, 4), new Array(4).fill({ code: 1, signal: null }), 'each exits 1 (a disconnect made it 0)')
   t.same(exits().slice(0, 4).map(l => l.restartInMs), [200, 400, 800, 1600], 'started again after a growing pause')
+  t.same([5, 6, 7, 50].map(restartPauseMs), [3200, 5000, 5000, 5000], 'and the pause stops growing at 5 s')
   t.match(gw.stderr(), `bind EADDRINUSE 127.0.0.1:${port}`)
   t.equal((await fetch(`${adminUrl}/readyz`)).status, 503, 'not ready meanwhile')
 
@@ -121,8 +145,22 @@ t.test('workers that cannot bind the listen address exit 1 and are started again
   t.equal(crash.restartInMs, 200, 'the pause starts again from its shortest (it went on growing to 5 s)')
 })
 
-function selfSigned (cert: string, key: string): void {
-  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', '/CN=gw'], { stdio: 'ignore' })
+function selfSigned (cert: string, key: string, cn = 'gw'): void {
+  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', `/CN=${cn}`], { stdio: 'ignore' })
+}
+
+/** The certificate names (CN) the gateway shows `n` TLS connections, each a new one (spread over the workers). */
+async function servedNames (httpUrl: string, n: number): Promise<string[]> {
+  const url = httpUrl.replace('http:', 'https:')
+  return await Promise.all(Array.from({ length: n }, async () => await new Promise<string>((resolve, reject) => {
+    const req = httpsRequest(`${url}/x`, { rejectUnauthorized: false, agent: false }, res => {
+      const cn = String((res.socket as TLSSocket).getPeerCertificate().subject.CN)
+      res.resume()
+      res.on('end', () => resolve(cn))
+    })
+    req.on('error', reject)
+    req.end()
+  })))
 }
 
 /** `n` HTTPS requests, each on its own connection (spread over the workers): "status body" each. */

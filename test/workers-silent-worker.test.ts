@@ -36,3 +36,43 @@ t.test('a stopped worker: /readyz 503 naming it, ready again once it answers', a
   await r.gw.waitForLog(l => l.msg === 'worker answering again' && l.worker === victim)
   t.pass('its return logged')
 })
+
+t.test('/metrics with a stopped worker: answered after the 3 s it waits for a worker, summed over the one that answered, its counters kept in the sum', async t => {
+  const up = await answering(t, 'ok')
+  const r = await twoWorkers(t, config(up))
+  const metrics = async (): Promise<{ ms: number, text: string }> => {
+    const started = Date.now()
+    const res = await fetch(`${r.adminUrl}/metrics`)
+    const text = await res.text()
+    t.equal(res.status, 200)
+    return { ms: Date.now() - started, text }
+  }
+  const value = (text: string, name: string): number => {
+    let sum = 0
+    for (const line of text.split('\n')) if (line.startsWith(`${name}{`) || line.startsWith(`${name} `)) sum += Number(line.slice(line.lastIndexOf(' ') + 1))
+    return sum
+  }
+  // requests on new connections, which the primary hands to both workers
+  const pids = new Set<number>()
+  await until('both workers answered requests', async () => {
+    const res = await fetch(`${r.gw.url}/x`, { headers: { connection: 'close' } })
+    await res.text()
+    for (const l of r.gw.logs) if (l.msg === 'request') pids.add(l.pid as number)
+    return pids.size === 2
+  })
+  const before = await metrics()
+  t.equal(value(before.text, 'gateway_workers_scraped'), 2)
+  const counted = value(before.text, 'gateway_requests_total')
+  t.ok(counted >= 2, `${counted} requests counted`)
+  const [victim] = r.workerPids()
+  if (victim === undefined) throw new Error('no worker')
+  process.kill(victim, 'SIGSTOP')
+  t.teardown(() => { try { process.kill(victim, 'SIGCONT') } catch { // already gone
+  } })
+  const during = await metrics()
+  t.ok(during.ms < 6000, `answered in ${during.ms} ms (the 3 s wait for the stopped worker, then the other's answer)`)
+  t.equal(value(during.text, 'gateway_workers_scraped'), 1, 'one worker answered')
+  t.ok(value(during.text, 'gateway_requests_total') >= counted, 'the stopped worker\'s requests stay in the sum: no counter goes down')
+  process.kill(victim, 'SIGCONT')
+  await until('both answer again', async () => value((await metrics()).text, 'gateway_workers_scraped') === 2)
+})

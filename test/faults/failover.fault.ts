@@ -4,6 +4,7 @@ import t from 'tap'
 import { Redis } from 'ioredis'
 import { startFastSentinel, startRedis, startRedisReplica, startReplicatedCluster } from '../helpers/redis.js'
 import { report, runScenario } from './scenario.js'
+import { closeRedisClient, createRedisClient } from '../../src/limit/redis-client.js'
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
 
@@ -78,6 +79,42 @@ t.test('Sentinel: master frozen (SIGSTOP, its socket left open) with users mid-b
   t.equal(o.fiveHundreds, 0)
   t.ok(o.recoveryMs !== null && o.recoveryMs <= 1000, `recovery ${o.recoveryMs} ms <= 1000 ms`)
   if (o.recoveryMs === null || o.recoveryMs > 1000) for (const line of o.breakerLog) t.comment(line)
+})
+
+t.test('Sentinel: a client started while its sentinel is down watches for +switch-master once the sentinel is up, and leaves a frozen master at the switch', async t => {
+  const master = await startRedis(t)
+  const replica = await startRedisReplica(t, master.port)
+  const replicaClient = replica.client()
+  await until('replica in sync', async () => /master_link_status:up/.test(await replicaClient.info('replication')), 15_000)
+  const sentinel = await startFastSentinel(t, master.port, 'gwlate', 1000)
+  await sentinel.down()
+  // the gateway's own client, as it builds it for `redis: { sentinels, name }`
+  const client = createRedisClient({ sentinels: [{ host: '127.0.0.1', port: sentinel.port }], name: 'gwlate', onError: () => {} })
+  t.teardown(() => closeRedisClient(client))
+  // Longer than ioredis's 20 attempts of a queued command at the reconnect delays (about 4.5 s):
+  // a subscription queued at the start was dropped by then, and never made again.
+  await sleep(6000)
+  await sentinel.up()
+  const answers = async (): Promise<boolean> => await Promise.race([client.ping().then(() => true, () => false), sleep(250).then(() => false)])
+  await until('the client on the master', answers, 15_000)
+  const sentinelClient = new Redis({ host: '127.0.0.1', port: sentinel.port, maxRetriesPerRequest: 1 })
+  sentinelClient.on('error', () => {})
+  t.teardown(() => sentinelClient.disconnect())
+  await until('the client\'s watcher subscribed', async () =>
+    /name=edge-gateway-switch-watch .*sub=1/.test(await sentinelClient.call('CLIENT', 'LIST') as string), 5000)
+  const switched = new Promise<number>((resolve) => {
+    sentinelClient.on('message', (channel: string, message: string) => {
+      if (channel === '+switch-master' && message.startsWith('gwlate ') && message.endsWith(` ${replica.port}`)) resolve(Date.now())
+    })
+  })
+  await sentinelClient.subscribe('+switch-master')
+  // no reset reaches the client: only the sentinel's +switch-master tells it to move
+  master.freeze()
+  const switchedAt = await Promise.race([switched, sleep(30_000).then(() => { throw new Error('no +switch-master within 30 s') })])
+  await until('the client answered by the promoted replica', async () =>
+    await answers() && (client as unknown as { stream?: { remotePort?: number } }).stream?.remotePort === replica.port, 5000)
+  const movedMs = Date.now() - switchedAt
+  t.ok(movedMs <= 2000, `on the promoted replica ${movedMs} ms after the switch (<= 2000 ms)`)
 })
 
 t.test('Cluster 3+3: a master SIGKILLed with users mid-budget, replica promoted: at most 1.1x, no 5xx', async t => {

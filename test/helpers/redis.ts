@@ -34,6 +34,12 @@ export interface RedisSentinel {
   stop(): Promise<void>
 }
 
+/** A sentinel that can be taken down and started again on its port, with its files (and what it learnt) kept. */
+export interface RestartableSentinel extends RedisSentinel {
+  down(): Promise<void>
+  up(): Promise<void>
+}
+
 export interface RedisClusterServers {
   readonly ports: number[]
   readonly urls: string[]
@@ -333,7 +339,7 @@ export async function startRedisReplica (t: Teardown, masterPort: number): Promi
  * A Sentinel that fails over fast (for fault tests): the master is declared down after
  * `downAfterMs` without answers, quorum 1.
  */
-export async function startFastSentinel (t: Teardown, masterPort: number, name: string, downAfterMs = 1000): Promise<RedisSentinel> {
+export async function startFastSentinel (t: Teardown, masterPort: number, name: string, downAfterMs = 1000): Promise<RestartableSentinel> {
   const config = `sentinel monitor ${name} 127.0.0.1 ${masterPort} 1\n` +
     `sentinel down-after-milliseconds ${name} ${downAfterMs}\n` +
     `sentinel failover-timeout ${name} 10000\n` +
@@ -342,7 +348,7 @@ export async function startFastSentinel (t: Teardown, masterPort: number, name: 
   t.teardown(() => stopNode(node))
   await waitFor('sentinel sees its master', async () =>
     (await rawCommand(node.port, `SENTINEL get-master-addr-by-name ${name}`)).includes(String(masterPort)), 10_000, node.running?.exited)
-  return { port: node.port, stop: () => stopNode(node) }
+  return { port: node.port, stop: () => stopNode(node), down: () => node.stop(), up: () => node.start() }
 }
 
 export interface ReplicatedCluster extends RedisClusterServers {
