@@ -120,6 +120,8 @@ t.test('the image: default config validates, listens on 0.0.0.0, npm is gone', a
   t.same(withBackend.routes.map(r => [r.pathPrefix ?? r.path, r.upstream]), [['/', Object.keys(withBackend.upstreams)[0]]], 'one route: every path')
   t.same(Object.values(withBackend.upstreams).map(u => u.targets.map(x => x.url)), [[backend]], 'to $BACKEND_URL')
   t.equal(withBackend.redis, undefined, 'limits in process (no redis:)')
+  // README (Container): no identity header, which would be believed from every client without trustedProxies
+  t.equal(withBackend.identity, undefined, 'no identity')
 })
 
 /** Whether the builder receives `path`: the last .dockerignore pattern matching it or a parent of it decides. */
