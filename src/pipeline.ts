@@ -244,7 +244,12 @@ abstract class Exchange extends RequestRecord {
       this.admission = early.admission
       // before the local level: its 429 is read by the browser script too
       const cors = early.admission.route.cors
-      if (cors !== null && !early.admission.preflight && !shut) this.corsFor(cors)
+      if (cors !== null && !shut) {
+        if (!early.admission.preflight) this.corsFor(cors)
+        // a preflight's refusals (its 403, the route's ipRestriction, the local level's 429) get
+        // none of the policy's fields, but vary by Origin as its grant does: they said no Vary
+        else this.corsVaries = cors.variesByOrigin
+      }
     } else {
       this.clientIp = early.clientIp
       if (early.cors !== undefined && !shut) this.corsFor(early.cors)

@@ -289,3 +289,53 @@ routes:
   }
   t.same(got, [204, 204, 429], 'the third preflight of the address is shed by the local level')
 })
+
+t.test('cors.methods bounds what a preflight may ask; the gateway\'s own 401, 413 and 504 carry the policy; a preflight refused varies by Origin', async t => {
+  const upstream = await startHttpServer(t, (req, res) => {
+    if (req.url?.startsWith('/slow/') === true) {
+      setTimeout(() => res.end('late'), 2000).unref()
+      return
+    }
+    // every CORS field an upstream may send of its own, and a Vary of "*"
+    res.writeHead(200, { 'access-control-allow-origin': '*', 'access-control-allow-credentials': 'true', 'access-control-expose-headers': 'x-secret', 'access-control-allow-methods': 'PUT', vary: '*' })
+    res.end('up')
+  })
+  const origin = 'https://app.example.com'
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+identity: { apiKeys: { header: x-api-key, keys: { k-0123456789abcdef: alice } } }
+upstreams:
+  backend: { targets: [${upstream.url}], retries: 0, timeouts: { response: 300ms } }
+routes:
+  - { name: reads, pathPrefix: /reads/, upstream: backend, cors: { origins: ["${origin}"], methods: [GET, POST] } }
+  - { name: keyed, pathPrefix: /keyed/, upstream: backend, auth: required, cors: { origins: ["${origin}"] } }
+  - { name: small, pathPrefix: /small/, upstream: backend, maxBodySize: 10, cors: { origins: ["${origin}"] } }
+  - { name: slow, pathPrefix: /slow/, upstream: backend, cors: { origins: ["${origin}"] } }
+`)
+  // cors.methods: a route that takes every method grants a preflight only these
+  const del = await request(`${gw.url}/reads/a`, { method: 'OPTIONS', headers: preflight(origin, 'DELETE') })
+  const refused = await del.body.json() as { error: string, reason: string }
+  t.same([del.statusCode, refused.error, del.headers['access-control-allow-methods'], del.headers['access-control-allow-origin']], [403, 'GW_ERR_CORS_REJECTED', undefined, undefined])
+  t.match(refused.reason, /the method "DELETE" is not in the route's cors\.methods/)
+  t.equal(del.headers.vary, 'Origin', 'the refusal varies by Origin, as a grant does')
+  const post = await request(`${gw.url}/reads/a`, { method: 'OPTIONS', headers: preflight(origin, 'POST') })
+  await post.body.text()
+  t.same([post.statusCode, post.headers['access-control-allow-methods']], [204, 'POST'])
+  t.match(post.headers.vary, /^Origin/)
+
+  // the upstream's own CORS fields are replaced by the policy's, its Vary kept
+  const ok = await request(`${gw.url}/reads/a`, { headers: { origin } })
+  t.equal(await ok.body.text(), 'up')
+  t.same([ok.headers['access-control-allow-origin'], ok.headers['access-control-allow-credentials'], ok.headers['access-control-allow-methods']], [origin, undefined, undefined], 'no credentials or methods of the upstream\'s')
+  t.notMatch(String(ok.headers['access-control-expose-headers']), /x-secret/, 'nor its expose list')
+  t.equal(ok.headers.vary, '*', 'a Vary of "*" says all: Origin is not added')
+
+  // the gateway's own answers
+  const unauthorized = await request(`${gw.url}/keyed/a`, { headers: { origin } })
+  const tooLarge = await request(`${gw.url}/small/a`, { method: 'POST', body: 'x'.repeat(20), headers: { origin } })
+  const late = await request(`${gw.url}/slow/a`, { headers: { origin } })
+  for (const [name, res, status] of [['401', unauthorized, 401], ['413', tooLarge, 413], ['504', late, 504]] as const) {
+    await res.body.text()
+    t.same([res.statusCode, res.headers['access-control-allow-origin'], res.headers.vary], [status, origin, 'Origin'], `the ${name} is readable by the script`)
+  }
+})
