@@ -567,7 +567,7 @@ export async function runPrimary (options: PrimaryOptions): Promise<number> {
       const { status, redis, upstreams } = workerHealth()
       const silent = silentWorkers()
       const up = ready.size - silent.length
-      return json(res, up === workers && !shuttingDown ? 200 : 503, { status: up === workers ? (status === 'degraded' ? 'degraded' : 'ready') : 'not_ready', workers, ready: up, ...(silent.length > 0 ? { notAnswering: silent } : {}), redis: redis ?? null, upstreams: upstreams ?? {} })
+      return json(res, up === workers && !shuttingDown ? 200 : 503, { status: shuttingDown ? 'shutting_down' : up === workers ? (status === 'degraded' ? 'degraded' : 'ready') : 'not_ready', workers, ready: up, ...(silent.length > 0 ? { notAnswering: silent } : {}), redis: redis ?? null, upstreams: upstreams ?? {} })
     }
     if (path === '/config') {
       const shown = redactConfig(loaded.config) as { server: { maxConnections: number | null } }

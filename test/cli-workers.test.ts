@@ -74,6 +74,8 @@ routes:
   await until('the held request reached the upstream', () => up.log.length > 0)
   r.gw.child.kill('SIGTERM')
   await until('the primary drains', async () => (await fetch(`${r.adminUrl}/readyz`)).status === 503)
+  // the body says why, as a single process's does: it said "ready" with its 503
+  t.equal(((await (await fetch(`${r.adminUrl}/readyz`)).json()) as { status: string }).status, 'shutting_down')
   const during = await fetch(`${r.adminUrl}/limits?route=api&ip=127.0.0.1`)
   t.equal(during.status, 503)
   t.match(await during.json(), { error: 'not_ready', message: 'the gateway is shutting down' })
