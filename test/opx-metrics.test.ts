@@ -55,6 +55,7 @@ routes:
   t.equal((await fetch(`${gw.url}/gone/x`)).status, 502)
   t.equal(await metric(gw.adminUrl, 'gateway_upstream_target_healthy', { upstream: 'dead', target: dead }), 0, 'ejected')
   t.equal(await metric(gw.adminUrl, 'gateway_upstream_ejections_total', { upstream: 'dead', target: dead, reason: 'connect_failure' }), 1)
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_response_duration_seconds_count', { upstream: 'dead' }), 1, 'the 502 of a dispatched exchange is timed too')
   t.equal(await metric(gw.adminUrl, 'gateway_upstream_target_healthy', { upstream: 'backend', target: up.url }), 1)
 })
 
