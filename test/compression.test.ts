@@ -270,10 +270,12 @@ t.test('a stream is compressed as it comes: what the upstream sent reaches the c
   const iterator = text[Symbol.asyncIterator]()
   const first = await iterator.next()
   t.equal(first.value, 'first part\n', 'the first part, decompressible while the upstream still holds the rest')
+  t.match(await (await fetch(`${gw.adminUrl}/metrics`)).text(), /^gateway_compression_encoders_open 1$/m, 'the answer being compressed is counted in gateway_compression_encoders_open')
   origin.release()
   const rest = await iterator.next()
   t.equal(rest.value, 'second part\n')
   t.equal((await iterator.next()).done, true)
+  t.equal(await encodersOpen(gw.adminUrl), '0', 'and no longer once it ended')
 })
 
 t.test('a large body goes through whole, with backpressure, and a client that leaves mid-body ends the upstream request', async t => {
