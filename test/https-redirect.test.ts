@@ -69,6 +69,9 @@ t.test('every request on the plain listener gets a 308 to HTTPS, which serves it
   t.same(up.log, ['/a/b?c=1'])
   const metrics = await (await fetch(`${gw.adminUrl}/metrics`)).text()
   t.match(metrics, /^gateway_https_redirects_total 2$/m, 'the two redirects counted, not the 400')
+  // README (Admin endpoints): /config leaves redirectHttp.port absent: the listener's own port, whatever port it was given
+  const shown = await (await fetch(`${gw.adminUrl}/config`)).json() as { config: { tls: { redirectHttp: Record<string, unknown> } } }
+  t.same(shown.config.tls.redirectHttp, { listen: '127.0.0.1:0' }, '/config: no port written in')
 })
 
 t.test('redirectHttp.port: the port clients reach the TLS listener on (443 behind a port mapping)', async t => {
