@@ -147,6 +147,11 @@ t.test('workers: 2: the primary asks for the token too; gateway reload and gatew
   const refused = await gateway(['limits', 'get', '--route', 'api', '--ip', '203.0.113.7', '--admin', `127.0.0.1:${gw.adminPort}`], { GATEWAY_ADMIN_TOKEN: '' })
   t.equal(refused.code, 1)
   t.match(refused.stderr, /gateway limits get: 401 GW_ERR_ADMIN_UNAUTHORIZED: admin\.reads is token/)
+  // the token given on the command line, or in the environment, without the file
+  const flagged = await gateway(['limits', 'get', '--route', 'api', '--ip', '203.0.113.7', '--admin', `127.0.0.1:${gw.adminPort}`, '--token', TOKEN], { GATEWAY_ADMIN_TOKEN: '' })
+  t.equal(flagged.code, 0, `--token: ${flagged.stderr}`)
+  const fromEnv = await gateway(['limits', 'get', '--route', 'api', '--ip', '203.0.113.7', '--admin', `127.0.0.1:${gw.adminPort}`], { GATEWAY_ADMIN_TOKEN: TOKEN })
+  t.equal(fromEnv.code, 0, `$GATEWAY_ADMIN_TOKEN: ${fromEnv.stderr}`)
   const wrong = await gateway(['reload', '--pid-file', gw.pidFile, '-c', gw.file, '--admin', `127.0.0.1:${gw.adminPort}`], { GATEWAY_ADMIN_TOKEN: TOKEN.slice(1) })
   t.equal(wrong.code, 4)
   t.match(wrong.stderr, /\/config answered 401: its reads need the admin token/)
