@@ -161,9 +161,14 @@ routes:
 routes:
   - { name: interim, pathPrefix: /f/, respond: { status: 101 } }
   - { name: huge, pathPrefix: /h/, respond: { status: 200, body: "${'x'.repeat(64 * 1024 + 1)}" } }
+  - { name: wide, pathPrefix: /w/, respond: { status: 200, body: "${'é'.repeat(32 * 1024 + 1)}" } }
+  - { name: full, pathPrefix: /u/, respond: { status: 200, body: "${'é'.repeat(32 * 1024)}" } }
 `)
   const schema = await gateway(['validate', '-c', file])
   t.equal(schema.code, 1)
   t.match(schema.stderr, /gateway\.yaml:4:\d+ routes\[0\]\.respond\.status: expected a final status, 200 to 599/)
-  t.match(schema.stderr, /gateway\.yaml:5:\d+ routes\[1\]\.respond\.body: at most 65536 characters/)
+  t.match(schema.stderr, /gateway\.yaml:5:\d+ routes\[1\]\.respond\.body: at most 65536 bytes/)
+  // 32769 characters of two bytes each: under the bound in characters, over it in bytes
+  t.match(schema.stderr, /gateway\.yaml:6:\d+ routes\[2\]\.respond\.body: at most 65536 bytes \(UTF-8\)/)
+  t.notMatch(schema.stderr, /routes\[3\]/, 'exactly 65536 bytes is taken')
 })
