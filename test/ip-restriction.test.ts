@@ -78,6 +78,22 @@ t.test('a route lets in the addresses its allow list holds, less its deny list, 
   t.same(logged.map(l => [l.status, l.route, l.ip]).slice(0, 1), [[403, 'internal', '192.0.2.7']])
 })
 
+t.test('proxy-addr\'s linklocal and uniquelocal keywords hold those ranges, IPv4 and IPv6', async t => {
+  const up = await upstream(t)
+  const gw = await startGateway(t, `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+trustedProxies: [127.0.0.1]
+upstreams:
+  backend: { targets: [${up.url}] }
+routes:
+  - { name: link, pathPrefix: /link/, upstream: backend, ipRestriction: { allow: [linklocal] } }
+  - { name: unique, pathPrefix: /unique/, upstream: backend, ipRestriction: { allow: [uniquelocal] } }
+`)
+  const statuses = async (path: string, clients: string[]): Promise<number[]> => await Promise.all(clients.map(async c => (await ask(gw.url, path, c)).status))
+  t.same(await statuses('/link/a', ['169.254.1.1', 'fe80::1', '10.0.0.1', 'fd00::1', '2001:db8::1']), [200, 200, 403, 403, 403], 'linklocal: 169.254.0.0/16 and fe80::/10')
+  t.same(await statuses('/unique/a', ['10.0.0.1', '172.16.5.5', '192.168.1.1', 'fd00::1', '169.254.1.1', '2001:db8::1', '8.8.8.8']), [200, 200, 200, 200, 403, 403, 403], 'uniquelocal: the private IPv4 ranges and fc00::/7')
+})
+
 t.test('a route\'s allow cannot undo the gateway-wide deny', async t => {
   const up = await upstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
