@@ -24,7 +24,8 @@ routes:
   // which upstream answered, or the status when the gateway refused
   return async (path: string) => {
     const reply = await send(`${gw.url}${path}`)
-    return reply.status === 200 ? String(reply.json?.name) : String(reply.status)
+    // a refusal says which: the status and its code
+    return reply.status === 200 ? String(reply.json?.name) : `${reply.status} ${String(reply.json?.error)}`
   }
 }
 
@@ -33,8 +34,8 @@ t.test('by default: exact case and slash only, and ";" is refused unless the rou
   t.equal(await to('/admin'), 'admin')
   t.equal(await to('/Admin'), 'public', 'the documented gap: another case is another path')
   t.equal(await to('/admin/'), 'public', 'and so is a trailing slash')
-  t.equal(await to('/admin;x=1'), '400', '";" on a route that does not allow it: 400, not the catch-all')
-  t.equal(await to('/admin/..;/x'), '400')
+  t.equal(await to('/admin;x=1'), '400 GW_ERR_BAD_PATH', '";" on a route that does not allow it: 400, not the catch-all')
+  t.equal(await to('/admin/..;/x'), '400 GW_ERR_BAD_PATH')
   t.equal(await to('/app/login;jsessionid=abc'), 'public', 'a route with allowPathParams takes it')
 })
 
