@@ -26,6 +26,16 @@ function send (port: number, path: string, headers: Record<string, string> = {})
   })
 }
 
+/** A gateway config with one route to `upstream` and `extra` top-level settings. */
+const oneRoute = (upstream: string, extra: string): string => `listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+${extra}
+upstreams:
+  backend: { targets: ["${upstream}"] }
+routes:
+  - { name: api, pathPrefix: /, upstream: backend }
+`
+
 async function lineOf (lines: Line[], match: (l: Line) => boolean): Promise<Line> {
   for (let i = 0; i < 500; i++) {
     const found = lines.find(match)
@@ -77,14 +87,7 @@ routes:
 
 t.test('the access line names the limit that refused: the local level as local, a gateway-wide limit by its own name', async t => {
   const up = await startUpstream(t)
-  const yaml = (extra: string): string => `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-${extra}
-upstreams:
-  backend: { targets: ["${up.url}"] }
-routes:
-  - { name: api, pathPrefix: /, upstream: backend }
-`
+  const yaml = (extra: string): string => oneRoute(up.url, extra)
   // a token bucket each (one token a minute): no window edge between the two requests
   for (const [extra, limit] of [['local: { limit: 1, window: 1m, burst: 1 }', 'local'], ['limits: { ip: { algorithm: token-bucket, limit: 1, window: 1m } }', 'ip']]) {
     const gw = await startGateway(t, yaml(extra as string))
@@ -163,14 +166,7 @@ routes:
 
 t.test('query parameters named in log.redactQuery are redacted (default list, then a custom one)', async t => {
   const up = await startUpstream(t)
-  const yaml = (extra: string): string => `listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-${extra}
-upstreams:
-  backend: { targets: ["${up.url}"] }
-routes:
-  - { name: api, pathPrefix: /, upstream: backend }
-`
+  const yaml = (extra: string): string => oneRoute(up.url, extra)
   const gw = await startGateway(t, yaml(''))
   const path = '/x?token=abc&q=1&API_KEY=k1&Signature=s&password=p&secret=z&key=kk&other=2'
   const r = await send(gw.port, path)

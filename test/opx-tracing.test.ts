@@ -9,6 +9,7 @@ import { spawnGateway, startGateway } from './helpers/gateway.js'
 import { startHttpServer, startUpstream, type EchoBody } from './helpers/upstream.js'
 import { startRedis } from './helpers/redis.js'
 import { rawRequest } from './helpers/raw-http.js'
+import type { Teardown } from './helpers/teardown.js'
 
 type Line = Record<string, unknown>
 const TRACEPARENT = /^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/
@@ -120,17 +121,25 @@ const attr = (span: OtlpSpan, key: string): string | number | undefined => {
   return v.stringValue ?? (v.intValue !== undefined ? Number(v.intValue) : v.doubleValue)
 }
 
-t.test('tracing.otlp: one span per request, exported over OTLP/HTTP to a local receiver', async t => {
-  const exports: OtlpExport[] = []
-  const paths: string[] = []
-  const receiver = await startHttpServer(t, (req, res) => {
+/** An OTLP/HTTP receiver: each export's body (and its request) goes to `received`, answered 200 {}. */
+async function startReceiver (t: Teardown, received: (body: string, req: IncomingMessage) => void): Promise<{ url: string }> {
+  const { url } = await startHttpServer(t, (req, res) => {
     const chunks: Buffer[] = []
     req.on('data', (c: Buffer) => chunks.push(c))
     req.on('end', () => {
-      paths.push(`${req.method ?? ''} ${req.url ?? ''} ${req.headers['content-type'] ?? ''}`)
-      exports.push(JSON.parse(Buffer.concat(chunks).toString()) as OtlpExport)
+      received(Buffer.concat(chunks).toString(), req)
       res.writeHead(200, { 'content-type': 'application/json' }).end('{}')
     })
+  })
+  return { url }
+}
+
+t.test('tracing.otlp: one span per request, exported over OTLP/HTTP to a local receiver', async t => {
+  const exports: OtlpExport[] = []
+  const paths: string[] = []
+  const receiver = await startReceiver(t, (body, req) => {
+    paths.push(`${req.method ?? ''} ${req.url ?? ''} ${req.headers['content-type'] ?? ''}`)
+    exports.push(JSON.parse(body) as OtlpExport)
   })
   const redis = await startRedis(t)
   const up = await startUpstream(t)
@@ -192,14 +201,7 @@ routes:
 t.test('tracing.otlp: gateway.redis.duration_ms is the time a request waited on Redis, a failed identity\'s charge included; 0 without Redis', async t => {
   const spansOf = async (withRedis: boolean): Promise<OtlpSpan[]> => {
     const exports: OtlpExport[] = []
-    const receiver = await startHttpServer(t, (req, res) => {
-      const chunks: Buffer[] = []
-      req.on('data', (c: Buffer) => chunks.push(c))
-      req.on('end', () => {
-        exports.push(JSON.parse(Buffer.concat(chunks).toString()) as OtlpExport)
-        res.writeHead(200, { 'content-type': 'application/json' }).end('{}')
-      })
-    })
+    const receiver = await startReceiver(t, body => { exports.push(JSON.parse(body) as OtlpExport) })
     const up = await startUpstream(t)
     const redis = withRedis ? `redis: { url: "${(await startRedis(t)).url}", timeout: 2s }\n` : ''
     const gw = await startGateway(t, `listen: 127.0.0.1:0
@@ -230,14 +232,7 @@ routes:
 // url.path is the target as sent: an absolute-form target's user and password went to the collector
 t.test('tracing.otlp: the span of an absolute-form target with a user and password does not hold them', async t => {
   const bodies: string[] = []
-  const receiver = await startHttpServer(t, (req, res) => {
-    const chunks: Buffer[] = []
-    req.on('data', (c: Buffer) => chunks.push(c))
-    req.on('end', () => {
-      bodies.push(Buffer.concat(chunks).toString())
-      res.writeHead(200, { 'content-type': 'application/json' }).end('{}')
-    })
-  })
+  const receiver = await startReceiver(t, body => { bodies.push(body) })
   const up = await startUpstream(t)
   const gw = await startGateway(t, config(up.url).replace('routes:', `tracing: { otlp: "${receiver.url}" }\nroutes:`))
   const r = await rawRequest(gw.port, 'GET http://alice:S3cretPw@x/abs?a=1 HTTP/1.1\r\nHost: x\r\n')
