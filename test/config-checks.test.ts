@@ -127,8 +127,10 @@ t.test('environment references in map keys (an API key from the environment)', a
   t.same(problems(keys('{ "${K}": bob }')), [
     'gw.yaml:4:21 identity.apiKeys.keys.${K}: environment variable K is not set and has no default (use ${K:-default})'
   ])
-  t.same(problems(keys('{ "${K": alice }')), ['gw.yaml:4:20 identity.apiKeys.keys.${K: "${" in a key is not a complete ${VAR} reference'])
-  t.same(problems(keys('{ "${K}-${J": alice }'), { K: 'a' }), ['gw.yaml:4:25 identity.apiKeys.keys.${K}-${J: "${" in a key is not a complete ${VAR} reference'])
+  // a key that is not one bare reference is hidden whole, its line and column pointing at it: its
+  // literal part may be the secret (src/config/load.ts apiKeyIn)
+  t.same(problems(keys('{ "${K": alice }')), ['gw.yaml:4:20 identity.apiKeys.keys.<an API key>: "${" in a key is not a complete ${VAR} reference'])
+  t.same(problems(keys('{ "${K}-${J": alice }'), { K: 'a' }), ['gw.yaml:4:25 identity.apiKeys.keys.<an API key>: "${" in a key is not a complete ${VAR} reference'])
   // an escaped "$${" is a literal "${" in the key, and the key is still hidden in a problem
   t.same(apiKeys(accepted(keys('{ "k$${x}-${K}": bob }'), { K: 'a' })), { 'k${x}-a': 'bob' })
   // ... and a key from the environment holding "${" is a credential too: neither is shown

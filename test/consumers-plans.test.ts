@@ -225,9 +225,13 @@ t.test('located config errors: unknown plans, a consumer on a missing plan, a ke
   t.same(problems(base('identity:\n  apiKeys:\n    header: x-api-key\n    keys:\n      "${API_KEY}": alice\n')), [
     'gateway.yaml:9:21 identity.apiKeys.keys.${API_KEY}: environment variable API_KEY is not set and has no default (use ${API_KEY:-default})'
   ], 'an unset variable in a key')
-  t.same(problems(base('identity:\n  apiKeys:\n    header: x-api-key\n    keys:\n      "k-${oops": alice\n')), [
-    'gateway.yaml:9:19 identity.apiKeys.keys.k-${oops: "${" in a key is not a complete ${VAR} reference'
-  ], 'a literal "${" in a key is never accepted silently')
+  t.same(problems(base('identity:\n  apiKeys:\n    header: x-api-key\n    keys:\n      "k-live-9f3a${oops": alice\n')), [
+    'gateway.yaml:9:28 identity.apiKeys.keys.<an API key>: "${" in a key is not a complete ${VAR} reference'
+  ], 'a literal "${" in a key is never accepted silently, and the key, a secret but for its typo, is not shown')
+  // a default written in a key reference is the key itself when the variable is unset
+  const defaulted = problems(base('identity:\n  apiKeys:\n    header: x-api-key\n    keys:\n      k-live-default: bob\n      "${UNSET_KEY:-k-live-default}": alice\n'))
+  t.equal(defaulted.length, 1, defaulted.join('\n'))
+  t.notOk(defaulted.some(p => p.includes('k-live')), `a default written in a key is not shown either: ${defaulted.join('; ')}`)
   const ok = parseConfigText(base('identity:\n  apiKeys:\n    header: x-api-key\n    keys:\n      "${API_KEY}": alice\n'), 'gateway.yaml', { API_KEY: 'k-from-env' })
   const id = ok.config.identity
   t.same(id !== undefined && 'apiKeys' in id ? id.apiKeys.keys : null, { 'k-from-env': 'alice' }, 'a key from the environment')

@@ -130,11 +130,18 @@ function secretAt (path: KeyPath): boolean {
   return last !== undefined && isSecretKey(last)
 }
 
+/**
+ * The inline API key `path` names, to be hidden, or null when there is none to hide. A key written
+ * as one bare reference (`${API_KEY}`) is shown: the variable's name is no secret, and the error
+ * is about it. Any other key is hidden whole, one with a `${` in it too: `k-live-9f3a${oops`
+ * showed its literal part, and `${API_KEY:-k-live-9f3a}` its default.
+ */
 function apiKeyIn (path: KeyPath, asWritten: boolean): string | null {
   const key = path[3]
   if (path[0] !== 'identity' || path[1] !== 'apiKeys' || path[2] !== 'keys' || typeof key !== 'string' || key.length === 0) return null
-  return asWritten && key.replaceAll('$${', '').includes('${') ? null : key
+  return asWritten && BARE_REFERENCE_RE.test(key) ? null : key
 }
+const BARE_REFERENCE_RE = /^\$\{[A-Za-z_][A-Za-z0-9_]*\}$/
 
 export function formatKeyPath (path: KeyPath): string {
   let out = ''
