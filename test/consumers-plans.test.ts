@@ -198,8 +198,12 @@ t.test('JWT planClaim names the plan; an unknown plan in a token falls back to t
   const yan = await statuses(4, `${gw.url}/api/x`, await auth('yan', 'platinum'))
   t.same(yan.map(r => r.status), [200, 200, 200, 429], 'a plan the config does not know: defaultPlan free')
   t.equal(yan[3]?.json?.limit, 'free:user')
-  const dave = await statuses(3, `${gw.url}/api/x`, await auth('dave'))
-  t.equal(dave[2]?.json?.limit, 'tiny:quota', 'no claim: the consumers entry')
+  // dave has an entry (tiny, 2 a day): a plan the config does not know leaves him on it, not on defaultPlan
+  const davePlatinum = await statuses(3, `${gw.url}/api/x`, await auth('dave', 'platinum'))
+  t.same(davePlatinum.map(r => r.status), [200, 200, 429], 'an unknown plan in the token: the consumers entry')
+  t.equal(davePlatinum[2]?.json?.limit, 'tiny:quota')
+  const dave = await statuses(1, `${gw.url}/api/x`, await auth('dave'))
+  t.equal(dave[0]?.json?.limit, 'tiny:quota', 'no claim: the consumers entry')
 })
 
 t.test('located config errors: unknown plans, a consumer on a missing plan, a key mapped to no consumer, ${VAR} keys', async t => {
