@@ -41,7 +41,8 @@ async function limitedInFallback (t: Test, away: (redis: RedisServer) => Promise
   const waited = Date.now() - started
   t.equal(reset.status, 200, 'the reset is done where it can be')
   t.match(reset.json, { complete: false, keysDeleted: null, instances: null, warning: /Redis did not answer .*reset again once Redis is back/ })
-  t.ok(waited < 3500, `answered in ${waited} ms, though Redis does not answer (bound 1 s)`)
+  // 1.5 s of slack for a loaded machine: a bound raised to 3 s fails it
+  t.ok(waited < 2500, `answered in ${waited} ms, though Redis does not answer (bound 1 s)`)
   t.ok(gw.lines.some(l => l.msg === 'limits reset in this process alone: Redis did not answer'), 'logged as partial')
   const after: number[] = []
   for (let i = 0; i < 4; i++) after.push((await send(`${gw.url}/x`)).status)
