@@ -6,7 +6,7 @@ import { writeFileSync } from 'node:fs'
 import type { IncomingMessage } from 'node:http'
 import { WebSocket } from 'ws'
 import { spawnGateway, startGateway } from './helpers/gateway.js'
-import { startHttpServer, startUpstream, type EchoBody } from './helpers/upstream.js'
+import { refusingUrl, startHttpServer, startUpstream, type EchoBody } from './helpers/upstream.js'
 import { startRedis } from './helpers/redis.js'
 import { rawRequest } from './helpers/raw-http.js'
 import type { Teardown } from './helpers/teardown.js'
@@ -272,6 +272,20 @@ t.test('tracing.otlp: a request in flight across reloads (one that changes the t
   t.equal(await slow, 'late')
   await gw.close() // flushes every tracer
   t.same(spans.map(s => [s.service, attr(s.span, 'url.path')]), [['before', '/slow']], 'the span of the request started before the reloads, from its tracer')
+})
+
+t.test('tracing.otlp: a collector that refuses connections costs dropped spans, never a request, and no stray rejection', async t => {
+  const up = await startUpstream(t)
+  const gw = await spawnGateway(t, config(up.url).replace('routes:', `tracing: { otlp: "${await refusingUrl()}" }\nroutes:`))
+  const first = await Promise.all(Array.from({ length: 20 }, async (_, i) => (await fetch(`${gw.url}/x${i}`)).status))
+  t.same(first, new Array(20).fill(200))
+  await sleep(700) // the batch (500 ms) is sent and refused
+  const later = await Promise.all(Array.from({ length: 5 }, async (_, i) => (await fetch(`${gw.url}/y${i}`)).status))
+  t.same(later, new Array(5).fill(200), 'served on after a refused export')
+  gw.child.kill('SIGTERM')
+  t.equal(await gw.exited, 0)
+  t.notOk(gw.logs.some(l => String(l.msg).includes('GW_ERR_STRAY_REJECTION') || l.code === 'GW_ERR_STRAY_REJECTION'), 'no stray rejection logged')
+  t.notMatch(gw.stderr(), /Unhandled|GW_ERR_STRAY_REJECTION/)
 })
 
 t.test('tracing.otlp: a collector that never answers delays the shutdown by at most about a second', async t => {
