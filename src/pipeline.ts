@@ -305,6 +305,7 @@ abstract class Exchange extends RequestRecord {
 
   private limit (a: Admission, identity: IdentityResult): void {
     const limiter = this.runtime.limiter
+    let verdict: LimitVerdict | Promise<LimitVerdict>
     if (!identity.ok) {
       // The identity provider's outage is not the client's guess: a 503, and no budget charged
       // (a 401 told clients with good tokens theirs was bad, then locked their IP out)
@@ -314,20 +315,13 @@ abstract class Exchange extends RequestRecord {
       }
       // Guessing keys or forging tokens costs budget: the IP is charged (one store call) even
       // though the request will never reach a route limit.
-      const charged = limiter.check({ route: a.route.name, plan: this.runtime.failurePlan, ipKey: a.ipKey, user: null, requestId: this.requestId })
-      if (charged instanceof Promise) {
-        // the span's gateway.redis.duration_ms: this request waited on Redis too (it said 0)
-        const asked = performance.now()
-        charged.then(v => {
-          a.storeMs = performance.now() - asked
-          this.decided(a, identity, v)
-        }).catch((err: unknown) => { this.failed(err) })
-      } else this.decided(a, identity, charged)
-      return
+      verdict = limiter.check({ route: a.route.name, plan: this.runtime.failurePlan, ipKey: a.ipKey, user: null, requestId: this.requestId })
+    } else {
+      a.user = identity.user
+      verdict = limiter.check({ route: a.route.name, plan: limitsFor(a.route, identity.plan ?? null), ipKey: a.ipKey, user: a.user, requestId: this.requestId })
     }
-    a.user = identity.user
-    const verdict = limiter.check({ route: a.route.name, plan: limitsFor(a.route, identity.plan ?? null), ipKey: a.ipKey, user: a.user, requestId: this.requestId })
     if (verdict instanceof Promise) {
+      // the wait is the span's gateway.redis.duration_ms, a failed identity's charge included (it said 0)
       const asked = performance.now()
       // one reaction for both outcomes: a .catch after the .then was a promise and a microtask
       // more for every request the shared level decides through Redis

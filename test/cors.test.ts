@@ -282,12 +282,15 @@ routes:
   - { name: api, pathPrefix: /, upstream: backend, cors: { origins: ["https://app.example.com"] } }
 `)
   const got: number[] = []
+  let shedVary: unknown
   for (let i = 0; i < 3; i++) {
     const res = await request(`${gw.url}/a`, { method: 'OPTIONS', headers: preflight('https://app.example.com', 'GET') })
     await res.body.text()
     got.push(res.statusCode)
+    shedVary = res.headers.vary
   }
   t.same(got, [204, 204, 429], 'the third preflight of the address is shed by the local level')
+  t.equal(shedVary, 'Origin', 'its 429 varies by Origin, as the preflight\'s grant does')
 })
 
 t.test('cors.methods bounds what a preflight may ask; the gateway\'s own 401, 413 and 504 carry the policy; a preflight refused varies by Origin', async t => {

@@ -3,21 +3,14 @@
 // access lines take the hand-written fast path (src/log.ts createAccessLog): this one is an
 // embedder's plain pino, whose lines go through pino itself.
 import t from 'tap'
-import { Writable } from 'node:stream'
 import { pino } from 'pino'
 import { Gateway } from '../src/server.js'
-import { writeConfig } from './helpers/gateway.js'
+import { jsonLineSink, writeConfig } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 
 t.test('an embedder\'s own pino logger gets an access line for every request, through its info, at its level', async t => {
   const up = await startUpstream(t)
-  const lines: Array<Record<string, unknown>> = []
-  const sink = new Writable({
-    write (chunk: Buffer, _enc, cb) {
-      for (const line of chunk.toString().split('\n')) if (line !== '') lines.push(JSON.parse(line) as Record<string, unknown>)
-      cb()
-    }
-  })
+  const { lines, sink } = jsonLineSink()
   // a field of the embedder's own on every line: only pino itself writes it
   const logger = pino({ level: 'info', base: { app: 'embedder' } }, sink)
   const gw = await Gateway.start({ configFile: writeConfig(t, `listen: 127.0.0.1:0

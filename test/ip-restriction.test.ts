@@ -141,6 +141,7 @@ t.test('refused before the route tells anything: credentials, a CORS preflight, 
   })
   t.equal(preflight.statusCode, 403, 'no preflight granted to a refused address')
   t.equal(preflight.headers['access-control-allow-methods'], undefined)
+  t.equal(preflight.headers.vary, 'Origin', 'the refusal varies by Origin, as the preflight\'s grant does')
   await preflight.body.dump()
   // the 403 is readable by a script of an allowed origin, as the route's other answers are
   const fromScript = await ask(gw.url, '/internal/a', '192.0.2.7', { origin: 'https://app.example.com' })

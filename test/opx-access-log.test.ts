@@ -14,15 +14,22 @@ const sleep = (ms: number): Promise<void> => new Promise(resolve => setTimeout(r
 
 // The request id is the gateway's (a client's X-Request-Id is believed from trusted proxies only):
 // lines are found by the id the response carries.
-function send (port: number, path: string, headers: Record<string, string> = {}): Promise<{ status: number, bytes: number, id: string }> {
+// `body`: a POST announcing `announced` bytes that sends `sent` and no more (a body refused, or one
+// that stalls), its connection closed once answered.
+function send (port: number, path: string, headers: Record<string, string> = {}, body?: { sent: string, announced: number }): Promise<{ status: number, bytes: number, id: string }> {
   return new Promise((resolve, reject) => {
-    const req = http.request({ host: '127.0.0.1', port, path, headers, agent: false }, res => {
+    const posting = body === undefined ? {} : { method: 'POST', headers: { ...headers, 'content-length': String(body.announced) } }
+    const req = http.request({ host: '127.0.0.1', port, path, headers, agent: false, ...posting }, res => {
       let bytes = 0
       res.on('data', (c: Buffer) => { bytes += c.length })
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, bytes, id: String(res.headers['x-request-id']) }))
+      res.on('end', () => {
+        resolve({ status: res.statusCode ?? 0, bytes, id: String(res.headers['x-request-id']) })
+        if (body !== undefined) req.destroy()
+      })
     })
     req.on('error', reject)
-    req.end()
+    if (body === undefined) req.end()
+    else req.write(body.sent)
   })
 }
 
@@ -139,22 +146,12 @@ routes:
   - { name: api, pathPrefix: /, upstream: backend }
 `)
   const byId = (id: string): Promise<Line> => lineOf(gw.lines, l => l.msg === 'request' && l.requestId === id)
-  /** A request with `body` announced as `length` bytes, its answer's status, body bytes and id. */
-  const post = async (path: string, body: string, length: number): Promise<{ status: number, bytes: number, id: string }> => await new Promise((resolve, reject) => {
-    const req = http.request({ host: '127.0.0.1', port: gw.port, path, method: 'POST', agent: false, headers: { 'content-length': String(length) } }, res => {
-      let bytes = 0
-      res.on('data', (c: Buffer) => { bytes += c.length })
-      res.on('end', () => { resolve({ status: res.statusCode ?? 0, bytes, id: String(res.headers['x-request-id']) }); req.destroy() })
-    })
-    req.on('error', reject)
-    req.write(body)
-  })
-  const tooLarge = await post('/small/x', 'x'.repeat(100), 100)
+  const tooLarge = await send(gw.port, '/small/x', {}, { sent: 'x'.repeat(100), announced: 100 })
   t.equal(tooLarge.status, 413)
   t.ok(tooLarge.bytes > 0, 'a JSON body')
   t.match(await byId(tooLarge.id), { status: 413, bytesOut: tooLarge.bytes })
   // 5 bytes of the 50 announced, then nothing: clientBodyTimeout
-  const stalled = await post('/x', 'x'.repeat(5), 50)
+  const stalled = await send(gw.port, '/x', {}, { sent: 'x'.repeat(5), announced: 50 })
   t.equal(stalled.status, 408)
   t.ok(stalled.bytes > 0, 'a JSON body')
   t.match(await byId(stalled.id), { status: 408, bytesOut: stalled.bytes })

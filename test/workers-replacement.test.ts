@@ -2,24 +2,20 @@
 // serves as its siblings do, after reloads that changed files or settings waiting for a restart
 // (src/workers.ts acceptedConfig, ConfigGiven). Real processes: bin/gateway in workers mode.
 import t from 'tap'
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { rmSync, writeFileSync } from 'node:fs'
 import { execFileSync } from 'node:child_process'
 import { request as httpsRequest } from 'node:https'
 import type { TLSSocket } from 'node:tls'
 import { connect, createServer as createNetServer, type AddressInfo } from 'node:net'
-import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { answering, bodies, config, replaceOne, twoWorkers, until } from './helpers/workers.js'
 import { spawnGateway } from './helpers/gateway.js'
+import { tempDir, type Teardown } from './helpers/teardown.js'
 import { restartPauseMs } from '../src/workers.js'
 
 t.test('a worker that replaces a crashed one starts with the key file and TLS files its primary checked, not with ones broken since', async t => {
   const a = await answering(t, 'from a')
-  const dir = mkdtempSync(join(tmpdir(), 'gw-workers-files-'))
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
-  const cert = join(dir, 'cert.pem')
-  const key = join(dir, 'key.pem')
-  selfSigned(cert, key)
+  const { dir, cert, key } = tlsFiles(t, 'gw-workers-files')
   const keys = join(dir, 'keys.yaml')
   writeFileSync(keys, 'k-alice-0123456789: alice\n')
   const r = await twoWorkers(t, config(a) + `tls: { cert: ${cert}, key: ${key} }\nidentity: { required: true, apiKeys: { header: x-api-key, file: ${keys} } }\n`)
@@ -42,11 +38,7 @@ t.test('a worker that replaces a crashed one starts with the key file and TLS fi
 
 t.test('a certificate renewed on disk is served by every worker after a SIGHUP, a replacement started since included', async t => {
   const a = await answering(t, 'from a')
-  const dir = mkdtempSync(join(tmpdir(), 'gw-workers-renew-'))
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
-  const cert = join(dir, 'cert.pem')
-  const key = join(dir, 'key.pem')
-  selfSigned(cert, key, 'first.test')
+  const { cert, key } = tlsFiles(t, 'gw-workers-renew', 'first.test')
   const r = await twoWorkers(t, config(a) + `tls: { cert: ${cert}, key: ${key} }\n`)
   t.same([...new Set(await servedNames(r.gw.url, 10))], ['first.test'])
   // the same files overwritten, as a renewal does; the config itself does not change
@@ -63,11 +55,7 @@ t.test('a certificate renewed on disk is served by every worker after a SIGHUP, 
 
 t.test('after a reload that turns TLS off (a restart-needed setting), a crashed worker\'s replacement serves TLS with its siblings\' certificate', async t => {
   const a = await answering(t, 'from a')
-  const dir = mkdtempSync(join(tmpdir(), 'gw-workers-tls-off-'))
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
-  const cert = join(dir, 'cert.pem')
-  const key = join(dir, 'key.pem')
-  selfSigned(cert, key)
+  const { cert, key } = tlsFiles(t, 'gw-workers-tls-off')
   const r = await twoWorkers(t, config(a) + `tls: { cert: ${cert}, key: ${key} }\n`)
   t.same(await httpsBodies(r.gw.url, 10), new Array(10).fill('200 from a'))
   writeFileSync(r.gw.file, config(a))
@@ -82,11 +70,7 @@ t.test('after a reload that turns TLS off (a restart-needed setting), a crashed 
 
 t.test('after a reload that turns TLS on, a crashed worker\'s replacement serves plain HTTP as its siblings do', async t => {
   const a = await answering(t, 'from a')
-  const dir = mkdtempSync(join(tmpdir(), 'gw-workers-tls-on-'))
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
-  const cert = join(dir, 'cert.pem')
-  const key = join(dir, 'key.pem')
-  selfSigned(cert, key)
+  const { cert, key } = tlsFiles(t, 'gw-workers-tls-on')
   const r = await twoWorkers(t, config(a))
   writeFileSync(r.gw.file, config(a) + `tls: { cert: ${cert}, key: ${key} }\n`)
   r.gw.child.kill('SIGHUP')
@@ -145,34 +129,40 @@ t.test('workers that cannot bind the listen address exit 1 and are started again
   t.equal(crash.restartInMs, 200, 'the pause starts again from its shortest (it went on growing to 5 s)')
 })
 
+/** A self-signed certificate (CN `cn`) and its key, in a directory of their own removed at teardown. */
+function tlsFiles (t: Teardown, prefix: string, cn = 'gw'): { dir: string, cert: string, key: string } {
+  const dir = tempDir(t, prefix)
+  const cert = join(dir, 'cert.pem')
+  const key = join(dir, 'key.pem')
+  selfSigned(cert, key, cn)
+  return { dir, cert, key }
+}
+
 function selfSigned (cert: string, key: string, cn = 'gw'): void {
   execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', `/CN=${cn}`], { stdio: 'ignore' })
 }
 
-/** The certificate names (CN) the gateway shows `n` TLS connections, each a new one (spread over the workers). */
-async function servedNames (httpUrl: string, n: number): Promise<string[]> {
+/** `n` HTTPS requests, each on its own connection (spread over the workers): each answer and the certificate name (CN) it came with. */
+async function httpsAnswers (httpUrl: string, n: number, headers: Record<string, string> = {}): Promise<Array<{ answer: string, cn: string }>> {
   const url = httpUrl.replace('http:', 'https:')
-  return await Promise.all(Array.from({ length: n }, async () => await new Promise<string>((resolve, reject) => {
-    const req = httpsRequest(`${url}/x`, { rejectUnauthorized: false, agent: false }, res => {
+  return await Promise.all(Array.from({ length: n }, async () => await new Promise<{ answer: string, cn: string }>((resolve, reject) => {
+    const req = httpsRequest(`${url}/x`, { rejectUnauthorized: false, agent: false, headers }, res => {
       const cn = String((res.socket as TLSSocket).getPeerCertificate().subject.CN)
-      res.resume()
-      res.on('end', () => resolve(cn))
+      let body = ''
+      res.on('data', (c: Buffer) => { body += c.toString() })
+      res.on('end', () => resolve({ answer: `${res.statusCode ?? 0} ${body}`, cn }))
     })
     req.on('error', reject)
     req.end()
   })))
 }
 
-/** `n` HTTPS requests, each on its own connection (spread over the workers): "status body" each. */
+/** "status body" of `n` HTTPS requests, each on its own connection. */
 async function httpsBodies (httpUrl: string, n: number, headers: Record<string, string> = {}): Promise<string[]> {
-  const url = httpUrl.replace('http:', 'https:')
-  return await Promise.all(Array.from({ length: n }, async () => await new Promise<string>((resolve, reject) => {
-    const req = httpsRequest(`${url}/x`, { rejectUnauthorized: false, agent: false, headers }, res => {
-      let body = ''
-      res.on('data', (c: Buffer) => { body += c.toString() })
-      res.on('end', () => resolve(`${res.statusCode ?? 0} ${body}`))
-    })
-    req.on('error', reject)
-    req.end()
-  })))
+  return (await httpsAnswers(httpUrl, n, headers)).map(a => a.answer)
+}
+
+/** The certificate names (CN) the gateway shows `n` TLS connections, each a new one. */
+async function servedNames (httpUrl: string, n: number): Promise<string[]> {
+  return (await httpsAnswers(httpUrl, n)).map(a => a.cn)
 }

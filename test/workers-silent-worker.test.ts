@@ -5,6 +5,7 @@
 import t from 'tap'
 import { answering, config, twoWorkers, until } from './helpers/workers.js'
 import { WORKER_SILENT_MS } from '../src/workers.js'
+import { metricIn } from './helpers/ratelimit.js'
 
 interface Readyz { status: string, ready: number, notAnswering?: Array<{ pid: number, silentMs: number }> }
 
@@ -47,11 +48,6 @@ t.test('/metrics with a stopped worker: answered after the 3 s it waits for a wo
     t.equal(res.status, 200)
     return { ms: Date.now() - started, text }
   }
-  const value = (text: string, name: string): number => {
-    let sum = 0
-    for (const line of text.split('\n')) if (line.startsWith(`${name}{`) || line.startsWith(`${name} `)) sum += Number(line.slice(line.lastIndexOf(' ') + 1))
-    return sum
-  }
   // requests on new connections, which the primary hands to both workers
   const pids = new Set<number>()
   await until('both workers answered requests', async () => {
@@ -61,8 +57,8 @@ t.test('/metrics with a stopped worker: answered after the 3 s it waits for a wo
     return pids.size === 2
   })
   const before = await metrics()
-  t.equal(value(before.text, 'gateway_workers_scraped'), 2)
-  const counted = value(before.text, 'gateway_requests_total')
+  t.equal(metricIn(before.text, 'gateway_workers_scraped'), 2)
+  const counted = metricIn(before.text, 'gateway_requests_total')
   t.ok(counted >= 2, `${counted} requests counted`)
   const [victim] = r.workerPids()
   if (victim === undefined) throw new Error('no worker')
@@ -71,8 +67,8 @@ t.test('/metrics with a stopped worker: answered after the 3 s it waits for a wo
   } })
   const during = await metrics()
   t.ok(during.ms < 6000, `answered in ${during.ms} ms (the 3 s wait for the stopped worker, then the other's answer)`)
-  t.equal(value(during.text, 'gateway_workers_scraped'), 1, 'one worker answered')
-  t.ok(value(during.text, 'gateway_requests_total') >= counted, 'the stopped worker\'s requests stay in the sum: no counter goes down')
+  t.equal(metricIn(during.text, 'gateway_workers_scraped'), 1, 'one worker answered')
+  t.ok(metricIn(during.text, 'gateway_requests_total') >= counted, 'the stopped worker\'s requests stay in the sum: no counter goes down')
   process.kill(victim, 'SIGCONT')
-  await until('both answer again', async () => value((await metrics()).text, 'gateway_workers_scraped') === 2)
+  await until('both answer again', async () => metricIn((await metrics()).text, 'gateway_workers_scraped') === 2)
 })

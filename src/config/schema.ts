@@ -270,6 +270,7 @@ const ipRestrictionSchema = z.strictObject({
 
 /** The longest body a route's `respond` may hold: it is kept in memory and written whole. */
 export const MAX_RESPOND_BODY = 64 * 1024
+const RESPOND_BODY_TOO_LONG = `at most ${MAX_RESPOND_BODY} bytes (UTF-8)`
 
 // A route the gateway answers itself (src/proxy/respond.ts): after its admission (address,
 // credentials, limits), as a forward would be.
@@ -277,8 +278,8 @@ const respondSchema = z.strictObject({
   status: z.int().min(200, 'expected a final status, 200 to 599').max(599, 'expected a final status, 200 to 599').describe('the status of every answer'),
   // bytes as sent (UTF-8): a length in characters let 40000 "é" through, 80 KB. The character
   // bound stays first for the editor's schema (maxLength), and a string over it is not measured.
-  body: z.string().max(MAX_RESPOND_BODY, { message: `at most ${MAX_RESPOND_BODY} bytes`, abort: true })
-    .refine(body => Buffer.byteLength(body) <= MAX_RESPOND_BODY, `at most ${MAX_RESPOND_BODY} bytes (UTF-8)`).optional().describe('default none'),
+  body: z.string().max(MAX_RESPOND_BODY, { message: RESPOND_BODY_TOO_LONG, abort: true })
+    .refine(body => Buffer.byteLength(body) <= MAX_RESPOND_BODY, RESPOND_BODY_TOO_LONG).optional().describe('default none'),
   contentType: headerValue.min(1).optional().describe('default text/plain; charset=utf-8 when there is a body'),
   headers: z.record(headerName, headerValue, { error: `not a header name: ${HEADER_NAME_MESSAGE}` }).optional().describe('more response header fields')
 })

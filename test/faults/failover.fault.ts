@@ -2,7 +2,8 @@
 // and a 3+3 Redis Cluster master killed (its replica promoted). Run by `npm run test:faults`.
 import t from 'tap'
 import { Redis } from 'ioredis'
-import { startFastSentinel, startRedis, startRedisReplica, startReplicatedCluster } from '../helpers/redis.js'
+import { startFastSentinel, startRedis, startRedisReplica, startReplicatedCluster, type RedisServer, type RestartableSentinel } from '../helpers/redis.js'
+import type { Teardown } from '../helpers/teardown.js'
 import { report, runScenario } from './scenario.js'
 import { closeRedisClient, createRedisClient } from '../../src/limit/redis-client.js'
 
@@ -17,12 +18,17 @@ async function until (what: string, probe: () => Promise<boolean>, timeoutMs: nu
   throw new Error(`${what}: timed out`)
 }
 
-t.test('Sentinel: master SIGKILLed with users mid-budget, replica promoted: at most 1.1x, no 5xx, back on Redis within 1 s', async t => {
+/** A master, its replica in sync, and a sentinel watching them as `name` (down after 1 s). */
+async function sentinelled (t: Teardown, name: string): Promise<{ master: RedisServer, replica: RedisServer, sentinel: RestartableSentinel }> {
   const master = await startRedis(t)
   const replica = await startRedisReplica(t, master.port)
   const replicaClient = replica.client()
   await until('replica in sync', async () => /master_link_status:up/.test(await replicaClient.info('replication')), 15_000)
-  const sentinel = await startFastSentinel(t, master.port, 'gwfault', 1000)
+  return { master, replica, sentinel: await startFastSentinel(t, master.port, name, 1000) }
+}
+
+t.test('Sentinel: master SIGKILLed with users mid-budget, replica promoted: at most 1.1x, no 5xx, back on Redis within 1 s', async t => {
+  const { master, replica, sentinel } = await sentinelled(t, 'gwfault')
   const sentinelClient = new Redis({ host: '127.0.0.1', port: sentinel.port, maxRetriesPerRequest: 1 })
   sentinelClient.on('error', () => {})
   t.teardown(() => sentinelClient.disconnect())
@@ -47,11 +53,7 @@ t.test('Sentinel: master SIGKILLed with users mid-budget, replica promoted: at m
 })
 
 t.test('Sentinel: master frozen (SIGSTOP, its socket left open) with users mid-budget, replica promoted: the gateway leaves it at +switch-master, at most 1.1x, no 5xx, back on Redis within 1 s of the switch', async t => {
-  const master = await startRedis(t)
-  const replica = await startRedisReplica(t, master.port)
-  const replicaClient = replica.client()
-  await until('replica in sync', async () => /master_link_status:up/.test(await replicaClient.info('replication')), 15_000)
-  const sentinel = await startFastSentinel(t, master.port, 'gwfrozen', 1000)
+  const { master, replica, sentinel } = await sentinelled(t, 'gwfrozen')
   // the time of the switch as the sentinel publishes it: what a client acts on
   const subscriber = new Redis({ host: '127.0.0.1', port: sentinel.port, maxRetriesPerRequest: 1 })
   subscriber.on('error', () => {})
@@ -82,11 +84,7 @@ t.test('Sentinel: master frozen (SIGSTOP, its socket left open) with users mid-b
 })
 
 t.test('Sentinel: a client started while its sentinel is down watches for +switch-master once the sentinel is up, and leaves a frozen master at the switch', async t => {
-  const master = await startRedis(t)
-  const replica = await startRedisReplica(t, master.port)
-  const replicaClient = replica.client()
-  await until('replica in sync', async () => /master_link_status:up/.test(await replicaClient.info('replication')), 15_000)
-  const sentinel = await startFastSentinel(t, master.port, 'gwlate', 1000)
+  const { master, replica, sentinel } = await sentinelled(t, 'gwlate')
   await sentinel.down()
   // the gateway's own client, as it builds it for `redis: { sentinels, name }`
   const client = createRedisClient({ sentinels: [{ host: '127.0.0.1', port: sentinel.port }], name: 'gwlate', onError: () => {} })

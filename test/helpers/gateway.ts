@@ -40,9 +40,8 @@ export function writeConfig (t: Teardown, yaml: string): string {
   return file
 }
 
-/** A gateway in this process; its JSON log lines are captured for assertions. */
-export async function startGateway (t: Teardown, yaml: string, env: NodeJS.ProcessEnv = {}): Promise<Gateway & LogCapture> {
-  const file = writeConfig(t, yaml)
+/** A stream a logger writes JSON lines to, each line parsed into `lines` as it comes. */
+export function jsonLineSink (): { lines: Array<Record<string, unknown>>, sink: Writable } {
   const lines: Array<Record<string, unknown>> = []
   const sink = new Writable({
     write (chunk: Buffer, _enc, cb) {
@@ -50,6 +49,13 @@ export async function startGateway (t: Teardown, yaml: string, env: NodeJS.Proce
       cb()
     }
   })
+  return { lines, sink }
+}
+
+/** A gateway in this process; its JSON log lines are captured for assertions. */
+export async function startGateway (t: Teardown, yaml: string, env: NodeJS.ProcessEnv = {}): Promise<Gateway & LogCapture> {
+  const file = writeConfig(t, yaml)
+  const { lines, sink } = jsonLineSink()
   const gw = await Gateway.start({ configFile: file, logger: createLogger('info', sink), env: { ...process.env, ...env } })
   t.teardown(() => gw.close())
   return Object.assign(gw, { lines })

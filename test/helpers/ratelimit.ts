@@ -71,7 +71,11 @@ export const sleep = (ms: number): Promise<void> => new Promise(resolve => setTi
  * (0 when there is none yet).
  */
 export async function metric (adminUrl: string, name: string, labels: Record<string, string> = {}): Promise<number> {
-  const text = await (await fetch(`${adminUrl}/metrics`)).text()
+  return metricIn(await (await fetch(`${adminUrl}/metrics`)).text(), name, labels)
+}
+
+/** The sum of the samples of `name` with `labels` in a /metrics text already fetched. */
+export function metricIn (text: string, name: string, labels: Record<string, string> = {}): number {
   let sum = 0
   for (const line of text.split('\n')) {
     if (!line.startsWith(name)) continue
