@@ -481,3 +481,52 @@ t.test('a lone line is written by the timer, without a flush, and a sink with no
   sink.write('{"i":2}\n')
   t.equal(await readWhole('{"i":1}\n{"i":2}\n'), '{"i":1}\n{"i":2}\n', 'the next line arms it again')
 })
+
+t.test('by default a batch is written once 16 KiB wait, not before, and a smaller one 100 ms after its first line', async t => {
+  const file = join(t.testdir(), 'defaults.log')
+  const fd = openSync(file, 'w')
+  t.teardown(() => closeSync(fd))
+  // the writes the sink starts (each fs.write with a callback is one FSREQCALLBACK, made
+  // synchronously as the write starts) and the timers it arms, counted while it is called
+  let watching = false
+  let writesStarted = 0
+  const sinkTimers = new Set<number>()
+  let timerFired = 0
+  const hook = createHook({
+    init (id, type) {
+      if (!watching) return
+      if (type === 'FSREQCALLBACK') writesStarted++
+      else if (type === 'Timeout') sinkTimers.add(id)
+    },
+    before (id) { if (sinkTimers.has(id)) timerFired++ }
+  }).enable()
+  t.teardown(() => { hook.disable() })
+  const sink = createLogDestination(fd)
+  t.teardown(() => { sink.end() })
+  const line = `${'x'.repeat(1023)}\n` // 1024 bytes
+  const call = (text: string): void => { watching = true; sink.write(text); watching = false }
+
+  // 16 KiB less one byte: nothing is written by size
+  const started = performance.now()
+  for (let i = 0; i < 15; i++) call(line)
+  call(`${'y'.repeat(1022)}\n`)
+  t.equal(writesStarted, 0, '16383 bytes waiting start no write')
+  const deadline = Date.now() + 10_000
+  while (readFileSync(file).length < 16383 && Date.now() < deadline) await sleep(5)
+  const elapsed = performance.now() - started
+  t.equal(readFileSync(file).length, 16383, 'the timer wrote them')
+  t.equal(timerFired, 1, 'by the timer the first line armed')
+  // a timer never fires early (libuv's clock counts whole milliseconds); it may fire late on a
+  // loaded machine, but not by most of a second
+  t.ok(elapsed >= 95, `not before 100 ms (${elapsed.toFixed(1)} ms)`)
+  t.ok(elapsed < 1000, `but about 100 ms after the first line (${elapsed.toFixed(1)} ms)`)
+
+  // exactly 16 KiB: the line that reaches it starts the write at once, with no timer
+  writesStarted = 0
+  const firedBefore = timerFired
+  for (let i = 0; i < 15; i++) call(line)
+  t.equal(writesStarted, 0, '15 KiB waiting start no write')
+  call(line)
+  t.equal(writesStarted, 1, 'the line reaching 16 KiB starts the write itself')
+  t.equal(timerFired, firedBefore, 'no timer of the sink had fired')
+})
