@@ -59,8 +59,9 @@ function combineLimits (answers: ReadonlyArray<{ pid: number, body: Record<strin
       return { ...limit, remaining, resetMs, retryAfterMs, deniedMs, perWorker: per }
     }
     const remaining = per.reduce((a, p) => a + p.remaining, 0)
-    // summed budgets: the client passes on a worker that has budget, so it waits only if none has
-    const retryAfterMs = per.some(p => p.retryAfterMs === 0) ? 0 : soonestRetry(per.map(p => p.retryAfterMs))
+    // summed budgets: the client passes on a worker that has budget (a wait of 0, the soonest), so
+    // it waits only if none has
+    const retryAfterMs = soonestRetry(per.map(p => p.retryAfterMs))
     return { ...limit, remaining, resetMs, retryAfterMs, deniedMs, perWorker: per }
   })
 }
