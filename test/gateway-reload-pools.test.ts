@@ -19,9 +19,14 @@ async function until (check: () => boolean | Promise<boolean>): Promise<void> {
 
 t.test('an unchanged upstream keeps its pool (and its connection) across a reload; a changed one does not', async t => {
   let connections = 0
+  let closed = 0
+  let closedAt = 0
   const { server, url } = await startHttpServer(t, (_req, res) => res.end('ok'))
   server.keepAliveTimeout = 60_000
-  server.on('connection', () => { connections++ })
+  server.on('connection', (socket) => {
+    connections++
+    socket.on('close', () => { closed++; closedAt = Date.now() })
+  })
   const yaml = (limit: number, connectTimeout: string): string => `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 upstreams:
@@ -44,10 +49,19 @@ routes:
   t.match(await gw.reload(), { ok: true, generation: 2 })
   t.equal(await get(), 200)
   t.equal(connections, 1, 'a reload that changes only a limit reuses the upstream connection')
+  t.equal(closed, 0)
   writeFileSync(gw.runtime!.file, yaml(50, '3s'))
+  const reloaded = Date.now()
   t.match(await gw.reload(), { ok: true, generation: 3 })
   t.equal(await get(), 200)
   t.equal(connections, 2, 'a changed upstream gets a new pool, so a new connection')
+  // the upstream keeps idle connections for a minute, and an upstream pool drops an idle one
+  // after 4 s: closed sooner, it was the reload that closed the replaced pool (left open, its
+  // pool, timers and health checks would outlive the config that made it)
+  await until(() => closed === 1)
+  t.ok(closedAt - reloaded < 2500, `the replaced pool's idle connection is closed by the reload (${closedAt - reloaded} ms after it), not by its idle timer`)
+  t.equal(await get(), 200, 'the new pool serves on')
+  t.equal(closed, 1, 'and its connection stays open')
 })
 
 t.test('a reload that changes an upstream\'s timeouts keeps its targets\' passive health: an ejected target stays out', async t => {
