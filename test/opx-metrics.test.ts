@@ -18,6 +18,7 @@ admin: 127.0.0.1:0
 upstreams:
   backend: { targets: ["${up.url}"] }
   dead: { targets: ["${dead}"], ejectFor: 1m }
+  late: { targets: ["${up.url}"], timeouts: { response: 200ms } }
 routes:
   - name: api
     pathPrefix: /api/
@@ -26,6 +27,7 @@ routes:
     limits:
       ip: { algorithm: token-bucket, limit: 3, window: 1h }
   - { name: gone, pathPrefix: /gone/, upstream: dead }
+  - { name: late, pathPrefix: /late/, stripPrefix: /late, upstream: late }
 `)
   // a token bucket (one token per 20 min), not a fixed window: an epoch-aligned window would start
   // afresh if the run crossed the top of the hour, and admit the fourth
@@ -56,6 +58,10 @@ routes:
   t.equal(await metric(gw.adminUrl, 'gateway_upstream_target_healthy', { upstream: 'dead', target: dead }), 0, 'ejected')
   t.equal(await metric(gw.adminUrl, 'gateway_upstream_ejections_total', { upstream: 'dead', target: dead, reason: 'connect_failure' }), 1)
   t.equal(await metric(gw.adminUrl, 'gateway_upstream_response_duration_seconds_count', { upstream: 'dead' }), 1, 'the 502 of a dispatched exchange is timed too')
+  t.equal((await fetch(`${gw.url}/late/hang`)).status, 504)
+  t.equal(await metric(gw.adminUrl, 'gateway_upstream_response_duration_seconds_count', { upstream: 'late' }), 1, 'and so is the 504 of one the upstream never answered')
+  const late = await metric(gw.adminUrl, 'gateway_upstream_response_duration_seconds_sum', { upstream: 'late' })
+  t.ok(late >= 0.19, `with its time to the timeout (${late} s, timeout 200 ms)`)
   t.equal(await metric(gw.adminUrl, 'gateway_upstream_target_healthy', { upstream: 'backend', target: up.url }), 1)
 })
 
