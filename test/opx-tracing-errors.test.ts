@@ -6,16 +6,7 @@ import t from 'tap'
 import net from 'node:net'
 import { startGateway } from './helpers/gateway.js'
 import { startHttpServer, startUpstream } from './helpers/upstream.js'
-
-interface OtlpValue { stringValue?: string, intValue?: number | string, doubleValue?: number }
-interface OtlpSpan { name: string, kind: number, attributes: Array<{ key: string, value: OtlpValue }>, status?: { code?: number } }
-interface OtlpExport { resourceSpans: Array<{ resource: { attributes: Array<{ key: string, value: OtlpValue }> }, scopeSpans: Array<{ spans: OtlpSpan[] }> }> }
-
-const attr = (span: OtlpSpan, key: string): string | number | undefined => {
-  const v = span.attributes.find(a => a.key === key)?.value
-  if (v === undefined) return undefined
-  return v.stringValue ?? (v.intValue !== undefined ? Number(v.intValue) : v.doubleValue)
-}
+import { attr, spansIn, type OtlpExport, type OtlpSpan } from './helpers/otlp.js'
 
 /** A port nothing listens on: bound, then closed. */
 async function closedPort (): Promise<number> {
@@ -62,7 +53,7 @@ routes:
   const services = new Set(exports.flatMap(e => e.resourceSpans.map(r => r.resource.attributes.find(a => a.key === 'service.name')?.value.stringValue)))
   t.same([...services], ['edge-gateway'], 'service.name defaults to edge-gateway')
 
-  const spans = exports.flatMap(e => e.resourceSpans.flatMap(r => r.scopeSpans.flatMap(s => s.spans)))
+  const spans = spansIn(exports)
   const byStatus = (code: number): OtlpSpan | undefined => spans.find(s => attr(s, 'http.response.status_code') === code)
   const ok = byStatus(200)
   const failed = byStatus(500)

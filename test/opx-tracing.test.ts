@@ -9,7 +9,7 @@ import { spawnGateway, startGateway } from './helpers/gateway.js'
 import { refusingUrl, startHttpServer, startUpstream, type EchoBody } from './helpers/upstream.js'
 import { startRedis } from './helpers/redis.js'
 import { rawRequest } from './helpers/raw-http.js'
-import type { Teardown } from './helpers/teardown.js'
+import { attr, spansIn, startReceiver, type OtlpExport, type OtlpSpan } from './helpers/otlp.js'
 
 type Line = Record<string, unknown>
 const TRACEPARENT = /^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/
@@ -111,29 +111,6 @@ t.test('a WebSocket upgrade carries the trace too, and its lines the trace id', 
   t.equal((await lineOf(gw.lines, id, 'websocket closed')).traceId, '11111111111111111111111111111111')
 })
 
-interface OtlpValue { stringValue?: string, intValue?: number | string, doubleValue?: number }
-interface OtlpSpan { traceId: string, spanId: string, parentSpanId?: string, name: string, kind: number, attributes: Array<{ key: string, value: OtlpValue }>, status?: { code?: number } }
-interface OtlpExport { resourceSpans: Array<{ resource: { attributes: Array<{ key: string, value: OtlpValue }> }, scopeSpans: Array<{ spans: OtlpSpan[] }> }> }
-
-const attr = (span: OtlpSpan, key: string): string | number | undefined => {
-  const v = span.attributes.find(a => a.key === key)?.value
-  if (v === undefined) return undefined
-  return v.stringValue ?? (v.intValue !== undefined ? Number(v.intValue) : v.doubleValue)
-}
-
-/** An OTLP/HTTP receiver: each export's body (and its request) goes to `received`, answered 200 {}. */
-async function startReceiver (t: Teardown, received: (body: string, req: IncomingMessage) => void): Promise<{ url: string }> {
-  const { url } = await startHttpServer(t, (req, res) => {
-    const chunks: Buffer[] = []
-    req.on('data', (c: Buffer) => chunks.push(c))
-    req.on('end', () => {
-      received(Buffer.concat(chunks).toString(), req)
-      res.writeHead(200, { 'content-type': 'application/json' }).end('{}')
-    })
-  })
-  return { url }
-}
-
 t.test('tracing.otlp: one span per request, exported over OTLP/HTTP to a local receiver', async t => {
   const exports: OtlpExport[] = []
   const paths: string[] = []
@@ -168,7 +145,7 @@ routes:
   const unsampled = await fetch(`${gw.url}/items`, { headers: { traceparent: '00-5af7651916cd43dd8448eb211c80319c-c7ad6b7169203331-00' } })
   t.equal(unsampled.status, 429)
   await gw.close() // flushes the batch
-  const spans = exports.flatMap(e => e.resourceSpans.flatMap(r => r.scopeSpans.flatMap(s => s.spans)))
+  const spans = spansIn(exports)
   t.equal(spans.length, 2, 'one span per sampled request')
   t.notOk(spans.some(s => s.traceId === '5af7651916cd43dd8448eb211c80319c'), 'none for the unsampled trace')
   t.match(paths[0], /^POST \/v1\/traces application\/json/, 'OTLP/HTTP on the traces path')
@@ -219,7 +196,7 @@ routes:
     t.equal((await fetch(`${gw.url}/x`, { headers: { 'x-api-key': 'good-key-0123456789' } })).status, 200)
     t.equal((await fetch(`${gw.url}/x`, { headers: { 'x-api-key': 'a-guessed-key' } })).status, 401)
     await gw.close() // flushes the batch
-    return exports.flatMap(e => e.resourceSpans.flatMap(r => r.scopeSpans.flatMap(s => s.spans)))
+    return spansIn(exports)
   }
   const waited = (spans: OtlpSpan[], status: number): number => attr(spans.find(s => attr(s, 'http.response.status_code') === status) as OtlpSpan, 'gateway.redis.duration_ms') as number
   const onRedis = await spansOf(true)
@@ -238,7 +215,7 @@ t.test('tracing.otlp: the span of an absolute-form target with a user and passwo
   const r = await rawRequest(gw.port, 'GET http://alice:S3cretPw@x/abs?a=1 HTTP/1.1\r\nHost: x\r\n')
   t.equal(r.status, 400)
   await gw.close() // flushes the batch
-  const spans = bodies.flatMap(b => (JSON.parse(b) as OtlpExport).resourceSpans.flatMap(rs => rs.scopeSpans.flatMap(s => s.spans)))
+  const spans = spansIn(bodies.map(b => JSON.parse(b) as OtlpExport))
   t.equal(spans.length, 1)
   t.equal(attr(spans[0] as OtlpSpan, 'url.path'), 'http://[redacted]@x/abs')
   t.notOk(bodies.some(b => b.includes('S3cretPw')), 'no export holds the password')
@@ -246,17 +223,11 @@ t.test('tracing.otlp: the span of an absolute-form target with a user and passwo
 
 t.test('tracing.otlp: a request in flight across reloads (one that changes the tracer, then a rejected one) still exports its span', async t => {
   const spans: Array<{ service: string | undefined, span: OtlpSpan }> = []
-  const receiver = await startHttpServer(t, (req, res) => {
-    const chunks: Buffer[] = []
-    req.on('data', (c: Buffer) => chunks.push(c))
-    req.on('end', () => {
-      const e = JSON.parse(Buffer.concat(chunks).toString()) as OtlpExport
-      for (const r of e.resourceSpans) {
-        const service = r.resource.attributes.find(a => a.key === 'service.name')?.value.stringValue
-        for (const s of r.scopeSpans) for (const span of s.spans) spans.push({ service, span })
-      }
-      res.writeHead(200, { 'content-type': 'application/json' }).end('{}')
-    })
+  const receiver = await startReceiver(t, body => {
+    for (const r of (JSON.parse(body) as OtlpExport).resourceSpans) {
+      const service = r.resource.attributes.find(a => a.key === 'service.name')?.value.stringValue
+      for (const s of r.scopeSpans) for (const span of s.spans) spans.push({ service, span })
+    }
   })
   let answer: (() => void) | null = null
   const up = await startHttpServer(t, (_req, res) => { answer = () => res.end('late') })
