@@ -310,6 +310,36 @@ t.test('releases ride with the next limit call: no call of their own, removed be
   await leases.close()
 })
 
+t.test('a lease released while a renewal is out stays released when Redis had lost the renewal script and it is sent again', async t => {
+  const { LEASE_RELEASE_SCRIPT } = await import('../src/limit/scripts.js')
+  const { limiter, leases, plan } = await limiterOnRedis(t, 'ghost', 1, false)
+  const key = 'gw:lease:ghost.user:carol'
+  const first = await limiter.check({ route: 'ghost', plan, ipKey: '127.0.0.1', user: 'carol', requestId: 'g1' })
+  t.ok(first.kind === 'allow' && first.lease !== null, 'carol holds her lease')
+  t.equal(await reader.zcard(key), 1)
+  // one renewal, so that the connection knows the script and sends the next by EVALSHA
+  const calls = leases.calls
+  leases.ttlMs = 15_000 // renews the held leases at once
+  t.equal(leases.calls, calls + 1, 'a renewal went')
+  await eventually('the renewal is answered', async () => leases.waiting === 0, 3000, 5)
+  // Redis loses its scripts (SCRIPT FLUSH; a restart does the same), and the release script alone
+  // is loaded again: the renewal's EVALSHA meets NOSCRIPT and goes again as EVAL, after the release
+  await reader.script('FLUSH')
+  await reader.script('LOAD', LEASE_RELEASE_SCRIPT)
+  leases.ttlMs = 20_000 // renews the held leases at once
+  if (first.kind === 'allow' && first.lease !== null) limiter.release(first.lease)
+  leases.flushReleases()
+  // the renewal sent again put carol's lease back for a whole leaseTtl, and her next request was
+  // refused by a cap of 1 with nothing in flight
+  await eventually('the lease is gone once the renewal sent again is answered', async () => await reader.zcard(key) === 0, 3000, 20)
+  await sleep(100)
+  t.equal(await reader.zcard(key), 0, 'and it stays gone')
+  const next = await limiter.check({ route: 'ghost', plan, ipKey: '127.0.0.1', user: 'carol', requestId: 'g2' })
+  t.equal(next.kind, 'allow', 'carol is admitted again')
+  if (next.kind === 'allow' && next.lease !== null) limiter.release(next.lease)
+  await leases.close()
+})
+
 t.test('a gateway that shuts down gives its leases back at once', async t => {
   const up = await startUpstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0
