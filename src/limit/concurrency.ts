@@ -112,14 +112,6 @@ export class LeaseKeeper {
    */
   private unsent: Array<readonly [key: string, member: string, at: number]> = []
   private retrying: NodeJS.Timeout | null = null
-  /**
-   * Leases in a renewal round not answered yet, with how many such rounds hold each. A lease
-   * released meanwhile is released again once they are answered: a renewal sent back to Redis after
-   * the release (as EVAL after NOSCRIPT, from a Redis that lost its scripts, or again on
-   * reconnection) adds the lease again, as the renewal adds every lease Redis no longer has, and the
-   * cap counted a request that had ended until the lease expired.
-   */
-  private readonly renewing = new Map<HeldLease, number>()
   private closed = false
   /** Sends not made, whole or to a node, because MAX_WAITING_SENDS were waiting for it. */
   dropped = 0
@@ -318,25 +310,20 @@ export class LeaseKeeper {
     const leases = this.held.slice()
     for (const lease of leases) for (const key of lease.keys) pairs.push([key, lease.member])
     const sent = this.send(pairs, [String(this.ttlMs)], 'renew')
-    if (sent.length > 0) {
-      for (const lease of leases) this.renewing.set(lease, (this.renewing.get(lease) ?? 0) + 1)
-      void Promise.allSettled(sent).then(() => { this.renewed(leases) })
-    }
+    // A lease released while this round is out is released again once it is answered: the round
+    // sent back to Redis after the release (as EVAL after NOSCRIPT, from a Redis that lost its
+    // scripts, or again on reconnection) adds it again, as a renewal adds every lease Redis no
+    // longer has, and the cap counted a request that had ended until the lease expired. A lease
+    // in two rounds out at once is released after each (removing it twice is harmless).
+    if (sent.length > 0) void Promise.allSettled(sent).then(() => { this.releaseAgain(leases) })
     // a reload may have changed the TTL
     if (Math.max(100, Math.floor(this.ttlMs / 3)) !== this.renewEveryMs) this.startRenewing()
   }
 
-  /** A renewal round of `leases` is answered: those released while it was out go again (see renewing). */
-  private renewed (leases: readonly HeldLease[]): void {
-    for (const lease of leases) {
-      const rounds = (this.renewing.get(lease) ?? 1) - 1
-      if (rounds > 0) {
-        this.renewing.set(lease, rounds)
-        continue
-      }
-      this.renewing.delete(lease)
-      if (lease.released && !this.closed) this.queueRelease(lease)
-    }
+  /** A renewal round of `leases` is answered: those released while it was out go again. */
+  private releaseAgain (leases: readonly HeldLease[]): void {
+    if (this.closed) return
+    for (const lease of leases) if (lease.released) this.queueRelease(lease)
   }
 
   /** One call per batch (per hash slot under Cluster): KEYS = the keys, ARGV = `head` then the members. */
