@@ -6,6 +6,7 @@ import { writeFileSync, readFileSync } from 'node:fs'
 import { execFileSync, spawnSync } from 'node:child_process'
 import { join } from 'node:path'
 import { tempDir } from './helpers/teardown.js'
+import { writeSelfSigned } from './helpers/tls.js'
 import { request as httpsRequest } from 'node:https'
 import type { AddressInfo } from 'node:net'
 import { childEnv, spawnGateway } from './helpers/gateway.js'
@@ -142,7 +143,7 @@ t.test('gateway schema prints the committed JSON Schema; --version and --help', 
 function makeCert (dir: string, cn: string): { cert: string, key: string } {
   const cert = join(dir, 'cert.pem')
   const key = join(dir, 'key.pem')
-  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', `/CN=${cn}`], { stdio: 'ignore' })
+  writeSelfSigned(cert, key, cn)
   return { cert, key }
 }
 

@@ -4,23 +4,16 @@ import t from 'tap'
 import https from 'node:https'
 import net from 'node:net'
 import { once } from 'node:events'
-import { join } from 'node:path'
-import { execFileSync } from 'node:child_process'
 import { writeFileSync } from 'node:fs'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
 import { parseResponses, rawExchange } from './helpers/raw-http.js'
-import { tempDir, type Teardown } from './helpers/teardown.js'
+import type { Teardown } from './helpers/teardown.js'
+import { selfSignedCertificate } from './helpers/tls.js'
 import { twoWorkers, until } from './helpers/workers.js'
 import { httpsLocation } from '../src/proxy/https-redirect.js'
 
-function certificate (t: Teardown): { cert: string, key: string } {
-  const dir = tempDir(t, 'gw-redirect')
-  const cert = join(dir, 'cert.pem')
-  const key = join(dir, 'key.pem')
-  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', '/CN=a.test'], { stdio: 'ignore' })
-  return { cert, key }
-}
+const certificate = (t: Teardown): { cert: string, key: string } => selfSignedCertificate(t, 'gw-redirect', 'a.test')
 
 const yaml = (up: string, tls: { cert: string, key: string }, redirect: string): string => `listen: 127.0.0.1:0
 admin: 127.0.0.1:0

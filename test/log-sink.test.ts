@@ -13,6 +13,7 @@ import { request } from 'undici'
 import { createAccessLog, createLogDestination, createLogger, type AccessRecord } from '../src/log.js'
 import { Gateway } from '../src/server.js'
 import { childEnv, writeConfig } from './helpers/gateway.js'
+import type { Teardown } from './helpers/teardown.js'
 import { startUpstream } from './helpers/upstream.js'
 
 const flushed = async (logger: ReturnType<typeof createLogger>): Promise<void> => {
@@ -446,23 +447,44 @@ t.test('workers mode: the primary and two workers share one slowly read stdout p
   t.equal(lines.length, 30000, 'every line of the three processes arrives')
 })
 
+/**
+ * What a sink does while `during` runs it: the writes it starts (each fs.write with a callback is
+ * one FSREQCALLBACK, made as the write starts) and the timers it arms; `timersFired` counts the
+ * callbacks of those timers, whenever they run.
+ */
+function watchSink (t: Teardown): { during: <T>(fn: () => T) => T, readonly writesStarted: number, readonly timersFired: number } {
+  let watching = false
+  let writesStarted = 0
+  let timersFired = 0
+  const timers = new Set<number>()
+  const hook = createHook({
+    init (id, type) {
+      if (!watching) return
+      if (type === 'FSREQCALLBACK') writesStarted++
+      else if (type === 'Timeout') timers.add(id)
+    },
+    before (id) { if (timers.has(id)) timersFired++ }
+  }).enable()
+  t.teardown(() => { hook.disable() })
+  return {
+    during: <T>(fn: () => T): T => {
+      watching = true
+      try { return fn() } finally { watching = false }
+    },
+    get writesStarted () { return writesStarted },
+    get timersFired () { return timersFired }
+  }
+}
+
 t.test('a lone line is written by the timer, without a flush, and a sink with nothing to write has no timer that fires', async t => {
   const file = join(t.testdir(), 'timer.log')
   const fd = openSync(file, 'w')
   t.teardown(() => closeSync(fd))
-  // the callbacks of the timers the sink makes while it is built and given its first line
-  const sinkTimers = new Set<number>()
-  let capturing = true
-  let fired = 0
-  const hook = createHook({
-    init (id, type) { if (capturing && type === 'Timeout') sinkTimers.add(id) },
-    before (id) { if (sinkTimers.has(id)) fired++ }
-  }).enable()
-  t.teardown(() => { hook.disable() })
-  const sink = createLogDestination(fd, { batchBytes: 1 << 20, flushMs: 10 })
+  // the timers the sink makes while it is built and given its first line
+  const watch = watchSink(t)
+  const sink = watch.during(() => createLogDestination(fd, { batchBytes: 1 << 20, flushMs: 10 }))
   t.teardown(() => { sink.end() })
-  sink.write('{"i":1}\n')
-  capturing = false
+  watch.during(() => sink.write('{"i":1}\n'))
   const readWhole = async (expected: string): Promise<string> => {
     const deadline = Date.now() + 10_000
     let text = readFileSync(file, 'utf8')
@@ -473,11 +495,11 @@ t.test('a lone line is written by the timer, without a flush, and a sink with no
     return text
   }
   t.equal(await readWhole('{"i":1}\n'), '{"i":1}\n', 'the line reached the file with no flush and no full batch')
-  t.ok(fired >= 1, 'a timer of the sink wrote it')
-  const firedWhenWritten = fired
+  t.ok(watch.timersFired >= 1, 'a timer of the sink wrote it')
+  const firedWhenWritten = watch.timersFired
   // thirty of its periods with nothing to write: an interval would have woken the process for each
   await sleep(300)
-  t.equal(fired, firedWhenWritten, 'no timer of the sink fired while it had nothing to write')
+  t.equal(watch.timersFired, firedWhenWritten, 'no timer of the sink fired while it had nothing to write')
   sink.write('{"i":2}\n')
   t.equal(await readWhole('{"i":1}\n{"i":2}\n'), '{"i":1}\n{"i":2}\n', 'the next line arms it again')
 })
@@ -486,47 +508,33 @@ t.test('by default a batch is written once 16 KiB wait, not before, and a smalle
   const file = join(t.testdir(), 'defaults.log')
   const fd = openSync(file, 'w')
   t.teardown(() => closeSync(fd))
-  // the writes the sink starts (each fs.write with a callback is one FSREQCALLBACK, made
-  // synchronously as the write starts) and the timers it arms, counted while it is called
-  let watching = false
-  let writesStarted = 0
-  const sinkTimers = new Set<number>()
-  let timerFired = 0
-  const hook = createHook({
-    init (id, type) {
-      if (!watching) return
-      if (type === 'FSREQCALLBACK') writesStarted++
-      else if (type === 'Timeout') sinkTimers.add(id)
-    },
-    before (id) { if (sinkTimers.has(id)) timerFired++ }
-  }).enable()
-  t.teardown(() => { hook.disable() })
+  const watch = watchSink(t)
   const sink = createLogDestination(fd)
   t.teardown(() => { sink.end() })
   const line = `${'x'.repeat(1023)}\n` // 1024 bytes
-  const call = (text: string): void => { watching = true; sink.write(text); watching = false }
+  const call = (text: string): void => { watch.during(() => sink.write(text)) }
 
   // 16 KiB less one byte: nothing is written by size
   const started = performance.now()
   for (let i = 0; i < 15; i++) call(line)
   call(`${'y'.repeat(1022)}\n`)
-  t.equal(writesStarted, 0, '16383 bytes waiting start no write')
+  t.equal(watch.writesStarted, 0, '16383 bytes waiting start no write')
   const deadline = Date.now() + 10_000
   while (readFileSync(file).length < 16383 && Date.now() < deadline) await sleep(5)
   const elapsed = performance.now() - started
   t.equal(readFileSync(file).length, 16383, 'the timer wrote them')
-  t.equal(timerFired, 1, 'by the timer the first line armed')
+  t.equal(watch.timersFired, 1, 'by the timer the first line armed')
   // a timer never fires early (libuv's clock counts whole milliseconds); it may fire late on a
   // loaded machine, but not by most of a second
   t.ok(elapsed >= 95, `not before 100 ms (${elapsed.toFixed(1)} ms)`)
   t.ok(elapsed < 1000, `but about 100 ms after the first line (${elapsed.toFixed(1)} ms)`)
 
   // exactly 16 KiB: the line that reaches it starts the write at once, with no timer
-  writesStarted = 0
-  const firedBefore = timerFired
+  const startedBefore = watch.writesStarted
+  const firedBefore = watch.timersFired
   for (let i = 0; i < 15; i++) call(line)
-  t.equal(writesStarted, 0, '15 KiB waiting start no write')
+  t.equal(watch.writesStarted - startedBefore, 0, '15 KiB waiting start no write')
   call(line)
-  t.equal(writesStarted, 1, 'the line reaching 16 KiB starts the write itself')
-  t.equal(timerFired, firedBefore, 'no timer of the sink had fired')
+  t.equal(watch.writesStarted - startedBefore, 1, 'the line reaching 16 KiB starts the write itself')
+  t.equal(watch.timersFired, firedBefore, 'no timer of the sink had fired')
 })

@@ -3,34 +3,19 @@
 // is" (a bare address gets /v1/traces). A trace backend's error rate and error search read the
 // span status and error.type; a collector behind a path prefix gets the spans at that path.
 import t from 'tap'
-import net from 'node:net'
 import { startGateway } from './helpers/gateway.js'
-import { startHttpServer, startUpstream } from './helpers/upstream.js'
-import { attr, spansIn, type OtlpExport, type OtlpSpan } from './helpers/otlp.js'
-
-/** A port nothing listens on: bound, then closed. */
-async function closedPort (): Promise<number> {
-  const server = net.createServer()
-  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
-  const port = (server.address() as net.AddressInfo).port
-  await new Promise<void>(resolve => server.close(() => resolve()))
-  return port
-}
+import { refusingUrl, startUpstream } from './helpers/upstream.js'
+import { attr, spansIn, startReceiver, type OtlpExport, type OtlpSpan } from './helpers/otlp.js'
 
 t.test('tracing.otlp: a 5xx span has status error, an upstream failure its error.type; the default service name; a URL with a path is used as is', async t => {
   const exports: OtlpExport[] = []
   const paths: string[] = []
-  const receiver = await startHttpServer(t, (req, res) => {
-    const chunks: Buffer[] = []
-    req.on('data', (c: Buffer) => chunks.push(c))
-    req.on('end', () => {
-      paths.push(`${req.method ?? ''} ${req.url ?? ''}`)
-      try { exports.push(JSON.parse(Buffer.concat(chunks).toString()) as OtlpExport) } catch { /* not an export */ }
-      res.writeHead(200, { 'content-type': 'application/json' }).end('{}')
-    })
+  const receiver = await startReceiver(t, (body, req) => {
+    paths.push(`${req.method ?? ''} ${req.url ?? ''}`)
+    try { exports.push(JSON.parse(body) as OtlpExport) } catch { /* not an export */ }
   })
   const up = await startUpstream(t)
-  const dead = `http://127.0.0.1:${await closedPort()}`
+  const dead = await refusingUrl()
   const gw = await startGateway(t, `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 tracing: { otlp: "${receiver.url}/otel/traces" }

@@ -4,11 +4,12 @@
 // every one of those checks, TLS files included, like `nginx -t`) and from a SIGHUP reload, which
 // keeps the old config serving and reports the located error in its log and reload history.
 import t from 'tap'
-import { execFile, execFileSync } from 'node:child_process'
+import { execFile } from 'node:child_process'
 import { mkdirSync, writeFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
 import { childEnv, spawnGateway, writeConfig } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
+import { writeSelfSigned } from './helpers/tls.js'
 
 function validate (file: string): Promise<{ code: number, stdout: string, stderr: string }> {
   return new Promise(resolve => {
@@ -21,7 +22,7 @@ function validate (file: string): Promise<{ code: number, stdout: string, stderr
 function makeCert (dir: string, name: string): { cert: string, key: string } {
   const cert = join(dir, `${name}-cert.pem`)
   const key = join(dir, `${name}-key.pem`)
-  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', `/CN=${name}`], { stdio: 'ignore' })
+  writeSelfSigned(cert, key, name)
   return { cert, key }
 }
 

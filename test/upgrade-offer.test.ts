@@ -5,12 +5,10 @@
 // still refused.
 import t from 'tap'
 import { connect as tlsConnect } from 'node:tls'
-import { execFileSync } from 'node:child_process'
-import { join } from 'node:path'
 import { startGateway } from './helpers/gateway.js'
 import { startUpstream, type EchoBody } from './helpers/upstream.js'
 import { parseResponses, rawExchange, type RawReply } from './helpers/raw-http.js'
-import { tempDir } from './helpers/teardown.js'
+import { selfSignedCertificate } from './helpers/tls.js'
 
 const H2C = 'Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n'
 
@@ -82,10 +80,7 @@ t.test('a WebSocket handshake on a route without websocket: true is still refuse
 
 t.test('over TLS too', async t => {
   const up = await startUpstream(t)
-  const dir = tempDir(t, 'gw-upgrade-offer')
-  const cert = join(dir, 'cert.pem')
-  const key = join(dir, 'key.pem')
-  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', '/CN=a.test'], { stdio: 'ignore' })
+  const { cert, key } = selfSignedCertificate(t, 'gw-upgrade-offer', 'a.test')
   const gw = await startGateway(t, config(up.url, `tls: { cert: ${cert}, key: ${key} }\n`))
   const port = Number(new URL(gw.url).port)
   const socket = tlsConnect({ host: '127.0.0.1', port, rejectUnauthorized: false })

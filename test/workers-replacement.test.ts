@@ -3,19 +3,18 @@
 // (src/workers.ts acceptedConfig, ConfigGiven). Real processes: bin/gateway in workers mode.
 import t from 'tap'
 import { rmSync, writeFileSync } from 'node:fs'
-import { execFileSync } from 'node:child_process'
 import { request as httpsRequest } from 'node:https'
 import type { TLSSocket } from 'node:tls'
 import { connect, createServer as createNetServer, type AddressInfo } from 'node:net'
 import { join } from 'node:path'
 import { answering, bodies, config, replaceOne, twoWorkers, until } from './helpers/workers.js'
 import { spawnGateway } from './helpers/gateway.js'
-import { tempDir, type Teardown } from './helpers/teardown.js'
+import { selfSignedCertificate, writeSelfSigned } from './helpers/tls.js'
 import { restartPauseMs } from '../src/workers.js'
 
 t.test('a worker that replaces a crashed one starts with the key file and TLS files its primary checked, not with ones broken since', async t => {
   const a = await answering(t, 'from a')
-  const { dir, cert, key } = tlsFiles(t, 'gw-workers-files')
+  const { dir, cert, key } = selfSignedCertificate(t, 'gw-workers-files', 'gw')
   const keys = join(dir, 'keys.yaml')
   writeFileSync(keys, 'k-alice-0123456789: alice\n')
   const r = await twoWorkers(t, config(a) + `tls: { cert: ${cert}, key: ${key} }\nidentity: { required: true, apiKeys: { header: x-api-key, file: ${keys} } }\n`)
@@ -38,11 +37,11 @@ t.test('a worker that replaces a crashed one starts with the key file and TLS fi
 
 t.test('a certificate renewed on disk is served by every worker after a SIGHUP, a replacement started since included', async t => {
   const a = await answering(t, 'from a')
-  const { cert, key } = tlsFiles(t, 'gw-workers-renew', 'first.test')
+  const { cert, key } = selfSignedCertificate(t, 'gw-workers-renew', 'first.test')
   const r = await twoWorkers(t, config(a) + `tls: { cert: ${cert}, key: ${key} }\n`)
   t.same([...new Set(await servedNames(r.gw.url, 10))], ['first.test'])
   // the same files overwritten, as a renewal does; the config itself does not change
-  selfSigned(cert, key, 'second.test')
+  writeSelfSigned(cert, key, 'second.test')
   r.gw.child.kill('SIGHUP')
   await until('both workers reloaded', () => new Set(r.gw.logs.filter(l => l.msg === 'configuration reloaded' && l.generation === 2).map(l => l.pid)).size === 2)
   t.same([...new Set(await servedNames(r.gw.url, 40))], ['second.test'], 'every connection, on either worker, gets the renewed certificate')
@@ -55,7 +54,7 @@ t.test('a certificate renewed on disk is served by every worker after a SIGHUP, 
 
 t.test('after a reload that turns TLS off (a restart-needed setting), a crashed worker\'s replacement serves TLS with its siblings\' certificate', async t => {
   const a = await answering(t, 'from a')
-  const { cert, key } = tlsFiles(t, 'gw-workers-tls-off')
+  const { cert, key } = selfSignedCertificate(t, 'gw-workers-tls-off', 'gw')
   const r = await twoWorkers(t, config(a) + `tls: { cert: ${cert}, key: ${key} }\n`)
   t.same(await httpsBodies(r.gw.url, 10), new Array(10).fill('200 from a'))
   writeFileSync(r.gw.file, config(a))
@@ -70,7 +69,7 @@ t.test('after a reload that turns TLS off (a restart-needed setting), a crashed 
 
 t.test('after a reload that turns TLS on, a crashed worker\'s replacement serves plain HTTP as its siblings do', async t => {
   const a = await answering(t, 'from a')
-  const { cert, key } = tlsFiles(t, 'gw-workers-tls-on')
+  const { cert, key } = selfSignedCertificate(t, 'gw-workers-tls-on', 'gw')
   const r = await twoWorkers(t, config(a))
   writeFileSync(r.gw.file, config(a) + `tls: { cert: ${cert}, key: ${key} }\n`)
   r.gw.child.kill('SIGHUP')
@@ -128,19 +127,6 @@ t.test('workers that cannot bind the listen address exit 1 and are started again
   const crash = await gw.waitForLog(l => l.msg === 'worker exited; starting a new one' && l.worker === victim)
   t.equal(crash.restartInMs, 200, 'the pause starts again from its shortest (it went on growing to 5 s)')
 })
-
-/** A self-signed certificate (CN `cn`) and its key, in a directory of their own removed at teardown. */
-function tlsFiles (t: Teardown, prefix: string, cn = 'gw'): { dir: string, cert: string, key: string } {
-  const dir = tempDir(t, prefix)
-  const cert = join(dir, 'cert.pem')
-  const key = join(dir, 'key.pem')
-  selfSigned(cert, key, cn)
-  return { dir, cert, key }
-}
-
-function selfSigned (cert: string, key: string, cn = 'gw'): void {
-  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', `/CN=${cn}`], { stdio: 'ignore' })
-}
 
 /** `n` HTTPS requests, each on its own connection (spread over the workers): each answer and the certificate name (CN) it came with. */
 async function httpsAnswers (httpUrl: string, n: number, headers: Record<string, string> = {}): Promise<Array<{ answer: string, cn: string }>> {
