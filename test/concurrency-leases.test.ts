@@ -340,6 +340,75 @@ t.test('a lease released while a renewal is out stays released when Redis had lo
   await leases.close()
 })
 
+/**
+ * Makes `redis` answer BUSY to every other call (a script of another client's running past
+ * busy-reply-threshold) until the returned function ends it with SCRIPT KILL.
+ */
+async function busyRedis (t: Teardown): Promise<() => Promise<void>> {
+  await reader.config('SET', 'busy-reply-threshold', '20')
+  const busy = redis.client()
+  t.teardown(() => busy.disconnect())
+  const running = busy.eval('while true do end', 0).catch(() => {})
+  await eventually('Redis answers BUSY', async () => await reader.ping().then(() => false, (err: Error) => err.message.startsWith('BUSY')), 3000, 10)
+  return async () => {
+    await reader.script('KILL')
+    await running
+  }
+}
+
+for (const carried of [false, true]) {
+  t.test(`a release Redis refuses while busy with a script is sent again until it takes it (${carried ? 'riding with a limit call' : 'a call of its own'})`, async t => {
+    const name = carried ? 'busyride' : 'busy'
+    const { limiter, leases, plan } = await limiterOnRedis(t, name, 1, carried)
+    const key = `gw:lease:${name}.user:dave`
+    const held = await limiter.check({ route: name, plan, ipKey: '127.0.0.1', user: 'dave', requestId: 'b1' })
+    t.ok(held.kind === 'allow' && held.lease !== null, 'dave holds his lease')
+    const endBusy = await busyRedis(t)
+    const calls = leases.calls
+    const carriedBefore = leases.carried
+    if (held.kind === 'allow' && held.lease !== null) limiter.release(held.lease)
+    if (carried) {
+      // another user's request in the same turn: its limit call carries the release, and fails
+      const other = await limiter.check({ route: name, plan, ipKey: '127.0.0.1', user: 'frank', requestId: 'b0' })
+      t.ok(other.kind === 'allow' && other.lease?.level === 'fallback', 'Redis busy: decided by the in-process fallback (onError: local)')
+      if (other.kind === 'allow' && other.lease !== null) limiter.release(other.lease)
+      t.equal(leases.carried, carriedBefore + 1, 'the release rode with it')
+    } else {
+      leases.flushReleases()
+      t.equal(leases.calls, calls + 1, 'the release went')
+      await eventually('Redis answered it BUSY', async () => leases.waiting === 0, 3000, 5)
+    }
+    await endBusy()
+    // it was dropped, and the lease refused dave's next request for the rest of its 10 s
+    await eventually('the release sent again removed the lease', async () => await reader.zcard(key) === 0, 3000, 20)
+    const next = await limiter.check({ route: name, plan, ipKey: '127.0.0.1', user: 'dave', requestId: 'b2' })
+    t.equal(next.kind, 'allow', 'dave is admitted again')
+    if (next.kind === 'allow' && next.lease !== null) limiter.release(next.lease)
+    await leases.close()
+  })
+}
+
+t.test('a release not taken yet is sent again for as long as its lease may live, though a reload shortened leaseTtl', async t => {
+  const { limiter, leases, plan } = await limiterOnRedis(t, 'shorter', 1, false)
+  const key = 'gw:lease:shorter.user:erin'
+  // taken and renewed under a TTL of 10 s
+  const held = await limiter.check({ route: 'shorter', plan, ipKey: '127.0.0.1', user: 'erin', requestId: 's1' })
+  t.ok(held.kind === 'allow' && held.lease !== null, 'erin holds her lease')
+  const endBusy = await busyRedis(t)
+  if (held.kind === 'allow' && held.lease !== null) limiter.release(held.lease)
+  leases.flushReleases()
+  await eventually('Redis answered it BUSY', async () => leases.waiting === 0, 3000, 5)
+  leases.ttlMs = 1000 // a reload
+  // past the new TTL while Redis stays busy: the lease in Redis lives 10 s from its last renewal
+  await sleep(1300)
+  await endBusy()
+  await eventually('the release sent again removed the lease', async () => await reader.zcard(key) === 0, 3000, 20)
+  const next = await limiter.check({ route: 'shorter', plan, ipKey: '127.0.0.1', user: 'erin', requestId: 's2' })
+  t.equal(next.kind, 'allow', 'erin is admitted again')
+  if (next.kind === 'allow' && next.lease !== null) limiter.release(next.lease)
+  await leases.close()
+})
+
 t.test('a gateway that shuts down gives its leases back at once', async t => {
   const up = await startUpstream(t)
   const gw = await startGateway(t, `listen: 127.0.0.1:0

@@ -14,7 +14,7 @@
 //     (a Redis restarted empty lost them), as soon as the client is ready again.
 import { Cluster, type Redis } from 'ioredis'
 import { keySlot } from './keys.js'
-import { classifyRedisError } from './redis-client.js'
+import { classifyRedisError, replyCode } from './redis-client.js'
 import { LEASE_RELEASE_SCRIPT, LEASE_RENEW_SCRIPT, type LeaseReleases, type ReleaseCarrier } from './scripts.js'
 import type { MemoryStore } from './memory-store.js'
 import type { RedisGuard } from './redis-guard.js'
@@ -78,8 +78,21 @@ export const MAX_WAITING_SENDS = 64
  */
 export const RELEASE_WAIT_MS = 10
 
-/** How often releases Redis could not take for want of a connection are tried again. */
+/** How often releases Redis did not take (see releaseWorthRetrying) are tried again. */
 export const RELEASE_RETRY_MS = 250
+
+/**
+ * A release that failed is sent again unless Redis refused it for good (an error reply of the
+ * script's own, kind 'other'). Everything else passes: a lost connection, a guard timeout on the
+ * limit call it rode with, a slot moving, a Redis busy with a script, loading or read-only for a
+ * while, and a Cluster failing over, which ioredis ends after its redirections with a plain Error
+ * (kind 'other' with no reply code). Only a lost connection was retried before, and such a release
+ * was dropped: its lease stayed counted for up to a leaseTtl after its request ended, and a client
+ * at its cap with nothing in flight was refused. Removing a lease twice is harmless.
+ */
+function releaseWorthRetrying (err: unknown): boolean {
+  return replyCode(err) === null || classifyRedisError(err) !== 'other'
+}
 
 export class LeaseKeeper {
   /**
@@ -96,6 +109,12 @@ export class LeaseKeeper {
   private renewer: NodeJS.Timeout | null = null
   private renewEveryMs = 0
   #ttlMs: number
+  /**
+   * The longest leaseTtl this keeper has had: a lease renewed under it may live that long in Redis
+   * after its last renewal, so its release is tried again that long (a reload that shortens the TTL
+   * cannot shorten a lease renewal failed to reach).
+   */
+  #longestTtlMs: number
   /** Calls to Redis this keeper made (releases and renewals), for tests and the benchmark. */
   calls = 0
   /** Releases that rode with a limit call instead (see takeReleases). */
@@ -107,8 +126,9 @@ export class LeaseKeeper {
   /** Sends with a call not answered yet, by the node it waits for ('' standalone or Sentinel). */
   private readonly waitingFor = new Map<string, number>()
   /**
-   * Releases Redis could not take because there was no connection (Redis restarting, a failover):
-   * sent again once it is back, until their leases would have expired anyway (`at` + the TTL).
+   * Releases Redis did not take (no connection, Redis restarting or busy, a failover; see
+   * releaseWorthRetrying): sent again, until their leases would have expired anyway (`at` + the
+   * longest TTL).
    */
   private unsent: Array<readonly [key: string, member: string, at: number]> = []
   private retrying: NodeJS.Timeout | null = null
@@ -118,6 +138,7 @@ export class LeaseKeeper {
 
   constructor (private readonly options: LeaseKeeperOptions) {
     this.#ttlMs = options.ttlMs
+    this.#longestTtlMs = options.ttlMs
     const client = options.redis?.client
     if (client !== undefined) {
       client.defineCommand('gatewayLeaseRelease', { lua: LEASE_RELEASE_SCRIPT })
@@ -149,6 +170,7 @@ export class LeaseKeeper {
   set ttlMs (ms: number) {
     if (ms === this.#ttlMs) return
     this.#ttlMs = ms
+    this.#longestTtlMs = Math.max(this.#longestTtlMs, ms)
     if (this.renewer !== null) this.renew()
   }
 
@@ -265,14 +287,13 @@ export class LeaseKeeper {
   }
 
   /**
-   * The limit call that carried `releases` failed. Its connection gone with it, they are kept and
-   * sent again once it is back, as a release call of their own would be (send): Redis restarted
-   * with its data, or a failed-over replica that had the leases, refused those clients otherwise
-   * for up to a whole leaseTtl. Removing a lease twice is harmless. Any other failure (a script
-   * error, a timeout of Redis's that may yet run it) leaves them to expire, as before.
+   * The limit call that carried `releases` failed: they are kept and sent again, as a release call
+   * of their own would be (send, releaseWorthRetrying): Redis restarted with its data, or a
+   * failed-over replica that had the leases, refused those clients otherwise for up to a whole
+   * leaseTtl. A call that timed out may yet run: removing a lease twice is harmless.
    */
   private carriedReleasesFailed (releases: LeaseReleases, err: unknown): void {
-    if (classifyRedisError(err) !== 'connection') return
+    if (!releaseWorthRetrying(err)) return
     const cut = (this.options.redis?.keyPrefix ?? '').length
     const pairs: Array<readonly [string, string]> = []
     for (const [key, member] of releases) pairs.push([key.slice(cut), member])
@@ -389,8 +410,7 @@ export class LeaseKeeper {
           this.calls++
           const call = what === 'release' ? commands.gatewayLeaseRelease(part.length, ...args) : commands.gatewayLeaseRenew(part.length, ...args)
           calls.push(call.catch((err: unknown) => {
-            // the connection went away with the call: removing a lease twice is harmless
-            if (what === 'release' && classifyRedisError(err) === 'connection') this.keepUnsent(part, releasedAt)
+            if (what === 'release' && releaseWorthRetrying(err)) this.keepUnsent(part, releasedAt)
             this.options.onError?.(err, what)
           }))
         }
@@ -433,7 +453,7 @@ export class LeaseKeeper {
     const pairs: Array<readonly [string, string]> = []
     const releasedAt = new Map<string, number>()
     for (const [key, member, at] of this.unsent) {
-      if (now - at >= this.#ttlMs) continue
+      if (now - at >= this.#longestTtlMs) continue
       pairs.push([key, member])
       releasedAt.set(member, at)
     }
