@@ -340,6 +340,24 @@ t.test('a lease released while a renewal is out stays released when Redis had lo
   await leases.close()
 })
 
+t.test('a keeper that closes while a renewal is out gives back a lease that renewal puts back', async t => {
+  const { LEASE_RELEASE_SCRIPT } = await import('../src/limit/scripts.js')
+  const { limiter, leases, plan } = await limiterOnRedis(t, 'closing', 1, false)
+  const key = 'gw:lease:closing.user:gina'
+  const held = await limiter.check({ route: 'closing', plan, ipKey: '127.0.0.1', user: 'gina', requestId: 'c1' })
+  t.ok(held.kind === 'allow' && held.lease !== null, 'gina holds her lease')
+  leases.ttlMs = 15_000 // one renewal, so that the next goes by EVALSHA
+  await eventually('the renewal is answered', async () => leases.waiting === 0, 3000, 5)
+  // as in the test above: the renewal meets NOSCRIPT and goes again as EVAL, after the release
+  // that close() sends in the same turn (a shutdown, or a reload retiring this Redis)
+  await reader.script('FLUSH')
+  await reader.script('LOAD', LEASE_RELEASE_SCRIPT)
+  leases.ttlMs = 20_000
+  await leases.close()
+  // the renewal answered after close() put gina's lease back for 20 s, past the gateway's end
+  t.equal(await reader.zcard(key), 0, 'no lease left once close() has resolved')
+})
+
 /**
  * Makes `redis` answer BUSY to every other call (a script of another client's running past
  * busy-reply-threshold) until the returned function ends it with SCRIPT KILL.

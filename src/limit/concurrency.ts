@@ -133,6 +133,8 @@ export class LeaseKeeper {
   private unsent: Array<readonly [key: string, member: string, at: number]> = []
   private retrying: NodeJS.Timeout | null = null
   private closed = false
+  /** Renewal rounds not answered yet, each with the releases it is followed by (releaseAgain). */
+  private readonly roundsOut = new Set<Promise<unknown>>()
   /** Sends not made, whole or to a node, because MAX_WAITING_SENDS were waiting for it. */
   dropped = 0
 
@@ -336,15 +338,30 @@ export class LeaseKeeper {
     // scripts, or again on reconnection) adds it again, as a renewal adds every lease Redis no
     // longer has, and the cap counted a request that had ended until the lease expired. A lease
     // in two rounds out at once is released after each (removing it twice is harmless).
-    if (sent.length > 0) void Promise.allSettled(sent).then(() => { this.releaseAgain(leases) })
+    // close() waits for the rounds out, and sends such releases itself.
+    if (sent.length > 0) {
+      const round: Promise<unknown> = Promise.allSettled(sent).then(async () => {
+        this.roundsOut.delete(round)
+        await this.releaseAgain(leases)
+      })
+      this.roundsOut.add(round)
+    }
     // a reload may have changed the TTL
     if (Math.max(100, Math.floor(this.ttlMs / 3)) !== this.renewEveryMs) this.startRenewing()
   }
 
-  /** A renewal round of `leases` is answered: those released while it was out go again. */
-  private releaseAgain (leases: readonly HeldLease[]): void {
-    if (this.closed) return
-    for (const lease of leases) if (lease.released) this.queueRelease(lease)
+  /**
+   * A renewal round of `leases` is answered: those released while it was out go again, with the
+   * next releases, or at once after close() (whose wait for the rounds out includes this send).
+   */
+  private async releaseAgain (leases: readonly HeldLease[]): Promise<void> {
+    if (!this.closed) {
+      for (const lease of leases) if (lease.released) this.queueRelease(lease)
+      return
+    }
+    const pairs: Array<readonly [string, string]> = []
+    for (const lease of leases) if (lease.released) for (const key of lease.keys) pairs.push([key, lease.member])
+    await Promise.allSettled(this.send(pairs, [], 'release'))
   }
 
   /** One call per batch (per hash slot under Cluster): KEYS = the keys, ARGV = `head` then the members. */
@@ -463,7 +480,9 @@ export class LeaseKeeper {
 
   /**
    * Stops renewing and gives back every lease still held or queued, waiting (at most `timeoutMs`)
-   * for Redis to take them: a gateway that stops does not leave its leases to expire.
+   * for Redis to take them: a gateway that stops does not leave its leases to expire. The renewal
+   * rounds still out are waited for too, and their leases given back again once they are answered
+   * (a round sent again after the release put its lease back: releaseAgain).
    */
   async close (timeoutMs = 1000): Promise<void> {
     if (this.renewer !== null) clearInterval(this.renewer)
@@ -477,7 +496,7 @@ export class LeaseKeeper {
     this.held.length = 0
     this.heldByKey.clear()
     this.settleNoneHeld()
-    const sent = [...this.flush(), ...this.retryUnsent()]
+    const sent = [...this.flush(), ...this.retryUnsent(), ...this.roundsOut]
     this.closed = true
     if (sent.length === 0) return
     await waitAtMost(Promise.allSettled(sent), timeoutMs)
