@@ -2,7 +2,7 @@
 // one Redis share a `user: 2` cap exactly; leases come back when responses finish, when clients
 // leave mid-body and when the upstream fails; a lease taken with the rate limits is all or nothing;
 // no Redis: the same caps in process.
-import t from 'tap'
+import t, { type Test } from 'tap'
 import net from 'node:net'
 import { request } from 'node:http'
 import { startGateway } from './helpers/gateway.js'
@@ -310,23 +310,30 @@ t.test('releases ride with the next limit call: no call of their own, removed be
   await leases.close()
 })
 
-t.test('a lease released while a renewal is out stays released when Redis had lost the renewal script and it is sent again', async t => {
+/**
+ * Sends a renewal round of `leases` that Redis answers NOSCRIPT, so that ioredis sends it again as
+ * EVAL once that answer comes, after whatever the caller sends in the same turn. One renewal first,
+ * so that the connection knows the script and sends the next by EVALSHA; then Redis loses its
+ * scripts (SCRIPT FLUSH; a restart does the same) and only the release script is loaded again.
+ */
+async function renewalToBeSentAgain (t: Test, leases: import('../src/limit/concurrency.js').LeaseKeeper): Promise<void> {
   const { LEASE_RELEASE_SCRIPT } = await import('../src/limit/scripts.js')
+  const calls = leases.calls
+  leases.ttlMs = 15_000 // renews the held leases at once
+  t.equal(leases.calls, calls + 1, 'a renewal went')
+  await eventually('the renewal is answered', async () => leases.waiting === 0, 3000, 5)
+  await reader.script('FLUSH')
+  await reader.script('LOAD', LEASE_RELEASE_SCRIPT)
+  leases.ttlMs = 20_000 // renews the held leases at once
+}
+
+t.test('a lease released while a renewal is out stays released when Redis had lost the renewal script and it is sent again', async t => {
   const { limiter, leases, plan } = await limiterOnRedis(t, 'ghost', 1, false)
   const key = 'gw:lease:ghost.user:carol'
   const first = await limiter.check({ route: 'ghost', plan, ipKey: '127.0.0.1', user: 'carol', requestId: 'g1' })
   t.ok(first.kind === 'allow' && first.lease !== null, 'carol holds her lease')
   t.equal(await reader.zcard(key), 1)
-  // one renewal, so that the connection knows the script and sends the next by EVALSHA
-  const calls = leases.calls
-  leases.ttlMs = 15_000 // renews the held leases at once
-  t.equal(leases.calls, calls + 1, 'a renewal went')
-  await eventually('the renewal is answered', async () => leases.waiting === 0, 3000, 5)
-  // Redis loses its scripts (SCRIPT FLUSH; a restart does the same), and the release script alone
-  // is loaded again: the renewal's EVALSHA meets NOSCRIPT and goes again as EVAL, after the release
-  await reader.script('FLUSH')
-  await reader.script('LOAD', LEASE_RELEASE_SCRIPT)
-  leases.ttlMs = 20_000 // renews the held leases at once
+  await renewalToBeSentAgain(t, leases)
   if (first.kind === 'allow' && first.lease !== null) limiter.release(first.lease)
   leases.flushReleases()
   // the renewal sent again put carol's lease back for a whole leaseTtl, and her next request was
@@ -341,18 +348,12 @@ t.test('a lease released while a renewal is out stays released when Redis had lo
 })
 
 t.test('a keeper that closes while a renewal is out gives back a lease that renewal puts back', async t => {
-  const { LEASE_RELEASE_SCRIPT } = await import('../src/limit/scripts.js')
   const { limiter, leases, plan } = await limiterOnRedis(t, 'closing', 1, false)
   const key = 'gw:lease:closing.user:gina'
   const held = await limiter.check({ route: 'closing', plan, ipKey: '127.0.0.1', user: 'gina', requestId: 'c1' })
   t.ok(held.kind === 'allow' && held.lease !== null, 'gina holds her lease')
-  leases.ttlMs = 15_000 // one renewal, so that the next goes by EVALSHA
-  await eventually('the renewal is answered', async () => leases.waiting === 0, 3000, 5)
-  // as in the test above: the renewal meets NOSCRIPT and goes again as EVAL, after the release
-  // that close() sends in the same turn (a shutdown, or a reload retiring this Redis)
-  await reader.script('FLUSH')
-  await reader.script('LOAD', LEASE_RELEASE_SCRIPT)
-  leases.ttlMs = 20_000
+  // the release close() sends (a shutdown, or a reload retiring this Redis) goes ahead of the EVAL
+  await renewalToBeSentAgain(t, leases)
   await leases.close()
   // the renewal answered after close() put gina's lease back for 20 s, past the gateway's end
   t.equal(await reader.zcard(key), 0, 'no lease left once close() has resolved')
