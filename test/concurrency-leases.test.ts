@@ -244,8 +244,9 @@ routes:
 /**
  * The limiter the gateway builds on a standalone Redis, driven directly: one route `name` with a
  * `user` concurrency cap. `carried`: the keeper hands its releases to the store (as in production).
+ * `maxUnsent`: the keeper's bound on releases kept to be sent again.
  */
-async function limiterOnRedis (t: Teardown, name: string, userCap: number, carried: boolean) {
+async function limiterOnRedis (t: Teardown, name: string, userCap: number, carried: boolean, maxUnsent?: number) {
   const { Limiter } = await import('../src/limit/limiter.js')
   const { DenyCache } = await import('../src/limit/local-level.js')
   const { createRedisStore } = await import('../src/limit/redis-store.js')
@@ -260,7 +261,7 @@ async function limiterOnRedis (t: Teardown, name: string, userCap: number, carri
   await whenReady(client)
   const store = createRedisStore({ client })
   const guard = new RedisGuard({ store, fallbackMaxKeys: 1000, timeoutMs: 2000, instances: () => 1, telemetry: NOOP_TELEMETRY, onStateChange: () => {} })
-  const leases = new LeaseKeeper({ redis: carried ? { client, guard, store } : { client, guard }, ttlMs: 10_000 })
+  const leases = new LeaseKeeper({ redis: carried ? { client, guard, store } : { client, guard }, ttlMs: 10_000, ...(maxUnsent === undefined ? {} : { maxUnsent }) })
   const limiter = new Limiter({ local: null, deny: new DenyCache(1000), shared: guard, legacyHeaders: false, telemetry: NOOP_TELEMETRY, leases })
   const route = { name, pathPrefix: '/', upstream: 'u', concurrency: { user: userCap } }
   const config = applyDefaults({ redis: { url: redis.url }, upstreams: { u: { targets: ['http://127.0.0.1:1'] } }, routes: [route] })
@@ -406,6 +407,25 @@ for (const carried of [false, true]) {
     await leases.close()
   })
 }
+
+t.test('releases kept to be sent again are bounded: beyond the bound the oldest are dropped', async t => {
+  const { limiter, leases, plan } = await limiterOnRedis(t, 'bounded', 1, false, 3)
+  const users = ['u0', 'u1', 'u2', 'u3', 'u4']
+  const held = []
+  for (const user of users) held.push(await limiter.check({ route: 'bounded', plan, ipKey: '127.0.0.1', user, requestId: `h-${user}` }))
+  t.ok(held.every((v) => v.kind === 'allow' && v.lease !== null), '5 leases held')
+  const endBusy = await busyRedis(t)
+  for (const v of held) if (v.kind === 'allow' && v.lease !== null) limiter.release(v.lease)
+  leases.flushReleases()
+  await eventually('Redis answered them BUSY', async () => leases.waiting === 0, 3000, 5)
+  t.equal(leases.dropped, 1, 'one drop')
+  await endBusy()
+  const live = async (user: string): Promise<number> => await reader.zcard(`gw:lease:bounded.user:${user}`)
+  await eventually('the 3 kept are sent again', async () => await live('u2') + await live('u3') + await live('u4') === 0, 3000, 20)
+  await sleep(2 * 250) // two retry periods: nothing else is sent again
+  t.same([await live('u0'), await live('u1')], [1, 1], 'the 2 oldest were dropped: their leases wait for their TTL')
+  await leases.close()
+})
 
 t.test('a release not taken yet is sent again for as long as its lease may live, though a reload shortened leaseTtl', async t => {
   const { limiter, leases, plan } = await limiterOnRedis(t, 'shorter', 1, false)

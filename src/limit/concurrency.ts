@@ -50,6 +50,8 @@ export interface LeaseKeeperOptions {
   readonly ttlMs: number
   /** A release or renewal Redis did not take: the lease then expires within the TTL. */
   readonly onError?: (err: unknown, what: 'release' | 'renew') => void
+  /** Most releases (lease keys) kept to be sent again; default MAX_UNSENT_RELEASES. */
+  readonly maxUnsent?: number
 }
 
 interface LeaseCommands {
@@ -77,6 +79,14 @@ export const MAX_WAITING_SENDS = 64
  * does (flushReleases).
  */
 export const RELEASE_WAIT_MS = 10
+
+/**
+ * Most releases (one per lease key) kept to be sent again while Redis takes none: a few MB. They
+ * wait for as long as their leases may live (leaseTtl may be hours), so a Redis refusing them for
+ * that long at thousands of requests a second grew them without end; beyond it the oldest go,
+ * whose leases expire soonest.
+ */
+export const MAX_UNSENT_RELEASES = 100_000
 
 /** How often releases Redis did not take (see releaseWorthRetrying) are tried again. */
 export const RELEASE_RETRY_MS = 250
@@ -135,7 +145,10 @@ export class LeaseKeeper {
   private closed = false
   /** Renewal rounds not answered yet, each with the releases it is followed by (releaseAgain). */
   private readonly roundsOut = new Set<Promise<unknown>>()
-  /** Sends not made, whole or to a node, because MAX_WAITING_SENDS were waiting for it. */
+  /**
+   * Sends not made, whole or to a node, because MAX_WAITING_SENDS were waiting for it; and times
+   * releases kept to be sent again were dropped beyond maxUnsent.
+   */
   dropped = 0
 
   constructor (private readonly options: LeaseKeeperOptions) {
@@ -457,6 +470,12 @@ export class LeaseKeeper {
     if (this.closed) return
     const now = Date.now()
     for (const [key, member] of pairs) this.unsent.push([key, member, releasedAt?.get(member) ?? now])
+    const excess = this.unsent.length - (this.options.maxUnsent ?? MAX_UNSENT_RELEASES)
+    if (excess > 0) {
+      this.unsent.splice(0, excess)
+      this.dropped++
+      this.options.onError?.(new Error(`${this.unsent.length} releases already wait to be sent again: the ${excess} oldest dropped, their leases expire within leaseTtl`), 'release')
+    }
     if (this.retrying !== null) return
     this.retrying = setTimeout(() => this.retryUnsent(), RELEASE_RETRY_MS)
     this.retrying.unref()
