@@ -372,9 +372,8 @@ export class LeaseKeeper {
       for (const lease of leases) if (lease.released) this.queueRelease(lease)
       return
     }
-    const pairs: Array<readonly [string, string]> = []
-    for (const lease of leases) if (lease.released) for (const key of lease.keys) pairs.push([key, lease.member])
-    await Promise.allSettled(this.send(pairs, [], 'release'))
+    for (const lease of leases) if (lease.released) this.pending.push(lease)
+    await Promise.allSettled(this.flush())
   }
 
   /** One call per batch (per hash slot under Cluster): KEYS = the keys, ARGV = `head` then the members. */
