@@ -244,7 +244,8 @@ routes:
 /**
  * The limiter the gateway builds on a standalone Redis, driven directly: one route `name` with a
  * `user` concurrency cap. `carried`: the keeper hands its releases to the store (as in production).
- * `maxUnsent`: the keeper's bound on releases kept to be sent again.
+ * `maxUnsent`: the keeper's bound on releases kept to be sent again. `check` decides a user's request
+ * as the gateway does, `giveBack` releases the lease its verdict took.
  */
 async function limiterOnRedis (t: Teardown, name: string, userCap: number, carried: boolean, maxUnsent?: number) {
   const { Limiter } = await import('../src/limit/limiter.js')
@@ -266,17 +267,28 @@ async function limiterOnRedis (t: Teardown, name: string, userCap: number, carri
   const route = { name, pathPrefix: '/', upstream: 'u', concurrency: { user: userCap } }
   const config = applyDefaults({ redis: { url: redis.url }, upstreams: { u: { targets: ['http://127.0.0.1:1'] } }, routes: [route] })
   const plan = routeLimitPlan(config, config.routes[0] as (typeof config.routes)[0])
-  return { limiter, leases, plan }
+  type Verdict = Awaited<ReturnType<typeof limiter.check>>
+  /** `user`'s request on the route, decided (and its lease taken) as the gateway does. */
+  const check = async (user: string, requestId: string): Promise<Verdict> => await limiter.check({ route: name, plan, ipKey: '127.0.0.1', user, requestId })
+  /** Its request finished: the lease the verdict took, if any, is released. */
+  const giveBack = (verdict: Verdict): void => { if (verdict.kind === 'allow' && verdict.lease !== null) limiter.release(verdict.lease) }
+  /** `user`, who holds nothing now, is admitted by the cap again (and gives that lease back). */
+  const admittedAgain = async (t: Test, user: string, requestId: string): Promise<void> => {
+    const next = await check(user, requestId)
+    t.equal(next.kind, 'allow', `${user} is admitted again`)
+    giveBack(next)
+  }
+  return { leases, check, giveBack, admittedAgain }
 }
 
 t.test('releases of one event-loop turn go to Redis in one call', async t => {
   // without the store: the keeper sends its releases in a call of its own
-  const { limiter, leases, plan } = await limiterOnRedis(t, 'batch', 100, false)
-  const verdicts = await Promise.all(Array.from({ length: 20 }, async (_, i) => await limiter.check({ route: 'batch', plan, ipKey: '127.0.0.1', user: 'alice', requestId: `r${i}` })))
+  const { leases, check, giveBack } = await limiterOnRedis(t, 'batch', 100, false)
+  const verdicts = await Promise.all(Array.from({ length: 20 }, async (_, i) => await check('alice', `r${i}`)))
   t.equal(await reader.zcard('gw:lease:batch.user:alice'), 20, '20 leases held')
   const before = leases.calls
   const released = performance.now()
-  for (const v of verdicts) if (v.kind === 'allow' && v.lease !== null) limiter.release(v.lease)
+  for (const v of verdicts) giveBack(v)
   await eventually('all released', async () => await reader.zcard('gw:lease:batch.user:alice') === 0, 3000, 5)
   // README: with no limit call to ride with, released leases wait at most 10 ms; seen from
   // another connection (another instance) well within 300 ms even on a loaded machine
@@ -288,18 +300,17 @@ t.test('releases of one event-loop turn go to Redis in one call', async t => {
 
 t.test('releases ride with the next limit call: no call of their own, removed before that call decides', async t => {
   // as src/runtime-resources.ts builds it: the keeper hands its releases to the store
-  const { limiter, leases, plan } = await limiterOnRedis(t, 'ride', 1, true)
-  const check = async (user: string, i: number): Promise<Awaited<ReturnType<typeof limiter.check>>> => await limiter.check({ route: 'ride', plan, ipKey: '127.0.0.1', user, requestId: `q${i}` })
+  const { leases, check, giveBack } = await limiterOnRedis(t, 'ride', 1, true)
   const scripts = async (): Promise<number> => await scriptCalls(reader)
   // 20 users hold their one lease each
-  const held = await Promise.all(Array.from({ length: 20 }, async (_, i) => await check(`rider${i}`, i)))
+  const held = await Promise.all(Array.from({ length: 20 }, async (_, i) => await check(`rider${i}`, `q${i}`)))
   t.ok(held.every((v) => v.kind === 'allow' && v.lease !== null), '20 leases taken')
   const callsBefore = leases.calls
   const scriptsBefore = await scripts()
   // all 20 given back, and in the same turn rider0 asks again: at user: 1 it is admitted only if
   // its own release reached Redis before the decision
-  for (const v of held) if (v.kind === 'allow' && v.lease !== null) limiter.release(v.lease)
-  const again = await check('rider0', 100)
+  for (const v of held) giveBack(v)
+  const again = await check('rider0', 'q100')
   t.equal(again.kind, 'allow', 'the release went ahead of the decision in the same call')
   t.equal(await scripts() - scriptsBefore, 1, 'one script call carried the 20 releases and the decision')
   t.equal(leases.calls - callsBefore, 0, 'no release call of its own')
@@ -307,7 +318,7 @@ t.test('releases ride with the next limit call: no call of their own, removed be
   let live = 0
   for (let i = 0; i < 20; i++) live += await reader.zcard(`gw:lease:ride.user:rider${i}`)
   t.equal(live, 1, 'the 20 leases are gone; rider0 holds its new one')
-  if (again.kind === 'allow' && again.lease !== null) limiter.release(again.lease)
+  giveBack(again)
   await leases.close()
 })
 
@@ -329,29 +340,27 @@ async function renewalToBeSentAgain (t: Test, leases: import('../src/limit/concu
 }
 
 t.test('a lease released while a renewal is out stays released when Redis had lost the renewal script and it is sent again', async t => {
-  const { limiter, leases, plan } = await limiterOnRedis(t, 'ghost', 1, false)
+  const { leases, check, giveBack, admittedAgain } = await limiterOnRedis(t, 'ghost', 1, false)
   const key = 'gw:lease:ghost.user:carol'
-  const first = await limiter.check({ route: 'ghost', plan, ipKey: '127.0.0.1', user: 'carol', requestId: 'g1' })
+  const first = await check('carol', 'g1')
   t.ok(first.kind === 'allow' && first.lease !== null, 'carol holds her lease')
   t.equal(await reader.zcard(key), 1)
   await renewalToBeSentAgain(t, leases)
-  if (first.kind === 'allow' && first.lease !== null) limiter.release(first.lease)
+  giveBack(first)
   leases.flushReleases()
   // the renewal sent again put carol's lease back for a whole leaseTtl, and her next request was
   // refused by a cap of 1 with nothing in flight
   await eventually('the lease is gone once the renewal sent again is answered', async () => await reader.zcard(key) === 0, 3000, 20)
   await sleep(100)
   t.equal(await reader.zcard(key), 0, 'and it stays gone')
-  const next = await limiter.check({ route: 'ghost', plan, ipKey: '127.0.0.1', user: 'carol', requestId: 'g2' })
-  t.equal(next.kind, 'allow', 'carol is admitted again')
-  if (next.kind === 'allow' && next.lease !== null) limiter.release(next.lease)
+  await admittedAgain(t, 'carol', 'g2')
   await leases.close()
 })
 
 t.test('a keeper that closes while a renewal is out gives back a lease that renewal puts back', async t => {
-  const { limiter, leases, plan } = await limiterOnRedis(t, 'closing', 1, false)
+  const { leases, check } = await limiterOnRedis(t, 'closing', 1, false)
   const key = 'gw:lease:closing.user:gina'
-  const held = await limiter.check({ route: 'closing', plan, ipKey: '127.0.0.1', user: 'gina', requestId: 'c1' })
+  const held = await check('gina', 'c1')
   t.ok(held.kind === 'allow' && held.lease !== null, 'gina holds her lease')
   // the release close() sends (a shutdown, or a reload retiring this Redis) goes ahead of the EVAL
   await renewalToBeSentAgain(t, leases)
@@ -379,19 +388,19 @@ async function busyRedis (t: Teardown): Promise<() => Promise<void>> {
 for (const carried of [false, true]) {
   t.test(`a release Redis refuses while busy with a script is sent again until it takes it (${carried ? 'riding with a limit call' : 'a call of its own'})`, async t => {
     const name = carried ? 'busyride' : 'busy'
-    const { limiter, leases, plan } = await limiterOnRedis(t, name, 1, carried)
+    const { leases, check, giveBack, admittedAgain } = await limiterOnRedis(t, name, 1, carried)
     const key = `gw:lease:${name}.user:dave`
-    const held = await limiter.check({ route: name, plan, ipKey: '127.0.0.1', user: 'dave', requestId: 'b1' })
+    const held = await check('dave', 'b1')
     t.ok(held.kind === 'allow' && held.lease !== null, 'dave holds his lease')
     const endBusy = await busyRedis(t)
     const calls = leases.calls
     const carriedBefore = leases.carried
-    if (held.kind === 'allow' && held.lease !== null) limiter.release(held.lease)
+    giveBack(held)
     if (carried) {
       // another user's request in the same turn: its limit call carries the release, and fails
-      const other = await limiter.check({ route: name, plan, ipKey: '127.0.0.1', user: 'frank', requestId: 'b0' })
+      const other = await check('frank', 'b0')
       t.ok(other.kind === 'allow' && other.lease?.level === 'fallback', 'Redis busy: decided by the in-process fallback (onError: local)')
-      if (other.kind === 'allow' && other.lease !== null) limiter.release(other.lease)
+      giveBack(other)
       t.equal(leases.carried, carriedBefore + 1, 'the release rode with it')
     } else {
       leases.flushReleases()
@@ -401,21 +410,19 @@ for (const carried of [false, true]) {
     await endBusy()
     // it was dropped, and the lease refused dave's next request for the rest of its 10 s
     await eventually('the release sent again removed the lease', async () => await reader.zcard(key) === 0, 3000, 20)
-    const next = await limiter.check({ route: name, plan, ipKey: '127.0.0.1', user: 'dave', requestId: 'b2' })
-    t.equal(next.kind, 'allow', 'dave is admitted again')
-    if (next.kind === 'allow' && next.lease !== null) limiter.release(next.lease)
+    await admittedAgain(t, 'dave', 'b2')
     await leases.close()
   })
 }
 
 t.test('releases kept to be sent again are bounded: beyond the bound the oldest are dropped', async t => {
-  const { limiter, leases, plan } = await limiterOnRedis(t, 'bounded', 1, false, 3)
+  const { leases, check, giveBack } = await limiterOnRedis(t, 'bounded', 1, false, 3)
   const users = ['u0', 'u1', 'u2', 'u3', 'u4']
   const held = []
-  for (const user of users) held.push(await limiter.check({ route: 'bounded', plan, ipKey: '127.0.0.1', user, requestId: `h-${user}` }))
+  for (const user of users) held.push(await check(user, `h-${user}`))
   t.ok(held.every((v) => v.kind === 'allow' && v.lease !== null), '5 leases held')
   const endBusy = await busyRedis(t)
-  for (const v of held) if (v.kind === 'allow' && v.lease !== null) limiter.release(v.lease)
+  for (const v of held) giveBack(v)
   leases.flushReleases()
   await eventually('Redis answered them BUSY', async () => leases.waiting === 0, 3000, 5)
   t.equal(leases.dropped, 1, 'one drop')
@@ -428,23 +435,27 @@ t.test('releases kept to be sent again are bounded: beyond the bound the oldest 
 })
 
 t.test('a release not taken yet is sent again for as long as its lease may live, though a reload shortened leaseTtl', async t => {
-  const { limiter, leases, plan } = await limiterOnRedis(t, 'shorter', 1, false)
+  const { leases, check, giveBack, admittedAgain } = await limiterOnRedis(t, 'shorter', 1, false)
   const key = 'gw:lease:shorter.user:erin'
   // taken and renewed under a TTL of 10 s
-  const held = await limiter.check({ route: 'shorter', plan, ipKey: '127.0.0.1', user: 'erin', requestId: 's1' })
+  const held = await check('erin', 's1')
   t.ok(held.kind === 'allow' && held.lease !== null, 'erin holds her lease')
   const endBusy = await busyRedis(t)
-  if (held.kind === 'allow' && held.lease !== null) limiter.release(held.lease)
+  giveBack(held)
   leases.flushReleases()
   await eventually('Redis answered it BUSY', async () => leases.waiting === 0, 3000, 5)
   leases.ttlMs = 1000 // a reload
   // past the new TTL while Redis stays busy: the lease in Redis lives 10 s from its last renewal
+  const callsBusy = leases.calls
+  const busyFrom = performance.now()
   await sleep(1300)
+  // README: tried every 250 ms (a loaded machine's timers fire late, never early)
+  const retries = leases.calls - callsBusy
+  const most = Math.floor((performance.now() - busyFrom) / 250) + 1
+  t.ok(retries >= 1 && retries <= most, `tried again ${retries} times while Redis was busy (at most ${most})`)
   await endBusy()
   await eventually('the release sent again removed the lease', async () => await reader.zcard(key) === 0, 3000, 20)
-  const next = await limiter.check({ route: 'shorter', plan, ipKey: '127.0.0.1', user: 'erin', requestId: 's2' })
-  t.equal(next.kind, 'allow', 'erin is admitted again')
-  if (next.kind === 'allow' && next.lease !== null) limiter.release(next.lease)
+  await admittedAgain(t, 'erin', 's2')
   await leases.close()
 })
 
