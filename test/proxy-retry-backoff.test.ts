@@ -403,12 +403,16 @@ t.test('a target ejected while a retry backs off: the client gets the gateway\'s
       continue
     }
     const got = await first
+    // a wait that ended after the target left but before the refusal ejected it: its retry was
+    // refused too (502). Done again; a retry that ignored the ejection is refused every time, and
+    // the five tries end in the t.fail below (CI met this window once under load)
+    if (got.status === 502 && (JSON.parse(got.body) as { error?: string }).error === 'GW_ERR_UPSTREAM_UNAVAILABLE') continue
     t.equal(got.status, 503)
     t.match(JSON.parse(got.body), { error: 'GW_ERR_NO_HEALTHY_UPSTREAM' }, 'no target left in rotation when the wait ended')
     t.same(seen, ['/get'], 'the retry reached no target')
     return
   }
-  t.fail('every retry went before the target left (odds below 1 in 10^10)')
+  t.fail('every retry went before the target was ejected (odds below 1 in 10^10)')
 })
 
 t.test('at the shutdown\'s deadline a request backing off is answered 503 shutting down', async t => {
