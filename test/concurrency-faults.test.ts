@@ -4,7 +4,9 @@
 import t from 'tap'
 import { request, type ClientRequest } from 'node:http'
 import { startGateway, spawnGateway } from './helpers/gateway.js'
-import { startRedis } from './helpers/redis.js'
+import type { Redis } from 'ioredis'
+import { startRedis, type RedisServer } from './helpers/redis.js'
+import type { Teardown } from './helpers/teardown.js'
 import { startUpstream } from './helpers/upstream.js'
 import { burst, eventually, metric, send, statusCounts } from './helpers/ratelimit.js'
 
@@ -174,24 +176,32 @@ routes:
   t.same(statusCounts(await burst(3, `${gw.url}/slow?ms=500`, ALICE)), { 200: 3 }, 'Redis down: fails open')
 })
 
-t.test('Redis answers after the timeout: the lease it took for a call the fallback decided is given back', async t => {
+/**
+ * A Redis that DEBUG SLEEP can stall (through `blocker`), and a gateway config capping each user
+ * at 1 request in flight on the route `name`, falling back in process, with a 30 s leaseTtl.
+ */
+async function sleepyRedisBehindCap (t: Teardown, name: string, timeout: string): Promise<{ redis: RedisServer, reader: Redis, blocker: Redis, yaml: string }> {
   const redis = await startRedis(t, { args: ['--enable-debug-command', 'yes'] })
-  const reader = redis.client()
-  const blocker = redis.client()
   const up = await startUpstream(t)
-  const gw = await startGateway(t, `listen: 127.0.0.1:0
+  const yaml = `listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 log: { level: warn }
-redis: { url: ${redis.url}, timeout: 100ms, onError: local, leaseTtl: 30s }
+redis: { url: ${redis.url}, timeout: ${timeout}, onError: local, leaseTtl: 30s }
 identity: { header: x-user-id }
 upstreams:
   backend: { targets: [${up.url}] }
 routes:
-  - name: late
+  - name: ${name}
     pathPrefix: /
     upstream: backend
     concurrency: { user: 1 }
-`)
+`
+  return { redis, reader: redis.client(), blocker: redis.client(), yaml }
+}
+
+t.test('Redis answers after the timeout: the lease it took for a call the fallback decided is given back', async t => {
+  const { reader, blocker, yaml } = await sleepyRedisBehindCap(t, 'late', '100ms')
+  const gw = await startGateway(t, yaml)
   t.equal((await send(`${gw.url}/warm`, ALICE)).status, 200, 'scripts loaded while Redis answers')
   // Redis stops answering for 600 ms: the gateway's call times out and the fallback admits; the
   // script runs once Redis is back and takes a lease nobody holds
@@ -209,6 +219,51 @@ routes:
     if (left === 0 && i >= 10) break
   }
   t.equal(left, 0, 'no lease left in Redis (one stayed for leaseTtl, 30 s, before: every request of alice refused meanwhile)')
+})
+
+t.test('the connection to Redis drops after Redis ran the call: the lease it took for a call the fallback decided is given back', async t => {
+  const { redis, reader, blocker, yaml } = await sleepyRedisBehindCap(t, 'lost', '5s')
+  const killer = redis.client()
+  const watcher = redis.client()
+  const gw = await startGateway(t, yaml)
+  const key = 'gw:lease:lost.user:alice'
+  // what Redis did to alice's lease key, in order (keyspace events of sorted sets)
+  const events: string[] = []
+  await reader.config('SET', 'notify-keyspace-events', 'Kz')
+  await watcher.subscribe(`__keyspace@0__:${key}`)
+  watcher.on('message', (_channel: string, event: string) => { events.push(event) })
+  const gatewayConnections = async (): Promise<string[]> => {
+    const list = await reader.call('CLIENT', 'LIST', 'TYPE', 'normal') as string
+    return [...list.matchAll(/^id=(\d+) .* name=edge-gateway /gm)].map(m => m[1] as string)
+  }
+  t.equal((await send(`${gw.url}/warm`, ALICE)).status, 200, 'scripts loaded while Redis answers')
+  await eventually('the warm-up lease released', async () => events.join() === 'zadd,zrem', 3000)
+  // Redis sleeps; the gateway's limit call arrives, then the kill of the gateway's connections.
+  // Redis reads them in that order when it wakes: it runs the call (taking alice's lease) and
+  // closes the connection before its reply goes out. The lost answer fails the call: the fallback
+  // decides the request. Should the kill be read first (the call never run), the round is redone.
+  let ran = false
+  for (let round = 0; round < 3 && !ran; round++) {
+    const ids = await gatewayConnections()
+    t.ok(ids.length > 0, 'the gateway is connected')
+    events.length = 0
+    const sleeping = blocker.call('DEBUG', 'SLEEP', '0.6')
+    await new Promise(resolve => setTimeout(resolve, 50))
+    const during = send(`${gw.url}/x`, ALICE)
+    await new Promise(resolve => setTimeout(resolve, 200))
+    const kills = Promise.all(ids.map(id => killer.call('CLIENT', 'KILL', 'ID', id)))
+    await sleeping
+    await kills
+    t.equal((await during).status, 200, 'admitted by the fallback')
+    ran = events[0] === 'zadd'
+    if (!ran) await eventually('the gateway reconnected', async () => (await gatewayConnections()).length > 0, 5000)
+  }
+  t.ok(ran, 'Redis ran the call whose answer was lost (it took the lease)')
+  await eventually('the lease released', async () => await reader.zcard(key) === 0, 5000).catch(() => {})
+  t.equal(await reader.zcard(key), 0, 'no lease left in Redis (one stayed for leaseTtl, 30 s, before: every request of alice refused meanwhile)')
+  t.same(events, ['zadd', 'zrem'], 'taken by the lost call, then removed')
+  const other = await startGateway(t, yaml)
+  t.equal((await send(`${other.url}/y`, ALICE)).status, 200, 'another instance, deciding through Redis, admits alice')
 })
 
 t.test('Redis goes away while this instance holds its share in Redis: the fallback counts those requests, and admits no more', async t => {

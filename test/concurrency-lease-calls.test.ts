@@ -168,3 +168,41 @@ t.test('a release riding with a limit call the connection dropped is sent again 
   }
   t.equal(left, 0, `alice's lease was given back ${Date.now() - restarted} ms after Redis came back (30 s TTL)`)
 })
+
+t.test('a call the fallback decided: its lease is released when Redis may have run it, not when the call was never sent', async t => {
+  const redis = await startRedis(t)
+  const client = createRedisClient({ url: redis.url })
+  t.teardown(() => client.disconnect())
+  await whenReady(client)
+  const released: string[] = []
+  const guard = new RedisGuard({
+    store: createRedisStore({ client }),
+    fallbackMaxKeys: 100,
+    timeoutMs: 5000,
+    instances: () => 1,
+    telemetry: NOOP_TELEMETRY,
+    onStateChange: () => {},
+    onLateLeases: (keys, member) => { released.push(`${keys.join()} ${member}`) }
+  })
+  t.teardown(() => guard.close())
+  const spec: LimitSpec = Object.freeze({ id: 'n.concurrency.user', algorithm: 'lease', limit: 1, windowMs: 10_000, burst: 1, maxDelayMs: 0 })
+  const check = [{ key: 'lease:n:dave', spec, cost: 1 }]
+  const LOCAL = [{ onError: 'local' as const }]
+  // sent, then its connection is lost before an answer: Redis may have run it
+  redis.freeze()
+  const inFlight = guard.decide(check, LOCAL, 'lost')
+  await sleep(100)
+  await redis.kill()
+  const lost = await inFlight
+  t.equal(lost.level, 'fallback', 'decided by the fallback')
+  await sleep(50)
+  t.equal(released.length, 1, 'its lease is released')
+  t.match(released[0], /^lease:n:dave lost~/, 'under the key and the id the call was sent with')
+  // Redis gone: ioredis refuses to send, so nothing was taken and nothing is released
+  await sleep(200)
+  released.length = 0
+  const unsent = await guard.decide(check, LOCAL, 'unsent')
+  t.equal(unsent.level, 'fallback', 'decided by the fallback')
+  await sleep(50)
+  t.same(released, [], 'no release for a call never sent')
+})

@@ -55,6 +55,26 @@ t.test('MOVED from a Cluster master that does not own the slot', async (t) => {
   t.equal(classifyRedisError(moved), 'cluster')
 })
 
+t.test('CLUSTERDOWN until ioredis stops following it: the error it gives up with is a Cluster one', async (t) => {
+  const cluster = await startRedisCluster(t)
+  const client = createRedisClient({ cluster: cluster.ports.map((p) => `redis://127.0.0.1:${p}`), onError: () => {} })
+  t.teardown(() => client.disconnect())
+  await whenReady(client)
+  await client.set('errors:down', '1')
+  // every node forgets the key's slot: with cluster-require-full-coverage (the default) each
+  // answers CLUSTERDOWN, which ioredis retries every 100 ms up to its 16 redirections
+  const slot = await client.call('CLUSTER', 'KEYSLOT', 'errors:down') as number
+  for (const port of cluster.ports) {
+    const node = new Redis({ port, host: '127.0.0.1', maxRetriesPerRequest: 0 })
+    node.on('error', () => {})
+    t.teardown(() => node.disconnect())
+    await node.call('CLUSTER', 'DELSLOTS', String(slot)).catch(() => {})
+  }
+  const down = await failureOf(async () => await client.get('errors:down'))
+  t.match((down as Error).message, /^Too many Cluster redirections\. Last error: .*CLUSTERDOWN/, 'ioredis gave up following CLUSTERDOWN')
+  t.equal(classifyRedisError(down), 'cluster', 'counted as kind cluster, not other')
+})
+
 t.test('no connection: a refused socket, a client that will not queue', async (t) => {
   const dead = await startRedis()
   const deadPort = dead.port

@@ -374,7 +374,8 @@ export function clusterNodes (cluster: Cluster): { nodeOf: (key: string) => stri
  * - timeout: the guard's own bound (code GW_ERR_REDIS_TIMEOUT);
  * - connection: no usable connection (a socket error code, or ioredis refusing to send);
  * - noscript: the server lacks the script (flushed or restarted);
- * - cluster: the slot moved or the cluster is not serving it (MOVED, ASK, TRYAGAIN, CLUSTERDOWN);
+ * - cluster: the slot moved or the cluster is not serving it (MOVED, ASK, TRYAGAIN, CLUSTERDOWN;
+ *   ioredis following them until its redirections ran out);
  * - unavailable: the server is up but cannot run commands now (BUSY, LOADING, READONLY, MASTERDOWN);
  * - other: anything else (a script error, a bug).
  */
@@ -396,11 +397,22 @@ const REPLY_KINDS: Readonly<Record<string, RedisErrorKind>> = Object.freeze({
 // ioredis rejects these without a code of its own; it matches them by these exact texts itself
 // (built/utils CONNECTION_CLOSED_ERROR_MSG, the offline-queue checks in Redis.sendCommand and
 // Cluster.sendCommand: a Cluster with no master connection).
-const CLIENT_SIDE_CONNECTION = new Set([
-  'Connection is closed.',
+const NEVER_SENT = new Set([
   "Stream isn't writeable and enableOfflineQueue options is false",
   "Cluster isn't ready and enableOfflineQueue options is false"
 ])
+const CLIENT_SIDE_CONNECTION = new Set(['Connection is closed.', ...NEVER_SENT])
+// ioredis's Cluster.handleError gives up after `maxRedirections` MOVED, ASK, TRYAGAIN, CLUSTERDOWN or
+// failover retries with a plain Error whose text starts so (the last error follows it)
+const REDIRECTIONS_EXHAUSTED = 'Too many Cluster redirections.'
+
+/**
+ * Whether a failed call surely never reached Redis: ioredis refused to send it (no connection).
+ * Any other failure (a lost connection, a timeout) may have come after Redis ran it.
+ */
+export function neverSent (err: unknown): boolean {
+  return err instanceof Error && NEVER_SENT.has(err.message)
+}
 
 /** The code of a Redis error reply (NOSCRIPT, BUSY, MOVED...), or null when `err` is not a reply. */
 export function replyCode (err: unknown): string | null {
@@ -410,7 +422,10 @@ export function replyCode (err: unknown): string | null {
   return space === -1 ? message : message.slice(0, space)
 }
 
-/** Classifies a failed Redis call by class and code, never by searching its message. */
+/**
+ * Classifies a failed Redis call by class and code, never by searching its message: only the few
+ * errors ioredis raises without a code are matched, by the exact texts it builds them with.
+ */
 export function classifyRedisError (err: unknown): RedisErrorKind {
   if (typeof err !== 'object' || err === null) return 'other'
   const code = (err as { code?: unknown }).code
@@ -422,6 +437,9 @@ export function classifyRedisError (err: unknown): RedisErrorKind {
   const name = (err as { name?: unknown }).name
   if (name === 'MaxRetriesPerRequestError') return 'connection'
   if (name === 'ClusterAllFailedError') return 'cluster'
-  if (CLIENT_SIDE_CONNECTION.has((err as Error).message)) return 'connection'
+  const message = (err as { message?: unknown }).message
+  if (typeof message !== 'string') return 'other'
+  if (CLIENT_SIDE_CONNECTION.has(message)) return 'connection'
+  if (message.startsWith(REDIRECTIONS_EXHAUSTED)) return 'cluster'
   return 'other'
 }

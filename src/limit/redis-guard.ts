@@ -14,7 +14,7 @@
 import { LRUCache } from 'lru-cache'
 import { MAX_EXACT } from './algorithms/index.js'
 import { createMemoryStore, type MemoryStore } from './memory-store.js'
-import { classifyRedisError } from './redis-client.js'
+import { classifyRedisError, neverSent } from './redis-client.js'
 import { ChargeError, SlotGroupError } from './redis-store.js'
 import { LRU_CALL } from './lru.js'
 import type { LimitCheck, LimitDecision, LimitSpec, LimitStore, SharedDecision, SharedLevel } from './types.js'
@@ -49,6 +49,8 @@ function endProbes (probes: readonly Breaker[] | null): void {
 /** What the guard needs of the Redis store: deciding, and writing a fallback's debt back. */
 export interface GuardedStore extends LimitStore {
   decideDetailed?(checks: readonly LimitCheck[], requestId: string): Promise<DetailedAnswer>
+  /** The id of the call just made (its leases' member); '' or absent when unknown. */
+  readonly lastCallId?: string
   charge?(checks: readonly LimitCheck[]): Promise<void>
 }
 
@@ -321,8 +323,9 @@ export class RedisGuard implements SharedLevel {
     // A throw of the store, its rejection, or a throw after its answer (a state-change listener,
     // the debt's write-back): each is a failure answered by the fallback, as in one try block.
     let raw: Promise<StoreAnswer> | StoreAnswer | null = null
+    let callId = ''
     const fail = (err: unknown): GuardedDecision => {
-      if (raw instanceof Promise) this.giveBackLateLeases(raw, checks)
+      if (raw instanceof Promise) this.giveBackLateLeases(raw, checks, callId)
       if (callersFault(err)) {
         // Redis was not asked: the breaker learns nothing, and the fallback would refuse the same
         // checks. The decision fails (the pipeline answers 503) and the next request probes again.
@@ -335,6 +338,7 @@ export class RedisGuard implements SharedLevel {
     try {
       const store = this.options.store
       raw = store.decideDetailed !== undefined ? store.decideDetailed(checks, requestId) : store.decide(checks, requestId)
+      callId = store.lastCallId ?? ''
       asked = this.withTimeout<StoreAnswer>(raw)
     } catch (err) {
       // a promise, so that a throw of fail() rejects it as the asynchronous path does
@@ -349,8 +353,13 @@ export class RedisGuard implements SharedLevel {
     }, fail)
   }
 
-  /** The fallback decided this call: leases Redis still takes for it (a late answer) go back. */
-  private giveBackLateLeases (raw: Promise<StoreAnswer>, checks: readonly LimitCheck[]): void {
+  /**
+   * The fallback decided this call: leases Redis took for it go back, those of a late answer and
+   * those of an answer lost with its connection (Redis may have run the call before the loss; a
+   * release of a lease never taken removes nothing). Without the latter, a lease nobody holds
+   * refused its client for a whole leaseTtl after a connection reset.
+   */
+  private giveBackLateLeases (raw: Promise<StoreAnswer>, checks: readonly LimitCheck[], callId: string): void {
     const onLate = this.options.onLateLeases
     if (onLate === undefined) return
     let keys: string[] | null = null
@@ -359,7 +368,9 @@ export class RedisGuard implements SharedLevel {
     const leaseKeys = keys
     raw.then((answer) => {
       if ('decision' in answer && answer.decision.allowed && answer.callId !== undefined && answer.callId !== '') onLate(leaseKeys, answer.callId)
-    }, () => {})
+    }, (err: unknown) => {
+      if (callId !== '' && !callersFault(err) && !neverSent(err)) onLate(leaseKeys, callId)
+    })
   }
 
   private answered (answer: StoreAnswer, started: number, involved: readonly Breaker[], probes: Breaker[] | null, checks: readonly LimitCheck[]): GuardedDecision {

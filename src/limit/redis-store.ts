@@ -69,6 +69,11 @@ export interface RedisStore extends LimitStore {
    */
   decideDetailed(checks: readonly LimitCheck[], requestId: string): Promise<DetailedDecision>
   /**
+   * The id the last decide or decideDetailed call recorded under (its leases' member), read right
+   * after the call: a call whose answer is lost still names the leases Redis may have taken.
+   */
+  readonly lastCallId: string
+  /**
    * Records units admitted elsewhere (each check's cost = the units), even beyond the limit:
    * the `onError: local` fallback's debt, written back once Redis answers again. Written in
    * pieces; a piece that fails rejects the whole with a ChargeError naming its checks.
@@ -148,6 +153,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
   // id is truncated so a huge header cannot bloat the sorted sets.
   const tag = randomBytes(4).toString('hex')
   let sequence = 0
+  let lastCallId = ''
   const callId = (requestId: string): string => `${requestId.slice(0, 64)}~${tag}${(sequence++).toString(36)}`
 
   async function limit (keys: readonly string[], checks: readonly LimitCheck[], id: string, now: number): Promise<LimitReply> {
@@ -232,9 +238,10 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
     try {
       assertDecidable(checks)
     } catch (err) {
+      lastCallId = ''
       return Promise.reject(err)
     }
-    const id = callId(requestId)
+    const id = lastCallId = callId(requestId)
     const now = nowUs?.() ?? 0
     const keys = checks.map((c) => keyPrefix + c.key)
     if (isCluster) return decideAcrossSlots(keys, checks, id, now)
@@ -248,6 +255,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
       return decideDetailed(checks, requestId).then(decisionOf)
     },
     decideDetailed,
+    get lastCallId () { return lastCallId },
     async charge (checks) {
       if (checks.length === 0) return
       assertDecidable(checks)
