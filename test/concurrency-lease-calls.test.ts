@@ -169,11 +169,8 @@ t.test('a release riding with a limit call the connection dropped is sent again 
   t.equal(left, 0, `alice's lease was given back ${Date.now() - restarted} ms after Redis came back (30 s TTL)`)
 })
 
-t.test('a call the fallback decided: its lease is released when Redis may have run it, not when the call was never sent', async t => {
-  const redis = await startRedis(t)
-  const client = createRedisClient({ url: redis.url })
-  t.teardown(() => client.disconnect())
-  await whenReady(client)
+/** The gateway's guard on `client`, recording the releases it asks for ("keys member"). */
+function releasingGuard (t: Teardown, client: ReturnType<typeof createRedisClient>): { guard: RedisGuard, released: string[] } {
   const released: string[] = []
   const guard = new RedisGuard({
     store: createRedisStore({ client }),
@@ -185,6 +182,15 @@ t.test('a call the fallback decided: its lease is released when Redis may have r
     onLateLeases: (keys, member) => { released.push(`${keys.join()} ${member}`) }
   })
   t.teardown(() => guard.close())
+  return { guard, released }
+}
+
+t.test('a call the fallback decided: its lease is released when Redis may have run it, not when the call was never sent', async t => {
+  const redis = await startRedis(t)
+  const client = createRedisClient({ url: redis.url })
+  t.teardown(() => client.disconnect())
+  await whenReady(client)
+  const { guard, released } = releasingGuard(t, client)
   const spec: LimitSpec = Object.freeze({ id: 'n.concurrency.user', algorithm: 'lease', limit: 1, windowMs: 10_000, burst: 1, maxDelayMs: 0 })
   const check = [{ key: 'lease:n:dave', spec, cost: 1 }]
   const LOCAL = [{ onError: 'local' as const }]
@@ -205,4 +211,19 @@ t.test('a call the fallback decided: its lease is released when Redis may have r
   t.equal(unsent.level, 'fallback', 'decided by the fallback')
   await sleep(50)
   t.same(released, [], 'no release for a call never sent')
+})
+
+t.test('a Cluster call refused as the cluster is not ready is released: ioredis may have sent it once before', async t => {
+  const dead = await startRedis(t)
+  const deadPort = dead.port
+  await dead.stop()
+  const client = createRedisClient({ cluster: [`redis://127.0.0.1:${deadPort}`], connectTimeoutMs: 500, onError: () => {} })
+  t.teardown(() => client.disconnect())
+  const { guard, released } = releasingGuard(t, client)
+  const spec: LimitSpec = Object.freeze({ id: 'c.concurrency.user', algorithm: 'lease', limit: 1, windowMs: 10_000, burst: 1, maxDelayMs: 0 })
+  const refused = await guard.decide([{ key: 'lease:c:erin', spec, cost: 1 }], [{ onError: 'local' as const }], 'notready')
+  t.equal(refused.level, 'fallback', 'decided by the fallback')
+  await sleep(50)
+  t.equal(released.length, 1, 'its lease is released')
+  t.match(released[0], /^lease:c:erin notready~/, 'under the key and the id of the call')
 })

@@ -397,21 +397,25 @@ const REPLY_KINDS: Readonly<Record<string, RedisErrorKind>> = Object.freeze({
 // ioredis rejects these without a code of its own; it matches them by these exact texts itself
 // (built/utils CONNECTION_CLOSED_ERROR_MSG, the offline-queue checks in Redis.sendCommand and
 // Cluster.sendCommand: a Cluster with no master connection).
-const NEVER_SENT = new Set([
-  "Stream isn't writeable and enableOfflineQueue options is false",
+const NEVER_SENT = "Stream isn't writeable and enableOfflineQueue options is false"
+const CLIENT_SIDE_CONNECTION = new Set([
+  'Connection is closed.',
+  NEVER_SENT,
   "Cluster isn't ready and enableOfflineQueue options is false"
 ])
-const CLIENT_SIDE_CONNECTION = new Set(['Connection is closed.', ...NEVER_SENT])
 // ioredis's Cluster.handleError gives up after `maxRedirections` MOVED, ASK, TRYAGAIN, CLUSTERDOWN or
-// failover retries with a plain Error whose text starts so (the last error follows it)
+// failover retries (a node's connection closed under the call) with a plain Error whose text
+// starts so, the last of those errors after it
 const REDIRECTIONS_EXHAUSTED = 'Too many Cluster redirections.'
 
 /**
- * Whether a failed call surely never reached Redis: ioredis refused to send it (no connection).
- * Any other failure (a lost connection, a timeout) may have come after Redis ran it.
+ * Whether a failed call surely never reached Redis: ioredis refused its one send (no connection).
+ * Any other failure (a lost connection, a timeout) may have come after Redis ran it. A Cluster's
+ * "isn't ready" is not one: ioredis sends a call again after its node's connection closed under
+ * it, and that second send is the one refused.
  */
 export function neverSent (err: unknown): boolean {
-  return err instanceof Error && NEVER_SENT.has(err.message)
+  return err instanceof Error && err.message === NEVER_SENT
 }
 
 /** The code of a Redis error reply (NOSCRIPT, BUSY, MOVED...), or null when `err` is not a reply. */

@@ -234,7 +234,10 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
   // Not an async function: the gateway's request already waits in the guard's and the limiter's
   // async frames, and one more activation per decision showed in the batcher's profile.
   function decideDetailed (checks: readonly LimitCheck[], requestId: string): Promise<DetailedDecision> {
-    if (checks.length === 0) return Promise.resolve(NONE)
+    if (checks.length === 0) {
+      lastCallId = ''
+      return Promise.resolve(NONE)
+    }
     try {
       assertDecidable(checks)
     } catch (err) {
