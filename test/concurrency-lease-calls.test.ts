@@ -3,9 +3,10 @@
 // nothing and fails nothing, so without a bound they would pile up in the client for as long as
 // the stall lasts. Real redis-server, the gateway's own client, guard and keeper.
 import t from 'tap'
-import { startRedis } from './helpers/redis.js'
+import { Redis, type Cluster } from 'ioredis'
+import { busyRedis, startRedis, startRedisCluster } from './helpers/redis.js'
 import { createRedisStore } from '../src/limit/redis-store.js'
-import { createRedisClient, whenReady } from '../src/limit/redis-client.js'
+import { clusterNodes, createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import { RedisGuard } from '../src/limit/redis-guard.js'
 import { LeaseKeeper, MAX_WAITING_SENDS, type HeldLease } from '../src/limit/concurrency.js'
 import { NOOP_TELEMETRY } from '../src/telemetry.js'
@@ -170,7 +171,7 @@ t.test('a release riding with a limit call the connection dropped is sent again 
 })
 
 /** The gateway's guard on `client`, recording the releases it asks for ("keys member"). */
-function releasingGuard (t: Teardown, client: ReturnType<typeof createRedisClient>): { guard: RedisGuard, released: string[] } {
+function releasingGuard (t: Teardown, client: ReturnType<typeof createRedisClient>, nodeOf?: (key: string) => string): { guard: RedisGuard, released: string[] } {
   const released: string[] = []
   const guard = new RedisGuard({
     store: createRedisStore({ client }),
@@ -179,24 +180,37 @@ function releasingGuard (t: Teardown, client: ReturnType<typeof createRedisClien
     instances: () => 1,
     telemetry: NOOP_TELEMETRY,
     onStateChange: () => {},
-    onLateLeases: (keys, member) => { released.push(`${keys.join()} ${member}`) }
+    onLateLeases: (keys, member) => { released.push(`${keys.join()} ${member}`) },
+    ...(nodeOf !== undefined ? { nodeOf } : {})
   })
   t.teardown(() => guard.close())
   return { guard, released }
 }
 
-t.test('a call the fallback decided: its lease is released when Redis may have run it, not when the call was never sent', async t => {
+/** Decides one request of `user` under a concurrency cap of 1 (limit id `family`) through `guard`. */
+function leaseDecider (guard: RedisGuard, family: string, user: string): (requestId: string) => ReturnType<RedisGuard['decide']> {
+  const spec: LimitSpec = Object.freeze({ id: `${family}.concurrency.user`, algorithm: 'lease', limit: 1, windowMs: 10_000, burst: 1, maxDelayMs: 0 })
+  const check = [{ key: `lease:${family}:${user}`, spec, cost: 1 }]
+  const LOCAL = [{ onError: 'local' as const }]
+  return async (requestId) => await guard.decide(check, LOCAL, requestId)
+}
+
+/** A redis-server of its own and the gateway's client on it. */
+async function connectedRedis (t: Teardown): Promise<{ redis: Awaited<ReturnType<typeof startRedis>>, client: ReturnType<typeof createRedisClient> }> {
   const redis = await startRedis(t)
   const client = createRedisClient({ url: redis.url })
   t.teardown(() => client.disconnect())
   await whenReady(client)
+  return { redis, client }
+}
+
+t.test('a call the fallback decided: its lease is released when Redis may have run it, not when the call was never sent', async t => {
+  const { redis, client } = await connectedRedis(t)
   const { guard, released } = releasingGuard(t, client)
-  const spec: LimitSpec = Object.freeze({ id: 'n.concurrency.user', algorithm: 'lease', limit: 1, windowMs: 10_000, burst: 1, maxDelayMs: 0 })
-  const check = [{ key: 'lease:n:dave', spec, cost: 1 }]
-  const LOCAL = [{ onError: 'local' as const }]
+  const decide = leaseDecider(guard, 'n', 'dave')
   // sent, then its connection is lost before an answer: Redis may have run it
   redis.freeze()
-  const inFlight = guard.decide(check, LOCAL, 'lost')
+  const inFlight = decide('lost')
   await sleep(100)
   await redis.kill()
   const lost = await inFlight
@@ -207,10 +221,23 @@ t.test('a call the fallback decided: its lease is released when Redis may have r
   // Redis gone: ioredis refuses to send, so nothing was taken and nothing is released
   await sleep(200)
   released.length = 0
-  const unsent = await guard.decide(check, LOCAL, 'unsent')
+  const unsent = await decide('unsent')
   t.equal(unsent.level, 'fallback', 'decided by the fallback')
   await sleep(50)
   t.same(released, [], 'no release for a call never sent')
+})
+
+t.test('a call Redis refused BUSY (it ran nothing): no release', async t => {
+  const { redis, client } = await connectedRedis(t)
+  const { guard, released } = releasingGuard(t, client)
+  const decide = leaseDecider(guard, 'b', 'fay')
+  t.equal((await decide('warm')).level, 'redis', 'scripts loaded while Redis answers')
+  const endBusy = await busyRedis(t, redis)
+  const refused = await decide('busy')
+  await endBusy()
+  t.equal(refused.level, 'fallback', 'decided by the fallback')
+  await sleep(50)
+  t.same(released, [], 'no release for a call refused BUSY')
 })
 
 t.test('a Cluster call refused as the cluster is not ready is released: ioredis may have sent it once before', async t => {
@@ -220,10 +247,35 @@ t.test('a Cluster call refused as the cluster is not ready is released: ioredis 
   const client = createRedisClient({ cluster: [`redis://127.0.0.1:${deadPort}`], connectTimeoutMs: 500, onError: () => {} })
   t.teardown(() => client.disconnect())
   const { guard, released } = releasingGuard(t, client)
-  const spec: LimitSpec = Object.freeze({ id: 'c.concurrency.user', algorithm: 'lease', limit: 1, windowMs: 10_000, burst: 1, maxDelayMs: 0 })
-  const refused = await guard.decide([{ key: 'lease:c:erin', spec, cost: 1 }], [{ onError: 'local' as const }], 'notready')
+  const refused = await leaseDecider(guard, 'c', 'erin')('notready')
   t.equal(refused.level, 'fallback', 'decided by the fallback')
   await sleep(50)
   t.equal(released.length, 1, 'its lease is released')
   t.match(released[0], /^lease:c:erin notready~/, 'under the key and the id of the call')
+})
+
+t.test('under Cluster a call refused BUSY is released: ioredis may have sent it once before', async t => {
+  const cluster = await startRedisCluster(t)
+  const client = createRedisClient({ cluster: cluster.urls }) as Cluster
+  t.teardown(() => client.disconnect())
+  await whenReady(client)
+  const { guard, released } = releasingGuard(t, client, clusterNodes(client).nodeOf)
+  const decide = leaseDecider(guard, 'cb', 'gus')
+  t.equal((await decide('warm')).level, 'redis', 'scripts loaded while the Cluster answers')
+  // the key's master runs another client's endless script
+  const ownerPort = Number(clusterNodes(client).nodeOf('lease:cb:gus').split(':')[1])
+  t.ok(cluster.ports.includes(ownerPort), `the key's master (${ownerPort})`)
+  const endBusy = await busyRedis(t, {
+    client: () => {
+      const c = new Redis({ host: '127.0.0.1', port: ownerPort, maxRetriesPerRequest: 1 })
+      c.on('error', () => {})
+      t.teardown(() => c.disconnect())
+      return c
+    }
+  })
+  const refused = await decide('cbusy')
+  await endBusy()
+  t.equal(refused.level, 'fallback', 'decided by the fallback')
+  await sleep(50)
+  t.equal(released.length, 1, 'its lease is released')
 })

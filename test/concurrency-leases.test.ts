@@ -6,7 +6,7 @@ import t, { type Test } from 'tap'
 import net from 'node:net'
 import { request } from 'node:http'
 import { startGateway } from './helpers/gateway.js'
-import { scriptCalls, startRedis } from './helpers/redis.js'
+import { busyRedis, scriptCalls, startRedis } from './helpers/redis.js'
 import { startUpstream } from './helpers/upstream.js'
 import type { Teardown } from './helpers/teardown.js'
 import { burst, count, eventually, metric, send, sleep, statusCounts, type Reply } from './helpers/ratelimit.js'
@@ -369,22 +369,6 @@ t.test('a keeper that closes while a renewal is out gives back a lease that rene
   t.equal(await reader.zcard(key), 0, 'no lease left once close() has resolved')
 })
 
-/**
- * Makes `redis` answer BUSY to every other call (a script of another client's running past
- * busy-reply-threshold) until the returned function ends it with SCRIPT KILL.
- */
-async function busyRedis (t: Teardown): Promise<() => Promise<void>> {
-  await reader.config('SET', 'busy-reply-threshold', '20')
-  const busy = redis.client()
-  t.teardown(() => busy.disconnect())
-  const running = busy.eval('while true do end', 0).catch(() => {})
-  await eventually('Redis answers BUSY', async () => await reader.ping().then(() => false, (err: Error) => err.message.startsWith('BUSY')), 3000, 10)
-  return async () => {
-    await reader.script('KILL')
-    await running
-  }
-}
-
 for (const carried of [false, true]) {
   t.test(`a release Redis refuses while busy with a script is sent again until it takes it (${carried ? 'riding with a limit call' : 'a call of its own'})`, async t => {
     const name = carried ? 'busyride' : 'busy'
@@ -392,7 +376,7 @@ for (const carried of [false, true]) {
     const key = `gw:lease:${name}.user:dave`
     const held = await check('dave', 'b1')
     t.ok(held.kind === 'allow' && held.lease !== null, 'dave holds his lease')
-    const endBusy = await busyRedis(t)
+    const endBusy = await busyRedis(t, redis)
     const calls = leases.calls
     const carriedBefore = leases.carried
     giveBack(held)
@@ -421,7 +405,7 @@ t.test('releases kept to be sent again are bounded: beyond the bound the oldest 
   const held = []
   for (const user of users) held.push(await check(user, `h-${user}`))
   t.ok(held.every((v) => v.kind === 'allow' && v.lease !== null), '5 leases held')
-  const endBusy = await busyRedis(t)
+  const endBusy = await busyRedis(t, redis)
   for (const v of held) giveBack(v)
   leases.flushReleases()
   await eventually('Redis answered them BUSY', async () => leases.waiting === 0, 3000, 5)
@@ -440,7 +424,7 @@ t.test('a release not taken yet is sent again for as long as its lease may live,
   // taken and renewed under a TTL of 10 s
   const held = await check('erin', 's1')
   t.ok(held.kind === 'allow' && held.lease !== null, 'erin holds her lease')
-  const endBusy = await busyRedis(t)
+  const endBusy = await busyRedis(t, redis)
   giveBack(held)
   leases.flushReleases()
   await eventually('Redis answered it BUSY', async () => leases.waiting === 0, 3000, 5)

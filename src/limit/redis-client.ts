@@ -418,6 +418,16 @@ export function neverSent (err: unknown): boolean {
   return err instanceof Error && err.message === NEVER_SENT
 }
 
+/**
+ * Whether Redis surely did not run a failed call: never sent, or, on a standalone or Sentinel
+ * Redis (which is sent each call once), refused with BUSY, LOADING, READONLY or MASTERDOWN, which
+ * come before anything runs. Under Cluster an error reply may follow a send that ran (see neverSent).
+ */
+export function neverRan (err: unknown, cluster: boolean): boolean {
+  if (neverSent(err)) return true
+  return !cluster && replyCode(err) !== null && classifyRedisError(err) === 'unavailable'
+}
+
 /** The code of a Redis error reply (NOSCRIPT, BUSY, MOVED...), or null when `err` is not a reply. */
 export function replyCode (err: unknown): string | null {
   if (!(err instanceof ReplyError)) return null

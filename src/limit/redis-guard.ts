@@ -14,7 +14,7 @@
 import { LRUCache } from 'lru-cache'
 import { MAX_EXACT } from './algorithms/index.js'
 import { createMemoryStore, type MemoryStore } from './memory-store.js'
-import { classifyRedisError, neverSent } from './redis-client.js'
+import { classifyRedisError, neverRan } from './redis-client.js'
 import { ChargeError, SlotGroupError } from './redis-store.js'
 import { LRU_CALL } from './lru.js'
 import type { LimitCheck, LimitDecision, LimitSpec, LimitStore, SharedDecision, SharedLevel } from './types.js'
@@ -356,7 +356,8 @@ export class RedisGuard implements SharedLevel {
   /**
    * The fallback decided this call: leases Redis took for it go back, those of a late answer and
    * those of an answer lost with its connection (Redis may have run the call before the loss; a
-   * release of a lease never taken removes nothing). Without the latter, a lease nobody holds
+   * release of a lease never taken removes nothing). A call Redis surely did not run (never sent,
+   * refused BUSY) releases nothing: no release for every request while Redis refuses. Without the latter, a lease nobody holds
    * refused its client for a whole leaseTtl after a connection reset.
    */
   private giveBackLateLeases (raw: Promise<StoreAnswer>, checks: readonly LimitCheck[], callId: string): void {
@@ -369,7 +370,7 @@ export class RedisGuard implements SharedLevel {
     raw.then((answer) => {
       if ('decision' in answer && answer.decision.allowed && answer.callId !== undefined && answer.callId !== '') onLate(leaseKeys, answer.callId)
     }, (err: unknown) => {
-      if (callId !== '' && !callersFault(err) && !neverSent(err)) onLate(leaseKeys, callId)
+      if (callId !== '' && !callersFault(err) && !neverRan(err, this.options.nodeOf !== undefined)) onLate(leaseKeys, callId)
     })
   }
 

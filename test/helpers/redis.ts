@@ -284,6 +284,23 @@ export async function startRedis (first?: Teardown | RedisOptions, second?: Redi
   return server
 }
 
+/**
+ * Makes `redis` answer BUSY to every other call (a script of another client's running past
+ * busy-reply-threshold) until the returned function ends it with SCRIPT KILL.
+ */
+export async function busyRedis (t: Teardown, redis: Pick<RedisServer, 'client'>): Promise<() => Promise<void>> {
+  const control = redis.client()
+  await control.config('SET', 'busy-reply-threshold', '20')
+  const busy = redis.client()
+  t.teardown(() => busy.disconnect())
+  const running = busy.eval('while true do end', 0).catch(() => {})
+  await waitFor('Redis answers BUSY', async () => await control.ping().then(() => false, (err: Error) => err.message.startsWith('BUSY')), 3000)
+  return async () => {
+    await control.script('KILL')
+    await running
+  }
+}
+
 /** A Sentinel watching the master on `masterPort` under the name `name` (quorum 1). */
 export async function startRedisSentinel (t: Teardown, masterPort: number, name: string, password?: string): Promise<RedisSentinel> {
   const config = `sentinel monitor ${name} 127.0.0.1 ${masterPort} 1\n` + (password !== undefined ? `sentinel auth-pass ${name} ${password}\n` : '')
