@@ -3,8 +3,8 @@
 // nothing and fails nothing, so without a bound they would pile up in the client for as long as
 // the stall lasts. Real redis-server, the gateway's own client, guard and keeper.
 import t from 'tap'
-import { Redis, type Cluster } from 'ioredis'
-import { busyRedis, startRedis, startRedisCluster } from './helpers/redis.js'
+import type { Cluster } from 'ioredis'
+import { busyRedis, nodeClient, startRedis, startRedisCluster } from './helpers/redis.js'
 import { createRedisStore } from '../src/limit/redis-store.js'
 import { clusterNodes, createRedisClient, whenReady } from '../src/limit/redis-client.js'
 import { RedisGuard } from '../src/limit/redis-guard.js'
@@ -265,14 +265,7 @@ t.test('under Cluster a call refused BUSY is released: ioredis may have sent it 
   // the key's master runs another client's endless script
   const ownerPort = Number(clusterNodes(client).nodeOf('lease:cb:gus').split(':')[1])
   t.ok(cluster.ports.includes(ownerPort), `the key's master (${ownerPort})`)
-  const endBusy = await busyRedis(t, {
-    client: () => {
-      const c = new Redis({ host: '127.0.0.1', port: ownerPort, maxRetriesPerRequest: 1 })
-      c.on('error', () => {})
-      t.teardown(() => c.disconnect())
-      return c
-    }
-  })
+  const endBusy = await busyRedis(t, { client: () => nodeClient(t, ownerPort) })
   const refused = await decide('cbusy')
   await endBusy()
   t.equal(refused.level, 'fallback', 'decided by the fallback')

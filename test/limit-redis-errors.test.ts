@@ -3,7 +3,7 @@
 // redis-server or Cluster (only the guard's own timeout, an error of ours, is built here).
 import t from 'tap'
 import { Redis } from 'ioredis'
-import { startRedis, startRedisCluster, startRedisReplica } from './helpers/redis.js'
+import { nodeClient, startRedis, startRedisCluster, startRedisReplica } from './helpers/redis.js'
 import { classifyRedisError, createRedisClient, replyCode, whenReady } from '../src/limit/redis-client.js'
 import { createRedisStore } from '../src/limit/redis-store.js'
 import { RedisGuard } from '../src/limit/redis-guard.js'
@@ -46,9 +46,7 @@ t.test('READONLY from a replica: the server is up but cannot take the write', as
 t.test('MOVED from a Cluster master that does not own the slot', async (t) => {
   const cluster = await startRedisCluster(t)
   // A plain connection to one master does not follow redirections: some of these keys live elsewhere.
-  const node = new Redis({ port: cluster.ports[0], host: '127.0.0.1', maxRetriesPerRequest: 0 })
-  node.on('error', () => {})
-  t.teardown(() => node.disconnect())
+  const node = nodeClient(t, cluster.ports[0] as number)
   let moved: unknown = null
   for (let i = 0; i < 20 && moved === null; i++) moved = await node.set(`errors:${i}`, '1').then(() => null, (err: unknown) => err)
   t.equal(replyCode(moved), 'MOVED')
@@ -69,10 +67,7 @@ t.test('CLUSTERDOWN until ioredis stops following it: the error it gives up with
   const owner = ranges.find(([from, to]) => from <= slot && slot <= to)?.[2][1]
   t.ok(owner !== undefined && cluster.ports.includes(owner), `the slot's owner (${owner})`)
   for (const port of [owner as number, ...cluster.ports.filter((p) => p !== owner)]) {
-    const node = new Redis({ port, host: '127.0.0.1', maxRetriesPerRequest: 0 })
-    node.on('error', () => {})
-    t.teardown(() => node.disconnect())
-    await node.call('CLUSTER', 'DELSLOTS', String(slot)).catch(() => {})
+    await nodeClient(t, port).call('CLUSTER', 'DELSLOTS', String(slot)).catch(() => {})
   }
   const down = await failureOf(async () => await client.get('errors:down'))
   t.match((down as Error).message, /^Too many Cluster redirections\. Last error: .*CLUSTERDOWN/, 'ioredis gave up following CLUSTERDOWN')

@@ -414,7 +414,7 @@ const REDIRECTIONS_EXHAUSTED = 'Too many Cluster redirections.'
  * "isn't ready" is not one: ioredis sends a call again after its node's connection closed under
  * it, and that second send is the one refused.
  */
-export function neverSent (err: unknown): boolean {
+function neverSent (err: unknown): boolean {
   return err instanceof Error && err.message === NEVER_SENT
 }
 

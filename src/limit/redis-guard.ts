@@ -356,9 +356,9 @@ export class RedisGuard implements SharedLevel {
   /**
    * The fallback decided this call: leases Redis took for it go back, those of a late answer and
    * those of an answer lost with its connection (Redis may have run the call before the loss; a
-   * release of a lease never taken removes nothing). A call Redis surely did not run (never sent,
-   * refused BUSY) releases nothing: no release for every request while Redis refuses. Without the latter, a lease nobody holds
-   * refused its client for a whole leaseTtl after a connection reset.
+   * release of a lease never taken removes nothing). Without the latter, a lease nobody held
+   * refused its client for a whole leaseTtl after a connection reset. A call Redis surely did not
+   * run (never sent, refused BUSY) asks for no release, so a refusing Redis is not sent one per call.
    */
   private giveBackLateLeases (raw: Promise<StoreAnswer>, checks: readonly LimitCheck[], callId: string): void {
     const onLate = this.options.onLateLeases

@@ -285,6 +285,17 @@ export async function startRedis (first?: Teardown | RedisOptions, second?: Redi
 }
 
 /**
+ * A plain connection to one node (a Cluster master too: it follows no redirection), its errors
+ * ignored, closed at the end of `t`.
+ */
+export function nodeClient (t: Teardown, port: number): Redis {
+  const client = new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: 0 })
+  client.on('error', () => {})
+  t.teardown(() => client.disconnect())
+  return client
+}
+
+/**
  * Makes `redis` answer BUSY to every other call (a script of another client's running past
  * busy-reply-threshold) until the returned function ends it with SCRIPT KILL.
  */
