@@ -3,9 +3,9 @@
 -- Appended after common.lua and the algorithm files by src/limit/scripts.ts.
 --
 -- KEYS[i]  the state key of check i (one hash slot per call), i = 1..n,
--- KEYS[n + 1]  a marker key in the same slot, unique to this refund: ioredis Cluster re-sends a
---          command whose connection closed before the reply ("Connection is closed"), so the same
---          refund may arrive twice; the marker makes the second one a no-op.
+-- KEYS[n + 1]  a marker key in the same slot, unique to this refund: should the same refund arrive
+--          twice (ioredis Cluster re-sends a command whose connection closed before the reply
+--          unless retryDelayOnFailover is 0, as the gateway sets it), the second is a no-op.
 -- ARGV[1]  now override in µs: "0" in production (Redis TIME), positive only in tests.
 -- ARGV[2]  the request id passed to limit.lua for the admission being undone.
 -- ARGV[3 + 2 * (i - 1)]  check i's parameter string as in limit.lua ("code,limit,windowMs,burst,cost,maxDelayMs"),

@@ -3,10 +3,11 @@
 // redis-server or Cluster (only the guard's own timeout, an error of ours, is built here).
 import t from 'tap'
 import { Redis } from 'ioredis'
+import { eventually } from './helpers/ratelimit.js'
 import { nodeClient, startRedis, startRedisCluster, startRedisReplica } from './helpers/redis.js'
 import { classifyRedisError, createRedisClient, replyCode, whenReady } from '../src/limit/redis-client.js'
-import { createRedisStore } from '../src/limit/redis-store.js'
-import { RedisGuard } from '../src/limit/redis-guard.js'
+import { createRedisStore, SlotGroupError } from '../src/limit/redis-store.js'
+import { mayHaveRun, RedisGuard } from '../src/limit/redis-guard.js'
 import { NOOP_TELEMETRY } from '../src/telemetry.js'
 import type { LimitSpec } from '../src/limit/types.js'
 
@@ -102,6 +103,34 @@ t.test('no connection under Cluster: a client with no master to ask fails the ca
   const offline = await failureOf(async () => await cluster.ping())
   // ioredis rejects it with a message and no code: counted as 'other', a lease release it carried was not kept
   t.equal(classifyRedisError(offline), 'connection', `${(offline as Error).message}`)
+})
+
+t.test('a Cluster call failing in several slot groups may have run when any group\'s failure may have', async (t) => {
+  // a call ioredis never sent: a Cluster client with no master to ask
+  const dead = await startRedis(t)
+  const deadPort = dead.port
+  await dead.stop()
+  const cluster = createRedisClient({ cluster: [`redis://127.0.0.1:${deadPort}`], connectTimeoutMs: 500, onError: () => {} })
+  t.teardown(() => cluster.disconnect())
+  const notSent = await failureOf(async () => await cluster.ping())
+  t.notOk(mayHaveRun(notSent), `never sent: ${(notSent as Error).message}`)
+  // a call whose connection closed while Redis held it
+  const client = createRedisClient({ url: redis.url, onError: () => {} })
+  t.teardown(() => client.disconnect())
+  await whenReady(client)
+  const waiting = failureOf(async () => await client.blpop('errors:nothing', 5))
+  const admin = redis.client()
+  let blocked: string | undefined
+  await eventually('the call is held by Redis', async () => {
+    blocked = /^id=(\d+) .*cmd=blpop/m.exec(await admin.call('CLIENT', 'LIST') as string)?.[1]
+    return blocked !== undefined
+  })
+  await admin.call('CLIENT', 'KILL', 'ID', blocked as string)
+  const lost = await waiting
+  t.ok(mayHaveRun(lost), `lost with its connection: ${(lost as Error).message}`)
+  t.ok(mayHaveRun(new SlotGroupError([0, 2], [notSent, lost])), 'one group never sent, the other lost: it may have run')
+  t.ok(mayHaveRun(new SlotGroupError([0, 2], [lost, notSent])), 'in either order')
+  t.notOk(mayHaveRun(new SlotGroupError([0, 2], [notSent, notSent])), 'no group sent: it ran nothing')
 })
 
 t.test('the guard\'s own timeout, by its code', async (t) => {

@@ -106,7 +106,11 @@ export class ResetBus {
     // catch its failure, and when the bus is stopped during a reconnect's handshake (a reload
     // after a Redis blip) Redis still answers INFO, the connection turns ready with its stream
     // closed, and the rejected call ended the process. The 'ready' listener below does its work.
-    const sub: Redis | Cluster = c instanceof Cluster ? c.duplicate() : c.duplicate({ autoResubscribe: false })
+    // Under Cluster, SUBSCRIBE (idempotent, unlike a limit call) is sent again when its connection
+    // closes under it: ioredis's default, which the limit client turns off (retryDelayOnFailover).
+    const sub: Redis | Cluster = c instanceof Cluster
+      ? c.duplicate([], { retryDelayOnFailover: 100 })
+      : c.duplicate({ autoResubscribe: false })
     sub.on('error', this.onError)
     sub.on('message', (channel: string, text: string) => {
       if (channel !== this.channel) return

@@ -145,6 +145,12 @@ export function createRedisClient (opts: RedisClientOptions): Redis | Cluster {
       // Asking a dead master for the slot map must not hold up learning of its replica's
       // promotion (default 1000 ms per attempt).
       slotsRefreshTimeout: 250,
+      // A call whose node connection closed under it may have run: ioredis would send it again
+      // after this delay (default 100 ms), running a limit script twice (the request counted
+      // twice, a refund given twice). It fails instead, like a lost answer on a standalone Redis,
+      // and the guard's fallback decides it. Redirections (MOVED, ASK, TRYAGAIN, CLUSTERDOWN),
+      // which run nothing, are still followed.
+      retryDelayOnFailover: 0,
       redisOptions: {
         ...nodeOptions,
         ...(password !== undefined ? { password } : {}),
@@ -331,20 +337,50 @@ export async function probeTlsFailure (opts: RedisClientOptions, timeoutMs = 200
   return failures.every((err) => err !== null) ? failures[0] ?? null : null
 }
 
-/** Resolves once `client` is ready for commands; rejects after `timeoutMs`. */
+/**
+ * Resolves once `client` is ready for commands; rejects after `timeoutMs`. A Cluster is ready with
+ * its slot map, while the connections to its masters may still be in their handshake; a call to
+ * one of those fails at once (no offline queue, and no sending again 100 ms later:
+ * retryDelayOnFailover 0), so this also waits, within `timeoutMs`, until every master's connection
+ * is ready or has failed (a master that is down is the guard's to handle, not start-up's).
+ */
 export async function whenReady (client: Redis | Cluster, timeoutMs = 5000): Promise<void> {
-  if (client.status === 'ready') return
-  await new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => {
-      client.off('ready', onReady)
-      reject(new Error(`redis not ready after ${timeoutMs} ms (status ${client.status})`))
-    }, timeoutMs)
-    function onReady (): void {
-      clearTimeout(timer)
-      resolve()
-    }
-    client.once('ready', onReady)
-  })
+  const deadline = Date.now() + timeoutMs
+  if (client.status !== 'ready') {
+    await new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        client.off('ready', onReady)
+        reject(new Error(`redis not ready after ${timeoutMs} ms (status ${client.status})`))
+      }, timeoutMs)
+      function onReady (): void {
+        clearTimeout(timer)
+        resolve()
+      }
+      client.once('ready', onReady)
+    })
+  }
+  if (client instanceof Cluster) await mastersSettled(client, deadline)
+}
+
+/** Until each master connection of `cluster` is ready or ended, or `deadline` (Date.now()) passes. */
+async function mastersSettled (cluster: Cluster, deadline: number): Promise<void> {
+  const pending = cluster.nodes('master').filter((node) => node.status !== 'ready' && node.status !== 'end')
+  if (pending.length === 0) return
+  let timer: NodeJS.Timeout | undefined
+  const cleanups: Array<() => void> = []
+  await Promise.race([
+    new Promise<void>((resolve) => { timer = setTimeout(resolve, Math.max(0, deadline - Date.now())) }),
+    Promise.all(pending.map(async (node) => await new Promise<void>((resolve) => {
+      const settled = (): void => resolve()
+      node.once('ready', settled)
+      node.once('end', settled)
+      cleanups.push(() => { node.off('ready', settled); node.off('end', settled) })
+      // a lazy connection (status wait) opens with its first command: open it now
+      if (node.status === 'wait') node.connect().catch(() => {})
+    })))
+  ])
+  clearTimeout(timer)
+  for (const cleanup of cleanups) cleanup()
 }
 
 /**
@@ -397,35 +433,27 @@ const REPLY_KINDS: Readonly<Record<string, RedisErrorKind>> = Object.freeze({
 // ioredis rejects these without a code of its own; it matches them by these exact texts itself
 // (built/utils CONNECTION_CLOSED_ERROR_MSG, the offline-queue checks in Redis.sendCommand and
 // Cluster.sendCommand: a Cluster with no master connection).
-const NEVER_SENT = "Stream isn't writeable and enableOfflineQueue options is false"
-const CLIENT_SIDE_CONNECTION = new Set([
-  'Connection is closed.',
-  NEVER_SENT,
+const NEVER_SENT = new Set([
+  "Stream isn't writeable and enableOfflineQueue options is false",
   "Cluster isn't ready and enableOfflineQueue options is false"
 ])
-// ioredis's Cluster.handleError gives up after `maxRedirections` MOVED, ASK, TRYAGAIN, CLUSTERDOWN or
-// failover retries (a node's connection closed under the call) with a plain Error whose text
-// starts so, the last of those errors after it
+const CLIENT_SIDE_CONNECTION = new Set(['Connection is closed.', ...NEVER_SENT])
+// ioredis's Cluster.handleError gives up after `maxRedirections` MOVED, ASK, TRYAGAIN or CLUSTERDOWN
+// retries (failover retries after a closed connection too, which the gateway turns off) with a
+// plain Error whose text starts so, the last of those errors after it
 const REDIRECTIONS_EXHAUSTED = 'Too many Cluster redirections.'
 
 /**
- * Whether a failed call surely never reached Redis: ioredis refused its one send (no connection).
- * Any other failure (a lost connection, a timeout) may have come after Redis ran it. A Cluster's
- * "isn't ready" is not one: ioredis sends a call again after its node's connection closed under
- * it, and that second send is the one refused.
+ * Whether Redis surely did not run a failed call: ioredis refused to send it (no connection), or
+ * Redis refused it with BUSY, LOADING, READONLY or MASTERDOWN, which come before anything runs.
+ * Any other failure (a lost connection, a timeout) may have come after Redis ran it. Under
+ * Cluster a call may be sent more than once, but only after a redirection, which ran nothing:
+ * never after its connection closed (retryDelayOnFailover 0), so its last send decides.
  */
-function neverSent (err: unknown): boolean {
-  return err instanceof Error && err.message === NEVER_SENT
-}
-
-/**
- * Whether Redis surely did not run a failed call: never sent, or, on a standalone or Sentinel
- * Redis (which is sent each call once), refused with BUSY, LOADING, READONLY or MASTERDOWN, which
- * come before anything runs. Under Cluster an error reply may follow a send that ran (see neverSent).
- */
-export function neverRan (err: unknown, cluster: boolean): boolean {
-  if (neverSent(err)) return true
-  return !cluster && replyCode(err) !== null && classifyRedisError(err) === 'unavailable'
+export function neverRan (err: unknown): boolean {
+  if (!(err instanceof Error)) return false
+  if (NEVER_SENT.has(err.message)) return true
+  return replyCode(err) !== null && classifyRedisError(err) === 'unavailable'
 }
 
 /** The code of a Redis error reply (NOSCRIPT, BUSY, MOVED...), or null when `err` is not a reply. */

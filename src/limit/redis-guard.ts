@@ -370,7 +370,7 @@ export class RedisGuard implements SharedLevel {
     raw.then((answer) => {
       if ('decision' in answer && answer.decision.allowed && answer.callId !== undefined && answer.callId !== '') onLate(leaseKeys, answer.callId)
     }, (err: unknown) => {
-      if (callId !== '' && !callersFault(err) && !neverRan(err, this.options.nodeOf !== undefined)) onLate(leaseKeys, callId)
+      if (callId !== '' && !callersFault(err) && mayHaveRun(err)) onLate(leaseKeys, callId)
     })
   }
 
@@ -780,6 +780,16 @@ export class RedisGuard implements SharedLevel {
  */
 function callersFault (err: unknown): boolean {
   return err instanceof RangeError
+}
+
+/**
+ * Whether Redis may have run a failed call (and taken its leases). Under Cluster a call of several
+ * slot groups may have run in one group and never been sent in another: every group's failure
+ * must say it ran nothing, not the first group's alone.
+ */
+export function mayHaveRun (err: unknown): boolean {
+  if (err instanceof SlotGroupError) return err.reasons.some(mayHaveRun)
+  return !neverRan(err)
 }
 
 /**

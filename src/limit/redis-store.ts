@@ -120,12 +120,16 @@ export class ChargeError extends Error {
 
 /**
  * Redis Cluster: a decision that failed in some slot groups (and was refused by none). `failed`
- * holds a check of each failing group: only their masters failed, the others answered.
+ * holds a check of each failing group: only their masters failed, the others answered. `reason`
+ * is the first group's failure, `reasons` every failing group's, in the order of `failed`.
  */
 export class SlotGroupError extends Error {
-  constructor (readonly failed: readonly number[], readonly reason: unknown) {
+  constructor (readonly failed: readonly number[], readonly reasons: readonly unknown[]) {
+    const reason = reasons[0]
     super(reason instanceof Error ? reason.message : String(reason))
   }
+
+  get reason (): unknown { return this.reasons[0] }
 }
 
 interface Group {
@@ -178,6 +182,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
     const settled = await Promise.allSettled(groups.map(([, g]) => limit(g.keys, g.checks, id, now)))
     let failure: { reason: unknown } | undefined
     const failed: number[] = []
+    const reasons: unknown[] = []
     let rejecting: { index: number, decision: LimitDecision } | undefined
     let tightest: { index: number, decision: LimitDecision } | undefined
     let delayMs = 0
@@ -187,6 +192,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
       if (s.status === 'rejected') {
         failure ??= { reason: s.reason }
         failed.push(group.indexes[0] as number)
+        reasons.push(s.reason)
         return
       }
       const { decision, receipts } = s.value
@@ -228,7 +234,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
       onBackgroundError?.(failure.reason)
       return { decision, remainings, callId: id, failed: { checks: failed, reason: failure.reason } }
     }
-    throw new SlotGroupError(failed, (failure as { reason: unknown }).reason)
+    throw new SlotGroupError(failed, reasons)
   }
 
   // Not an async function: the gateway's request already waits in the guard's and the limiter's

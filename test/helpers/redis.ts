@@ -324,7 +324,6 @@ export async function startRedisSentinel (t: Teardown, masterPort: number, name:
 
 const execFileAsync = promisify(execFile)
 
-/** A real cluster: three masters, no replicas, all 16384 slots assigned; stopped at the end of `t`. */
 /** Waits until each of three nodes sees the cluster whole: every slot served, every node known. */
 async function clusterFormed (nodes: readonly Node[]): Promise<void> {
   for (const n of nodes) {
@@ -335,17 +334,21 @@ async function clusterFormed (nodes: readonly Node[]): Promise<void> {
   }
 }
 
-export async function startRedisCluster (t: Teardown): Promise<RedisClusterServers>
+/**
+ * A real cluster: three masters, no replicas, all 16384 slots assigned; stopped at the end of `t`.
+ * `args` go to each node's command line (`--enable-debug-command yes`, say).
+ */
+export async function startRedisCluster (t: Teardown, options?: { args?: string[] }): Promise<RedisClusterServers>
 /** @deprecated Pass the test, `startRedisCluster(t)`, which registers its own teardown. */
 export async function startRedisCluster (): Promise<RedisClusterServers>
-export async function startRedisCluster (t?: Teardown): Promise<RedisClusterServers> {
+export async function startRedisCluster (t?: Teardown, options: { args?: string[] } = {}): Promise<RedisClusterServers> {
   const nodes: Node[] = []
   const stop = async (): Promise<void> => { await Promise.all(nodes.map(stopNode)) }
   t?.teardown(stop)
   try {
     for (let i = 0; i < 3; i++) {
       nodes.push(await startNode((dir) => ['--cluster-enabled', 'yes', '--cluster-config-file', join(dir, 'nodes.conf'),
-        '--cluster-node-timeout', '5000'], true))
+        '--cluster-node-timeout', '5000', ...(options.args ?? [])], true))
     }
     await execFileAsync('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`),
       '--cluster-replicas', '0', '--cluster-yes'], { timeout: 30_000 })
