@@ -271,3 +271,40 @@ t.test('under Cluster too, a call refused BUSY (it ran nothing, and ioredis send
   await sleep(50)
   t.same(released, [], 'no release for a call refused BUSY')
 })
+
+t.test('under Cluster, a request refused by one master while its lease\'s master lost the answer: that lease is released', async t => {
+  const cluster = await startRedisCluster(t, { args: ['--enable-debug-command', 'yes'] })
+  const client = createRedisClient({ cluster: cluster.urls, onError: () => {} }) as Cluster
+  t.teardown(() => client.disconnect())
+  await whenReady(client)
+  const { nodeOf } = clusterNodes(client)
+  const { guard, released } = releasingGuard(t, client, nodeOf)
+  // a rate limit already spent on one master, and the user's lease on another
+  const rate: LimitSpec = Object.freeze({ id: 'pf.user', algorithm: 'fixed-window', limit: 1, windowMs: 600_000, burst: 1, maxDelayMs: 0 })
+  const lease: LimitSpec = Object.freeze({ id: 'pf.concurrency.user', algorithm: 'lease', limit: 1, windowMs: 10_000, burst: 1, maxDelayMs: 0 })
+  const rateKey = 'rate:pf:hal'
+  let leaseKey = ''
+  for (let i = 0; leaseKey === '' || nodeOf(leaseKey) === nodeOf(rateKey); i++) leaseKey = `lease:pf:hal${i}`
+  const LOCAL = [{ onError: 'local' as const }, { onError: 'local' as const }]
+  t.equal((await guard.decide([{ key: rateKey, spec: rate, cost: 1 }], LOCAL, 'spend')).decision.allowed, true, 'the rate limit spent')
+  const port = Number(nodeOf(leaseKey).split(':')[1])
+  const [blocker, killer] = [nodeClient(t, port), nodeClient(t, port)]
+  await Promise.all([blocker.ping(), killer.ping()])
+  const list = await killer.call('CLIENT', 'LIST', 'TYPE', 'normal') as string
+  const ids = [...list.matchAll(/^id=(\d+) .* name=edge-gateway /gm)].map((m) => m[1] as string)
+  t.ok(ids.length > 0, 'the guard\'s client is connected to the lease\'s master')
+  // The lease's master sleeps; the call arrives, then the kill of the client's connections: the
+  // call may run before its connection closes, its answer never comes.
+  const sleeping = blocker.call('DEBUG', 'SLEEP', '1')
+  await sleep(50)
+  const deciding = guard.decide([{ key: rateKey, spec: rate, cost: 1 }, { key: leaseKey, spec: lease, cost: 1 }], LOCAL, 'refused')
+  await sleep(150)
+  await Promise.all(ids.map(async (id) => await killer.call('CLIENT', 'KILL', 'ID', id).catch(() => 0)))
+  await sleeping
+  const refused = await deciding
+  t.equal(refused.level, 'redis', 'decided by Redis')
+  t.equal(refused.decision.allowed, false, 'refused by the spent rate limit')
+  await sleep(50)
+  t.equal(released.length, 1, 'the lease the lost call may have taken is released')
+  t.match(released[0], new RegExp(`^${leaseKey} refused~`), 'under its key and the id of the call')
+})

@@ -15,7 +15,7 @@ import { LRUCache } from 'lru-cache'
 import { MAX_EXACT } from './algorithms/index.js'
 import { createMemoryStore, type MemoryStore } from './memory-store.js'
 import { classifyRedisError, neverRan } from './redis-client.js'
-import { ChargeError, SlotGroupError } from './redis-store.js'
+import { ChargeError, SlotGroupError, type FailedGroups } from './redis-store.js'
 import { LRU_CALL } from './lru.js'
 import type { LimitCheck, LimitDecision, LimitSpec, LimitStore, SharedDecision, SharedLevel } from './types.js'
 import type { OnError } from './plan.js'
@@ -35,7 +35,7 @@ interface DetailedAnswer {
   readonly decision: LimitDecision
   readonly remainings: readonly number[]
   readonly callId?: string
-  readonly failed?: { readonly checks: readonly number[], readonly reason: unknown }
+  readonly failed?: FailedGroups
 }
 
 /** What the store answers a decision with: detailed or not. */
@@ -363,15 +363,18 @@ export class RedisGuard implements SharedLevel {
   private giveBackLateLeases (raw: Promise<StoreAnswer>, checks: readonly LimitCheck[], callId: string): void {
     const onLate = this.options.onLateLeases
     if (onLate === undefined) return
-    let keys: string[] | null = null
-    for (const c of checks) if (c.spec.algorithm === 'lease') (keys ??= []).push(c.key)
-    if (keys === null) return
-    const leaseKeys = keys
+    const leaseKeys = leaseKeysOf(checks)
+    if (leaseKeys === null) return
     raw.then((answer) => {
       if ('decision' in answer && answer.decision.allowed && answer.callId !== undefined && answer.callId !== '') onLate(leaseKeys, answer.callId)
     }, (err: unknown) => {
       if (callId !== '' && !callersFault(err) && mayHaveRun(err)) onLate(leaseKeys, callId)
     })
+  }
+
+  private releaseLeases (checks: readonly LimitCheck[], callId: string): void {
+    const keys = this.options.onLateLeases !== undefined ? leaseKeysOf(checks) : null
+    if (keys !== null) this.options.onLateLeases?.(keys, callId)
   }
 
   private answered (answer: StoreAnswer, started: number, involved: readonly Breaker[], probes: Breaker[] | null, checks: readonly LimitCheck[]): GuardedDecision {
@@ -383,7 +386,13 @@ export class RedisGuard implements SharedLevel {
       decision = answer.decision
       leaseId = answer.callId ?? ''
       this.learn(checks, answer.remainings)
-      if (answer.failed !== undefined) down = this.partlyFailed(answer.failed, classifyRedisError(answer.failed.reason), involved, probes, checks)
+      if (answer.failed !== undefined) {
+        down = this.partlyFailed(answer.failed, classifyRedisError(answer.failed.reason), involved, probes, checks)
+        // A failed group's call may have run, taking its leases, before its answer was lost; the
+        // request is refused, so nobody holds them: without this they refused the client for a
+        // whole leaseTtl.
+        if (leaseId !== '' && answer.failed.reasons.some(mayHaveRun)) this.releaseLeases(checks, leaseId)
+      }
     } else {
       decision = answer
     }
@@ -439,7 +448,7 @@ export class RedisGuard implements SharedLevel {
   // Redis Cluster: some slot groups failed, beside a rejection that is the answer or failing the
   // decision. Their masters did not answer: counted as failures (a probe through one must not
   // close its breaker, end the outage and send its keys' debts to a dead master). Returns them.
-  private partlyFailed (failed: NonNullable<DetailedAnswer['failed']>, kind: string, involved: readonly Breaker[], probes: Breaker[] | null, checks: readonly LimitCheck[]): Set<Breaker> {
+  private partlyFailed (failed: Pick<FailedGroups, 'checks' | 'reason'>, kind: string, involved: readonly Breaker[], probes: Breaker[] | null, checks: readonly LimitCheck[]): Set<Breaker> {
     const down = new Set<Breaker>()
     for (const i of failed.checks) {
       const b = this.breakerOf(this.nodeOf((checks[i] as LimitCheck).key))
@@ -780,6 +789,13 @@ export class RedisGuard implements SharedLevel {
  */
 function callersFault (err: unknown): boolean {
   return err instanceof RangeError
+}
+
+/** The keys of the concurrency leases among `checks`, or null when there are none. */
+function leaseKeysOf (checks: readonly LimitCheck[]): string[] | null {
+  let keys: string[] | null = null
+  for (const c of checks) if (c.spec.algorithm === 'lease') (keys ??= []).push(c.key)
+  return keys
 }
 
 /**

@@ -47,6 +47,13 @@ export interface RedisStoreOptions {
   readonly onFunctionsRefused?: (reason: unknown) => void
 }
 
+/** Redis Cluster: slot groups whose call failed (a check of each), the first reason and each one's. */
+export interface FailedGroups {
+  readonly checks: readonly number[]
+  readonly reason: unknown
+  readonly reasons: readonly unknown[]
+}
+
 /** A decision and every check's budget left, in the order of the checks (-1 = unknown). */
 export interface DetailedDecision {
   readonly decision: LimitDecision
@@ -55,9 +62,10 @@ export interface DetailedDecision {
   readonly callId: string
   /**
    * Redis Cluster: a check of each slot group that failed while another group's rejection is the
-   * answer. Their masters did not answer: the guard counts a failure on their breakers.
+   * answer, the first failure and every group's. Their masters did not answer: the guard counts a
+   * failure on their breakers.
    */
-  readonly failed?: { readonly checks: readonly number[], readonly reason: unknown }
+  readonly failed?: FailedGroups
 }
 
 export interface RedisStore extends LimitStore {
@@ -232,7 +240,7 @@ export function createRedisStore (options: RedisStoreOptions): RedisStore {
       const decision = { ...rejecting.decision, limitingIndex: rejecting.index }
       if (failure === undefined) return { decision, remainings, callId: id }
       onBackgroundError?.(failure.reason)
-      return { decision, remainings, callId: id, failed: { checks: failed, reason: failure.reason } }
+      return { decision, remainings, callId: id, failed: { checks: failed, reason: failure.reason, reasons } }
     }
     throw new SlotGroupError(failed, reasons)
   }
